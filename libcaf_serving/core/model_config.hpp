@@ -1,0 +1,84 @@
+#pragma once
+/// A model's configuration as the engine sees it: plain C++, no protobuf.
+///
+/// The repository loader fills it from Triton's config.pbtxt (repository/); the
+/// scheduler, executors and ingress read it. Field meanings follow Triton's
+/// model_config.proto unless a comment says otherwise.
+
+#include "core/datatype.hpp"
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace caf_serving {
+
+/// One input or output. `dims` excludes the batch dimension when the model's
+/// max_batch_size > 0 (as in Triton); -1 marks a variable dimension.
+struct tensor_config {
+  std::string name;
+  datatype dtype = datatype::fp32;
+  std::vector<int64_t> dims;
+};
+
+enum class timeout_action { reject, delay };
+
+/// Triton's ModelQueuePolicy.
+struct queue_policy {
+  timeout_action action = timeout_action::reject;
+  /// 0: requests never time out unless they set their own `timeout` parameter.
+  uint64_t default_timeout_us = 0;
+  /// Whether a request's `timeout` parameter may replace default_timeout_us.
+  bool allow_timeout_override = false;
+  /// 0 in config.pbtxt means "no limit" in Triton; the engine never runs unbounded,
+  /// so 0 is replaced by the server's --max-queue-size when the model loads.
+  uint32_t max_queue_size = 0;
+};
+
+/// Triton's ModelDynamicBatching.
+struct dynamic_batching_config {
+  std::vector<int> preferred_batch_sizes;
+  uint64_t max_queue_delay_us = 0;
+  bool preserve_ordering = false;
+  /// 0: one level. Otherwise levels 1..priority_levels, 1 is the highest.
+  uint32_t priority_levels = 0;
+  /// Level of a request that names none (0 only when priority_levels is 0).
+  uint32_t default_priority_level = 0;
+  queue_policy default_queue_policy;
+  /// Per-level overrides of default_queue_policy, keyed by level.
+  std::map<uint32_t, queue_policy> priority_queue_policy;
+};
+
+enum class instance_kind { automatic, cpu, gpu, model };
+
+/// Triton's ModelInstanceGroup.
+struct instance_group_config {
+  std::string name;
+  int count = 1;
+  instance_kind kind = instance_kind::automatic;
+  std::vector<int> gpus;
+};
+
+struct model_config {
+  std::string name;
+  /// Triton's `platform` ("onnxruntime_onnx") and `backend` ("onnxruntime", or the
+  /// engine's own "builtin"); the loader picks the backend from these.
+  std::string platform;
+  std::string backend;
+  /// 0: the model takes no batch dimension and the scheduler never batches.
+  int max_batch_size = 0;
+  std::vector<tensor_config> inputs;
+  std::vector<tensor_config> outputs;
+  /// Whether config.pbtxt had a dynamic_batching block at all.
+  bool dynamic_batching_enabled = false;
+  dynamic_batching_config dynamic_batching;
+  std::vector<instance_group_config> instance_groups;
+  /// Triton's `parameters { key: ... value: { string_value: ... } }`.
+  std::map<std::string, std::string> parameters;
+  /// Triton's version_policy, reduced to what the engine supports: serve the
+  /// newest version (latest { num_versions: 1 }) unless `specific` lists others.
+  std::vector<int64_t> specific_versions;
+};
+
+} // namespace caf_serving
