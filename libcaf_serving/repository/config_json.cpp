@@ -1,0 +1,235 @@
+#include "repository/config_json.hpp"
+
+#include "repository/model_config.pb.h"
+
+#include <google/protobuf/util/json_util.h>
+
+#include <cstdio>
+
+namespace caf_serving::repository {
+
+namespace {
+
+namespace pb = google::protobuf;
+
+config::DataType to_proto(datatype t) {
+  config::DataType out = config::TYPE_INVALID;
+  // The proto's enum names are Triton's config names, which datatype.hpp
+  // already knows; going through the name keeps one table.
+  config::DataType_Parse(std::string{to_config_string(t)}, &out);
+  return out;
+}
+
+void to_proto(const queue_policy& in, config::ModelQueuePolicy& out) {
+  out.set_timeout_action(in.action == timeout_action::delay
+                           ? config::ModelQueuePolicy::DELAY
+                           : config::ModelQueuePolicy::REJECT);
+  out.set_default_timeout_microseconds(in.default_timeout_us);
+  out.set_allow_timeout_override(in.allow_timeout_override);
+  out.set_max_queue_size(in.max_queue_size);
+}
+
+config::ModelInstanceGroup::Kind to_proto(instance_kind k) {
+  switch (k) {
+    case instance_kind::cpu:
+      return config::ModelInstanceGroup::KIND_CPU;
+    case instance_kind::gpu:
+      return config::ModelInstanceGroup::KIND_GPU;
+    case instance_kind::model:
+      return config::ModelInstanceGroup::KIND_MODEL;
+    default:
+      return config::ModelInstanceGroup::KIND_AUTO;
+  }
+}
+
+config::ModelConfig to_proto(const parsed_model_config& parsed) {
+  const auto& in = parsed.config;
+  config::ModelConfig out;
+  out.set_name(in.name);
+  out.set_platform(in.platform);
+  out.set_backend(in.backend);
+  auto* vp = out.mutable_version_policy();
+  switch (parsed.versions.kind) {
+    case version_policy_kind::all:
+      vp->mutable_all();
+      break;
+    case version_policy_kind::specific:
+      for (auto v : parsed.versions.versions)
+        vp->mutable_specific()->add_versions(v);
+      vp->mutable_specific(); // present even when empty
+      break;
+    default:
+      vp->mutable_latest()->set_num_versions(parsed.versions.num_versions);
+      break;
+  }
+  out.set_max_batch_size(in.max_batch_size);
+  for (const auto& t : in.inputs) {
+    auto* i = out.add_input();
+    i->set_name(t.name);
+    i->set_data_type(to_proto(t.dtype));
+    for (auto d : t.dims)
+      i->add_dims(d);
+  }
+  for (const auto& t : in.outputs) {
+    auto* o = out.add_output();
+    o->set_name(t.name);
+    o->set_data_type(to_proto(t.dtype));
+    for (auto d : t.dims)
+      o->add_dims(d);
+    if (auto it = parsed.label_filenames.find(t.name);
+        it != parsed.label_filenames.end())
+      o->set_label_filename(it->second);
+  }
+  if (in.dynamic_batching_enabled) {
+    const auto& db = in.dynamic_batching;
+    auto* d = out.mutable_dynamic_batching();
+    for (auto size : db.preferred_batch_sizes)
+      d->add_preferred_batch_size(size);
+    d->set_max_queue_delay_microseconds(db.max_queue_delay_us);
+    d->set_preserve_ordering(db.preserve_ordering);
+    d->set_priority_levels(db.priority_levels);
+    d->set_default_priority_level(db.default_priority_level);
+    to_proto(db.default_queue_policy, *d->mutable_default_queue_policy());
+    for (const auto& [level, policy] : db.priority_queue_policy)
+      to_proto(policy, (*d->mutable_priority_queue_policy())[level]);
+  }
+  for (const auto& g : in.instance_groups) {
+    auto* o = out.add_instance_group();
+    o->set_name(g.name);
+    o->set_kind(to_proto(g.kind));
+    o->set_count(g.count);
+    for (auto gpu : g.gpus)
+      o->add_gpus(gpu);
+  }
+  for (const auto& [key, value] : in.parameters)
+    (*out.mutable_parameters())[key].set_string_value(value);
+  return out;
+}
+
+} // namespace
+
+void append_json_string(std::string& out, std::string_view text) {
+  out += '"';
+  for (char ch : text) {
+    auto c = static_cast<unsigned char>(ch);
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\b':
+        out += "\\b";
+        break;
+      case '\f':
+        out += "\\f";
+        break;
+      default:
+        if (c < 0x20) {
+          char buf[8];
+          std::snprintf(buf, sizeof(buf), "\\u%04x", c);
+          out += buf;
+        } else {
+          out += ch; // UTF-8 passes through unchanged
+        }
+    }
+  }
+  out += '"';
+}
+
+std::string model_config_json(const parsed_model_config& parsed) {
+  // Triton prints its config with exactly these options, which is where the
+  // quoted int64 dims and the always-present default fields come from.
+  pb::util::JsonPrintOptions options;
+  options.always_print_primitive_fields = true;
+  options.preserve_proto_field_names = true;
+  std::string out;
+  auto status = pb::util::MessageToJsonString(to_proto(parsed), &out, options);
+  if (!status.ok()) {
+    // Only invalid UTF-8 in a name or parameter gets here; say so in JSON
+    // rather than sending a half-written body.
+    out = "{\"error\":";
+    append_json_string(out, "cannot print the configuration of model '"
+                              + parsed.config.name
+                              + "' as JSON: " + status.ToString());
+    out += "}";
+  }
+  return out;
+}
+
+std::string model_config_json(const model_config& config) {
+  parsed_model_config parsed;
+  parsed.config = config;
+  if (!config.specific_versions.empty()) {
+    parsed.versions.kind = version_policy_kind::specific;
+    parsed.versions.versions = config.specific_versions;
+  }
+  return model_config_json(parsed);
+}
+
+namespace {
+
+void append_tensors(std::string& out, const std::vector<tensor_config>& tensors,
+                    bool batched) {
+  out += '[';
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const auto& t = tensors[i];
+    if (i > 0)
+      out += ',';
+    out += "{\"name\":";
+    append_json_string(out, t.name);
+    out += ",\"datatype\":";
+    append_json_string(out, to_string(t.dtype));
+    out += ",\"shape\":[";
+    bool first = true;
+    if (batched) {
+      out += "-1";
+      first = false;
+    }
+    for (auto d : t.dims) {
+      if (!first)
+        out += ',';
+      first = false;
+      out += std::to_string(d);
+    }
+    out += "]}";
+  }
+  out += ']';
+}
+
+} // namespace
+
+std::string model_metadata_json(const model_config& config,
+                                const std::vector<int64_t>& versions) {
+  std::string out = "{\"name\":";
+  append_json_string(out, config.name);
+  out += ",\"versions\":[";
+  for (size_t i = 0; i < versions.size(); ++i) {
+    if (i > 0)
+      out += ',';
+    // KServe's metadata lists versions as strings.
+    append_json_string(out, std::to_string(versions[i]));
+  }
+  out += "],\"platform\":";
+  append_json_string(out,
+                     config.platform.empty() ? config.backend : config.platform);
+  bool batched = config.max_batch_size > 0;
+  out += ",\"inputs\":";
+  append_tensors(out, config.inputs, batched);
+  out += ",\"outputs\":";
+  append_tensors(out, config.outputs, batched);
+  out += '}';
+  return out;
+}
+
+} // namespace caf_serving::repository

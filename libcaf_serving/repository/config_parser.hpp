@@ -1,0 +1,77 @@
+#pragma once
+/// Reads one model's config.pbtxt (Triton's text format) into the plain
+/// caf_serving::model_config.
+///
+/// Usage:
+///
+///     repository::parse_context ctx{"resnet", "/models/resnet/config.pbtxt"};
+///     auto cfg = repository::parse_model_config(text, ctx);
+///     if (!cfg)
+///       log(cfg.error().message); // says what is wrong, where, and the fix
+///
+/// Two kinds of error, both `bad_request` values whose message starts with
+/// "model '<name>': <config path>":
+/// - syntax: a misspelled or unsupported field, a bad enum value, a malformed
+///   line. The message names the field and the line, and lists the fields that
+///   are supported at that place.
+/// - meaning: a value that parses but cannot work (negative max_batch_size,
+///   preferred_batch_size above max_batch_size, ...). All such problems of one
+///   file are reported together, one per line.
+
+#include "core/error.hpp"
+#include "core/model_config.hpp"
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace caf_serving::repository {
+
+/// Where the text came from, for defaults and for error messages.
+struct parse_context {
+  /// The model's directory name: the default for `name`, and what an explicit
+  /// `name` must equal. Empty when the text has no directory (then `name` is
+  /// required).
+  std::string model_name;
+  /// Shown in messages, e.g. "/models/resnet/config.pbtxt".
+  std::string config_path = "config.pbtxt";
+  /// Accept a config without inputs, outputs, backend or platform, for loaders
+  /// that complete them from the model file itself (as Triton does for ONNX).
+  bool allow_missing_io = false;
+};
+
+/// Triton's version_policy.
+enum class version_policy_kind { latest, all, specific };
+
+struct version_policy {
+  version_policy_kind kind = version_policy_kind::latest;
+  /// For `latest`: how many of the highest-numbered versions are served.
+  uint32_t num_versions = 1;
+  /// For `specific`: exactly these versions, ascending, no duplicates.
+  std::vector<int64_t> versions;
+};
+
+/// What config.pbtxt says beyond the engine-wide model_config: the repository
+/// needs the version policy to pick version directories, and the
+/// post-processor needs the label files.
+struct parsed_model_config {
+  model_config config;
+  version_policy versions;
+  /// Output name → label_filename as written (relative to the model directory).
+  /// Only outputs that name one appear.
+  std::map<std::string, std::string> label_filenames;
+};
+
+/// Parses and validates config.pbtxt text. `config.specific_versions` is filled
+/// when the policy is `specific`; instance groups without a name get
+/// "<model>_<index>".
+result<parsed_model_config>
+parse_model_config_full(std::string_view text, const parse_context& ctx);
+
+/// parse_model_config_full(), keeping only the model_config.
+result<model_config>
+parse_model_config(std::string_view text, const parse_context& ctx);
+
+} // namespace caf_serving::repository

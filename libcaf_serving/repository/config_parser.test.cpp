@@ -1,0 +1,336 @@
+#include "repository/config_parser.hpp"
+
+#include <doctest/doctest.h>
+
+#include <fstream>
+#include <sstream>
+#include <string>
+
+using namespace caf_serving;
+using namespace caf_serving::repository;
+
+namespace {
+
+parse_context ctx_for(std::string model) {
+  return parse_context{model, "/repo/" + model + "/config.pbtxt", false};
+}
+
+/// A valid config to which a test appends or in which it replaces one line.
+const std::string base_config = R"(name: "foo"
+backend: "builtin"
+max_batch_size: 8
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 16 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 16 ] } ]
+)";
+
+std::string error_of(const std::string& text,
+                     const parse_context& ctx = ctx_for("foo")) {
+  auto r = parse_model_config(text, ctx);
+  REQUIRE_MESSAGE(!r, "expected an error for:\n" << text);
+  CHECK(r.error().status == status_code::bad_request);
+  return r.error().message;
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+} // namespace
+
+TEST_CASE("a full config converts field by field") {
+  auto text = std::string{R"(
+name: "foo"
+platform: "onnxruntime_onnx"
+backend: "onnxruntime"
+max_batch_size: 32
+input [
+  { name: "x" data_type: TYPE_FP16 dims: [ 3, -1, 224 ] },
+  { name: "ids" data_type: TYPE_INT64 dims: [ 1 ] }
+]
+output [
+  { name: "probs" data_type: TYPE_FP32 dims: [ 1000 ] label_filename: "labels.txt" },
+  { name: "text" data_type: TYPE_STRING dims: [ 1 ] }
+]
+dynamic_batching {
+  preferred_batch_size: [ 4, 8 ]
+  max_queue_delay_microseconds: 250
+  preserve_ordering: true
+  priority_levels: 3
+  default_priority_level: 2
+  default_queue_policy { timeout_action: DELAY default_timeout_microseconds: 5000
+                         allow_timeout_override: true max_queue_size: 64 }
+  priority_queue_policy { key: 1 value: { max_queue_size: 16 } }
+}
+instance_group [
+  { kind: KIND_GPU count: 2 gpus: [ 0, 1 ] },
+  { name: "cpu_pool" kind: KIND_CPU }
+]
+version_policy: { specific: { versions: [ 3, 1 ] } }
+parameters { key: "function" value: { string_value: "add_sub" } }
+)"};
+  auto r = parse_model_config_full(text, ctx_for("foo"));
+  REQUIRE_MESSAGE(r.ok(), r.error().message);
+  const auto& c = r->config;
+  CHECK(c.name == "foo");
+  CHECK(c.platform == "onnxruntime_onnx");
+  CHECK(c.backend == "onnxruntime");
+  CHECK(c.max_batch_size == 32);
+  REQUIRE(c.inputs.size() == 2);
+  CHECK(c.inputs[0].name == "x");
+  CHECK(c.inputs[0].dtype == datatype::fp16);
+  CHECK(c.inputs[0].dims == std::vector<int64_t>{3, -1, 224});
+  CHECK(c.inputs[1].dtype == datatype::int64);
+  REQUIRE(c.outputs.size() == 2);
+  CHECK(c.outputs[1].dtype == datatype::bytes);
+  CHECK(r->label_filenames.at("probs") == "labels.txt");
+  CHECK(r->label_filenames.count("text") == 0);
+
+  CHECK(c.dynamic_batching_enabled);
+  const auto& db = c.dynamic_batching;
+  CHECK(db.preferred_batch_sizes == std::vector<int>{4, 8});
+  CHECK(db.max_queue_delay_us == 250);
+  CHECK(db.preserve_ordering);
+  CHECK(db.priority_levels == 3);
+  CHECK(db.default_priority_level == 2);
+  CHECK(db.default_queue_policy.action == timeout_action::delay);
+  CHECK(db.default_queue_policy.default_timeout_us == 5000);
+  CHECK(db.default_queue_policy.allow_timeout_override);
+  CHECK(db.default_queue_policy.max_queue_size == 64);
+  REQUIRE(db.priority_queue_policy.count(1) == 1);
+  CHECK(db.priority_queue_policy.at(1).max_queue_size == 16);
+  CHECK(db.priority_queue_policy.at(1).action == timeout_action::reject);
+
+  REQUIRE(c.instance_groups.size() == 2);
+  CHECK(c.instance_groups[0].name == "foo_0");
+  CHECK(c.instance_groups[0].kind == instance_kind::gpu);
+  CHECK(c.instance_groups[0].count == 2);
+  CHECK(c.instance_groups[0].gpus == std::vector<int>{0, 1});
+  CHECK(c.instance_groups[1].name == "cpu_pool");
+  CHECK(c.instance_groups[1].kind == instance_kind::cpu);
+  CHECK(c.instance_groups[1].count == 1); // unset count means 1
+
+  CHECK(r->versions.kind == version_policy_kind::specific);
+  CHECK(r->versions.versions == std::vector<int64_t>{1, 3});
+  CHECK(c.specific_versions == std::vector<int64_t>{1, 3});
+  CHECK(c.parameters.at("function") == "add_sub");
+}
+
+TEST_CASE("defaults: name from the directory, latest version, no batching") {
+  auto text = std::string{R"(
+backend: "builtin"
+input [ { name: "a" data_type: TYPE_BOOL dims: [ 1 ] } ]
+output [ { name: "b" data_type: TYPE_BF16 dims: [ 2, 2 ] } ]
+)"};
+  auto r = parse_model_config_full(text, ctx_for("dir_name"));
+  REQUIRE_MESSAGE(r.ok(), r.error().message);
+  CHECK(r->config.name == "dir_name");
+  CHECK(r->config.max_batch_size == 0);
+  CHECK_FALSE(r->config.dynamic_batching_enabled);
+  CHECK(r->config.instance_groups.empty());
+  CHECK(r->config.outputs[0].dtype == datatype::bf16);
+  CHECK(r->versions.kind == version_policy_kind::latest);
+  CHECK(r->versions.num_versions == 1);
+  CHECK(r->config.specific_versions.empty());
+
+  auto latest = parse_model_config_full(
+    text + "version_policy { latest { num_versions: 2 } }", ctx_for("d"));
+  REQUIRE(latest.ok());
+  CHECK(latest->versions.num_versions == 2);
+  auto all = parse_model_config_full(text + "version_policy { all { } }",
+                                     ctx_for("d"));
+  REQUIRE(all.ok());
+  CHECK(all->versions.kind == version_policy_kind::all);
+}
+
+TEST_CASE("a misspelled field names the field, the line and the fix") {
+  auto text = base_config + "\n\nmax_batch_sise: 4\n";
+  auto msg = error_of(text);
+  CHECK(contains(msg, "model 'foo': /repo/foo/config.pbtxt line 8"));
+  CHECK(contains(msg, "unknown field 'max_batch_sise' in ModelConfig"));
+  CHECK(contains(msg, "did you mean 'max_batch_size'?"));
+  CHECK(contains(msg, "supported fields of ModelConfig: name, platform"));
+}
+
+TEST_CASE("a misspelled nested field names its message") {
+  auto text = std::string{R"(name: "foo"
+backend: "builtin"
+input [ { name: "INPUT0" data_type: TYPE_FP32 dim: [ 16 ] } ]
+)"};
+  auto msg = error_of(text);
+  CHECK(contains(msg, "line 3"));
+  CHECK(contains(msg, "unknown field 'dim' in ModelInput"));
+  CHECK(contains(msg, "did you mean 'dims'?"));
+}
+
+TEST_CASE("a Triton field the engine lacks is named as unsupported") {
+  auto msg = error_of(base_config + "sequence_batching { }\n");
+  CHECK(contains(msg, "line 6"));
+  CHECK(contains(msg, "field 'sequence_batching' of Triton's ModelConfig is "
+                      "not supported by caf-serving; remove it"));
+  auto input_msg = error_of(R"(backend: "builtin"
+input [ { name: "x" data_type: TYPE_FP32 dims: [ 4 ] reshape: { shape: [ 2, 2 ] } } ]
+)");
+  CHECK(contains(input_msg, "field 'reshape' of Triton's ModelInput is not "
+                            "supported"));
+}
+
+TEST_CASE("an unknown TYPE_ name lists the valid ones") {
+  auto msg = error_of(R"(backend: "builtin"
+input [ { name: "x" data_type: TYPE_FP33 dims: [ 4 ] } ]
+)");
+  CHECK(contains(msg, "line 2"));
+  CHECK(contains(msg, "unknown value 'TYPE_FP33' for field 'data_type'"));
+  CHECK(contains(msg, "TYPE_FP32"));
+  CHECK_FALSE(contains(msg, "TYPE_INVALID"));
+
+  auto kind = error_of(base_config + "instance_group [ { kind: KIND_TPU } ]");
+  CHECK(contains(kind, "unknown value 'KIND_TPU' for field 'kind'"));
+  CHECK(contains(kind, "KIND_CPU"));
+}
+
+TEST_CASE("semantic errors say what is wrong and how to fix it") {
+  struct check_case {
+    std::string what;
+    std::string text;
+    std::string expected;
+  };
+  const std::string io = R"(
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 16 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 16 ] } ]
+)";
+  const check_case cases[] = {
+    {"name contradicts the directory",
+     "name: \"bar\" backend: \"builtin\"" + io,
+     "name is 'bar' but the model directory is 'foo'"},
+    {"no backend", io, "neither backend nor platform is set"},
+    {"negative max_batch_size",
+     "backend: \"b\" max_batch_size: -1" + io,
+     "max_batch_size is -1; use 0 for a model without a batch dimension"},
+    {"no input",
+     "backend: \"b\" output [ { name: \"o\" data_type: TYPE_FP32 dims: [1] } ]",
+     "no input is declared"},
+    {"no output",
+     "backend: \"b\" input [ { name: \"i\" data_type: TYPE_FP32 dims: [1] } ]",
+     "no output is declared"},
+    {"missing data_type",
+     "backend: \"b\" input [ { name: \"i\" dims: [1] } ]"
+     " output [ { name: \"o\" data_type: TYPE_FP32 dims: [1] } ]",
+     "input 'i' has no data_type"},
+    {"empty dims",
+     "backend: \"b\" input [ { name: \"i\" data_type: TYPE_FP32 } ]"
+     " output [ { name: \"o\" data_type: TYPE_FP32 dims: [1] } ]",
+     "input 'i' has no dims"},
+    {"dims below -1",
+     "backend: \"b\" input [ { name: \"i\" data_type: TYPE_FP32 dims: [4, -2] } ]"
+     " output [ { name: \"o\" data_type: TYPE_FP32 dims: [1] } ]",
+     "input 'i' has dims [4,-2] with -2"},
+    {"duplicate input names",
+     "backend: \"b\" input [ { name: \"i\" data_type: TYPE_FP32 dims: [1] },"
+     " { name: \"i\" data_type: TYPE_FP32 dims: [1] } ]"
+     " output [ { name: \"o\" data_type: TYPE_FP32 dims: [1] } ]",
+     "input name 'i' appears more than once"},
+    {"unnamed output",
+     "backend: \"b\" input [ { name: \"i\" data_type: TYPE_FP32 dims: [1] } ]"
+     " output [ { data_type: TYPE_FP32 dims: [1] } ]",
+     "output #1 has no name"},
+    {"preferred size above max_batch_size",
+     "backend: \"b\" max_batch_size: 8" + io
+       + "dynamic_batching { preferred_batch_size: [ 4, 16 ] }",
+     "preferred_batch_size 16 is larger than max_batch_size 8"},
+    {"preferred size zero",
+     "backend: \"b\" max_batch_size: 8" + io
+       + "dynamic_batching { preferred_batch_size: [ 0 ] }",
+     "preferred_batch_size 0 is not a batch size"},
+    {"dynamic batching without batching",
+     "backend: \"b\"" + io + "dynamic_batching { }",
+     "dynamic_batching needs batching, but max_batch_size is 0"},
+    {"default priority above the levels",
+     "backend: \"b\" max_batch_size: 8" + io
+       + "dynamic_batching { priority_levels: 2 default_priority_level: 3 }",
+     "default_priority_level 3 is outside [1, 2]"},
+    {"default priority 0 with levels",
+     "backend: \"b\" max_batch_size: 8" + io
+       + "dynamic_batching { priority_levels: 2 }",
+     "default_priority_level 0 is outside [1, 2]"},
+    {"default priority without levels",
+     "backend: \"b\" max_batch_size: 8" + io
+       + "dynamic_batching { default_priority_level: 1 }",
+     "default_priority_level is 1 but priority_levels is 0"},
+    {"queue policy for a missing level",
+     "backend: \"b\" max_batch_size: 8" + io
+       + "dynamic_batching { priority_levels: 2 default_priority_level: 1"
+         " priority_queue_policy { key: 5 value: { } } }",
+     "priority_queue_policy names level 5, but the levels are 1 to 2"},
+    {"instance count zero",
+     "backend: \"b\"" + io + "instance_group [ { count: 0 kind: KIND_CPU } ]",
+     "instance_group 'foo_0' has count 0"},
+    {"gpus on a CPU group",
+     "backend: \"b\"" + io + "instance_group [ { kind: KIND_CPU gpus: [0] } ]",
+     "lists gpus but its kind is KIND_CPU"},
+    {"latest zero versions",
+     "backend: \"b\"" + io + "version_policy { latest { num_versions: 0 } }",
+     "num_versions 0"},
+    {"specific without versions",
+     "backend: \"b\"" + io + "version_policy { specific { } }",
+     "version_policy specific lists no versions"},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.what);
+    auto msg = error_of(c.text);
+    CHECK_MESSAGE(contains(msg, c.expected), msg);
+    CHECK_MESSAGE(contains(msg, "model 'foo': /repo/foo/config.pbtxt"), msg);
+  }
+}
+
+TEST_CASE("all problems of one file are reported together") {
+  auto msg = error_of(R"(backend: "b" max_batch_size: -2
+input [ { name: "i" data_type: TYPE_FP32 } ]
+)");
+  CHECK(contains(msg, "3 problems:"));
+  CHECK(contains(msg, "\n  - max_batch_size is -2"));
+  CHECK(contains(msg, "\n  - input 'i' has no dims"));
+  CHECK(contains(msg, "\n  - no output is declared"));
+}
+
+TEST_CASE("allow_missing_io accepts a config that a loader completes") {
+  parse_context ctx{"auto", "/repo/auto/config.pbtxt", true};
+  auto r = parse_model_config("max_batch_size: 4", ctx);
+  REQUIRE_MESSAGE(r.ok(), r.error().message);
+  CHECK(r->name == "auto");
+  CHECK(r->inputs.empty());
+  auto empty = parse_model_config("", ctx);
+  REQUIRE(empty.ok());
+  CHECK(empty->name == "auto");
+  // Errors in what is given still count.
+  CHECK_FALSE(parse_model_config("max_batch_size: -1", ctx).ok());
+}
+
+TEST_CASE("a config without directory must name itself") {
+  parse_context ctx{"", "inline", false};
+  auto msg = error_of("backend: \"b\"\n"
+                      "input [ { name: \"i\" data_type: TYPE_FP32 dims: [1] } ]\n"
+                      "output [ { name: \"o\" data_type: TYPE_FP32 dims: [1] } ]",
+                      ctx);
+  CHECK(contains(msg, "the config has no name"));
+  auto named = parse_model_config(base_config, ctx);
+  REQUIRE(named.ok());
+  CHECK(named->name == "foo");
+}
+
+TEST_CASE("the example models parse") {
+  const std::string dir = CAF_SERVING_EXAMPLES_DIR;
+  for (const char* name : {"simple", "identity_fp32", "identity_bytes"}) {
+    CAPTURE(name);
+    std::ifstream in{dir + "/" + name + "/config.pbtxt"};
+    REQUIRE(in);
+    std::stringstream text;
+    text << in.rdbuf();
+    auto r = parse_model_config(text.str(),
+                                {name, dir + "/" + name + "/config.pbtxt"});
+    REQUIRE_MESSAGE(r.ok(), r.error().message);
+    CHECK(r->name == name);
+    CHECK(r->backend == "builtin");
+    CHECK(r->max_batch_size > 0);
+    CHECK(r->parameters.count("function") == 1);
+  }
+}
