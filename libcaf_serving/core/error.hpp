@@ -3,6 +3,9 @@
 /// serving_error carries the HTTP status the client will see and a message that
 /// says what was wrong and how to fix it.
 
+#include <cstddef>
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <variant>
@@ -20,10 +23,33 @@ enum class status_code : int {
   unavailable = 503,
 };
 
+/// Why a request failed, for the failure counters on /metrics. The ordinals match
+/// wire::FailureReason in schemas/serving.capnp.
+enum class failure_reason : uint8_t {
+  bad_request, queue_full, timeout, unavailable, internal,
+};
+constexpr size_t failure_reason_count = 5;
+
 struct serving_error {
   status_code status = status_code::internal;
   std::string message;
+  /// Defaults from the status when left out (see reason_of).
+  std::optional<failure_reason> reason = std::nullopt;
 };
+
+inline failure_reason reason_of(const serving_error& e) {
+  if (e.reason)
+    return *e.reason;
+  switch (e.status) {
+    case status_code::bad_request:
+    case status_code::not_found:
+    case status_code::method_not_allowed:
+    case status_code::payload_too_large: return failure_reason::bad_request;
+    case status_code::unavailable:
+    case status_code::too_many_requests: return failure_reason::unavailable;
+    default: return failure_reason::internal;
+  }
+}
 
 inline serving_error bad_request(std::string msg) {
   return {status_code::bad_request, std::move(msg)};

@@ -1,0 +1,72 @@
+#pragma once
+/// Reference-counted Cap'n Proto messages: how a request, a batch and their results
+/// travel between the stages of one process without copying tensor data.
+///
+/// A `message<S>` shares one MallocMessageBuilder. A stage that builds a message
+/// referencing another message's tensor bytes (a batch of one request, a response
+/// slicing a batch's outputs) keeps that message alive through `keep_alive`, so no
+/// tensor bytes are copied for it.
+
+#include <capnp/message.h>
+#include <capnp/orphan.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+namespace caf_serving {
+
+struct message_storage {
+  explicit message_storage(unsigned first_segment_words)
+      : builder(first_segment_words) {}
+  capnp::MallocMessageBuilder builder;
+  /// Owners of external bytes this message references (see above).
+  std::vector<std::shared_ptr<const void>> keep_alive;
+};
+
+template <class Schema>
+class message {
+public:
+  message() = default;
+
+  /// A new message whose root is an empty `Schema`. `size_hint_bytes` sizes the
+  /// first segment so that a message with tensors usually stays in one segment.
+  static message create(size_t size_hint_bytes = 1024) {
+    message m;
+    auto words = static_cast<unsigned>(size_hint_bytes / sizeof(capnp::word) + 64);
+    m.storage_ = std::make_shared<message_storage>(words);
+    m.storage_->builder.template initRoot<Schema>();
+    return m;
+  }
+
+  explicit operator bool() const { return storage_ != nullptr; }
+
+  typename Schema::Reader reader() const {
+    return storage_->builder.template getRoot<Schema>().asReader();
+  }
+
+  typename Schema::Builder builder() {
+    return storage_->builder.template getRoot<Schema>();
+  }
+
+  capnp::Orphanage orphanage() { return storage_->builder.getOrphanage(); }
+
+  /// Makes `data` (owned by `owner`) part of this message without copying it.
+  /// Cap'n Proto can only reference word-aligned bytes; others are copied (in
+  /// practice: BYTES slices and rows of odd byte length).
+  capnp::Orphan<capnp::Data> reference(capnp::Data::Reader data,
+                                       std::shared_ptr<const void> owner) {
+    if (reinterpret_cast<uintptr_t>(data.begin()) % sizeof(void*) != 0)
+      return orphanage().newOrphanCopy(data);
+    storage_->keep_alive.push_back(std::move(owner));
+    return orphanage().referenceExternalData(data);
+  }
+
+  /// The shared owner, to hand to `reference` of another message.
+  std::shared_ptr<const void> owner() const { return storage_; }
+
+private:
+  std::shared_ptr<message_storage> storage_;
+};
+
+} // namespace caf_serving

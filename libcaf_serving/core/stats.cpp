@@ -1,0 +1,188 @@
+#include "core/stats.hpp"
+
+#include <cstdio>
+
+namespace caf_serving {
+
+namespace {
+
+std::vector<double> latency_bounds_us() {
+  return {50, 100, 250, 500, 1000, 2500, 5000, 10000, 25000, 50000, 100000, 250000, 1000000};
+}
+
+std::vector<double> batch_bounds() {
+  return {1, 2, 4, 8, 16, 32, 64, 128, 256};
+}
+
+void append_number(std::string& out, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  out += buf;
+}
+
+void append_duration(std::string& out, const char* key, const duration_stat& d) {
+  out += '"';
+  out += key;
+  out += "\":{\"count\":";
+  out += std::to_string(d.count.load(std::memory_order_relaxed));
+  out += ",\"ns\":";
+  out += std::to_string(d.ns.load(std::memory_order_relaxed));
+  out += '}';
+}
+
+std::string json_escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      out += buf;
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+} // namespace
+
+histogram::histogram(std::vector<double> upper_bounds)
+    : bounds_(std::move(upper_bounds)),
+      counts_(new std::atomic<uint64_t>[bounds_.size() + 1]) {
+  for (size_t i = 0; i <= bounds_.size(); ++i)
+    counts_[i].store(0);
+}
+
+void histogram::observe(double value) {
+  size_t i = 0;
+  while (i < bounds_.size() && value > bounds_[i])
+    ++i;
+  counts_[i].fetch_add(1, std::memory_order_relaxed);
+  total_.fetch_add(1, std::memory_order_relaxed);
+  sum_micro_.fetch_add(static_cast<uint64_t>(value * 1e3), std::memory_order_relaxed);
+}
+
+void histogram::render(std::string& out, const std::string& name,
+                       const std::string& labels) const {
+  uint64_t cumulative = 0;
+  for (size_t i = 0; i <= bounds_.size(); ++i) {
+    cumulative += counts_[i].load(std::memory_order_relaxed);
+    out += name + "_bucket{" + labels + ",le=\"";
+    if (i < bounds_.size())
+      append_number(out, bounds_[i]);
+    else
+      out += "+Inf";
+    out += "\"} " + std::to_string(cumulative) + "\n";
+  }
+  out += name + "_sum{" + labels + "} ";
+  append_number(out, static_cast<double>(sum_micro_.load(std::memory_order_relaxed)) / 1e3);
+  out += "\n" + name + "_count{" + labels + "} "
+         + std::to_string(total_.load(std::memory_order_relaxed)) + "\n";
+}
+
+const char* to_string(failure_reason r) {
+  switch (r) {
+    case failure_reason::bad_request: return "bad_request";
+    case failure_reason::queue_full: return "queue_full";
+    case failure_reason::timeout: return "timeout";
+    case failure_reason::unavailable: return "unavailable";
+    case failure_reason::internal: return "internal";
+  }
+  return "internal";
+}
+
+model_stats::model_stats(std::string model_name, int64_t model_version)
+    : name(std::move(model_name)),
+      version(model_version),
+      request_us(latency_bounds_us()),
+      queue_us(latency_bounds_us()),
+      compute_us(latency_bounds_us()),
+      batch_size(batch_bounds()) {
+}
+
+void model_stats::record_failure(failure_reason reason, uint64_t duration_ns) {
+  failures[static_cast<size_t>(reason)].fetch_add(1, std::memory_order_relaxed);
+  fail.add(duration_ns);
+}
+
+std::string stats_json(const std::vector<std::shared_ptr<model_stats>>& models) {
+  std::string out = "{\"model_stats\":[";
+  bool first = true;
+  for (const auto& m : models) {
+    if (!first)
+      out += ',';
+    first = false;
+    out += "{\"name\":\"" + json_escape(m->name) + "\",\"version\":\""
+           + std::to_string(m->version) + "\",\"last_inference\":"
+           + std::to_string(m->last_inference_ms.load()) + ",\"inference_count\":"
+           + std::to_string(m->inference_count.load()) + ",\"execution_count\":"
+           + std::to_string(m->execution_count.load()) + ",\"inference_stats\":{";
+    append_duration(out, "success", m->success);
+    out += ',';
+    append_duration(out, "fail", m->fail);
+    out += ',';
+    append_duration(out, "queue", m->queue);
+    out += ',';
+    append_duration(out, "compute_input", m->compute_input);
+    out += ',';
+    append_duration(out, "compute_infer", m->compute_infer);
+    out += ',';
+    append_duration(out, "compute_output", m->compute_output);
+    // The engine has no response cache; the fields are present because
+    // perf_analyzer reads them.
+    out += ",\"cache_hit\":{\"count\":0,\"ns\":0},\"cache_miss\":{\"count\":0,\"ns\":0}}";
+    out += ",\"batch_stats\":[]}";
+  }
+  out += "]}";
+  return out;
+}
+
+std::string prometheus_text(const std::vector<std::shared_ptr<model_stats>>& models) {
+  std::string out;
+  auto counter = [&](const char* name, const char* help, auto value_of) {
+    out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " counter\n";
+    for (const auto& m : models)
+      out += std::string(name) + "{model=\"" + json_escape(m->name) + "\",version=\""
+             + std::to_string(m->version) + "\"} " + std::to_string(value_of(*m)) + "\n";
+  };
+  counter("caf_serving_inference_request_success", "Successful inference requests",
+          [](const model_stats& m) { return m.success.count.load(); });
+  counter("caf_serving_inference_count", "Inferences performed (batch rows)",
+          [](const model_stats& m) { return m.inference_count.load(); });
+  counter("caf_serving_inference_exec_count", "Batches executed",
+          [](const model_stats& m) { return m.execution_count.load(); });
+  out += "# HELP caf_serving_inference_request_failure Failed inference requests by reason\n"
+         "# TYPE caf_serving_inference_request_failure counter\n";
+  for (const auto& m : models)
+    for (size_t r = 0; r < failure_reason_count; ++r)
+      out += "caf_serving_inference_request_failure{model=\"" + json_escape(m->name)
+             + "\",version=\"" + std::to_string(m->version) + "\",reason=\""
+             + to_string(static_cast<failure_reason>(r)) + "\"} "
+             + std::to_string(m->failures[r].load()) + "\n";
+  out += "# HELP caf_serving_pending_request_count Requests accepted and not yet answered\n"
+         "# TYPE caf_serving_pending_request_count gauge\n";
+  for (const auto& m : models)
+    out += "caf_serving_pending_request_count{model=\"" + json_escape(m->name)
+           + "\",version=\"" + std::to_string(m->version) + "\"} "
+           + std::to_string(m->pending.load()) + "\n";
+  auto hist = [&](const char* name, const char* help, histogram model_stats::*h) {
+    out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " histogram\n";
+    for (const auto& m : models)
+      ((*m).*h).render(out, name,
+                       "model=\"" + json_escape(m->name) + "\",version=\""
+                         + std::to_string(m->version) + "\"");
+  };
+  hist("caf_serving_request_duration_us", "Received to response sent, microseconds",
+       &model_stats::request_us);
+  hist("caf_serving_queue_duration_us", "Time in the scheduler queue, microseconds",
+       &model_stats::queue_us);
+  hist("caf_serving_compute_duration_us", "Model compute time per request, microseconds",
+       &model_stats::compute_us);
+  hist("caf_serving_batch_size", "Rows per executed batch", &model_stats::batch_size);
+  return out;
+}
+
+} // namespace caf_serving

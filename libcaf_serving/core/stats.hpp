@@ -1,0 +1,80 @@
+#pragma once
+/// Per-model statistics: what `/v2/models/{m}/stats` reports (the fields Triton's
+/// perf_analyzer reads) and the Prometheus text on `/metrics`.
+///
+/// Every counter is an atomic written by the stage that owns the moment it counts
+/// (ingress: success/fail and request time; post-processor: queue and compute) and
+/// read by the ingress when a client asks. No locks on the request path.
+
+#include "core/error.hpp"
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace caf_serving {
+
+/// A count and a total duration, as Triton's StatisticDuration.
+struct duration_stat {
+  std::atomic<uint64_t> count{0};
+  std::atomic<uint64_t> ns{0};
+  void add(uint64_t duration_ns) {
+    count.fetch_add(1, std::memory_order_relaxed);
+    ns.fetch_add(duration_ns, std::memory_order_relaxed);
+  }
+};
+
+/// A Prometheus histogram with fixed upper bounds.
+class histogram {
+public:
+  explicit histogram(std::vector<double> upper_bounds);
+  void observe(double value);
+  /// Appends `<name>_bucket{...,le="..."}`, `_sum` and `_count` lines.
+  void render(std::string& out, const std::string& name, const std::string& labels) const;
+
+private:
+  std::vector<double> bounds_;
+  std::unique_ptr<std::atomic<uint64_t>[]> counts_; // bounds_.size() + 1 (+Inf)
+  std::atomic<uint64_t> total_{0};
+  std::atomic<uint64_t> sum_micro_{0}; // sum of values times 1e3, to keep it integral
+};
+
+const char* to_string(failure_reason r);
+
+struct model_stats {
+  model_stats(std::string model_name, int64_t model_version);
+
+  std::string name;
+  int64_t version;
+
+  std::atomic<uint64_t> inference_count{0}; ///< rows inferred (Triton counts batch rows)
+  std::atomic<uint64_t> execution_count{0}; ///< batches executed
+  std::atomic<uint64_t> last_inference_ms{0}; ///< wall-clock ms of the last response
+  std::atomic<int64_t> pending{0};           ///< accepted, not yet answered
+
+  duration_stat success;        ///< received -> response sent, successful requests
+  duration_stat fail;           ///< received -> error sent
+  duration_stat queue;          ///< enqueued -> batch formed
+  duration_stat compute_input;  ///< batch formed -> compute start (gather, staging)
+  duration_stat compute_infer;  ///< compute start -> compute end
+  duration_stat compute_output; ///< compute end -> response built
+  std::array<std::atomic<uint64_t>, failure_reason_count> failures{};
+
+  histogram request_us;  ///< received -> sent, microseconds
+  histogram queue_us;    ///< time in the queue, microseconds
+  histogram compute_us;  ///< compute_infer per request, microseconds
+  histogram batch_size;  ///< rows per executed batch
+
+  void record_failure(failure_reason reason, uint64_t duration_ns);
+};
+
+/// Triton's `/v2/models/stats` body for the given models.
+std::string stats_json(const std::vector<std::shared_ptr<model_stats>>& models);
+
+/// Prometheus text exposition for the given models.
+std::string prometheus_text(const std::vector<std::shared_ptr<model_stats>>& models);
+
+} // namespace caf_serving

@@ -1,0 +1,49 @@
+#include "core/stats.hpp"
+
+#include <doctest/doctest.h>
+
+using namespace caf_serving;
+
+TEST_CASE("stats JSON carries every field perf_analyzer reads") {
+  auto m = std::make_shared<model_stats>("m\"x", 3);
+  m->success.add(1000);
+  m->success.add(500);
+  m->queue.add(7);
+  m->inference_count = 5;
+  m->execution_count = 2;
+  auto json = stats_json({m});
+  CHECK(json.find("\"name\":\"m\\\"x\"") != std::string::npos);
+  CHECK(json.find("\"version\":\"3\"") != std::string::npos);
+  CHECK(json.find("\"success\":{\"count\":2,\"ns\":1500}") != std::string::npos);
+  CHECK(json.find("\"queue\":{\"count\":1,\"ns\":7}") != std::string::npos);
+  CHECK(json.find("\"inference_count\":5") != std::string::npos);
+  CHECK(json.find("\"execution_count\":2") != std::string::npos);
+  for (auto key : {"fail", "compute_input", "compute_infer", "compute_output", "cache_hit",
+                   "cache_miss"})
+    CHECK(json.find(std::string("\"") + key + "\":{\"count\":") != std::string::npos);
+}
+
+TEST_CASE("histogram buckets are cumulative") {
+  histogram h({1, 10});
+  h.observe(0.5);
+  h.observe(5);
+  h.observe(50);
+  std::string out;
+  h.render(out, "x", "a=\"b\"");
+  CHECK(out.find("x_bucket{a=\"b\",le=\"1\"} 1\n") != std::string::npos);
+  CHECK(out.find("x_bucket{a=\"b\",le=\"10\"} 2\n") != std::string::npos);
+  CHECK(out.find("x_bucket{a=\"b\",le=\"+Inf\"} 3\n") != std::string::npos);
+  CHECK(out.find("x_count{a=\"b\"} 3\n") != std::string::npos);
+  CHECK(out.find("x_sum{a=\"b\"} 55.5\n") != std::string::npos);
+}
+
+TEST_CASE("failures are counted by reason on /metrics") {
+  auto m = std::make_shared<model_stats>("m", 1);
+  m->record_failure(failure_reason::queue_full, 10);
+  m->record_failure(failure_reason::queue_full, 10);
+  auto text = prometheus_text({m});
+  CHECK(text.find("caf_serving_inference_request_failure{model=\"m\",version=\"1\","
+                  "reason=\"queue_full\"} 2")
+        != std::string::npos);
+  CHECK(m->fail.count == 2);
+}

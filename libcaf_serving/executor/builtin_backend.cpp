@@ -1,0 +1,113 @@
+#include "executor/builtin_backend.hpp"
+
+#include <cstring>
+
+namespace caf_serving::executor {
+
+namespace {
+
+using exec_result = std::variant<std::monostate, serving_error>;
+
+class identity_backend final : public backend {
+public:
+  explicit identity_backend(const model_config& cfg) : outputs_(cfg.outputs) {}
+
+  bool blocks() const override { return false; }
+
+  exec_result execute(const batch_view& batch, output_writer& out) override {
+    for (size_t i = 0; i < outputs_.size(); ++i) {
+      const auto& in = batch.inputs[i];
+      auto* dst = out.allocate(outputs_[i].name, in.dtype, in.shape, in.size);
+      if (in.size > 0)
+        std::memcpy(dst, in.data, in.size);
+    }
+    return {};
+  }
+
+private:
+  std::vector<tensor_config> outputs_;
+};
+
+template <class T>
+void add_sub(const batch_view& batch, T* sum, T* diff) {
+  const auto& a = batch.inputs[0];
+  const auto& b = batch.inputs[1];
+  size_t n = a.size / sizeof(T);
+  const T* x = reinterpret_cast<const T*>(a.data);
+  const T* y = reinterpret_cast<const T*>(b.data);
+  for (size_t i = 0; i < n; ++i) {
+    if constexpr (std::is_integral_v<T>) {
+      // Wrap like two's complement hardware instead of overflowing (UB in C++).
+      using U = std::make_unsigned_t<T>;
+      sum[i] = static_cast<T>(static_cast<U>(x[i]) + static_cast<U>(y[i]));
+      diff[i] = static_cast<T>(static_cast<U>(x[i]) - static_cast<U>(y[i]));
+    } else {
+      sum[i] = x[i] + y[i];
+      diff[i] = x[i] - y[i];
+    }
+  }
+}
+
+class add_sub_backend final : public backend {
+public:
+  explicit add_sub_backend(const model_config& cfg) : cfg_(cfg) {}
+
+  bool blocks() const override { return false; }
+
+  exec_result execute(const batch_view& batch, output_writer& out) override {
+    const auto& a = batch.inputs[0];
+    auto* sum = out.allocate(cfg_.outputs[0].name, a.dtype, a.shape, a.size);
+    auto* diff = out.allocate(cfg_.outputs[1].name, a.dtype, a.shape, a.size);
+    if (a.dtype == datatype::int32)
+      add_sub(batch, reinterpret_cast<int32_t*>(sum), reinterpret_cast<int32_t*>(diff));
+    else
+      add_sub(batch, reinterpret_cast<float*>(sum), reinterpret_cast<float*>(diff));
+    return {};
+  }
+
+private:
+  model_config cfg_;
+};
+
+serving_error config_error(const model_config& cfg, const std::string& what) {
+  return {status_code::bad_request, "model '" + cfg.name + "' (builtin backend): " + what};
+}
+
+} // namespace
+
+result<std::shared_ptr<backend>> make_builtin_backend(const model_config& cfg) {
+  auto fn = cfg.parameters.find("function");
+  if (fn == cfg.parameters.end())
+    return config_error(cfg, "config.pbtxt needs parameters { key: \"function\" value: { "
+                             "string_value: \"identity\" } } (or \"add_sub\")");
+  if (fn->second == "identity") {
+    if (cfg.inputs.size() != cfg.outputs.size())
+      return config_error(cfg, "identity needs as many outputs as inputs, got "
+                                 + std::to_string(cfg.inputs.size()) + " inputs and "
+                                 + std::to_string(cfg.outputs.size()) + " outputs");
+    for (size_t i = 0; i < cfg.inputs.size(); ++i)
+      if (cfg.inputs[i].dtype != cfg.outputs[i].dtype || cfg.inputs[i].dims != cfg.outputs[i].dims)
+        return config_error(cfg, "identity output '" + cfg.outputs[i].name
+                                   + "' must have the datatype and dims of input '"
+                                   + cfg.inputs[i].name + "'");
+    return std::shared_ptr<backend>(std::make_shared<identity_backend>(cfg));
+  }
+  if (fn->second == "add_sub") {
+    if (cfg.inputs.size() != 2 || cfg.outputs.size() != 2)
+      return config_error(cfg, "add_sub needs exactly two inputs and two outputs");
+    auto t = cfg.inputs[0].dtype;
+    if (t != datatype::int32 && t != datatype::fp32)
+      return config_error(cfg, "add_sub computes INT32 or FP32, not "
+                                 + std::string(to_string(t)));
+    for (const auto* tc : {&cfg.inputs[1], &cfg.outputs[0], &cfg.outputs[1]})
+      if (tc->dtype != t || tc->dims != cfg.inputs[0].dims)
+        return config_error(cfg, "add_sub needs every input and output to have the datatype "
+                                 "and dims of '" + cfg.inputs[0].name + "'; '" + tc->name
+                                   + "' differs");
+    return std::shared_ptr<backend>(std::make_shared<add_sub_backend>(cfg));
+  }
+  return config_error(cfg, "unknown builtin function '" + fn->second
+                             + "'; the builtin backend offers \"identity\" and \"add_sub\"");
+}
+
+} // namespace caf_serving::executor

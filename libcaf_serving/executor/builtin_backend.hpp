@@ -1,0 +1,19 @@
+#pragma once
+/// The `builtin` backend: small models computed directly, selected by the model's
+/// `parameters { key: "function" ... }` in config.pbtxt. They exist so that the
+/// pipeline, batching and protocol can be served and tested without a model file.
+///
+/// Functions:
+/// - `identity`: OUTPUTi = INPUTi for every input i (any datatype, BYTES too).
+/// - `add_sub`:  OUTPUT0 = INPUT0 + INPUT1, OUTPUT1 = INPUT0 - INPUT1 (INT32 or FP32).
+
+#include "core/error.hpp"
+#include "executor/backend.hpp"
+
+namespace caf_serving::executor {
+
+/// Checks that `config` describes a model the builtin backend can compute, and
+/// builds it; the error names what does not fit.
+result<std::shared_ptr<backend>> make_builtin_backend(const model_config& config);
+
+} // namespace caf_serving::executor

@@ -1,0 +1,94 @@
+#include "executor/builtin_backend.hpp"
+
+#include <doctest/doctest.h>
+
+#include <map>
+
+using namespace caf_serving;
+using namespace caf_serving::executor;
+
+namespace {
+
+struct vector_writer : output_writer {
+  std::map<std::string, std::vector<uint8_t>> outputs;
+  uint8_t* allocate(std::string_view name, datatype, const std::vector<int64_t>&,
+                    size_t bytes) override {
+    auto& v = outputs[std::string(name)];
+    v.assign(bytes, 0xAB); // poisoned: an unwritten byte shows
+    return v.data();
+  }
+};
+
+model_config simple_config() {
+  model_config cfg;
+  cfg.name = "simple";
+  cfg.max_batch_size = 8;
+  cfg.inputs = {{"INPUT0", datatype::int32, {16}}, {"INPUT1", datatype::int32, {16}}};
+  cfg.outputs = {{"OUTPUT0", datatype::int32, {16}}, {"OUTPUT1", datatype::int32, {16}}};
+  cfg.parameters["function"] = "add_sub";
+  return cfg;
+}
+
+} // namespace
+
+TEST_CASE("add_sub adds and subtracts every element of a batch") {
+  auto be = make_builtin_backend(simple_config());
+  REQUIRE(be.ok());
+  std::vector<int32_t> a(32), b(32);
+  for (int i = 0; i < 32; ++i) {
+    a[i] = i * 7 - 50;
+    b[i] = 3 - i;
+  }
+  batch_view batch;
+  batch.rows = 2;
+  batch.inputs = {{"INPUT0", datatype::int32, {2, 16}, reinterpret_cast<uint8_t*>(a.data()), 128},
+                  {"INPUT1", datatype::int32, {2, 16}, reinterpret_cast<uint8_t*>(b.data()), 128}};
+  vector_writer out;
+  auto r = (*be)->execute(batch, out);
+  REQUIRE(std::holds_alternative<std::monostate>(r));
+  auto* sum = reinterpret_cast<int32_t*>(out.outputs["OUTPUT0"].data());
+  auto* diff = reinterpret_cast<int32_t*>(out.outputs["OUTPUT1"].data());
+  for (int i = 0; i < 32; ++i) {
+    CHECK(sum[i] == a[i] + b[i]);
+    CHECK(diff[i] == a[i] - b[i]);
+  }
+}
+
+TEST_CASE("identity copies bytes of any datatype") {
+  model_config cfg;
+  cfg.name = "id";
+  cfg.inputs = {{"INPUT0", datatype::bytes, {1}}};
+  cfg.outputs = {{"OUTPUT0", datatype::bytes, {1}}};
+  cfg.parameters["function"] = "identity";
+  auto be = make_builtin_backend(cfg);
+  REQUIRE(be.ok());
+  std::string data("\x03\0\0\0abc", 7);
+  batch_view batch;
+  batch.rows = 1;
+  batch.inputs = {{"INPUT0", datatype::bytes, {1, 1}, reinterpret_cast<const uint8_t*>(data.data()),
+                   data.size()}};
+  vector_writer out;
+  (*be)->execute(batch, out);
+  auto& o = out.outputs["OUTPUT0"];
+  CHECK(std::string(o.begin(), o.end()) == data);
+}
+
+TEST_CASE("configurations the builtin backend cannot compute are named") {
+  auto cfg = simple_config();
+  cfg.parameters["function"] = "multiply";
+  auto r = make_builtin_backend(cfg);
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.error().message.find("unknown builtin function 'multiply'") != std::string::npos);
+
+  cfg = simple_config();
+  cfg.inputs[1].dtype = datatype::fp32;
+  r = make_builtin_backend(cfg);
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.error().message.find("'INPUT1' differs") != std::string::npos);
+
+  cfg = simple_config();
+  cfg.parameters.clear();
+  r = make_builtin_backend(cfg);
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.error().message.find("function") != std::string::npos);
+}

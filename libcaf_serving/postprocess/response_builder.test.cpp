@@ -1,0 +1,131 @@
+#include "postprocess/response_builder.hpp"
+
+#include <doctest/doctest.h>
+
+#include <cstring>
+
+using namespace caf_serving;
+using namespace caf_serving::postprocess;
+
+namespace {
+
+struct null_sink : response_sink {
+  void deliver(response_message) override {}
+};
+
+infer_job make_job(uint32_t rows, std::vector<std::string> outputs = {}, uint32_t k = 0) {
+  auto req = request_message::create();
+  auto b = req.builder();
+  b.setId("req" + std::to_string(rows));
+  b.setModelName("m");
+  b.setModelVersion(1);
+  b.setRows(rows);
+  auto outs = b.initOutputs(static_cast<unsigned>(outputs.size()));
+  for (unsigned i = 0; i < outputs.size(); ++i) {
+    outs[i].setName(outputs[i]);
+    outs[i].setClassification(k);
+  }
+  return {req, std::make_shared<null_sink>()};
+}
+
+void set_tensor(wire::Tensor::Builder t, const char* name, wire::DataType dt,
+                std::vector<int64_t> shape, const std::string& bytes) {
+  t.setName(name);
+  t.setDatatype(dt);
+  auto s = t.initShape(static_cast<unsigned>(shape.size()));
+  for (unsigned i = 0; i < shape.size(); ++i)
+    s.set(i, shape[i]);
+  auto d = t.initData(static_cast<unsigned>(bytes.size()));
+  std::memcpy(d.begin(), bytes.data(), bytes.size());
+}
+
+std::string bytes_element(const std::string& s) {
+  uint32_t n = static_cast<uint32_t>(s.size());
+  std::string out(4, '\0');
+  std::memcpy(out.data(), &n, 4);
+  return out + s;
+}
+
+std::string as_string(capnp::Data::Reader d) {
+  return std::string(reinterpret_cast<const char*>(d.begin()), d.size());
+}
+
+} // namespace
+
+TEST_CASE("a batch's rows go back to the requests they came from") {
+  finished_batch fb;
+  fb.result = batch_result_message::create();
+  auto outs = fb.result.builder().initOutputs(2);
+  std::vector<float> values{1, 2, 3, 4, 5, 6}; // 3 rows of 2
+  set_tensor(outs[0], "F", wire::DataType::FP32, {3, 2},
+             std::string(reinterpret_cast<char*>(values.data()), 24));
+  set_tensor(outs[1], "S", wire::DataType::BYTES, {3, 1},
+             bytes_element("a") + bytes_element("") + bytes_element("xyz"));
+  fb.jobs.push_back({make_job(1), 10, 20});
+  fb.jobs.push_back({make_job(2, {"S"}), 11, 20});
+  fb.compute_start_ns = 30;
+  fb.compute_end_ns = 40;
+
+  auto responses = split_batch(fb, {});
+  REQUIRE(responses.size() == 2);
+  auto r0 = responses[0].reader();
+  CHECK(r0.getError().getStatus() == 0);
+  REQUIRE(r0.getOutputs().size() == 2);
+  CHECK(as_string(r0.getOutputs()[0].getData())
+        == std::string(reinterpret_cast<char*>(values.data()), 8));
+  CHECK(r0.getOutputs()[0].getShape()[0] == 1);
+  CHECK(as_string(r0.getOutputs()[1].getData()) == bytes_element("a"));
+  CHECK(r0.getTimes().getEnqueuedNs() == 10);
+  CHECK(r0.getTimes().getComputeEndNs() == 40);
+  CHECK(r0.getTimes().getPostprocessEndNs() > 0);
+
+  auto r1 = responses[1].reader();
+  REQUIRE(r1.getOutputs().size() == 1); // only the requested output
+  CHECK(std::string(r1.getOutputs()[0].getName().cStr()) == "S");
+  CHECK(r1.getOutputs()[0].getShape()[0] == 2);
+  CHECK(as_string(r1.getOutputs()[0].getData()) == bytes_element("") + bytes_element("xyz"));
+  CHECK(std::string(r1.getId().cStr()) == "req2");
+}
+
+TEST_CASE("classification replaces the tensor with top-k strings") {
+  finished_batch fb;
+  fb.result = batch_result_message::create();
+  auto outs = fb.result.builder().initOutputs(1);
+  std::vector<float> values{0.1f, 0.7f, 0.2f};
+  set_tensor(outs[0], "P", wire::DataType::FP32, {1, 3},
+             std::string(reinterpret_cast<char*>(values.data()), 12));
+  fb.jobs.push_back({make_job(1, {"P"}, 2), 1, 2});
+  response_config cfg;
+  cfg.labels["P"] = {"cat", "dog", "eel"};
+  auto responses = split_batch(fb, cfg);
+  auto out = responses[0].reader().getOutputs()[0];
+  CHECK(out.getDatatype() == wire::DataType::BYTES);
+  auto data = as_string(out.getData());
+  CHECK(data.find("1:dog") != std::string::npos);
+  CHECK(data.find("2:eel") != std::string::npos);
+  CHECK(data.find("cat") == std::string::npos);
+}
+
+TEST_CASE("an executor's error reaches every request of the batch") {
+  finished_batch fb;
+  fb.result = batch_result_message::create();
+  auto err = fb.result.builder().initError();
+  err.setStatus(500);
+  err.setMessage("device lost");
+  fb.jobs.push_back({make_job(1), 1, 2});
+  fb.jobs.push_back({make_job(1), 1, 2});
+  auto responses = split_batch(fb, {});
+  REQUIRE(responses.size() == 2);
+  for (auto& r : responses) {
+    CHECK(r.reader().getError().getStatus() == 500);
+    CHECK(std::string(r.reader().getError().getMessage().cStr()) == "device lost");
+  }
+}
+
+TEST_CASE("row ranges reject BYTES data that ends inside an element") {
+  auto m = batch_result_message::create();
+  auto outs = m.builder().initOutputs(1);
+  set_tensor(outs[0], "S", wire::DataType::BYTES, {2, 1}, bytes_element("ab").substr(0, 5));
+  auto r = row_range(m.reader().getOutputs()[0], 0, 2);
+  CHECK_FALSE(r.ok());
+}
