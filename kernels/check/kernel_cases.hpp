@@ -1,0 +1,78 @@
+/// The one table of kernel checks.
+///
+/// Each entry is one operation or fused pattern with its datatypes, the sizes it is
+/// checked at (including ragged ones that do not divide the kernels' tiles or vector
+/// widths), the size it is benchmarked at, and a tolerance whose `why` says where
+/// that tolerance comes from. The GPU test (`cuda/kernels.test.cpp`) runs every case
+/// at every sweep size and launch configuration against the unfused CPU references;
+/// the benchmarks (`bench/kernels_bench.cpp`) time the same cases at their bench sizes.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "cpu/types.hpp"
+
+namespace caf_serving::kernels {
+
+enum class op {
+  epilogue,       ///< act(x + bias) + residual
+  add_layer_norm, ///< LayerNorm(x + residual)
+  softmax,        ///< row softmax with a mask
+  attention,      ///< fused multi-head attention
+  gather,         ///< requests -> batch buffer
+  scatter,        ///< batch buffer -> requests
+  convert,        ///< f32 <-> f16/bf16
+  softmax_top_k,  ///< softmax then top-k per row
+};
+
+const char* op_name(op o);
+
+/// Sizes of one run. Each op reads the fields it needs:
+/// epilogue rows/cols/inner (cols = channels; inner = spatial size per channel, 1 for
+/// a GEMM's [rows, cols] output); add_layer_norm, softmax rows/cols; attention
+/// batch/heads/seq; gather and scatter rows = requests, cols = largest request's
+/// bytes; convert rows = elements; softmax_top_k rows/cols/k.
+struct case_size {
+  std::size_t rows = 1;
+  std::size_t cols = 1;
+  std::size_t inner = 1;
+  std::size_t batch = 1;
+  std::size_t heads = 1;
+  std::size_t seq = 1;
+  std::size_t k = 1;
+};
+
+case_size matrix(std::size_t rows, std::size_t cols);
+case_size nchw(std::size_t n, std::size_t channels, std::size_t spatial);
+case_size heads(std::size_t batch, std::size_t heads, std::size_t seq);
+case_size top_k(std::size_t rows, std::size_t cols, std::size_t k);
+
+/// |got - want| <= abs + rel * |want| for every element; NaN never passes.
+struct tolerance {
+  double abs = 0;
+  double rel = 0;
+};
+
+struct kernel_case {
+  std::string name;
+  op operation = op::epilogue;
+  dtype type = dtype::f32;           ///< for convert: the source type
+  dtype convert_to = dtype::f32;     ///< convert only
+  activation act = activation::none; ///< epilogue only
+  bool bias = false;                 ///< epilogue only
+  bool residual = false;             ///< epilogue and add_layer_norm
+  mask_kind mask = mask_kind::none;  ///< softmax only
+  int head_dim = 64;                 ///< attention only
+  bool padded = false;               ///< attention: random per-sequence key lengths
+  tolerance tol;
+  std::string why; ///< why the tolerance is what it is
+  std::vector<case_size> sweep;
+  std::vector<case_size> bench; ///< sizes for the benchmarks; empty: not benchmarked
+};
+
+/// The table.
+const std::vector<kernel_case>& kernel_cases();
+
+} // namespace caf_serving::kernels

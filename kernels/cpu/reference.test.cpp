@@ -1,0 +1,133 @@
+// Tests of the CPU references against values worked out by hand or by identities,
+// so that the GPU checks compare against something known to be right.
+#include "cpu/half.hpp"
+#include "cpu/reference.hpp"
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <limits>
+
+using namespace caf_serving::kernels;
+
+TEST_CASE("fp16 conversion rounds to nearest even and round-trips every half") {
+  CHECK(to_fp16(1.0f).bits == 0x3c00);
+  CHECK(to_fp16(-2.0f).bits == 0xc000);
+  CHECK(to_fp16(65504.0f).bits == 0x7bff);
+  CHECK(to_fp16(65520.0f).bits == 0x7c00); // halfway to 65536 rounds up to infinity
+  CHECK(to_fp16(0.1f).bits == 0x2e66);
+  CHECK(to_fp16(5.960464477539063e-08f).bits == 0x0001); // smallest subnormal
+  CHECK(to_fp16(2.98e-08f).bits == 0x0000);
+  // 1 + 2^-11 lies halfway between 1 and the next half: ties go to the even mantissa.
+  CHECK(to_fp16(1.0f + 1.0f / 2048).bits == 0x3c00);
+  CHECK(to_fp16(1.0f + 3.0f / 2048).bits == 0x3c02);
+  for (std::uint32_t bits = 0; bits < 0x10000; ++bits) {
+    fp16_bits h{static_cast<std::uint16_t>(bits)};
+    if ((bits & 0x7c00) == 0x7c00 && (bits & 0x3ff) != 0)
+      continue; // NaN payloads are not preserved bit for bit
+    REQUIRE(to_fp16(to_float(h)).bits == bits);
+  }
+}
+
+TEST_CASE("bf16 conversion keeps the upper half of an fp32, rounded to even") {
+  CHECK(to_bf16(1.0f).bits == 0x3f80);
+  CHECK(to_float(bf16_bits{0x3f80}) == 1.0f);
+  CHECK(to_bf16(1.0f + 1.0f / 256).bits == 0x3f80); // tie, even stays
+  CHECK(to_bf16(1.0f + 3.0f / 256).bits == 0x3f82); // tie, odd rounds up
+  CHECK(std::isnan(to_float(to_bf16(std::numeric_limits<float>::quiet_NaN()))));
+}
+
+TEST_CASE("activations match their closed forms") {
+  CHECK(ref::activate(activation::relu, -1.5f) == 0.0f);
+  CHECK(ref::activate(activation::relu, 2.5f) == 2.5f);
+  CHECK(ref::activate(activation::gelu_erf, 1.0f) == doctest::Approx(0.8413447).epsilon(1e-6));
+  CHECK(ref::activate(activation::gelu_erf, -1.0f) == doctest::Approx(-0.1586553).epsilon(1e-6));
+  CHECK(ref::activate(activation::gelu_tanh, 1.0f) == doctest::Approx(0.8411920).epsilon(1e-6));
+  CHECK(ref::activate(activation::none, -3.0f) == -3.0f);
+}
+
+TEST_CASE("bias broadcasts along columns for GEMM and along channels for NCHW") {
+  std::vector<float> x(12, 0.0f);
+  auto gemm = ref::add_bias(x, {1, 2, 3}, {3, 1});
+  CHECK(gemm == std::vector<float>{1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2, 3});
+  auto nchw = ref::add_bias(x, {1, 2, 3}, {3, 2});
+  CHECK(nchw == std::vector<float>{1, 1, 2, 2, 3, 3, 1, 1, 2, 2, 3, 3});
+}
+
+TEST_CASE("layer norm of 1..4 gives the standardised values") {
+  auto out = ref::layer_norm({1, 2, 3, 4}, {1, 4}, {1, 1, 1, 2}, {0, 0, 0, 1}, 0.0f);
+  double s = 1.0 / std::sqrt(1.25);
+  CHECK(out[0] == doctest::Approx(-1.5 * s));
+  CHECK(out[1] == doctest::Approx(-0.5 * s));
+  CHECK(out[2] == doctest::Approx(0.5 * s));
+  CHECK(out[3] == doctest::Approx(2 * 1.5 * s + 1));
+}
+
+TEST_CASE("softmax honours additive and boolean masks") {
+  auto plain = ref::softmax({0.0f, std::log(2.0f)}, {1, 2}, {});
+  CHECK(plain[0] == doctest::Approx(1.0 / 3));
+  CHECK(plain[1] == doctest::Approx(2.0 / 3));
+  ref::softmax_mask add;
+  add.kind = mask_kind::additive;
+  add.additive = {std::log(2.0f), 0.0f};
+  auto shifted = ref::softmax({0.0f, std::log(2.0f), 0.0f, std::log(2.0f)}, {2, 2},
+                              add); // one mask row serves both rows
+  CHECK(shifted[0] == doctest::Approx(0.5));
+  CHECK(shifted[3] == doctest::Approx(0.5));
+  ref::softmax_mask keep;
+  keep.kind = mask_kind::boolean;
+  keep.keep = {1, 0, 1, 0, 0, 0};
+  keep.mask_rows = 2;
+  auto masked = ref::softmax({5, 7, 5, 1, 2, 3}, {2, 3}, keep);
+  CHECK(masked[0] == doctest::Approx(0.5));
+  CHECK(masked[1] == 0.0f);
+  CHECK(masked[2] == doctest::Approx(0.5));
+  CHECK(masked[3] == 0.0f); // a fully masked row is zeros, not NaN
+  CHECK(masked[4] == 0.0f);
+  CHECK(masked[5] == 0.0f);
+}
+
+TEST_CASE("matmul handles both layouts of B") {
+  std::vector<float> a{1, 2, 3, 4, 5, 6};      // [2,3]
+  std::vector<float> b{1, 0, 0, 1, 1, 1};      // [3,2]
+  std::vector<float> bt{1, 0, 1, 0, 1, 1};     // the same B stored [2,3]
+  std::vector<float> want{4, 5, 10, 11};
+  CHECK(ref::matmul(a, b, {2, 2, 3, false}) == want);
+  CHECK(ref::matmul(a, bt, {2, 2, 3, true}) == want);
+}
+
+TEST_CASE("attention over one key returns that key's value; padding hides keys") {
+  ref::attention_shape s{1, 1, 3, 2};
+  std::vector<float> q{1, 0, 0, 1, 1, 1};
+  std::vector<float> k{9, 9, -3, 4, 7, 7};
+  std::vector<float> v{1, 2, 3, 4, 5, 6};
+  auto out = ref::attention(q, k, v, s, {1}, 0.5f);
+  for (int i = 0; i < 3; ++i) {
+    CHECK(out[2 * i] == doctest::Approx(1));
+    CHECK(out[2 * i + 1] == doctest::Approx(2));
+  }
+  // Equal keys give a plain average of the values.
+  std::vector<float> same(6, 1.0f);
+  auto avg = ref::attention(q, same, v, s, {}, 1.0f);
+  CHECK(avg[0] == doctest::Approx(3));
+  CHECK(avg[1] == doctest::Approx(4));
+  // A sequence of length zero gives zeros.
+  auto none = ref::attention(q, k, v, s, {0}, 1.0f);
+  CHECK(none == std::vector<float>(6, 0.0f));
+}
+
+TEST_CASE("gather and scatter are inverses") {
+  std::vector<std::vector<std::uint8_t>> reqs{{1, 2, 3}, {}, {4}, {5, 6}};
+  auto batch = ref::gather(reqs);
+  CHECK(batch == std::vector<std::uint8_t>{1, 2, 3, 4, 5, 6});
+  CHECK(ref::scatter(batch, {3, 0, 1, 2}) == reqs);
+}
+
+TEST_CASE("softmax top-k ranks by probability, ties to the lower index") {
+  auto rows = ref::softmax_top_k({0, 2, 1, 2, -1}, {1, 5}, 3);
+  REQUIRE(rows.size() == 1);
+  CHECK(rows[0].indices == std::vector<std::int32_t>{1, 3, 2});
+  double z = 1 + 2 * std::exp(2.0) + std::exp(1.0) + std::exp(-1.0);
+  CHECK(rows[0].probabilities[0] == doctest::Approx(std::exp(2.0) / z));
+  CHECK(rows[0].probabilities[2] == doctest::Approx(std::exp(1.0) / z));
+}

@@ -1,0 +1,117 @@
+#include "cuda/add_layer_norm.hpp"
+
+#include "cuda/check.hpp"
+#include "cuda/device_math.cuh"
+
+#include <stdexcept>
+#include <string>
+
+namespace caf_serving::kernels {
+namespace {
+
+using detail::from_f32;
+using detail::to_f32;
+
+// One block per row. The row (input + residual) is read from device memory once and
+// kept in shared memory as fp32 for the two reductions (mean, then the variance
+// around it, which is more accurate than E[x²] - mean²) and the final write.
+template <class T>
+__global__ void add_layer_norm_kernel(add_layer_norm_args a, bool vectorized) {
+  extern __shared__ float row[];
+  __shared__ float scratch[32];
+  std::size_t offset = static_cast<std::size_t>(blockIdx.x) * a.cols;
+  const T* in = static_cast<const T*>(a.input) + offset;
+  const T* res = a.residual ? static_cast<const T*>(a.residual) + offset : nullptr;
+  T* sum_out = a.sum_output ? static_cast<T*>(a.sum_output) + offset : nullptr;
+  const T* gamma = static_cast<const T*>(a.gamma);
+  const T* beta = static_cast<const T*>(a.beta);
+  T* out = static_cast<T*>(a.output) + offset;
+  int cols = static_cast<int>(a.cols);
+
+  float local = 0.0f;
+  if (vectorized) {
+    for (int c = threadIdx.x * 8; c < cols; c += blockDim.x * 8) {
+      float x[8];
+      detail::load8(in + c, x);
+      if (res) {
+        float r[8];
+        detail::load8(res + c, r);
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+          x[j] += r[j];
+      }
+      if (sum_out)
+        detail::store8(sum_out + c, x);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        row[c + j] = x[j];
+        local += x[j];
+      }
+    }
+  } else {
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+      float x = to_f32(in[c]) + (res ? to_f32(res[c]) : 0.0f);
+      if (sum_out)
+        sum_out[c] = from_f32<T>(x);
+      row[c] = x;
+      local += x;
+    }
+  }
+  float mean = detail::block_sum(local, scratch) / static_cast<float>(cols);
+  // Each thread reads back only what it wrote, in the same pattern, so no barrier
+  // is needed between the writes above and these reads.
+  float sq = 0.0f;
+  int step = vectorized ? 8 : 1;
+  for (int c0 = threadIdx.x * step; c0 < cols; c0 += blockDim.x * step)
+    for (int j = 0; j < step; ++j) {
+      float d = row[c0 + j] - mean;
+      sq += d * d;
+    }
+  float inv_std = rsqrtf(detail::block_sum(sq, scratch) / static_cast<float>(cols) + a.eps);
+  if (vectorized) {
+    for (int c = threadIdx.x * 8; c < cols; c += blockDim.x * 8) {
+      float g[8], b[8], y[8];
+      detail::load8(gamma + c, g);
+      detail::load8(beta + c, b);
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+        y[j] = (row[c + j] - mean) * inv_std * g[j] + b[j];
+      detail::store8(out + c, y);
+    }
+  } else {
+    for (int c = threadIdx.x; c < cols; c += blockDim.x)
+      out[c] = from_f32<T>((row[c] - mean) * inv_std * to_f32(gamma[c]) + to_f32(beta[c]));
+  }
+}
+
+bool aligned16(const void* p) {
+  return p == nullptr || (reinterpret_cast<std::uintptr_t>(p) & 15) == 0;
+}
+
+} // namespace
+
+void launch_add_layer_norm(const add_layer_norm_args& a, cudaStream_t stream) {
+  if (a.cols > add_layer_norm_max_cols)
+    throw std::invalid_argument("add_layer_norm: rows of " + std::to_string(a.cols)
+                                + " elements exceed the supported "
+                                + std::to_string(add_layer_norm_max_cols)
+                                + "; split the normalised dimension or raise the limit");
+  if (a.rows == 0 || a.cols == 0)
+    return;
+  bool vectorized = a.cols % 8 == 0 && aligned16(a.input) && aligned16(a.residual)
+                    && aligned16(a.gamma) && aligned16(a.beta) && aligned16(a.output)
+                    && aligned16(a.sum_output);
+  int threads = a.threads > 0 ? a.threads : 256;
+  std::size_t smem = a.cols * sizeof(float);
+  detail::dispatch_dtype(a.type, [&](auto tag) {
+    using T = decltype(tag);
+    auto kernel = add_layer_norm_kernel<T>;
+    if (smem > 48 * 1024)
+      CAF_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(smem)));
+    kernel<<<static_cast<unsigned>(a.rows), threads, smem, stream>>>(a, vectorized);
+  });
+  CAF_CUDA_CHECK(cudaGetLastError());
+}
+
+} // namespace caf_serving::kernels

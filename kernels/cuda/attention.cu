@@ -1,0 +1,284 @@
+#include "cuda/attention.hpp"
+
+#include "cuda/check.hpp"
+#include "cuda/device_math.cuh"
+
+#include <atomic>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+
+// FlashAttention-2 forward, written with mma.sync.m16n8k16 (fp32 accumulators) and
+// ldmatrix. A block of 4 warps owns 64 query rows (16 per warp) of one (batch, head)
+// and walks the keys in tiles of 64, double-buffered in shared memory with cp.async.
+// Scores and probabilities stay in registers: the accumulator layout of Q·Kᵀ is
+// exactly the A-operand layout that P·V needs, so P never leaves the thread.
+namespace caf_serving::kernels {
+namespace {
+
+constexpr int block_rows = 64; // queries per block
+constexpr int block_keys = 64; // keys per tile
+constexpr int warps = 4;
+constexpr int pad = 8;         // halves of padding per shared row: spreads ldmatrix over banks
+
+__device__ __forceinline__ std::uint32_t smem_addr(const void* p) {
+  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte asynchronous copy; src_bytes = 0 fills the destination with zeros.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)),
+               "l"(src), "r"(src_bytes));
+}
+
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+
+__device__ __forceinline__ void cp_async_wait_all() {
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void ldmatrix_x4(std::uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(std::uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+
+// d += a · b for one 16x8x16 tile.
+template <class T>
+__device__ __forceinline__ void mma(float (&d)[4], const std::uint32_t (&a)[4],
+                                    std::uint32_t b0, std::uint32_t b1) {
+  if constexpr (std::is_same_v<T, __half>) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+template <class T>
+__device__ __forceinline__ std::uint32_t pack2(float lo, float hi) {
+  if constexpr (std::is_same_v<T, __half>) {
+    __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<std::uint32_t*>(&h);
+  } else {
+    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<std::uint32_t*>(&h);
+  }
+}
+
+// Copies `rows` rows of D elements starting at sequence position `row0` into a
+// shared tile of 64 rows; rows at or past `seq` are zero-filled.
+template <class T, int D>
+__device__ __forceinline__ void load_tile(T* tile, const T* base, std::int64_t seq_stride,
+                                          int row0, int seq) {
+  constexpr int chunks_per_row = D / 8;
+  for (int i = threadIdx.x; i < 64 * chunks_per_row; i += warps * 32) {
+    int r = i / chunks_per_row, c = (i % chunks_per_row) * 8;
+    bool valid = row0 + r < seq;
+    const T* src = valid ? base + (row0 + r) * seq_stride + c : base;
+    cp_async16(tile + r * (D + pad) + c, src, valid ? 16 : 0);
+  }
+}
+
+template <class T, int D>
+__global__ void __launch_bounds__(warps * 32)
+  attention_kernel(attention_args a) {
+  constexpr int ld = D + pad;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* q_tile = reinterpret_cast<T*>(smem_raw);
+  T* k_tile = q_tile + block_rows * ld;     // two stages
+  T* v_tile = k_tile + 2 * block_keys * ld; // two stages
+
+  int b = blockIdx.z, h = blockIdx.y, q0 = blockIdx.x * block_rows;
+  std::int64_t offset = b * a.strides.batch + h * a.strides.head;
+  const T* q = static_cast<const T*>(a.q) + offset;
+  const T* k = static_cast<const T*>(a.k) + offset;
+  const T* v = static_cast<const T*>(a.v) + offset;
+  T* o = static_cast<T*>(a.o) + offset;
+  int keys = a.key_lengths ? min(max(a.key_lengths[b], 0), a.seq) : a.seq;
+  int tiles = (keys + block_keys - 1) / block_keys;
+
+  int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  int group = lane / 4, quad = lane % 4; // mma fragment coordinates
+
+  load_tile<T, D>(q_tile, q, a.strides.seq, q0, a.seq);
+  if (tiles > 0) {
+    load_tile<T, D>(k_tile, k, a.strides.seq, 0, a.seq);
+    load_tile<T, D>(v_tile, v, a.strides.seq, 0, a.seq);
+  }
+  cp_async_commit();
+  cp_async_wait_all();
+  __syncthreads();
+
+  // Q fragments for this warp's 16 rows, kept in registers for every key tile.
+  std::uint32_t q_frag[D / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk)
+    ldmatrix_x4(q_frag[kk], q_tile + (warp * 16 + lane % 16) * ld + kk * 16 + (lane / 16) * 8);
+
+  float o_acc[D / 8][4] = {};
+  float row_max[2] = {-INFINITY, -INFINITY}; // rows `group` and `group + 8`, log2 units
+  float row_sum[2] = {0.0f, 0.0f};           // this thread's part of the row sums
+  const float scale_log2 = a.softmax_scale * 1.4426950408889634f;
+
+  for (int t = 0; t < tiles; ++t) {
+    int stage = t & 1;
+    if (t + 1 < tiles) { // prefetch the next tile while this one is computed
+      load_tile<T, D>(k_tile + (stage ^ 1) * block_keys * ld, k, a.strides.seq,
+                      (t + 1) * block_keys, a.seq);
+      load_tile<T, D>(v_tile + (stage ^ 1) * block_keys * ld, v, a.strides.seq,
+                      (t + 1) * block_keys, a.seq);
+    }
+    cp_async_commit();
+    const T* ks = k_tile + stage * block_keys * ld;
+    const T* vs = v_tile + stage * block_keys * ld;
+
+    // S = Q Kᵀ: 16 rows x 64 keys per warp, as 8 n-tiles of 8 keys.
+    float s[block_keys / 8][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+#pragma unroll
+      for (int np = 0; np < block_keys / 16; ++np) {
+        std::uint32_t kb[4];
+        ldmatrix_x4(kb, ks + (np * 16 + (lane / 16) * 8 + lane % 8) * ld + kk * 16
+                          + ((lane / 8) % 2) * 8);
+        mma<T>(s[2 * np], q_frag[kk], kb[0], kb[1]);
+        mma<T>(s[2 * np + 1], q_frag[kk], kb[2], kb[3]);
+      }
+    }
+
+    // Scale, mask padded keys, and update the running max per row.
+    float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int n = 0; n < block_keys / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        int key = t * block_keys + n * 8 + quad * 2 + (e & 1);
+        float x = key < keys ? s[n][e] * scale_log2 : -INFINITY;
+        s[n][e] = x;
+        tile_max[e / 2] = fmaxf(tile_max[e / 2], x);
+      }
+    float alpha[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
+      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
+      float new_max = fmaxf(row_max[r], tile_max[r]);
+      // A row with no unmasked key yet keeps max -inf; use 0 so exp2 gives 0, not NaN.
+      float base = new_max == -INFINITY ? 0.0f : new_max;
+      alpha[r] = exp2f(row_max[r] - base);
+      row_max[r] = new_max;
+      tile_max[r] = base;
+    }
+    // P = exp2(S - max), packed straight into the A fragments of P·V.
+    std::uint32_t p_frag[block_keys / 16][4];
+    float tile_sum[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int n = 0; n < block_keys / 8; ++n) {
+      float p0 = exp2f(s[n][0] - tile_max[0]), p1 = exp2f(s[n][1] - tile_max[0]);
+      float p2 = exp2f(s[n][2] - tile_max[1]), p3 = exp2f(s[n][3] - tile_max[1]);
+      tile_sum[0] += p0 + p1;
+      tile_sum[1] += p2 + p3;
+      p_frag[n / 2][(n % 2) * 2] = pack2<T>(p0, p1);
+      p_frag[n / 2][(n % 2) * 2 + 1] = pack2<T>(p2, p3);
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+      row_sum[r] = row_sum[r] * alpha[r] + tile_sum[r];
+#pragma unroll
+    for (int d = 0; d < D / 8; ++d) {
+      o_acc[d][0] *= alpha[0];
+      o_acc[d][1] *= alpha[0];
+      o_acc[d][2] *= alpha[1];
+      o_acc[d][3] *= alpha[1];
+    }
+
+    // O += P V: V's tile is [keys, D] row-major, read transposed by ldmatrix.
+#pragma unroll
+    for (int kk = 0; kk < block_keys / 16; ++kk) {
+#pragma unroll
+      for (int dp = 0; dp < D / 16; ++dp) {
+        std::uint32_t vb[4];
+        ldmatrix_x4_trans(vb, vs + (kk * 16 + ((lane / 8) % 2) * 8 + lane % 8) * ld + dp * 16
+                                + (lane / 16) * 8);
+        mma<T>(o_acc[2 * dp], p_frag[kk], vb[0], vb[1]);
+        mma<T>(o_acc[2 * dp + 1], p_frag[kk], vb[2], vb[3]);
+      }
+    }
+    cp_async_wait_all(); // the next tile has landed ...
+    __syncthreads();     // ... and nobody still reads the stage it will overwrite
+  }
+
+  // Normalise and store. Each thread holds two adjacent columns of rows group and
+  // group + 8 for every 8-column tile.
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float sum = row_sum[r];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    int row = q0 + warp * 16 + group + r * 8;
+    if (row >= a.seq)
+      continue;
+    T* out = o + row * a.strides.seq + quad * 2;
+#pragma unroll
+    for (int d = 0; d < D / 8; ++d) {
+      std::uint32_t packed = pack2<T>(o_acc[d][2 * r] * inv, o_acc[d][2 * r + 1] * inv);
+      *reinterpret_cast<std::uint32_t*>(out + d * 8) = packed;
+    }
+  }
+}
+
+template <class T, int D>
+void launch_typed(const attention_args& a, cudaStream_t stream) {
+  constexpr int smem = (block_rows + 4 * block_keys) * (D + pad) * static_cast<int>(sizeof(T));
+  auto kernel = attention_kernel<T, D>;
+  // The shared-memory limit is a per-device attribute: raise it once per device.
+  static std::atomic<std::uint64_t> configured{0};
+  int device = 0;
+  CAF_CUDA_CHECK(cudaGetDevice(&device));
+  std::uint64_t bit = std::uint64_t{1} << (device % 64);
+  if ((configured.load() & bit) == 0) {
+    CAF_CUDA_CHECK(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    configured.fetch_or(bit);
+  }
+  dim3 grid((a.seq + block_rows - 1) / block_rows, a.heads, a.batch);
+  kernel<<<grid, warps * 32, smem, stream>>>(a);
+}
+
+} // namespace
+
+void launch_attention(const attention_args& a, cudaStream_t stream) {
+  if (a.type == dtype::f32)
+    throw std::invalid_argument("attention: f32 is not supported; convert Q, K and V to f16 "
+                                "or bf16 (launch_convert) first");
+  if (a.head_dim != 64 && a.head_dim != 128)
+    throw std::invalid_argument("attention: head dimension " + std::to_string(a.head_dim)
+                                + " is not supported; it must be 64 or 128");
+  if (a.batch > 65535 || a.heads > 65535)
+    throw std::invalid_argument("attention: batch and heads must each be at most 65535");
+  if (a.seq <= 0 || a.batch <= 0 || a.heads <= 0)
+    return;
+  if (a.type == dtype::f16)
+    a.head_dim == 64 ? launch_typed<__half, 64>(a, stream) : launch_typed<__half, 128>(a, stream);
+  else
+    a.head_dim == 64 ? launch_typed<__nv_bfloat16, 64>(a, stream)
+                     : launch_typed<__nv_bfloat16, 128>(a, stream);
+  CAF_CUDA_CHECK(cudaGetLastError());
+}
+
+} // namespace caf_serving::kernels

@@ -1,0 +1,58 @@
+#include "cuda/convert.hpp"
+
+#include "cuda/check.hpp"
+#include "cuda/device_math.cuh"
+
+#include <stdexcept>
+#include <string>
+
+namespace caf_serving::kernels {
+namespace {
+
+// 8 elements per step when both buffers are 16-byte aligned; the tail (count % 8)
+// and unaligned buffers take the scalar loop.
+template <class From, class To>
+__global__ void convert_kernel(convert_args a, bool vectorized) {
+  const From* in = static_cast<const From*>(a.input);
+  To* out = static_cast<To*>(a.output);
+  std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  std::size_t first = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  std::size_t vector_end = vectorized ? a.count / 8 * 8 : 0;
+  for (std::size_t v = first; v < vector_end / 8; v += stride) {
+    float x[8];
+    detail::load8(in + v * 8, x);
+    detail::store8(out + v * 8, x);
+  }
+  for (std::size_t i = vector_end + first; i < a.count; i += stride)
+    out[i] = detail::from_f32<To>(detail::to_f32(in[i]));
+}
+
+bool aligned16(const void* p) {
+  return (reinterpret_cast<std::uintptr_t>(p) & 15) == 0;
+}
+
+} // namespace
+
+void launch_convert(const convert_args& a, cudaStream_t stream) {
+  bool ok = (a.from == dtype::f32) != (a.to == dtype::f32);
+  if (!ok)
+    throw std::invalid_argument(std::string("convert: cannot convert ") + dtype_name(a.from)
+                                + " to " + dtype_name(a.to)
+                                + "; supported are f32 to f16/bf16 and back");
+  if (a.count == 0)
+    return;
+  bool vectorized = aligned16(a.input) && aligned16(a.output);
+  int threads = a.threads > 0 ? a.threads : 256;
+  int blocks = detail::grid_stride_blocks(vectorized ? (a.count + 7) / 8 : a.count, threads);
+  if (a.from == dtype::f32 && a.to == dtype::f16)
+    convert_kernel<float, __half><<<blocks, threads, 0, stream>>>(a, vectorized);
+  else if (a.from == dtype::f32)
+    convert_kernel<float, __nv_bfloat16><<<blocks, threads, 0, stream>>>(a, vectorized);
+  else if (a.from == dtype::f16)
+    convert_kernel<__half, float><<<blocks, threads, 0, stream>>>(a, vectorized);
+  else
+    convert_kernel<__nv_bfloat16, float><<<blocks, threads, 0, stream>>>(a, vectorized);
+  CAF_CUDA_CHECK(cudaGetLastError());
+}
+
+} // namespace caf_serving::kernels
