@@ -1,0 +1,1188 @@
+#include "ingress/kserve_codec.hpp"
+
+#include "ingress/validate.hpp"
+
+#include <simdjson.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <numeric>
+
+// Tensor bytes are little-endian on the wire and are copied as host values.
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+              "the KServe codec assumes a little-endian host");
+
+namespace caf_serving::ingress {
+
+// -- infer_input --------------------------------------------------------------
+
+bool infer_input::owns_data() const {
+  if (data.empty() || owned.empty())
+    return false;
+  std::less_equal<const char*> le;
+  return le(owned.data(), data.data())
+         && le(data.data() + data.size(), owned.data() + owned.size());
+}
+
+namespace {
+
+/// Re-points `to.data` after `to.owned` was copied or moved from `from`.
+void repoint(infer_input& to, std::string_view from_data, const char* from_owned,
+             bool owned) {
+  if (owned)
+    to.data = std::string_view{to.owned.data() + (from_data.data() - from_owned),
+                               from_data.size()};
+  else
+    to.data = from_data;
+}
+
+} // namespace
+
+infer_input::infer_input(const infer_input& other)
+  : name(other.name), dtype(other.dtype), shape(other.shape), owned(other.owned) {
+  repoint(*this, other.data, other.owned.data(), other.owns_data());
+}
+
+infer_input::infer_input(infer_input&& other) noexcept
+  : name(std::move(other.name)), dtype(other.dtype), shape(std::move(other.shape)) {
+  bool owned_data = other.owns_data();
+  auto old_data = other.data;
+  const char* old_owned = other.owned.data();
+  owned = std::move(other.owned);
+  repoint(*this, old_data, old_owned, owned_data);
+  other.data = {};
+}
+
+infer_input& infer_input::operator=(const infer_input& other) {
+  if (this != &other) {
+    infer_input copy{other};
+    *this = std::move(copy);
+  }
+  return *this;
+}
+
+infer_input& infer_input::operator=(infer_input&& other) noexcept {
+  if (this != &other) {
+    name = std::move(other.name);
+    dtype = other.dtype;
+    shape = std::move(other.shape);
+    bool owned_data = other.owns_data();
+    auto old_data = other.data;
+    const char* old_owned = other.owned.data();
+    owned = std::move(other.owned);
+    repoint(*this, old_data, old_owned, owned_data);
+    other.data = {};
+  }
+  return *this;
+}
+
+// -- JSON output helpers ------------------------------------------------------
+
+namespace {
+
+constexpr std::string_view replacement_character = "\xEF\xBF\xBD";
+
+/// Length of the valid UTF-8 sequence at s[i], or 0 if it is not valid
+/// (overlong forms, surrogates and code points past U+10FFFF are invalid).
+size_t utf8_sequence_length(std::string_view s, size_t i) {
+  auto byte = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
+  unsigned char c = byte(i);
+  size_t n;
+  uint32_t cp;
+  if (c >= 0xC2 && c <= 0xDF) {
+    n = 2;
+    cp = c & 0x1F;
+  } else if (c >= 0xE0 && c <= 0xEF) {
+    n = 3;
+    cp = c & 0x0F;
+  } else if (c >= 0xF0 && c <= 0xF4) {
+    n = 4;
+    cp = c & 0x07;
+  } else {
+    return 0;
+  }
+  if (i + n > s.size())
+    return 0;
+  for (size_t k = 1; k < n; ++k) {
+    if ((byte(i + k) & 0xC0) != 0x80)
+      return 0;
+    cp = (cp << 6) | (byte(i + k) & 0x3F);
+  }
+  if ((n == 3 && cp < 0x800) || (n == 4 && cp < 0x10000) || cp > 0x10FFFF
+      || (cp >= 0xD800 && cp <= 0xDFFF))
+    return 0;
+  return n;
+}
+
+template <class T>
+void append_integer(std::string& out, T value) {
+  char buf[32];
+  auto res = std::to_chars(buf, buf + sizeof(buf), value);
+  out.append(buf, res.ptr);
+}
+
+/// Shortest text that reads back to the same value; `null_text` for NaN and
+/// infinities.
+template <class T>
+void append_floating(std::string& out, T value, std::string_view non_finite) {
+  if (!std::isfinite(value)) {
+    if (!non_finite.empty()) {
+      out += non_finite;
+      return;
+    }
+    out += std::isnan(value) ? "nan" : (value > 0 ? "inf" : "-inf");
+    return;
+  }
+  char buf[64];
+  auto res = std::to_chars(buf, buf + sizeof(buf), value);
+  out.append(buf, res.ptr);
+}
+
+float half_to_float(uint16_t h) {
+  uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
+  uint32_t exponent = (h >> 10) & 0x1F;
+  uint32_t mantissa = h & 0x3FF;
+  uint32_t bits;
+  if (exponent == 0) {
+    if (mantissa == 0) {
+      bits = sign;
+    } else { // subnormal: normalise
+      int e = -1;
+      do {
+        ++e;
+        mantissa <<= 1;
+      } while ((mantissa & 0x400) == 0);
+      bits = sign | (static_cast<uint32_t>(127 - 15 - e) << 23) | ((mantissa & 0x3FF) << 13);
+    }
+  } else if (exponent == 0x1F) {
+    bits = sign | 0x7F800000u | (mantissa << 13);
+  } else {
+    bits = sign | ((exponent + 127 - 15) << 23) | (mantissa << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+float bf16_to_float(uint16_t b) {
+  uint32_t bits = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+template <class T>
+T load(const char* p) {
+  T v;
+  std::memcpy(&v, p, sizeof(T));
+  return v;
+}
+
+/// Appends element `i` of fixed-size tensor data as a JSON number (or
+/// `non_finite` for NaN/inf).
+void append_element(std::string& out, datatype t, const char* base, size_t i,
+                    std::string_view non_finite) {
+  switch (t) {
+    case datatype::bool_:
+      out += base[i] != 0 ? "true" : "false";
+      return;
+    case datatype::uint8: append_integer(out, load<uint8_t>(base + i)); return;
+    case datatype::uint16: append_integer(out, load<uint16_t>(base + 2 * i)); return;
+    case datatype::uint32: append_integer(out, load<uint32_t>(base + 4 * i)); return;
+    case datatype::uint64: append_integer(out, load<uint64_t>(base + 8 * i)); return;
+    case datatype::int8: append_integer(out, load<int8_t>(base + i)); return;
+    case datatype::int16: append_integer(out, load<int16_t>(base + 2 * i)); return;
+    case datatype::int32: append_integer(out, load<int32_t>(base + 4 * i)); return;
+    case datatype::int64: append_integer(out, load<int64_t>(base + 8 * i)); return;
+    case datatype::fp16:
+      append_floating(out, half_to_float(load<uint16_t>(base + 2 * i)), non_finite);
+      return;
+    case datatype::bf16:
+      append_floating(out, bf16_to_float(load<uint16_t>(base + 2 * i)), non_finite);
+      return;
+    case datatype::fp32: append_floating(out, load<float>(base + 4 * i), non_finite); return;
+    case datatype::fp64: append_floating(out, load<double>(base + 8 * i), non_finite); return;
+    case datatype::bytes: break;
+  }
+}
+
+void append_shape(std::string& out, const std::vector<int64_t>& shape) {
+  out += '[';
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i > 0)
+      out += ',';
+    append_integer(out, shape[i]);
+  }
+  out += ']';
+}
+
+void append_bytes_element(std::string& out, std::string_view element) {
+  auto len = static_cast<uint32_t>(element.size());
+  char buf[4];
+  std::memcpy(buf, &len, 4);
+  out.append(buf, 4);
+  out += element;
+}
+
+} // namespace
+
+void append_json_string(std::string& out, std::string_view text) {
+  static constexpr char hex[] = "0123456789abcdef";
+  out += '"';
+  size_t i = 0;
+  while (i < text.size()) {
+    auto c = static_cast<unsigned char>(text[i]);
+    if (c < 0x80) {
+      switch (c) {
+        case '"': out += "\\\""; break;
+        case '\\': out += "\\\\"; break;
+        case '\n': out += "\\n"; break;
+        case '\r': out += "\\r"; break;
+        case '\t': out += "\\t"; break;
+        case '\b': out += "\\b"; break;
+        case '\f': out += "\\f"; break;
+        default:
+          if (c < 0x20) {
+            out += "\\u00";
+            out += hex[c >> 4];
+            out += hex[c & 0xF];
+          } else {
+            out += static_cast<char>(c);
+          }
+      }
+      ++i;
+      continue;
+    }
+    size_t n = utf8_sequence_length(text, i);
+    if (n == 0) {
+      out += replacement_character;
+      ++i;
+    } else {
+      out.append(text.data() + i, n);
+      i += n;
+    }
+  }
+  out += '"';
+}
+
+std::string serialize_error(std::string_view message) {
+  std::string out;
+  out.reserve(message.size() + 16);
+  out += "{\"error\":";
+  append_json_string(out, message);
+  out += '}';
+  return out;
+}
+
+// -- request parsing ----------------------------------------------------------
+
+namespace {
+
+namespace od = simdjson::ondemand;
+
+/// A semantic failure found while walking the JSON; caught at the top of
+/// parse_infer_request. Exceptions keep the walk readable; they are thrown
+/// only for requests that are rejected anyway.
+struct parse_failure {
+  serving_error error;
+};
+
+[[noreturn]] void fail(std::string message) {
+  throw parse_failure{bad_request(std::move(message))};
+}
+
+[[noreturn]] void fail(serving_error err) {
+  throw parse_failure{std::move(err)};
+}
+
+std::string single_quoted(std::string_view name) {
+  std::string s;
+  s.reserve(name.size() + 2);
+  s += '\'';
+  s += name;
+  s += '\'';
+  return s;
+}
+
+bool iequals_prefix(std::string_view text, std::string_view prefix) {
+  if (text.size() < prefix.size())
+    return false;
+  for (size_t i = 0; i < prefix.size(); ++i)
+    if (std::tolower(static_cast<unsigned char>(text[i])) != prefix[i])
+      return false;
+  return true;
+}
+
+/// application/octet-stream, with or without parameters.
+bool is_octet_stream(std::string_view content_type) {
+  while (!content_type.empty() && content_type.front() == ' ')
+    content_type.remove_prefix(1);
+  constexpr std::string_view mime = "application/octet-stream";
+  if (!iequals_prefix(content_type, mime))
+    return false;
+  auto rest = content_type.substr(mime.size());
+  return rest.empty() || rest.front() == ';' || rest.front() == ' ';
+}
+
+std::string all_datatype_names() {
+  std::string s;
+  for (int i = 0; i <= static_cast<int>(datatype::bytes); ++i) {
+    if (i > 0)
+      s += ", ";
+    s += to_string(static_cast<datatype>(i));
+  }
+  return s;
+}
+
+/// Whether a failed simdjson read means "the value has another type" (the
+/// caller explains what was expected). Errors in the JSON text itself are
+/// thrown, to be reported as invalid JSON.
+bool type_mismatch(simdjson::error_code err) {
+  switch (err) {
+    case simdjson::SUCCESS: return false;
+    case simdjson::INCORRECT_TYPE:
+    case simdjson::NUMBER_OUT_OF_RANGE: return true;
+    default: throw simdjson::simdjson_error(err);
+  }
+}
+
+/// Where in the document the walk is, for error messages.
+struct parse_context {
+  std::string where = "the request";
+};
+
+/// Writes the elements of a JSON "data" value (flat or nested arrays) as raw
+/// little-endian bytes.
+struct data_writer {
+  const infer_input& input;
+  uint64_t expected = 0;
+  size_t max_depth = 0;
+  std::string& out;
+  uint64_t count = 0;
+
+  std::string what() const { return "input " + single_quoted(input.name); }
+
+  [[noreturn]] void element_error(std::string_view expectation) const {
+    fail(what() + " has datatype " + std::string{to_string(input.dtype)}
+         + " but data element " + std::to_string(count - 1) + " is not " + std::string{expectation});
+  }
+
+  template <class T>
+  void append_raw(T v) {
+    char buf[sizeof(T)];
+    std::memcpy(buf, &v, sizeof(T));
+    out.append(buf, sizeof(T));
+  }
+
+  template <class T>
+  void append_signed(od::value& v) {
+    int64_t x = {};
+    if (type_mismatch(v.get_int64().get(x)))
+      element_error("an integer");
+    if (x < std::numeric_limits<T>::min() || x > std::numeric_limits<T>::max())
+      fail(what() + " data element " + std::to_string(count - 1) + " (" + std::to_string(x)
+           + ") is out of range for " + std::string{to_string(input.dtype)});
+    append_raw(static_cast<T>(x));
+  }
+
+  template <class T>
+  void append_unsigned(od::value& v) {
+    uint64_t x = {};
+    if (type_mismatch(v.get_uint64().get(x)))
+      element_error("a non-negative integer");
+    if (x > std::numeric_limits<T>::max())
+      fail(what() + " data element " + std::to_string(count - 1) + " (" + std::to_string(x)
+           + ") is out of range for " + std::string{to_string(input.dtype)});
+    append_raw(static_cast<T>(x));
+  }
+
+  void write(od::value v, size_t depth) {
+    od::json_type type = v.type().value();
+    if (type == od::json_type::array) {
+      if (depth >= max_depth)
+        fail(what() + " has data nested deeper than its shape "
+             + format_shape(input.shape) + " allows");
+      for (auto element : v.get_array().value())
+        write(element.value(), depth + 1);
+      return;
+    }
+    if (++count > expected)
+      fail(what() + " has more data elements than its shape " + format_shape(input.shape)
+           + " holds (" + std::to_string(expected) + ")");
+    switch (input.dtype) {
+      case datatype::bool_: {
+        bool b = {};
+        if (type_mismatch(v.get_bool().get(b)))
+          element_error("true or false");
+        out += static_cast<char>(b ? 1 : 0);
+        return;
+      }
+      case datatype::int8: append_signed<int8_t>(v); return;
+      case datatype::int16: append_signed<int16_t>(v); return;
+      case datatype::int32: append_signed<int32_t>(v); return;
+      case datatype::int64: append_signed<int64_t>(v); return;
+      case datatype::uint8: append_unsigned<uint8_t>(v); return;
+      case datatype::uint16: append_unsigned<uint16_t>(v); return;
+      case datatype::uint32: append_unsigned<uint32_t>(v); return;
+      case datatype::uint64: append_unsigned<uint64_t>(v); return;
+      case datatype::fp32: {
+        double d = {};
+        if (type != od::json_type::number || type_mismatch(v.get_double().get(d)))
+          element_error("a number");
+        if (std::fabs(d) > static_cast<double>(std::numeric_limits<float>::max()))
+          fail(what() + " data element " + std::to_string(count - 1)
+               + " is out of range for FP32");
+        append_raw(static_cast<float>(d));
+        return;
+      }
+      case datatype::fp64: {
+        double d = {};
+        if (type != od::json_type::number || type_mismatch(v.get_double().get(d)))
+          element_error("a number");
+        append_raw(d);
+        return;
+      }
+      case datatype::bytes: {
+        std::string_view s;
+        if (type_mismatch(v.get_string().get(s)))
+          element_error("a string");
+        append_bytes_element(out, s);
+        return;
+      }
+      case datatype::fp16:
+      case datatype::bf16:
+        break; // rejected before the walk
+    }
+  }
+};
+
+std::vector<int64_t> parse_shape(od::value v, const parse_context& ctx, size_t max_rank) {
+  std::vector<int64_t> shape;
+  od::array arr;
+  if (type_mismatch(v.get_array().get(arr)))
+    fail(ctx.where + " must be an array of integers, e.g. [1,3]");
+  for (auto element : arr) {
+    int64_t dim = {};
+    if (type_mismatch(element.get_int64().get(dim)))
+      fail(ctx.where + " must be an array of integers, e.g. [1,3]");
+    if (shape.size() >= max_rank)
+      fail(ctx.where + " has more than " + std::to_string(max_rank) + " dimensions");
+    shape.push_back(dim);
+  }
+  return shape;
+}
+
+struct pending_input {
+  infer_input input;
+  std::optional<uint64_t> binary_size;
+};
+
+struct pending_output {
+  requested_output output;
+  std::optional<bool> binary;
+};
+
+pending_input parse_input_object(od::value v, size_t index, const parse_input& in,
+                                 parse_context& ctx) {
+  pending_input p;
+  infer_input& input = p.input;
+  std::string prefix = "inputs[" + std::to_string(index) + "]";
+  ctx.where = prefix;
+  od::object obj;
+  if (type_mismatch(v.get_object().get(obj)))
+    fail(prefix + " must be an object with \"name\", \"datatype\", \"shape\" and \"data\"");
+
+  auto required = [&](const char* key) {
+    od::value value;
+    auto err = obj.find_field_unordered(key).get(value);
+    if (err == simdjson::NO_SUCH_FIELD)
+      fail(prefix + " has no \"" + key + "\" field");
+    if (err)
+      throw simdjson::simdjson_error(err);
+    return value;
+  };
+
+  ctx.where = prefix + ".name";
+  std::string_view name;
+  if (type_mismatch(required("name").get_string().get(name)))
+    fail(prefix + ".name must be a string");
+  input.name = std::string{name};
+  prefix = "input " + single_quoted(input.name);
+
+  ctx.where = prefix + " datatype";
+  std::string_view dtype_name;
+  if (type_mismatch(required("datatype").get_string().get(dtype_name)))
+    fail(prefix + " datatype must be a string such as \"FP32\"");
+  auto dtype = datatype_from_kserve(dtype_name);
+  if (!dtype)
+    fail(prefix + " has unknown datatype '" + std::string{dtype_name} + "'; use one of "
+         + all_datatype_names());
+  input.dtype = *dtype;
+
+  ctx.where = prefix + " shape";
+  input.shape = parse_shape(required("shape"), ctx, in.limits.max_rank);
+  auto count = checked_element_count(input.shape, in.limits.max_elements, prefix);
+  if (!count)
+    fail(count.error());
+
+  ctx.where = prefix + " parameters";
+  od::value params_value;
+  auto err = obj.find_field_unordered("parameters").get(params_value);
+  if (err && err != simdjson::NO_SUCH_FIELD)
+    throw simdjson::simdjson_error(err);
+  if (!err) {
+    od::object params;
+    if (type_mismatch(params_value.get_object().get(params)))
+      fail(prefix + " parameters must be an object");
+    for (auto field : params) {
+      std::string_view key = field.unescaped_key().value();
+      if (key == "binary_data_size") {
+        uint64_t size = {};
+        if (type_mismatch(field.value().get_uint64().get(size)))
+          fail(prefix + " parameter binary_data_size must be a non-negative integer");
+        p.binary_size = size;
+      }
+    }
+  }
+
+  ctx.where = prefix + " data";
+  od::value data_value;
+  err = obj.find_field_unordered("data").get(data_value);
+  if (err && err != simdjson::NO_SUCH_FIELD)
+    throw simdjson::simdjson_error(err);
+  bool has_data = !err;
+  if (p.binary_size && has_data)
+    fail(prefix + " has both \"data\" and the binary_data_size parameter; send one of them");
+  if (!p.binary_size && !has_data)
+    fail(prefix + " has no \"data\"; give its elements in \"data\" or send them as binary "
+         "data with the binary_data_size parameter");
+  if (has_data) {
+    if (input.dtype == datatype::fp16 || input.dtype == datatype::bf16)
+      fail(prefix + " has datatype " + std::string{to_string(input.dtype)}
+           + ", which JSON cannot carry; send it as binary data (binary_data_size "
+             "parameter and Inference-Header-Content-Length)");
+    // Never reserve from the shape alone: each JSON element takes at least two
+    // characters, so the JSON length bounds what the data can hold.
+    uint64_t bounded = std::min<uint64_t>(*count, in.body.size() / 2 + 1);
+    size_t esize = element_size(input.dtype);
+    input.owned.reserve(static_cast<size_t>(bounded * (esize == 0 ? 5 : esize)));
+    data_writer writer{input, *count, input.shape.size() + 1, input.owned};
+    writer.write(data_value, 0);
+    if (writer.count != *count)
+      fail(prefix + " has " + std::to_string(writer.count) + " data elements but its shape "
+           + format_shape(input.shape) + " needs " + std::to_string(*count));
+    input.data = input.owned;
+  }
+  return p;
+}
+
+pending_output parse_output_object(od::value v, size_t index, parse_context& ctx) {
+  pending_output p;
+  std::string prefix = "outputs[" + std::to_string(index) + "]";
+  ctx.where = prefix;
+  od::object obj;
+  if (type_mismatch(v.get_object().get(obj)))
+    fail(prefix + " must be an object with a \"name\"");
+  bool has_name = false;
+  for (auto field : obj) {
+    std::string_view key = field.unescaped_key().value();
+    od::value value = field.value();
+    if (key == "name") {
+      std::string_view name;
+      if (type_mismatch(value.get_string().get(name)))
+        fail(prefix + ".name must be a string");
+      p.output.name = std::string{name};
+      has_name = true;
+    } else if (key == "parameters") {
+      od::object params;
+      if (type_mismatch(value.get_object().get(params)))
+        fail(prefix + ".parameters must be an object");
+      for (auto param : params) {
+        std::string_view pkey = param.unescaped_key().value();
+        od::value pvalue = param.value();
+        if (pkey == "binary_data") {
+          bool b = {};
+          if (type_mismatch(pvalue.get_bool().get(b)))
+            fail(prefix + " parameter binary_data must be true or false");
+          p.binary = b;
+        } else if (pkey == "classification") {
+          uint64_t k = {};
+          if (type_mismatch(pvalue.get_uint64().get(k))
+              || k > std::numeric_limits<uint32_t>::max())
+            fail(prefix + " parameter classification must be a non-negative integer "
+                          "(the number of classes to return)");
+          p.output.classification = static_cast<uint32_t>(k);
+        }
+      }
+    }
+  }
+  if (!has_name)
+    fail(prefix + " has no \"name\" field");
+  return p;
+}
+
+void parse_request_parameters(od::value v, infer_request& req, parse_context& ctx) {
+  ctx.where = "parameters";
+  od::object params;
+  if (type_mismatch(v.get_object().get(params)))
+    fail("the request's \"parameters\" must be an object");
+  for (auto field : params) {
+    std::string key{field.unescaped_key().value()};
+    od::value value = field.value();
+    ctx.where = "parameter " + key;
+    if (key == "priority") {
+      uint64_t p = {};
+      if (type_mismatch(value.get_uint64().get(p)) || p > std::numeric_limits<uint32_t>::max())
+        fail("parameter priority must be a non-negative integer (a priority level, 1 is the highest)");
+      req.priority = static_cast<uint32_t>(p);
+    } else if (key == "timeout") {
+      uint64_t t = {};
+      if (type_mismatch(value.get_uint64().get(t)))
+        fail("parameter timeout must be a non-negative integer number of microseconds");
+      req.timeout_us = t;
+    } else if (key == "binary_data_output") {
+      bool b = {};
+      if (type_mismatch(value.get_bool().get(b)))
+        fail("parameter binary_data_output must be true or false");
+      req.binary_data_output = b;
+    } else {
+      od::json_type type = value.type().value();
+      if (type == od::json_type::string) {
+        req.parameters[key] = std::string{value.get_string().value()};
+      } else if (type == od::json_type::number || type == od::json_type::boolean
+                 || type == od::json_type::null) {
+        std::string_view token = value.raw_json_token();
+        while (!token.empty() && (token.back() == ' ' || token.back() == '\n'
+                                  || token.back() == '\r' || token.back() == '\t'))
+          token.remove_suffix(1);
+        req.parameters[key] = std::string{token};
+      } // objects and arrays are not parameters KServe defines; skipped
+    }
+  }
+}
+
+std::string simdjson_message(simdjson::error_code code) {
+  switch (code) {
+    case simdjson::UTF8_ERROR:
+      return "the request body is not valid UTF-8; JSON text must be UTF-8 (send raw bytes "
+             "as BYTES binary data instead)";
+    case simdjson::EMPTY:
+      return "the request body is empty; send a JSON inference request";
+    case simdjson::INCOMPLETE_ARRAY_OR_OBJECT:
+      return "the request body is not valid JSON: an object or array is not closed, or "
+             "something follows the JSON object (if binary data follows, set "
+             "Inference-Header-Content-Length to the JSON's length)";
+    default:
+      return std::string{"the request body is not valid JSON ("} + simdjson::error_message(code)
+             + ")";
+  }
+}
+
+/// Parses the JSON header `json` (already padded) into `req`, leaving binary
+/// sizes in `pending`.
+void parse_json_header(simdjson::padded_string_view json, const parse_input& in,
+                       infer_request& req, std::vector<pending_input>& pending) {
+  thread_local od::parser cached_parser;
+  // A huge document would leave its buffers in the cached parser forever.
+  constexpr size_t cache_limit = size_t{8} << 20;
+  od::parser one_off;
+  od::parser& parser = json.size() <= cache_limit ? cached_parser : one_off;
+  parse_context ctx;
+  try {
+    od::document doc;
+    auto err = parser.iterate(json).get(doc);
+    if (err)
+      fail(simdjson_message(err));
+    od::object top;
+    err = doc.get_object().get(top);
+    if (err)
+      fail(err == simdjson::INCORRECT_TYPE
+             ? std::string{"the request body must be a JSON object with \"inputs\""}
+             : simdjson_message(err));
+    std::vector<pending_output> outputs;
+    bool has_inputs = false;
+    for (auto field : top) {
+      ctx.where = "the request";
+      std::string_view key = field.unescaped_key().value();
+      od::value value = field.value();
+      if (key == "id") {
+        ctx.where = "id";
+        std::string_view id;
+        if (type_mismatch(value.get_string().get(id)))
+          fail("the request's \"id\" must be a string");
+        req.id = std::string{id};
+      } else if (key == "parameters") {
+        parse_request_parameters(value, req, ctx);
+      } else if (key == "inputs") {
+        ctx.where = "inputs";
+        has_inputs = true;
+        od::array arr;
+        if (type_mismatch(value.get_array().get(arr)))
+          fail("the request's \"inputs\" must be an array of input objects");
+        for (auto element : arr) {
+          if (pending.size() >= in.limits.max_tensors)
+            fail("the request has more than " + std::to_string(in.limits.max_tensors) + " inputs");
+          pending.push_back(parse_input_object(element.value(), pending.size(), in, ctx));
+        }
+      } else if (key == "outputs") {
+        ctx.where = "outputs";
+        od::array arr;
+        if (type_mismatch(value.get_array().get(arr)))
+          fail("the request's \"outputs\" must be an array of output objects");
+        for (auto element : arr) {
+          if (outputs.size() >= in.limits.max_tensors)
+            fail("the request has more than " + std::to_string(in.limits.max_tensors)
+                 + " outputs");
+          outputs.push_back(parse_output_object(element.value(), outputs.size(), ctx));
+        }
+      }
+    }
+    ctx.where = "the end of the request";
+    const char* trailing = nullptr;
+    if (doc.current_location().get(trailing) == simdjson::SUCCESS)
+      fail("the request body has content after its JSON object; if binary data follows, "
+           "set Inference-Header-Content-Length to the JSON's length");
+    if (!has_inputs)
+      fail("the request has no \"inputs\"");
+    for (auto& p : outputs) {
+      p.output.binary = p.binary.value_or(req.binary_data_output);
+      req.outputs.push_back(std::move(p.output));
+    }
+  } catch (const simdjson::simdjson_error& e) {
+    std::string msg = simdjson_message(e.error());
+    if (e.error() != simdjson::UTF8_ERROR)
+      msg += " at " + ctx.where;
+    fail(msg);
+  }
+}
+
+/// A body that is the raw bytes of the model's single input.
+infer_request parse_raw_binary(const parse_input& in) {
+  if (!in.model)
+    fail("the request body is raw binary (application/octet-stream without "
+         "Inference-Header-Content-Length), which needs a model with a single input; send a "
+         "JSON inference request instead");
+  const model_config& model = *in.model;
+  if (model.inputs.size() != 1)
+    fail("a raw binary request body is the data of a model's single input, but model '"
+         + model.name + "' has " + std::to_string(model.inputs.size())
+         + " inputs; send a JSON inference request with Inference-Header-Content-Length");
+  const tensor_config& cfg = model.inputs.front();
+  bool batched = model.max_batch_size > 0;
+  infer_request req;
+  infer_input input;
+  input.name = cfg.name;
+  input.dtype = cfg.dtype;
+  std::string what = "raw binary input " + single_quoted(cfg.name);
+  if (cfg.dtype == datatype::bytes) {
+    // The body is one BYTES element.
+    for (auto d : cfg.dims)
+      if (d != 1 && d != -1)
+        fail(what + " is BYTES with dims " + format_shape(cfg.dims)
+             + "; a raw binary body holds exactly one element");
+    if (batched)
+      input.shape.push_back(1);
+    input.shape.insert(input.shape.end(), cfg.dims.size(), 1);
+    if (in.body.size() > std::numeric_limits<uint32_t>::max())
+      fail(what + " is longer than a BYTES element can be (4 GiB)");
+    input.owned.reserve(in.body.size() + 4);
+    append_bytes_element(input.owned, in.body);
+    input.data = input.owned;
+  } else {
+    size_t esize = element_size(cfg.dtype);
+    if (in.body.size() % esize != 0)
+      fail(what + " has " + std::to_string(in.body.size()) + " bytes, not a multiple of the "
+           + std::to_string(esize) + "-byte " + std::string{to_string(cfg.dtype)} + " element");
+    uint64_t elements = in.body.size() / esize;
+    uint64_t known = 1;
+    int variable = -1;
+    for (size_t i = 0; i < cfg.dims.size(); ++i) {
+      if (cfg.dims[i] < 0) {
+        if (variable >= 0)
+          fail(what + ": the model's dims " + format_shape(cfg.dims)
+               + " have more than one variable dimension, so the shape of a raw binary body "
+                 "cannot be inferred; send a JSON inference request");
+        variable = static_cast<int>(i);
+      } else if (cfg.dims[i] == 0) {
+        known = 0;
+      } else if (known > std::numeric_limits<uint64_t>::max() / static_cast<uint64_t>(cfg.dims[i])) {
+        fail(what + ": the model's dims " + format_shape(cfg.dims) + " overflow");
+      } else {
+        known *= static_cast<uint64_t>(cfg.dims[i]);
+      }
+    }
+    std::vector<int64_t> dims = cfg.dims;
+    int64_t batch = 1;
+    if (known == 0 || elements % known != 0)
+      fail(what + " has " + std::to_string(elements) + " elements, which do not fill the model's "
+           "dims " + format_shape(cfg.dims));
+    if (variable >= 0) {
+      dims[static_cast<size_t>(variable)] = static_cast<int64_t>(elements / known);
+    } else if (batched) {
+      batch = static_cast<int64_t>(elements / known);
+    } else if (elements != known) {
+      fail(what + " has " + std::to_string(elements) + " elements but the model's dims "
+           + format_shape(cfg.dims) + " hold " + std::to_string(known));
+    }
+    if (batched)
+      input.shape.push_back(batch);
+    input.shape.insert(input.shape.end(), dims.begin(), dims.end());
+    input.data = in.body;
+  }
+  req.inputs.push_back(std::move(input));
+  return req;
+}
+
+infer_request parse(const parse_input& in) {
+  if (in.body.size() > in.limits.max_body_bytes)
+    fail(serving_error{status_code::payload_too_large,
+                       "the request body has " + std::to_string(in.body.size())
+                         + " bytes, more than the limit of "
+                         + std::to_string(in.limits.max_body_bytes)});
+  bool raw = (in.header_length && *in.header_length == 0)
+             || (!in.header_length && is_octet_stream(in.content_type));
+  if (raw)
+    return parse_raw_binary(in);
+  size_t json_size = in.body.size();
+  if (in.header_length) {
+    if (*in.header_length > in.body.size())
+      fail("Inference-Header-Content-Length is " + std::to_string(*in.header_length)
+           + " but the body has only " + std::to_string(in.body.size()) + " bytes");
+    json_size = static_cast<size_t>(*in.header_length);
+  }
+  std::string_view json = in.body.substr(0, json_size);
+  std::string_view binary = in.body.substr(json_size);
+
+  infer_request req;
+  std::vector<pending_input> pending;
+  if (json_size == in.body.size() && in.readable_padding >= simdjson::SIMDJSON_PADDING) {
+    parse_json_header(simdjson::padded_string_view{json.data(), json.size(),
+                                                   json.size() + in.readable_padding},
+                      in, req, pending);
+  } else {
+    simdjson::padded_string copy{json.data(), json.size()};
+    parse_json_header(copy, in, req, pending);
+  }
+
+  size_t offset = 0;
+  req.inputs.reserve(pending.size());
+  for (auto& p : pending) {
+    if (p.binary_size) {
+      std::string what = "input " + single_quoted(p.input.name);
+      if (!in.header_length)
+        fail(what + " has binary_data_size but the request has no "
+                    "Inference-Header-Content-Length header giving the JSON's length");
+      if (*p.binary_size > binary.size() - offset)
+        fail(what + " has binary_data_size " + std::to_string(*p.binary_size) + " but only "
+             + std::to_string(binary.size() - offset)
+             + " bytes of binary data remain after the JSON header");
+      p.input.data = binary.substr(offset, static_cast<size_t>(*p.binary_size));
+      offset += static_cast<size_t>(*p.binary_size);
+    }
+    req.inputs.push_back(std::move(p.input));
+  }
+  if (offset != binary.size())
+    fail("the request has " + std::to_string(binary.size() - offset)
+         + " bytes of binary data after the JSON header that no input's binary_data_size "
+           "accounts for");
+  return req;
+}
+
+} // namespace
+
+result<infer_request> parse_infer_request(const parse_input& in) {
+  try {
+    return parse(in);
+  } catch (parse_failure& f) {
+    return std::move(f.error);
+  } catch (const simdjson::simdjson_error& e) {
+    return bad_request(simdjson_message(e.error()));
+  } catch (const std::bad_alloc&) {
+    return serving_error{status_code::payload_too_large,
+                         "the request needs more memory than the server can give it"};
+  }
+}
+
+// -- classification -----------------------------------------------------------
+
+namespace {
+
+template <class T>
+struct typed_values {
+  const char* base;
+  T operator[](size_t i) const { return load<T>(base + i * sizeof(T)); }
+};
+
+struct half_values {
+  const char* base;
+  bool brain = {};
+  float operator[](size_t i) const {
+    auto bits = load<uint16_t>(base + 2 * i);
+    return brain ? bf16_to_float(bits) : half_to_float(bits);
+  }
+};
+
+/// Strict "greater", NaN ranking below every number.
+template <class T>
+bool ranks_higher(T a, T b) {
+  if constexpr (std::is_floating_point_v<T>) {
+    if (std::isnan(a))
+      return false;
+    if (std::isnan(b))
+      return true;
+  }
+  return a > b;
+}
+
+template <class Values>
+void top_k(const Values& values, size_t rows, size_t classes, size_t k,
+           const std::vector<std::string>* labels, std::string& out) {
+  std::vector<size_t> order(classes);
+  std::string element;
+  for (size_t r = 0; r < rows; ++r) {
+    size_t row_base = r * classes;
+    std::iota(order.begin(), order.end(), size_t{0});
+    std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k), order.end(),
+                      [&](size_t a, size_t b) {
+                        auto va = values[row_base + a];
+                        auto vb = values[row_base + b];
+                        if (ranks_higher(va, vb))
+                          return true;
+                        if (ranks_higher(vb, va))
+                          return false;
+                        return a < b;
+                      });
+    for (size_t i = 0; i < k; ++i) {
+      size_t cls = order[i];
+      element.clear();
+      auto v = values[row_base + cls];
+      if constexpr (std::is_floating_point_v<decltype(v)>)
+        append_floating(element, v, {});
+      else
+        append_integer(element, v);
+      element += ':';
+      append_integer(element, cls);
+      if (labels && cls < labels->size()) {
+        element += ':';
+        element += (*labels)[cls];
+      }
+      append_bytes_element(out, element);
+    }
+  }
+}
+
+} // namespace
+
+result<classified_tensor> classify(const classify_input& in) {
+  if (in.dtype == datatype::bytes || in.dtype == datatype::bool_)
+    return bad_request("classification needs a numeric output, but this output has datatype "
+                       + std::string{to_string(in.dtype)});
+  auto count = checked_element_count(in.shape, std::numeric_limits<uint64_t>::max(), "the output");
+  if (!count)
+    return serving_error{status_code::internal, count.error().message};
+  size_t esize = element_size(in.dtype);
+  if (in.data.size() / esize != *count || in.data.size() % esize != 0)
+    return serving_error{status_code::internal,
+                         "classification input has " + std::to_string(in.data.size())
+                           + " bytes but shape " + format_shape(in.shape) + " of "
+                           + std::string{to_string(in.dtype)} + " needs "
+                           + std::to_string(*count * esize)};
+  bool batched = in.batch == batch_dimension::present;
+  if (batched && in.shape.empty())
+    return serving_error{status_code::internal, "a batched output must have a batch dimension"};
+  size_t rows = batched ? static_cast<size_t>(in.shape[0]) : 1;
+  size_t classes = rows == 0 ? 0 : static_cast<size_t>(*count) / rows;
+  size_t k = std::min<size_t>(in.k, classes);
+  classified_tensor out;
+  if (batched)
+    out.shape = {static_cast<int64_t>(rows), static_cast<int64_t>(k)};
+  else
+    out.shape = {static_cast<int64_t>(k)};
+  if (k == 0)
+    return out;
+  const char* base = in.data.data();
+  switch (in.dtype) {
+    case datatype::uint8: top_k(typed_values<uint8_t>{base}, rows, classes, k, in.labels, out.data); break;
+    case datatype::uint16: top_k(typed_values<uint16_t>{base}, rows, classes, k, in.labels, out.data); break;
+    case datatype::uint32: top_k(typed_values<uint32_t>{base}, rows, classes, k, in.labels, out.data); break;
+    case datatype::uint64: top_k(typed_values<uint64_t>{base}, rows, classes, k, in.labels, out.data); break;
+    case datatype::int8: top_k(typed_values<int8_t>{base}, rows, classes, k, in.labels, out.data); break;
+    case datatype::int16: top_k(typed_values<int16_t>{base}, rows, classes, k, in.labels, out.data); break;
+    case datatype::int32: top_k(typed_values<int32_t>{base}, rows, classes, k, in.labels, out.data); break;
+    case datatype::int64: top_k(typed_values<int64_t>{base}, rows, classes, k, in.labels, out.data); break;
+    case datatype::fp16: top_k(half_values{base, false}, rows, classes, k, in.labels, out.data); break;
+    case datatype::bf16: top_k(half_values{base, true}, rows, classes, k, in.labels, out.data); break;
+    case datatype::fp32: top_k(typed_values<float>{base}, rows, classes, k, in.labels, out.data); break;
+    case datatype::fp64: top_k(typed_values<double>{base}, rows, classes, k, in.labels, out.data); break;
+    case datatype::bool_:
+    case datatype::bytes: break;
+  }
+  return out;
+}
+
+// -- response serialization ---------------------------------------------------
+
+namespace {
+
+/// Checks that `data` fits `shape` and `dtype`; the element count on success.
+result<uint64_t> check_output_data(std::string_view name, datatype dtype,
+                                   const std::vector<int64_t>& shape, std::string_view data) {
+  std::string what = "output " + single_quoted(name);
+  auto count = checked_element_count(shape, std::numeric_limits<uint64_t>::max(), what);
+  if (!count)
+    return serving_error{status_code::internal, count.error().message};
+  if (dtype == datatype::bytes) {
+    auto n = count_bytes_elements(data, what);
+    if (!n)
+      return serving_error{status_code::internal, n.error().message};
+    if (*n != *count)
+      return serving_error{status_code::internal,
+                           what + " has " + std::to_string(*n) + " BYTES elements but shape "
+                             + format_shape(shape) + " needs " + std::to_string(*count)};
+    return count;
+  }
+  size_t esize = element_size(dtype);
+  if (data.size() % esize != 0 || data.size() / esize != *count)
+    return serving_error{status_code::internal,
+                         what + " has " + std::to_string(data.size()) + " bytes but shape "
+                           + format_shape(shape) + " of " + std::string{to_string(dtype)}
+                           + " needs " + std::to_string(*count * esize)};
+  return count;
+}
+
+void append_json_data(std::string& out, datatype dtype, std::string_view data, uint64_t count) {
+  out += '[';
+  if (dtype == datatype::bytes) {
+    size_t pos = 0;
+    for (uint64_t i = 0; i < count; ++i) {
+      if (i > 0)
+        out += ',';
+      auto len = load<uint32_t>(data.data() + pos);
+      append_json_string(out, data.substr(pos + 4, len));
+      pos += 4 + len;
+    }
+  } else {
+    for (uint64_t i = 0; i < count; ++i) {
+      if (i > 0)
+        out += ',';
+      append_element(out, dtype, data.data(), static_cast<size_t>(i), "null");
+    }
+  }
+  out += ']';
+}
+
+} // namespace
+
+result<serialized_response> serialize_infer_response(const response_view& response,
+                                                     const serialize_options& options) {
+  serialized_response result_body;
+  std::string& out = result_body.body;
+  // Classification results must outlive the loop that writes binary data.
+  std::vector<classified_tensor> classified;
+  classified.reserve(response.outputs.size());
+  struct binary_part {
+    std::string_view data;
+  };
+  std::vector<binary_part> binary_parts;
+
+  out.reserve(256 + response.outputs.size() * 64);
+  out += "{\"model_name\":";
+  append_json_string(out, response.model_name);
+  out += ",\"model_version\":";
+  append_json_string(out, response.model_version);
+  if (!response.id.empty()) {
+    out += ",\"id\":";
+    append_json_string(out, response.id);
+  }
+  if (!response.parameters.empty()) {
+    out += ",\"parameters\":{";
+    for (size_t i = 0; i < response.parameters.size(); ++i) {
+      if (i > 0)
+        out += ',';
+      append_json_string(out, response.parameters[i].first);
+      out += ':';
+      append_integer(out, response.parameters[i].second);
+    }
+    out += '}';
+  }
+  out += ",\"outputs\":[";
+  for (size_t i = 0; i < response.outputs.size(); ++i) {
+    const output_view& output = response.outputs[i];
+    auto count = check_output_data(output.name, output.dtype, output.shape, output.data);
+    if (!count)
+      return count.error();
+    bool binary = options.binary_data_output;
+    uint32_t classification = 0;
+    for (const auto& r : options.requested) {
+      if (r.name == output.name) {
+        binary = r.binary;
+        classification = r.classification;
+        break;
+      }
+    }
+    datatype dtype = output.dtype;
+    const std::vector<int64_t>* shape = &output.shape;
+    std::string_view data = output.data;
+    if (classification > 0) {
+      classify_input ci;
+      ci.dtype = output.dtype;
+      ci.shape = output.shape;
+      ci.data = output.data;
+      ci.k = classification;
+      ci.batch = options.batched ? batch_dimension::present : batch_dimension::absent;
+      if (options.labels) {
+        auto it = options.labels->find(std::string{output.name});
+        if (it != options.labels->end())
+          ci.labels = &it->second;
+      }
+      auto c = classify(ci);
+      if (!c)
+        return serving_error{c.error().status,
+                             "output " + single_quoted(output.name) + ": " + c.error().message};
+      classified.push_back(std::move(*c));
+      dtype = datatype::bytes;
+      shape = &classified.back().shape;
+      data = classified.back().data;
+      count = static_cast<uint64_t>(std::accumulate(shape->begin(), shape->end(), int64_t{1},
+                                                    std::multiplies<>()));
+    }
+    if (i > 0)
+      out += ',';
+    out += "{\"name\":";
+    append_json_string(out, output.name);
+    out += ",\"datatype\":\"";
+    out += to_string(dtype);
+    out += "\",\"shape\":";
+    append_shape(out, *shape);
+    if (binary) {
+      out += ",\"parameters\":{\"binary_data_size\":";
+      append_integer(out, data.size());
+      out += "}}";
+      binary_parts.push_back({data});
+    } else {
+      out += ",\"data\":";
+      append_json_data(out, dtype, data, *count);
+      out += '}';
+    }
+  }
+  out += "]}";
+  if (binary_parts.empty()) {
+    result_body.content_type = "application/json";
+  } else {
+    result_body.header_length = out.size();
+    result_body.content_type = "application/octet-stream";
+    size_t total = out.size();
+    for (const auto& part : binary_parts)
+      total += part.data.size();
+    out.reserve(total);
+    for (const auto& part : binary_parts)
+      out += part.data;
+  }
+  return result_body;
+}
+
+} // namespace caf_serving::ingress

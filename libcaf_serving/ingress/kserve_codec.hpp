@@ -1,0 +1,228 @@
+#pragma once
+/// KServe v2 (Triton HTTP/REST) inference requests and responses: bytes in,
+/// plain structs out, and back. No networking here; the HTTP server calls it.
+///
+/// Usage:
+///
+///   ingress::parse_input in;
+///   in.body = body;                            // must outlive the request
+///   in.header_length = inference_header_content_length;   // if the header came
+///   in.content_type = content_type;
+///   auto req = ingress::parse_infer_request(in);
+///   if (!req) reply(req.error().status, ingress::serialize_error(req.error().message));
+///   auto ok = ingress::validate(*req, config);             // validate.hpp
+///   ...
+///   auto out = ingress::serialize_infer_response(view, options);
+///
+/// Covered: the JSON request (flat or nested "data"), the binary tensor data
+/// extension (Inference-Header-Content-Length), the raw binary request
+/// (application/octet-stream, no JSON, one input), and the classification
+/// extension. Tensor data is always raw little-endian bytes; a BYTES element is
+/// a 4-byte little-endian length followed by its bytes, as in the binary
+/// extension.
+
+#include "core/datatype.hpp"
+#include "core/error.hpp"
+#include "core/model_config.hpp"
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace caf_serving::ingress {
+
+// -- limits -------------------------------------------------------------------
+
+/// What one request may ask for. The HTTP server enforces max_body_bytes (413)
+/// before it reads the body; the parser enforces the rest (400), and checks the
+/// body length again so that it never trusts a caller that forgot.
+struct request_limits {
+  /// Largest request body, after decompression.
+  size_t max_body_bytes = size_t{256} << 20;
+  /// Most elements in one tensor (the product of its shape).
+  uint64_t max_elements = uint64_t{1} << 28;
+  /// Most dimensions in one shape.
+  size_t max_rank = 16;
+  /// Most inputs, and most requested outputs, in one request.
+  size_t max_tensors = 1024;
+};
+
+// -- requests -----------------------------------------------------------------
+
+/// One input tensor. `data` is raw little-endian bytes; it points either into
+/// the request body (binary data, no copy) or into `owned` (converted from
+/// JSON). Moving an infer_input keeps `data` valid only through
+/// infer_input's own move operations, which re-point it.
+struct infer_input {
+  std::string name;
+  datatype dtype = datatype::fp32;
+  std::vector<int64_t> shape;
+  std::string_view data;
+  std::string owned;
+
+  infer_input() = default;
+  infer_input(const infer_input& other);
+  infer_input(infer_input&& other) noexcept;
+  infer_input& operator=(const infer_input& other);
+  infer_input& operator=(infer_input&& other) noexcept;
+  ~infer_input() = default;
+
+  /// Whether `data` lives in `owned` rather than in the request body.
+  bool owns_data() const;
+};
+
+/// One output the client asked for by name.
+struct requested_output {
+  std::string name;
+  /// Whether to send this output as binary data (the output's "binary_data"
+  /// parameter, else the request's "binary_data_output").
+  bool binary = false;
+  /// Classification extension: return the top `classification` classes
+  /// instead of the tensor. 0: return the tensor itself.
+  uint32_t classification = 0;
+};
+
+struct infer_request {
+  std::string id;
+  std::vector<infer_input> inputs;
+  /// Empty: the client asked for every output, as JSON unless
+  /// binary_data_output says otherwise.
+  std::vector<requested_output> outputs;
+  /// The request's "binary_data_output" parameter.
+  bool binary_data_output = false;
+  /// The request's "priority" parameter; 0 means the model's default level.
+  uint32_t priority = 0;
+  /// The request's "timeout" parameter in microseconds; 0 means none.
+  uint64_t timeout_us = 0;
+  /// Request-level parameters other than the ones above, as their JSON text
+  /// (strings unquoted and unescaped, numbers and booleans as written).
+  std::map<std::string, std::string> parameters;
+};
+
+/// What parse_infer_request reads.
+struct parse_input {
+  /// The whole (already decompressed) HTTP body. Binary inputs point into it,
+  /// so it must stay alive and unmoved while the request is used.
+  std::string_view body;
+  /// Inference-Header-Content-Length, when the header was present.
+  std::optional<uint64_t> header_length;
+  /// The Content-Type header ("" when absent).
+  std::string_view content_type;
+  request_limits limits;
+  /// How many bytes after the end of `body` may be read (not written). With
+  /// at least 64 (SIMDJSON_PADDING) and a JSON-only body, the JSON is parsed
+  /// in place; otherwise the JSON part is copied once into a padded buffer.
+  /// Binary data after a JSON header is never copied.
+  size_t readable_padding = 0;
+  /// The model, needed only for a raw binary body (application/octet-stream
+  /// without Inference-Header-Content-Length): such a body is the raw bytes of
+  /// the model's single input. Null: raw binary bodies are rejected.
+  const model_config* model = nullptr;
+};
+
+/// Parses a KServe v2 inference request. Every failure is a 400 with a message
+/// that names the field at fault, except a body over limits.max_body_bytes
+/// (413). Checks what the JSON alone can tell (types, shapes against data
+/// counts, binary sizes against the body); validate() checks it against the
+/// model.
+result<infer_request> parse_infer_request(const parse_input& in);
+
+// -- responses ----------------------------------------------------------------
+
+/// One output tensor of a response, viewed, not owned.
+struct output_view {
+  std::string_view name;
+  datatype dtype = datatype::fp32;
+  std::vector<int64_t> shape;
+  /// Raw little-endian bytes; BYTES elements as 4-byte length + bytes.
+  std::string_view data;
+};
+
+struct response_view {
+  std::string_view model_name;
+  std::string_view model_version;
+  /// The request's id; omitted from the response when empty.
+  std::string_view id;
+  std::vector<output_view> outputs;
+  /// Response-level "parameters", e.g. per-stage timings in microseconds.
+  /// Written in this order.
+  std::vector<std::pair<std::string, uint64_t>> parameters;
+};
+
+struct serialize_options {
+  /// What the request asked for. Outputs of the response not listed here are
+  /// written anyway (the caller decides which outputs to send); listed ones
+  /// take their binary flag and classification from here.
+  std::vector<requested_output> requested;
+  /// The request's binary_data_output: the default for outputs not listed.
+  bool binary_data_output = false;
+  /// Whether dimension 0 of every output is the batch dimension (the model's
+  /// max_batch_size > 0). Decides the classification result's shape.
+  bool batched = false;
+  /// Class labels per output name, for classification (optional).
+  const std::map<std::string, std::vector<std::string>>* labels = nullptr;
+};
+
+struct serialized_response {
+  std::string body;
+  /// Inference-Header-Content-Length: set when binary data follows the JSON.
+  std::optional<size_t> header_length;
+  /// "application/json", or "application/octet-stream" with binary data.
+  std::string content_type;
+};
+
+/// Writes a KServe v2 inference response. Floating-point numbers are written
+/// with the fewest digits that read back to the same value; NaN and infinities,
+/// which JSON cannot hold, are written as null. FP16 and BF16 outputs sent as
+/// JSON are converted to FP32 values (exactly: every FP16/BF16 value is an FP32
+/// value); sent as binary they stay 16-bit. Fails (500) only on output data
+/// that does not match its shape and datatype, which is a bug upstream, or
+/// (400) on classification of a BYTES or BOOL output.
+result<serialized_response> serialize_infer_response(const response_view& response,
+                                                     const serialize_options& options);
+
+/// {"error":"<message>"}, the body of every error response. Control
+/// characters, quotes and backslashes are escaped; invalid UTF-8 becomes U+FFFD.
+std::string serialize_error(std::string_view message);
+
+/// Appends `text` to `out` as a JSON string literal (with quotes), escaped as
+/// serialize_error describes.
+void append_json_string(std::string& out, std::string_view text);
+
+// -- classification -----------------------------------------------------------
+
+/// Whether the first dimension of a tensor is its batch dimension.
+enum class batch_dimension { absent, present };
+
+struct classify_input {
+  datatype dtype = datatype::fp32;
+  std::vector<int64_t> shape;
+  /// Raw little-endian bytes of the tensor.
+  std::string_view data;
+  /// How many classes to return per row (clamped to the number of classes).
+  uint32_t k = 1;
+  batch_dimension batch = batch_dimension::absent;
+  /// Labels by class index; an index past the end gets no label.
+  const std::vector<std::string>* labels = nullptr;
+};
+
+/// A BYTES tensor of "<value>:<index>" or "<value>:<index>:<label>" strings.
+struct classified_tensor {
+  std::vector<int64_t> shape;
+  /// 4-byte length + bytes per element.
+  std::string data;
+};
+
+/// Triton's classification extension: the k highest values of each row,
+/// highest first (ties: lower index first). With a batch dimension of size B
+/// the result has shape [B, k] and each row is the rest of the tensor; without
+/// one the result has shape [k] over the whole tensor. Values are printed as
+/// serialize_infer_response prints them. 400 for BYTES and BOOL tensors.
+result<classified_tensor> classify(const classify_input& in);
+
+} // namespace caf_serving::ingress

@@ -1,0 +1,210 @@
+#include "ingress/validate.hpp"
+
+#include <cstring>
+#include <limits>
+
+namespace caf_serving::ingress {
+
+std::string format_shape(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i > 0)
+      s += ',';
+    s += std::to_string(shape[i]);
+  }
+  s += ']';
+  return s;
+}
+
+result<uint64_t> checked_element_count(const std::vector<int64_t>& shape, uint64_t max_elements,
+                                       std::string_view what) {
+  uint64_t count = 1;
+  bool overflow = false;
+  for (auto dim : shape) {
+    if (dim < 0)
+      return bad_request(std::string{what} + " has shape " + format_shape(shape)
+                         + " with a negative dimension; every dimension must be 0 or more");
+    auto d = static_cast<uint64_t>(dim);
+    if (d != 0 && count > std::numeric_limits<uint64_t>::max() / d)
+      overflow = true; // keep looking: a later 0 makes the product 0
+    else
+      count *= d;
+  }
+  if (count == 0)
+    return uint64_t{0};
+  if (overflow || count > max_elements)
+    return bad_request(std::string{what} + " has shape " + format_shape(shape)
+                       + ", more than the limit of " + std::to_string(max_elements)
+                       + " elements per tensor");
+  return count;
+}
+
+result<uint64_t> count_bytes_elements(std::string_view data, std::string_view what) {
+  uint64_t count = 0;
+  size_t pos = 0;
+  while (pos < data.size()) {
+    if (data.size() - pos < 4)
+      return bad_request(std::string{what} + " has BYTES data ending in a partial "
+                         "4-byte length at byte " + std::to_string(pos)
+                         + "; each element is a 4-byte little-endian length followed by "
+                           "that many bytes");
+    uint32_t len;
+    std::memcpy(&len, data.data() + pos, 4);
+    pos += 4;
+    if (len > data.size() - pos)
+      return bad_request(std::string{what} + " has BYTES element " + std::to_string(count)
+                         + " of length " + std::to_string(len) + " but only "
+                         + std::to_string(data.size() - pos) + " bytes of data remain");
+    pos += len;
+    ++count;
+  }
+  return count;
+}
+
+namespace {
+
+std::string single_quoted(std::string_view s) {
+  return "'" + std::string{s} + "'";
+}
+
+template <class Tensors>
+std::string name_list(const Tensors& tensors) {
+  std::string s;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (i > 0)
+      s += ", ";
+    s += single_quoted(tensors[i].name);
+  }
+  return s.empty() ? "(none)" : s;
+}
+
+const tensor_config* find_tensor(const std::vector<tensor_config>& tensors, std::string_view name) {
+  for (const auto& t : tensors)
+    if (t.name == name)
+      return &t;
+  return nullptr;
+}
+
+bool is_numeric(datatype t) {
+  return t != datatype::bytes && t != datatype::bool_;
+}
+
+} // namespace
+
+result<validated_request> validate(const infer_request& request, const model_config& model,
+                                   const request_limits& limits) {
+  const bool batched = model.max_batch_size > 0;
+  validated_request out;
+  std::optional<int64_t> batch;
+  std::string batch_source;
+
+  for (size_t i = 0; i < request.inputs.size(); ++i) {
+    const infer_input& input = request.inputs[i];
+    std::string what = "input " + single_quoted(input.name);
+    for (size_t j = 0; j < i; ++j)
+      if (request.inputs[j].name == input.name)
+        return bad_request(what + " appears more than once in the request");
+    const tensor_config* cfg = find_tensor(model.inputs, input.name);
+    if (!cfg)
+      return bad_request("unknown " + what + " for model " + single_quoted(model.name)
+                         + "; the model's inputs are " + name_list(model.inputs));
+    if (input.dtype != cfg->dtype)
+      return bad_request(what + " has datatype " + std::string{to_string(input.dtype)}
+                         + " but the model expects " + std::string{to_string(cfg->dtype)});
+
+    std::vector<int64_t> expected;
+    if (batched)
+      expected.push_back(-1);
+    expected.insert(expected.end(), cfg->dims.begin(), cfg->dims.end());
+    bool shape_ok = input.shape.size() == expected.size();
+    for (size_t d = 0; shape_ok && d < expected.size(); ++d)
+      shape_ok = expected[d] < 0 || expected[d] == input.shape[d];
+    if (!shape_ok)
+      return bad_request(what + " has shape " + format_shape(input.shape)
+                         + " but the model expects " + format_shape(expected));
+
+    auto count = checked_element_count(input.shape, limits.max_elements, what);
+    if (!count)
+      return count.error();
+
+    if (batched) {
+      int64_t b = input.shape[0];
+      if (b < 1)
+        return bad_request(what + " has batch size " + std::to_string(b)
+                           + " (shape " + format_shape(input.shape)
+                           + "); the first dimension is the batch size and must be at least 1");
+      if (b > model.max_batch_size)
+        return bad_request(what + " has batch size " + std::to_string(b) + " (shape "
+                           + format_shape(input.shape) + ") but model " + single_quoted(model.name)
+                           + " allows at most " + std::to_string(model.max_batch_size));
+      if (batch && *batch != b)
+        return bad_request("inputs disagree on the batch size: " + batch_source + " has "
+                           + std::to_string(*batch) + " but " + what + " has "
+                           + std::to_string(b) + "; the first dimension of every input is the "
+                             "batch size");
+      if (!batch) {
+        batch = b;
+        batch_source = what;
+      }
+    } else {
+      for (auto d : input.shape)
+        if (d < 0)
+          return bad_request(what + " has shape " + format_shape(input.shape)
+                             + " with a negative dimension");
+    }
+
+    if (input.dtype == datatype::bytes) {
+      auto n = count_bytes_elements(input.data, what);
+      if (!n)
+        return n.error();
+      if (*n != *count)
+        return bad_request(what + " has " + std::to_string(*n) + " BYTES elements but shape "
+                           + format_shape(input.shape) + " needs " + std::to_string(*count));
+    } else {
+      uint64_t need = *count * element_size(input.dtype); // count <= max_elements: no overflow
+      if (input.data.size() != need)
+        return bad_request(what + " has " + std::to_string(input.data.size())
+                           + " bytes of data but shape " + format_shape(input.shape) + " of "
+                           + std::string{to_string(input.dtype)} + " needs "
+                           + std::to_string(need) + " bytes");
+    }
+  }
+
+  for (const auto& cfg : model.inputs) {
+    bool present = false;
+    for (const auto& input : request.inputs)
+      present = present || input.name == cfg.name;
+    if (!present)
+      return bad_request("missing input " + single_quoted(cfg.name) + " for model " + single_quoted(model.name)
+                         + "; the model's inputs are " + name_list(model.inputs));
+  }
+
+  for (size_t i = 0; i < request.outputs.size(); ++i) {
+    const requested_output& output = request.outputs[i];
+    std::string what = "requested output " + single_quoted(output.name);
+    for (size_t j = 0; j < i; ++j)
+      if (request.outputs[j].name == output.name)
+        return bad_request(what + " appears more than once in the request");
+    const tensor_config* cfg = find_tensor(model.outputs, output.name);
+    if (!cfg)
+      return bad_request("unknown " + what + " for model " + single_quoted(model.name)
+                         + "; the model's outputs are " + name_list(model.outputs));
+    if (output.classification > 0 && !is_numeric(cfg->dtype))
+      return bad_request(what + " asks for classification, but its datatype "
+                         + std::string{to_string(cfg->dtype)}
+                         + " is not numeric; classify only numeric outputs");
+  }
+
+  if (model.dynamic_batching.priority_levels > 0
+      && request.priority > model.dynamic_batching.priority_levels)
+    return bad_request("priority " + std::to_string(request.priority) + " is not a level of model "
+                       + single_quoted(model.name) + ", which has levels 1 to "
+                       + std::to_string(model.dynamic_batching.priority_levels)
+                       + " (0 for the default)");
+
+  if (batch)
+    out.batch_size = static_cast<uint32_t>(*batch);
+  return out;
+}
+
+} // namespace caf_serving::ingress
