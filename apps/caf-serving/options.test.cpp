@@ -1,0 +1,41 @@
+#include "options.hpp"
+
+#include <doctest/doctest.h>
+
+#include <vector>
+
+using namespace caf_serving::app;
+
+namespace {
+
+auto parse(std::vector<const char*> args) {
+  args.insert(args.begin(), "caf-serving");
+  return parse_options(static_cast<int>(args.size()), const_cast<char**>(args.data()));
+}
+
+} // namespace
+
+TEST_CASE("Triton's flag names parse") {
+  auto r = parse({"--model-repository", "/m", "--http-port", "0", "--metrics-port=9000",
+                  "--max-queue-size", "7", "--caf-workers", "3", "--allow-metrics", "false"});
+  auto* o = std::get_if<server_options>(&r);
+  REQUIRE(o);
+  CHECK(o->model_repository == "/m");
+  CHECK(o->http.http_port == 0);
+  CHECK(o->http.metrics_port == 9000);
+  CHECK(o->max_queue_size == 7);
+  CHECK(o->threads.caf_workers == 3);
+  CHECK_FALSE(o->http.metrics_enabled);
+}
+
+TEST_CASE("bad flags say what is wrong") {
+  auto r = parse({"--model-repository", "/m", "--http-port", "70000"});
+  REQUIRE(std::holds_alternative<std::string>(r));
+  CHECK(std::get<std::string>(r).find("'70000' is not a port number") != std::string::npos);
+  r = parse({"--http-port", "1"});
+  REQUIRE(std::holds_alternative<std::string>(r));
+  CHECK(std::get<std::string>(r).find("--model-repository DIR is required") != std::string::npos);
+  r = parse({"--model-repository", "/m", "--frobnicate", "1"});
+  CHECK(std::get<std::string>(r).find("unknown flag --frobnicate") != std::string::npos);
+  CHECK(std::holds_alternative<show_help>(parse({"--help"})));
+}

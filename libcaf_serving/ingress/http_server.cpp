@@ -1,0 +1,544 @@
+#include "ingress/http_server.hpp"
+
+#include "core/clock.hpp"
+#include "core/pipeline_messages.hpp"
+#include "ingress/compression.hpp"
+#include "ingress/validate.hpp"
+#include "repository/config_json.hpp"
+
+#include <caf/send.hpp>
+#include <kj/async-io.h>
+#include <kj/async-unix.h>
+#include <kj/compat/http.h>
+
+#include <csignal>
+#include <cstring>
+
+namespace caf_serving::ingress {
+
+namespace {
+
+constexpr const char* server_extensions
+  = "[\"classification\",\"binary_tensor_data\",\"model_repository\",\"statistics\","
+    "\"schedule_policy\",\"model_configuration\"]";
+
+struct header_ids {
+  explicit header_ids(kj::HttpHeaderTable::Builder& b)
+      : content_encoding(b.add("Content-Encoding")),
+        accept_encoding(b.add("Accept-Encoding")),
+        inference_header_length(b.add("Inference-Header-Content-Length")) {}
+  kj::HttpHeaderId content_encoding;
+  kj::HttpHeaderId accept_encoding;
+  kj::HttpHeaderId inference_header_length;
+};
+
+std::string_view view(kj::StringPtr s) {
+  return {s.cStr(), s.size()};
+}
+
+std::string header_or_empty(const kj::HttpHeaders& h, kj::HttpHeaderId id) {
+  KJ_IF_MAYBE (v, h.get(id))
+    return std::string(v->cStr(), v->size());
+  return {};
+}
+
+/// The path split at '/', without the query string.
+std::vector<std::string> split_path(kj::StringPtr url) {
+  std::string_view path = view(url);
+  if (auto q = path.find('?'); q != std::string_view::npos)
+    path = path.substr(0, q);
+  std::vector<std::string> parts;
+  size_t at = 0;
+  while (at < path.size()) {
+    auto next = path.find('/', at);
+    if (next == std::string_view::npos)
+      next = path.size();
+    if (next > at)
+      parts.emplace_back(path.substr(at, next - at));
+    at = next + 1;
+  }
+  return parts;
+}
+
+const char* status_text(int status) {
+  switch (status) {
+    case 200: return "OK";
+    case 400: return "Bad Request";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 413: return "Payload Too Large";
+    case 429: return "Too Many Requests";
+    case 503: return "Service Unavailable";
+    default: return "Internal Server Error";
+  }
+}
+
+/// Delivers a response from whichever thread the post-processor runs on to the
+/// connection's event loop.
+class http_sink final : public response_sink {
+public:
+  explicit http_sink(kj::Own<kj::CrossThreadPromiseFulfiller<response_message>> f)
+      : fulfiller_(kj::mv(f)) {}
+  ~http_sink() noexcept override {}
+  void deliver(response_message r) override { fulfiller_->fulfill(kj::mv(r)); }
+
+private:
+  kj::Own<kj::CrossThreadPromiseFulfiller<response_message>> fulfiller_;
+};
+
+/// Everything an inference request keeps alive while it is in the pipeline.
+struct infer_context {
+  std::shared_ptr<const server::model_pipeline> model;
+  int64_t received_ns = 0;
+  std::string accept_encoding;
+  infer_request request;
+  bool timing = false;
+};
+
+class kserve_service final : public kj::HttpService {
+public:
+  kserve_service(const http_server_config& cfg, server::model_manager& models,
+                 const kj::HttpHeaderTable& table, const header_ids& ids, bool metrics_only)
+      : cfg_(cfg), models_(models), table_(table), ids_(ids), metrics_only_(metrics_only) {}
+
+  bool draining = false;
+
+  kj::Promise<void> request(kj::HttpMethod method, kj::StringPtr url,
+                            const kj::HttpHeaders& headers, kj::AsyncInputStream& body,
+                            Response& response) override {
+    int64_t received = now_ns();
+    auto parts = split_path(url);
+    if (metrics_only_) {
+      if (parts.size() == 1 && parts[0] == "metrics")
+        return metrics(method, response);
+      return send_error(response, 404, "the metrics port serves only GET /metrics");
+    }
+    if (parts.size() == 1 && parts[0] == "metrics")
+      return metrics(method, response);
+    if (parts.empty() || parts[0] != "v2")
+      return send_error(response, 404, "unknown path '" + std::string(view(url))
+                                         + "'; KServe v2 endpoints start with /v2");
+    if (parts.size() == 1)
+      return expect(method, kj::HttpMethod::GET, response, [&] {
+        return send_json(response, 200,
+                         "{\"name\":\"caf-serving\",\"version\":\"" CAF_SERVING_VERSION
+                         "\",\"extensions\":"
+                           + std::string(server_extensions) + "}");
+      });
+    if (parts[1] == "health" && parts.size() == 3) {
+      return expect(method, kj::HttpMethod::GET, response, [&] {
+        bool ok = parts[2] == "live" ? true
+                  : parts[2] == "ready"
+                    ? !draining && (!cfg_.strict_readiness || models_.all_ready())
+                    : false;
+        if (parts[2] != "live" && parts[2] != "ready")
+          return send_error(response, 404, "health endpoints are /v2/health/live and /ready");
+        return send_json(response, ok ? 200 : 503, "");
+      });
+    }
+    if (parts[1] == "repository")
+      return repository(method, parts, response);
+    if (parts[1] == "models")
+      return models(method, url, headers, body, response, parts, received);
+    return send_error(response, 404, "unknown path '" + std::string(view(url)) + "'");
+  }
+
+private:
+  template <class F>
+  kj::Promise<void> expect(kj::HttpMethod method, kj::HttpMethod wanted, Response& response,
+                           F&& f) {
+    if (method != wanted)
+      return send_error(response, 405,
+                        std::string("this endpoint takes ") + (wanted == kj::HttpMethod::GET
+                                                                 ? "GET"
+                                                                 : "POST"));
+    return f();
+  }
+
+  kj::Promise<void> send_body(Response& response, int status, std::string body,
+                              const char* content_type,
+                              std::optional<size_t> header_length = std::nullopt,
+                              content_encoding encoding = content_encoding::identity) {
+    kj::HttpHeaders headers(table_);
+    headers.set(kj::HttpHeaderId::CONTENT_TYPE, content_type);
+    if (header_length)
+      headers.set(ids_.inference_header_length, kj::str(*header_length));
+    if (encoding != content_encoding::identity) {
+      body = compress(body, encoding);
+      headers.set(ids_.content_encoding, kj::str(to_string(encoding).data()));
+    }
+    auto owned = kj::heap<std::string>(std::move(body));
+    auto stream = response.send(static_cast<uint>(status), status_text(status), headers,
+                                uint64_t{owned->size()});
+    auto promise = stream->write(owned->data(), owned->size());
+    return promise.attach(kj::mv(stream), kj::mv(owned));
+  }
+
+  kj::Promise<void> send_json(Response& response, int status, std::string body) {
+    return send_body(response, status, std::move(body), "application/json");
+  }
+
+  kj::Promise<void> send_error(Response& response, int status, const std::string& message) {
+    return send_json(response, status, serialize_error(message));
+  }
+
+  kj::Promise<void> send_error(Response& response, const serving_error& e) {
+    return send_error(response, static_cast<int>(e.status), e.message);
+  }
+
+  kj::Promise<void> metrics(kj::HttpMethod method, Response& response) {
+    return expect(method, kj::HttpMethod::GET, response, [&] {
+      return send_body(response, 200, prometheus_text(models_.all_stats()),
+                       "text/plain; version=0.0.4");
+    });
+  }
+
+  kj::Promise<void> repository(kj::HttpMethod method, const std::vector<std::string>& parts,
+                               Response& response) {
+    if (parts.size() == 3 && parts[2] == "index")
+      return expect(method, kj::HttpMethod::POST, response, [&] {
+        std::string out = "[";
+        for (const auto& row : models_.index()) {
+          if (out.size() > 1)
+            out += ',';
+          out += "{\"name\":";
+          append_json_string(out, row.name);
+          if (!row.version.empty()) {
+            out += ",\"version\":";
+            append_json_string(out, row.version);
+          }
+          out += ",\"state\":";
+          append_json_string(out, row.state);
+          if (!row.reason.empty()) {
+            out += ",\"reason\":";
+            append_json_string(out, row.reason);
+          }
+          out += '}';
+        }
+        return send_json(response, 200, out + "]");
+      });
+    if (parts.size() == 5 && parts[2] == "models" && (parts[4] == "load" || parts[4] == "unload"))
+      return expect(method, kj::HttpMethod::POST, response, [&] {
+        auto r = parts[4] == "load" ? models_.load(parts[3]) : models_.unload(parts[3]);
+        if (auto* e = std::get_if<serving_error>(&r))
+          return send_error(response, *e);
+        return send_json(response, 200, "");
+      });
+    return send_error(response, 404,
+                      "repository endpoints are POST /v2/repository/index and "
+                      "/v2/repository/models/{model}/load or /unload");
+  }
+
+  kj::Promise<void> models(kj::HttpMethod method, kj::StringPtr url,
+                           const kj::HttpHeaders& headers, kj::AsyncInputStream& body,
+                           Response& response, const std::vector<std::string>& parts,
+                           int64_t received) {
+    if (parts.size() == 3 && parts[2] == "stats")
+      return expect(method, kj::HttpMethod::GET, response, [&] {
+        return send_json(response, 200, stats_json(models_.all_stats()));
+      });
+    if (parts.size() < 3)
+      return send_error(response, 404, "name a model: /v2/models/{model}");
+    const std::string& name = parts[2];
+    size_t next = 3;
+    int64_t version = 0;
+    if (parts.size() >= 5 && parts[3] == "versions") {
+      char* end = nullptr;
+      version = std::strtoll(parts[4].c_str(), &end, 10);
+      if (*end != '\0' || version <= 0)
+        return send_error(response, 400, "version '" + parts[4]
+                                           + "' of model '" + name
+                                           + "' is not a positive integer");
+      next = 5;
+    }
+    std::string action = parts.size() > next ? parts[next] : "";
+    if (parts.size() > next + 1)
+      return send_error(response, 404, "unknown path '" + std::string(view(url)) + "'");
+    if (action == "ready")
+      return expect(method, kj::HttpMethod::GET, response, [&] {
+        auto m = models_.find(name, version);
+        if (!m)
+          return send_error(response, m.error());
+        return send_json(response, 200, "");
+      });
+    if (action == "stats")
+      return expect(method, kj::HttpMethod::GET, response, [&] {
+        std::vector<std::shared_ptr<model_stats>> stats;
+        for (const auto& p : models_.versions(name))
+          if (version == 0 || p->version == version)
+            stats.push_back(p->stats);
+        if (stats.empty()) {
+          auto m = models_.find(name, version);
+          if (!m)
+            return send_error(response, m.error());
+        }
+        return send_json(response, 200, stats_json(stats));
+      });
+    if (action.empty() || action == "config")
+      return expect(method, kj::HttpMethod::GET, response, [&] {
+        auto m = models_.find(name, version);
+        if (!m)
+          return send_error(response, m.error());
+        return send_json(response, 200, action.empty() ? (*m)->metadata_json : (*m)->config_json);
+      });
+    if (action == "infer") {
+      if (method != kj::HttpMethod::POST)
+        return send_error(response, 405, "inference takes POST");
+      auto m = models_.find(name, version);
+      if (!m) {
+        return send_error(response, m.error());
+      }
+      return infer(*m, headers, body, response, received);
+    }
+    return send_error(response, 404, "unknown path '" + std::string(view(url)) + "'");
+  }
+
+  kj::Promise<void> infer(std::shared_ptr<const server::model_pipeline> model,
+                          const kj::HttpHeaders& headers, kj::AsyncInputStream& body,
+                          Response& response, int64_t received) {
+    // Headers are invalid once the body is read: take what is needed now.
+    auto content_type = header_or_empty(headers, kj::HttpHeaderId::CONTENT_TYPE);
+    auto encoding_header = header_or_empty(headers, ids_.content_encoding);
+    auto accept_encoding = header_or_empty(headers, ids_.accept_encoding);
+    auto header_length_text = header_or_empty(headers, ids_.inference_header_length);
+    auto length_text = header_or_empty(headers, kj::HttpHeaderId::CONTENT_LENGTH);
+    const auto& limits = cfg_.limits;
+    if (!length_text.empty() && std::strtoull(length_text.c_str(), nullptr, 10) > limits.max_body_bytes)
+      return send_error(response, 413, "request body of " + length_text
+                                         + " bytes is over the limit of "
+                                         + std::to_string(limits.max_body_bytes)
+                                         + " bytes (--max-body-bytes)");
+    auto stats = model->stats;
+    stats->pending.fetch_add(1, std::memory_order_relaxed);
+    return body.readAllBytes(limits.max_body_bytes + 1)
+      .then(
+        [this, model, &response, received, content_type = std::move(content_type),
+         encoding_header = std::move(encoding_header),
+         accept_encoding = std::move(accept_encoding),
+         header_length_text = std::move(header_length_text)](kj::Array<kj::byte> bytes) mutable
+        -> kj::Promise<void> {
+          auto fail = [&](const serving_error& e) {
+            finish_failure(*model, received, e);
+            return send_error(response, e);
+          };
+          if (bytes.size() > cfg_.limits.max_body_bytes)
+            return fail({status_code::payload_too_large,
+                         "request body is over the limit of "
+                           + std::to_string(cfg_.limits.max_body_bytes)
+                           + " bytes (--max-body-bytes)"});
+          auto ctx = std::make_shared<infer_context>();
+          ctx->model = model;
+          ctx->received_ns = received;
+          ctx->accept_encoding = std::move(accept_encoding);
+          // The body outlives the request: binary inputs point into it.
+          auto body_holder = std::make_shared<std::string>();
+          std::string_view body_view(reinterpret_cast<const char*>(bytes.begin()), bytes.size());
+          if (!encoding_header.empty()) {
+            auto enc = parse_content_encoding(encoding_header);
+            if (!enc)
+              return fail(enc.error());
+            if (*enc != content_encoding::identity) {
+              auto inflated = decompress(body_view, *enc, cfg_.limits.max_body_bytes);
+              if (!inflated)
+                return fail(inflated.error());
+              *body_holder = std::move(*inflated);
+              body_view = *body_holder;
+            }
+          }
+          parse_input in;
+          in.body = body_view;
+          in.content_type = content_type;
+          in.limits = cfg_.limits;
+          in.model = &model->config;
+          if (!header_length_text.empty()) {
+            char* end = nullptr;
+            auto n = std::strtoull(header_length_text.c_str(), &end, 10);
+            if (*end != '\0')
+              return fail(bad_request("Inference-Header-Content-Length '" + header_length_text
+                                      + "' is not a number"));
+            in.header_length = n;
+          }
+          auto parsed = parse_infer_request(in);
+          if (!parsed)
+            return fail(parsed.error());
+          auto checked = validate(*parsed, model->config, cfg_.limits);
+          if (!checked)
+            return fail(checked.error());
+          ctx->request = std::move(*parsed);
+          auto timing = ctx->request.parameters.find("timing");
+          ctx->timing = timing != ctx->request.parameters.end() && timing->second == "true";
+          auto msg = to_message(*ctx, checked->batch_size, received);
+          auto paf = kj::newPromiseAndCrossThreadFulfiller<response_message>();
+          caf::anon_send(model->scheduler,
+                         infer_job{std::move(msg), std::make_shared<http_sink>(kj::mv(paf.fulfiller))});
+          return paf.promise.then([this, ctx, &response](response_message r) {
+            return answer(*ctx, std::move(r), response);
+          });
+        });
+  }
+
+  /// The one copy of tensor bytes between the socket and the executor.
+  request_message to_message(const infer_context& ctx, uint32_t rows, int64_t received) {
+    const auto& cfg = ctx.model->config;
+    size_t bytes = 0;
+    for (const auto& in : ctx.request.inputs)
+      bytes += in.data.size();
+    auto msg = request_message::create(bytes + 1024);
+    auto b = msg.builder();
+    b.setId(ctx.request.id);
+    b.setModelName(cfg.name);
+    b.setModelVersion(ctx.model->version);
+    b.setPriority(ctx.request.priority);
+    b.setTimeoutUs(ctx.request.timeout_us);
+    b.setRows(cfg.max_batch_size > 0 ? rows : 1);
+    auto times = b.initTimes();
+    times.setReceivedNs(received);
+    // Inputs in the model's order, so the scheduler gathers them by position.
+    auto inputs = b.initInputs(static_cast<unsigned>(cfg.inputs.size()));
+    for (unsigned i = 0; i < cfg.inputs.size(); ++i) {
+      for (const auto& in : ctx.request.inputs) {
+        if (in.name != cfg.inputs[i].name)
+          continue;
+        auto t = inputs[i];
+        t.setName(in.name);
+        t.setDatatype(static_cast<wire::DataType>(in.dtype));
+        auto shape = t.initShape(static_cast<unsigned>(in.shape.size()));
+        for (unsigned d = 0; d < in.shape.size(); ++d)
+          shape.set(d, in.shape[d]);
+        auto data = t.initData(static_cast<unsigned>(in.data.size()));
+        if (!in.data.empty())
+          std::memcpy(data.begin(), in.data.data(), in.data.size());
+      }
+    }
+    auto outs = b.initOutputs(static_cast<unsigned>(ctx.request.outputs.size()));
+    for (unsigned i = 0; i < ctx.request.outputs.size(); ++i) {
+      outs[i].setName(ctx.request.outputs[i].name);
+      outs[i].setBinary(ctx.request.outputs[i].binary);
+      outs[i].setClassification(ctx.request.outputs[i].classification);
+    }
+    times.setValidatedNs(now_ns());
+    return msg;
+  }
+
+  void finish_failure(const server::model_pipeline& model, int64_t received,
+                      const serving_error& e) {
+    auto& stats = *model.stats;
+    stats.pending.fetch_sub(1, std::memory_order_relaxed);
+    stats.record_failure(reason_of(e), static_cast<uint64_t>(now_ns() - received));
+  }
+
+  kj::Promise<void> answer(const infer_context& ctx, response_message msg, Response& response) {
+    auto r = msg.reader();
+    auto& stats = *ctx.model->stats;
+    if (r.getError().getStatus() != 0) {
+      serving_error e{static_cast<status_code>(r.getError().getStatus()),
+                      r.getError().getMessage().cStr(),
+                      static_cast<failure_reason>(r.getError().getReason())};
+      finish_failure(*ctx.model, ctx.received_ns, e);
+      return send_error(response, e);
+    }
+    response_view view;
+    view.model_name = ctx.model->config.name;
+    auto version = std::to_string(ctx.model->version);
+    view.model_version = version;
+    view.id = ctx.request.id;
+    for (auto t : r.getOutputs()) {
+      output_view o;
+      o.name = std::string_view(t.getName().cStr(), t.getName().size());
+      o.dtype = static_cast<datatype>(t.getDatatype());
+      for (auto d : t.getShape())
+        o.shape.push_back(d);
+      o.data = std::string_view(reinterpret_cast<const char*>(t.getData().begin()),
+                                t.getData().size());
+      view.outputs.push_back(std::move(o));
+    }
+    if (ctx.timing) {
+      auto t = r.getTimes();
+      auto us = [](int64_t from, int64_t to) -> uint64_t {
+        return from > 0 && to >= from ? static_cast<uint64_t>(to - from) / 1000 : 0;
+      };
+      view.parameters = {
+        {"ingress_us", us(t.getReceivedNs(), t.getValidatedNs())},
+        {"queue_us", us(t.getEnqueuedNs(), t.getBatchFormedNs())},
+        {"compute_input_us", us(t.getBatchFormedNs(), t.getComputeStartNs())},
+        {"compute_infer_us", us(t.getComputeStartNs(), t.getComputeEndNs())},
+        {"compute_output_us", us(t.getComputeEndNs(), t.getPostprocessEndNs())},
+        {"until_response_us", us(t.getReceivedNs(), now_ns())},
+      };
+    }
+    serialize_options opts;
+    opts.requested = ctx.request.outputs;
+    // The post-processor has already turned classification outputs into strings.
+    for (auto& o : opts.requested)
+      o.classification = 0;
+    opts.binary_data_output = ctx.request.binary_data_output;
+    opts.batched = ctx.model->config.max_batch_size > 0;
+    auto out = serialize_infer_response(view, opts);
+    if (!out) {
+      finish_failure(*ctx.model, ctx.received_ns, out.error());
+      return send_error(response, out.error());
+    }
+    auto encoding = ctx.accept_encoding.empty() ? content_encoding::identity
+                                                : choose_encoding(ctx.accept_encoding);
+    uint64_t elapsed = static_cast<uint64_t>(now_ns() - ctx.received_ns);
+    stats.pending.fetch_sub(1, std::memory_order_relaxed);
+    stats.success.add(elapsed);
+    stats.request_us.observe(static_cast<double>(elapsed) / 1e3);
+    stats.last_inference_ms.store(static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(
+        std::chrono::system_clock::now().time_since_epoch())
+        .count()));
+    return send_body(response, 200, std::move(out->body), out->content_type.c_str(),
+                     out->header_length, encoding);
+  }
+
+  const http_server_config& cfg_;
+  server::model_manager& models_;
+  const kj::HttpHeaderTable& table_;
+  const header_ids& ids_;
+  bool metrics_only_;
+};
+
+} // namespace
+
+void run_http_server(const http_server_config& cfg, server::model_manager& models,
+                     const std::function<void(listening_ports)>& on_listening) {
+  auto io = kj::setupAsyncIo();
+  auto& ws = io.waitScope;
+  kj::HttpHeaderTable::Builder builder;
+  header_ids ids(builder);
+  auto table = builder.build();
+
+  kserve_service service(cfg, models, *table, ids, false);
+  kserve_service metrics_service(cfg, models, *table, ids, true);
+  kj::HttpServerSettings settings;
+  kj::HttpServer server(io.provider->getTimer(), *table, service, settings);
+  kj::HttpServer metrics_server(io.provider->getTimer(), *table, metrics_service, settings);
+
+  auto& network = io.provider->getNetwork();
+  auto listener = network.parseAddress(cfg.address, cfg.http_port).wait(ws)->listen();
+  listening_ports ports;
+  ports.http = static_cast<uint16_t>(listener->getPort());
+  kj::Own<kj::ConnectionReceiver> metrics_listener;
+  if (cfg.metrics_enabled) {
+    metrics_listener = network.parseAddress(cfg.address, cfg.metrics_port).wait(ws)->listen();
+    ports.metrics = static_cast<uint16_t>(metrics_listener->getPort());
+  }
+  on_listening(ports);
+
+  auto serving = server.listenHttp(*listener);
+  if (metrics_listener)
+    serving = serving.exclusiveJoin(metrics_server.listenHttp(*metrics_listener));
+  auto stop = io.unixEventPort.onSignal(SIGINT)
+                .ignoreResult()
+                .exclusiveJoin(io.unixEventPort.onSignal(SIGTERM).ignoreResult());
+  // Serve until a signal; dropping the listen loops stops accepting connections.
+  serving.exclusiveJoin(kj::mv(stop)).wait(ws);
+  service.draining = true;
+  listener = nullptr;
+  metrics_listener = nullptr;
+  // Answer every request already accepted, then close the connections.
+  server.drain().exclusiveJoin(metrics_server.drain()).wait(ws);
+}
+
+} // namespace caf_serving::ingress

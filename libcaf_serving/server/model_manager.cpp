@@ -1,0 +1,213 @@
+#include "server/model_manager.hpp"
+
+#include "executor/builtin_backend.hpp"
+#include "postprocess/postprocessor_actor.hpp"
+#include "repository/config_json.hpp"
+#include "repository/model_repository.hpp"
+
+#include <caf/scoped_actor.hpp>
+
+#include <fstream>
+
+namespace caf_serving::server {
+
+namespace {
+
+result<std::shared_ptr<executor::backend>> make_backend(const model_config& cfg) {
+  if (cfg.backend == "builtin")
+    return executor::make_builtin_backend(cfg);
+  if (cfg.platform == "onnxruntime_onnx" || cfg.backend == "onnxruntime")
+    return serving_error{status_code::bad_request,
+                         "model '" + cfg.name
+                           + "': ONNX models are not served by this build yet; only "
+                             "backend \"builtin\" is available"};
+  return serving_error{status_code::bad_request,
+                       "model '" + cfg.name + "': unknown backend '" + cfg.backend
+                         + "' / platform '" + cfg.platform
+                         + "'; supported: backend \"builtin\""};
+}
+
+result<std::map<std::string, std::vector<std::string>>>
+read_labels(const repository::model_entry& entry) {
+  std::map<std::string, std::vector<std::string>> labels;
+  for (const auto& [output, file] : entry.config->label_filenames) {
+    std::ifstream in(entry.model_dir / file);
+    if (!in)
+      return serving_error{status_code::bad_request, "model '" + entry.name
+                                                       + "': cannot read label file '"
+                                                       + file + "' of output '" + output + "'"};
+    std::string line;
+    auto& v = labels[output];
+    while (std::getline(in, line))
+      v.push_back(line);
+  }
+  return labels;
+}
+
+} // namespace
+
+model_manager::model_manager(caf::actor_system& sys, model_manager_config cfg)
+    : sys_(sys), cfg_(std::move(cfg)) {
+}
+
+model_manager::~model_manager() {
+  shutdown();
+}
+
+std::variant<std::monostate, serving_error> model_manager::load_all() {
+  auto entries = repository::scan_repository(cfg_.repository, {});
+  if (!entries)
+    return entries.error();
+  for (const auto& e : *entries)
+    load(e.name);
+  return {};
+}
+
+std::variant<std::monostate, serving_error> model_manager::load(const std::string& name) {
+  auto entry = repository::load_model_config(cfg_.repository, name, {});
+  auto fail = [&](const serving_error& e) -> std::variant<std::monostate, serving_error> {
+    std::lock_guard<std::mutex> guard(mutex_);
+    if (e.status == status_code::not_found && !models_.count(name))
+      return e;
+    auto& r = models_[name];
+    r.state = "UNAVAILABLE";
+    r.reason = e.message;
+    return e;
+  };
+  if (!entry.config)
+    return fail(entry.config.error());
+  const auto& cfg = entry.config->config;
+  auto backend = make_backend(cfg);
+  if (!backend)
+    return fail(backend.error());
+  auto labels = read_labels(entry);
+  if (!labels)
+    return fail(labels.error());
+  auto policy = scheduler::make_policy_config(cfg, cfg_.max_queue_size);
+  if (auto problem = scheduler::batching_policy::validate(policy))
+    return fail(*problem);
+
+  std::map<int64_t, std::shared_ptr<const model_pipeline>> served;
+  for (auto version : entry.versions) {
+    auto p = std::make_shared<model_pipeline>();
+    p->config = cfg;
+    p->version = version;
+    p->stats = std::make_shared<model_stats>(cfg.name, version);
+    p->metadata_json = repository::model_metadata_json(cfg, entry.versions);
+    p->config_json = repository::model_config_json(*entry.config);
+    scheduler::scheduler_config sc;
+    sc.model = cfg;
+    sc.policy = policy;
+    sc.stats = p->stats;
+    sc.executor_depth = cfg_.executor_depth;
+    int instances = 0;
+    for (const auto& g : cfg.instance_groups)
+      instances += g.count;
+    for (int i = 0; i < std::max(instances, 1); ++i)
+      sc.executors.push_back(executor::spawn_executor(sys_, *backend, cfg));
+    postprocess::postprocessor_config pc;
+    pc.stats = p->stats;
+    pc.responses.batched = cfg.max_batch_size > 0;
+    pc.responses.labels = *labels;
+    sc.postprocessor = postprocess::spawn_postprocessor(sys_, std::move(pc));
+    p->scheduler = scheduler::spawn_scheduler(sys_, std::move(sc));
+    served.emplace(version, std::move(p));
+  }
+  std::lock_guard<std::mutex> guard(mutex_);
+  auto& r = models_[name];
+  stop(r);
+  r.served = std::move(served);
+  r.state = "READY";
+  r.reason.clear();
+  return {};
+}
+
+void model_manager::stop(record& r) {
+  for (auto& [version, p] : r.served)
+    caf::anon_send(p->scheduler, drain_atom::value);
+  r.served.clear();
+}
+
+std::variant<std::monostate, serving_error> model_manager::unload(const std::string& name) {
+  std::lock_guard<std::mutex> guard(mutex_);
+  auto it = models_.find(name);
+  if (it == models_.end())
+    return not_found("unknown model '" + name + "'; POST /v2/repository/index lists the models");
+  stop(it->second);
+  it->second.state = "UNAVAILABLE";
+  it->second.reason = "unloaded";
+  return {};
+}
+
+result<std::shared_ptr<const model_pipeline>> model_manager::find(const std::string& name,
+                                                                  int64_t version) const {
+  std::lock_guard<std::mutex> guard(mutex_);
+  auto it = models_.find(name);
+  if (it == models_.end())
+    return not_found("unknown model '" + name
+                     + "'; POST /v2/repository/index lists the models this server knows");
+  const auto& r = it->second;
+  if (r.served.empty())
+    return serving_error{status_code::unavailable,
+                         "model '" + name + "' is not ready: "
+                           + (r.reason.empty() ? std::string("not loaded") : r.reason),
+                         failure_reason::unavailable};
+  if (version == 0)
+    return r.served.rbegin()->second;
+  auto v = r.served.find(version);
+  if (v == r.served.end())
+    return not_found("model '" + name + "' has no version " + std::to_string(version)
+                     + " being served; served: " + std::to_string(r.served.begin()->first)
+                     + (r.served.size() > 1 ? "..." : ""));
+  return v->second;
+}
+
+std::vector<std::shared_ptr<const model_pipeline>>
+model_manager::versions(const std::string& name) const {
+  std::lock_guard<std::mutex> guard(mutex_);
+  std::vector<std::shared_ptr<const model_pipeline>> out;
+  auto it = models_.find(name);
+  if (it != models_.end())
+    for (const auto& [v, p] : it->second.served)
+      out.push_back(p);
+  return out;
+}
+
+std::vector<index_row> model_manager::index() const {
+  std::lock_guard<std::mutex> guard(mutex_);
+  std::vector<index_row> rows;
+  for (const auto& [name, r] : models_) {
+    if (r.served.empty()) {
+      rows.push_back({name, "", r.state, r.reason});
+      continue;
+    }
+    for (const auto& [v, p] : r.served)
+      rows.push_back({name, std::to_string(v), r.state, ""});
+  }
+  return rows;
+}
+
+std::vector<std::shared_ptr<model_stats>> model_manager::all_stats() const {
+  std::lock_guard<std::mutex> guard(mutex_);
+  std::vector<std::shared_ptr<model_stats>> out;
+  for (const auto& [name, r] : models_)
+    for (const auto& [v, p] : r.served)
+      out.push_back(p->stats);
+  return out;
+}
+
+bool model_manager::all_ready() const {
+  std::lock_guard<std::mutex> guard(mutex_);
+  for (const auto& [name, r] : models_)
+    if (r.served.empty())
+      return false;
+  return true;
+}
+
+void model_manager::shutdown() {
+  std::lock_guard<std::mutex> guard(mutex_);
+  for (auto& [name, r] : models_)
+    stop(r);
+}
+
+} // namespace caf_serving::server

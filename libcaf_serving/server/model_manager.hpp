@@ -1,0 +1,99 @@
+#pragma once
+/// Loads models from the repository into running pipelines (executors, scheduler,
+/// post-processor per model version), unloads them, and answers which pipeline
+/// serves a request. Safe to call from the ingress thread and from load/unload
+/// requests at once: a model's pipeline is published as an immutable snapshot.
+
+#include "core/model_config.hpp"
+#include "core/stats.hpp"
+#include "scheduler/scheduler_actor.hpp"
+
+#include <caf/actor_system.hpp>
+
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace caf_serving::server {
+
+/// One served model version and everything a request to it needs.
+struct model_pipeline {
+  model_config config;
+  int64_t version = 0;
+  std::shared_ptr<model_stats> stats;
+  scheduler::scheduler_actor scheduler;
+  /// Bodies of GET /v2/models/{m} and /config, built once at load.
+  std::string metadata_json;
+  std::string config_json;
+};
+
+struct model_manager_config {
+  std::filesystem::path repository;
+  /// Replaces Triton's max_queue_size 0 ("unbounded") for every model.
+  uint32_t max_queue_size = 1024;
+  /// Batches each executor may hold at once.
+  uint32_t executor_depth = 1;
+};
+
+/// A model's row in POST /v2/repository/index.
+struct index_row {
+  std::string name;
+  std::string version; ///< empty when nothing is served
+  std::string state;   ///< READY, UNAVAILABLE or LOADING
+  std::string reason;  ///< why it is not READY
+};
+
+class model_manager {
+public:
+  model_manager(caf::actor_system& sys, model_manager_config cfg);
+  ~model_manager();
+
+  /// Loads every model of the repository; a broken one is recorded with its
+  /// reason and the others load. Fails only when the repository is unreadable.
+  std::variant<std::monostate, serving_error> load_all();
+
+  /// Loads (or reloads) one model from the repository. Requests to the version
+  /// being replaced finish on the old pipeline.
+  std::variant<std::monostate, serving_error> load(const std::string& name);
+
+  /// Stops serving `name`: new requests get 503, queued ones are answered.
+  std::variant<std::monostate, serving_error> unload(const std::string& name);
+
+  /// The pipeline for `name` at `version` (0: the newest served). 404 for a
+  /// model the repository does not know, 503 for one that is not ready.
+  result<std::shared_ptr<const model_pipeline>> find(const std::string& name,
+                                                     int64_t version = 0) const;
+
+  /// Every served version of `name` (empty when none).
+  std::vector<std::shared_ptr<const model_pipeline>> versions(const std::string& name) const;
+
+  std::vector<index_row> index() const;
+
+  /// Statistics of every served model version.
+  std::vector<std::shared_ptr<model_stats>> all_stats() const;
+
+  /// True when every model the repository holds is served.
+  bool all_ready() const;
+
+  /// Drains every pipeline: answers what is queued and in flight, then stops.
+  void shutdown();
+
+private:
+  struct record {
+    std::map<int64_t, std::shared_ptr<const model_pipeline>> served;
+    std::string state = "UNAVAILABLE";
+    std::string reason;
+  };
+
+  void stop(record& r);
+
+  caf::actor_system& sys_;
+  model_manager_config cfg_;
+  mutable std::mutex mutex_;
+  std::map<std::string, record> models_;
+};
+
+} // namespace caf_serving::server
