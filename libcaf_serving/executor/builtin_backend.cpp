@@ -1,6 +1,9 @@
 #include "executor/builtin_backend.hpp"
 
+#include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <thread>
 
 namespace caf_serving::executor {
 
@@ -10,11 +13,14 @@ using exec_result = std::variant<std::monostate, serving_error>;
 
 class identity_backend final : public backend {
 public:
-  explicit identity_backend(const model_config& cfg) : outputs_(cfg.outputs) {}
+  identity_backend(const model_config& cfg, std::chrono::microseconds delay)
+      : outputs_(cfg.outputs), delay_(delay) {}
 
-  bool blocks() const override { return false; }
+  bool blocks() const override { return delay_.count() > 0; }
 
   exec_result execute(const batch_view& batch, output_writer& out) override {
+    if (delay_.count() > 0)
+      std::this_thread::sleep_for(delay_);
     for (size_t i = 0; i < outputs_.size(); ++i) {
       const auto& in = batch.inputs[i];
       auto* dst = out.allocate(outputs_[i].name, in.dtype, in.shape, in.size);
@@ -26,6 +32,7 @@ public:
 
 private:
   std::vector<tensor_config> outputs_;
+  std::chrono::microseconds delay_;
 };
 
 template <class T>
@@ -90,7 +97,16 @@ result<std::shared_ptr<backend>> make_builtin_backend(const model_config& cfg) {
         return config_error(cfg, "identity output '" + cfg.outputs[i].name
                                    + "' must have the datatype and dims of input '"
                                    + cfg.inputs[i].name + "'");
-    return std::shared_ptr<backend>(std::make_shared<identity_backend>(cfg));
+    std::chrono::microseconds delay{0};
+    if (auto d = cfg.parameters.find("delay_us"); d != cfg.parameters.end()) {
+      char* end = nullptr;
+      auto us = std::strtoll(d->second.c_str(), &end, 10);
+      if (d->second.empty() || *end != '\0' || us < 0 || us > 60'000'000)
+        return config_error(cfg, "parameter delay_us must be a number of microseconds from 0 "
+                                 "to 60000000, not '" + d->second + "'");
+      delay = std::chrono::microseconds(us);
+    }
+    return std::shared_ptr<backend>(std::make_shared<identity_backend>(cfg, delay));
   }
   if (fn->second == "add_sub") {
     if (cfg.inputs.size() != 2 || cfg.outputs.size() != 2)

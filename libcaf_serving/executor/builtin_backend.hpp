@@ -4,7 +4,9 @@
 /// pipeline, batching and protocol can be served and tested without a model file.
 ///
 /// Functions:
-/// - `identity`: OUTPUTi = INPUTi for every input i (any datatype, BYTES too).
+/// - `identity`: OUTPUTi = INPUTi for every input i (any datatype, BYTES too). The
+///   optional parameter `delay_us` makes each batch take that long (on a thread
+///   of its own), to stand in for a slow model in tests and demonstrations.
 /// - `add_sub`:  OUTPUT0 = INPUT0 + INPUT1, OUTPUT1 = INPUT0 - INPUT1 (INT32 or FP32).
 
 #include "core/error.hpp"

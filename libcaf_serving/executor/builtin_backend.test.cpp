@@ -2,6 +2,7 @@
 
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <map>
 
 using namespace caf_serving;
@@ -91,4 +92,28 @@ TEST_CASE("configurations the builtin backend cannot compute are named") {
   r = make_builtin_backend(cfg);
   REQUIRE_FALSE(r.ok());
   CHECK(r.error().message.find("function") != std::string::npos);
+}
+
+TEST_CASE("identity with delay_us blocks for that long and says so") {
+  model_config cfg;
+  cfg.name = "slow";
+  cfg.inputs = {{"INPUT0", datatype::int32, {1}}};
+  cfg.outputs = {{"OUTPUT0", datatype::int32, {1}}};
+  cfg.parameters["function"] = "identity";
+  cfg.parameters["delay_us"] = "20000";
+  auto be = make_builtin_backend(cfg);
+  REQUIRE(be.ok());
+  CHECK((*be)->blocks());
+  int32_t v = 5;
+  batch_view batch;
+  batch.rows = 1;
+  batch.inputs = {{"INPUT0", datatype::int32, {1, 1}, reinterpret_cast<uint8_t*>(&v), 4}};
+  vector_writer out;
+  auto start = std::chrono::steady_clock::now();
+  (*be)->execute(batch, out);
+  CHECK(std::chrono::steady_clock::now() - start >= std::chrono::milliseconds(20));
+  cfg.parameters["delay_us"] = "soon";
+  auto bad = make_builtin_backend(cfg);
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.error().message.find("delay_us") != std::string::npos);
 }
