@@ -216,17 +216,6 @@ void bm_attention_unfused(benchmark::State& state, const kernel_case* c, case_si
 }
 
 void register_benchmarks() {
-  // The peaks first, so the table shows what every fraction is relative to.
-  benchmark::RegisterBenchmark("peak/copy_d2d", [](benchmark::State& state) {
-    for (auto _ : state)
-      state.SetIterationTime(2e-3);
-    state.counters["GB/s"] = peak_copy_gbs;
-  })->Iterations(1)->UseManualTime();
-  benchmark::RegisterBenchmark("peak/gemm_bf16_cublas", [](benchmark::State& state) {
-    for (auto _ : state)
-      state.SetIterationTime(2e-3);
-    state.counters["TFLOP/s"] = peak_gemm_tflops;
-  })->Iterations(1)->UseManualTime();
   for (const auto& c : kernel_cases()) {
     std::vector<case_size> sizes = c.bench;
     if (smoke) // the largest checked size: quick, and the same code path

@@ -3,6 +3,7 @@
 #include "cuda/check.hpp"
 #include "cuda/device_math.cuh"
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 
@@ -101,7 +102,11 @@ void launch_add_layer_norm(const add_layer_norm_args& a, cudaStream_t stream) {
   bool vectorized = a.cols % 8 == 0 && aligned16(a.input) && aligned16(a.residual)
                     && aligned16(a.gamma) && aligned16(a.beta) && aligned16(a.output)
                     && aligned16(a.sum_output);
-  int threads = a.threads > 0 ? a.threads : 256;
+  // By default one thread per 8 elements (one vector), 64 to 256 threads: short rows
+  // get small blocks, so more rows (and more loads) are in flight per SM.
+  int threads = a.threads;
+  if (threads <= 0)
+    threads = static_cast<int>(std::min<std::size_t>(256, std::max<std::size_t>(64, (a.cols / 8 + 31) / 32 * 32)));
   std::size_t smem = a.cols * sizeof(float);
   detail::dispatch_dtype(a.type, [&](auto tag) {
     using T = decltype(tag);
