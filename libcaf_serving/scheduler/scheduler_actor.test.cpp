@@ -1,0 +1,181 @@
+#include "scheduler/scheduler_actor.hpp"
+
+#include "executor/builtin_backend.hpp"
+
+#include <caf/actor_system.hpp>
+#include <caf/actor_system_config.hpp>
+#include <caf/send.hpp>
+#include <doctest/doctest.h>
+
+#include <condition_variable>
+#include <cstring>
+#include <map>
+#include <mutex>
+
+using namespace caf_serving;
+
+namespace {
+
+model_config identity_model(int max_batch, uint64_t delay_us, uint32_t queue) {
+  model_config cfg;
+  cfg.name = "id";
+  cfg.max_batch_size = max_batch;
+  cfg.inputs = {{"INPUT0", datatype::int32, {4}}};
+  cfg.outputs = {{"OUTPUT0", datatype::int32, {4}}};
+  cfg.parameters["function"] = "identity";
+  cfg.parameters["delay_us"] = std::to_string(delay_us);
+  cfg.dynamic_batching_enabled = true;
+  cfg.dynamic_batching.max_queue_delay_us = 2000;
+  cfg.dynamic_batching.default_queue_policy.max_queue_size = queue;
+  return cfg;
+}
+
+/// Collects every response by request id; counts duplicates.
+struct collector {
+  std::mutex mutex;
+  std::condition_variable cv;
+  std::map<std::string, std::vector<response_message>> by_id;
+  size_t total = 0;
+
+  void add(response_message r) {
+    std::lock_guard<std::mutex> guard(mutex);
+    by_id[r.reader().getId().cStr()].push_back(std::move(r));
+    ++total;
+    cv.notify_all();
+  }
+
+  bool wait_for(size_t n) {
+    std::unique_lock<std::mutex> lock(mutex);
+    return cv.wait_for(lock, std::chrono::seconds(20), [&] { return total >= n; });
+  }
+};
+
+struct collecting_sink : response_sink {
+  explicit collecting_sink(collector& c) : c_(c) {}
+  void deliver(response_message r) override { c_.add(std::move(r)); }
+  collector& c_;
+};
+
+infer_job make_job(int id, collector& c) {
+  auto msg = request_message::create();
+  auto b = msg.builder();
+  b.setId(std::to_string(id));
+  b.setModelName("id");
+  b.setModelVersion(1);
+  b.setRows(1);
+  auto in = b.initInputs(1)[0];
+  in.setName("INPUT0");
+  in.setDatatype(wire::DataType::INT32);
+  auto shape = in.initShape(2);
+  shape.set(0, 1);
+  shape.set(1, 4);
+  int32_t values[4] = {id, id + 1, id + 2, id + 3};
+  auto data = in.initData(16);
+  std::memcpy(data.begin(), values, 16);
+  return {msg, std::make_shared<collecting_sink>(c)};
+}
+
+struct pipeline {
+  caf::actor_system_config cfg;
+  std::unique_ptr<caf::actor_system> sys;
+  std::shared_ptr<model_stats> stats = std::make_shared<model_stats>("id", 1);
+  scheduler::scheduler_actor sched;
+
+  explicit pipeline(const model_config& model) {
+    cfg.set("scheduler.max-threads", size_t{2});
+    sys = std::make_unique<caf::actor_system>(cfg);
+    scheduler::scheduler_config sc;
+    sc.model = model;
+    sc.policy = scheduler::make_policy_config(model, 64);
+    sc.stats = stats;
+    auto be = executor::make_builtin_backend(model);
+    REQUIRE(be.ok());
+    sc.executors.push_back(executor::spawn_executor(*sys, *be, model));
+    postprocess::postprocessor_config pc;
+    pc.stats = stats;
+    sc.postprocessor = postprocess::spawn_postprocessor(*sys, pc);
+    sched = scheduler::spawn_scheduler(*sys, std::move(sc));
+  }
+
+  ~pipeline() {
+    caf::anon_send(sched, drain_atom::value);
+    sys->await_all_actors_done();
+  }
+};
+
+} // namespace
+
+TEST_CASE("every request is answered exactly once, with its own rows, in batches") {
+  auto model = identity_model(8, 3000, 64);
+  collector c;
+  {
+    pipeline p(model);
+    for (int i = 0; i < 40; ++i)
+      caf::anon_send(p.sched, make_job(i * 10, c));
+    REQUIRE(c.wait_for(40));
+    // A batch takes 3 ms, so requests pile up behind the first and go out together.
+    CHECK(p.stats->execution_count.load() < 40);
+    CHECK(p.stats->inference_count.load() == 40);
+  }
+  CHECK(c.total == 40);
+  for (int i = 0; i < 40; ++i) {
+    auto& rs = c.by_id[std::to_string(i * 10)];
+    REQUIRE(rs.size() == 1);
+    auto r = rs[0].reader();
+    REQUIRE(r.getError().getStatus() == 0);
+    auto out = r.getOutputs()[0].getData();
+    REQUIRE(out.size() == 16);
+    int32_t values[4];
+    std::memcpy(values, out.begin(), 16);
+    CHECK(values[0] == i * 10);
+    CHECK(values[3] == i * 10 + 3);
+    CHECK(r.getTimes().getComputeEndNs() >= r.getTimes().getComputeStartNs());
+    CHECK(r.getTimes().getBatchFormedNs() >= r.getTimes().getEnqueuedNs());
+  }
+}
+
+TEST_CASE("a full queue answers 503 at once and the rest are served") {
+  auto model = identity_model(1, 20000, 2);
+  model.dynamic_batching.max_queue_delay_us = 0;
+  collector c;
+  {
+    pipeline p(model);
+    for (int i = 0; i < 10; ++i)
+      caf::anon_send(p.sched, make_job(i, c));
+    REQUIRE(c.wait_for(10));
+  }
+  size_t ok = 0, full = 0;
+  for (auto& [id, rs] : c.by_id) {
+    REQUIRE(rs.size() == 1);
+    auto e = rs[0].reader().getError();
+    if (e.getStatus() == 0)
+      ++ok;
+    else if (e.getStatus() == 503 && e.getReason() == wire::FailureReason::QUEUE_FULL)
+      ++full;
+  }
+  // One runs, two wait, and the queue holds no more than max_queue_size.
+  CHECK(ok + full == 10);
+  CHECK(full >= 6);
+  CHECK(ok >= 2);
+}
+
+TEST_CASE("gather_batch concatenates rows and references a lone request's bytes") {
+  auto model = identity_model(8, 0, 64);
+  collector c;
+  std::vector<batched_job> jobs{{make_job(1, c), 0, 0}, {make_job(5, c), 0, 0}};
+  auto two_msg = scheduler::gather_batch(model, 7, jobs);
+  auto two = two_msg.reader();
+  CHECK(two.getBatchId() == 7);
+  CHECK(two.getRows() == 2);
+  CHECK(two.getInputs()[0].getShape()[0] == 2);
+  CHECK(two.getInputs()[0].getData().size() == 32);
+  int32_t values[8];
+  std::memcpy(values, two.getInputs()[0].getData().begin(), 32);
+  CHECK(values[0] == 1);
+  CHECK(values[4] == 5);
+
+  std::vector<batched_job> one{{make_job(9, c), 0, 0}};
+  auto single = scheduler::gather_batch(model, 8, one);
+  CHECK(single.reader().getInputs()[0].getData().begin()
+        == one[0].job.request.reader().getInputs()[0].getData().begin());
+}
