@@ -1,0 +1,62 @@
+/// Latency summaries of measurement windows, and the stability rule that
+/// decides when measuring can stop (perf_analyzer's: the last three windows'
+/// throughput and latency each lie within a percentage of their mean).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <vector>
+
+#include "load_loop.hpp"
+
+namespace caf_serving::perf {
+
+/// Latency statistics in microseconds over successful requests.
+struct latency_summary {
+  uint64_t count = 0;
+  double avg_us = 0;
+  double min_us = 0;
+  double max_us = 0;
+  double p50_us = 0;
+  double p90_us = 0;
+  double p95_us = 0;
+  double p99_us = 0;
+  double p999_us = 0;
+  /// The percentile chosen with --percentile.
+  double chosen_us = 0;
+};
+
+/// Nearest-rank percentile `p` (0..100] of sorted values, in the values'
+/// unit; 0 for an empty list.
+double percentile_of(const std::vector<int64_t>& sorted, double p);
+
+/// Summarizes latencies given in nanoseconds (sorted here).
+latency_summary summarize(std::vector<int64_t> latencies_ns,
+                          double chosen_percentile);
+
+/// One measurement window.
+struct window_summary {
+  int64_t duration_ns = 0;
+  uint64_t ok = 0;
+  /// Failed requests by HTTP status (0: connection or protocol failure).
+  std::map<int, uint64_t> errors;
+  double throughput = 0;
+  latency_summary latency;
+  /// The successful requests' latencies, sorted, in nanoseconds.
+  std::vector<int64_t> latencies_ns;
+};
+
+/// Builds a window from its completions; a request with status 200 counts
+/// as a success.
+window_summary summarize_window(const std::vector<completion>& done,
+                                int64_t duration_ns, double chosen_percentile);
+
+/// Merges windows into one (throughput over their summed duration).
+window_summary merge_windows(const std::vector<window_summary>& windows,
+                             double chosen_percentile);
+
+/// Whether the last three windows agree within `percent` in throughput and
+/// in the chosen latency percentile.
+bool is_stable(const std::vector<window_summary>& windows, double percent);
+
+} // namespace caf_serving::perf
