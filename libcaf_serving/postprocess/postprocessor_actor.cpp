@@ -25,6 +25,8 @@ postprocessor_actor spawn_postprocessor(caf::actor_system& sys, postprocessor_co
     return {
       [cfg](finished_batch& fb) {
         auto responses = split_batch(fb, cfg->responses);
+        // Every count is recorded before the first response leaves, so a
+        // client that reads /stats after its answer sees its own batch.
         uint32_t rows = 0;
         for (size_t i = 0; i < responses.size(); ++i) {
           auto r = responses[i].reader();
@@ -32,10 +34,11 @@ postprocessor_actor spawn_postprocessor(caf::actor_system& sys, postprocessor_co
           rows += request_rows;
           if (r.getError().getStatus() == 0)
             record_success(*cfg->stats, r.getTimes(), request_rows);
-          fb.jobs[i].job.sink->deliver(std::move(responses[i]));
         }
         cfg->stats->execution_count.fetch_add(1, std::memory_order_relaxed);
         cfg->stats->batch_size.observe(rows);
+        for (size_t i = 0; i < responses.size(); ++i)
+          fb.jobs[i].job.sink->deliver(std::move(responses[i]));
       },
       [self](drain_atom) { self->quit(); },
     };
