@@ -151,17 +151,18 @@ void report(benchmark::State& state, work_size w, double device_seconds) {
   }
 }
 
-void bm_case(benchmark::State& state, const kernel_case* c, case_size size) {
-  // Built once per benchmark (Google Benchmark calls this for every repetition).
+void bm_case(benchmark::State& state, const kernel_case* c, case_size size,
+             launch_config config) {
+  // Built once per case and size (Google Benchmark calls this for every repetition).
   static std::map<std::string, std::unique_ptr<case_run>> runs;
   auto& run = runs[c->name + "/" + describe(c->operation, size)];
   if (!run)
     run = make_case_run(*c, size, {1234, false});
   cudaStream_t stream = nullptr;
-  run->launch({}, stream);
+  run->launch(config, stream);
   double total = 0;
   for (auto _ : state) {
-    double t = time_gpu(stream, launches_per_iteration, [&] { run->launch({}, stream); });
+    double t = time_gpu(stream, launches_per_iteration, [&] { run->launch(config, stream); });
     state.SetIterationTime(t);
     total += t * launches_per_iteration;
   }
@@ -224,10 +225,20 @@ void register_benchmarks() {
       continue;
     for (const auto& size : sizes) {
       std::string name = c.name + "/" + describe(c.operation, size);
-      auto* b = benchmark::RegisterBenchmark(name.c_str(), bm_case, &c, size);
+      auto* b = benchmark::RegisterBenchmark(name.c_str(), bm_case, &c, size, launch_config{});
       b->UseManualTime()->Unit(benchmark::kMicrosecond);
       if (smoke)
         b->Iterations(1);
+      if (c.operation == op::attention && !c.padded) // both tilings, to pick the default
+        for (int rows : {16, 32}) {
+          std::string variant = c.name + " rows" + std::to_string(rows) + "/"
+                                + describe(c.operation, size);
+          auto* v = benchmark::RegisterBenchmark(variant.c_str(), bm_case, &c, size,
+                                                 launch_config{0, rows});
+          v->UseManualTime()->Unit(benchmark::kMicrosecond);
+          if (smoke)
+            v->Iterations(1);
+        }
       if (c.operation == op::attention && !c.padded) {
         std::string unfused = "attention unfused" + c.name.substr(std::strlen("attention"))
                               + "/" + describe(c.operation, size);

@@ -21,7 +21,8 @@ namespace caf_serving::kernels {
 
 /// The launch parameters a case can be run with.
 struct launch_config {
-  int threads = 0; ///< threads per block; 0 lets the launcher pick
+  int threads = 0;       ///< threads per block; 0 lets the launcher pick
+  int rows_per_warp = 0; ///< attention only: 16 or 32 query rows per warp; 0 = pick
 };
 
 /// The configurations the GPU test sweeps for `o`: the default and the extremes.

@@ -16,8 +16,7 @@
 namespace caf_serving::kernels {
 namespace {
 
-constexpr int block_rows = 64; // queries per block
-constexpr int block_keys = 64; // keys per tile
+constexpr int block_keys = 64; // keys per tile (queries per block: warps x 16 x MT)
 constexpr int warps = 4;
 constexpr int pad = 8;         // halves of padding per shared row: spreads ldmatrix over banks
 
@@ -79,13 +78,20 @@ __device__ __forceinline__ std::uint32_t pack2(float lo, float hi) {
   }
 }
 
+// 2^x on the special-function unit; -inf gives +0, which masking relies on.
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // Copies `rows` rows of D elements starting at sequence position `row0` into a
-// shared tile of 64 rows; rows at or past `seq` are zero-filled.
+// shared tile; rows at or past `seq` are zero-filled.
 template <class T, int D>
 __device__ __forceinline__ void load_tile(T* tile, const T* base, std::int64_t seq_stride,
-                                          int row0, int seq) {
+                                          int rows, int row0, int seq) {
   constexpr int chunks_per_row = D / 8;
-  for (int i = threadIdx.x; i < 64 * chunks_per_row; i += warps * 32) {
+  for (int i = threadIdx.x; i < rows * chunks_per_row; i += warps * 32) {
     int r = i / chunks_per_row, c = (i % chunks_per_row) * 8;
     bool valid = row0 + r < seq;
     const T* src = valid ? base + (row0 + r) * seq_stride + c : base;
@@ -93,10 +99,16 @@ __device__ __forceinline__ void load_tile(T* tile, const T* base, std::int64_t s
   }
 }
 
-template <class T, int D>
+// MT is the number of 16-row m-tiles per warp (1 or 2). With 2, every K and V
+// fragment read from shared memory feeds two MMAs instead of one, which halves the
+// shared-memory traffic per FLOP (the limit of this kernel at MT = 1), at the cost of
+// more registers; Q's fragments then stay in registers only for D = 64.
+template <class T, int D, int MT>
 __global__ void __launch_bounds__(warps * 32)
   attention_kernel(attention_args a) {
   constexpr int ld = D + pad;
+  constexpr int block_rows = warps * 16 * MT;
+  constexpr bool q_in_registers = MT == 1 || D == 64;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* q_tile = reinterpret_cast<T*>(smem_raw);
   T* k_tile = q_tile + block_rows * ld;     // two stages
@@ -113,97 +125,127 @@ __global__ void __launch_bounds__(warps * 32)
 
   int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   int group = lane / 4, quad = lane % 4; // mma fragment coordinates
+  const T* q_warp = q_tile + warp * 16 * MT * ld;
 
-  load_tile<T, D>(q_tile, q, a.strides.seq, q0, a.seq);
+  load_tile<T, D>(q_tile, q, a.strides.seq, block_rows, q0, a.seq);
   if (tiles > 0) {
-    load_tile<T, D>(k_tile, k, a.strides.seq, 0, a.seq);
-    load_tile<T, D>(v_tile, v, a.strides.seq, 0, a.seq);
+    load_tile<T, D>(k_tile, k, a.strides.seq, block_keys, 0, a.seq);
+    load_tile<T, D>(v_tile, v, a.strides.seq, block_keys, 0, a.seq);
   }
   cp_async_commit();
   cp_async_wait_all();
   __syncthreads();
 
-  // Q fragments for this warp's 16 rows, kept in registers for every key tile.
-  std::uint32_t q_frag[D / 16][4];
+  // Q fragments (A operand) of m-tile m, k-chunk kk.
+  auto load_q = [&](std::uint32_t (&frag)[4], int m, int kk) {
+    ldmatrix_x4(frag, q_warp + (m * 16 + lane % 16) * ld + kk * 16 + (lane / 16) * 8);
+  };
+  std::uint32_t q_frag[q_in_registers ? MT : 1][q_in_registers ? D / 16 : 1][4];
+  if constexpr (q_in_registers) {
 #pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk)
-    ldmatrix_x4(q_frag[kk], q_tile + (warp * 16 + lane % 16) * ld + kk * 16 + (lane / 16) * 8);
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk)
+        load_q(q_frag[m][kk], m, kk);
+  }
 
-  float o_acc[D / 8][4] = {};
-  float row_max[2] = {-INFINITY, -INFINITY}; // rows `group` and `group + 8`, log2 units
-  float row_sum[2] = {0.0f, 0.0f};           // this thread's part of the row sums
+  float o_acc[MT][D / 8][4] = {};
+  float row_max[MT][2];   // rows `group` and `group + 8` of each m-tile, log2 units
+  float row_sum[MT][2];   // this thread's part of the row sums
+#pragma unroll
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      row_max[m][r] = -INFINITY;
+      row_sum[m][r] = 0.0f;
+    }
   const float scale_log2 = a.softmax_scale * 1.4426950408889634f;
 
   for (int t = 0; t < tiles; ++t) {
     int stage = t & 1;
     if (t + 1 < tiles) { // prefetch the next tile while this one is computed
-      load_tile<T, D>(k_tile + (stage ^ 1) * block_keys * ld, k, a.strides.seq,
+      load_tile<T, D>(k_tile + (stage ^ 1) * block_keys * ld, k, a.strides.seq, block_keys,
                       (t + 1) * block_keys, a.seq);
-      load_tile<T, D>(v_tile + (stage ^ 1) * block_keys * ld, v, a.strides.seq,
+      load_tile<T, D>(v_tile + (stage ^ 1) * block_keys * ld, v, a.strides.seq, block_keys,
                       (t + 1) * block_keys, a.seq);
     }
     cp_async_commit();
     const T* ks = k_tile + stage * block_keys * ld;
     const T* vs = v_tile + stage * block_keys * ld;
 
-    // S = Q Kᵀ: 16 rows x 64 keys per warp, as 8 n-tiles of 8 keys.
-    float s[block_keys / 8][4] = {};
+    // S = Q Kᵀ: per m-tile 16 rows x 64 keys, as 8 n-tiles of 8 keys.
+    float s[MT][block_keys / 8][4] = {};
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
+      std::uint32_t q_tmp[MT][4];
+      if constexpr (!q_in_registers) {
+#pragma unroll
+        for (int m = 0; m < MT; ++m)
+          load_q(q_tmp[m], m, kk);
+      }
 #pragma unroll
       for (int np = 0; np < block_keys / 16; ++np) {
         std::uint32_t kb[4];
         ldmatrix_x4(kb, ks + (np * 16 + (lane / 16) * 8 + lane % 8) * ld + kk * 16
                           + ((lane / 8) % 2) * 8);
-        mma<T>(s[2 * np], q_frag[kk], kb[0], kb[1]);
-        mma<T>(s[2 * np + 1], q_frag[kk], kb[2], kb[3]);
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+          const std::uint32_t(&qa)[4] = q_in_registers ? q_frag[q_in_registers ? m : 0][q_in_registers ? kk : 0] : q_tmp[m];
+          mma<T>(s[m][2 * np], qa, kb[0], kb[1]);
+          mma<T>(s[m][2 * np + 1], qa, kb[2], kb[3]);
+        }
       }
     }
 
-    // Scale, mask padded keys, and update the running max per row.
-    float tile_max[2] = {-INFINITY, -INFINITY};
+    std::uint32_t p_frag[MT][block_keys / 16][4];
 #pragma unroll
-    for (int n = 0; n < block_keys / 8; ++n)
+    for (int m = 0; m < MT; ++m) {
+      // Scale, mask padded keys, and update the running max per row.
+      float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        int key = t * block_keys + n * 8 + quad * 2 + (e & 1);
-        float x = key < keys ? s[n][e] * scale_log2 : -INFINITY;
-        s[n][e] = x;
-        tile_max[e / 2] = fmaxf(tile_max[e / 2], x);
+      for (int n = 0; n < block_keys / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          int key = t * block_keys + n * 8 + quad * 2 + (e & 1);
+          float x = key < keys ? s[m][n][e] * scale_log2 : -INFINITY;
+          s[m][n][e] = x;
+          tile_max[e / 2] = fmaxf(tile_max[e / 2], x);
+        }
+      float alpha[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
+        tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
+        float new_max = fmaxf(row_max[m][r], tile_max[r]);
+        // A row with no unmasked key yet keeps max -inf; use 0 so exp2 gives 0, not NaN.
+        float base = new_max == -INFINITY ? 0.0f : new_max;
+        alpha[r] = exp2_approx(row_max[m][r] - base);
+        row_max[m][r] = new_max;
+        tile_max[r] = base;
       }
-    float alpha[2];
+      // P = exp2(S - max), packed straight into the A fragments of P·V.
+      float tile_sum[2] = {0.0f, 0.0f};
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
-      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
-      float new_max = fmaxf(row_max[r], tile_max[r]);
-      // A row with no unmasked key yet keeps max -inf; use 0 so exp2 gives 0, not NaN.
-      float base = new_max == -INFINITY ? 0.0f : new_max;
-      alpha[r] = exp2f(row_max[r] - base);
-      row_max[r] = new_max;
-      tile_max[r] = base;
-    }
-    // P = exp2(S - max), packed straight into the A fragments of P·V.
-    std::uint32_t p_frag[block_keys / 16][4];
-    float tile_sum[2] = {0.0f, 0.0f};
+      for (int n = 0; n < block_keys / 8; ++n) {
+        float p0 = exp2_approx(s[m][n][0] - tile_max[0]);
+        float p1 = exp2_approx(s[m][n][1] - tile_max[0]);
+        float p2 = exp2_approx(s[m][n][2] - tile_max[1]);
+        float p3 = exp2_approx(s[m][n][3] - tile_max[1]);
+        tile_sum[0] += p0 + p1;
+        tile_sum[1] += p2 + p3;
+        p_frag[m][n / 2][(n % 2) * 2] = pack2<T>(p0, p1);
+        p_frag[m][n / 2][(n % 2) * 2 + 1] = pack2<T>(p2, p3);
+      }
 #pragma unroll
-    for (int n = 0; n < block_keys / 8; ++n) {
-      float p0 = exp2f(s[n][0] - tile_max[0]), p1 = exp2f(s[n][1] - tile_max[0]);
-      float p2 = exp2f(s[n][2] - tile_max[1]), p3 = exp2f(s[n][3] - tile_max[1]);
-      tile_sum[0] += p0 + p1;
-      tile_sum[1] += p2 + p3;
-      p_frag[n / 2][(n % 2) * 2] = pack2<T>(p0, p1);
-      p_frag[n / 2][(n % 2) * 2 + 1] = pack2<T>(p2, p3);
-    }
+      for (int r = 0; r < 2; ++r)
+        row_sum[m][r] = row_sum[m][r] * alpha[r] + tile_sum[r];
 #pragma unroll
-    for (int r = 0; r < 2; ++r)
-      row_sum[r] = row_sum[r] * alpha[r] + tile_sum[r];
-#pragma unroll
-    for (int d = 0; d < D / 8; ++d) {
-      o_acc[d][0] *= alpha[0];
-      o_acc[d][1] *= alpha[0];
-      o_acc[d][2] *= alpha[1];
-      o_acc[d][3] *= alpha[1];
+      for (int d = 0; d < D / 8; ++d) {
+        o_acc[m][d][0] *= alpha[0];
+        o_acc[m][d][1] *= alpha[0];
+        o_acc[m][d][2] *= alpha[1];
+        o_acc[m][d][3] *= alpha[1];
+      }
     }
 
     // O += P V: V's tile is [keys, D] row-major, read transposed by ldmatrix.
@@ -214,8 +256,11 @@ __global__ void __launch_bounds__(warps * 32)
         std::uint32_t vb[4];
         ldmatrix_x4_trans(vb, vs + (kk * 16 + ((lane / 8) % 2) * 8 + lane % 8) * ld + dp * 16
                                 + (lane / 16) * 8);
-        mma<T>(o_acc[2 * dp], p_frag[kk], vb[0], vb[1]);
-        mma<T>(o_acc[2 * dp + 1], p_frag[kk], vb[2], vb[3]);
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+          mma<T>(o_acc[m][2 * dp], p_frag[m][kk], vb[0], vb[1]);
+          mma<T>(o_acc[m][2 * dp + 1], p_frag[m][kk], vb[2], vb[3]);
+        }
       }
     }
     cp_async_wait_all(); // the next tile has landed ...
@@ -223,29 +268,32 @@ __global__ void __launch_bounds__(warps * 32)
   }
 
   // Normalise and store. Each thread holds two adjacent columns of rows group and
-  // group + 8 for every 8-column tile.
+  // group + 8 of each m-tile for every 8-column tile.
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float sum = row_sum[r];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-    int row = q0 + warp * 16 + group + r * 8;
-    if (row >= a.seq)
-      continue;
-    T* out = o + row * a.strides.seq + quad * 2;
+  for (int m = 0; m < MT; ++m)
 #pragma unroll
-    for (int d = 0; d < D / 8; ++d) {
-      std::uint32_t packed = pack2<T>(o_acc[d][2 * r] * inv, o_acc[d][2 * r + 1] * inv);
-      *reinterpret_cast<std::uint32_t*>(out + d * 8) = packed;
+    for (int r = 0; r < 2; ++r) {
+      float sum = row_sum[m][r];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+      int row = q0 + (warp * MT + m) * 16 + group + r * 8;
+      if (row >= a.seq)
+        continue;
+      T* out = o + row * a.strides.seq + quad * 2;
+#pragma unroll
+      for (int d = 0; d < D / 8; ++d) {
+        std::uint32_t packed = pack2<T>(o_acc[m][d][2 * r] * inv, o_acc[m][d][2 * r + 1] * inv);
+        *reinterpret_cast<std::uint32_t*>(out + d * 8) = packed;
+      }
     }
-  }
 }
 
-template <class T, int D>
+template <class T, int D, int MT>
 void launch_typed(const attention_args& a, cudaStream_t stream) {
+  constexpr int block_rows = warps * 16 * MT;
   constexpr int smem = (block_rows + 4 * block_keys) * (D + pad) * static_cast<int>(sizeof(T));
-  auto kernel = attention_kernel<T, D>;
+  auto kernel = attention_kernel<T, D, MT>;
   // The shared-memory limit is a per-device attribute: raise it once per device.
   static std::atomic<std::uint64_t> configured{0};
   int device = 0;
@@ -258,6 +306,14 @@ void launch_typed(const attention_args& a, cudaStream_t stream) {
   }
   dim3 grid((a.seq + block_rows - 1) / block_rows, a.heads, a.batch);
   kernel<<<grid, warps * 32, smem, stream>>>(a);
+}
+
+template <class T>
+void launch_for_type(const attention_args& a, int rows_per_warp, cudaStream_t stream) {
+  if (a.head_dim == 64)
+    rows_per_warp == 16 ? launch_typed<T, 64, 1>(a, stream) : launch_typed<T, 64, 2>(a, stream);
+  else
+    rows_per_warp == 16 ? launch_typed<T, 128, 1>(a, stream) : launch_typed<T, 128, 2>(a, stream);
 }
 
 } // namespace
@@ -273,11 +329,17 @@ void launch_attention(const attention_args& a, cudaStream_t stream) {
     throw std::invalid_argument("attention: batch and heads must each be at most 65535");
   if (a.seq <= 0 || a.batch <= 0 || a.heads <= 0)
     return;
+  int rows_per_warp = a.rows_per_warp;
+  if (rows_per_warp == 0) // two m-tiles per warp once the sequence fills the taller block;
+    // not for D = 128, where they need more than the 255 registers a thread has
+    rows_per_warp = a.seq > 64 && a.head_dim == 64 ? 32 : 16;
+  if (rows_per_warp != 16 && rows_per_warp != 32)
+    throw std::invalid_argument("attention: rows_per_warp = " + std::to_string(a.rows_per_warp)
+                                + " is not supported; use 16, 32, or 0 to let the launcher pick");
   if (a.type == dtype::f16)
-    a.head_dim == 64 ? launch_typed<__half, 64>(a, stream) : launch_typed<__half, 128>(a, stream);
+    launch_for_type<__half>(a, rows_per_warp, stream);
   else
-    a.head_dim == 64 ? launch_typed<__nv_bfloat16, 64>(a, stream)
-                     : launch_typed<__nv_bfloat16, 128>(a, stream);
+    launch_for_type<__nv_bfloat16>(a, rows_per_warp, stream);
   CAF_CUDA_CHECK(cudaGetLastError());
 }
 

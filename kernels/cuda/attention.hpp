@@ -37,6 +37,9 @@ struct attention_args {
   /// gives zeros.
   const int* key_lengths = nullptr;
   float softmax_scale = 0.125f; ///< usually 1/sqrt(head_dim)
+  /// Query rows per warp: 16 or 32 (two MMA row tiles sharing each K/V fragment);
+  /// 0 lets the launcher pick. Only speed depends on it.
+  int rows_per_warp = 0;
 };
 
 /// Enqueues the kernel on `stream`. Throws `std::invalid_argument` for an

@@ -15,9 +15,8 @@ namespace {
 template <bool ToBatch>
 __global__ void batch_copy_kernel(batch_copy_args a) {
   int req = blockIdx.y;
-  std::size_t begin = a.batch_offsets[req];
-  std::size_t bytes = a.batch_offsets[req + 1] - begin;
-  auto* batch = static_cast<std::uint8_t*>(a.batch) + begin;
+  std::size_t bytes = a.request_bytes[req];
+  auto* batch = static_cast<std::uint8_t*>(a.batch) + a.batch_offsets[req];
   auto* request = static_cast<std::uint8_t*>(a.request_buffers[req]);
   const std::uint8_t* src = ToBatch ? request : batch;
   std::uint8_t* dst = ToBatch ? batch : request;

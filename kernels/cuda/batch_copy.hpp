@@ -8,12 +8,14 @@
 
 namespace caf_serving::kernels {
 
-/// Request i owns bytes [batch_offsets[i], batch_offsets[i+1]) of the batch buffer.
-/// `request_buffers` and `batch_offsets` live in device memory (so a captured
-/// CUDA graph can be replayed with new requests by rewriting them).
+/// Request i's `request_bytes[i]` bytes live at `batch_offsets[i]` in the batch
+/// buffer (offsets may leave gaps, e.g. to keep every request 16-byte aligned). The
+/// three arrays live in device memory, so a captured CUDA graph can be replayed with
+/// new requests by rewriting them.
 struct batch_copy_args {
-  void* const* request_buffers = nullptr; ///< device array of `request_count` pointers
-  const std::size_t* batch_offsets = nullptr; ///< device array of request_count + 1
+  void* const* request_buffers = nullptr;     ///< device array of `request_count` pointers
+  const std::size_t* request_bytes = nullptr; ///< device array of `request_count` sizes
+  const std::size_t* batch_offsets = nullptr; ///< device array of `request_count` offsets
   void* batch = nullptr;
   int request_count = 0;       ///< at most 65535
   std::size_t max_request_bytes = 0; ///< sizes the grid; the largest request

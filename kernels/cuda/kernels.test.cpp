@@ -48,7 +48,8 @@ TEST_CASE("every kernel case matches the unfused references at every size and co
         ++runs;
         worst = std::max(worst, result.max_abs_error);
         INFO(c.name, " at ", describe(c.operation, size), " with ", config.threads,
-             " threads (0 = default), seed ", seed - 1, ": ", result.detail);
+             " threads, ", config.rows_per_warp, " rows per warp (0 = default), seed ",
+             seed - 1, ": ", result.detail);
         CHECK(result.ok);
       }
     }

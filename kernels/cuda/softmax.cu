@@ -15,7 +15,35 @@ struct softmax_params {
   softmax_args a;
   int group;       // threads per row: 32 (a warp) or the whole block
   bool vectorized; // 8 elements per step
+  bool cached;     // vectorized, and the row fits in registers: cached_vectors per thread
 };
+
+constexpr int cached_vectors = 4;
+
+// Max or sum over the threads of one row's group (a warp, or the whole block when
+// group > 32). Every thread of the group gets the result.
+template <bool Max>
+__device__ __forceinline__ float group_reduce(float v, int group, float* scratch) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    float other = __shfl_xor_sync(0xffffffffu, v, o);
+    v = Max ? fmaxf(v, other) : v + other;
+  }
+  if (group > 32) {
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (lane == 0)
+      scratch[warp] = v;
+    __syncthreads();
+    v = lane < static_cast<int>(blockDim.x / 32) ? scratch[lane] : (Max ? -INFINITY : 0.0f);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      float other = __shfl_xor_sync(0xffffffffu, v, o);
+      v = Max ? fmaxf(v, other) : v + other;
+    }
+    __syncthreads();
+  }
+  return v;
+}
 
 // Running max and sum of exp(x - max), merged pairwise (the online softmax).
 struct max_sum {
@@ -59,6 +87,47 @@ __global__ void softmax_kernel(softmax_params p) {
   T* out = static_cast<T*>(p.a.output) + (active ? r : 0) * cols;
   std::size_t mask_offset = (active ? r % p.a.mask_rows : 0) * cols;
   int step = p.vectorized ? 8 : 1;
+
+  if (p.cached) { // one read of the row, kept in registers between the reductions
+    __shared__ float reduce_scratch[32];
+    float x[cached_vectors][8];
+    float m = -INFINITY;
+#pragma unroll
+    for (int v = 0; v < cached_vectors; ++v) {
+      std::size_t c = (static_cast<std::size_t>(t) + v * p.group) * 8;
+      bool here = active && c < cols;
+      if (here)
+        detail::load8(in + c, x[v]);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        x[v][j] = here ? masked<Mask>(x[v][j], p.a.mask_data, mask_offset + c + j) : -INFINITY;
+        m = fmaxf(m, x[v][j]);
+      }
+    }
+    m = group_reduce<true>(m, p.group, reduce_scratch);
+    float base = m == -INFINITY ? 0.0f : m; // a fully masked row gives zeros
+    float sum = 0.0f;
+#pragma unroll
+    for (int v = 0; v < cached_vectors; ++v)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        x[v][j] = __expf(x[v][j] - base);
+        sum += x[v][j];
+      }
+    sum = group_reduce<false>(sum, p.group, reduce_scratch);
+    float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+#pragma unroll
+    for (int v = 0; v < cached_vectors; ++v) {
+      std::size_t c = (static_cast<std::size_t>(t) + v * p.group) * 8;
+      if (active && c < cols) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+          x[v][j] *= inv;
+        detail::store8(out + c, x[v]);
+      }
+    }
+    return;
+  }
 
   max_sum acc{-INFINITY, 0.0f};
   if (active) {
@@ -132,11 +201,17 @@ bool aligned16(const void* p) {
 void launch_softmax(const softmax_args& a, cudaStream_t stream) {
   if (a.rows == 0 || a.cols == 0)
     return;
-  softmax_params p{a, 32, a.cols % 8 == 0 && aligned16(a.input) && aligned16(a.output)};
+  softmax_params p{a, 32, a.cols % 8 == 0 && aligned16(a.input) && aligned16(a.output), false};
   int threads = a.threads;
-  if (threads <= 0) // a warp per row up to 1024 elements, then a block per row
-    threads = a.cols <= 1024 ? 128 : 512;
+  if (threads <= 0) { // a warp per row up to 1024 elements, then a block per row
+    std::size_t per_two_vectors = (a.cols + 15) / 16; // two vectors per thread
+    threads = a.cols <= 1024 ? 128
+                             : static_cast<int>(std::min<std::size_t>(
+                                 1024, std::max<std::size_t>(128, (per_two_vectors + 31) / 32 * 32)));
+  }
   p.group = a.cols <= 1024 || threads == 32 ? 32 : threads;
+  p.cached = p.vectorized
+             && a.cols <= static_cast<std::size_t>(p.group) * 8 * cached_vectors;
   std::size_t rows_per_block = static_cast<std::size_t>(threads / p.group);
   auto blocks = static_cast<unsigned>((a.rows + rows_per_block - 1) / rows_per_block);
   detail::dispatch_dtype(a.type, [&](auto tag) {

@@ -31,46 +31,77 @@ __device__ __forceinline__ candidate warp_best(candidate c) {
   return c;
 }
 
-// One block per row. The softmax normaliser comes from one pass; then k selection
-// rounds each find the best candidate ranked after the previous pick. k rounds of
-// reads hit L1/L2 (a row of logits is a few KB), so device memory is read once.
-__global__ void softmax_top_k_kernel(softmax_top_k_args a) {
+// Reductions over the threads of one row's group: a warp (rows up to
+// warp_row_limit, several rows per block, no barriers) or the whole block.
+constexpr std::size_t warp_row_limit = 4096;
+
+__device__ __forceinline__ float group_max(float v, int group, float* scratch) {
+  v = detail::warp_max(v);
+  if (group > 32) {
+    int lane = threadIdx.x % 32;
+    if (lane == 0)
+      scratch[threadIdx.x / 32] = v;
+    __syncthreads();
+    v = detail::warp_max(lane < static_cast<int>(blockDim.x / 32) ? scratch[lane] : -INFINITY);
+    __syncthreads();
+  }
+  return v;
+}
+
+__device__ __forceinline__ float group_sum(float v, int group, float* scratch) {
+  if (group > 32)
+    return detail::block_sum(v, scratch);
+  return detail::warp_sum(v);
+}
+
+__device__ __forceinline__ candidate group_best(candidate c, int group, candidate* scratch) {
+  c = warp_best(c);
+  if (group > 32) {
+    int lane = threadIdx.x % 32;
+    if (lane == 0)
+      scratch[threadIdx.x / 32] = c;
+    __syncthreads();
+    c = warp_best(lane < static_cast<int>(blockDim.x / 32) ? scratch[lane]
+                                                           : candidate{-INFINITY, 0x7fffffff});
+    __syncthreads();
+  }
+  return c;
+}
+
+// A group of threads per row. The softmax normaliser comes from one pass; then k
+// selection rounds each find the best candidate ranked after the previous pick. The
+// rounds re-read the row from L1/L2 (a row of logits is a few KB), so device memory
+// is read once.
+__global__ void softmax_top_k_kernel(softmax_top_k_args a, int group) {
   __shared__ float scratch[32];
   __shared__ candidate picks[32];
-  const float* row = a.logits + static_cast<std::size_t>(blockIdx.x) * a.cols;
-  int cols = static_cast<int>(a.cols);
-  int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  int rows_per_block = blockDim.x / group;
+  std::size_t r = static_cast<std::size_t>(blockIdx.x) * rows_per_block + threadIdx.x / group;
+  bool active = r < a.rows; // uniform per group: warp mode has whole warps per row
+  int t = threadIdx.x % group;
+  const float* row = a.logits + (active ? r : 0) * a.cols;
+  int cols = active ? static_cast<int>(a.cols) : 0;
 
   float local_max = -INFINITY;
-  for (int c = threadIdx.x; c < cols; c += blockDim.x)
+  for (int c = t; c < cols; c += group)
     local_max = fmaxf(local_max, row[c]);
-  local_max = detail::warp_max(local_max);
-  if (lane == 0)
-    scratch[warp] = local_max;
-  __syncthreads();
-  float max = detail::warp_max(lane < warps ? scratch[lane] : -INFINITY);
-  __syncthreads();
+  float max = group_max(local_max, group, scratch);
   float local_sum = 0.0f;
-  for (int c = threadIdx.x; c < cols; c += blockDim.x)
+  for (int c = t; c < cols; c += group)
     local_sum += __expf(row[c] - max);
-  float inv_sum = 1.0f / detail::block_sum(local_sum, scratch);
+  float inv_sum = 1.0f / group_sum(local_sum, group, scratch);
 
   candidate previous{INFINITY, -1};
-  for (int r = 0; r < a.k; ++r) {
+  for (int k = 0; k < a.k; ++k) {
     candidate best{-INFINITY, 0x7fffffff};
-    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+    for (int c = t; c < cols; c += group) {
       candidate x{row[c], c};
       if (better(previous, x) && better(x, best))
         best = x;
     }
-    best = warp_best(best);
-    if (lane == 0)
-      picks[warp] = best;
-    __syncthreads();
-    best = warp_best(lane < warps ? picks[lane] : candidate{-INFINITY, 0x7fffffff});
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      std::size_t out = static_cast<std::size_t>(blockIdx.x) * a.k + r;
+    best = group_best(best, group, picks);
+    if (active && t == 0) {
+      std::size_t out = r * a.k + k;
       a.probabilities[out] = __expf(best.value - max) * inv_sum;
       a.indices[out] = best.index;
     }
@@ -88,8 +119,11 @@ void launch_softmax_top_k(const softmax_top_k_args& a, cudaStream_t stream) {
                                 + std::to_string(softmax_top_k_max_k) + ")");
   if (a.rows == 0)
     return;
-  int threads = a.threads > 0 ? a.threads : 256;
-  softmax_top_k_kernel<<<static_cast<unsigned>(a.rows), threads, 0, stream>>>(a);
+  int threads = a.threads > 0 ? a.threads : (a.cols <= warp_row_limit ? 128 : 512);
+  int group = a.cols <= warp_row_limit || threads == 32 ? 32 : threads;
+  std::size_t rows_per_block = static_cast<std::size_t>(threads / group);
+  auto blocks = static_cast<unsigned>((a.rows + rows_per_block - 1) / rows_per_block);
+  softmax_top_k_kernel<<<blocks, threads, 0, stream>>>(a, group);
   CAF_CUDA_CHECK(cudaGetLastError());
 }
 

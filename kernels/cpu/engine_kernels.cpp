@@ -1,0 +1,118 @@
+#include "engine_kernels.hpp"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+namespace caf_serving::kernels::cpu {
+
+namespace {
+
+/// exp for the softmax: the compiler vectorises this loop with libmvec when
+/// -ffast-math is off, so it is written plainly.
+inline void softmax_row(float* p, int64_t n) {
+  float mx = p[0];
+  for (int64_t i = 1; i < n; ++i)
+    mx = std::max(mx, p[i]);
+  float sum = 0;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t i = 0; i < n; ++i) {
+    p[i] = std::exp(p[i] - mx);
+    sum += p[i];
+  }
+  float inv = 1.0f / sum;
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i)
+    p[i] *= inv;
+}
+
+} // namespace
+
+void engine_layer_norm(const layer_norm_args& a) {
+#pragma omp parallel for num_threads(a.threads) schedule(static)
+  for (int64_t r = 0; r < a.rows; ++r) {
+    const float* x = a.x + r * a.width;
+    float* y = a.y + r * a.width;
+    float sum = 0;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t i = 0; i < a.width; ++i)
+      sum += x[i];
+    float mean = sum / static_cast<float>(a.width);
+    float sq = 0;
+#pragma omp simd reduction(+ : sq)
+    for (int64_t i = 0; i < a.width; ++i)
+      sq += (x[i] - mean) * (x[i] - mean);
+    float inv = 1.0f / std::sqrt(sq / static_cast<float>(a.width) + a.epsilon);
+    if (a.beta) {
+#pragma omp simd
+      for (int64_t i = 0; i < a.width; ++i)
+        y[i] = (x[i] - mean) * inv * a.gamma[i] + a.beta[i];
+    } else {
+#pragma omp simd
+      for (int64_t i = 0; i < a.width; ++i)
+        y[i] = (x[i] - mean) * inv * a.gamma[i];
+    }
+  }
+}
+
+void engine_gelu(const float* x, const float* bias, int64_t width, int64_t n, float* y,
+                 int threads) {
+  int64_t rows = n / width;
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = 0; i < width; ++i) {
+      float v = x[r * width + i] + (bias ? bias[i] : 0.f);
+      y[r * width + i] = 0.5f * v * (1.0f + std::erf(v * 0.70710678118654752f));
+    }
+}
+
+void engine_softmax(float* x, int64_t rows, int64_t width, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t r = 0; r < rows; ++r)
+    softmax_row(x + r * width, width);
+}
+
+void engine_attention(const attention_args& a) {
+  const int64_t s = a.seq, d = a.head_dim, hd = a.heads * a.head_dim;
+  const int64_t jobs = a.batch * a.heads;
+#pragma omp parallel num_threads(a.threads)
+  {
+    std::vector<float> scores(static_cast<size_t>(s * s));
+#pragma omp for schedule(static)
+    for (int64_t job = 0; job < jobs; ++job) {
+      int64_t b = job / a.heads, h = job % a.heads;
+      const float* q = a.q + b * s * hd + h * d;
+      const float* k = a.k + b * s * hd + h * d;
+      const float* v = a.v + b * s * hd + h * d;
+      // scores = scale * q_h k_h^T, reading the heads in place through the leading dimension.
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(s),
+                  static_cast<int>(s), static_cast<int>(d), a.scale, q, static_cast<int>(hd), k,
+                  static_cast<int>(hd), 0.0f, scores.data(), static_cast<int>(s));
+      for (int64_t i = 0; i < s; ++i) {
+        float* row = scores.data() + i * s;
+        if (a.mask) {
+          const float* m = a.mask + b * a.mask_strides[0] + h * a.mask_strides[1]
+                           + i * a.mask_strides[2];
+          const int64_t ms = a.mask_strides[3];
+          if (ms == 1) {
+#pragma omp simd
+            for (int64_t j = 0; j < s; ++j)
+              row[j] += m[j];
+          } else {
+            for (int64_t j = 0; j < s; ++j)
+              row[j] += m[j * ms];
+          }
+        }
+        softmax_row(row, s);
+      }
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(s),
+                  static_cast<int>(d), static_cast<int>(s), 1.0f, scores.data(),
+                  static_cast<int>(s), v, static_cast<int>(hd), 0.0f,
+                  a.out + b * s * hd + h * d, static_cast<int>(hd));
+    }
+  }
+}
+
+} // namespace caf_serving::kernels::cpu
