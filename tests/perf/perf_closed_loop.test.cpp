@@ -46,24 +46,27 @@ TEST_CASE("a serial 5 ms server: 200 req/s at any concurrency, latency grows "
   auto c1 = steps.at(0).value();
   auto c4 = steps.at(1).value();
   CHECK(c1["concurrency"].get_int64().value() == 1);
-  // Concurrency 1: one request at a time, 5 ms each plus the round trip.
+  // Concurrency 1: one request at a time, 5 ms each plus the round trip
+  // (which on a loaded 2-core machine can take a few ms: upper bounds are
+  // loose, lower bounds are exact).
   double t1 = c1["throughput"].get_double().value();
-  CHECK(t1 > 160);
+  CHECK(t1 > 100);
   CHECK(t1 <= 201);
   double p50_1 = c1["latency"]["p50"].get_double().value();
   CHECK(p50_1 >= 5000);
-  CHECK(p50_1 < 6500);
+  CHECK(p50_1 < 9000);
   // Concurrency 4: the server never idles, so exactly its capacity, and each
   // request waits for the three ahead of it.
   double t4 = c4["throughput"].get_double().value();
   CHECK(t4 == doctest::Approx(200).epsilon(0.06));
   double avg4 = c4["latency"]["avg"].get_double().value();
-  CHECK(avg4 == doctest::Approx(20000).epsilon(0.12));
+  CHECK(avg4 >= 19000);
+  CHECK(avg4 < 24000);
   auto server4 = c4["server"];
   CHECK(server4["compute_infer"].get_double().value()
         == doctest::Approx(5000).epsilon(0.01));
   CHECK(server4["queue"].get_double().value()
-        == doctest::Approx(15000).epsilon(0.15));
+        == doctest::Approx(15000).epsilon(0.25));
   // Every request the tool completed reached the endpoint, and nothing else
   // did but the tool's one test request.
   uint64_t completed = 0;
@@ -84,9 +87,9 @@ TEST_CASE("a serial 5 ms server: 200 req/s at any concurrency, latency grows "
     unlink(p.c_str());
 }
 
-TEST_CASE("percentiles: 1 request in 50 takes 12 ms, the rest 1 ms") {
-  server_process server({PERF_ENDPOINT, "--delay-ms", "1", "--slow-every",
-                         "50", "--slow-delay-ms", "12"});
+TEST_CASE("percentiles: 1 request in 50 takes 100 ms, the rest 10 ms") {
+  server_process server({PERF_ENDPOINT, "--delay-ms", "10", "--slow-every",
+                         "50", "--slow-delay-ms", "100"});
   auto json = temp_path(".json");
   auto r = run_tool(PERF_TOOL, {"-m", "identity_fp32", "-u", server.url(),
                                 "--measurement-interval", "1000",
@@ -97,23 +100,25 @@ TEST_CASE("percentiles: 1 request in 50 takes 12 ms, the rest 1 ms") {
   simdjson::dom::parser parser;
   auto doc = parse_json(parser, json);
   auto lat = doc["steps"].at(0)["latency"];
-  // 2% are slow: P50, P90 and P95 are fast, P99 and P99.9 are slow. The
-  // bounds leave room for a busy machine's stalls, which only add latency.
+  // 2% are slow: P50, P90 and P95 are fast, P99 and P99.9 are slow. Long
+  // service times leave room for a busy machine's stalls (a few ms), which
+  // only ever add latency.
   for (const char* p : {"p50", "p90", "p95"}) {
     double v = lat[p].get_double().value();
     INFO(std::string(p) << " = " << v);
-    CHECK(v >= 1000);
-    CHECK(v < 4000);
+    CHECK(v >= 10000);
+    CHECK(v < 18000);
   }
   for (const char* p : {"p99", "p99.9"}) {
     double v = lat[p].get_double().value();
     INFO(std::string(p) << " = " << v);
-    CHECK(v >= 12000);
-    CHECK(v < 20000);
+    CHECK(v >= 100000);
+    CHECK(v < 115000);
   }
   double avg = lat["avg"].get_double().value();
-  // 0.98 * ~1.1 ms + 0.02 * ~12.1 ms
-  CHECK(avg == doctest::Approx(1320).epsilon(0.25));
+  // 0.98 * 10 ms + 0.02 * 100 ms, plus round trips
+  CHECK(avg >= 11800);
+  CHECK(avg < 15000);
   unlink(json.c_str());
 }
 

@@ -13,7 +13,7 @@ TEST_CASE("latency target: a serial 4 ms server sustains 250 req/s and no "
   auto json = temp_path(".json");
   auto r = run_tool(PERF_TOOL,
                     {"-m", "identity_fp32", "-u", server.url(),
-                     "--latency-target-ms", "50", "--request-rate-range",
+                     "--latency-target-ms", "60", "--request-rate-range",
                      "100:2000", "--measurement-interval", "500",
                      "--warmup-interval", "200", "--max-trials", "3",
                      "--json", json},
@@ -30,12 +30,12 @@ TEST_CASE("latency target: a serial 4 ms server sustains 250 req/s and no "
   double rate = search["rate"].get_double().value();
   double failed = search["failed_rate"].get_double().value();
   // Below capacity the latency is the 4 ms service time; above it the queue
-  // grows without bound and P99 passes 50 ms within the probe.
+  // grows without bound and P99 passes 60 ms within the probe.
   CHECK(rate >= 0.85 * 250);
   CHECK(rate <= 1.06 * 250);
   CHECK(failed > rate);
   CHECK(failed <= 1.25 * 250);
-  CHECK(r.out.find("at P99 under 50 ms the largest sustained rate is")
+  CHECK(r.out.find("at P99 under 60 ms the largest sustained rate is")
         != std::string::npos);
 }
 
