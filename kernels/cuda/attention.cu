@@ -102,7 +102,8 @@ __device__ __forceinline__ void load_tile(T* tile, const T* base, std::int64_t s
 // MT is the number of 16-row m-tiles per warp (1 or 2). With 2, every K and V
 // fragment read from shared memory feeds two MMAs instead of one, which halves the
 // shared-memory traffic per FLOP (the limit of this kernel at MT = 1), at the cost of
-// more registers; Q's fragments then stay in registers only for D = 64.
+// more registers; Q's fragments then stay in registers only for D = 64. The
+// launcher picks MT from measurements (see launch_attention).
 template <class T, int D, int MT>
 __global__ void __launch_bounds__(warps * 32)
   attention_kernel(attention_args a) {
@@ -330,9 +331,12 @@ void launch_attention(const attention_args& a, cudaStream_t stream) {
   if (a.seq <= 0 || a.batch <= 0 || a.heads <= 0)
     return;
   int rows_per_warp = a.rows_per_warp;
-  if (rows_per_warp == 0) // two m-tiles per warp once the sequence fills the taller block;
-    // not for D = 128, where they need more than the 255 registers a thread has
-    rows_per_warp = a.seq > 64 && a.head_dim == 64 ? 32 : 16;
+  // Two m-tiles per warp once the sequence fills the taller block. For D = 128 that
+  // spills ~100 bytes per thread (255 registers are not enough), yet it measured
+  // faster on the H200 (bench/RESULTS.md: 149 vs 189 µs at 16x16x512, 60 vs 72 µs
+  // at 64x16x128), because the halved shared-memory traffic matters more.
+  if (rows_per_warp == 0)
+    rows_per_warp = a.seq > 64 ? 32 : 16;
   if (rows_per_warp != 16 && rows_per_warp != 32)
     throw std::invalid_argument("attention: rows_per_warp = " + std::to_string(a.rows_per_warp)
                                 + " is not supported; use 16, 32, or 0 to let the launcher pick");
