@@ -1,0 +1,182 @@
+/// Loading and unloading models while the server serves: another model under
+/// load sees no error, the unloaded model answers 503, loading brings it back,
+/// and requests in flight on a model being unloaded are all answered.
+
+#include "server_test.hpp"
+
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <mutex>
+
+using namespace caf_serving::server_test;
+
+namespace {
+
+/// Client threads sending identity requests with their own values until
+/// stopped; every answer is checked.
+class background_load {
+public:
+  background_load(uint16_t port, std::string model, int width, int clients)
+      : model_(std::move(model)) {
+    for (int c = 0; c < clients; ++c)
+      threads_.emplace_back([this, port, width, c] { run(port, width, c); });
+  }
+  ~background_load() { stop(); }
+
+  void stop() {
+    stop_ = true;
+    for (auto& t : threads_)
+      if (t.joinable())
+        t.join();
+  }
+  int ok() const { return ok_; }
+  int unavailable() const { return unavailable_; }
+  std::vector<std::string> problems() {
+    std::lock_guard<std::mutex> guard(mutex_);
+    return problems_;
+  }
+
+private:
+  void run(uint16_t port, int width, int c) {
+    http_client http(port);
+    for (int k = 0; !stop_; ++k) {
+      std::vector<float> values;
+      for (int i = 0; i < width; ++i)
+        values.push_back(static_cast<float>(c * 1000000 + k * 100 + i));
+      std::string problem;
+      try {
+        auto r = http.post("/v2/models/" + model_ + "/infer", fp32_identity_body(values, 1),
+                           json_content);
+        if (r.status == 200 && fp32_output(json_document::parse(r.body)) == values)
+          ++ok_;
+        else if (r.status == 503 && error_message(r.body).find(model_) != std::string::npos)
+          ++unavailable_;
+        else
+          problem = "status " + std::to_string(r.status) + ": " + r.body.substr(0, 300);
+      } catch (const std::exception& e) {
+        problem = e.what();
+      }
+      if (!problem.empty()) {
+        std::lock_guard<std::mutex> guard(mutex_);
+        problems_.push_back(problem);
+      }
+    }
+  }
+
+  std::string model_;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> ok_{0};
+  std::atomic<int> unavailable_{0};
+  std::mutex mutex_;
+  std::vector<std::string> problems_;
+  std::vector<std::thread> threads_;
+};
+
+std::string simple_body(int32_t a, int32_t b) {
+  return infer_body({input_json("INPUT0", "INT32", {1, 16}, json_list(std::vector<int32_t>(16, a))),
+                     input_json("INPUT1", "INT32", {1, 16}, json_list(std::vector<int32_t>(16, b)))});
+}
+
+std::string index_state(http_client& http, const std::string& model, std::string* reason) {
+  auto r = http.post("/v2/repository/index", "");
+  REQUIRE(r.status == 200);
+  auto doc = json_document::parse(r.body);
+  simdjson::dom::array rows = doc.root().get_array();
+  for (auto row : rows) {
+    if (std::string_view(row["name"].get_string().value()) != model)
+      continue;
+    std::string_view why;
+    if (reason && !row["reason"].get(why))
+      *reason = std::string(why);
+    return std::string(row["state"].get_string().value());
+  }
+  return "(absent)";
+}
+
+} // namespace
+
+TEST_CASE("unload and load one model while another is under load") {
+  test_server server({example_model("simple"), example_model("identity_fp32")});
+  auto http = server.client();
+  background_load load(server.port(), "identity_fp32", 16, 3);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+
+  auto r = http.post("/v2/models/simple/infer", simple_body(5, 2), json_content);
+  REQUIRE(r.status == 200);
+
+  r = http.post("/v2/repository/models/simple/unload", "");
+  REQUIRE_MESSAGE(r.status == 200, r.body);
+  r = http.post("/v2/models/simple/infer", simple_body(5, 2), json_content);
+  CHECK(r.status == 503);
+  CHECK(error_message(r.body).find("model 'simple' is not ready: unloaded") != std::string::npos);
+  CHECK(http.get("/v2/models/simple/ready").status == 503);
+  CHECK(http.get("/v2/health/ready").status == 503); // strict readiness: one model is down
+  std::string reason;
+  CHECK(index_state(http, "simple", &reason) == "UNAVAILABLE");
+  CHECK(reason == "unloaded");
+  CHECK(index_state(http, "identity_fp32", nullptr) == "READY");
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+
+  r = http.post("/v2/repository/models/simple/load", "");
+  REQUIRE_MESSAGE(r.status == 200, r.body);
+  r = http.post("/v2/models/simple/infer", simple_body(5, 2), json_content);
+  REQUIRE_MESSAGE(r.status == 200, r.body);
+  auto doc = json_document::parse(r.body);
+  CHECK(json_ints(doc.at("/outputs/0/data")) == std::vector<int64_t>(16, 7));
+  CHECK(json_ints(doc.at("/outputs/1/data")) == std::vector<int64_t>(16, 3));
+  CHECK(http.get("/v2/models/simple/ready").status == 200);
+  CHECK(http.get("/v2/health/ready").status == 200);
+  CHECK(index_state(http, "simple", nullptr) == "READY");
+
+  load.stop();
+  for (const auto& p : load.problems())
+    FAIL_CHECK(p);
+  CHECK(load.unavailable() == 0);
+  CHECK(load.ok() > 10);
+  MESSAGE("identity_fp32 answered " << load.ok() << " requests during unload and load");
+}
+
+TEST_CASE("load a model added to the repository; unknown models are a 404") {
+  test_server server({example_model("simple")});
+  auto http = server.client();
+  auto body = infer_body({input_json("INPUT0", "BYTES", {1, 1}, "[\"new\"]")});
+  auto r = http.post("/v2/models/identity_bytes/infer", body, json_content);
+  CHECK(r.status == 404);
+
+  server.repo.add_model(example_model("identity_bytes"));
+  r = http.post("/v2/repository/models/identity_bytes/load", "");
+  REQUIRE_MESSAGE(r.status == 200, r.body);
+  r = http.post("/v2/models/identity_bytes/infer", body, json_content);
+  REQUIRE_MESSAGE(r.status == 200, r.body);
+  CHECK(json_strings(json_document::parse(r.body).at("/outputs/0/data"))
+        == std::vector<std::string>{"new"});
+
+  r = http.post("/v2/repository/models/no_such_model/load", "");
+  CHECK(r.status == 404);
+  CHECK_FALSE(error_message(r.body).empty());
+  r = http.post("/v2/repository/models/no_such_model/unload", "");
+  CHECK(r.status == 404);
+  CHECK(error_message(r.body).find("unknown model 'no_such_model'") != std::string::npos);
+  CHECK(http.get("/v2/repository/models/simple/load").status == 405);
+}
+
+TEST_CASE("unloading a model with requests in flight answers every one of them") {
+  test_server server({test_model("slow_batch")});
+  auto http = server.client();
+  background_load load(server.port(), "slow_batch", 4, 6);
+  REQUIRE(eventually([&] { return load.ok() >= 6; }));
+  auto r = http.post("/v2/repository/models/slow_batch/unload", "");
+  REQUIRE_MESSAGE(r.status == 200, r.body);
+  // Clients keep sending to the unloaded model and get 503s; none hangs.
+  REQUIRE(eventually([&] { return load.unavailable() >= 6; }));
+  r = http.post("/v2/repository/models/slow_batch/load", "");
+  REQUIRE_MESSAGE(r.status == 200, r.body);
+  int ok_before = load.ok();
+  REQUIRE(eventually([&] { return load.ok() >= ok_before + 6; }));
+  load.stop();
+  for (const auto& p : load.problems())
+    FAIL_CHECK(p);
+  MESSAGE("slow_batch: " << load.ok() << " answered, " << load.unavailable()
+                         << " refused while unloaded");
+}
