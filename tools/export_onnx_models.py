@@ -1,0 +1,387 @@
+#!/usr/bin/env python3
+"""Exports the ONNX models that caf-serving's ONNX backend is tested and benchmarked on,
+with random weights, and writes ONNX Runtime's outputs on fixed random inputs as references.
+
+    python3 tools/export_onnx_models.py fixtures   # small test fixtures -> tests/onnx/fixtures
+    python3 tools/export_onnx_models.py examples   # examples/models/resnet_small, bert_small
+    python3 tools/export_onnx_models.py bench --out build-onnx/bench-models
+                                                   # ResNet-18/50, BERT-base, MiniLM-L6 (never committed)
+
+Needs torch, torchvision, transformers, onnx and onnxruntime (tools/requirements-onnx.txt).
+The server, its build and its tests never need them: the fixtures are committed.
+
+A model directory is Triton's layout, <out>/models/<name>/{config.pbtxt,1/model.onnx};
+its reference is <out>/reference/<name>/{manifest.txt, *.bin}. manifest.txt has one line
+per tensor:  input|output <name> <TYPE_...> <dims comma-separated> <file.bin>
+and the .bin files hold raw little-endian elements.
+"""
+import argparse
+import os
+import pathlib
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import torch
+import torch.nn as nn
+import torchvision
+from onnx import TensorProto, helper
+from torchvision.models.resnet import BasicBlock, Bottleneck
+
+TRITON_TYPE = {np.float32: "TYPE_FP32", np.int64: "TYPE_INT64", np.int32: "TYPE_INT32",
+               np.bool_: "TYPE_BOOL"}
+
+
+def triton_type(arr):
+    return TRITON_TYPE[arr.dtype.type]
+
+
+# --------------------------------------------------------------------------- models
+
+
+class NarrowResNet(nn.Module):
+    """torchvision's ResNet with its own blocks and layer structure, but narrow widths,
+    so a fixture has the same operators and patterns as ResNet-18/50 in a few hundred KB."""
+
+    def __init__(self, block, layers, widths, num_classes):
+        super().__init__()
+        self.inplanes = widths[0]
+        self.conv1 = nn.Conv2d(3, widths[0], 7, 2, 3, bias=False)
+        self.bn1 = nn.BatchNorm2d(widths[0])
+        self.relu = nn.ReLU(inplace=True)
+        self.maxpool = nn.MaxPool2d(3, 2, 1)
+        stages = []
+        for i, (w, n) in enumerate(zip(widths, layers)):
+            stages.append(self._make_layer(block, w, n, 1 if i == 0 else 2))
+        self.layers = nn.Sequential(*stages)
+        self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
+        self.fc = nn.Linear(widths[-1] * block.expansion, num_classes)
+
+    def _make_layer(self, block, planes, blocks, stride):
+        down = None
+        if stride != 1 or self.inplanes != planes * block.expansion:
+            down = nn.Sequential(nn.Conv2d(self.inplanes, planes * block.expansion, 1, stride,
+                                           bias=False), nn.BatchNorm2d(planes * block.expansion))
+        mods = [block(self.inplanes, planes, stride, down)]
+        self.inplanes = planes * block.expansion
+        mods += [block(self.inplanes, planes) for _ in range(1, blocks)]
+        return nn.Sequential(*mods)
+
+    def forward(self, x):
+        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        x = self.avgpool(self.layers(x))
+        return self.fc(torch.flatten(x, 1))
+
+
+def randomize_batchnorm(model, gen):
+    """Random running statistics, so that BatchNorm folding is tested with values that matter."""
+    for m in model.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            n = m.num_features
+            m.running_mean.copy_(torch.randn(n, generator=gen) * 0.1)
+            m.running_var.copy_(torch.rand(n, generator=gen) * 0.5 + 0.75)
+            m.weight.data.copy_(torch.rand(n, generator=gen) * 0.5 + 0.75)
+            m.bias.data.copy_(torch.randn(n, generator=gen) * 0.1)
+    return model
+
+
+def bert_model(kind, **shape):
+    import transformers
+    if kind == "distilbert":
+        cfg = transformers.DistilBertConfig(**shape)
+        model = transformers.DistilBertModel(cfg)
+    else:
+        cfg = transformers.BertConfig(**shape)
+        model = transformers.BertModel(cfg)
+    # The classic attention pattern (MatMul, Div, Add mask, Softmax, MatMul), as the
+    # exports people serve today have it, not torch's fused SDPA.
+    for c in (cfg, getattr(model, "config", None)):
+        if c is not None:
+            try:
+                c._attn_implementation = "eager"
+            except Exception:
+                pass
+    return model.eval()
+
+
+class BertWrapper(nn.Module):
+    def __init__(self, model, with_token_types):
+        super().__init__()
+        self.model = model
+        self.with_token_types = with_token_types
+
+    def forward(self, input_ids, attention_mask, token_type_ids=None):
+        kw = dict(input_ids=input_ids, attention_mask=attention_mask, return_dict=False)
+        if self.with_token_types:
+            kw["token_type_ids"] = token_type_ids
+        return self.model(**kw)
+
+
+# --------------------------------------------------------------------------- export
+
+
+def torch_export(module, args, names_in, names_out, path, opset):
+    dyn = {n: {0: "batch"} for n in names_in + names_out}
+    kw = dict(input_names=names_in, output_names=names_out, dynamic_axes=dyn,
+              opset_version=opset, do_constant_folding=True)
+    try:
+        torch.onnx.export(module, args, str(path), dynamo=False, **kw)
+    except TypeError:  # torch without the dynamo switch
+        torch.onnx.export(module, args, str(path), **kw)
+
+
+def write_model(out, name, onnx_path_writer, inputs, config_io=True, max_batch_size=8,
+                extra_config="", labels=None):
+    """Writes <out>/models/<name>, runs ONNX Runtime on `inputs` and writes the reference."""
+    model_dir = out / "models" / name
+    (model_dir / "1").mkdir(parents=True, exist_ok=True)
+    onnx_file = model_dir / "1" / "model.onnx"
+    onnx_path_writer(onnx_file)
+    model = onnx.load(str(onnx_file))
+    onnx.checker.check_model(model)
+    sess_opts = ort.SessionOptions()
+    sess_opts.intra_op_num_threads = 1
+    sess = ort.InferenceSession(str(onnx_file), sess_opts, providers=["CPUExecutionProvider"])
+    feeds = {i.name: inputs[i.name] for i in sess.get_inputs()}
+    outs = sess.run(None, feeds)
+    out_names = [o.name for o in sess.get_outputs()]
+
+    lines = [f'name: "{name}"', 'platform: "onnxruntime_onnx"', f"max_batch_size: {max_batch_size}"]
+    if config_io:
+        def io(kind, arrs):
+            items = []
+            for n, a in arrs:
+                dims = ", ".join(str(d) for d in a.shape[1:])
+                lbl = f' label_filename: "labels.txt"' if (labels and kind == "output") else ""
+                items.append(f'  {{ name: "{n}" data_type: {triton_type(a)} dims: [ {dims} ]{lbl} }}')
+            return f"{kind} [\n" + ",\n".join(items) + "\n]"
+        lines.append(io("input", [(n, feeds[n]) for n in feeds]))
+        lines.append(io("output", list(zip(out_names, outs))))
+    lines.append('dynamic_batching { max_queue_delay_microseconds: 200 }')
+    if extra_config:
+        lines.append(extra_config)
+    (model_dir / "config.pbtxt").write_text("\n".join(lines) + "\n")
+    if labels:
+        (model_dir / "labels.txt").write_text("\n".join(labels) + "\n")
+
+    ref_dir = out / "reference" / name
+    ref_dir.mkdir(parents=True, exist_ok=True)
+    manifest = []
+    for kind, pairs in (("input", list(feeds.items())), ("output", list(zip(out_names, outs)))):
+        for n, a in pairs:
+            a = np.ascontiguousarray(a)
+            fname = f"{kind}_{n}.bin"
+            a.tofile(ref_dir / fname)
+            manifest.append(f"{kind} {n} {triton_type(a)} {','.join(str(d) for d in a.shape)} {fname}")
+    (ref_dir / "manifest.txt").write_text("\n".join(manifest) + "\n")
+    size = onnx_file.stat().st_size
+    print(f"{name}: {size / 1e6:.2f} MB, outputs {[tuple(o.shape) for o in outs]}")
+
+
+def export_resnet(out, name, module, opset, batch, hw, seed, **kw):
+    module = module.eval()
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((batch, 3, hw, hw), dtype=np.float32)
+    write_model(out, name, lambda p: torch_export(module, (torch.from_numpy(x),), ["input"],
+                                                  ["logits"], p, opset), {"input": x}, **kw)
+
+
+def export_bert(out, name, model, opset, batch, seq, vocab, seed, token_types=True, **kw):
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, vocab, (batch, seq), dtype=np.int64)
+    mask = np.ones((batch, seq), dtype=np.int64)
+    for b in range(batch):  # padding at the end of all but the first row
+        if b:
+            mask[b, seq - (b * 3) % seq:] = 0
+    types = np.zeros((batch, seq), dtype=np.int64)
+    types[:, seq // 2:] = 1
+    names = ["input_ids", "attention_mask"] + (["token_type_ids"] if token_types else [])
+    feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+    feeds = {n: feeds[n] for n in names}
+    wrapper = BertWrapper(model, token_types).eval()
+    outs = ["last_hidden_state"] + (["pooler_output"] if token_types else [])
+    args = tuple(torch.from_numpy(feeds[n]) for n in names)
+    write_model(out, name, lambda p: torch_export(wrapper, args, names, outs, p, opset), feeds,
+                **kw)
+
+
+# --------------------------------------------------------------------------- single ops
+
+
+def single_op_model(path, op, inputs, outputs, attrs=None, initializers=(), opset=17):
+    """A one-node ONNX model; `inputs`/`outputs` are (name, elem_type, shape) with the
+    batch dimension named "batch"."""
+    node = helper.make_node(op, [n for n, _, _ in inputs] + [t.name for t in initializers],
+                            [n for n, _, _ in outputs], **(attrs or {}))
+    g = helper.make_graph([node], f"single_{op}",
+                          [helper.make_tensor_value_info(n, t, s) for n, t, s in inputs],
+                          [helper.make_tensor_value_info(n, t, s) for n, t, s in outputs],
+                          initializer=list(initializers))
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    m.ir_version = 8
+    onnx.save(m, str(path))
+
+
+def const(name, arr):
+    return onnx.numpy_helper.from_array(np.asarray(arr), name)
+
+
+def export_single_ops(out, seed):
+    rng = np.random.default_rng(seed)
+    F = TensorProto.FLOAT
+    B = 2
+    def rnd(*s):
+        return rng.standard_normal(s, dtype=np.float32)
+    cases = [
+        # name, op, inputs [(name, type, shape, value)], outputs [(name, type, shape)], attrs, inits
+        ("op_conv", "Conv", [("x", F, ["batch", 3, 9, 9], rnd(B, 3, 9, 9))], [("y", F, ["batch", 4, 5, 5])],
+         dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]), [const("w", rnd(4, 3, 3, 3)), const("b", rnd(4))]),
+        ("op_conv_group", "Conv", [("x", F, ["batch", 4, 6, 6], rnd(B, 4, 6, 6))], [("y", F, ["batch", 4, 6, 6])],
+         dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1], group=2), [const("w", rnd(4, 2, 3, 3))]),
+        ("op_batchnorm", "BatchNormalization", [("x", F, ["batch", 3, 4, 4], rnd(B, 3, 4, 4))], [("y", F, ["batch", 3, 4, 4])],
+         dict(epsilon=1e-5), [const("s", rnd(3)), const("bias", rnd(3)), const("mean", rnd(3)),
+                              const("var", np.abs(rnd(3)) + 0.5)]),
+        ("op_maxpool", "MaxPool", [("x", F, ["batch", 2, 7, 7], rnd(B, 2, 7, 7))], [("y", F, ["batch", 2, 4, 4])],
+         dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]), []),
+        ("op_averagepool", "AveragePool", [("x", F, ["batch", 2, 6, 6], rnd(B, 2, 6, 6))], [("y", F, ["batch", 2, 3, 3])],
+         dict(kernel_shape=[2, 2], strides=[2, 2]), []),
+        ("op_globalaveragepool", "GlobalAveragePool", [("x", F, ["batch", 3, 5, 5], rnd(B, 3, 5, 5))],
+         [("y", F, ["batch", 3, 1, 1])], {}, []),
+        ("op_gemm", "Gemm", [("x", F, ["batch", 6], rnd(B, 6))], [("y", F, ["batch", 5])],
+         dict(transB=1, alpha=0.5, beta=2.0), [const("w", rnd(5, 6)), const("c", rnd(5))]),
+        ("op_matmul", "MatMul", [("x", F, ["batch", 3, 6], rnd(B, 3, 6))], [("y", F, ["batch", 3, 5])], {},
+         [const("w", rnd(6, 5))]),
+        ("op_softmax", "Softmax", [("x", F, ["batch", 3, 7], rnd(B, 3, 7))], [("y", F, ["batch", 3, 7])],
+         dict(axis=-1), []),
+        ("op_layernorm", "LayerNormalization", [("x", F, ["batch", 3, 8], rnd(B, 3, 8))], [("y", F, ["batch", 3, 8])],
+         dict(axis=-1, epsilon=1e-5), [const("g", rnd(8)), const("b", rnd(8))]),
+        ("op_transpose", "Transpose", [("x", F, ["batch", 2, 3, 4], rnd(B, 2, 3, 4))], [("y", F, ["batch", 4, 2, 3])],
+         dict(perm=[0, 3, 1, 2]), []),
+        ("op_tanh", "Tanh", [("x", F, ["batch", 5], rnd(B, 5))], [("y", F, ["batch", 5])], {}, []),
+        ("op_sigmoid", "Sigmoid", [("x", F, ["batch", 5], rnd(B, 5))], [("y", F, ["batch", 5])], {}, []),
+        ("op_clip", "Clip", [("x", F, ["batch", 5], rnd(B, 5))], [("y", F, ["batch", 5])], {},
+         [const("lo", np.float32(-0.5)), const("hi", np.float32(0.7))]),
+        ("op_reducesum", "ReduceSum", [("x", F, ["batch", 3, 4], rnd(B, 3, 4))], [("y", F, ["batch", 1, 4])],
+         dict(keepdims=1), [const("axes", np.array([1], dtype=np.int64))]),
+        ("op_split", "Split", [("x", F, ["batch", 6], rnd(B, 6))], [("y0", F, ["batch", 2]), ("y1", F, ["batch", 4])],
+         dict(axis=1), [const("split", np.array([2, 4], dtype=np.int64))]),
+        ("op_flatten", "Flatten", [("x", F, ["batch", 2, 3], rnd(B, 2, 3))], [("y", F, ["batch", 6])], dict(axis=1), []),
+    ]
+    for name, op, ins, outs, attrs, inits in cases:
+        feeds = {n: v for n, _, _, v in ins}
+        write_model(out, name, lambda p, op=op, ins=ins, outs=outs, attrs=attrs, inits=inits:
+                    single_op_model(p, op, [(n, t, s) for n, t, s, _ in ins], outs, attrs, inits),
+                    feeds)
+
+
+class LayerNormPattern(nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.ln = nn.LayerNorm(n)
+
+    def forward(self, x):
+        return self.ln(x)
+
+
+class GeluPattern(nn.Module):
+    def forward(self, x):
+        return nn.functional.gelu(x)
+
+
+def export_patterns(out, seed):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((2, 5, 16), dtype=np.float32)
+    ln = LayerNormPattern(16)
+    with torch.no_grad():
+        ln.ln.weight.copy_(torch.randn(16))
+        ln.ln.bias.copy_(torch.randn(16))
+    for opset in (13, 17):
+        write_model(out, f"pattern_layernorm_opset{opset}",
+                    lambda p, opset=opset: torch_export(ln.eval(), (torch.from_numpy(x),), ["x"],
+                                                        ["y"], p, opset), {"x": x})
+    write_model(out, "pattern_gelu_opset13",
+                lambda p: torch_export(GeluPattern(), (torch.from_numpy(x),), ["x"], ["y"], p, 13),
+                {"x": x})
+
+
+# --------------------------------------------------------------------------- sets
+
+
+def fixtures(out):
+    torch.manual_seed(1)
+    gen = torch.Generator().manual_seed(2)
+    resnet = randomize_batchnorm(NarrowResNet(BasicBlock, [1, 1, 1, 1], [8, 16, 32, 64], 10), gen)
+    bottle = randomize_batchnorm(NarrowResNet(Bottleneck, [1, 1, 1, 1], [4, 8, 16, 32], 10), gen)
+    for opset in (13, 17):
+        export_resnet(out, f"resnet_narrow_opset{opset}", resnet, opset, 2, 64, 10 + opset)
+    export_resnet(out, "resnet_bottleneck_opset17", bottle, 17, 2, 64, 30)
+    torch.manual_seed(3)
+    bert = bert_model("bert", vocab_size=512, hidden_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, intermediate_size=128, max_position_embeddings=64)
+    for opset in (13, 17):
+        # Opset 17 leaves inputs and outputs out of config.pbtxt: the server derives them.
+        export_bert(out, f"bert_2layer_opset{opset}", bert, opset, 2, 16, 512, 40 + opset,
+                    config_io=(opset == 13))
+    torch.manual_seed(4)
+    distil = bert_model("distilbert", vocab_size=512, dim=64, n_layers=2, n_heads=4,
+                        hidden_dim=128, max_position_embeddings=64)
+    export_bert(out, "distilbert_2layer_opset13", distil, 13, 2, 16, 512, 50, token_types=False)
+    export_single_ops(out, 60)
+    export_patterns(out, 70)
+
+
+def examples(out):
+    torch.manual_seed(5)
+    gen = torch.Generator().manual_seed(6)
+    resnet = randomize_batchnorm(NarrowResNet(BasicBlock, [1, 1, 1, 1], [16, 32, 64, 128], 1000),
+                                 gen)
+    export_resnet(out, "resnet_small", resnet, 17, 1, 224, 7,
+                  labels=[f"class_{i}" for i in range(1000)], max_batch_size=16)
+    torch.manual_seed(8)
+    bert = bert_model("bert", vocab_size=4096, hidden_size=128, num_hidden_layers=2,
+                      num_attention_heads=2, intermediate_size=512, max_position_embeddings=128)
+    export_bert(out, "bert_small", bert, 17, 1, 32, 4096, 9, max_batch_size=16)
+
+
+def bench(out, opsets):
+    torch.manual_seed(11)
+    for opset in opsets:
+        export_resnet(out, f"resnet18_opset{opset}", torchvision.models.resnet18(), opset, 1, 224, 1,
+                      max_batch_size=32)
+        export_resnet(out, f"resnet50_opset{opset}", torchvision.models.resnet50(), opset, 1, 224, 2,
+                      max_batch_size=32)
+        bert = bert_model("bert")  # BERT-base: 12 layers, hidden 768, 12 heads
+        export_bert(out, f"bert_base_opset{opset}", bert, opset, 1, 128, 30522, 3, max_batch_size=32)
+        minilm = bert_model("bert", hidden_size=384, num_hidden_layers=6, num_attention_heads=12,
+                            intermediate_size=1536)
+        export_bert(out, f"minilm_l6_opset{opset}", minilm, opset, 1, 128, 30522, 4,
+                    max_batch_size=32)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("what", choices=["fixtures", "examples", "bench"])
+    ap.add_argument("--out", help="output directory (default depends on `what`)")
+    ap.add_argument("--opsets", default="17,13", help="bench only: opsets to export")
+    args = ap.parse_args()
+    root = pathlib.Path(__file__).resolve().parent.parent
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // 2))
+    with torch.no_grad():
+        if args.what == "fixtures":
+            fixtures(pathlib.Path(args.out or root / "tests" / "onnx" / "fixtures"))
+        elif args.what == "examples":
+            # Examples carry no reference; they go straight into examples/models.
+            tmp = pathlib.Path(args.out or root / "build-onnx" / "examples-export")
+            examples(tmp)
+            import shutil
+            for name in ("resnet_small", "bert_small"):
+                dst = root / "examples" / "models" / name
+                shutil.rmtree(dst, ignore_errors=True)
+                shutil.copytree(tmp / "models" / name, dst)
+        else:
+            bench(pathlib.Path(args.out or root / "build-onnx" / "bench-models"),
+                  [int(o) for o in args.opsets.split(",")])
+
+
+if __name__ == "__main__":
+    main()
