@@ -1,16 +1,22 @@
 /// caf-serving: parse options, start the actor system, load the repository,
 /// serve HTTP until a signal, then drain and stop in reverse order.
 
+#include "cluster/node_registry.hpp"
+#include "cluster/secret.hpp"
 #include "options.hpp"
 #include "server/model_manager.hpp"
 
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
+#include <caf/io/middleman.hpp>
+#include <caf/io/publish.hpp>
 #include <kj/async-unix.h>
 
 #include <sys/prctl.h>
 
 #include <csignal>
+#include <optional>
+#include <unistd.h>
 #include <iostream>
 
 using namespace caf_serving;
@@ -33,13 +39,34 @@ int main(int argc, char** argv) {
   // CAF's timers (the batching delay) fire ~100 us late with the default slack.
   prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
 
+  // A cluster (docs/cluster.md): the secret comes from a file or the environment.
+  std::string cluster_secret;
+  if (opts.cluster.enabled()) {
+    auto secret = cluster::load_secret(opts.cluster.secret_file);
+    if (!secret) {
+      std::cerr << "caf-serving: " << secret.error().message << "\n";
+      return 2;
+    }
+    cluster_secret = *secret;
+  }
+
   caf::actor_system_config cfg;
+  if (opts.cluster.enabled()) {
+    cluster::liveness_config live;
+    live.heartbeat = std::chrono::milliseconds(opts.cluster.heartbeat_ms);
+    live.node_timeout = std::chrono::milliseconds(opts.cluster.node_timeout_ms);
+    cluster::configure_actor_system(cfg, live);
+  }
   cfg.set("scheduler.max-threads", static_cast<size_t>(opts.threads.caf_workers));
   cfg.set("scheduler.policy", caf::atom("sharing"));
   caf::actor_system sys{cfg};
 
-  server::model_manager models(sys, {opts.model_repository, opts.max_queue_size,
-                                     opts.executor_depth});
+  server::model_manager_config manager_cfg;
+  manager_cfg.repository = opts.model_repository;
+  manager_cfg.max_queue_size = opts.max_queue_size;
+  manager_cfg.executor_depth = opts.executor_depth;
+  manager_cfg.local_executors = opts.cluster.local_executors;
+  server::model_manager models(sys, manager_cfg);
   auto loaded = models.load_all();
   if (auto* err = std::get_if<serving_error>(&loaded)) {
     std::cerr << "caf-serving: " << err->message << "\n";
@@ -50,6 +77,30 @@ int main(int argc, char** argv) {
       std::cout << "model " << row.name << " version " << row.version << " READY\n";
     else
       std::cout << "model " << row.name << " " << row.state << ": " << row.reason << "\n";
+  }
+
+  std::optional<cluster::node_registry> registry;
+  if (opts.cluster.enabled()) {
+    cluster::registry_config rc;
+    for (const auto& w : opts.cluster.workers)
+      rc.workers.push_back(*cluster::parse_host_port(w));
+    rc.secret = cluster_secret;
+    rc.server_name = "caf-serving-" + std::to_string(getpid());
+    rc.credits = opts.cluster.remote_credits;
+    rc.request_timeout = std::chrono::milliseconds(opts.cluster.remote_timeout_ms);
+    registry = cluster::start_registry(sys, models, std::move(rc));
+    if (opts.cluster.listen_port) {
+      const auto& addr = opts.cluster.listen_address;
+      auto port = caf::io::publish(registry->actor, *opts.cluster.listen_port,
+                                   addr.empty() ? nullptr : addr.c_str(), true);
+      if (!port) {
+        std::cerr << "caf-serving: cannot listen for workers on port "
+                  << *opts.cluster.listen_port << ": " << sys.render(port.error()) << "\n";
+        return 1;
+      }
+      std::cout << "cluster listening on " << (addr.empty() ? "127.0.0.1" : addr) << ":"
+                << *port << std::endl;
+    }
   }
 
   try {
@@ -66,6 +117,8 @@ int main(int argc, char** argv) {
   }
   std::cout << "caf-serving: stopping" << std::endl;
   models.shutdown();
+  if (registry)
+    caf::anon_send_exit(registry->actor, caf::exit_reason::user_shutdown);
   sys.await_all_actors_done();
   std::cout << "caf-serving: stopped" << std::endl;
   return 0;

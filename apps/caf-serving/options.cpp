@@ -28,6 +28,19 @@ std::string usage() {
          "  --executor-threads N       compute threads per CPU executor (default "
          + std::to_string(d.executor_threads) + " here)\n"
          "  --executor-depth N         batches one executor may hold (default 1)\n"
+         "\n"
+         "Cluster (docs/cluster.md):\n"
+         "  --worker HOST:PORT         use the caf-serving-worker there (repeatable)\n"
+         "  --cluster-port N           listen for workers that --join (0 picks a port)\n"
+         "  --cluster-address ADDR     address of that listener (default: all)\n"
+         "  --cluster-secret-file F    the cluster's shared secret (else the environment\n"
+         "                             variable CAF_SERVING_CLUSTER_SECRET)\n"
+         "  --local-executors BOOL     also run executors here (default true)\n"
+         "  --remote-credits N         batches one remote executor may hold (default 2)\n"
+         "  --remote-timeout-ms N      a remote batch unanswered this long is lost and\n"
+         "                             sent elsewhere (default 10000)\n"
+         "  --heartbeat-ms N           middleman heartbeat interval (default 200)\n"
+         "  --node-timeout-ms N        a silent node is lost after this (default 1000)\n"
          "  --help                     this text\n"
          "\n"
          "Signals: SIGINT or SIGTERM stop accepting, answer every accepted request, exit 0.\n";
@@ -112,12 +125,55 @@ std::variant<server_options, show_help, std::string> parse_options(int argc, cha
         o.threads.executor_threads = static_cast<unsigned>(*n);
       else
         o.executor_depth = static_cast<uint32_t>(*n);
+    } else if (flag == "--worker") {
+      auto colon = value.rfind(':');
+      if (colon == std::string::npos || colon == 0 || !parse_uint(value.substr(colon + 1), 65535))
+        return bad("HOST:PORT (for example 127.0.0.1:9100)");
+      o.cluster.workers.push_back(value);
+    } else if (flag == "--cluster-port") {
+      auto n = number(65535);
+      if (!n)
+        return bad("a port number (0-65535)");
+      o.cluster.listen_port = static_cast<uint16_t>(*n);
+    } else if (flag == "--cluster-address") {
+      o.cluster.listen_address = value == "0.0.0.0" ? std::string() : value;
+    } else if (flag == "--cluster-secret-file") {
+      o.cluster.secret_file = value;
+    } else if (flag == "--cluster-secret") {
+      return std::string("--cluster-secret is not accepted: a secret on the command line is "
+                         "visible to every user (ps); use --cluster-secret-file FILE or "
+                         "CAF_SERVING_CLUSTER_SECRET");
+    } else if (flag == "--local-executors") {
+      auto b = parse_bool(value);
+      if (!b)
+        return bad("true or false");
+      o.cluster.local_executors = *b;
+    } else if (flag == "--remote-credits" || flag == "--remote-timeout-ms"
+               || flag == "--heartbeat-ms" || flag == "--node-timeout-ms") {
+      auto n = number(3'600'000);
+      if (!n || *n == 0)
+        return bad("a number from 1 to 3600000");
+      auto v = static_cast<uint32_t>(*n);
+      if (flag == "--remote-credits")
+        o.cluster.remote_credits = v;
+      else if (flag == "--remote-timeout-ms")
+        o.cluster.remote_timeout_ms = v;
+      else if (flag == "--heartbeat-ms")
+        o.cluster.heartbeat_ms = v;
+      else
+        o.cluster.node_timeout_ms = v;
     } else {
       return "unknown flag " + flag + "; see --help";
     }
   }
   if (o.model_repository.empty())
     return std::string("--model-repository DIR is required; see --help");
+  if (!o.cluster.local_executors && !o.cluster.enabled())
+    return std::string("--local-executors false needs workers: give --worker HOST:PORT or "
+                       "--cluster-port N");
+  if (o.cluster.enabled() && o.cluster.node_timeout_ms <= o.cluster.heartbeat_ms)
+    return std::string("--node-timeout-ms must be longer than --heartbeat-ms, or every node "
+                       "looks lost between two heartbeats");
   return o;
 }
 

@@ -8,8 +8,30 @@
 #include <optional>
 #include <string>
 #include <variant>
+#include <vector>
 
 namespace caf_serving::app {
+
+/// Scaling across nodes (docs/cluster.md).
+struct cluster_options {
+  /// Workers to use, "HOST:PORT" each (--worker, repeatable).
+  std::vector<std::string> workers;
+  /// Listen for workers that join (--cluster-port; 0 picks a free port).
+  std::optional<uint16_t> listen_port;
+  /// Address of that listener; empty: every interface.
+  std::string listen_address;
+  /// File with the cluster's shared secret; else CAF_SERVING_CLUSTER_SECRET.
+  std::optional<std::string> secret_file;
+  /// Also run executors in this process (default); false: workers only.
+  bool local_executors = true;
+  /// Credit window: batches one remote executor may hold at once.
+  uint32_t remote_credits = 2;
+  uint32_t remote_timeout_ms = 10000;
+  uint32_t heartbeat_ms = 200;
+  uint32_t node_timeout_ms = 1000;
+
+  bool enabled() const { return !workers.empty() || listen_port.has_value(); }
+};
 
 struct server_options {
   std::string model_repository;
@@ -17,6 +39,7 @@ struct server_options {
   thread_config threads;
   uint32_t max_queue_size = 1024;
   uint32_t executor_depth = 1;
+  cluster_options cluster;
 };
 
 struct show_help {};

@@ -3,15 +3,34 @@
 /// (STYLE.md). Payloads are Cap'n Proto messages (schemas/serving.capnp) shared by
 /// reference inside a process; plain C++ rides alongside only for what never
 /// leaves the process (where to deliver a response).
+///
+/// `run_batch` and `batch_result_message` also cross nodes (a remote executor,
+/// libcaf_serving/cluster/). Their CAF serialization is the message's Cap'n Proto
+/// segments as they are: a segment table, then each segment's bytes written with one
+/// `apply_raw` (one copy into CAF's buffer). On the receiving side the bytes are read
+/// with one `apply_raw` into a word-aligned array that a SegmentArrayMessageReader
+/// reads in place. A received BatchResult is then copied once more into a
+/// `message<>` (the post-processor slices it by reference); see gaps in
+/// docs/cluster.md.
 
 #include "core/message.hpp"
 #include "schemas/serving.capnp.h"
 
+#include <capnp/serialize.h>
 #include <caf/allowed_unsafe_message_type.hpp>
 #include <caf/atom.hpp>
+#include <caf/deserializer.hpp>
+#include <caf/error.hpp>
+#include <caf/meta/type_name.hpp>
+#include <caf/sec.hpp>
+#include <caf/serializer.hpp>
 
 #include <cstdint>
+#include <cstring>
+#include <limits>
 #include <memory>
+#include <string>
+#include <type_traits>
 #include <vector>
 
 namespace caf_serving {
@@ -42,9 +61,23 @@ struct batched_job {
   int64_t batch_formed_ns = 0;
 };
 
+/// Cap'n Proto bytes that arrived from another node, read in place.
+struct received_message {
+  kj::Array<capnp::word> words;
+  kj::Array<kj::ArrayPtr<const capnp::word>> segments;
+  std::unique_ptr<capnp::SegmentArrayMessageReader> reader;
+};
+
 /// scheduler -> executor: one batch to run. The reply is a `batch_result_message`.
+/// In a process the batch is `batch`; on a worker node that received it over the
+/// network it is `received`. Executors read it through `reader()`.
 struct run_batch {
   batch_message batch;
+  std::shared_ptr<const received_message> received;
+
+  wire::Batch::Reader reader() const {
+    return received ? received->reader->getRoot<wire::Batch>() : batch.reader();
+  }
 };
 
 /// scheduler -> post-processor: a finished batch and the requests it answers, in
@@ -61,9 +94,165 @@ using tick_atom = caf::atom_constant<caf::atom("tick")>;
 /// Finish what is queued and in flight, then stop (model unload, shutdown).
 using drain_atom = caf::atom_constant<caf::atom("drain")>;
 
+// -- executor lost: the one error after which a batch is sent elsewhere ----------
+
+/// Error category of the cluster's errors (`caf::error::category()`).
+inline constexpr caf::atom_value cluster_error_category = caf::atom("cluster");
+
+enum class cluster_errc : uint8_t {
+  /// The executor's node died, became unreachable or did not answer in time; the
+  /// batch was not answered and may be sent to another executor.
+  executor_lost = 1,
+  /// The worker refused this server (wrong cluster secret).
+  refused = 2,
+};
+
+inline caf::error make_cluster_error(cluster_errc code, std::string why) {
+  return caf::error(static_cast<uint8_t>(code), cluster_error_category,
+                    caf::make_message(std::move(why)));
+}
+
+/// True when a request to an executor failed without an answer, so that the batch
+/// may run elsewhere: the executor's node was lost, or the executor died first.
+inline bool executor_was_lost(const caf::error& e) {
+  if (e.category() == cluster_error_category)
+    return e.code() == static_cast<uint8_t>(cluster_errc::executor_lost);
+  if (e.category() == caf::atom("system"))
+    return e.code() == static_cast<uint8_t>(caf::sec::request_receiver_down)
+           || e.code() == static_cast<uint8_t>(caf::sec::request_timeout);
+  return false;
+}
+
+// -- serialization of Cap'n Proto messages between nodes --------------------------
+
+namespace wire_format {
+
+/// Bounds that a received message must respect before anything is allocated.
+inline constexpr uint32_t max_segments = 512;
+inline constexpr uint64_t max_words = uint64_t{1} << 30; // 8 GiB
+
+inline caf::error save_segments(caf::serializer& f,
+                                kj::ArrayPtr<const kj::ArrayPtr<const capnp::word>> segs) {
+  auto count = static_cast<uint32_t>(segs.size());
+  if (auto err = f(count))
+    return err;
+  for (auto s : segs) {
+    auto words = static_cast<uint64_t>(s.size());
+    if (auto err = f(words))
+      return err;
+  }
+  for (auto s : segs)
+    if (s.size() > 0)
+      if (auto err = f.apply_raw(s.size() * sizeof(capnp::word),
+                                 const_cast<capnp::word*>(s.begin())))
+        return err;
+  return caf::none;
+}
+
+inline caf::error save(caf::serializer& f, const std::shared_ptr<const void>& owner) {
+  // message<S>::owner() is its message_storage; writing reads the builder's
+  // segments only (getSegmentsForOutput is not const, but does not modify).
+  auto storage = std::static_pointer_cast<const message_storage>(owner);
+  if (!storage)
+    return save_segments(f, {});
+  auto& builder = const_cast<capnp::MallocMessageBuilder&>(storage->builder);
+  return save_segments(f, builder.getSegmentsForOutput());
+}
+
+inline caf::error load(caf::deserializer& f, std::shared_ptr<const received_message>& out) {
+  uint32_t count = 0;
+  if (auto err = f(count))
+    return err;
+  if (count > max_segments)
+    return caf::make_error(caf::sec::invalid_argument,
+                           "a Cap'n Proto message with " + std::to_string(count)
+                             + " segments arrived; at most 512 are accepted");
+  std::vector<uint64_t> sizes(count);
+  uint64_t total = 0;
+  for (auto& s : sizes) {
+    if (auto err = f(s))
+      return err;
+    total += s;
+    if (total > max_words)
+      return caf::make_error(caf::sec::invalid_argument,
+                             "a Cap'n Proto message larger than 8 GiB arrived");
+  }
+  if (count == 0) {
+    out.reset();
+    return caf::none;
+  }
+  auto msg = std::make_shared<received_message>();
+  msg->words = kj::heapArray<capnp::word>(total);
+  auto segs = kj::heapArrayBuilder<kj::ArrayPtr<const capnp::word>>(count);
+  size_t at = 0;
+  for (auto s : sizes) {
+    if (s > 0)
+      if (auto err = f.apply_raw(s * sizeof(capnp::word), msg->words.begin() + at))
+        return err;
+    segs.add(msg->words.begin() + at, s);
+    at += s;
+  }
+  msg->segments = segs.finish();
+  capnp::ReaderOptions options;
+  // The reader is read more than once (executor, post-processor): allow that.
+  options.traversalLimitInWords = total * 8 + (uint64_t{1} << 20);
+  msg->reader = std::make_unique<capnp::SegmentArrayMessageReader>(msg->segments, options);
+  out = std::move(msg);
+  return caf::none;
+}
+
+} // namespace wire_format
+
+inline caf::error inspect(caf::serializer& f, run_batch& x) {
+  if (x.received) {
+    return wire_format::save_segments(f, x.received->segments);
+  }
+  return wire_format::save(f, x.batch.owner());
+}
+
+inline caf::error inspect(caf::deserializer& f, run_batch& x) {
+  x.batch = {};
+  return wire_format::load(f, x.received);
+}
+
+template <class Inspector>
+std::enable_if_t<!std::is_base_of<caf::serializer, Inspector>::value
+                   && !std::is_base_of<caf::deserializer, Inspector>::value,
+                 typename Inspector::result_type>
+inspect(Inspector& f, run_batch&) {
+  return f(caf::meta::type_name("run_batch"));
+}
+
+inline caf::error inspect(caf::serializer& f, batch_result_message& x) {
+  return wire_format::save(f, x.owner());
+}
+
+inline caf::error inspect(caf::deserializer& f, batch_result_message& x) {
+  std::shared_ptr<const received_message> received;
+  if (auto err = wire_format::load(f, received))
+    return err;
+  if (!received) {
+    x = {};
+    return caf::none;
+  }
+  // The post-processor slices results by reference into message<>s, so the result
+  // becomes one: a second copy on this side (see the header comment).
+  x = batch_result_message::create(received->words.size() * sizeof(capnp::word) + 1024);
+  auto storage = std::const_pointer_cast<message_storage>(
+    std::static_pointer_cast<const message_storage>(x.owner()));
+  storage->builder.setRoot(received->reader->getRoot<wire::BatchResult>());
+  return caf::none;
+}
+
+template <class Inspector>
+std::enable_if_t<!std::is_base_of<caf::serializer, Inspector>::value
+                   && !std::is_base_of<caf::deserializer, Inspector>::value,
+                 typename Inspector::result_type>
+inspect(Inspector& f, batch_result_message&) {
+  return f(caf::meta::type_name("batch_result_message"));
+}
+
 } // namespace caf_serving
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(caf_serving::infer_job)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(caf_serving::run_batch)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(caf_serving::batch_result_message)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(caf_serving::finished_batch)

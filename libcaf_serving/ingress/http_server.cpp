@@ -120,10 +120,13 @@ public:
                                          + "'; KServe v2 endpoints start with /v2");
     if (parts.size() == 1)
       return expect(method, kj::HttpMethod::GET, response, [&] {
+        auto cluster = models_.cluster_json();
         return send_json(response, 200,
                          "{\"name\":\"caf-serving\",\"version\":\"" CAF_SERVING_VERSION
                          "\",\"extensions\":"
-                           + std::string(server_extensions) + "}");
+                           + std::string(server_extensions)
+                           + (cluster.empty() ? std::string() : ",\"cluster\":" + cluster)
+                           + "}");
       });
     if (parts[1] == "health" && parts.size() == 3) {
       return expect(method, kj::HttpMethod::GET, response, [&] {
@@ -188,7 +191,8 @@ private:
 
   kj::Promise<void> metrics(kj::HttpMethod method, Response& response) {
     return expect(method, kj::HttpMethod::GET, response, [&] {
-      return send_body(response, 200, prometheus_text(models_.all_stats()),
+      return send_body(response, 200,
+                       prometheus_text(models_.all_stats()) + models_.cluster_prometheus(),
                        "text/plain; version=0.0.4");
     });
   }

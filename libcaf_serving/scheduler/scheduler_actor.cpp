@@ -5,8 +5,12 @@
 
 #include <caf/typed_event_based_actor.hpp>
 
+#include "cluster/executor_choice.hpp"
+
+#include <algorithm>
 #include <cstring>
 #include <map>
+#include <set>
 #include <unordered_map>
 
 namespace caf_serving::scheduler {
@@ -64,7 +68,27 @@ namespace {
 
 struct executor_slot {
   executor::executor_actor handle;
-  uint32_t in_flight = 0;
+  uint32_t depth = 1;
+  std::string node;
+  /// Batch ids in flight here, oldest first, with their rows and send times.
+  struct sent {
+    uint64_t batch_id;
+    uint32_t rows;
+    int64_t sent_ns;
+  };
+  std::vector<sent> in_flight;
+  /// When this executor last answered (the earliest its next batch could start).
+  int64_t last_answer_ns = 0;
+  cluster::batch_cost_model cost;
+};
+
+/// A batch sent to an executor and not yet answered. It keeps its requests and
+/// its Batch message so that it can be sent again if the executor is lost.
+struct pending_batch {
+  batch_message batch;
+  std::shared_ptr<std::vector<batched_job>> jobs;
+  uint32_t rows = 0;
+  uint32_t attempts = 0;
 };
 
 struct scheduler_state {
@@ -78,7 +102,10 @@ struct scheduler_state {
   /// When the armed timer fires; none armed when empty.
   std::optional<time_point> timer_due;
   bool draining = false;
-  size_t batches_in_flight = 0;
+  /// Every batch formed and not yet answered, by batch id.
+  std::map<uint64_t, pending_batch> pending;
+  /// Batches whose executor was lost, to send again before any new batch.
+  std::set<uint64_t> resend;
   /// preserve_ordering: finished batches wait here until all earlier ones are done.
   uint64_t next_to_release = 1;
   std::map<uint64_t, finished_batch> finished_early;
@@ -86,21 +113,61 @@ struct scheduler_state {
 
 using self_ptr = scheduler_actor::stateful_pointer<scheduler_state>;
 
-executor_slot* free_executor(scheduler_state& st) {
-  executor_slot* best = nullptr;
+/// The executor predicted to finish a batch of `rows` first, among those with a
+/// free credit; nullptr when every one is full.
+executor_slot* choose(scheduler_state& st, uint32_t rows) {
+  int64_t now = now_ns();
+  std::vector<cluster::executor_load> loads;
+  loads.reserve(st.executors.size());
+  for (auto& e : st.executors) {
+    cluster::executor_load l;
+    l.cost = &e.cost;
+    l.depth = e.depth;
+    for (auto& s : e.in_flight)
+      l.in_flight_rows.push_back(s.rows);
+    if (!e.in_flight.empty())
+      l.oldest_elapsed_ns = now - std::max(e.in_flight.front().sent_ns, e.last_answer_ns);
+    loads.push_back(std::move(l));
+  }
+  auto i = cluster::choose_executor(loads, rows);
+  return i ? &st.executors[*i] : nullptr;
+}
+
+bool any_free(const scheduler_state& st) {
   for (auto& e : st.executors)
-    if (e.in_flight < st.cfg.executor_depth && (!best || e.in_flight < best->in_flight))
-      best = &e;
-  return best;
+    if (e.in_flight.size() < e.depth)
+      return true;
+  return false;
+}
+
+executor_slot* find_slot(scheduler_state& st, const caf::actor_addr& addr) {
+  for (auto& e : st.executors)
+    if (e.handle.address() == addr)
+      return &e;
+  return nullptr;
 }
 
 void answer_error(scheduler_state&, const infer_job& job, const serving_error& e) {
   job.sink->deliver(postprocess::error_response(job.request.reader(), e));
 }
 
+/// Answers every request of a pending batch with `e`, for a batch that cannot run.
+void fail_batch(self_ptr self, uint64_t batch_id, const serving_error& e);
+
 void maybe_finish_drain(self_ptr self) {
   auto& st = self->state;
-  if (!st.draining || !st.queued.empty() || st.batches_in_flight > 0)
+  if (!st.draining || !st.queued.empty())
+    return;
+  if (st.executors.empty()) {
+    // Nothing is left to run the batches of lost executors.
+    auto ids = st.resend;
+    for (auto id : ids)
+      fail_batch(self, id, {status_code::unavailable,
+                            "model '" + st.cfg.model.name
+                              + "' was unloaded after every executor of this batch was lost",
+                            failure_reason::unavailable});
+  }
+  if (!st.pending.empty())
     return;
   for (auto& e : st.executors)
     self->send_exit(e.handle, caf::exit_reason::user_shutdown);
@@ -124,9 +191,97 @@ void release(self_ptr self, uint64_t batch_id, finished_batch fb) {
   }
 }
 
+void fail_batch(self_ptr self, uint64_t batch_id, const serving_error& e) {
+  auto& st = self->state;
+  auto it = st.pending.find(batch_id);
+  if (it == st.pending.end())
+    return;
+  auto msg = batch_result_message::create();
+  auto err = msg.builder().initError();
+  err.setStatus(static_cast<uint16_t>(e.status));
+  err.setMessage(e.message);
+  err.setReason(static_cast<wire::FailureReason>(reason_of(e)));
+  msg.builder().setBatchId(batch_id);
+  finished_batch fb;
+  fb.result = std::move(msg);
+  fb.jobs = std::move(*it->second.jobs);
+  st.pending.erase(it);
+  st.resend.erase(batch_id);
+  release(self, batch_id, std::move(fb));
+}
+
 void poll_policy(self_ptr self);
 
-void send_batch(self_ptr self, executor_slot& slot, const dispatch& d) {
+/// Sends pending batch `batch_id` to `slot` and handles its one answer.
+void send_pending(self_ptr self, executor_slot& slot, uint64_t batch_id) {
+  auto& st = self->state;
+  auto& p = st.pending.at(batch_id);
+  ++p.attempts;
+  int64_t sent = now_ns();
+  slot.in_flight.push_back({batch_id, p.rows, sent});
+  auto handle = slot.handle;
+  // Takes the batch off its executor's books; the measured service time feeds the
+  // executor choice when the batch was answered.
+  auto settle = [self, addr = handle.address(), batch_id](bool answered) {
+    auto* e = find_slot(self->state, addr);
+    if (!e)
+      return;
+    auto it = std::find_if(e->in_flight.begin(), e->in_flight.end(),
+                           [&](const auto& s) { return s.batch_id == batch_id; });
+    if (it == e->in_flight.end())
+      return;
+    int64_t now = now_ns();
+    if (answered)
+      e->cost.observe(it->rows, now - std::max(it->sent_ns, e->last_answer_ns));
+    e->last_answer_ns = now;
+    e->in_flight.erase(it);
+  };
+  self->request(handle, caf::infinite, run_batch{p.batch, nullptr})
+    .then(
+      [self, settle, batch_id](batch_result_message& result) {
+        auto& st = self->state;
+        settle(true);
+        auto it = st.pending.find(batch_id);
+        if (it == st.pending.end())
+          return; // answered already (cannot happen: one answer per request)
+        int64_t received = now_ns();
+        auto r = result.reader();
+        finished_batch fb;
+        fb.compute_end_ns = received - r.getComputeOutputNs();
+        fb.compute_start_ns = fb.compute_end_ns - r.getComputeInferNs();
+        fb.result = std::move(result);
+        fb.jobs = std::move(*it->second.jobs);
+        st.pending.erase(it);
+        release(self, batch_id, std::move(fb));
+        poll_policy(self);
+        maybe_finish_drain(self);
+      },
+      [self, settle, batch_id, node = slot.node](caf::error& err) {
+        auto& st = self->state;
+        settle(false);
+        auto it = st.pending.find(batch_id);
+        if (it == st.pending.end())
+          return;
+        if (executor_was_lost(err) && it->second.attempts < st.cfg.max_batch_attempts) {
+          // Not answered: the same batch goes out again, before any new one.
+          st.resend.insert(batch_id);
+        } else {
+          bool lost = executor_was_lost(err);
+          fail_batch(self, batch_id,
+                     {lost ? status_code::unavailable : status_code::internal,
+                      "model '" + st.cfg.model.name + "': "
+                        + (lost ? "the batch was lost with " + std::to_string(it->second.attempts)
+                                    + " executors in a row; last on node '" + node + "': "
+                                : std::string("the executor failed while running the batch: "))
+                        + self->system().render(err),
+                      lost ? failure_reason::unavailable : failure_reason::internal});
+        }
+        poll_policy(self);
+        maybe_finish_drain(self);
+      });
+}
+
+void send_batch(self_ptr self, const dispatch& d) {
   auto& st = self->state;
   int64_t formed = now_ns();
   std::vector<batched_job> jobs;
@@ -138,52 +293,35 @@ void send_batch(self_ptr self, executor_slot& slot, const dispatch& d) {
     st.queued.erase(it);
   }
   uint64_t batch_id = st.next_batch_id++;
-  auto batch = gather_batch(st.cfg.model, batch_id, jobs);
-  ++slot.in_flight;
-  ++st.batches_in_flight;
-  auto handle = slot.handle;
-  auto shared_jobs = std::make_shared<std::vector<batched_job>>(std::move(jobs));
-  auto done = [self, handle, batch_id](std::shared_ptr<std::vector<batched_job>> jobs,
-                                       batch_result_message result) {
-    auto& st = self->state;
-    for (auto& e : st.executors)
-      if (e.handle == handle && e.in_flight > 0)
-        --e.in_flight;
-    --st.batches_in_flight;
-    int64_t received = now_ns();
-    auto r = result.reader();
-    finished_batch fb;
-    fb.compute_end_ns = received - r.getComputeOutputNs();
-    fb.compute_start_ns = fb.compute_end_ns - r.getComputeInferNs();
-    fb.result = std::move(result);
-    fb.jobs = std::move(*jobs);
-    release(self, batch_id, std::move(fb));
-    poll_policy(self);
-    maybe_finish_drain(self);
-  };
-  self->request(handle, caf::infinite, run_batch{std::move(batch)})
-    .then(
-      [done, shared_jobs](batch_result_message& result) { done(shared_jobs, std::move(result)); },
-      [self, done, shared_jobs, batch_id](caf::error& err) {
-        // The executor died with the batch: answer its requests with the reason.
-        auto msg = batch_result_message::create();
-        auto e = msg.builder().initError();
-        e.setStatus(500);
-        e.setMessage("model '" + self->state.cfg.model.name
-                     + "': the executor failed while running the batch: "
-                     + self->system().render(err));
-        e.setReason(wire::FailureReason::INTERNAL);
-        msg.builder().setBatchId(batch_id);
-        done(shared_jobs, std::move(msg));
-      });
+  pending_batch p;
+  p.batch = gather_batch(st.cfg.model, batch_id, jobs);
+  p.rows = p.batch.reader().getRows();
+  p.jobs = std::make_shared<std::vector<batched_job>>(std::move(jobs));
+  st.pending.emplace(batch_id, std::move(p));
+  st.resend.insert(batch_id);
+}
+
+/// Sends the batches waiting to be sent (again), oldest first, while executors
+/// have credit. True when none is left waiting.
+bool send_waiting(self_ptr self) {
+  auto& st = self->state;
+  while (!st.resend.empty()) {
+    auto id = *st.resend.begin();
+    auto* slot = choose(st, st.pending.at(id).rows);
+    if (!slot)
+      return false;
+    st.resend.erase(st.resend.begin());
+    send_pending(self, *slot, id);
+  }
+  return true;
 }
 
 void poll_policy(self_ptr self) {
   auto& st = self->state;
   for (;;) {
     auto now = clock_type::now();
-    auto* slot = free_executor(st);
-    auto r = st.policy->poll(now, slot != nullptr);
+    bool free = send_waiting(self) && any_free(st);
+    auto r = st.policy->poll(now, free);
     for (auto& rej : r.expired) {
       auto it = st.queued.find(rej.id);
       answer_error(st, it->second.job,
@@ -191,7 +329,7 @@ void poll_policy(self_ptr self) {
       st.queued.erase(it);
     }
     if (auto* d = std::get_if<dispatch>(&r.next)) {
-      send_batch(self, *slot, *d);
+      send_batch(self, *d);
       continue;
     }
     if (auto* w = std::get_if<wait_until>(&r.next)) {
@@ -211,9 +349,24 @@ scheduler_actor spawn_scheduler(caf::actor_system& sys, scheduler_config config)
                    -> scheduler_actor::behavior_type {
     auto& st = self->state;
     st.policy = std::make_unique<batching_policy>(cfg.policy);
-    for (auto& e : cfg.executors)
-      st.executors.push_back({e, 0});
+    for (auto& e : cfg.executors) {
+      executor_slot slot;
+      slot.handle = e;
+      slot.depth = cfg.executor_depth;
+      slot.node = "local";
+      self->monitor(e);
+      st.executors.push_back(std::move(slot));
+    }
     st.cfg = std::move(cfg);
+    // An executor that is gone (its proxy quit when the node was lost) takes no
+    // more batches; its batches in flight come back through their error handlers.
+    self->set_down_handler([self](caf::down_msg& dm) {
+      auto& ex = self->state.executors;
+      ex.erase(std::remove_if(ex.begin(), ex.end(),
+                              [&](const executor_slot& e) { return e.handle.address() == dm.source; }),
+               ex.end());
+      maybe_finish_drain(self);
+    });
     return {
       [self](infer_job& job) {
         auto& st = self->state;
@@ -250,6 +403,21 @@ scheduler_actor spawn_scheduler(caf::actor_system& sys, scheduler_config config)
       [self](drain_atom) {
         self->state.draining = true;
         maybe_finish_drain(self);
+      },
+      [self](add_executor_atom, executor_entry& entry) {
+        auto& st = self->state;
+        if (st.draining || !entry.handle) {
+          if (entry.handle)
+            self->send_exit(entry.handle, caf::exit_reason::user_shutdown);
+          return;
+        }
+        executor_slot slot;
+        slot.handle = std::move(entry.handle);
+        slot.depth = std::max<uint32_t>(entry.depth, 1);
+        slot.node = std::move(entry.node);
+        self->monitor(slot.handle);
+        st.executors.push_back(std::move(slot));
+        poll_policy(self);
       },
     };
   });

@@ -4,6 +4,13 @@
 /// dispatched batch into one Batch message; sends it to a free executor; and
 /// passes the result with its requests to the post-processor. It tracks every
 /// batch in flight until it is answered.
+///
+/// Executors are local or remote (libcaf_serving/cluster/): remote ones arrive
+/// while serving (`add_executor_atom`) and leave when their node is lost. The
+/// batch goes to the executor with the earliest predicted completion
+/// (cluster/executor_choice.hpp). A batch whose executor was lost before answering
+/// (`executor_was_lost`) is sent again, whole, to another executor ahead of new
+/// batches; each request is answered exactly once, by the one result that arrives.
 
 #include "core/model_config.hpp"
 #include "core/pipeline_messages.hpp"
@@ -18,8 +25,20 @@
 
 namespace caf_serving::scheduler {
 
-using scheduler_actor = caf::typed_actor<caf::reacts_to<infer_job>, caf::reacts_to<tick_atom>,
-                                         caf::reacts_to<drain_atom>>;
+/// An executor that joins a running scheduler (a remote executor's proxy).
+struct executor_entry {
+  executor::executor_actor handle;
+  /// Batches it may hold at once: its credit window.
+  uint32_t depth = 1;
+  /// Where it runs: "local" or the worker's name.
+  std::string node = "local";
+};
+
+using add_executor_atom = caf::atom_constant<caf::atom("addexec")>;
+
+using scheduler_actor
+  = caf::typed_actor<caf::reacts_to<infer_job>, caf::reacts_to<tick_atom>,
+                     caf::reacts_to<drain_atom>, caf::reacts_to<add_executor_atom, executor_entry>>;
 
 struct scheduler_config {
   model_config model;
@@ -30,6 +49,9 @@ struct scheduler_config {
   /// Batches each executor may hold at once. 1 keeps batches in the queue (where
   /// they can still grow) until an executor can start them.
   uint32_t executor_depth = 1;
+  /// How often one batch may be sent again after its executor was lost before its
+  /// requests are answered 503 (a batch that kills every executor stops here).
+  uint32_t max_batch_attempts = 4;
 };
 
 scheduler_actor spawn_scheduler(caf::actor_system& sys, scheduler_config config);
@@ -41,3 +63,5 @@ batch_message gather_batch(const model_config& model, uint64_t batch_id,
                            const std::vector<batched_job>& jobs);
 
 } // namespace caf_serving::scheduler
+
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(caf_serving::scheduler::executor_entry)

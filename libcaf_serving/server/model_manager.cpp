@@ -103,7 +103,7 @@ std::variant<std::monostate, serving_error> model_manager::load(const std::strin
     int instances = 0;
     for (const auto& g : cfg.instance_groups)
       instances += g.count;
-    for (int i = 0; i < std::max(instances, 1); ++i)
+    for (int i = 0; cfg_.local_executors && i < std::max(instances, 1); ++i)
       sc.executors.push_back(executor::spawn_executor(sys_, *backend, cfg));
     postprocess::postprocessor_config pc;
     pc.stats = p->stats;
@@ -202,6 +202,29 @@ bool model_manager::all_ready() const {
     if (r.served.empty())
       return false;
   return true;
+}
+
+void model_manager::set_cluster_view(cluster_view view) {
+  std::lock_guard<std::mutex> guard(mutex_);
+  cluster_ = std::move(view);
+}
+
+std::string model_manager::cluster_json() const {
+  std::function<std::string()> f;
+  {
+    std::lock_guard<std::mutex> guard(mutex_);
+    f = cluster_.json;
+  }
+  return f ? f() : std::string();
+}
+
+std::string model_manager::cluster_prometheus() const {
+  std::function<std::string()> f;
+  {
+    std::lock_guard<std::mutex> guard(mutex_);
+    f = cluster_.prometheus;
+  }
+  return f ? f() : std::string();
 }
 
 void model_manager::shutdown() {

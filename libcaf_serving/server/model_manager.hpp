@@ -11,6 +11,7 @@
 #include <caf/actor_system.hpp>
 
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -36,6 +37,19 @@ struct model_manager_config {
   uint32_t max_queue_size = 1024;
   /// Batches each executor may hold at once.
   uint32_t executor_depth = 1;
+  /// Spawn each model's executors in this process. Off for a server that only
+  /// dispatches to executors on worker nodes (libcaf_serving/cluster/).
+  bool local_executors = true;
+};
+
+/// What the ingress shows about the cluster (/v2 and /metrics); both empty on a
+/// server without workers. Set by whoever runs the cluster (the node registry);
+/// called from the ingress thread.
+struct cluster_view {
+  /// A JSON value for /v2's "cluster" member, or empty.
+  std::function<std::string()> json;
+  /// Prometheus text appended to /metrics, or empty.
+  std::function<std::string()> prometheus;
 };
 
 /// A model's row in POST /v2/repository/index.
@@ -81,6 +95,11 @@ public:
   /// Drains every pipeline: answers what is queued and in flight, then stops.
   void shutdown();
 
+  void set_cluster_view(cluster_view view);
+  /// What /v2 and /metrics show about the cluster (empty strings without one).
+  std::string cluster_json() const;
+  std::string cluster_prometheus() const;
+
 private:
   struct record {
     std::map<int64_t, std::shared_ptr<const model_pipeline>> served;
@@ -94,6 +113,7 @@ private:
   model_manager_config cfg_;
   mutable std::mutex mutex_;
   std::map<std::string, record> models_;
+  cluster_view cluster_;
 };
 
 } // namespace caf_serving::server

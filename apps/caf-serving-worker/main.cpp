@@ -1,0 +1,195 @@
+/// caf-serving-worker: hosts executors for the models of a repository on this
+/// machine and publishes them through CAF's middleman, for caf-serving servers
+/// that know the cluster's secret (docs/cluster.md).
+///
+///   CAF_SERVING_CLUSTER_SECRET=... caf-serving-worker --model-repository DIR --port 9100
+///   caf-serving-worker --model-repository DIR --port 0 --join SERVER:9200 \
+///                      --cluster-secret-file /etc/caf-serving/secret
+
+#include "cluster/secret.hpp"
+#include "cluster/worker_host.hpp"
+
+#include <caf/actor_system.hpp>
+#include <caf/actor_system_config.hpp>
+#include <caf/io/middleman.hpp>
+#include <caf/io/publish.hpp>
+
+#include <sys/prctl.h>
+
+#include <csignal>
+#include <cstdlib>
+#include <iostream>
+#include <thread>
+#include <unistd.h>
+
+using namespace caf_serving;
+
+namespace {
+
+struct worker_options {
+  std::string repository;
+  std::string address = "0.0.0.0";
+  uint16_t port = 9100;
+  std::optional<std::string> join;
+  std::optional<std::string> secret_file;
+  std::string name;
+  uint32_t heartbeat_ms = 200;
+  uint32_t node_timeout_ms = 1000;
+  unsigned caf_workers = 0;
+};
+
+const char* usage_text =
+  "caf-serving-worker: executors for caf-serving servers (docs/cluster.md).\n"
+  "\n"
+  "usage: caf-serving-worker --model-repository DIR [options]\n"
+  "\n"
+  "  --model-repository DIR     the same repository layout as the server's (required)\n"
+  "  --address ADDR             address to publish on (default 0.0.0.0)\n"
+  "  --port N                   port to publish on (default 9100; 0 picks one)\n"
+  "  --join HOST:PORT           join the server listening there (--cluster-port)\n"
+  "  --name NAME                this worker's name in /v2 and /metrics (default host:port)\n"
+  "  --cluster-secret-file F    the cluster's shared secret (else the environment\n"
+  "                             variable CAF_SERVING_CLUSTER_SECRET)\n"
+  "  --heartbeat-ms N           middleman heartbeat interval (default 200)\n"
+  "  --node-timeout-ms N        a silent server is dropped after this (default 1000)\n"
+  "  --caf-workers N            CAF scheduler threads (default: cores)\n"
+  "  --help                     this text\n";
+
+std::variant<worker_options, std::string, bool> parse(int argc, char** argv) {
+  worker_options o;
+  for (int i = 1; i < argc; ++i) {
+    std::string flag = argv[i];
+    if (flag == "--help" || flag == "-h")
+      return true;
+    std::string value;
+    if (auto eq = flag.find('='); eq != std::string::npos) {
+      value = flag.substr(eq + 1);
+      flag = flag.substr(0, eq);
+    } else if (i + 1 < argc) {
+      value = argv[++i];
+    } else {
+      return "flag " + flag + " needs a value; see --help";
+    }
+    auto number = [&](unsigned long max) -> std::optional<unsigned long> {
+      char* end = nullptr;
+      auto v = std::strtoul(value.c_str(), &end, 10);
+      if (value.empty() || *end != '\0' || v > max)
+        return std::nullopt;
+      return v;
+    };
+    if (flag == "--model-repository") {
+      o.repository = value;
+    } else if (flag == "--address") {
+      o.address = value;
+    } else if (flag == "--port") {
+      auto n = number(65535);
+      if (!n)
+        return "flag --port: '" + value + "' is not a port number (0-65535)";
+      o.port = static_cast<uint16_t>(*n);
+    } else if (flag == "--join") {
+      if (auto hp = cluster::parse_host_port(value); !hp)
+        return "flag --join: " + hp.error().message;
+      o.join = value;
+    } else if (flag == "--name") {
+      o.name = value;
+    } else if (flag == "--cluster-secret-file") {
+      o.secret_file = value;
+    } else if (flag == "--cluster-secret") {
+      return std::string("--cluster-secret is not accepted: a secret on the command line is "
+                         "visible to every user (ps); use --cluster-secret-file FILE or "
+                         "CAF_SERVING_CLUSTER_SECRET");
+    } else if (flag == "--heartbeat-ms" || flag == "--node-timeout-ms"
+               || flag == "--caf-workers") {
+      auto n = number(3'600'000);
+      if (!n || *n == 0)
+        return "flag " + flag + ": '" + value + "' is not a number from 1 to 3600000";
+      (flag == "--heartbeat-ms"      ? o.heartbeat_ms
+       : flag == "--node-timeout-ms" ? o.node_timeout_ms
+                                     : o.caf_workers) = static_cast<unsigned>(*n);
+    } else {
+      return "unknown flag " + flag + "; see --help";
+    }
+  }
+  if (o.repository.empty())
+    return std::string("--model-repository DIR is required; see --help");
+  if (o.node_timeout_ms <= o.heartbeat_ms)
+    return std::string("--node-timeout-ms must be longer than --heartbeat-ms");
+  return o;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  auto parsed = parse(argc, argv);
+  if (std::holds_alternative<bool>(parsed)) {
+    std::cout << usage_text;
+    return 0;
+  }
+  if (auto* err = std::get_if<std::string>(&parsed)) {
+    std::cerr << "caf-serving-worker: " << *err << "\n";
+    return 2;
+  }
+  auto& opts = std::get<worker_options>(parsed);
+  auto secret = cluster::load_secret(opts.secret_file);
+  if (!secret) {
+    std::cerr << "caf-serving-worker: " << secret.error().message << "\n";
+    return 2;
+  }
+
+  // Wait for SIGINT/SIGTERM on this thread; block them before CAF starts threads.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
+
+  caf::actor_system_config cfg;
+  cluster::liveness_config live;
+  live.heartbeat = std::chrono::milliseconds(opts.heartbeat_ms);
+  live.node_timeout = std::chrono::milliseconds(opts.node_timeout_ms);
+  cluster::configure_actor_system(cfg, live);
+  auto cores = std::max(std::thread::hardware_concurrency(), 1u);
+  cfg.set("scheduler.max-threads",
+          static_cast<size_t>(opts.caf_workers ? opts.caf_workers : cores));
+  caf::actor_system sys{cfg};
+
+  cluster::worker_config wc;
+  wc.repository = opts.repository;
+  wc.secret = *secret;
+  if (opts.join)
+    wc.join_to = *cluster::parse_host_port(*opts.join);
+  wc.name = opts.name;
+  if (wc.name.empty()) {
+    char hostname[256] = {};
+    gethostname(hostname, sizeof(hostname) - 1);
+    wc.name = std::string(hostname) + "-" + std::to_string(getpid());
+  }
+  auto host = cluster::start_worker(sys, wc);
+  if (!host) {
+    std::cerr << "caf-serving-worker: " << host.error().message << "\n";
+    return 1;
+  }
+  for (const auto& m : host->loaded)
+    std::cout << "model " << m << " READY" << std::endl;
+  for (const auto& m : host->failed)
+    std::cout << "model " << m << std::endl;
+  auto bind = opts.address == "0.0.0.0" ? nullptr : opts.address.c_str();
+  auto port = caf::io::publish(host->actor, opts.port, bind, true);
+  if (!port) {
+    std::cerr << "caf-serving-worker: cannot publish on " << opts.address << ":" << opts.port
+              << ": " << sys.render(port.error()) << "\n";
+    return 1;
+  }
+  auto shown = opts.address == "0.0.0.0" ? std::string("127.0.0.1") : opts.address;
+  std::cout << "worker " << wc.name << " listening on " << shown << ":" << *port << std::endl;
+
+  int sig = 0;
+  sigwait(&stop_signals, &sig);
+  std::cout << "caf-serving-worker: stopping" << std::endl;
+  sys.middleman().unpublish(host->actor, *port);
+  caf::anon_send_exit(host->actor, caf::exit_reason::user_shutdown);
+  for (const auto& e : host->executors)
+    caf::anon_send_exit(e, caf::exit_reason::user_shutdown);
+  return 0;
+}

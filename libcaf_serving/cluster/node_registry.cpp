@@ -1,0 +1,352 @@
+#include "cluster/node_registry.hpp"
+
+#include "cluster/secret.hpp"
+
+#include <caf/actor_cast.hpp>
+#include <caf/event_based_actor.hpp>
+#include <caf/io/middleman.hpp>
+#include <caf/stateful_actor.hpp>
+
+#include <iostream>
+#include <set>
+
+namespace caf_serving::cluster {
+
+// -- status -----------------------------------------------------------------------
+
+void cluster_status::set(const std::string& key, worker_status s) {
+  std::lock_guard<std::mutex> guard(mutex_);
+  workers_[key] = std::move(s);
+}
+
+std::vector<worker_status> cluster_status::workers() const {
+  std::lock_guard<std::mutex> guard(mutex_);
+  std::vector<worker_status> out;
+  for (const auto& [key, w] : workers_)
+    out.push_back(w);
+  return out;
+}
+
+namespace {
+
+void append_json_string(std::string& out, const std::string& s) {
+  out += '"';
+  for (char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof(buf), "\\u%04x", c);
+      out += buf;
+    } else {
+      out += c;
+    }
+  }
+  out += '"';
+}
+
+std::string label_value(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '"' || c == '\\')
+      out += '\\';
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out += c;
+  }
+  return out;
+}
+
+} // namespace
+
+std::string cluster_status::json() const {
+  std::string out = "{\"workers\":[";
+  bool first = true;
+  for (const auto& w : workers()) {
+    if (!first)
+      out += ',';
+    first = false;
+    out += "{\"name\":";
+    append_json_string(out, w.name);
+    out += ",\"address\":";
+    append_json_string(out, w.address);
+    out += ",\"state\":";
+    append_json_string(out, w.state);
+    if (!w.reason.empty()) {
+      out += ",\"reason\":";
+      append_json_string(out, w.reason);
+    }
+    out += ",\"models\":[";
+    for (size_t i = 0; i < w.models.size(); ++i) {
+      if (i)
+        out += ',';
+      append_json_string(out, w.models[i]);
+    }
+    out += "],\"batches_in_flight\":" + std::to_string(w.counters ? w.counters->in_flight.load() : 0);
+    out += ",\"batches\":" + std::to_string(w.counters ? w.counters->batches.load() : 0);
+    out += ",\"batches_lost\":" + std::to_string(w.counters ? w.counters->lost.load() : 0);
+    out += '}';
+  }
+  return out + "]}";
+}
+
+std::string cluster_status::prometheus() const {
+  auto ws = workers();
+  if (ws.empty())
+    return {};
+  std::string up = "# HELP caf_serving_worker_up 1 when the worker is connected and "
+                   "authenticated, else 0\n# TYPE caf_serving_worker_up gauge\n";
+  std::string inflight = "# HELP caf_serving_worker_batches_in_flight Batches sent to the "
+                         "worker and not yet answered\n"
+                         "# TYPE caf_serving_worker_batches_in_flight gauge\n";
+  std::string total = "# HELP caf_serving_worker_batches_total Batches sent to the worker\n"
+                      "# TYPE caf_serving_worker_batches_total counter\n";
+  std::string lost = "# HELP caf_serving_worker_batches_lost_total Batches sent back to the "
+                     "queue because the worker was lost\n"
+                     "# TYPE caf_serving_worker_batches_lost_total counter\n";
+  for (const auto& w : ws) {
+    auto labels = "{worker=\"" + label_value(w.name) + "\",address=\"" + label_value(w.address)
+                  + "\",state=\"" + w.state + "\"}";
+    auto name_label = "{worker=\"" + label_value(w.name) + "\"}";
+    up += "caf_serving_worker_up" + labels + (w.state == "ready" ? " 1\n" : " 0\n");
+    inflight += "caf_serving_worker_batches_in_flight" + name_label + " "
+                + std::to_string(w.counters ? w.counters->in_flight.load() : 0) + "\n";
+    total += "caf_serving_worker_batches_total" + name_label + " "
+             + std::to_string(w.counters ? w.counters->batches.load() : 0) + "\n";
+    lost += "caf_serving_worker_batches_lost_total" + name_label + " "
+            + std::to_string(w.counters ? w.counters->lost.load() : 0) + "\n";
+  }
+  return up + inflight + total + lost;
+}
+
+// -- the registry actor -----------------------------------------------------------
+
+namespace {
+
+using sync_atom = caf::atom_constant<caf::atom("sync")>;
+
+struct worker_record {
+  worker_status status;
+  /// Static workers: where to connect again.
+  std::optional<host_port> address;
+  caf::actor handle;
+  bool busy = false; ///< a connect or handshake is under way
+  std::vector<worker_model> models;
+  /// Schedulers already given this worker's executors (for this connection).
+  std::set<caf::actor_addr> attached;
+};
+
+struct registry_state {
+  registry_config cfg;
+  server::model_manager* models = nullptr;
+  std::shared_ptr<cluster_status> status;
+  std::map<std::string, worker_record> workers;
+  std::map<caf::node_id, std::string> nonces;
+};
+
+using self_ptr = caf::stateful_actor<registry_state>*;
+
+void publish(self_ptr self, const std::string& key) {
+  auto& w = self->state.workers.at(key);
+  self->state.status->set(key, w.status);
+}
+
+void set_state(self_ptr self, const std::string& key, const std::string& state,
+               const std::string& reason) {
+  auto& w = self->state.workers.at(key);
+  if (w.status.state != state || w.status.reason != reason) {
+    auto& out = state == "ready" ? std::cout : std::cerr;
+    out << "worker " << (w.status.name.empty() ? key : w.status.name) << " at "
+        << w.status.address << ": " << state << (reason.empty() ? "" : " (" + reason + ")")
+        << std::endl;
+  }
+  w.status.state = state;
+  w.status.reason = reason;
+  publish(self, key);
+}
+
+/// Gives every scheduler that serves one of the worker's model versions, and has
+/// not had them yet, a proxy for each of the worker's executors of that version.
+void attach(self_ptr self, const std::string& key) {
+  auto& st = self->state;
+  auto& w = st.workers.at(key);
+  if (w.status.state != "ready")
+    return;
+  for (const auto& m : w.models) {
+    for (const auto& p : st.models->versions(m.name)) {
+      if (p->version != m.version || w.attached.count(p->scheduler.address()))
+        continue;
+      w.attached.insert(p->scheduler.address());
+      for (const auto& e : m.executors) {
+        remote_executor_config rc;
+        rc.remote = e;
+        rc.node = w.status.name;
+        rc.model = m.name;
+        rc.request_timeout = st.cfg.request_timeout;
+        rc.counters = w.status.counters;
+        auto proxy = spawn_remote_executor(self->system(), std::move(rc));
+        self->send(p->scheduler, scheduler::add_executor_atom::value,
+                   scheduler::executor_entry{proxy, st.cfg.credits, w.status.name});
+      }
+    }
+  }
+}
+
+/// Proves the secret to the worker behind `handle` and, once it answers with its
+/// models, attaches its executors.
+void greet(self_ptr self, const std::string& key, caf::actor handle) {
+  auto& st = self->state;
+  auto timeout = std::chrono::duration_cast<caf::timespan>(st.cfg.request_timeout);
+  st.workers.at(key).busy = true;
+  auto fail = [self, key](const std::string& state, const std::string& why) {
+    auto& w = self->state.workers.at(key);
+    w.busy = false;
+    w.handle = nullptr;
+    set_state(self, key, state, why);
+  };
+  self->request(handle, timeout, challenge_atom::value)
+    .then(
+      [self, key, handle, timeout, fail](const std::string& nonce) {
+        auto proof = prove(self->state.cfg.secret, "server", nonce);
+        self->request(handle, timeout, hello_atom::value, proof)
+          .then(
+            [self, key, handle](worker_info& info) {
+              auto& w = self->state.workers.at(key);
+              w.busy = false;
+              w.handle = handle;
+              w.models = std::move(info.models);
+              w.attached.clear();
+              w.status.name = info.name;
+              w.status.models.clear();
+              for (const auto& m : w.models)
+                w.status.models.push_back(m.name + ":" + std::to_string(m.version));
+              self->monitor(handle);
+              set_state(self, key, "ready", "");
+              attach(self, key);
+            },
+            [self, fail](caf::error& e) {
+              bool refused = e.category() == cluster_error_category;
+              fail(refused ? "refused" : "lost",
+                   refused ? "the worker refused this server: wrong cluster secret?"
+                           : self->system().render(e));
+            });
+      },
+      [self, fail](caf::error& e) { fail("lost", self->system().render(e)); });
+}
+
+void connect(self_ptr self, const std::string& key) {
+  auto& w = self->state.workers.at(key);
+  if (w.busy || !w.address)
+    return;
+  w.busy = true;
+  auto timeout = std::chrono::duration_cast<caf::timespan>(self->state.cfg.request_timeout);
+  auto mm = self->system().middleman().actor_handle();
+  self->request(mm, timeout, caf::connect_atom::value, w.address->host, w.address->port)
+    .then(
+      [self, key](const caf::node_id&, caf::strong_actor_ptr& ptr,
+                  const std::set<std::string>&) {
+        auto& w = self->state.workers.at(key);
+        if (!ptr) {
+          w.busy = false;
+          set_state(self, key, "lost", "no actor is published at " + w.status.address);
+          return;
+        }
+        greet(self, key, caf::actor_cast<caf::actor>(ptr));
+      },
+      [self, key](caf::error& e) {
+        auto& w = self->state.workers.at(key);
+        w.busy = false;
+        set_state(self, key, w.status.state == "connecting" ? "connecting" : "lost",
+                  "cannot connect: " + self->system().render(e));
+      });
+}
+
+} // namespace
+
+node_registry start_registry(caf::actor_system& sys, server::model_manager& models,
+                             registry_config config) {
+  node_registry out;
+  out.status = std::make_shared<cluster_status>();
+  out.actor = sys.spawn([cfg = std::move(config), &models, status = out.status](
+                          self_ptr self) mutable -> caf::behavior {
+    auto& st = self->state;
+    st.cfg = std::move(cfg);
+    st.models = &models;
+    st.status = status;
+    for (const auto& hp : st.cfg.workers) {
+      auto key = hp.host + ":" + std::to_string(hp.port);
+      worker_record w;
+      w.address = hp;
+      w.status.name = key;
+      w.status.address = key;
+      w.status.state = "connecting";
+      w.status.counters = std::make_shared<node_counters>();
+      st.workers.emplace(key, std::move(w));
+      publish(self, key);
+      connect(self, key);
+    }
+    self->set_down_handler([self](caf::down_msg& dm) {
+      for (auto& [key, w] : self->state.workers) {
+        if (w.handle && w.handle.address() == dm.source) {
+          w.handle = nullptr;
+          w.attached.clear();
+          set_state(self, key, "lost", "node down: " + self->system().render(dm.reason));
+        }
+      }
+    });
+    self->send(self, sync_atom::value);
+    return {
+      [self](sync_atom) {
+        auto& st = self->state;
+        for (auto& [key, w] : st.workers) {
+          if (!w.handle && !w.busy && w.address)
+            connect(self, key);
+          else if (w.handle)
+            attach(self, key);
+        }
+        self->delayed_send(self, st.cfg.sync_interval, sync_atom::value);
+      },
+      [self](challenge_atom) -> std::string {
+        auto nonce = make_nonce();
+        if (auto sender = self->current_sender())
+          self->state.nonces[sender->node()] = nonce;
+        return nonce;
+      },
+      [self](join_atom, const std::string& proof,
+             caf::actor worker) -> caf::result<std::string> {
+        auto& st = self->state;
+        auto sender = self->current_sender();
+        auto node = sender ? sender->node() : caf::node_id{};
+        auto it = st.nonces.find(node);
+        bool ok = sender && worker && it != st.nonces.end()
+                  && verify(st.cfg.secret, "worker", it->second, proof);
+        if (it != st.nonces.end())
+          st.nonces.erase(it);
+        if (!ok) {
+          std::cerr << "caf-serving: refused a worker from node " << to_string(node)
+                    << " that wanted to join: it did not prove the cluster secret" << std::endl;
+          return make_cluster_error(cluster_errc::refused,
+                                    "server refused the join: wrong cluster secret");
+        }
+        auto key = "joined:" + to_string(node);
+        auto& w = st.workers[key];
+        w.status.name = key;
+        w.status.address = "joined from node " + to_string(node);
+        w.status.state = "connecting";
+        if (!w.status.counters)
+          w.status.counters = std::make_shared<node_counters>();
+        publish(self, key);
+        greet(self, key, worker);
+        return st.cfg.server_name;
+      },
+    };
+  });
+  models.set_cluster_view({[s = out.status] { return s->json(); },
+                           [s = out.status] { return s->prometheus(); }});
+  return out;
+}
+
+} // namespace caf_serving::cluster

@@ -1,0 +1,76 @@
+#pragma once
+/// The worker protocol: the messages between a server and its worker nodes, and
+/// the settings both sides share.
+///
+/// ```
+/// server                                   worker (published on its port)
+///   connect (middleman)          ------->
+///   challenge_atom               ------->  nonce (remembered per server node)
+///   hello_atom, proof            ------->  checks HMAC(secret, "server|"+nonce);
+///                                <-------  worker_info: its models and executors
+///   run_batch (to an executor)   ------->  executor checks the sender's node
+///                                <-------  batch_result_message
+/// ```
+/// A worker can also join a server that listens for workers (`--cluster-port`):
+/// it proves the secret to the server the same way (role "worker", join_atom with
+/// its own handle), and the server then greets it as above.
+///
+/// Data-plane messages (run_batch, batch_result_message) are declared with the
+/// pipeline's other messages in core/pipeline_messages.hpp.
+
+#include "core/pipeline_messages.hpp"
+
+#include <caf/actor.hpp>
+#include <caf/actor_system_config.hpp>
+#include <caf/atom.hpp>
+#include <caf/meta/type_name.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace caf_serving::cluster {
+
+using challenge_atom = caf::atom_constant<caf::atom("challenge")>;
+using hello_atom = caf::atom_constant<caf::atom("hello")>;
+using join_atom = caf::atom_constant<caf::atom("join")>;
+
+/// One model version a worker serves and its executors (typed as
+/// executor::executor_actor; carried untyped).
+struct worker_model {
+  std::string name;
+  int64_t version = 0;
+  std::vector<caf::actor> executors;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, worker_model& x) {
+  return f(caf::meta::type_name("worker_model"), x.name, x.version, x.executors);
+}
+
+/// A worker's answer to a server that proved the secret.
+struct worker_info {
+  /// The worker's name (--name, default host:port).
+  std::string name;
+  std::vector<worker_model> models;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, worker_info& x) {
+  return f(caf::meta::type_name("worker_info"), x.name, x.models);
+}
+
+/// Timing of failure detection; the same on servers and workers.
+struct liveness_config {
+  /// The middleman's heartbeat interval (CAF leaves heartbeats off by default).
+  std::chrono::milliseconds heartbeat{200};
+  /// A connection silent this long is closed; monitors then see the node down.
+  std::chrono::milliseconds node_timeout{1000};
+};
+
+/// Registers the types that cross nodes and turns the middleman's heartbeats on.
+/// Call before the actor_system is constructed; loads the middleman module.
+void configure_actor_system(caf::actor_system_config& cfg, const liveness_config& live);
+
+} // namespace caf_serving::cluster
