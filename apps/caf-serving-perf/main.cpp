@@ -324,8 +324,15 @@ int main(int argc, char** argv) {
       return fail(exit_server_failed, err);
   }
   uint64_t ok = 0;
-  for (const auto& s : report.steps)
+  uint64_t failed = 0;
+  for (const auto& s : report.steps) {
     ok += s.measured.ok;
+    for (auto [status, n] : s.measured.errors)
+      failed += n;
+  }
+  if (failed > 0 && ok > 0)
+    std::cerr << "caf-serving-perf: note: " << failed
+              << " measured requests failed; see the Errors column\n";
   if (ok == 0)
     return fail(exit_server_failed,
                 "no request succeeded during the measurement; see the errors "
