@@ -406,7 +406,8 @@ struct data_writer {
       if (depth >= max_depth)
         fail(what() + " has data nested deeper than its shape "
              + format_shape(input.shape) + " allows");
-      for (auto element : v.get_array().value())
+      od::array elements = v.get_array().value();
+      for (auto element : elements)
         write(element.value(), depth + 1);
       return;
     }
