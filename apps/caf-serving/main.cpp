@@ -65,6 +65,7 @@ int main(int argc, char** argv) {
   manager_cfg.repository = opts.model_repository;
   manager_cfg.max_queue_size = opts.max_queue_size;
   manager_cfg.executor_depth = opts.executor_depth;
+  manager_cfg.executor_threads = opts.threads.executor_threads;
   manager_cfg.local_executors = opts.cluster.local_executors;
   server::model_manager models(sys, manager_cfg);
   auto loaded = models.load_all();

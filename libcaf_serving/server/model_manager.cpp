@@ -1,6 +1,7 @@
 #include "server/model_manager.hpp"
 
 #include "executor/builtin_backend.hpp"
+#include "onnx/onnx_backend.hpp"
 #include "postprocess/postprocessor_actor.hpp"
 #include "repository/config_json.hpp"
 #include "repository/model_repository.hpp"
@@ -8,23 +9,59 @@
 #include <caf/scoped_actor.hpp>
 
 #include <fstream>
+#include <functional>
+#include <iostream>
 
 namespace caf_serving::server {
 
 namespace {
 
-result<std::shared_ptr<executor::backend>> make_backend(const model_config& cfg) {
-  if (cfg.backend == "builtin")
-    return executor::make_builtin_backend(cfg);
-  if (cfg.platform == "onnxruntime_onnx" || cfg.backend == "onnxruntime")
+bool is_onnx(const model_config& cfg) {
+  return cfg.platform == "onnxruntime_onnx" || cfg.backend == "onnxruntime";
+}
+
+/// Makes a backend for each executor instance of one model version.
+using backend_factory = std::function<std::shared_ptr<executor::backend>()>;
+
+/// The backend of one version. An ONNX model also completes `cfg` (inputs,
+/// outputs, dims) from its graph, as Triton's auto-complete does.
+result<backend_factory> make_backend(model_config& cfg, const std::filesystem::path& version_dir,
+                                     unsigned threads) {
+  if (cfg.backend == "builtin") {
+    if (cfg.inputs.empty() || cfg.outputs.empty())
+      return serving_error{status_code::bad_request,
+                           "model '" + cfg.name + "': the builtin backend needs its inputs and "
+                           "outputs declared in config.pbtxt; add input [ ... ] and output [ ... ]"};
+    auto backend = executor::make_builtin_backend(cfg);
+    if (!backend)
+      return backend.error();
+    auto shared = *backend;
+    return backend_factory([shared] { return shared; });
+  }
+  if (is_onnx(cfg)) {
+    onnx::onnx_model_config oc;
+    oc.model_file = version_dir / "model.onnx";
+    oc.config = cfg;
+    oc.threads = std::max(threads, 1u);
+    auto model = onnx::load_onnx_model(oc);
+    if (!model)
+      return model.error();
+    cfg = model->config;
+    std::cout << "model " << cfg.name << " (" << version_dir.filename().string()
+              << "): " << model->summary << std::endl;
+    return model->make_instance;
+  }
+  if (cfg.platform.empty() && cfg.backend.empty())
     return serving_error{status_code::bad_request,
-                         "model '" + cfg.name
-                           + "': ONNX models are not served by this build yet; only "
-                             "backend \"builtin\" is available"};
+                         "model '" + cfg.name + "': neither backend nor platform is set and "
+                         "there is no " + (version_dir / "model.onnx").string()
+                           + "; add backend: \"onnxruntime\" for an ONNX model or backend: "
+                             "\"builtin\" for a built-in function"};
   return serving_error{status_code::bad_request,
                        "model '" + cfg.name + "': unknown backend '" + cfg.backend
                          + "' / platform '" + cfg.platform
-                         + "'; supported: backend \"builtin\""};
+                         + "'; supported: backend \"builtin\", backend \"onnxruntime\" "
+                           "(platform \"onnxruntime_onnx\")"};
 }
 
 result<std::map<std::string, std::vector<std::string>>>
@@ -64,7 +101,10 @@ std::variant<std::monostate, serving_error> model_manager::load_all() {
 }
 
 std::variant<std::monostate, serving_error> model_manager::load(const std::string& name) {
-  auto entry = repository::load_model_config(cfg_.repository, name, {});
+  // Inputs and outputs may be left out for ONNX models: the graph completes them.
+  repository::scan_config scan;
+  scan.allow_missing_io = true;
+  auto entry = repository::load_model_config(cfg_.repository, name, scan);
   auto fail = [&](const serving_error& e) -> std::variant<std::monostate, serving_error> {
     std::lock_guard<std::mutex> guard(mutex_);
     if (e.status == status_code::not_found && !models_.count(name))
@@ -76,10 +116,21 @@ std::variant<std::monostate, serving_error> model_manager::load(const std::strin
   };
   if (!entry.config)
     return fail(entry.config.error());
-  const auto& cfg = entry.config->config;
-  auto backend = make_backend(cfg);
-  if (!backend)
-    return fail(backend.error());
+  auto cfg = entry.config->config;
+  // A model directory without platform or backend that holds model.onnx is ONNX.
+  if (cfg.platform.empty() && cfg.backend.empty() && !entry.version_dirs.empty()
+      && std::filesystem::exists(entry.version_dirs.back() / "model.onnx"))
+    cfg.platform = "onnxruntime_onnx";
+  std::map<int64_t, std::pair<model_config, backend_factory>> backends;
+  for (size_t i = 0; i < entry.versions.size(); ++i) {
+    model_config version_cfg = cfg;
+    auto factory = make_backend(version_cfg, entry.version_dirs[i], cfg_.executor_threads);
+    if (!factory)
+      return fail(factory.error());
+    backends[entry.versions[i]] = {version_cfg, *factory};
+  }
+  if (!backends.empty())
+    cfg = backends.rbegin()->second.first;
   auto labels = read_labels(entry);
   if (!labels)
     return fail(labels.error());
@@ -89,14 +140,17 @@ std::variant<std::monostate, serving_error> model_manager::load(const std::strin
 
   std::map<int64_t, std::shared_ptr<const model_pipeline>> served;
   for (auto version : entry.versions) {
+    const auto& [version_cfg, make_instance] = backends.at(version);
     auto p = std::make_shared<model_pipeline>();
-    p->config = cfg;
+    p->config = version_cfg;
     p->version = version;
     p->stats = std::make_shared<model_stats>(cfg.name, version);
-    p->metadata_json = repository::model_metadata_json(cfg, entry.versions);
-    p->config_json = repository::model_config_json(*entry.config);
+    p->metadata_json = repository::model_metadata_json(version_cfg, entry.versions);
+    auto completed = *entry.config;
+    completed.config = version_cfg;
+    p->config_json = repository::model_config_json(completed);
     scheduler::scheduler_config sc;
-    sc.model = cfg;
+    sc.model = version_cfg;
     sc.policy = policy;
     sc.stats = p->stats;
     sc.executor_depth = cfg_.executor_depth;
@@ -104,7 +158,7 @@ std::variant<std::monostate, serving_error> model_manager::load(const std::strin
     for (const auto& g : cfg.instance_groups)
       instances += g.count;
     for (int i = 0; cfg_.local_executors && i < std::max(instances, 1); ++i)
-      sc.executors.push_back(executor::spawn_executor(sys_, *backend, cfg));
+      sc.executors.push_back(executor::spawn_executor(sys_, make_instance(), version_cfg));
     postprocess::postprocessor_config pc;
     pc.stats = p->stats;
     pc.responses.batched = cfg.max_batch_size > 0;

@@ -37,6 +37,8 @@ struct model_manager_config {
   uint32_t max_queue_size = 1024;
   /// Batches each executor may hold at once.
   uint32_t executor_depth = 1;
+  /// Compute threads of each CPU executor instance (thread_config::executor_threads).
+  unsigned executor_threads = 1;
   /// Spawn each model's executors in this process. Off for a server that only
   /// dispatches to executors on worker nodes (libcaf_serving/cluster/).
   bool local_executors = true;

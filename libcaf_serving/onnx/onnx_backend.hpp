@@ -1,0 +1,59 @@
+#pragma once
+/// The engine's CPU backend for ONNX models: import, complete and check the
+/// model's configuration against the graph, and run batches through plans
+/// compiled per input shape (one per batch size, kept once built).
+///
+/// Usage:
+///
+///     auto model = onnx::load_onnx_model({"/models/resnet/1/model.onnx", cfg, 2});
+///     if (!model) fail(model.error().message);
+///     serve(model->config, model->make_instance());   // one backend per executor
+///     std::cout << model->summary;                    // arena size, node counts
+///
+/// A compiled plan: optimize() (passes.hpp), then one step per node (oneDNN
+/// convolution, pooling and matmul with post-ops; the engine's kernels for
+/// LayerNorm, GELU, softmax and attention; reference kernels for the rest) over
+/// one arena whose buffers are shared by liveness (memory_plan.hpp).
+
+#include "core/error.hpp"
+#include "core/model_config.hpp"
+#include "executor/backend.hpp"
+#include "onnx/ir.hpp"
+#include "onnx/passes.hpp"
+
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <string>
+
+namespace caf_serving::onnx {
+
+struct onnx_model_config {
+  std::filesystem::path model_file;
+  /// As parsed from config.pbtxt; inputs, outputs and dims may be missing.
+  model_config config;
+  /// Compute threads of each executor instance (thread_config::executor_threads).
+  unsigned threads = 1;
+  pass_config passes;
+};
+
+struct onnx_model {
+  /// `config` completed from the graph (inputs, outputs, dims) as Triton's
+  /// auto-complete does.
+  model_config config;
+  /// One line: nodes before and after optimization, arena size at batch 1.
+  std::string summary;
+  /// A backend for one executor instance (its own plans and arena).
+  std::function<std::shared_ptr<executor::backend>()> make_instance;
+};
+
+/// Imports, checks and compiles (at batch 1) the model. Errors name the file and
+/// what is wrong: the node, operator and opset that cannot run, or the config
+/// entry that contradicts the graph, with both shapes.
+result<onnx_model> load_onnx_model(const onnx_model_config& cfg);
+
+/// The optimized plan at `batch` rows as text: one line per step with its
+/// kernel, shapes and arena offset, then the arena size.
+result<std::string> describe_plan(const onnx_model_config& cfg, int64_t batch);
+
+} // namespace caf_serving::onnx

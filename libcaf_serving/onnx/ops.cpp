@@ -1,0 +1,1062 @@
+#include "onnx/ops.hpp"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <array>
+#include <cassert>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+
+namespace caf_serving::onnx {
+
+namespace {
+
+using shape_t = std::vector<int64_t>;
+using infer_result = std::variant<std::vector<inferred>, std::string>;
+
+int64_t norm_axis(int64_t axis, size_t rank) {
+  return axis < 0 ? axis + static_cast<int64_t>(rank) : axis;
+}
+
+std::vector<int64_t> const_ints(const graph& g, int v) {
+  std::vector<int64_t> out;
+  if (v < 0 || !g.values[v].constant)
+    return out;
+  const auto& t = *g.values[v].constant;
+  for (int64_t i = 0; i < t.elements(); ++i)
+    out.push_back(t.dtype == datatype::int32 ? t.as<int32_t>()[i] : t.as<int64_t>()[i]);
+  return out;
+}
+
+std::vector<int64_t> ref_ints(const tensor_ref& t) {
+  std::vector<int64_t> out;
+  for (int64_t i = 0; i < t.elements(); ++i)
+    out.push_back(t.dtype == datatype::int32 ? t.as<int32_t>()[i] : t.as<int64_t>()[i]);
+  return out;
+}
+
+shape_t strides_of(const shape_t& s) {
+  shape_t st(s.size(), 1);
+  for (int i = static_cast<int>(s.size()) - 2; i >= 0; --i)
+    st[i] = st[i + 1] * s[i + 1];
+  return st;
+}
+
+/// Strides of `in` read as if broadcast to `out` (0 on broadcast dimensions).
+shape_t broadcast_strides(const shape_t& in, const shape_t& out) {
+  shape_t st(out.size(), 0);
+  auto own = strides_of(in);
+  size_t off = out.size() - in.size();
+  for (size_t i = 0; i < in.size(); ++i)
+    st[off + i] = in[i] == 1 ? 0 : own[i];
+  return st;
+}
+
+/// Calls f(out_index, offsets) for every element of `out`, with each input's
+/// element offset under broadcasting.
+template <size_t N, class F>
+void broadcast_loop(const shape_t& out, const std::array<shape_t, N>& st, F f) {
+  int64_t total = element_count(out);
+  if (total == 0)
+    return;
+  size_t rank = out.size();
+  shape_t idx(rank, 0);
+  std::array<int64_t, N> off{};
+  for (int64_t i = 0; i < total; ++i) {
+    f(i, off);
+    for (int d = static_cast<int>(rank) - 1; d >= 0; --d) {
+      ++idx[d];
+      for (size_t k = 0; k < N; ++k)
+        off[k] += st[k][d];
+      if (idx[d] < out[d])
+        break;
+      for (size_t k = 0; k < N; ++k)
+        off[k] -= st[k][d] * out[d];
+      idx[d] = 0;
+    }
+  }
+}
+
+template <class F>
+void dispatch(datatype t, F f) {
+  switch (t) {
+    case datatype::fp32: f(float{}); break;
+    case datatype::int64: f(int64_t{}); break;
+    case datatype::int32: f(int32_t{}); break;
+    case datatype::bool_: f(bool{}); break;
+    case datatype::uint8: f(uint8_t{}); break;
+    case datatype::int8: f(int8_t{}); break;
+    default: assert(!"unsupported datatype in a reference kernel");
+  }
+}
+
+bool is_compare(const std::string& op) {
+  return op == "Equal" || op == "Greater" || op == "GreaterOrEqual" || op == "Less"
+         || op == "LessOrEqual" || op == "And" || op == "Or";
+}
+
+bool is_binary(const std::string& op) {
+  return op == "Add" || op == "Sub" || op == "Mul" || op == "Div" || op == "Pow"
+         || is_compare(op);
+}
+
+template <class T>
+bool compare_apply(const std::string& op, T a, T b) {
+  if (op == "Equal") return a == b;
+  if (op == "Greater") return a > b;
+  if (op == "GreaterOrEqual") return a >= b;
+  if (op == "Less") return a < b;
+  if (op == "LessOrEqual") return a <= b;
+  if (op == "And") return a && b;
+  return a || b; // Or
+}
+
+bool is_unary(const std::string& op) {
+  return op == "Relu" || op == "Sqrt" || op == "Erf" || op == "Tanh" || op == "Sigmoid"
+         || op == "Identity" || op == "Cast" || op == "Clip" || op == "FusedGelu";
+}
+
+template <class T>
+T binary_apply(const std::string& op, T a, T b) {
+  if (op == "Add") return static_cast<T>(a + b);
+  if (op == "Sub") return static_cast<T>(a - b);
+  if (op == "Mul") return static_cast<T>(a * b);
+  if (op == "Div") {
+    if constexpr (std::is_integral_v<T>)
+      return b == 0 ? T{} : static_cast<T>(a / b);
+    else
+      return a / b;
+  }
+  // Pow
+  if constexpr (std::is_floating_point_v<T>)
+    return b == T(2) ? a * a : std::pow(a, b);
+  else
+    return static_cast<T>(std::pow(static_cast<double>(a), static_cast<double>(b)));
+}
+
+float gelu(float x) {
+  return 0.5f * x * (1.0f + std::erf(x * 0.70710678118654752f));
+}
+
+// ------------------------------------------------------------------ conv, pooling
+
+struct conv_geometry {
+  int64_t n, c, h, w, k, oh, ow, kh, kw, sh, sw, ph0, pw0, dh, dw, group;
+};
+
+std::variant<conv_geometry, std::string> conv_geom(const node& nd, const shape_t& x,
+                                                   const shape_t& wshape, bool pool) {
+  if (x.size() != 4)
+    return std::string("expects a 4-D NCHW input, got ") + shape_string(x);
+  if (nd.get_s("auto_pad", "NOTSET") != "NOTSET" && nd.get_s("auto_pad", "") != "VALID")
+    return std::string("auto_pad ") + nd.get_s("auto_pad", "") + " is not supported; "
+           "re-export with explicit pads";
+  conv_geometry g{};
+  g.n = x[0]; g.c = x[1]; g.h = x[2]; g.w = x[3];
+  auto ks = pool ? nd.get_ints("kernel_shape") : shape_t{wshape[2], wshape[3]};
+  if (ks.size() != 2)
+    return std::string("only 2-D kernels are supported");
+  g.kh = ks[0]; g.kw = ks[1];
+  auto st = nd.get_ints("strides", {1, 1});
+  auto pd = nd.get_ints("pads", {0, 0, 0, 0});
+  auto dl = nd.get_ints("dilations", {1, 1});
+  g.sh = st[0]; g.sw = st[1]; g.ph0 = pd[0]; g.pw0 = pd[1]; g.dh = dl[0]; g.dw = dl[1];
+  g.group = pool ? 1 : nd.get_i("group", 1);
+  g.k = pool ? g.c : wshape[0];
+  if (!pool && wshape[1] * g.group != g.c)
+    return "weights " + shape_string(wshape) + " with group " + std::to_string(g.group)
+           + " do not fit input channels " + std::to_string(g.c);
+  auto out_dim = [&](int64_t in, int64_t k, int64_t s, int64_t p0, int64_t p1, int64_t d) {
+    int64_t span = in + p0 + p1 - (d * (k - 1) + 1);
+    bool ceil = pool && nd.get_i("ceil_mode", 0) != 0;
+    return (ceil ? (span + s - 1) / s : span / s) + 1;
+  };
+  g.oh = out_dim(g.h, g.kh, g.sh, pd[0], pd[2], g.dh);
+  g.ow = out_dim(g.w, g.kw, g.sw, pd[1], pd[3], g.dw);
+  return g;
+}
+
+void conv_reference(const conv_geometry& g, const float* x, const float* w, float* y) {
+  int64_t cpg = g.c / g.group, kpg = g.k / g.group;
+  for (int64_t n = 0; n < g.n; ++n)
+    for (int64_t k = 0; k < g.k; ++k) {
+      int64_t grp = k / kpg;
+      for (int64_t oy = 0; oy < g.oh; ++oy)
+        for (int64_t ox = 0; ox < g.ow; ++ox) {
+          double acc = 0;
+          for (int64_t c = 0; c < cpg; ++c)
+            for (int64_t ky = 0; ky < g.kh; ++ky) {
+              int64_t iy = oy * g.sh - g.ph0 + ky * g.dh;
+              if (iy < 0 || iy >= g.h) continue;
+              for (int64_t kx = 0; kx < g.kw; ++kx) {
+                int64_t ix = ox * g.sw - g.pw0 + kx * g.dw;
+                if (ix < 0 || ix >= g.w) continue;
+                acc += static_cast<double>(x[((n * g.c + grp * cpg + c) * g.h + iy) * g.w + ix])
+                       * w[((k * cpg + c) * g.kh + ky) * g.kw + kx];
+              }
+            }
+          y[((n * g.k + k) * g.oh + oy) * g.ow + ox] = static_cast<float>(acc);
+        }
+    }
+}
+
+void pool_reference(const node& nd, const conv_geometry& g, const float* x, float* y) {
+  bool is_max = nd.op == "MaxPool";
+  bool include_pad = nd.get_i("count_include_pad", 0) != 0;
+  for (int64_t nc = 0; nc < g.n * g.c; ++nc)
+    for (int64_t oy = 0; oy < g.oh; ++oy)
+      for (int64_t ox = 0; ox < g.ow; ++ox) {
+        float best = -std::numeric_limits<float>::infinity();
+        double sum = 0;
+        int64_t count = 0;
+        for (int64_t ky = 0; ky < g.kh; ++ky)
+          for (int64_t kx = 0; kx < g.kw; ++kx) {
+            int64_t iy = oy * g.sh - g.ph0 + ky * g.dh, ix = ox * g.sw - g.pw0 + kx * g.dw;
+            bool inside = iy >= 0 && iy < g.h && ix >= 0 && ix < g.w;
+            if (!inside) {
+              // Padding counts for count_include_pad, but not past the padded edge.
+              if (include_pad && iy < g.h + g.ph0 && ix < g.w + g.pw0)
+                ++count;
+              continue;
+            }
+            float v = x[(nc * g.h + iy) * g.w + ix];
+            best = std::max(best, v);
+            sum += v;
+            ++count;
+          }
+        y[(nc * g.oh + oy) * g.ow + ox] = is_max ? best : static_cast<float>(sum / count);
+      }
+}
+
+// ------------------------------------------------------------------ matmul
+
+/// C[M,N] = A[M,K] x B[K,N] (row-major), optionally transposed operands.
+void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+          const float* b, float beta, float* c) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+              static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a,
+              static_cast<int>(ta ? m : k), b, static_cast<int>(tb ? k : n), beta, c,
+              static_cast<int>(n));
+}
+
+std::variant<shape_t, std::string> matmul_shape(shape_t a, shape_t b) {
+  if (a.empty() || b.empty())
+    return std::string("MatMul of a scalar");
+  bool a1 = a.size() == 1, b1 = b.size() == 1;
+  if (a1) a.insert(a.begin(), 1);
+  if (b1) b.push_back(1);
+  if (a.back() != b[b.size() - 2])
+    return "inner dimensions differ: " + shape_string(a) + " x " + shape_string(b);
+  shape_t ab(a.begin(), a.end() - 2), bb(b.begin(), b.end() - 2);
+  auto batch = broadcast_shapes(ab, bb);
+  if (!batch)
+    return "batch dimensions do not broadcast: " + shape_string(a) + " x " + shape_string(b);
+  shape_t out = *batch;
+  if (!a1) out.push_back(a[a.size() - 2]);
+  if (!b1) out.push_back(b.back());
+  return out;
+}
+
+void matmul_reference(const tensor_ref& A, const tensor_ref& B, const tensor_ref& Y) {
+  shape_t a = A.shape, b = B.shape;
+  if (a.size() == 1) a.insert(a.begin(), 1);
+  if (b.size() == 1) b.push_back(1);
+  int64_t m = a[a.size() - 2], k = a.back(), n = b.back();
+  shape_t ab(a.begin(), a.end() - 2), bb(b.begin(), b.end() - 2);
+  shape_t batch = *broadcast_shapes(ab, bb);
+  auto sa = broadcast_strides(ab, batch), sb = broadcast_strides(bb, batch);
+  int64_t nb = element_count(batch);
+  if (batch.empty()) {
+    gemm(false, false, m, n, k, 1, A.as<float>(), B.as<float>(), 0, Y.as<float>());
+    return;
+  }
+  std::array<shape_t, 2> st{sa, sb};
+  broadcast_loop<2>(batch, st, [&](int64_t i, const std::array<int64_t, 2>& off) {
+    gemm(false, false, m, n, k, 1, A.as<float>() + off[0] * m * k,
+         B.as<float>() + off[1] * k * n, 0, Y.as<float>() + i * m * n);
+  });
+  (void)nb;
+}
+
+void softmax_rows(float* x, int64_t rows, int64_t n) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* p = x + r * n;
+    float mx = *std::max_element(p, p + n);
+    double sum = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      p[i] = std::exp(p[i] - mx);
+      sum += p[i];
+    }
+    float inv = static_cast<float>(1.0 / sum);
+    for (int64_t i = 0; i < n; ++i)
+      p[i] *= inv;
+  }
+}
+
+void layernorm_rows(const float* x, const float* gamma, const float* beta, float eps, int64_t rows,
+                    int64_t n, float* y) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* p = x + r * n;
+    double mean = 0, var = 0;
+    for (int64_t i = 0; i < n; ++i) mean += p[i];
+    mean /= n;
+    for (int64_t i = 0; i < n; ++i) var += (p[i] - mean) * (p[i] - mean);
+    var /= n;
+    float inv = static_cast<float>(1.0 / std::sqrt(var + eps));
+    for (int64_t i = 0; i < n; ++i)
+      y[r * n + i] = static_cast<float>((p[i] - mean) * inv) * gamma[i] + (beta ? beta[i] : 0.f);
+  }
+}
+
+std::vector<int64_t> reduce_axes(const node& n, const graph* g, const tensor_ref* axes_in,
+                                 size_t rank) {
+  std::vector<int64_t> axes;
+  if (n.op == "ReduceSum") {
+    if (g && n.inputs.size() > 1 && n.inputs[1] >= 0)
+      axes = const_ints(*g, n.inputs[1]);
+    else if (axes_in)
+      axes = ref_ints(*axes_in);
+  } else {
+    axes = n.get_ints("axes");
+  }
+  for (auto& a : axes)
+    a = norm_axis(a, rank);
+  if (axes.empty() && !(n.op == "ReduceSum" && n.get_i("noop_with_empty_axes", 0))) {
+    axes.resize(rank);
+    std::iota(axes.begin(), axes.end(), 0);
+  }
+  return axes;
+}
+
+shape_t slice_params(const shape_t& in, const std::vector<int64_t>& starts,
+                     const std::vector<int64_t>& ends, std::vector<int64_t> axes,
+                     std::vector<int64_t> steps, shape_t& begin, shape_t& step) {
+  size_t r = in.size();
+  if (axes.empty()) {
+    axes.resize(starts.size());
+    std::iota(axes.begin(), axes.end(), 0);
+  }
+  if (steps.empty())
+    steps.assign(starts.size(), 1);
+  shape_t out = in;
+  begin.assign(r, 0);
+  step.assign(r, 1);
+  for (size_t i = 0; i < axes.size(); ++i) {
+    int64_t a = norm_axis(axes[i], r), d = in[a], s = steps[i];
+    int64_t b = starts[i], e = ends[i];
+    if (b < 0) b += d;
+    if (e < 0) e += d;
+    if (s > 0) {
+      b = std::clamp<int64_t>(b, 0, d);
+      e = std::clamp<int64_t>(e, 0, d);
+      out[a] = e > b ? (e - b + s - 1) / s : 0;
+    } else {
+      b = std::clamp<int64_t>(b, 0, d - 1);
+      e = std::clamp<int64_t>(e, -1, d - 1);
+      out[a] = b > e ? (b - e - s - 1) / (-s) : 0;
+    }
+    begin[a] = b;
+    step[a] = s;
+  }
+  return out;
+}
+
+/// Copies a strided view: out[i] = in[base + sum(idx_d * st_d)] for byte elements of `esize`.
+void strided_copy(const uint8_t* in, int64_t base, const shape_t& out_shape, const shape_t& st,
+                  size_t esize, uint8_t* out) {
+  std::array<shape_t, 1> s{st};
+  broadcast_loop<1>(out_shape, s, [&](int64_t i, const std::array<int64_t, 1>& off) {
+    std::memcpy(out + i * esize, in + (base + off[0]) * esize, esize);
+  });
+}
+
+} // namespace
+
+std::optional<shape_t> broadcast_shapes(const shape_t& a, const shape_t& b) {
+  size_t r = std::max(a.size(), b.size());
+  shape_t out(r, 1);
+  for (size_t i = 0; i < r; ++i) {
+    int64_t da = i < r - a.size() ? 1 : a[i - (r - a.size())];
+    int64_t db = i < r - b.size() ? 1 : b[i - (r - b.size())];
+    if (da != db && da != 1 && db != 1)
+      return std::nullopt;
+    out[i] = da == 1 ? db : da;
+  }
+  return out;
+}
+
+float apply_activation(const std::string& act, float x, float alpha, float beta) {
+  if (act.empty()) return x;
+  if (act == "Relu") return x > 0 ? x : 0;
+  if (act == "Gelu") return gelu(x);
+  if (act == "Tanh") return std::tanh(x);
+  if (act == "Sigmoid") return 1.0f / (1.0f + std::exp(-x));
+  if (act == "Clip") return std::min(std::max(x, alpha), beta);
+  assert(!"unknown activation");
+  return x;
+}
+
+bool foldable(const std::string& op) {
+  // Shape arithmetic runs through ConstantOfShape and Expand too, so every
+  // operator folds; outputs stay as small as the graph's own tensors.
+  return !op.empty();
+}
+
+infer_result infer_shapes(const graph& g, const node& n) {
+  auto in = [&](size_t i) -> const value& { return g.values[n.inputs[i]]; };
+  auto has = [&](size_t i) { return n.inputs.size() > i && n.inputs[i] >= 0; };
+  auto need_const = [&](size_t i, const char* what) -> std::optional<std::string> {
+    if (!has(i) || in(i).constant)
+      return std::nullopt;
+    return std::string(what) + " must be known before the model runs (it depends on '"
+           + in(i).name + "', which is computed from the inputs in a way the engine cannot "
+           "fold)";
+  };
+  const auto& op = n.op;
+  auto one = [](datatype t, shape_t s) { return std::vector<inferred>{{t, std::move(s)}}; };
+
+  if (is_binary(op) || op == "Where") {
+    shape_t s = in(0).shape;
+    for (size_t i = 1; i < n.inputs.size(); ++i) {
+      auto b = broadcast_shapes(s, in(i).shape);
+      if (!b)
+        return "input shapes " + shape_string(s) + " and " + shape_string(in(i).shape)
+               + " do not broadcast";
+      s = *b;
+    }
+    datatype t = is_compare(op) ? datatype::bool_ : op == "Where" ? in(1).dtype : in(0).dtype;
+    return one(t, s);
+  }
+  if (is_unary(op)) {
+    datatype t = in(0).dtype;
+    if (op == "Cast") {
+      switch (n.get_i("to", 1)) {
+        case 1: t = datatype::fp32; break;
+        case 6: t = datatype::int32; break;
+        case 7: t = datatype::int64; break;
+        case 9: t = datatype::bool_; break;
+        case 11: t = datatype::fp32; break; // double computed as float
+        default: return "Cast to ONNX type " + std::to_string(n.get_i("to", 0))
+                        + " is not supported (FLOAT, INT32, INT64, BOOL are)";
+      }
+    }
+    if (op == "Clip")
+      for (size_t i = 1; i < 3; ++i)
+        if (auto e = need_const(i, "Clip's min and max"))
+          return *e;
+    return one(t, in(0).shape);
+  }
+  if (op == "Not")
+    return one(datatype::bool_, in(0).shape);
+  if (op == "Range") {
+    for (size_t i = 0; i < 3; ++i)
+      if (auto e = need_const(i, "Range's start, limit and delta")) return *e;
+    auto num = [&](int v) {
+      const auto& t = *g.values[v].constant;
+      return t.dtype == datatype::fp32 ? static_cast<double>(t.as<float>()[0])
+             : t.dtype == datatype::int32 ? static_cast<double>(t.as<int32_t>()[0])
+                                          : static_cast<double>(t.as<int64_t>()[0]);
+    };
+    double start = num(n.inputs[0]), limit = num(n.inputs[1]), delta = num(n.inputs[2]);
+    int64_t count = std::max<int64_t>(0, static_cast<int64_t>(std::ceil((limit - start) / delta)));
+    return one(in(0).dtype, {count});
+  }
+  if (op == "Constant") {
+    if (n.has("value")) {
+      auto t = n.attrs.at("value").t;
+      return one(t->dtype, t->shape);
+    }
+    if (n.has("value_float")) return one(datatype::fp32, {});
+    if (n.has("value_int")) return one(datatype::int64, {});
+    if (n.has("value_ints"))
+      return one(datatype::int64, {static_cast<int64_t>(n.get_ints("value_ints").size())});
+    if (n.has("value_floats"))
+      return one(datatype::fp32,
+                 {static_cast<int64_t>(n.attrs.at("value_floats").floats.size())});
+    return std::string("Constant without a value attribute the engine reads");
+  }
+  if (op == "ConstantOfShape") {
+    if (auto e = need_const(0, "the shape")) return *e;
+    datatype t = n.has("value") ? n.attrs.at("value").t->dtype : datatype::fp32;
+    return one(t, const_ints(g, n.inputs[0]));
+  }
+  if (op == "Shape") {
+    int64_t r = static_cast<int64_t>(in(0).shape.size());
+    int64_t s = n.get_i("start", 0), e = n.get_i("end", r);
+    if (s < 0) s += r;
+    if (e < 0) e += r;
+    s = std::clamp<int64_t>(s, 0, r);
+    e = std::clamp<int64_t>(e, 0, r);
+    return one(datatype::int64, {std::max<int64_t>(0, e - s)});
+  }
+  if (op == "Gather") {
+    const auto& d = in(0).shape;
+    int64_t axis = norm_axis(n.get_i("axis", 0), d.size());
+    if (axis < 0 || axis >= static_cast<int64_t>(d.size()))
+      return "axis " + std::to_string(n.get_i("axis", 0)) + " is out of range for "
+             + shape_string(d);
+    shape_t s(d.begin(), d.begin() + axis);
+    s.insert(s.end(), in(1).shape.begin(), in(1).shape.end());
+    s.insert(s.end(), d.begin() + axis + 1, d.end());
+    return one(in(0).dtype, s);
+  }
+  if (op == "Slice") {
+    for (size_t i = 1; i < n.inputs.size(); ++i)
+      if (auto e = need_const(i, "Slice's starts, ends, axes and steps")) return *e;
+    shape_t b, st;
+    return one(in(0).dtype,
+               slice_params(in(0).shape, const_ints(g, n.inputs[1]), const_ints(g, n.inputs[2]),
+                            has(3) ? const_ints(g, n.inputs[3]) : shape_t{},
+                            has(4) ? const_ints(g, n.inputs[4]) : shape_t{}, b, st));
+  }
+  if (op == "Concat") {
+    shape_t s = in(0).shape;
+    int64_t axis = norm_axis(n.get_i("axis", 0), s.size());
+    for (size_t i = 1; i < n.inputs.size(); ++i) {
+      const auto& o = in(i).shape;
+      if (o.size() != s.size())
+        return "inputs of different ranks: " + shape_string(s) + " and " + shape_string(o);
+      s[axis] += o[axis];
+    }
+    return one(in(0).dtype, s);
+  }
+  if (op == "Reshape") {
+    if (auto e = need_const(1, "the target shape")) return *e;
+    auto target = const_ints(g, n.inputs[1]);
+    const auto& s = in(0).shape;
+    int64_t known = 1, minus = -1;
+    for (size_t i = 0; i < target.size(); ++i) {
+      if (target[i] == 0 && !n.get_i("allowzero", 0)) target[i] = s.at(i);
+      if (target[i] == -1) minus = static_cast<int64_t>(i);
+      else known *= target[i];
+    }
+    if (minus >= 0) target[minus] = known ? element_count(s) / known : 0;
+    if (element_count(target) != element_count(s))
+      return "cannot reshape " + shape_string(s) + " to " + shape_string(target);
+    return one(in(0).dtype, target);
+  }
+  if (op == "Flatten") {
+    const auto& s = in(0).shape;
+    int64_t axis = norm_axis(n.get_i("axis", 1), s.size());
+    int64_t a = 1, b = 1;
+    for (size_t i = 0; i < s.size(); ++i) (static_cast<int64_t>(i) < axis ? a : b) *= s[i];
+    return one(in(0).dtype, {a, b});
+  }
+  if (op == "Squeeze" || op == "Unsqueeze") {
+    if (auto e = need_const(1, "the axes")) return *e;
+    auto axes = has(1) ? const_ints(g, n.inputs[1]) : n.get_ints("axes");
+    shape_t s = in(0).shape;
+    if (op == "Squeeze") {
+      if (axes.empty())
+        for (size_t i = 0; i < s.size(); ++i) if (s[i] == 1) axes.push_back(i);
+      for (auto& a : axes) a = norm_axis(a, s.size());
+      shape_t out;
+      for (size_t i = 0; i < s.size(); ++i)
+        if (std::find(axes.begin(), axes.end(), static_cast<int64_t>(i)) == axes.end())
+          out.push_back(s[i]);
+      return one(in(0).dtype, out);
+    }
+    size_t r = s.size() + axes.size();
+    for (auto& a : axes) a = norm_axis(a, r);
+    std::sort(axes.begin(), axes.end());
+    for (auto a : axes) s.insert(s.begin() + a, 1);
+    return one(in(0).dtype, s);
+  }
+  if (op == "Expand") {
+    if (auto e = need_const(1, "the target shape")) return *e;
+    auto b = broadcast_shapes(in(0).shape, const_ints(g, n.inputs[1]));
+    if (!b) return "cannot expand " + shape_string(in(0).shape);
+    return one(in(0).dtype, *b);
+  }
+  if (op == "Split") {
+    if (auto e = need_const(1, "the split sizes")) return *e;
+    const auto& s = in(0).shape;
+    int64_t axis = norm_axis(n.get_i("axis", 0), s.size());
+    auto sizes = has(1) ? const_ints(g, n.inputs[1]) : n.get_ints("split");
+    if (sizes.empty()) {
+      int64_t k = static_cast<int64_t>(n.outputs.size());
+      sizes.assign(k, (s[axis] + k - 1) / k);
+      sizes.back() = s[axis] - sizes[0] * (k - 1);
+    }
+    std::vector<inferred> out;
+    for (auto sz : sizes) {
+      shape_t o = s;
+      o[axis] = sz;
+      out.push_back({in(0).dtype, o});
+    }
+    return out;
+  }
+  if (op == "Transpose") {
+    const auto& s = in(0).shape;
+    auto perm = n.get_ints("perm");
+    if (perm.empty())
+      for (int64_t i = static_cast<int64_t>(s.size()) - 1; i >= 0; --i) perm.push_back(i);
+    shape_t o;
+    for (auto p : perm) o.push_back(s.at(p));
+    return one(in(0).dtype, o);
+  }
+  if (op == "ReduceMean" || op == "ReduceSum") {
+    if (op == "ReduceSum")
+      if (auto e = need_const(1, "the axes")) return *e;
+    const auto& s = in(0).shape;
+    auto axes = reduce_axes(n, &g, nullptr, s.size());
+    bool keep = n.get_i("keepdims", 1) != 0;
+    shape_t o;
+    for (size_t i = 0; i < s.size(); ++i) {
+      bool red = std::find(axes.begin(), axes.end(), static_cast<int64_t>(i)) != axes.end();
+      if (!red) o.push_back(s[i]);
+      else if (keep) o.push_back(1);
+    }
+    return one(in(0).dtype, o);
+  }
+  if (op == "Softmax" || op == "LayerNormalization" || op == "FusedLayerNorm"
+      || op == "BatchNormalization") {
+    if (op == "LayerNormalization" && n.outputs.size() > 1)
+      for (size_t i = 1; i < n.outputs.size(); ++i)
+        if (n.outputs[i] >= 0)
+          return std::string("LayerNormalization's Mean and InvStdDev outputs are not supported");
+    return one(in(0).dtype, in(0).shape);
+  }
+  if (op == "MatMul" || op == "FusedMatMul") {
+    auto s = matmul_shape(in(0).shape, in(1).shape);
+    if (auto* e = std::get_if<std::string>(&s)) return *e;
+    return one(datatype::fp32, std::get<shape_t>(s));
+  }
+  if (op == "Gemm" || op == "FusedGemm") {
+    const auto& a = in(0).shape;
+    const auto& b = in(1).shape;
+    if (a.size() != 2 || b.size() != 2) return std::string("Gemm needs 2-D inputs");
+    int64_t m = n.get_i("transA", 0) ? a[1] : a[0], ka = n.get_i("transA", 0) ? a[0] : a[1];
+    int64_t nn = n.get_i("transB", 0) ? b[0] : b[1], kb = n.get_i("transB", 0) ? b[1] : b[0];
+    if (ka != kb)
+      return "inner dimensions differ: " + shape_string(a) + " x " + shape_string(b);
+    return one(datatype::fp32, {m, nn});
+  }
+  if (op == "Conv" || op == "FusedConv" || op == "MaxPool" || op == "AveragePool") {
+    bool pool = op == "MaxPool" || op == "AveragePool";
+    if (pool && n.outputs.size() > 1 && n.outputs[1] >= 0)
+      return std::string("MaxPool's Indices output is not supported");
+    auto geo = conv_geom(n, in(0).shape, pool ? shape_t{} : in(1).shape, pool);
+    if (auto* e = std::get_if<std::string>(&geo)) return *e;
+    auto c = std::get<conv_geometry>(geo);
+    return one(datatype::fp32, {c.n, c.k, c.oh, c.ow});
+  }
+  if (op == "GlobalAveragePool") {
+    shape_t s = in(0).shape;
+    for (size_t i = 2; i < s.size(); ++i) s[i] = 1;
+    return one(datatype::fp32, s);
+  }
+  if (op == "FusedAttention")
+    return one(datatype::fp32, in(0).shape);
+  return "no shape inference for operator '" + op + "'";
+}
+
+void run_reference(const node& n, const std::vector<tensor_ref>& in,
+                   const std::vector<tensor_ref>& out) {
+  const auto& op = n.op;
+  const auto& y = out[0];
+  auto has = [&](size_t i) { return in.size() > i && in[i].data != nullptr; };
+
+  if (is_binary(op) || op == "Where") {
+    std::array<shape_t, 3> st;
+    for (size_t i = 0; i < in.size(); ++i)
+      st[i] = broadcast_strides(in[i].shape, y.shape);
+    if (op == "Where") {
+      dispatch(y.dtype, [&](auto tag) {
+        using T = decltype(tag);
+        const bool* c = in[0].as<bool>();
+        const T* a = in[1].as<T>();
+        const T* b = in[2].as<T>();
+        T* o = y.as<T>();
+        broadcast_loop<3>(y.shape, st, [&](int64_t i, const std::array<int64_t, 3>& off) {
+          o[i] = c[off[0]] ? a[off[1]] : b[off[2]];
+        });
+      });
+      return;
+    }
+    std::array<shape_t, 2> st2{st[0], st[1]};
+    dispatch(in[0].dtype, [&](auto tag) {
+      using T = decltype(tag);
+      if constexpr (!std::is_same_v<T, bool>) {
+        const T* a = in[0].as<T>();
+        const T* b = in[1].as<T>();
+        if (is_compare(op)) {
+          bool* o = y.as<bool>();
+          broadcast_loop<2>(y.shape, st2, [&](int64_t i, const std::array<int64_t, 2>& off) {
+            o[i] = compare_apply<T>(op, a[off[0]], b[off[1]]);
+          });
+        } else {
+          T* o = y.as<T>();
+          broadcast_loop<2>(y.shape, st2, [&](int64_t i, const std::array<int64_t, 2>& off) {
+            o[i] = binary_apply<T>(op, a[off[0]], b[off[1]]);
+          });
+        }
+      } else {
+        const bool* a = in[0].as<bool>();
+        const bool* b = in[1].as<bool>();
+        bool* o = y.as<bool>();
+        broadcast_loop<2>(y.shape, st2, [&](int64_t i, const std::array<int64_t, 2>& off) {
+          o[i] = is_compare(op) ? compare_apply<bool>(op, a[off[0]], b[off[1]])
+                 : op == "Mul" ? (a[off[0]] && b[off[1]]) : (a[off[0]] || b[off[1]]);
+        });
+      }
+    });
+    return;
+  }
+  if (op == "Identity") {
+    std::memcpy(y.data, in[0].data, y.elements() * element_size(y.dtype));
+    return;
+  }
+  if (op == "Cast") {
+    dispatch(in[0].dtype, [&](auto a) {
+      using A = decltype(a);
+      dispatch(y.dtype, [&](auto b) {
+        using B = decltype(b);
+        const A* s = in[0].as<A>();
+        B* d = y.as<B>();
+        for (int64_t i = 0; i < y.elements(); ++i) d[i] = static_cast<B>(s[i]);
+      });
+    });
+    return;
+  }
+  if (is_unary(op)) {
+    const float* x = in[0].as<float>();
+    float* o = y.as<float>();
+    int64_t cnt = y.elements();
+    if (op == "Clip") {
+      float lo = has(1) ? *in[1].as<float>() : -std::numeric_limits<float>::infinity();
+      float hi = has(2) ? *in[2].as<float>() : std::numeric_limits<float>::infinity();
+      for (int64_t i = 0; i < cnt; ++i) o[i] = std::min(std::max(x[i], lo), hi);
+      return;
+    }
+    if (op == "FusedGelu") {
+      int64_t nb = has(1) ? in[1].elements() : 0;
+      for (int64_t i = 0; i < cnt; ++i) o[i] = gelu(x[i] + (nb ? in[1].as<float>()[i % nb] : 0.f));
+      return;
+    }
+    for (int64_t i = 0; i < cnt; ++i) {
+      float v = x[i];
+      if (op == "Relu") o[i] = v > 0 ? v : 0;
+      else if (op == "Sqrt") o[i] = std::sqrt(v);
+      else if (op == "Erf") o[i] = std::erf(v);
+      else if (op == "Tanh") o[i] = std::tanh(v);
+      else o[i] = 1.0f / (1.0f + std::exp(-v));
+    }
+    return;
+  }
+  if (op == "Not") {
+    for (int64_t i = 0; i < y.elements(); ++i) y.as<bool>()[i] = !in[0].as<bool>()[i];
+    return;
+  }
+  if (op == "Range") {
+    dispatch(y.dtype, [&](auto tag) {
+      using T = decltype(tag);
+      if constexpr (!std::is_same_v<T, bool>) {
+        T start = *in[0].as<T>(), delta = *in[2].as<T>();
+        for (int64_t i = 0; i < y.elements(); ++i)
+          y.as<T>()[i] = static_cast<T>(start + static_cast<T>(i) * delta);
+      }
+    });
+    return;
+  }
+  if (op == "Constant") {
+    if (n.has("value")) {
+      const auto& t = *n.attrs.at("value").t;
+      std::memcpy(y.data, t.bytes.data(), t.bytes.size());
+    } else if (n.has("value_float")) {
+      *y.as<float>() = n.get_f("value_float", 0);
+    } else if (n.has("value_int")) {
+      *y.as<int64_t>() = n.get_i("value_int", 0);
+    } else if (n.has("value_ints")) {
+      auto v = n.get_ints("value_ints");
+      std::memcpy(y.data, v.data(), v.size() * 8);
+    } else {
+      const auto& v = n.attrs.at("value_floats").floats;
+      std::memcpy(y.data, v.data(), v.size() * 4);
+    }
+    return;
+  }
+  if (op == "ConstantOfShape") {
+    size_t es = element_size(y.dtype);
+    std::vector<uint8_t> v(es, 0);
+    if (n.has("value")) std::memcpy(v.data(), n.attrs.at("value").t->bytes.data(), es);
+    for (int64_t i = 0; i < y.elements(); ++i)
+      std::memcpy(static_cast<uint8_t*>(y.data) + i * es, v.data(), es);
+    return;
+  }
+  if (op == "Shape") {
+    int64_t r = static_cast<int64_t>(in[0].shape.size());
+    int64_t s = n.get_i("start", 0);
+    if (s < 0) s += r;
+    s = std::clamp<int64_t>(s, 0, r);
+    for (int64_t i = 0; i < y.elements(); ++i) y.as<int64_t>()[i] = in[0].shape[s + i];
+    return;
+  }
+  if (op == "Gather") {
+    const auto& d = in[0].shape;
+    int64_t axis = norm_axis(n.get_i("axis", 0), d.size());
+    int64_t outer = 1, inner = 1;
+    for (int64_t i = 0; i < axis; ++i) outer *= d[i];
+    for (size_t i = axis + 1; i < d.size(); ++i) inner *= d[i];
+    auto idx = ref_ints(in[1]);
+    size_t es = element_size(y.dtype);
+    auto* src = static_cast<const uint8_t*>(in[0].data);
+    auto* dst = static_cast<uint8_t*>(y.data);
+    for (int64_t o = 0; o < outer; ++o)
+      for (size_t j = 0; j < idx.size(); ++j) {
+        int64_t k = idx[j] < 0 ? idx[j] + d[axis] : idx[j];
+        k = std::clamp<int64_t>(k, 0, d[axis] - 1); // out-of-range ids read the last row
+        std::memcpy(dst + ((o * idx.size() + j) * inner) * es,
+                    src + ((o * d[axis] + k) * inner) * es, inner * es);
+      }
+    return;
+  }
+  if (op == "Slice") {
+    shape_t b, step;
+    slice_params(in[0].shape, ref_ints(in[1]), ref_ints(in[2]),
+                 has(3) ? ref_ints(in[3]) : shape_t{}, has(4) ? ref_ints(in[4]) : shape_t{}, b,
+                 step);
+    auto own = strides_of(in[0].shape);
+    int64_t base = 0;
+    shape_t st(own.size());
+    for (size_t i = 0; i < own.size(); ++i) {
+      base += b[i] * own[i];
+      st[i] = own[i] * step[i];
+    }
+    strided_copy(static_cast<const uint8_t*>(in[0].data), base, y.shape, st,
+                 element_size(y.dtype), static_cast<uint8_t*>(y.data));
+    return;
+  }
+  if (op == "Concat") {
+    int64_t axis = norm_axis(n.get_i("axis", 0), y.shape.size());
+    int64_t outer = 1;
+    for (int64_t i = 0; i < axis; ++i) outer *= y.shape[i];
+    size_t es = element_size(y.dtype);
+    int64_t row = element_count(y.shape) / std::max<int64_t>(outer, 1);
+    int64_t at = 0;
+    for (const auto& t : in) {
+      int64_t chunk = t.elements() / std::max<int64_t>(outer, 1);
+      for (int64_t o = 0; o < outer; ++o)
+        std::memcpy(static_cast<uint8_t*>(y.data) + (o * row + at) * es,
+                    static_cast<const uint8_t*>(t.data) + o * chunk * es, chunk * es);
+      at += chunk;
+    }
+    return;
+  }
+  if (op == "Reshape" || op == "Flatten" || op == "Squeeze" || op == "Unsqueeze") {
+    if (y.data != in[0].data)
+      std::memcpy(y.data, in[0].data, y.elements() * element_size(y.dtype));
+    return;
+  }
+  if (op == "Expand") {
+    std::array<shape_t, 1> st{broadcast_strides(in[0].shape, y.shape)};
+    size_t es = element_size(y.dtype);
+    broadcast_loop<1>(y.shape, st, [&](int64_t i, const std::array<int64_t, 1>& off) {
+      std::memcpy(static_cast<uint8_t*>(y.data) + i * es,
+                  static_cast<const uint8_t*>(in[0].data) + off[0] * es, es);
+    });
+    return;
+  }
+  if (op == "Split") {
+    const auto& s = in[0].shape;
+    int64_t axis = norm_axis(n.get_i("axis", 0), s.size());
+    int64_t outer = 1;
+    for (int64_t i = 0; i < axis; ++i) outer *= s[i];
+    size_t es = element_size(y.dtype);
+    int64_t row = in[0].elements() / std::max<int64_t>(outer, 1);
+    int64_t at = 0;
+    for (const auto& t : out) {
+      int64_t chunk = t.elements() / std::max<int64_t>(outer, 1);
+      for (int64_t o = 0; o < outer; ++o)
+        std::memcpy(static_cast<uint8_t*>(t.data) + o * chunk * es,
+                    static_cast<const uint8_t*>(in[0].data) + (o * row + at) * es, chunk * es);
+      at += chunk;
+    }
+    return;
+  }
+  if (op == "Transpose") {
+    const auto& s = in[0].shape;
+    auto perm = n.get_ints("perm");
+    if (perm.empty())
+      for (int64_t i = static_cast<int64_t>(s.size()) - 1; i >= 0; --i) perm.push_back(i);
+    auto own = strides_of(s);
+    shape_t st;
+    for (auto p : perm) st.push_back(own[p]);
+    strided_copy(static_cast<const uint8_t*>(in[0].data), 0, y.shape, st, element_size(y.dtype),
+                 static_cast<uint8_t*>(y.data));
+    return;
+  }
+  if (op == "ReduceMean" || op == "ReduceSum") {
+    const auto& s = in[0].shape;
+    auto axes = reduce_axes(n, nullptr, has(1) ? &in[1] : nullptr, s.size());
+    // Output index of each input element: strides of the kept-dims output, 0 on reduced axes.
+    shape_t keep_shape = s;
+    for (auto a : axes) keep_shape[a] = 1;
+    auto ost = strides_of(keep_shape);
+    for (auto a : axes) ost[a] = 0;
+    int64_t count = 1;
+    for (auto a : axes) count *= s[a];
+    std::vector<double> acc(y.elements(), 0.0);
+    std::array<shape_t, 1> st{ost};
+    const float* x = in[0].as<float>();
+    broadcast_loop<1>(s, st, [&](int64_t i, const std::array<int64_t, 1>& off) {
+      acc[off[0]] += x[i];
+    });
+    for (int64_t i = 0; i < y.elements(); ++i)
+      y.as<float>()[i] = static_cast<float>(op == "ReduceMean" ? acc[i] / count : acc[i]);
+    return;
+  }
+  if (op == "Softmax") {
+    int64_t axis = norm_axis(n.get_i("axis", -1), in[0].shape.size());
+    int64_t inner = 1;
+    for (size_t i = axis + 1; i < in[0].shape.size(); ++i) inner *= in[0].shape[i];
+    int64_t d = in[0].shape[axis];
+    int64_t outer = in[0].elements() / (d * inner);
+    if (inner == 1) {
+      std::memcpy(y.data, in[0].data, y.elements() * 4);
+      softmax_rows(y.as<float>(), outer, d);
+      return;
+    }
+    std::vector<float> tmp(d);
+    for (int64_t o = 0; o < outer; ++o)
+      for (int64_t j = 0; j < inner; ++j) {
+        for (int64_t k = 0; k < d; ++k) tmp[k] = in[0].as<float>()[(o * d + k) * inner + j];
+        softmax_rows(tmp.data(), 1, d);
+        for (int64_t k = 0; k < d; ++k) y.as<float>()[(o * d + k) * inner + j] = tmp[k];
+      }
+    return;
+  }
+  if (op == "LayerNormalization" || op == "FusedLayerNorm") {
+    const auto& s = in[0].shape;
+    int64_t axis = norm_axis(n.get_i("axis", -1), s.size());
+    int64_t inner = 1;
+    for (size_t i = axis; i < s.size(); ++i) inner *= s[i];
+    std::vector<float> gamma(inner), beta(inner);
+    // Scale and bias broadcast to the normalised dimensions.
+    for (int64_t i = 0; i < inner; ++i) {
+      gamma[i] = in[1].as<float>()[i % in[1].elements()];
+      beta[i] = has(2) ? in[2].as<float>()[i % in[2].elements()] : 0.f;
+    }
+    layernorm_rows(in[0].as<float>(), gamma.data(), beta.data(), n.get_f("epsilon", 1e-5f),
+                   in[0].elements() / inner, inner, y.as<float>());
+    return;
+  }
+  if (op == "BatchNormalization") {
+    const auto& s = in[0].shape;
+    int64_t c = s[1], inner = in[0].elements() / (s[0] * c);
+    float eps = n.get_f("epsilon", 1e-5f);
+    for (int64_t b = 0; b < s[0]; ++b)
+      for (int64_t k = 0; k < c; ++k) {
+        float scale = in[1].as<float>()[k] / std::sqrt(in[4].as<float>()[k] + eps);
+        float shift = in[2].as<float>()[k] - in[3].as<float>()[k] * scale;
+        const float* x = in[0].as<float>() + (b * c + k) * inner;
+        float* o = y.as<float>() + (b * c + k) * inner;
+        for (int64_t i = 0; i < inner; ++i) o[i] = x[i] * scale + shift;
+      }
+    return;
+  }
+  if (op == "MatMul" || op == "FusedMatMul") {
+    matmul_reference(in[0], in[1], y);
+    if (op == "FusedMatMul") {
+      auto act = n.get_s("activation", "");
+      int64_t cnt = y.elements();
+      int64_t nb = has(2) ? in[2].elements() : 0;
+      float* o = y.as<float>();
+      for (int64_t i = 0; i < cnt; ++i) {
+        float v = o[i] + (nb ? in[2].as<float>()[i % nb] : 0.f);
+        o[i] = apply_activation(act, v, n.get_f("alpha", 0), n.get_f("beta", 0));
+        if (has(3)) o[i] += in[3].as<float>()[i];
+      }
+    }
+    return;
+  }
+  if (op == "Gemm" || op == "FusedGemm") {
+    bool ta = n.get_i("transA", 0) != 0, tb = n.get_i("transB", 0) != 0;
+    int64_t m = y.shape[0], nn = y.shape[1], k = ta ? in[0].shape[0] : in[0].shape[1];
+    float alpha = n.get_f("alpha", 1.0f), beta = n.get_f("beta", 1.0f);
+    float* o = y.as<float>();
+    if (has(2)) {
+      std::array<shape_t, 1> st{broadcast_strides(in[2].shape, y.shape)};
+      broadcast_loop<1>(y.shape, st, [&](int64_t i, const std::array<int64_t, 1>& off) {
+        o[i] = in[2].as<float>()[off[0]];
+      });
+    } else {
+      beta = 0;
+    }
+    gemm(ta, tb, m, nn, k, alpha, in[0].as<float>(), in[1].as<float>(), beta, o);
+    auto act = n.get_s("activation", "");
+    if (!act.empty())
+      for (int64_t i = 0; i < y.elements(); ++i)
+        o[i] = apply_activation(act, o[i], n.get_f("act_alpha", 0), n.get_f("act_beta", 0));
+    return;
+  }
+  if (op == "Conv" || op == "FusedConv") {
+    auto geo = std::get<conv_geometry>(conv_geom(n, in[0].shape, in[1].shape, false));
+    conv_reference(geo, in[0].as<float>(), in[1].as<float>(), y.as<float>());
+    int64_t plane = geo.oh * geo.ow;
+    auto act = n.get_s("activation", "");
+    float* o = y.as<float>();
+    for (int64_t b = 0; b < geo.n; ++b)
+      for (int64_t k = 0; k < geo.k; ++k)
+        for (int64_t i = 0; i < plane; ++i) {
+          int64_t at = (b * geo.k + k) * plane + i;
+          float v = o[at] + (has(2) ? in[2].as<float>()[k] : 0.f);
+          if (has(3)) v += in[3].as<float>()[at];
+          o[at] = apply_activation(act, v, n.get_f("act_alpha", 0), n.get_f("act_beta", 0));
+        }
+    return;
+  }
+  if (op == "MaxPool" || op == "AveragePool") {
+    auto geo = std::get<conv_geometry>(conv_geom(n, in[0].shape, {}, true));
+    pool_reference(n, geo, in[0].as<float>(), y.as<float>());
+    return;
+  }
+  if (op == "GlobalAveragePool") {
+    int64_t nc = in[0].shape[0] * in[0].shape[1];
+    int64_t plane = in[0].elements() / nc;
+    for (int64_t i = 0; i < nc; ++i) {
+      double s = 0;
+      for (int64_t j = 0; j < plane; ++j) s += in[0].as<float>()[i * plane + j];
+      y.as<float>()[i] = static_cast<float>(s / plane);
+    }
+    return;
+  }
+  if (op == "FusedAttention") {
+    // [B, S, H*D] per head: scores = Q K^T * scale + M, softmax, x V.
+    int64_t b = in[0].shape[0], s = in[0].shape[1], hd = in[0].shape[2];
+    int64_t h = n.get_i("num_heads", 1), d = hd / h;
+    float scale = n.get_f("scale", 1.0f);
+    std::vector<float> scores(s * s);
+    shape_t mask_full{b, h, s, s};
+    shape_t mst = has(3) ? broadcast_strides(in[3].shape, mask_full) : shape_t{0, 0, 0, 0};
+    for (int64_t bi = 0; bi < b; ++bi)
+      for (int64_t hi = 0; hi < h; ++hi) {
+        const float* q = in[0].as<float>() + bi * s * hd + hi * d;
+        const float* k = in[1].as<float>() + bi * s * hd + hi * d;
+        const float* v = in[2].as<float>() + bi * s * hd + hi * d;
+        for (int64_t i = 0; i < s; ++i)
+          for (int64_t j = 0; j < s; ++j) {
+            double acc = 0;
+            for (int64_t e = 0; e < d; ++e) acc += q[i * hd + e] * k[j * hd + e];
+            float m = has(3) ? in[3].as<float>()[bi * mst[0] + hi * mst[1] + i * mst[2]
+                                                  + j * mst[3]] : 0.f;
+            scores[i * s + j] = static_cast<float>(acc) * scale + m;
+          }
+        softmax_rows(scores.data(), s, s);
+        float* o = y.as<float>() + bi * s * hd + hi * d;
+        for (int64_t i = 0; i < s; ++i)
+          for (int64_t e = 0; e < d; ++e) {
+            double acc = 0;
+            for (int64_t j = 0; j < s; ++j) acc += scores[i * s + j] * v[j * hd + e];
+            o[i * hd + e] = static_cast<float>(acc);
+          }
+      }
+    return;
+  }
+  assert(!"run_reference: operator without a reference kernel");
+}
+
+} // namespace caf_serving::onnx

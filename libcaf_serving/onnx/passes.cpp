@@ -1,0 +1,603 @@
+#include "onnx/passes.hpp"
+
+#include "onnx/ops.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <optional>
+
+namespace caf_serving::onnx {
+
+namespace {
+
+serving_error node_error(const graph& g, const node& n, const std::string& what) {
+  return {status_code::bad_request, "node '" + n.name + "' (operator '" + n.op + "', opset "
+                                      + std::to_string(g.opset) + "): " + what};
+}
+
+/// Who reads each value: (node index, input slot) pairs.
+struct consumers {
+  std::vector<std::vector<int>> readers;
+  std::vector<bool> is_output;
+
+  explicit consumers(const graph& g) : readers(g.values.size()), is_output(g.values.size()) {
+    for (size_t n = 0; n < g.nodes.size(); ++n)
+      for (int i : g.nodes[n].inputs)
+        if (i >= 0)
+          readers[i].push_back(static_cast<int>(n));
+    for (int o : g.outputs)
+      is_output[o] = true;
+  }
+  /// The only node reading `v`, when `v` is read exactly once and is no graph output.
+  int single(int v) const {
+    if (v < 0 || is_output[v] || readers[v].size() != 1)
+      return -1;
+    return readers[v][0];
+  }
+};
+
+const tensor_data* cst(const graph& g, int v) {
+  return v >= 0 ? g.values[v].constant.get() : nullptr;
+}
+
+/// The value of a constant scalar (or one-element tensor) of fp32.
+std::optional<float> scalar(const graph& g, int v) {
+  auto* t = cst(g, v);
+  if (!t || t->elements() != 1 || t->dtype != datatype::fp32)
+    return std::nullopt;
+  return t->as<float>()[0];
+}
+
+bool near(std::optional<float> v, float want, float tol = 1e-3f) {
+  return v && std::fabs(*v - want) <= tol * std::max(1.0f, std::fabs(want));
+}
+
+/// For a commutative binary node, the input that is not `known` (or -1).
+int other_input(const node& n, int known) {
+  if (n.inputs.size() != 2)
+    return -1;
+  if (n.inputs[0] == known) return n.inputs[1];
+  if (n.inputs[1] == known) return n.inputs[0];
+  return -1;
+}
+
+void kill(node& n) {
+  n.op = "Dead";
+  n.inputs.clear();
+  n.outputs.clear();
+}
+
+/// Makes every reader of `from` read `to` instead (and graph outputs too).
+void replace_uses(graph& g, int from, int to) {
+  for (auto& n : g.nodes)
+    for (auto& i : n.inputs)
+      if (i == from)
+        i = to;
+  for (auto& o : g.outputs)
+    if (o == from) {
+      // A graph output keeps its value (and name): move the producer over instead.
+      o = to;
+      g.values[to].name = g.values[from].name;
+    }
+}
+
+void drop_dead(graph& g) {
+  g.nodes.erase(std::remove_if(g.nodes.begin(), g.nodes.end(),
+                               [](const node& n) { return n.op == "Dead"; }),
+                g.nodes.end());
+}
+
+} // namespace
+
+result<graph> specialize(const graph& src, const std::vector<std::vector<int64_t>>& shapes) {
+  graph g = src;
+  for (size_t i = 0; i < g.inputs.size(); ++i) {
+    auto& v = g.values[g.inputs[i]];
+    v.shape = shapes.at(i);
+    v.shape_known = true;
+  }
+  for (auto& v : g.values)
+    if (!v.constant && std::find(g.inputs.begin(), g.inputs.end(), &v - g.values.data())
+                         == g.inputs.end()) {
+      v.shape.clear();
+      v.shape_known = false;
+    }
+  for (auto& n : g.nodes) {
+    for (int i : n.inputs)
+      if (i >= 0 && !g.values[i].shape_known)
+        return node_error(g, n, "input '" + g.values[i].name + "' has no known shape");
+    auto inf = infer_shapes(g, n);
+    if (auto* e = std::get_if<std::string>(&inf))
+      return node_error(g, n, *e);
+    auto& outs = std::get<std::vector<inferred>>(inf);
+    if (outs.size() < n.outputs.size())
+      n.outputs.resize(outs.size());
+    bool all_const = true;
+    for (int i : n.inputs)
+      if (i >= 0 && !g.values[i].constant)
+        all_const = false;
+    bool fold = (all_const && foldable(n.op)) || n.op == "Shape" || n.op == "Constant";
+    std::vector<tensor_ref> in_refs, out_refs;
+    std::vector<std::shared_ptr<tensor_data>> results;
+    for (size_t k = 0; k < n.outputs.size(); ++k) {
+      if (n.outputs[k] < 0)
+        continue;
+      auto& v = g.values[n.outputs[k]];
+      v.dtype = outs[k].dtype;
+      v.shape = outs[k].shape;
+      v.shape_known = true;
+      if (fold) {
+        results.push_back(make_tensor(v.dtype, v.shape));
+        out_refs.push_back({v.dtype, v.shape, results.back()->bytes.data()});
+      }
+    }
+    if (!fold)
+      continue;
+    for (int i : n.inputs) {
+      if (i < 0) {
+        in_refs.push_back({});
+        continue;
+      }
+      const auto& v = g.values[i];
+      in_refs.push_back({v.dtype, v.shape,
+                         v.constant ? const_cast<uint8_t*>(v.constant->bytes.data()) : nullptr});
+    }
+    run_reference(n, in_refs, out_refs);
+    size_t r = 0;
+    for (int o : n.outputs)
+      if (o >= 0)
+        g.values[o].constant = results[r++];
+    kill(n);
+  }
+  // A folded graph output still needs a node that writes it.
+  for (auto& o : g.outputs)
+    if (g.values[o].constant) {
+      int out = g.add_value(g.values[o].name, g.values[o].dtype, g.values[o].shape, true);
+      int c = g.add_constant(g.values[o].name + "/folded", g.values[o].constant);
+      g.add_node("Identity", g.values[o].name + "/folded", {c}, {out});
+      o = out;
+    }
+  drop_dead(g);
+  return g;
+}
+
+void fold_batchnorm(graph& g) {
+  consumers cons(g);
+  for (auto& bn : g.nodes) {
+    if (bn.op != "BatchNormalization" || bn.inputs.size() < 5)
+      continue;
+    int conv_out = bn.inputs[0];
+    auto producers = g.producers();
+    int p = producers[conv_out];
+    if (p < 0 || g.nodes[p].op != "Conv" || cons.single(conv_out) < 0)
+      continue;
+    auto& conv = g.nodes[p];
+    auto* w = cst(g, conv.inputs[1]);
+    auto* b = conv.inputs.size() > 2 ? cst(g, conv.inputs[2]) : nullptr;
+    auto *s = cst(g, bn.inputs[1]), *sh = cst(g, bn.inputs[2]), *mu = cst(g, bn.inputs[3]),
+         *var = cst(g, bn.inputs[4]);
+    if (!w || !s || !sh || !mu || !var || (conv.inputs.size() > 2 && conv.inputs[2] >= 0 && !b))
+      continue;
+    int64_t k = w->shape[0], per = w->elements() / k;
+    auto nw = make_tensor(datatype::fp32, w->shape);
+    auto nb = make_tensor(datatype::fp32, {k});
+    float eps = bn.get_f("epsilon", 1e-5f);
+    for (int64_t o = 0; o < k; ++o) {
+      float scale = s->as<float>()[o] / std::sqrt(var->as<float>()[o] + eps);
+      for (int64_t i = 0; i < per; ++i)
+        nw->as_mut<float>()[o * per + i] = w->as<float>()[o * per + i] * scale;
+      float bias = b ? b->as<float>()[o] : 0.f;
+      nb->as_mut<float>()[o] = (bias - mu->as<float>()[o]) * scale + sh->as<float>()[o];
+    }
+    conv.inputs.resize(3);
+    conv.inputs[1] = g.add_constant(conv.name + "/W_bn", nw);
+    conv.inputs[2] = g.add_constant(conv.name + "/B_bn", nb);
+    int bn_out = bn.outputs[0];
+    kill(bn);
+    // The conv now writes what the BatchNormalization wrote.
+    conv.outputs[0] = bn_out;
+  }
+  drop_dead(g);
+}
+
+void fuse_layernorm(graph& g) {
+  for (auto& n : g.nodes)
+    if (n.op == "LayerNormalization" && n.get_i("axis", -1) == -1
+        || (n.op == "LayerNormalization"
+            && n.get_i("axis", -1) == static_cast<int64_t>(g.values[n.inputs[0]].shape.size()) - 1))
+      n.op = "FusedLayerNorm";
+  consumers cons(g);
+  auto prod = g.producers();
+  auto is = [&](int node, const char* op) { return node >= 0 && g.nodes[node].op == op; };
+  auto last_axis = [&](const node& n) {
+    auto axes = n.get_ints("axes");
+    int64_t r = static_cast<int64_t>(g.values[n.inputs[0]].shape.size());
+    return axes.size() == 1 && (axes[0] == -1 || axes[0] == r - 1)
+           && n.get_i("keepdims", 1) == 1;
+  };
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    auto& mean = g.nodes[i];
+    if (mean.op != "ReduceMean" || !last_axis(mean))
+      continue;
+    int x = mean.inputs[0];
+    // Sub(x, mean) -> used by Pow and by Div.
+    int sub = cons.single(mean.outputs[0]);
+    if (!is(sub, "Sub") || g.nodes[sub].inputs[0] != x || g.nodes[sub].inputs[1] != mean.outputs[0])
+      continue;
+    int d = g.nodes[sub].outputs[0];
+    if (cons.readers[d].size() != 2 || cons.is_output[d])
+      continue;
+    int pw = -1, dv = -1;
+    for (int r : cons.readers[d]) {
+      if (is(r, "Pow") && near(scalar(g, g.nodes[r].inputs[1]), 2.0f)) pw = r;
+      if (is(r, "Div") && g.nodes[r].inputs[0] == d) dv = r;
+    }
+    if (pw < 0 || dv < 0)
+      continue;
+    int m2 = cons.single(g.nodes[pw].outputs[0]);
+    if (!is(m2, "ReduceMean") || !last_axis(g.nodes[m2]))
+      continue;
+    int ad = cons.single(g.nodes[m2].outputs[0]);
+    if (!is(ad, "Add"))
+      continue;
+    auto eps = scalar(g, other_input(g.nodes[ad], g.nodes[m2].outputs[0]));
+    if (!eps)
+      continue;
+    int sq = cons.single(g.nodes[ad].outputs[0]);
+    if (!is(sq, "Sqrt") || g.nodes[dv].inputs[1] != g.nodes[sq].outputs[0])
+      continue;
+    int mul = cons.single(g.nodes[dv].outputs[0]);
+    if (!is(mul, "Mul"))
+      continue;
+    int gamma = other_input(g.nodes[mul], g.nodes[dv].outputs[0]);
+    if (!cst(g, gamma))
+      continue;
+    int add = cons.single(g.nodes[mul].outputs[0]);
+    int beta = is(add, "Add") ? other_input(g.nodes[add], g.nodes[mul].outputs[0]) : -1;
+    int64_t width = g.values[x].shape.back();
+    auto fits = [&](int v) { return cst(g, v) && cst(g, v)->elements() == width; };
+    if (!fits(gamma))
+      continue;
+    int out = g.nodes[mul].outputs[0];
+    std::vector<int> ins{x, gamma};
+    if (beta >= 0 && fits(beta)) {
+      ins.push_back(beta);
+      out = g.nodes[add].outputs[0];
+      kill(g.nodes[add]);
+    }
+    for (int k : {sub, pw, m2, ad, sq, dv})
+      kill(g.nodes[k]);
+    // The fused node takes the place of the last node of the pattern.
+    node fused{"FusedLayerNorm", mean.name + "/fused_layernorm", ins, {out}, {}};
+    fused.set_f("epsilon", *eps);
+    g.nodes[mul] = fused;
+    kill(mean);
+    (void)prod;
+  }
+  drop_dead(g);
+}
+
+void fuse_gelu(graph& g) {
+  consumers cons(g);
+  auto prod = g.producers();
+  for (auto& erf : g.nodes) {
+    if (erf.op != "Erf")
+      continue;
+    int scaled = erf.inputs[0];
+    int p = prod[scaled];
+    if (p < 0 || cons.single(scaled) < 0)
+      continue;
+    auto& pre = g.nodes[p];
+    int x = pre.inputs[0];
+    bool ok = (pre.op == "Div" && near(scalar(g, pre.inputs[1]), std::sqrt(2.0f)))
+              || (pre.op == "Mul" && near(scalar(g, pre.inputs[1]), std::sqrt(0.5f)));
+    if (!ok)
+      continue;
+    int add = cons.single(erf.outputs[0]);
+    if (add < 0 || g.nodes[add].op != "Add"
+        || !near(scalar(g, other_input(g.nodes[add], erf.outputs[0])), 1.0f))
+      continue;
+    int m1 = cons.single(g.nodes[add].outputs[0]);
+    if (m1 < 0 || g.nodes[m1].op != "Mul")
+      continue;
+    int other = other_input(g.nodes[m1], g.nodes[add].outputs[0]);
+    int last = -1;
+    if (other == x) {
+      // x * (1 + erf) * 0.5
+      int m2 = cons.single(g.nodes[m1].outputs[0]);
+      if (m2 < 0 || g.nodes[m2].op != "Mul"
+          || !near(scalar(g, other_input(g.nodes[m2], g.nodes[m1].outputs[0])), 0.5f))
+        continue;
+      last = m2;
+      kill(g.nodes[m1]);
+    } else if (other >= 0 && prod[other] >= 0 && g.nodes[prod[other]].op == "Mul"
+               && cons.single(other) == m1) {
+      // (x * 0.5) * (1 + erf)
+      auto& half = g.nodes[prod[other]];
+      if (other_input(half, x) < 0 || !near(scalar(g, other_input(half, x)), 0.5f))
+        continue;
+      last = m1;
+      kill(half);
+    } else {
+      continue;
+    }
+    int out = g.nodes[last].outputs[0];
+    kill(g.nodes[add]);
+    kill(pre);
+    g.nodes[last] = node{"FusedGelu", erf.name + "/fused_gelu", {x}, {out}, {}};
+    kill(erf);
+  }
+  drop_dead(g);
+}
+
+namespace {
+
+/// Follows Transpose nodes up from `v` composing their permutations; returns
+/// the source value and the composed perm (identity when none).
+std::pair<int, std::vector<int64_t>> through_transposes(const graph& g,
+                                                         const std::vector<int>& prod, int v,
+                                                         std::vector<int>& chain) {
+  std::vector<int64_t> perm(g.values[v].shape.size());
+  for (size_t i = 0; i < perm.size(); ++i) perm[i] = static_cast<int64_t>(i);
+  while (prod[v] >= 0 && g.nodes[prod[v]].op == "Transpose") {
+    const auto& t = g.nodes[prod[v]];
+    auto p = t.get_ints("perm");
+    // out[i] = in[p[i]]; composing: total[i] = p[total[i]]
+    std::vector<int64_t> next(perm.size());
+    for (size_t i = 0; i < perm.size(); ++i) next[i] = p[perm[i]];
+    perm = next;
+    chain.push_back(prod[v]);
+    v = t.inputs[0];
+  }
+  return {v, perm};
+}
+
+/// `v` = Reshape(src [B,S,H*D]) to [B,S,H,D]: returns src, or -1.
+int unheads(const graph& g, const std::vector<int>& prod, int v, int64_t& heads,
+            std::vector<int>& chain) {
+  int p = prod[v];
+  if (p < 0 || g.nodes[p].op != "Reshape")
+    return -1;
+  int src = g.nodes[p].inputs[0];
+  const auto& s = g.values[src].shape;
+  const auto& o = g.values[v].shape;
+  if (s.size() != 3 || o.size() != 4 || o[0] != s[0] || o[1] != s[1] || o[2] * o[3] != s[2])
+    return -1;
+  heads = o[2];
+  chain.push_back(p);
+  return src;
+}
+
+} // namespace
+
+void fuse_attention(graph& g) {
+  using perm_t = std::vector<int64_t>;
+  const perm_t bhsd{0, 2, 1, 3}, bhds{0, 2, 3, 1};
+  for (size_t si = 0; si < g.nodes.size(); ++si) {
+    consumers cons(g);
+    auto prod = g.producers();
+    auto& sm = g.nodes[si];
+    if (sm.op != "Softmax")
+      continue;
+    int64_t rank = static_cast<int64_t>(g.values[sm.inputs[0]].shape.size());
+    if (rank != 4 || (sm.get_i("axis", -1) != -1 && sm.get_i("axis", -1) != 3))
+      continue;
+    std::vector<int> chain;
+    int scores = sm.inputs[0];
+    int mask = -1;
+    int pa = prod[scores];
+    // Additive mask: Add(scores, mask). Masked fill: Where(cond, fill, scores).
+    if (pa >= 0 && g.nodes[pa].op == "Add" && cons.single(scores) == static_cast<int>(si)) {
+      auto& add = g.nodes[pa];
+      for (int k = 0; k < 2; ++k) {
+        int a = add.inputs[k], b = add.inputs[1 - k];
+        if (prod[a] >= 0 && (g.nodes[prod[a]].op == "MatMul" || g.nodes[prod[a]].op == "Div"
+                             || g.nodes[prod[a]].op == "Mul")) {
+          mask = b;
+          chain.push_back(pa);
+          scores = a;
+          break;
+        }
+      }
+    } else if (pa >= 0 && g.nodes[pa].op == "Where" && cons.single(scores) == static_cast<int>(si)) {
+      auto& wh = g.nodes[pa];
+      if (!cst(g, wh.inputs[1]) || cst(g, wh.inputs[1])->elements() != 1)
+        continue;
+      // mask = Where(cond, fill, 0): computed as a node of its own.
+      auto zero = make_tensor(datatype::fp32, {});
+      int z = g.add_constant(wh.name + "/zero", zero);
+      mask = g.add_value(wh.name + "/additive_mask");
+      chain.push_back(pa);
+      scores = wh.inputs[2];
+      node mk{"Where", wh.name + "/additive_mask", {wh.inputs[0], wh.inputs[1], z}, {mask}, {}};
+      auto cs = g.values[wh.inputs[0]].shape;
+      g.values[mask].shape = cs;
+      g.values[mask].shape_known = true;
+      // Inserted before the attention: placed where the Where was.
+      g.nodes[pa] = mk;
+      chain.pop_back();
+      cons = consumers(g);
+      prod = g.producers();
+    }
+    float scale = 1.0f;
+    int mm = prod[scores];
+    if (mm >= 0 && (g.nodes[mm].op == "Div" || g.nodes[mm].op == "Mul")) {
+      auto c = scalar(g, g.nodes[mm].inputs[1]);
+      if (!c || cons.single(scores) < 0)
+        continue;
+      scale = g.nodes[mm].op == "Div" ? 1.0f / *c : *c;
+      chain.push_back(mm);
+      scores = g.nodes[mm].inputs[0];
+      mm = prod[scores];
+    }
+    if (mm < 0 || g.nodes[mm].op != "MatMul" || cons.single(scores) < 0)
+      continue;
+    chain.push_back(mm);
+    int qv = g.nodes[mm].inputs[0], kv = g.nodes[mm].inputs[1];
+    // Q may be scaled before the MatMul (DistilBERT): Div(q, c).
+    if (prod[qv] >= 0 && (g.nodes[prod[qv]].op == "Div" || g.nodes[prod[qv]].op == "Mul")
+        && scalar(g, g.nodes[prod[qv]].inputs[1]) && cons.single(qv) >= 0) {
+      auto c = *scalar(g, g.nodes[prod[qv]].inputs[1]);
+      scale *= g.nodes[prod[qv]].op == "Div" ? 1.0f / c : c;
+      chain.push_back(prod[qv]);
+      qv = g.nodes[prod[qv]].inputs[0];
+    }
+    auto [qsrc, qperm] = through_transposes(g, prod, qv, chain);
+    auto [ksrc, kperm] = through_transposes(g, prod, kv, chain);
+    int64_t hq = 0, hk = 0, hv = 0;
+    int q = qperm == bhsd ? unheads(g, prod, qsrc, hq, chain) : -1;
+    int k = kperm == bhds ? unheads(g, prod, ksrc, hk, chain) : -1;
+    if (q < 0 || k < 0 || hq != hk)
+      continue;
+    // probs x V, then back to [B, S, H*D].
+    int pv = cons.single(sm.outputs[0]);
+    if (pv < 0 || g.nodes[pv].op != "MatMul" || g.nodes[pv].inputs[0] != sm.outputs[0])
+      continue;
+    auto [vsrc, vperm] = through_transposes(g, prod, g.nodes[pv].inputs[1], chain);
+    int v = vperm == bhsd ? unheads(g, prod, vsrc, hv, chain) : -1;
+    if (v < 0 || hv != hq)
+      continue;
+    int ctx = g.nodes[pv].outputs[0];
+    int tr = cons.single(ctx);
+    if (tr < 0 || g.nodes[tr].op != "Transpose" || g.nodes[tr].get_ints("perm") != bhsd)
+      continue;
+    int rs = cons.single(g.nodes[tr].outputs[0]);
+    if (rs < 0 || g.nodes[rs].op != "Reshape" || g.values[g.nodes[rs].outputs[0]].shape
+                                                  != g.values[q].shape)
+      continue;
+    if (g.values[q].shape != g.values[k].shape || g.values[q].shape != g.values[v].shape)
+      continue;
+    // Every intermediate must be read only inside the pattern.
+    bool private_chain = true;
+    for (int c : chain)
+      for (int o : g.nodes[c].outputs)
+        if (cons.is_output[o] || cons.readers[o].size() > 1) private_chain = false;
+    if (!private_chain)
+      continue;
+    int out = g.nodes[rs].outputs[0];
+    std::vector<int> ins{q, k, v};
+    if (mask >= 0) ins.push_back(mask);
+    for (int c : chain) kill(g.nodes[c]);
+    kill(g.nodes[pv]);
+    kill(g.nodes[tr]);
+    kill(sm);
+    node fused{"FusedAttention", g.nodes[rs].name + "/fused_attention", ins, {out}, {}};
+    fused.set_i("num_heads", hq);
+    fused.set_f("scale", scale);
+    g.nodes[rs] = fused;
+  }
+  drop_dead(g);
+}
+
+void fuse_epilogues(graph& g) {
+  // Conv / MatMul (constant 2-D weights) / Gemm become their fused forms.
+  for (auto& n : g.nodes) {
+    if (n.op == "Conv")
+      n.op = "FusedConv";
+    else if (n.op == "MatMul" && cst(g, n.inputs[1]) && g.values[n.inputs[1]].shape.size() == 2)
+      n.op = "FusedMatMul";
+    else if (n.op == "Gemm")
+      n.op = "FusedGemm";
+  }
+  bool changed = true;
+  while (changed) {
+    changed = false;
+    consumers cons(g);
+    for (auto& n : g.nodes) {
+      bool conv = n.op == "FusedConv", mm = n.op == "FusedMatMul", gm = n.op == "FusedGemm";
+      if (!conv && !mm && !gm)
+        continue;
+      int out = n.outputs[0];
+      int r = cons.single(out);
+      if (r < 0)
+        continue;
+      auto& next = g.nodes[r];
+      bool has_act = n.has("activation");
+      bool has_res = n.inputs.size() > 3 && n.inputs[3] >= 0;
+      const auto& oshape = g.values[out].shape;
+      if (next.op == "Add" && !has_act) {
+        int other = other_input(next, out);
+        if (other < 0)
+          continue;
+        const auto* c = cst(g, other);
+        int64_t width = oshape.back();
+        if (mm && c && c->elements() == width && g.values[other].shape.back() == width
+            && (n.inputs.size() < 3 || n.inputs[2] < 0)) {
+          n.inputs.resize(3, -1);
+          n.inputs[2] = other; // bias
+        } else if ((conv || mm) && !c && !has_res && g.values[other].shape == oshape
+                   && g.values[other].dtype == datatype::fp32) {
+          n.inputs.resize(4, -1);
+          n.inputs[3] = other; // residual
+        } else {
+          continue;
+        }
+      } else if (!has_act && !(mm && has_res)
+                 && (next.op == "Relu" || next.op == "Tanh" || next.op == "Sigmoid"
+                     || next.op == "FusedGelu" || next.op == "Clip")) {
+        if (next.op == "FusedGelu") {
+          if (next.inputs.size() > 1) continue;
+          n.set_s("activation", "Gelu");
+        } else if (next.op == "Clip") {
+          auto lo = next.inputs.size() > 1 ? scalar(g, next.inputs[1]) : std::optional<float>(-INFINITY);
+          auto hi = next.inputs.size() > 2 ? scalar(g, next.inputs[2]) : std::optional<float>(INFINITY);
+          if (!lo || !hi) continue;
+          n.set_s("activation", "Clip");
+          n.set_f("act_alpha", *lo);
+          n.set_f("act_beta", *hi);
+        } else {
+          n.set_s("activation", next.op);
+        }
+      } else {
+        continue;
+      }
+      n.outputs[0] = next.outputs[0];
+      // The fused node takes the consumer's place: a residual may be computed
+      // between the two, so the producer's place would read it too early.
+      next = n;
+      kill(n);
+      changed = true;
+      break; // consumers changed
+    }
+    drop_dead(g);
+  }
+}
+
+void remove_dead_nodes(graph& g) {
+  bool changed = true;
+  while (changed) {
+    changed = false;
+    auto uses = g.use_counts();
+    for (auto& n : g.nodes) {
+      bool used = false;
+      for (int o : n.outputs)
+        if (o >= 0 && uses[o] > 0) used = true;
+      if (!used && n.op != "Dead") {
+        kill(n);
+        changed = true;
+      }
+    }
+    drop_dead(g);
+  }
+}
+
+result<graph> optimize(const graph& src, const std::vector<std::vector<int64_t>>& shapes,
+                       const pass_config& cfg) {
+  auto g = specialize(src, shapes);
+  if (!g)
+    return g;
+  remove_dead_nodes(*g);
+  if (cfg.fold_batchnorm)
+    fold_batchnorm(*g);
+  if (cfg.fuse_patterns) {
+    fuse_layernorm(*g);
+    fuse_gelu(*g);
+    fuse_attention(*g);
+  }
+  if (cfg.fuse_epilogues)
+    fuse_epilogues(*g);
+  remove_dead_nodes(*g);
+  return g;
+}
+
+} // namespace caf_serving::onnx

@@ -1,0 +1,51 @@
+#pragma once
+/// Graph passes. `optimize()` runs them all in order on a graph whose input shapes
+/// are set:
+///
+///   1. specialize: shape inference for one concrete set of input shapes, and
+///      constant folding (Shape of a known shape and every operator whose inputs
+///      are all constants);
+///   2. fold_batchnorm: Conv followed by BatchNormalization becomes one Conv with
+///      rescaled weights and a bias;
+///   3. fuse_layernorm, fuse_gelu, fuse_attention: the decomposed patterns of
+///      opsets below 17 (and LayerNormalization itself) become FusedLayerNorm,
+///      FusedGelu and FusedAttention (ops.hpp);
+///   4. fuse_epilogues: bias, activation and residual add folded into FusedConv,
+///      FusedMatMul and FusedGemm;
+///   5. remove_dead_nodes.
+///
+/// Every pass keeps nodes in topological order and the graph outputs intact.
+
+#include "core/error.hpp"
+#include "onnx/ir.hpp"
+
+#include <string>
+#include <vector>
+
+namespace caf_serving::onnx {
+
+/// Copies `g` with the given input shapes (one per graph input, in order),
+/// infers every shape and folds constants. The error names the node, its
+/// operator and the opset.
+result<graph> specialize(const graph& g, const std::vector<std::vector<int64_t>>& input_shapes);
+
+void fold_batchnorm(graph& g);
+void fuse_layernorm(graph& g);
+void fuse_gelu(graph& g);
+void fuse_attention(graph& g);
+void fuse_epilogues(graph& g);
+void remove_dead_nodes(graph& g);
+
+/// Which passes optimize() runs; all by default (tests turn some off to
+/// compare fused against unfused).
+struct pass_config {
+  bool fold_batchnorm = true;
+  bool fuse_patterns = true;
+  bool fuse_epilogues = true;
+};
+
+/// specialize() followed by the passes `cfg` selects.
+result<graph> optimize(const graph& g, const std::vector<std::vector<int64_t>>& input_shapes,
+                       const pass_config& cfg = {});
+
+} // namespace caf_serving::onnx

@@ -1,0 +1,252 @@
+/// Every fused operation against its unfused reference: the fixtures' graphs
+/// run by the reference interpreter before and after the passes, and the
+/// engine's kernels against the reference kernels on random shapes.
+
+#include "onnx/passes.hpp"
+
+#include "engine_kernels.hpp"
+#include "onnx/importer.hpp"
+#include "onnx/memory_plan.hpp"
+#include "onnx/ops.hpp"
+
+#include <doctest/doctest.h>
+
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+using namespace caf_serving;
+using namespace caf_serving::onnx;
+namespace fs = std::filesystem;
+
+namespace {
+
+const fs::path fixtures = CAF_SERVING_ONNX_FIXTURES;
+
+std::string read_all(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+/// The fixture's reference inputs (batch 2), in the graph's input order.
+std::vector<std::string> reference_inputs(const std::string& model, const graph& g) {
+  std::vector<std::string> out(g.inputs.size());
+  std::istringstream lines(read_all(fixtures / "reference" / model / "manifest.txt"));
+  std::string kind, name, type, dims, file;
+  while (lines >> kind >> name >> type >> dims >> file)
+    for (size_t i = 0; i < g.inputs.size(); ++i)
+      if (kind == "input" && g.values[g.inputs[i]].name == name)
+        out[i] = read_all(fixtures / "reference" / model / file);
+  return out;
+}
+
+/// Runs an optimized/specialized graph with the reference kernels only.
+std::vector<std::vector<float>> interpret(const graph& g, const std::vector<std::string>& inputs) {
+  std::vector<std::vector<uint8_t>> buf(g.values.size());
+  std::vector<void*> ptr(g.values.size(), nullptr);
+  for (size_t v = 0; v < g.values.size(); ++v) {
+    if (g.values[v].constant) {
+      ptr[v] = const_cast<uint8_t*>(g.values[v].constant->bytes.data());
+    } else {
+      buf[v].resize(element_count(g.values[v].shape) * element_size(g.values[v].dtype) + 1);
+      ptr[v] = buf[v].data();
+    }
+  }
+  for (size_t i = 0; i < g.inputs.size(); ++i)
+    std::memcpy(ptr[g.inputs[i]], inputs[i].data(), inputs[i].size());
+  for (const auto& n : g.nodes) {
+    std::vector<tensor_ref> in, out;
+    for (int i : n.inputs)
+      in.push_back(i >= 0 ? tensor_ref{g.values[i].dtype, g.values[i].shape, ptr[i]} : tensor_ref{});
+    for (int o : n.outputs)
+      out.push_back({g.values[o].dtype, g.values[o].shape, ptr[o]});
+    run_reference(n, in, out);
+  }
+  std::vector<std::vector<float>> outs;
+  for (int o : g.outputs) {
+    auto* f = static_cast<const float*>(ptr[o]);
+    outs.emplace_back(f, f + element_count(g.values[o].shape));
+  }
+  return outs;
+}
+
+double relative_error(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < b.size(); ++i) {
+    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    den += double(b[i]) * b[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
+int count_ops(const graph& g, const std::string& op) {
+  int n = 0;
+  for (const auto& nd : g.nodes)
+    n += nd.op == op;
+  return n;
+}
+
+/// Fused vs unfused on the fixture's inputs at batch 2 and at batch 1 (first row).
+graph check_fusion(const std::string& model) {
+  CAPTURE(model);
+  auto g = import_model(fixtures / "models" / model / "1" / "model.onnx");
+  REQUIRE_MESSAGE(g, g.error().message);
+  auto inputs = reference_inputs(model, *g);
+  graph last;
+  for (int64_t batch : {2, 1}) {
+    std::vector<std::vector<int64_t>> shapes;
+    std::vector<std::string> data;
+    for (size_t i = 0; i < g->inputs.size(); ++i) {
+      auto s = g->values[g->inputs[i]].shape;
+      s[0] = batch;
+      shapes.push_back(s);
+      data.push_back(inputs[i].substr(0, inputs[i].size() / 2 * batch));
+    }
+    auto plain = specialize(*g, shapes);
+    REQUIRE_MESSAGE(plain, plain.error().message);
+    auto fused = optimize(*g, shapes);
+    REQUIRE_MESSAGE(fused, fused.error().message);
+    CHECK(fused->nodes.size() <= plain->nodes.size());
+    auto a = interpret(*plain, data);
+    auto b = interpret(*fused, data);
+    REQUIRE(a.size() == b.size());
+    for (size_t i = 0; i < a.size(); ++i)
+      CHECK(relative_error(b[i], a[i]) < 1e-5);
+    last = *fused;
+  }
+  return last;
+}
+
+std::vector<float> random_floats(size_t n, std::mt19937& rng, float scale = 1.0f) {
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+} // namespace
+
+TEST_CASE("LayerNorm: the decomposed pattern and LayerNormalization become FusedLayerNorm") {
+  auto g13 = check_fusion("pattern_layernorm_opset13");
+  CHECK(count_ops(g13, "FusedLayerNorm") == 1);
+  CHECK(count_ops(g13, "ReduceMean") == 0);
+  auto g17 = check_fusion("pattern_layernorm_opset17");
+  CHECK(count_ops(g17, "FusedLayerNorm") == 1);
+}
+
+TEST_CASE("erf-GELU becomes FusedGelu") {
+  auto g = check_fusion("pattern_gelu_opset13");
+  CHECK(count_ops(g, "FusedGelu") == 1);
+  CHECK(count_ops(g, "Erf") == 0);
+}
+
+TEST_CASE("BERT: attention, LayerNorm, GELU and MatMul epilogues fuse") {
+  for (std::string m : {"bert_2layer_opset13", "bert_2layer_opset17"}) {
+    auto g = check_fusion(m);
+    CHECK(count_ops(g, "FusedAttention") == 2);
+    CHECK(count_ops(g, "FusedLayerNorm") == 5);
+    CHECK(count_ops(g, "Softmax") == 0);
+    CHECK(count_ops(g, "Erf") == 0);
+    CHECK(count_ops(g, "FusedMatMul") == 12);
+  }
+  auto d = check_fusion("distilbert_2layer_opset13");
+  CHECK(count_ops(d, "FusedAttention") == 2);
+}
+
+TEST_CASE("ResNet: BatchNorm folds into Conv, bias/ReLU/residual into FusedConv") {
+  for (std::string m : {"resnet_narrow_opset13", "resnet_narrow_opset17",
+                        "resnet_bottleneck_opset17"}) {
+    auto g = check_fusion(m);
+    CHECK(count_ops(g, "Relu") == 0);
+    CHECK(count_ops(g, "Add") == 0);
+  }
+}
+
+TEST_CASE("engine kernels match the reference kernels on several shapes") {
+  std::mt19937 rng(7);
+  for (auto [rows, width] : std::vector<std::pair<int64_t, int64_t>>{{1, 8}, {7, 33}, {64, 768}}) {
+    CAPTURE(rows);
+    CAPTURE(width);
+    auto x = random_floats(rows * width, rng, 3.0f);
+    auto gm = random_floats(width, rng), bt = random_floats(width, rng);
+    std::vector<float> want(x.size()), got(x.size());
+    node n{"FusedLayerNorm", "ln", {0, 1, 2}, {3}, {}};
+    n.set_f("epsilon", 1e-5f);
+    run_reference(n, {{datatype::fp32, {rows, width}, x.data()}, {datatype::fp32, {width}, gm.data()},
+                      {datatype::fp32, {width}, bt.data()}},
+                  {{datatype::fp32, {rows, width}, want.data()}});
+    kernels::cpu::layer_norm_args a;
+    a.x = x.data(); a.gamma = gm.data(); a.beta = bt.data(); a.y = got.data();
+    a.rows = rows; a.width = width; a.threads = 2;
+    kernels::cpu::engine_layer_norm(a);
+    CHECK(relative_error(got, want) < 1e-5);
+
+    node gl{"FusedGelu", "gelu", {0, 1}, {2}, {}};
+    run_reference(gl, {{datatype::fp32, {rows, width}, x.data()}, {datatype::fp32, {width}, bt.data()}},
+                  {{datatype::fp32, {rows, width}, want.data()}});
+    kernels::cpu::engine_gelu(x.data(), bt.data(), width, rows * width, got.data(), 2);
+    CHECK(relative_error(got, want) < 1e-6);
+  }
+  for (auto [b, s, h, d] : std::vector<std::array<int64_t, 4>>{{1, 4, 1, 8}, {2, 16, 4, 16},
+                                                                {3, 37, 2, 64}}) {
+    CAPTURE(s);
+    int64_t hd = h * d;
+    auto q = random_floats(b * s * hd, rng), k = random_floats(b * s * hd, rng),
+         v = random_floats(b * s * hd, rng);
+    std::vector<float> mask(b * s, 0.0f);
+    for (int64_t i = 0; i < b; ++i)
+      for (int64_t j = s - i; j < s; ++j) mask[i * s + j] = -1e9f;
+    std::vector<float> want(q.size()), got(q.size());
+    node n{"FusedAttention", "attn", {0, 1, 2, 3}, {4}, {}};
+    n.set_i("num_heads", h);
+    n.set_f("scale", 0.125f);
+    std::vector<int64_t> qs{b, s, hd};
+    run_reference(n, {{datatype::fp32, qs, q.data()}, {datatype::fp32, qs, k.data()},
+                      {datatype::fp32, qs, v.data()}, {datatype::fp32, {b, 1, 1, s}, mask.data()}},
+                  {{datatype::fp32, qs, want.data()}});
+    kernels::cpu::attention_args a;
+    a.q = q.data(); a.k = k.data(); a.v = v.data(); a.mask = mask.data(); a.out = got.data();
+    a.mask_strides[0] = s; a.mask_strides[3] = 1;
+    a.batch = b; a.seq = s; a.heads = h; a.head_dim = d; a.scale = 0.125f; a.threads = 2;
+    kernels::cpu::engine_attention(a);
+    CHECK(relative_error(got, want) < 1e-5);
+  }
+}
+
+TEST_CASE("memory plan: a chain reuses buffers and never overlaps live values") {
+  graph g;
+  int x = g.add_value("x", datatype::fp32, {1024}, true);
+  g.inputs.push_back(x);
+  int prev = x;
+  std::vector<int> vals;
+  for (int i = 0; i < 6; ++i) {
+    int y = g.add_value("y" + std::to_string(i), datatype::fp32, {1024}, true);
+    g.add_node("Relu", "r" + std::to_string(i), {prev}, {y});
+    vals.push_back(y);
+    prev = y;
+  }
+  g.outputs.push_back(prev);
+  memory_plan_config cfg;
+  cfg.external = [&](int v) { return v == x || v == prev; };
+  auto plan = plan_memory(g, cfg);
+  CHECK(plan.unshared_bytes == 5 * 4096);
+  CHECK(plan.arena_bytes == 2 * 4096); // a node's input and output are live together
+  for (size_t i = 0; i + 1 < 5; ++i)
+    CHECK(plan.offsets[vals[i]] != plan.offsets[vals[i + 1]]);
+  CHECK(plan.offsets[prev] == -1);
+}
+
+TEST_CASE("the importer names the operator, node and opset it cannot run") {
+  CHECK(std::is_sorted(supported_operators().begin(), supported_operators().end()));
+  auto bad = import_model_bytes("garbage", "x.onnx");
+  REQUIRE(!bad);
+  CHECK(bad.error().message.find("not a valid ONNX file") != std::string::npos);
+  auto missing = import_model(fixtures / "no_such_file.onnx");
+  REQUIRE(!missing);
+  CHECK(missing.error().message.find("cannot open") != std::string::npos);
+}
