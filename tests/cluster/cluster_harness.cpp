@@ -1,0 +1,212 @@
+#include "cluster_harness.hpp"
+
+#include "support/http_client.hpp"
+#include "support/tensor_bytes.hpp"
+
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+#include <sstream>
+#include <stdexcept>
+#include <thread>
+
+#include <fcntl.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+namespace caf_serving::cluster_test {
+
+void write_test_models(support::temp_repository& repo, int delay_us) {
+  auto model = [&](const std::string& name, int delay) {
+    std::string cfg = "name: \"" + name + "\"\nbackend: \"builtin\"\nmax_batch_size: 8\n"
+                      "input [ { name: \"INPUT0\" data_type: TYPE_FP32 dims: [ 16 ] } ]\n"
+                      "output [ { name: \"OUTPUT0\" data_type: TYPE_FP32 dims: [ 16 ] } ]\n"
+                      "dynamic_batching { max_queue_delay_microseconds: 200 }\n"
+                      "parameters { key: \"function\" value: { string_value: \"identity\" } }\n";
+    if (delay > 0)
+      cfg += "parameters { key: \"delay_us\" value: { string_value: \"" + std::to_string(delay)
+             + "\" } }\n";
+    repo.write_file(name + "/config.pbtxt", cfg);
+    repo.write_file(name + "/1/model.txt", "builtin\n");
+  };
+  model("slow", delay_us);
+  model("fast", 0);
+}
+
+// -- worker_process ---------------------------------------------------------------
+
+worker_process::worker_process(worker_config cfg) {
+  std::vector<std::string> args = cfg.prefix;
+  args.push_back(CAF_SERVING_WORKER_BINARY);
+  for (const auto& a : {std::string("--model-repository"), cfg.repository,
+                        std::string("--address"), std::string("127.0.0.1"),
+                        std::string("--port"), std::string("0"), std::string("--name"),
+                        cfg.name})
+    args.push_back(a);
+  args.insert(args.end(), cfg.extra_args.begin(), cfg.extra_args.end());
+  std::vector<char*> argv;
+  for (auto& a : args)
+    argv.push_back(a.data());
+  argv.push_back(nullptr);
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0)
+    throw std::runtime_error(std::string("pipe2: ") + std::strerror(errno));
+  pid_t parent = getpid();
+  pid_ = fork();
+  if (pid_ == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent)
+      _exit(127);
+    dup2(fds[1], STDOUT_FILENO);
+    dup2(fds[1], STDERR_FILENO);
+    execvp(argv[0], argv.data());
+    _exit(127);
+  }
+  close(fds[1]);
+  reader_ = std::thread([this, fd = fds[0]] {
+    char buf[4096];
+    for (;;) {
+      ssize_t n = read(fd, buf, sizeof(buf));
+      if (n < 0 && errno == EINTR)
+        continue;
+      if (n <= 0)
+        break;
+      std::lock_guard<std::mutex> guard(mutex_);
+      output_.append(buf, static_cast<size_t>(n));
+    }
+    close(fd);
+  });
+  if (!wait_for_output(" listening on ", std::chrono::seconds(20)))
+    throw std::runtime_error("caf-serving-worker did not start; its output:\n" + output());
+  // The line is complete once the newline after the port arrived.
+  for (int i = 0; i < 200 && port_ == 0; ++i) {
+    auto out = output();
+    auto at = out.find(" listening on ");
+    auto eol = out.find('\n', at);
+    if (eol != std::string::npos) {
+      auto colon = out.rfind(':', eol);
+      port_ = static_cast<uint16_t>(std::stoul(out.substr(colon + 1, eol - colon - 1)));
+    }
+    else
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+worker_process::~worker_process() {
+  kill_hard();
+  if (reader_.joinable())
+    reader_.join();
+}
+
+void worker_process::kill_hard() {
+  if (reaped_)
+    return;
+  ::kill(pid_, SIGKILL);
+  int raw = 0;
+  waitpid(pid_, &raw, 0);
+  reaped_ = true;
+}
+
+std::string worker_process::output() const {
+  std::lock_guard<std::mutex> guard(mutex_);
+  return output_;
+}
+
+bool worker_process::wait_for_output(const std::string& text,
+                                     std::chrono::milliseconds timeout) const {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (output().find(text) != std::string::npos)
+      return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return false;
+}
+
+// -- load -------------------------------------------------------------------------
+
+load_totals run_load(uint16_t http_port, const load_config& cfg) {
+  std::mutex mutex;
+  load_totals totals;
+  std::atomic<int> answered{0};
+  std::atomic<bool> called{false};
+  std::vector<std::thread> threads;
+  for (int c = 0; c < cfg.clients; ++c) {
+    threads.emplace_back([&, c] {
+      support::http_client http(http_port);
+      http.timeout = std::chrono::milliseconds(30000);
+      for (int i = 0; i < cfg.requests_per_client; ++i) {
+        float base = static_cast<float>(c * 10000 + i * 16);
+        std::string data = "[";
+        for (int k = 0; k < 16; ++k)
+          data += (k ? "," : "") + std::to_string(static_cast<int>(base) + k);
+        data += "]";
+        std::string body = "{\"inputs\":[{\"name\":\"INPUT0\",\"datatype\":\"FP32\","
+                           "\"shape\":[1,16],\"data\":"
+                           + data + "}]}";
+        int status = 0;
+        std::string answer;
+        try {
+          auto r = http.post("/v2/models/" + cfg.model + "/infer", body,
+                             {{"Content-Type", "application/json"}});
+          status = r.status;
+          answer = r.body;
+        } catch (const std::exception& e) {
+          answer = e.what();
+          http.close();
+        }
+        {
+          std::lock_guard<std::mutex> guard(mutex);
+          ++totals.sent;
+          if (status == 200 && answer.find("\"data\":" + data) != std::string::npos)
+            ++totals.correct;
+          else if (status == 200)
+            ++totals.wrong;
+          else
+            ++totals.failed;
+          if (status != 200 || answer.find("\"data\":" + data) == std::string::npos)
+            if (totals.first_failure.empty())
+              totals.first_failure = std::to_string(status) + " " + answer.substr(0, 300);
+        }
+        if (++answered >= cfg.call_after && cfg.midway && !called.exchange(true))
+          cfg.midway();
+      }
+    });
+  }
+  for (auto& t : threads)
+    t.join();
+  return totals;
+}
+
+double metric_sum(uint16_t port, const std::string& metric, const std::string& label_part) {
+  support::http_client http(port);
+  auto body = http.get("/metrics").body;
+  std::istringstream in(body);
+  std::string line;
+  double sum = 0;
+  while (std::getline(in, line)) {
+    if (line.rfind(metric, 0) != 0)
+      continue;
+    auto rest = line.substr(metric.size());
+    if (rest.empty() || (rest[0] != '{' && rest[0] != ' '))
+      continue;
+    if (!label_part.empty() && rest.find(label_part) == std::string::npos)
+      continue;
+    sum += std::stod(line.substr(line.rfind(' ') + 1));
+  }
+  return sum;
+}
+
+bool wait_for_v2(uint16_t port, const std::string& text, std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  support::http_client http(port);
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (http.get("/v2").body.find(text) != std::string::npos)
+      return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return false;
+}
+
+} // namespace caf_serving::cluster_test
