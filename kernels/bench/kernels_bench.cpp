@@ -229,6 +229,23 @@ void register_benchmarks() {
       b->UseManualTime()->Unit(benchmark::kMicrosecond);
       if (smoke)
         b->Iterations(1);
+      // Other block sizes for the memory-bound kernels, to check the default's choice.
+      std::vector<int> block_sizes;
+      if (c.operation == op::softmax)
+        block_sizes = {256, 512};
+      else if (c.operation == op::add_layer_norm)
+        block_sizes = {64, 256};
+      else if (c.operation == op::epilogue || c.operation == op::convert)
+        block_sizes = {512};
+      if (smoke)
+        block_sizes.clear();
+      for (int threads : block_sizes) {
+        std::string variant = c.name + " t" + std::to_string(threads) + "/"
+                              + describe(c.operation, size);
+        auto* v = benchmark::RegisterBenchmark(variant.c_str(), bm_case, &c, size,
+                                               launch_config{threads, 0});
+        v->UseManualTime()->Unit(benchmark::kMicrosecond);
+      }
       if (c.operation == op::attention && !c.padded) // both tilings, to pick the default
         for (int rows : {16, 32}) {
           std::string variant = c.name + " rows" + std::to_string(rows) + "/"

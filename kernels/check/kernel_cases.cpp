@@ -81,12 +81,21 @@ std::vector<case_size> epilogue_bench() {
 }
 
 std::vector<case_size> norm_sweep() {
-  return {matrix(1, 8), matrix(7, 100), matrix(64, 768), matrix(3, 1027), matrix(5, 4096)};
+  // Up to 1024 columns (% 8 == 0) a warp takes a row with 1 to 4 vectors per lane:
+  // 8 (1), 264 (2, ragged), 520 (3, ragged), 768 (3), 1024 (4); 100 and 1027 take
+  // the scalar block kernel, 4096 the vector block kernel.
+  return {matrix(1, 8),   matrix(7, 100),  matrix(33, 264), matrix(9, 520),
+          matrix(64, 768), matrix(6, 1024), matrix(3, 1027), matrix(5, 4096)};
 }
 
 std::vector<case_size> softmax_sweep() {
-  // Up to 1024 columns a warp takes a row; longer rows take a block.
-  return {matrix(1, 1), matrix(5, 33), matrix(64, 128), matrix(3, 1000), matrix(2, 5000)};
+  // Up to 1024 columns a warp takes a row; longer rows take a block. Rows held in
+  // registers use 1, 2 or 4 vectors per thread: 128 (1), 512 (2), 1000 (4, ragged);
+  // 4096 with 256/128/1024 threads is a block row of 2/4/1 vectors, 5000 a ragged
+  // one; 1 and 33 columns take the scalar kernel, 4096 and 5000 with 32 threads the
+  // two-pass one.
+  return {matrix(1, 1),   matrix(5, 33),   matrix(64, 128), matrix(7, 512),
+          matrix(3, 1000), matrix(3, 4096), matrix(2, 5000)};
 }
 
 std::vector<case_size> attention_sweep() {

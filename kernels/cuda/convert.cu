@@ -3,6 +3,7 @@
 #include "cuda/check.hpp"
 #include "cuda/device_math.cuh"
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 
@@ -36,6 +37,43 @@ __global__ void convert_kernel(convert_args a, bool vectorized) {
     out[i] = detail::from_f32<To>(detail::to_f32(in[i]));
 }
 
+// fp16/bf16 -> f32, the direction that writes twice what it reads. Each thread moves
+// chunks of 4 elements: an 8-byte load and a 16-byte store, so that every load and
+// every store instruction of a warp covers one contiguous span (256 and 512 bytes)
+// with no holes. (Loading 16 bytes and storing two float4s leaves each store
+// instruction writing half of each 32-byte sector, and the widening direction then
+// stalled at ~61% of the copy bandwidth while narrowing reached 97%.) `chunks_per_step`
+// chunks per thread are loaded before any is stored.
+constexpr int chunks_per_step = 4;
+
+template <class From>
+__global__ void widen_kernel(const From* in, float* out, std::size_t count) {
+  const uint2* in4 = reinterpret_cast<const uint2*>(in);
+  float4* out4 = reinterpret_cast<float4*>(out);
+  std::size_t chunks = count / 4;
+  std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  std::size_t c = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (; c + (chunks_per_step - 1) * stride < chunks; c += chunks_per_step * stride) {
+    uint2 raw[chunks_per_step];
+#pragma unroll
+    for (int u = 0; u < chunks_per_step; ++u)
+      raw[u] = in4[c + u * stride];
+#pragma unroll
+    for (int u = 0; u < chunks_per_step; ++u) {
+      float2 lo = detail::unpack2<From>(raw[u].x), hi = detail::unpack2<From>(raw[u].y);
+      out4[c + u * stride] = make_float4(lo.x, lo.y, hi.x, hi.y);
+    }
+  }
+  for (; c < chunks; c += stride) {
+    uint2 raw = in4[c];
+    float2 lo = detail::unpack2<From>(raw.x), hi = detail::unpack2<From>(raw.y);
+    out4[c] = make_float4(lo.x, lo.y, hi.x, hi.y);
+  }
+  std::size_t tail = chunks * 4 + static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (tail < count) // at most 3 elements, one per thread of the first block
+    out[tail] = detail::to_f32(in[tail]);
+}
+
 bool aligned16(const void* p) {
   return (reinterpret_cast<std::uintptr_t>(p) & 15) == 0;
 }
@@ -53,6 +91,18 @@ void launch_convert(const convert_args& a, cudaStream_t stream) {
   bool vectorized = aligned16(a.input) && aligned16(a.output);
   int threads = a.threads > 0 ? a.threads : 256;
   int blocks = detail::grid_stride_blocks(vectorized ? (a.count + 15) / 16 : a.count, threads);
+  if (a.from != dtype::f32 && vectorized) {
+    std::size_t steps = (a.count / 4 + chunks_per_step - 1) / chunks_per_step;
+    int widen_blocks = detail::grid_stride_blocks(std::max<std::size_t>(steps, 1), threads);
+    if (a.from == dtype::f16)
+      widen_kernel<<<widen_blocks, threads, 0, stream>>>(static_cast<const __half*>(a.input),
+                                                         static_cast<float*>(a.output), a.count);
+    else
+      widen_kernel<<<widen_blocks, threads, 0, stream>>>(
+        static_cast<const __nv_bfloat16*>(a.input), static_cast<float*>(a.output), a.count);
+    CAF_CUDA_CHECK(cudaGetLastError());
+    return;
+  }
   if (a.from == dtype::f32 && a.to == dtype::f16)
     convert_kernel<float, __half><<<blocks, threads, 0, stream>>>(a, vectorized);
   else if (a.from == dtype::f32)

@@ -5,6 +5,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cpu/types.hpp"
 
@@ -35,6 +36,50 @@ __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) {
   return __float2bfloat16_rn(x);
 }
 
+/// Two fp16/bf16 values (one 32-bit word) as floats, with one paired conversion.
+template <class T>
+__device__ __forceinline__ float2 unpack2(unsigned word) {
+  if constexpr (std::is_same_v<T, __half>) {
+    return __half22float2(*reinterpret_cast<const __half2*>(&word));
+  } else {
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&word));
+  }
+}
+
+/// Two floats as one 32-bit word of fp16/bf16 (round to nearest even), converted as
+/// a pair (one F2FP instruction instead of two conversions and a permute).
+template <class T>
+__device__ __forceinline__ unsigned pack2(float a, float b) {
+  unsigned word;
+  if constexpr (std::is_same_v<T, __half>) {
+    __half2 h = __floats2half2_rn(a, b);
+    word = *reinterpret_cast<const unsigned*>(&h);
+  } else {
+    __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+    word = *reinterpret_cast<const unsigned*>(&h);
+  }
+  return word;
+}
+
+/// 8 fp16/bf16 values (16 bytes) as floats.
+template <class T>
+__device__ __forceinline__ void unpack8(uint4 raw, float (&out)[8]) {
+  unsigned w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    float2 f = unpack2<T>(w[i]);
+    out[2 * i] = f.x;
+    out[2 * i + 1] = f.y;
+  }
+}
+
+/// 8 floats as 8 fp16/bf16 values (16 bytes).
+template <class T>
+__device__ __forceinline__ uint4 pack8(const float (&in)[8]) {
+  return make_uint4(pack2<T>(in[0], in[1]), pack2<T>(in[2], in[3]), pack2<T>(in[4], in[5]),
+                    pack2<T>(in[6], in[7]));
+}
+
 /// Loads 8 consecutive elements (16 or 32 bytes, 16-byte aligned) as floats.
 template <class T>
 __device__ __forceinline__ void load8(const T* p, float (&out)[8]) {
@@ -45,10 +90,7 @@ __device__ __forceinline__ void load8(const T* p, float (&out)[8]) {
     out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
   } else {
     uint4 raw = *reinterpret_cast<const uint4*>(p);
-    const T* h = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-    for (int i = 0; i < 8; ++i)
-      out[i] = to_f32(h[i]);
+    unpack8<T>(raw, out);
   }
 }
 
@@ -59,12 +101,7 @@ __device__ __forceinline__ void store8(T* p, const float (&in)[8]) {
     reinterpret_cast<float4*>(p)[0] = make_float4(in[0], in[1], in[2], in[3]);
     reinterpret_cast<float4*>(p)[1] = make_float4(in[4], in[5], in[6], in[7]);
   } else {
-    uint4 raw;
-    T* h = reinterpret_cast<T*>(&raw);
-#pragma unroll
-    for (int i = 0; i < 8; ++i)
-      h[i] = from_f32<T>(in[i]);
-    *reinterpret_cast<uint4*>(p) = raw;
+    *reinterpret_cast<uint4*>(p) = pack8<T>(in);
   }
 }
 

@@ -4,6 +4,7 @@
 #include "cuda/device_math.cuh"
 
 #include <algorithm>
+#include <type_traits>
 
 namespace caf_serving::kernels {
 namespace {
@@ -15,35 +16,10 @@ struct softmax_params {
   softmax_args a;
   int group;       // threads per row: 32 (a warp) or the whole block
   bool vectorized; // 8 elements per step
-  bool cached;     // vectorized, and the row fits in registers: cached_vectors per thread
+  bool cached;     // vectorized, and the row fits in registers: <= cached_vectors per thread
 };
 
 constexpr int cached_vectors = 4;
-
-// Max or sum over the threads of one row's group (a warp, or the whole block when
-// group > 32). Every thread of the group gets the result.
-template <bool Max>
-__device__ __forceinline__ float group_reduce(float v, int group, float* scratch) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    float other = __shfl_xor_sync(0xffffffffu, v, o);
-    v = Max ? fmaxf(v, other) : v + other;
-  }
-  if (group > 32) {
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (lane == 0)
-      scratch[warp] = v;
-    __syncthreads();
-    v = lane < static_cast<int>(blockDim.x / 32) ? scratch[lane] : (Max ? -INFINITY : 0.0f);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      float other = __shfl_xor_sync(0xffffffffu, v, o);
-      v = Max ? fmaxf(v, other) : v + other;
-    }
-    __syncthreads();
-  }
-  return v;
-}
 
 // Running max and sum of exp(x - max), merged pairwise (the online softmax).
 struct max_sum {
@@ -87,47 +63,6 @@ __global__ void softmax_kernel(softmax_params p) {
   T* out = static_cast<T*>(p.a.output) + (active ? r : 0) * cols;
   std::size_t mask_offset = (active ? r % p.a.mask_rows : 0) * cols;
   int step = p.vectorized ? 8 : 1;
-
-  if (p.cached) { // one read of the row, kept in registers between the reductions
-    __shared__ float reduce_scratch[32];
-    float x[cached_vectors][8];
-    float m = -INFINITY;
-#pragma unroll
-    for (int v = 0; v < cached_vectors; ++v) {
-      std::size_t c = (static_cast<std::size_t>(t) + v * p.group) * 8;
-      bool here = active && c < cols;
-      if (here)
-        detail::load8(in + c, x[v]);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        x[v][j] = here ? masked<Mask>(x[v][j], p.a.mask_data, mask_offset + c + j) : -INFINITY;
-        m = fmaxf(m, x[v][j]);
-      }
-    }
-    m = group_reduce<true>(m, p.group, reduce_scratch);
-    float base = m == -INFINITY ? 0.0f : m; // a fully masked row gives zeros
-    float sum = 0.0f;
-#pragma unroll
-    for (int v = 0; v < cached_vectors; ++v)
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        x[v][j] = __expf(x[v][j] - base);
-        sum += x[v][j];
-      }
-    sum = group_reduce<false>(sum, p.group, reduce_scratch);
-    float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-#pragma unroll
-    for (int v = 0; v < cached_vectors; ++v) {
-      std::size_t c = (static_cast<std::size_t>(t) + v * p.group) * 8;
-      if (active && c < cols) {
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-          x[v][j] *= inv;
-        detail::store8(out + c, x[v]);
-      }
-    }
-    return;
-  }
 
   max_sum acc{-INFINITY, 0.0f};
   if (active) {
@@ -192,6 +127,112 @@ __global__ void softmax_kernel(softmax_params p) {
   }
 }
 
+// Rows that fit in registers (vectorized, at most `V` vectors of 8 per thread): the
+// row is read once and written once. A warp's row (short rows) takes two warp
+// reductions, max then sum, which are only shuffles. A block's row takes one block
+// reduction of (max, sum) pairs: each thread exponentiates against its own max and
+// rescales by exp(own max - row max) at the end, so the block synchronises once
+// instead of twice between reading the row and writing it. `V` is a template
+// parameter so that a row of 512 columns keeps 16 floats per lane, not 32, and
+// exponentiates only what it loaded.
+template <class T, mask_kind Mask, int V>
+__global__ void softmax_cached_kernel(softmax_params p) {
+  __shared__ max_sum scratch[32];
+  int groups = blockDim.x / p.group;
+  std::size_t r = static_cast<std::size_t>(blockIdx.x) * groups + threadIdx.x / p.group;
+  int t = threadIdx.x % p.group;
+  bool active = r < p.a.rows;
+  std::size_t cols = p.a.cols;
+  const T* in = static_cast<const T*>(p.a.input) + (active ? r : 0) * cols;
+  T* out = static_cast<T*>(p.a.output) + (active ? r : 0) * cols;
+  std::size_t mask_offset = (active ? r % p.a.mask_rows : 0) * cols;
+  float x[V][8];
+  bool here[V];
+#pragma unroll
+  for (int v = 0; v < V; ++v) {
+    std::size_t c = (static_cast<std::size_t>(t) + v * p.group) * 8;
+    here[v] = active && c < cols;
+    if (here[v])
+      detail::load8(in + c, x[v]);
+  }
+  float m = -INFINITY;
+#pragma unroll
+  for (int v = 0; v < V; ++v) {
+    std::size_t c = (static_cast<std::size_t>(t) + v * p.group) * 8;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      x[v][j] = here[v] ? masked<Mask>(x[v][j], p.a.mask_data, mask_offset + c + j) : -INFINITY;
+      m = fmaxf(m, x[v][j]);
+    }
+  }
+  float scale;
+  if (p.group == 32) {
+    m = detail::warp_max(m);
+    float base = m == -INFINITY ? 0.0f : m; // a fully masked row gives zeros
+    float sum = 0.0f;
+#pragma unroll
+    for (int v = 0; v < V; ++v)
+      if (here[v])
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          x[v][j] = __expf(x[v][j] - base);
+          sum += x[v][j];
+        }
+    sum = detail::warp_sum(sum);
+    scale = sum > 0.0f ? 1.0f / sum : 0.0f;
+  } else {
+    float base = m == -INFINITY ? 0.0f : m; // this thread's own max
+    float sum = 0.0f;
+#pragma unroll
+    for (int v = 0; v < V; ++v)
+      if (here[v])
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          x[v][j] = __expf(x[v][j] - base);
+          sum += x[v][j];
+        }
+    max_sum acc{m, sum};
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+      acc = merge(acc, {__shfl_xor_sync(0xffffffffu, acc.max, o),
+                        __shfl_xor_sync(0xffffffffu, acc.sum, o)});
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (lane == 0)
+      scratch[warp] = acc;
+    __syncthreads();
+    acc = lane < static_cast<int>(blockDim.x / 32) ? scratch[lane] : max_sum{-INFINITY, 0.0f};
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+      acc = merge(acc, {__shfl_xor_sync(0xffffffffu, acc.max, o),
+                        __shfl_xor_sync(0xffffffffu, acc.sum, o)});
+    // exp(x - row max) / row sum = exp(x - own max) * exp(own max - row max) / row sum;
+    // a thread with no finite value scales nothing (its x are exp(-inf) = 0).
+    scale = acc.sum > 0.0f && m != -INFINITY ? __expf(m - acc.max) / acc.sum : 0.0f;
+  }
+#pragma unroll
+  for (int v = 0; v < V; ++v) {
+    std::size_t c = (static_cast<std::size_t>(t) + v * p.group) * 8;
+    if (here[v]) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+        x[v][j] *= scale;
+      detail::store8(out + c, x[v]);
+    }
+  }
+}
+
+// The largest block the cached kernel can be launched with (its registers per thread
+// bound it: the 4-vector kernel does not fit 1024 threads); asked once per variant.
+template <class T, mask_kind Mask, int V>
+int cached_max_threads() {
+  static const int max_threads = [] {
+    cudaFuncAttributes f{};
+    CAF_CUDA_CHECK(cudaFuncGetAttributes(&f, softmax_cached_kernel<T, Mask, V>));
+    return f.maxThreadsPerBlock;
+  }();
+  return max_threads;
+}
+
 bool aligned16(const void* p) {
   return (reinterpret_cast<std::uintptr_t>(p) & 15) == 0;
 }
@@ -210,12 +251,45 @@ void launch_softmax(const softmax_args& a, cudaStream_t stream) {
                                  1024, std::max<std::size_t>(128, (per_two_vectors + 31) / 32 * 32)));
   }
   p.group = a.cols <= 1024 || threads == 32 ? 32 : threads;
-  p.cached = p.vectorized
-             && a.cols <= static_cast<std::size_t>(p.group) * 8 * cached_vectors;
+  std::size_t vectors_per_thread = (a.cols + p.group * 8 - 1) / (p.group * 8);
+  p.cached = p.vectorized && vectors_per_thread <= cached_vectors;
   std::size_t rows_per_block = static_cast<std::size_t>(threads / p.group);
   auto blocks = static_cast<unsigned>((a.rows + rows_per_block - 1) / rows_per_block);
   detail::dispatch_dtype(a.type, [&](auto tag) {
     using T = decltype(tag);
+    if (p.cached) {
+      // Launches the variant for `V` vectors per thread; false when the block is too
+      // large for its registers (then the two-pass kernel below runs instead).
+      auto launch = [&](auto mask_tag, auto vectors_tag) {
+        constexpr mask_kind M = decltype(mask_tag)::value;
+        constexpr int V = decltype(vectors_tag)::value;
+        if (threads > cached_max_threads<T, M, V>())
+          return false;
+        softmax_cached_kernel<T, M, V><<<blocks, threads, 0, stream>>>(p);
+        return true;
+      };
+      auto by_vectors = [&](auto mask_tag) {
+        if (vectors_per_thread <= 1)
+          return launch(mask_tag, std::integral_constant<int, 1>{});
+        if (vectors_per_thread <= 2)
+          return launch(mask_tag, std::integral_constant<int, 2>{});
+        return launch(mask_tag, std::integral_constant<int, cached_vectors>{});
+      };
+      bool launched = false;
+      switch (a.mask) {
+        case mask_kind::none:
+          launched = by_vectors(std::integral_constant<mask_kind, mask_kind::none>{});
+          break;
+        case mask_kind::additive:
+          launched = by_vectors(std::integral_constant<mask_kind, mask_kind::additive>{});
+          break;
+        case mask_kind::boolean:
+          launched = by_vectors(std::integral_constant<mask_kind, mask_kind::boolean>{});
+          break;
+      }
+      if (launched)
+        return;
+    }
     switch (a.mask) {
       case mask_kind::none:
         softmax_kernel<T, mask_kind::none><<<blocks, threads, 0, stream>>>(p);
