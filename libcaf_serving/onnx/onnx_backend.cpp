@@ -92,8 +92,20 @@ dnnl::memory reorder_weights(const dnnl_ctx& ctx, const tensor_data& w,
   return dst;
 }
 
+/// Which 4-D values are stored channels-last (NHWC): oneDNN's fast convolution
+/// and pooling kernels want it; everything else reads NCHW.
+using layout_map = std::vector<bool>;
+
+dnnl::memory::format_tag tag_of(const graph& g, const layout_map& nhwc, int v, bool prefer_cl) {
+  const auto& s = g.values[v].shape;
+  // A 1x1 spatial tensor has the same bytes in either layout.
+  if (nhwc[v] || (prefer_cl && s.size() == 4 && s[2] * s[3] == 1))
+    return dnnl::memory::format_tag::nhwc;
+  return dnnl::memory::format_tag::nchw;
+}
+
 std::shared_ptr<dnnl_step> conv_step(const dnnl_ctx& ctx, const graph& g, const node& n,
-                                     int threads) {
+                                     int threads, const layout_map& nhwc) {
   using tag = dnnl::memory::format_tag;
   using dt = dnnl::memory::data_type;
   const auto& xs = g.values[n.inputs[0]].shape;
@@ -103,8 +115,9 @@ std::shared_ptr<dnnl_step> conv_step(const dnnl_ctx& ctx, const graph& g, const 
   auto st = n.get_ints("strides", {1, 1});
   auto pd = n.get_ints("pads", {0, 0, 0, 0});
   auto dl = n.get_ints("dilations", {1, 1});
-  dnnl::memory::desc src({to_dnnl(xs)}, dt::f32, tag::nchw);
-  dnnl::memory::desc dst({to_dnnl(ys)}, dt::f32, tag::nchw);
+  bool cl = nhwc[n.inputs[0]];
+  dnnl::memory::desc src({to_dnnl(xs)}, dt::f32, tag_of(g, nhwc, n.inputs[0], false));
+  dnnl::memory::desc dst({to_dnnl(ys)}, dt::f32, tag_of(g, nhwc, n.outputs[0], cl));
   dims_t wd = w.shape;
   tag wtag = tag::oihw;
   if (group > 1) {
@@ -155,13 +168,14 @@ std::shared_ptr<dnnl_step> conv_step(const dnnl_ctx& ctx, const graph& g, const 
   return s;
 }
 
-std::shared_ptr<dnnl_step> pool_step(const dnnl_ctx& ctx, const graph& g, const node& n) {
-  using tag = dnnl::memory::format_tag;
+std::shared_ptr<dnnl_step> pool_step(const dnnl_ctx& ctx, const graph& g, const node& n,
+                                     const layout_map& nhwc) {
   using dt = dnnl::memory::data_type;
   const auto& xs = g.values[n.inputs[0]].shape;
   const auto& ys = g.values[n.outputs[0]].shape;
-  dnnl::memory::desc src({to_dnnl(xs)}, dt::f32, tag::nchw);
-  dnnl::memory::desc dst({to_dnnl(ys)}, dt::f32, tag::nchw);
+  bool cl = nhwc[n.inputs[0]];
+  dnnl::memory::desc src({to_dnnl(xs)}, dt::f32, tag_of(g, nhwc, n.inputs[0], false));
+  dnnl::memory::desc dst({to_dnnl(ys)}, dt::f32, tag_of(g, nhwc, n.outputs[0], cl));
   dims_t k, st, pl, pr, dil{0, 0};
   dnnl::algorithm alg;
   if (n.op == "GlobalAveragePool") {
@@ -195,6 +209,71 @@ std::shared_ptr<dnnl_step> pool_step(const dnnl_ctx& ctx, const graph& g, const 
   s->args.push_back({DNNL_ARG_DST, dnnl::memory(dst, ctx.eng, DNNL_MEMORY_NONE)});
   s->values.push_back(n.outputs[0]);
   return s;
+}
+
+/// ToNHWC / ToNCHW: a oneDNN reorder between the two layouts of one 4-D tensor.
+std::shared_ptr<dnnl_step> reorder_step(const dnnl_ctx& ctx, const graph& g, const node& n) {
+  using tag = dnnl::memory::format_tag;
+  auto dims = to_dnnl(g.values[n.inputs[0]].shape);
+  bool to_cl = n.op == "ToNHWC";
+  dnnl::memory::desc src(dims, dnnl::memory::data_type::f32, to_cl ? tag::nchw : tag::nhwc);
+  dnnl::memory::desc dst(dims, dnnl::memory::data_type::f32, to_cl ? tag::nhwc : tag::nchw);
+  auto s = std::make_shared<dnnl_step>();
+  s->eng = ctx.eng;
+  dnnl::memory a(src, ctx.eng, DNNL_MEMORY_NONE), b(dst, ctx.eng, DNNL_MEMORY_NONE);
+  s->prim = dnnl::reorder(a, b);
+  s->args.push_back({DNNL_ARG_FROM, a});
+  s->values.push_back(n.inputs[0]);
+  s->args.push_back({DNNL_ARG_TO, b});
+  s->values.push_back(n.outputs[0]);
+  return s;
+}
+
+bool runs_on_onednn_4d(const graph& g, const node& n) {
+  bool spatial = (n.op == "FusedConv" && g.values[n.inputs[1]].constant) || n.op == "MaxPool"
+                 || n.op == "AveragePool" || n.op == "GlobalAveragePool";
+  return spatial && g.values[n.inputs[0]].shape.size() == 4;
+}
+
+/// Stores convolution and pooling tensors channels-last, inserting ToNHWC and
+/// ToNCHW nodes where a tensor passes between them and the other operators.
+layout_map assign_channels_last(graph& g) {
+  std::vector<bool> is_output(g.values.size(), false);
+  for (int o : g.outputs) is_output[o] = true;
+  layout_map nhwc(g.values.size(), false);
+  std::map<std::pair<int, bool>, int> converted;
+  std::vector<node> nodes;
+  auto convert = [&](int v, bool to_cl) {
+    auto key = std::make_pair(v, to_cl);
+    if (auto it = converted.find(key); it != converted.end()) return it->second;
+    int nv = g.add_value(g.values[v].name + (to_cl ? "/nhwc" : "/nchw"), datatype::fp32,
+                         g.values[v].shape, true);
+    nhwc.resize(g.values.size(), false);
+    nhwc[nv] = to_cl;
+    nodes.push_back(node{to_cl ? "ToNHWC" : "ToNCHW", g.values[v].name + (to_cl ? "/to_nhwc" : "/to_nchw"),
+                         {v}, {nv}, {}});
+    converted[key] = nv;
+    return nv;
+  };
+  for (auto n : g.nodes) {
+    bool dn = runs_on_onednn_4d(g, n);
+    for (size_t i = 0; i < n.inputs.size(); ++i) {
+      int v = n.inputs[i];
+      if (v < 0 || g.values[v].constant) continue;
+      bool want = dn && (i == 0 || (n.op == "FusedConv" && i == 3));
+      if (want && !nhwc[v]) n.inputs[i] = convert(v, true);
+      else if (!want && nhwc[v]) n.inputs[i] = convert(v, false);
+    }
+    if (dn)
+      for (int o : n.outputs) {
+        const auto& s = g.values[o].shape;
+        if (!is_output[o] && s[2] * s[3] > 1) nhwc[o] = true;
+      }
+    nodes.push_back(n);
+  }
+  g.nodes = std::move(nodes);
+  nhwc.resize(g.values.size(), false);
+  return nhwc;
 }
 
 /// FusedMatMul: A [..., K] x constant W [K, N] + bias, activation, + residual.
@@ -260,20 +339,27 @@ std::vector<int64_t> broadcast_strides4(const dims_t& in) {
   return st;
 }
 
-step compile_node(const dnnl_ctx& ctx, const graph& g, int idx, int threads) {
+step compile_node(const dnnl_ctx& ctx, const graph& g, int idx, int threads,
+                  const layout_map& nhwc) {
   const node& n = g.nodes[idx];
   step s;
   s.node = idx;
   auto shape_of = [&](int v) { return v >= 0 ? g.values[v].shape : dims_t{}; };
   if (n.op == "FusedConv" && g.values[n.inputs[1]].constant) {
     s.kernel = "onednn.conv";
-    auto st = conv_step(ctx, g, n, threads);
+    auto st = conv_step(ctx, g, n, threads, nhwc);
     s.run = [st](void** p) { (*st)(p); };
     return s;
   }
   if (n.op == "MaxPool" || n.op == "AveragePool" || n.op == "GlobalAveragePool") {
     s.kernel = "onednn.pool";
-    auto st = pool_step(ctx, g, n);
+    auto st = pool_step(ctx, g, n, nhwc);
+    s.run = [st](void** p) { (*st)(p); };
+    return s;
+  }
+  if (n.op == "ToNHWC" || n.op == "ToNCHW") {
+    s.kernel = "onednn.reorder";
+    auto st = reorder_step(ctx, g, n);
     s.run = [st](void** p) { (*st)(p); };
     return s;
   }
@@ -391,6 +477,7 @@ result<std::shared_ptr<compiled_plan>> compile(const graph& src, const model_con
   auto plan = std::make_shared<compiled_plan>();
   plan->g = std::move(*opt);
   auto& g = plan->g;
+  auto nhwc = assign_channels_last(g);
   for (const auto& t : cfg.inputs)
     plan->input_values.push_back(find_value(g, g.inputs, t.name));
   for (const auto& t : cfg.outputs)
@@ -408,7 +495,7 @@ result<std::shared_ptr<compiled_plan>> compile(const graph& src, const model_con
   static const dnnl_ctx ctx;
   try {
     for (size_t i = 0; i < g.nodes.size(); ++i)
-      plan->steps.push_back(compile_node(ctx, g, static_cast<int>(i), mcfg.threads));
+      plan->steps.push_back(compile_node(ctx, g, static_cast<int>(i), mcfg.threads, nhwc));
   } catch (const dnnl::error& e) {
     return load_error(mcfg, std::string("oneDNN cannot build a kernel: ") + e.what());
   }
