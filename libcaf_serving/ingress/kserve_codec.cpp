@@ -5,6 +5,7 @@
 #include <simdjson.h>
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <cmath>
 #include <cstring>
@@ -355,8 +356,13 @@ struct parse_context {
   std::string where = "the request";
 };
 
+/// How one JSON element converted.
+enum class element_status { ok, wrong_type, out_of_range };
+
 /// Writes the elements of a JSON "data" value (flat or nested arrays) as raw
-/// little-endian bytes.
+/// little-endian bytes. The datatype is dispatched once per tensor, and each
+/// element is read directly as the expected type; only when that fails is it
+/// checked for being a nested array, so flat data costs one read per element.
 struct data_writer {
   const infer_input& input;
   uint64_t expected = 0;
@@ -366,92 +372,188 @@ struct data_writer {
 
   std::string what() const { return "input " + single_quoted(input.name); }
 
-  [[noreturn]] void element_error(std::string_view expectation) const {
-    fail(what() + " has datatype " + std::string{to_string(input.dtype)}
-         + " but data element " + std::to_string(count - 1) + " is not " + std::string{expectation});
+  /// Where fixed-size elements go: `out`, sized for `expected` elements.
+  char* base = nullptr;
+
+  /// Stores element number `count` (the caller counts it on success).
+  template <class T>
+  void store(T v) {
+    if (count >= expected)
+      too_many();
+    std::memcpy(base + count * sizeof(T), &v, sizeof(T));
   }
 
-  template <class T>
-  void append_raw(T v) {
-    char buf[sizeof(T)];
-    std::memcpy(buf, &v, sizeof(T));
-    out.append(buf, sizeof(T));
-  }
-
-  template <class T>
-  void append_signed(od::value& v) {
-    int64_t x = {};
-    if (type_mismatch(v.get_int64().get(x)))
-      element_error("an integer");
-    if (x < std::numeric_limits<T>::min() || x > std::numeric_limits<T>::max())
-      fail(what() + " data element " + std::to_string(count - 1) + " (" + std::to_string(x)
+  [[noreturn, gnu::cold, gnu::noinline]] void element_error(od::value& v,
+                                                           element_status status) {
+    std::string index = std::to_string(count - 1);
+    if (status == element_status::out_of_range) {
+      std::string_view token = v.raw_json_token();
+      while (!token.empty() && std::isspace(static_cast<unsigned char>(token.back())))
+        token.remove_suffix(1);
+      fail(what() + " data element " + index + " (" + std::string{token}
            + ") is out of range for " + std::string{to_string(input.dtype)});
-    append_raw(static_cast<T>(x));
+    }
+    std::string_view expectation;
+    switch (input.dtype) {
+      case datatype::bool_: expectation = "true or false"; break;
+      case datatype::bytes: expectation = "a string"; break;
+      case datatype::fp32:
+      case datatype::fp64: expectation = "a number"; break;
+      case datatype::uint8:
+      case datatype::uint16:
+      case datatype::uint32:
+      case datatype::uint64: expectation = "a non-negative integer"; break;
+      default: expectation = "an integer"; break;
+    }
+    fail(what() + " has datatype " + std::string{to_string(input.dtype)} + " but data element "
+         + index + " is not " + std::string{expectation});
   }
 
-  template <class T>
-  void append_unsigned(od::value& v) {
-    uint64_t x = {};
-    if (type_mismatch(v.get_uint64().get(x)))
-      element_error("a non-negative integer");
-    if (x > std::numeric_limits<T>::max())
-      fail(what() + " data element " + std::to_string(count - 1) + " (" + std::to_string(x)
-           + ") is out of range for " + std::string{to_string(input.dtype)});
-    append_raw(static_cast<T>(x));
-  }
-
-  void write(od::value v, size_t depth) {
-    od::json_type type = v.type().value();
-    if (type == od::json_type::array) {
-      if (depth >= max_depth)
-        fail(what() + " has data nested deeper than its shape "
-             + format_shape(input.shape) + " allows");
-      od::array elements = v.get_array().value();
-      for (auto element : elements)
-        write(element.value(), depth + 1);
+  /// Reads one element with `read`, which returns an element_status; recurses
+  /// into nested arrays. The loop over an array stays small and inlined; nested
+  /// arrays and errors take the out-of-line path.
+  template <class Read>
+  void write_value(od::value v, Read& read) {
+    element_status status = read(v);
+    if (status == element_status::ok) {
+      ++count;
       return;
     }
-    if (++count > expected)
-      fail(what() + " has more data elements than its shape " + format_shape(input.shape)
-           + " holds (" + std::to_string(expected) + ")");
+    write_other(v, 0, status, read);
+  }
+
+  template <class Read>
+  void write_array(od::array elements, size_t depth, Read& read) {
+    for (auto element : elements) {
+      od::value e = element.value();
+      element_status status = read(e);
+      if (status == element_status::ok) {
+        ++count;
+        continue;
+      }
+      write_other(e, depth + 1, status, read);
+    }
+  }
+
+  template <class Read>
+  [[gnu::noinline]] void write_other(od::value v, size_t depth, element_status status,
+                                     Read& read) {
+    if (status == element_status::wrong_type && v.type().value() == od::json_type::array) {
+      if (depth >= max_depth)
+        fail(what() + " has data nested deeper than its shape " + format_shape(input.shape)
+             + " allows");
+      write_array(v.get_array().value(), depth, read);
+      return;
+    }
+    ++count;
+    element_error(v, status);
+  }
+
+  [[noreturn, gnu::cold, gnu::noinline]] void too_many() const {
+    fail(what() + " has more data elements than its shape " + format_shape(input.shape)
+         + " holds (" + std::to_string(expected) + ")");
+  }
+
+  static element_status status_of(simdjson::error_code err) {
+    if (err == simdjson::SUCCESS)
+      return element_status::ok;
+    if (type_mismatch(err)) // throws for errors in the JSON text
+      return err == simdjson::NUMBER_OUT_OF_RANGE ? element_status::out_of_range
+                                                  : element_status::wrong_type;
+    return element_status::wrong_type;
+  }
+
+  template <class T>
+  void write_signed(od::value v) {
+    auto read = [this](od::value& e) {
+      int64_t x = 0;
+      auto status = status_of(e.get_int64().get(x));
+      if (status != element_status::ok)
+        return status;
+      if (x < std::numeric_limits<T>::min() || x > std::numeric_limits<T>::max())
+        return element_status::out_of_range;
+      store(static_cast<T>(x));
+      return element_status::ok;
+    };
+    write_value(v, read);
+  }
+
+  template <class T>
+  void write_unsigned(od::value v) {
+    auto read = [this](od::value& e) {
+      uint64_t x = 0;
+      auto err = e.get_uint64().get(x);
+      if (err == simdjson::INCORRECT_TYPE && e.is_negative())
+        return element_status::out_of_range;
+      auto status = status_of(err);
+      if (status != element_status::ok)
+        return status;
+      if (x > std::numeric_limits<T>::max())
+        return element_status::out_of_range;
+      store(static_cast<T>(x));
+      return element_status::ok;
+    };
+    write_value(v, read);
+  }
+
+  void write(od::value v) {
     switch (input.dtype) {
       case datatype::bool_: {
-        bool b = {};
-        if (type_mismatch(v.get_bool().get(b)))
-          element_error("true or false");
-        out += static_cast<char>(b ? 1 : 0);
+        auto read = [this](od::value& e) {
+          bool b = false;
+          auto status = status_of(e.get_bool().get(b));
+          if (status == element_status::ok)
+            store(static_cast<char>(b ? 1 : 0));
+          return status;
+        };
+        write_value(v, read);
         return;
       }
-      case datatype::int8: append_signed<int8_t>(v); return;
-      case datatype::int16: append_signed<int16_t>(v); return;
-      case datatype::int32: append_signed<int32_t>(v); return;
-      case datatype::int64: append_signed<int64_t>(v); return;
-      case datatype::uint8: append_unsigned<uint8_t>(v); return;
-      case datatype::uint16: append_unsigned<uint16_t>(v); return;
-      case datatype::uint32: append_unsigned<uint32_t>(v); return;
-      case datatype::uint64: append_unsigned<uint64_t>(v); return;
+      case datatype::int8: write_signed<int8_t>(v); return;
+      case datatype::int16: write_signed<int16_t>(v); return;
+      case datatype::int32: write_signed<int32_t>(v); return;
+      case datatype::int64: write_signed<int64_t>(v); return;
+      case datatype::uint8: write_unsigned<uint8_t>(v); return;
+      case datatype::uint16: write_unsigned<uint16_t>(v); return;
+      case datatype::uint32: write_unsigned<uint32_t>(v); return;
+      case datatype::uint64: write_unsigned<uint64_t>(v); return;
       case datatype::fp32: {
-        double d = {};
-        if (type != od::json_type::number || type_mismatch(v.get_double().get(d)))
-          element_error("a number");
-        if (std::fabs(d) > static_cast<double>(std::numeric_limits<float>::max()))
-          fail(what() + " data element " + std::to_string(count - 1)
-               + " is out of range for FP32");
-        append_raw(static_cast<float>(d));
+        auto read = [this](od::value& e) {
+          double d = 0;
+          auto status = status_of(e.get_double().get(d));
+          if (status != element_status::ok)
+            return status;
+          if (std::fabs(d) > static_cast<double>(std::numeric_limits<float>::max()))
+            return element_status::out_of_range;
+          store(static_cast<float>(d));
+          return element_status::ok;
+        };
+        write_value(v, read);
         return;
       }
       case datatype::fp64: {
-        double d = {};
-        if (type != od::json_type::number || type_mismatch(v.get_double().get(d)))
-          element_error("a number");
-        append_raw(d);
+        auto read = [this](od::value& e) {
+          double d = 0;
+          auto status = status_of(e.get_double().get(d));
+          if (status == element_status::ok)
+            store(d);
+          return status;
+        };
+        write_value(v, read);
         return;
       }
       case datatype::bytes: {
-        std::string_view s;
-        if (type_mismatch(v.get_string().get(s)))
-          element_error("a string");
-        append_bytes_element(out, s);
+        auto read = [this](od::value& e) {
+          std::string_view str;
+          auto status = status_of(e.get_string().get(str));
+          if (status == element_status::ok) {
+            if (count >= expected)
+              too_many();
+            append_bytes_element(out, str);
+          }
+          return status;
+        };
+        write_value(v, read);
         return;
       }
       case datatype::fp16:
@@ -566,13 +668,22 @@ pending_input parse_input_object(od::value v, size_t index, const parse_input& i
       fail(prefix + " has datatype " + std::string{to_string(input.dtype)}
            + ", which JSON cannot carry; send it as binary data (binary_data_size "
              "parameter and Inference-Header-Content-Length)");
-    // Never reserve from the shape alone: each JSON element takes at least two
-    // characters, so the JSON length bounds what the data can hold.
-    uint64_t bounded = std::min<uint64_t>(*count, in.body.size() / 2 + 1);
+    // Never allocate from the shape alone: every JSON element but the last
+    // takes at least two characters, so the JSON's length bounds the count.
+    uint64_t most = in.body.size() / 2 + 1;
+    if (*count > most)
+      fail(prefix + " has shape " + format_shape(input.shape) + " of " + std::to_string(*count)
+           + " elements, more than its \"data\" can hold; send as many elements as the shape "
+             "says");
     size_t esize = element_size(input.dtype);
-    input.owned.reserve(static_cast<size_t>(bounded * (esize == 0 ? 5 : esize)));
     data_writer writer{input, *count, input.shape.size() + 1, input.owned};
-    writer.write(data_value, 0);
+    if (esize == 0) {
+      input.owned.reserve(static_cast<size_t>(*count) * 5);
+    } else {
+      input.owned.resize(static_cast<size_t>(*count) * esize);
+      writer.base = input.owned.data();
+    }
+    writer.write(data_value);
     if (writer.count != *count)
       fail(prefix + " has " + std::to_string(writer.count) + " data elements but its shape "
            + format_shape(input.shape) + " needs " + std::to_string(*count));

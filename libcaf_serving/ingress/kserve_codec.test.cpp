@@ -418,7 +418,13 @@ TEST_CASE("data that does not fit the shape or datatype") {
   check_error(parse_json(input_json("a", "INT8", "[1]", "[300]")), status_code::bad_request,
               "data element 0 (300) is out of range for INT8");
   check_error(parse_json(input_json("a", "UINT8", "[1]", "[-1]")), status_code::bad_request,
+              "data element 0 (-1) is out of range for UINT8");
+  check_error(parse_json(input_json("a", "UINT16", "[1]", "[\"x\"]")), status_code::bad_request,
               "data element 0 is not a non-negative integer");
+  // A huge shape with little data fails before anything is allocated for it.
+  check_error(parse_json(input_json("a", "FP64", "[100000000]", "[1]")), status_code::bad_request,
+              "input 'a' has shape [100000000] of 100000000 elements, more than its \"data\" can "
+              "hold");
   check_error(parse_json(input_json("a", "FP32", "[1]", "[1e39]")), status_code::bad_request,
               "out of range for FP32");
   check_error(parse_json(input_json("a", "BOOL", "[1]", "[1]")), status_code::bad_request,
