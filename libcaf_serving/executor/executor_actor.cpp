@@ -97,7 +97,7 @@ executor_actor spawn_executor(caf::actor_system& sys, std::shared_ptr<backend> b
   auto body = [be, config](executor_actor::pointer) -> executor_actor::behavior_type {
     return {
       [be, config](run_batch& msg) -> batch_result_message {
-        return run_one_batch(*be, config, msg.batch.reader());
+        return run_one_batch(*be, config, msg.reader());
       },
     };
   };
