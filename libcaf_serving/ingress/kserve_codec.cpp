@@ -183,34 +183,6 @@ T load(const char* p) {
   return v;
 }
 
-/// Appends element `i` of fixed-size tensor data as a JSON number (or
-/// `non_finite` for NaN/inf).
-void append_element(std::string& out, datatype t, const char* base, size_t i,
-                    std::string_view non_finite) {
-  switch (t) {
-    case datatype::bool_:
-      out += base[i] != 0 ? "true" : "false";
-      return;
-    case datatype::uint8: append_integer(out, load<uint8_t>(base + i)); return;
-    case datatype::uint16: append_integer(out, load<uint16_t>(base + 2 * i)); return;
-    case datatype::uint32: append_integer(out, load<uint32_t>(base + 4 * i)); return;
-    case datatype::uint64: append_integer(out, load<uint64_t>(base + 8 * i)); return;
-    case datatype::int8: append_integer(out, load<int8_t>(base + i)); return;
-    case datatype::int16: append_integer(out, load<int16_t>(base + 2 * i)); return;
-    case datatype::int32: append_integer(out, load<int32_t>(base + 4 * i)); return;
-    case datatype::int64: append_integer(out, load<int64_t>(base + 8 * i)); return;
-    case datatype::fp16:
-      append_floating(out, half_to_float(load<uint16_t>(base + 2 * i)), non_finite);
-      return;
-    case datatype::bf16:
-      append_floating(out, bf16_to_float(load<uint16_t>(base + 2 * i)), non_finite);
-      return;
-    case datatype::fp32: append_floating(out, load<float>(base + 4 * i), non_finite); return;
-    case datatype::fp64: append_floating(out, load<double>(base + 8 * i), non_finite); return;
-    case datatype::bytes: break;
-  }
-}
-
 void append_shape(std::string& out, const std::vector<int64_t>& shape) {
   out += '[';
   for (size_t i = 0; i < shape.size(); ++i) {
@@ -1166,6 +1138,76 @@ result<uint64_t> check_output_data(std::string_view name, datatype dtype,
   return count;
 }
 
+/// Writes `count` elements of one type straight into `out`, which grows once
+/// by the longest text each element can take and shrinks to what was used.
+template <class T, size_t MaxChars, class Convert>
+void append_typed(std::string& out, const char* base, size_t count, Convert convert) {
+  size_t start = out.size();
+  out.resize(start + count * (MaxChars + 1));
+  char* p = out.data() + start;
+  char* end = out.data() + out.size();
+  for (size_t i = 0; i < count; ++i) {
+    if (i > 0)
+      *p++ = ',';
+    p = convert(p, end, load<T>(base + i * sizeof(T)));
+  }
+  out.resize(static_cast<size_t>(p - out.data()));
+}
+
+template <class T>
+char* write_integer(char* p, char* end, T v) {
+  return std::to_chars(p, end, v).ptr;
+}
+
+template <class F>
+char* write_floating(char* p, char* end, F v) {
+  if (!std::isfinite(v)) {
+    std::memcpy(p, "null", 4);
+    return p + 4;
+  }
+  return std::to_chars(p, end, v).ptr;
+}
+
+/// JSON numbers (or true/false) for fixed-size tensor data; NaN and
+/// infinities as null.
+void append_json_numbers(std::string& out, datatype dtype, const char* base, size_t count) {
+  auto integer = [](char* p, char* end, auto v) { return write_integer(p, end, v); };
+  auto floating = [](char* p, char* end, auto v) { return write_floating(p, end, v); };
+  switch (dtype) {
+    case datatype::bool_:
+      append_typed<uint8_t, 5>(out, base, count, [](char* p, char*, uint8_t v) {
+        if (v != 0) {
+          std::memcpy(p, "true", 4);
+          return p + 4;
+        }
+        std::memcpy(p, "false", 5);
+        return p + 5;
+      });
+      return;
+    case datatype::uint8: append_typed<uint8_t, 3>(out, base, count, integer); return;
+    case datatype::uint16: append_typed<uint16_t, 5>(out, base, count, integer); return;
+    case datatype::uint32: append_typed<uint32_t, 10>(out, base, count, integer); return;
+    case datatype::uint64: append_typed<uint64_t, 20>(out, base, count, integer); return;
+    case datatype::int8: append_typed<int8_t, 4>(out, base, count, integer); return;
+    case datatype::int16: append_typed<int16_t, 6>(out, base, count, integer); return;
+    case datatype::int32: append_typed<int32_t, 11>(out, base, count, integer); return;
+    case datatype::int64: append_typed<int64_t, 20>(out, base, count, integer); return;
+    case datatype::fp16:
+      append_typed<uint16_t, 16>(out, base, count, [](char* p, char* end, uint16_t v) {
+        return write_floating(p, end, half_to_float(v));
+      });
+      return;
+    case datatype::bf16:
+      append_typed<uint16_t, 16>(out, base, count, [](char* p, char* end, uint16_t v) {
+        return write_floating(p, end, bf16_to_float(v));
+      });
+      return;
+    case datatype::fp32: append_typed<float, 16>(out, base, count, floating); return;
+    case datatype::fp64: append_typed<double, 24>(out, base, count, floating); return;
+    case datatype::bytes: return;
+  }
+}
+
 void append_json_data(std::string& out, datatype dtype, std::string_view data, uint64_t count) {
   out += '[';
   if (dtype == datatype::bytes) {
@@ -1178,11 +1220,7 @@ void append_json_data(std::string& out, datatype dtype, std::string_view data, u
       pos += 4 + len;
     }
   } else {
-    for (uint64_t i = 0; i < count; ++i) {
-      if (i > 0)
-        out += ',';
-      append_element(out, dtype, data.data(), static_cast<size_t>(i), "null");
-    }
+    append_json_numbers(out, dtype, data.data(), static_cast<size_t>(count));
   }
   out += ']';
 }

@@ -161,7 +161,11 @@ result<validated_request> validate(const infer_request& request, const model_con
         return bad_request(what + " has " + std::to_string(*n) + " BYTES elements but shape "
                            + format_shape(input.shape) + " needs " + std::to_string(*count));
     } else {
-      uint64_t need = *count * element_size(input.dtype); // count <= max_elements: no overflow
+      uint64_t esize = element_size(input.dtype);
+      if (*count > std::numeric_limits<uint64_t>::max() / esize)
+        return bad_request(what + " has shape " + format_shape(input.shape)
+                           + ", whose byte size overflows");
+      uint64_t need = *count * esize;
       if (input.data.size() != need)
         return bad_request(what + " has " + std::to_string(input.data.size())
                            + " bytes of data but shape " + format_shape(input.shape) + " of "
