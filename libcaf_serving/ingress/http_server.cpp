@@ -378,6 +378,17 @@ private:
           return paf.promise.then([this, ctx, &response](response_message r) {
             return answer(*ctx, std::move(r), response);
           });
+        },
+        // readAllBytes(n) fails, rather than returning n bytes, when the body
+        // goes on past n: that is how a body without Content-Length (chunked)
+        // over the limit ends up here.
+        [this, model, &response, received](kj::Exception&&) -> kj::Promise<void> {
+          serving_error e{status_code::payload_too_large,
+                          "request body is over the limit of "
+                            + std::to_string(cfg_.limits.max_body_bytes)
+                            + " bytes (--max-body-bytes)"};
+          finish_failure(*model, received, e);
+          return send_error(response, e);
         });
   }
 
