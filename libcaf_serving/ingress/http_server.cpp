@@ -553,7 +553,11 @@ void run_http_server(const http_server_config& cfg, server::model_manager& model
   listener = nullptr;
   metrics_listener = nullptr;
   // Answer every request already accepted, then close the connections.
-  server.drain().exclusiveJoin(metrics_server.drain()).wait(ws);
+  // Both drains must finish: exclusiveJoin would stop at the first one (the
+  // metrics server's, at once) and drop the inference requests still running.
+  auto metrics_drained = metrics_server.drain();
+  server.drain().wait(ws);
+  metrics_drained.wait(ws);
 }
 
 } // namespace caf_serving::ingress
