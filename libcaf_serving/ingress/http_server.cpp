@@ -11,8 +11,13 @@
 #include <kj/async-unix.h>
 #include <kj/compat/http.h>
 
+#include <atomic>
+#include <cerrno>
 #include <csignal>
 #include <cstring>
+
+#include <sys/syscall.h>
+#include <unistd.h>
 
 namespace caf_serving::ingress {
 
@@ -514,6 +519,32 @@ private:
   bool metrics_only_;
 };
 
+/// The thread that waits for SIGINT and SIGTERM (blocked there and read by kj).
+std::atomic<pid_t> stop_signal_thread{0};
+
+extern "C" void forward_stop_signal(int signal) {
+  int saved = errno;
+  pid_t target = stop_signal_thread.load();
+  if (target != 0 && static_cast<pid_t>(syscall(SYS_gettid)) != target)
+    syscall(SYS_tgkill, getpid(), target, signal);
+  errno = saved;
+}
+
+/// kj::UnixEventPort::captureSignal blocks a signal only in the threads started
+/// after it; a thread started earlier (OpenBLAS starts its thread pool when the
+/// library loads, before main) would take a process-wide SIGTERM with the
+/// default action and kill the server without a drain. Such threads forward the
+/// signal to this thread instead.
+void forward_stop_signals_to_this_thread() {
+  stop_signal_thread.store(static_cast<pid_t>(syscall(SYS_gettid)));
+  struct sigaction action {};
+  action.sa_handler = forward_stop_signal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;
+  sigaction(SIGINT, &action, nullptr);
+  sigaction(SIGTERM, &action, nullptr);
+}
+
 } // namespace
 
 void run_http_server(const http_server_config& cfg, server::model_manager& models,
@@ -544,6 +575,7 @@ void run_http_server(const http_server_config& cfg, server::model_manager& model
   auto serving = server.listenHttp(*listener);
   if (metrics_listener)
     serving = serving.exclusiveJoin(metrics_server.listenHttp(*metrics_listener));
+  forward_stop_signals_to_this_thread();
   auto stop = io.unixEventPort.onSignal(SIGINT)
                 .ignoreResult()
                 .exclusiveJoin(io.unixEventPort.onSignal(SIGTERM).ignoreResult());
