@@ -1,0 +1,85 @@
+#pragma once
+/// The CUDA backend: runs the optimized ONNX plan (onnx/passes.hpp, the same plan
+/// the CPU backend runs) on one GPU per executor instance.
+///
+/// Usage (what server/model_manager.cpp does for `instance_group { kind: KIND_GPU }`):
+///
+///     auto model = cuda::load_cuda_model({file, cfg, options});
+///     if (!model) fail(model.error().message);       // also: no GPU visible
+///     auto be = model->make_instance(placement);       // captures every bucket's graph
+///     if (!be) fail(be.error().message);
+///     policy.captured_batch_sizes = model->options.buckets;
+///
+/// Each instance owns, on its device: three streams (copy in, compute, copy out),
+/// a cuBLASLt and a cuDNN handle, one device allocation laid out by
+/// plan_device_arena (weights deduplicated across buckets, one activation arena
+/// reused by every bucket, two I/O slots) and pinned host staging for both slots.
+/// At construction it plans every bucket, chooses each convolution's algorithm
+/// (cudnnFind, once), then walks capture_order(): warm-up, capture one graph per
+/// bucket and slot, verify the replay, ready. A batch runs on the graph of the
+/// smallest bucket holding it, padding rows zeroed in and dropped out; a batch no
+/// bucket holds runs its steps directly on a plan built on first use.
+///
+/// Steps: FusedConv (cuDNN convolution + bias + residual + ReLU in one call),
+/// pooling (cuDNN), FusedMatMul (cuBLASLt, then the engine's epilogue kernel for
+/// bias, GELU/ReLU and residual), FusedLayerNorm, FusedGelu, Softmax, Relu and
+/// same-shape Add (engine kernels), Reshape-like ops (device copies); every other
+/// operator (Gather, attention in this first version, ...) runs its CPU
+/// reference on pinned host copies through cudaLaunchHostFunc, which graphs can
+/// capture. The summary counts those host steps: each is a performance gap.
+
+#include "core/error.hpp"
+#include "core/model_config.hpp"
+#include "cuda/gpu_options.hpp"
+#include "executor/backend.hpp"
+#include "onnx/passes.hpp"
+
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <string>
+
+namespace caf_serving::cuda {
+
+/// CUDA devices visible to this process; 0 without a GPU or driver (never throws).
+int visible_devices();
+
+struct cuda_model_config {
+  std::filesystem::path model_file;
+  /// As parsed from config.pbtxt; completed from the graph as the CPU backend does.
+  model_config config;
+  onnx::pass_config passes;
+};
+
+/// What an instance reports about itself (for logs and /metrics).
+struct instance_report {
+  int device = 0;
+  /// The instance's one device allocation (weights, activations, I/O, workspace).
+  size_t device_bytes = 0;
+  size_t pinned_bytes = 0;
+  /// Steps per bucket plan and how many of them run on the host.
+  size_t steps = 0;
+  size_t host_steps = 0;
+  std::string arena; ///< describe(device_arena_layout)
+};
+
+/// One instance's backend with its report.
+struct cuda_instance {
+  std::shared_ptr<executor::backend> backend;
+  instance_report report;
+};
+
+struct cuda_model {
+  model_config config;
+  gpu_options options;
+  std::string summary;
+  /// Builds one instance on `p.device`; returns only once every bucket's graph is
+  /// captured and verified.
+  std::function<result<cuda_instance>(const gpu_placement& p)> make_instance;
+};
+
+/// Imports and checks the model, reads its GPU options, and checks that the
+/// devices it names exist. Errors say what was wrong and how to fix it.
+result<cuda_model> load_cuda_model(const cuda_model_config& cfg);
+
+} // namespace caf_serving::cuda
