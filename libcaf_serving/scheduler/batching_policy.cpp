@@ -1,5 +1,7 @@
 #include "scheduler/batching_policy.hpp"
 
+#include "scheduler/bucket_padding.hpp"
+
 #include <algorithm>
 #include <stdexcept>
 
@@ -210,6 +212,11 @@ enqueue_result batching_policy::enqueue(const request_info& request, time_point 
     deadlines_.emplace(deadline_key{*deadline, seq}, deadline_entry{level, where});
   ++queued_;
   queued_rows_ += rows;
+  if (last_arrival_) {
+    double gap = static_cast<double>(us_between(*last_arrival_, now)) / rows;
+    row_gap_us_ = row_gap_us_ == 0 ? gap : 0.75 * row_gap_us_ + 0.25 * gap;
+  }
+  last_arrival_ = now;
   return admitted{};
 }
 
@@ -308,6 +315,16 @@ next_step batching_policy::form_batch(time_point now) {
     return take(pending_count);
   if (delay_exceeded || delay_us == 0)
     return take(pending_count);
+  if (!cfg_.captured_batch_sizes.empty()) {
+    padding_inputs pad{cfg_.captured_batch_sizes, pending_rows, row_gap_us_,
+                       static_cast<uint64_t>(us_between(now, delay_expiry))};
+    auto choice = choose_padding(pad);
+    if (auto* p = std::get_if<pad_now>(&choice)) {
+      auto batch = take(pending_count);
+      batch.padded_rows = p->bucket;
+      return batch;
+    }
+  }
   time_point when = delay_expiry;
   if (!deadlines_.empty())
     when = std::min(when, deadlines_.begin()->first.first);

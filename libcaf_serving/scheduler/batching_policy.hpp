@@ -78,6 +78,12 @@ struct policy_config {
   /// Replaces every max_queue_size of 0 (Triton: no limit), and bounds the
   /// queue of a model without dynamic batching. Must be > 0.
   uint32_t max_queue_size_default = 0;
+  /// Batch sizes the executors run as captured CUDA graphs, ascending (empty for
+  /// CPU models). When set, a batch that would wait is sent at once, padded up to
+  /// the next captured size, if the missing rows are not expected before
+  /// max_queue_delay runs out (bucket_padding.hpp); a batch that fills a captured
+  /// size exactly goes out at once.
+  std::vector<uint32_t> captured_batch_sizes;
 };
 
 /// Copies the policy's fields out of a model's configuration.
@@ -131,6 +137,9 @@ struct dispatch {
   std::vector<uint64_t> ids;
   /// Sum of the requests' rows; never more than max(1, max_batch_size).
   uint32_t rows = 0;
+  /// The captured batch size this batch was padded up to (bucket_padding.hpp);
+  /// 0 when the policy made no padding decision.
+  uint32_t padded_rows = 0;
 };
 
 /// Requests are queued and an executor is free, but no batch is due yet (or
@@ -237,6 +246,10 @@ private:
   /// Queue timeouts of waiting (not delayed) requests, earliest first.
   std::map<deadline_key, deadline_entry> deadlines_;
   uint64_t next_seq_ = 0;
+  /// Mean microseconds between arriving rows (exponentially weighted); 0 until
+  /// two requests have arrived. Feeds the padding decision.
+  double row_gap_us_ = 0;
+  std::optional<time_point> last_arrival_;
   size_t queued_ = 0;
   size_t queued_rows_ = 0;
 };

@@ -676,3 +676,44 @@ TEST_CASE("random event sequences keep every invariant") {
   CHECK(seen.queue_full > 100);
   CHECK(seen.too_many_rows > 100);
 }
+
+// -- padding up to captured CUDA graph sizes -------------------------------------
+
+TEST_CASE("captured sizes: a slow trickle is padded to the next bucket instead of waiting") {
+  // max 8, no preferred sizes, 1000 us delay; graphs at 1, 2, 4, 8. One request
+  // every 400 us: after 3 requests the 4th row is ~400 us away but the oldest
+  // request has only 200 us left, so waiting cannot fill the bucket of 4.
+  auto cfg = dynamic_config(8, {}, 1000);
+  cfg.captured_batch_sizes = {1, 2, 4, 8};
+  batching_policy p{cfg};
+  admit(p, req(1), at(0));
+  CHECK(expect_dispatch(p.poll(at(0), true)).padded_rows == 1); // fills bucket 1 exactly
+  admit(p, req(2), at(400));
+  admit(p, req(3), at(800));
+  admit(p, req(4), at(1200));
+  // 3 rows queued, oldest at 400 us: 200 us left, 400 us per missing row.
+  auto d = expect_dispatch(p.poll(at(1200), true));
+  CHECK(d.ids == ids{2, 3, 4});
+  CHECK(d.rows == 3);
+  CHECK(d.padded_rows == 4);
+}
+
+TEST_CASE("captured sizes: a fast stream keeps waiting for the bucket to fill") {
+  auto cfg = dynamic_config(8, {}, 1000);
+  cfg.captured_batch_sizes = {1, 2, 4, 8};
+  batching_policy p{cfg};
+  // One row every 10 us: 5 rows queued, 3 missing for bucket 8 expected in
+  // ~30 us, well inside the 950 us left.
+  for (uint64_t i = 0; i < 5; ++i)
+    admit(p, req(i + 1), at(static_cast<int64_t>(i) * 10));
+  CHECK(expect_wait(p.poll(at(50), true)) == at(1000));
+}
+
+TEST_CASE("without captured sizes the policy never pads (Triton behaviour)") {
+  batching_policy p{dynamic_config(8, {}, 1000)};
+  admit(p, req(1), at(0));
+  admit(p, req(2), at(400));
+  admit(p, req(3), at(800));
+  CHECK(expect_wait(p.poll(at(800), true)) == at(1000));
+  CHECK(expect_dispatch(p.poll(at(1000), true)).padded_rows == 0);
+}
