@@ -311,6 +311,9 @@ instance_report cuda_backend::prepare() {
     constants_[key_of(*unique[i])] = dst;
   }
   zeros_ = base_ + layout_.weights.back().offset;
+  // The legacy-stream memset and copies above do not order against the
+  // non-blocking streams; finish them before any step runs.
+  CAF_CUDA_CHECK(cudaDeviceSynchronize());
   workspace_ = base_ + layout_.workspace.offset;
   for (uint32_t s = 0; s < staging_slots; ++s)
     staging_.push_back(pinned_alloc(layout_.staging_bytes_per_slot));
@@ -369,8 +372,8 @@ instance_report cuda_backend::prepare() {
         }
         break;
       case prepare_action::verify: {
-        CAF_CUDA_CHECK(cudaMemset(base_ + layout_.outputs[0][0].offset, 0xff,
-                                  layout_.outputs[0][0].bytes));
+        CAF_CUDA_CHECK(cudaMemsetAsync(base_ + layout_.outputs[0][0].offset, 0xff,
+                                       layout_.outputs[0][0].bytes, compute_));
         CAF_CUDA_CHECK(cudaGraphLaunch(graphs_.at(key), compute_));
         CAF_CUDA_CHECK(cudaStreamSynchronize(compute_));
         if (read_outputs(step.bucket) != warm_outputs.at(step.bucket))

@@ -1,0 +1,211 @@
+/// The CUDA backend against the CPU executor and ONNX Runtime, on every fixture
+/// of tests/onnx/fixtures, at every captured bucket and on a padded batch whose
+/// padding rows must be discarded. Needs a GPU: without one every case is
+/// skipped (exit code 77, which CTest reports as "Skipped") with a message.
+///
+/// Tolerances (relative error of the whole output, ||gpu - ref|| / ||ref||):
+/// - fp32: 1e-4, as the CPU backend's own test; cuBLASLt and cuDNN run true fp32
+///   (CUBLAS_COMPUTE_32F, CUDNN_FMA_MATH) and only summation order differs.
+/// - fp16: 1e-2. Each GEMM/convolution input is rounded to 11 significant bits
+///   (relative error 2^-11 ~ 4.9e-4 per element); with fp32 accumulation the
+///   error of a K-term dot product grows like sqrt(K) of independent roundings
+///   relative to its norm, ~1.5e-2 worst case at K = 1152 for random signs but
+///   ~3e-3 measured on such data elsewhere; a few layers deep, 1e-2 holds with margin.
+/// - bf16: 4e-2: 8 significant bits (2^-8 ~ 3.9e-3 per rounding), the same
+///   argument scaled by 8x.
+
+#define DOCTEST_CONFIG_IMPLEMENT
+#include "cuda/cuda_backend.hpp"
+#include "onnx/onnx_backend.hpp"
+#include "repository/model_repository.hpp"
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <sstream>
+
+using namespace caf_serving;
+namespace fs = std::filesystem;
+
+namespace {
+
+const fs::path fixtures = CAF_SERVING_ONNX_FIXTURES;
+
+struct tensor {
+  std::string name;
+  datatype dtype = datatype::fp32;
+  std::vector<int64_t> shape;
+  std::string bytes;
+};
+
+std::string read_all(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+/// Reference inputs and ONNX Runtime outputs (tools/export_onnx_models.py).
+std::pair<std::vector<tensor>, std::vector<tensor>> read_reference(const std::string& model) {
+  std::vector<tensor> in, out;
+  std::istringstream lines(read_all(fixtures / "reference" / model / "manifest.txt"));
+  std::string kind, name, type, dims, file;
+  while (lines >> kind >> name >> type >> dims >> file) {
+    tensor t;
+    t.name = name;
+    t.dtype = type == "TYPE_INT64" ? datatype::int64 : type == "TYPE_INT32" ? datatype::int32
+                                                                             : datatype::fp32;
+    std::stringstream ds(dims);
+    for (std::string d; std::getline(ds, d, ',');) t.shape.push_back(std::stoll(d));
+    t.bytes = read_all(fixtures / "reference" / model / file);
+    (kind == "input" ? in : out).push_back(t);
+  }
+  return {in, out};
+}
+
+class collect final : public executor::output_writer {
+public:
+  std::map<std::string, std::string> outputs;
+  uint8_t* allocate(std::string_view name, datatype, const std::vector<int64_t>&,
+                    size_t bytes) override {
+    auto& s = outputs[std::string(name)];
+    s.assign(bytes, '\0');
+    return reinterpret_cast<uint8_t*>(s.data());
+  }
+};
+
+/// The reference inputs repeated (row by row, cyclically) to `rows` rows.
+std::vector<tensor> tile(const std::vector<tensor>& in, uint32_t rows) {
+  std::vector<tensor> out;
+  for (const auto& t : in) {
+    tensor r = t;
+    size_t row = t.bytes.size() / t.shape[0];
+    r.shape[0] = rows;
+    r.bytes.clear();
+    for (uint32_t i = 0; i < rows; ++i)
+      r.bytes += t.bytes.substr((i % t.shape[0]) * row, row);
+    out.push_back(r);
+  }
+  return out;
+}
+
+std::map<std::string, std::string> run(executor::backend& be, const std::vector<tensor>& in) {
+  executor::batch_view view;
+  view.rows = static_cast<uint32_t>(in[0].shape[0]);
+  for (const auto& t : in)
+    view.inputs.push_back({t.name, t.dtype, t.shape,
+                           reinterpret_cast<const uint8_t*>(t.bytes.data()), t.bytes.size()});
+  collect c;
+  auto status = be.execute(view, c);
+  if (auto* e = std::get_if<serving_error>(&status)) FAIL(e->message);
+  return c.outputs;
+}
+
+double relative_error(const std::string& got, const std::string& want) {
+  REQUIRE(got.size() == want.size());
+  const float* a = reinterpret_cast<const float*>(got.data());
+  const float* b = reinterpret_cast<const float*>(want.data());
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < want.size() / 4; ++i) {
+    diff += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    norm += double(b[i]) * b[i];
+  }
+  return std::sqrt(diff / std::max(norm, 1e-30));
+}
+
+bool have_gpu() {
+  static bool gpu = [] {
+    bool g = cuda::visible_devices() > 0;
+    if (!g)
+      std::cerr << "SKIPPED: no CUDA device visible; the CUDA backend's GPU tests need one "
+                   "(run scripts/gpu-check on a GPU machine)\n";
+    return g;
+  }();
+  return gpu;
+}
+
+void check_model(const std::string& name, cuda::precision p, double tolerance) {
+  CAPTURE(name);
+  auto entry = repository::load_model_config(fixtures / "models", name, {true});
+  REQUIRE(entry.config);
+  model_config cfg = entry.config->config;
+  cfg.instance_groups = {{"gpu", 1, instance_kind::gpu, {0}}};
+  cfg.parameters["precision"] = cuda::to_string(p);
+  fs::path file = entry.version_dirs.back() / "model.onnx";
+  auto model = cuda::load_cuda_model({file, cfg, {}});
+  REQUIRE_MESSAGE(model, (model ? "" : model.error().message));
+  auto inst = model->make_instance({0, 0});
+  REQUIRE_MESSAGE(inst, (inst ? "" : inst.error().message));
+  MESSAGE(name << " " << cuda::to_string(p) << ": " << inst->report.arena << ", "
+               << inst->report.steps << " steps, " << inst->report.host_steps << " on the host");
+  auto& gpu = *inst->backend;
+  auto [inputs, reference] = read_reference(name);
+
+  // Against ONNX Runtime on its own batch.
+  auto out = run(gpu, inputs);
+  for (const auto& r : reference)
+    CHECK_MESSAGE(relative_error(out.at(r.name), r.bytes) < tolerance, r.name);
+
+  if (model->config.max_batch_size == 0) return;
+  onnx::onnx_model_config oc{file, model->config, 1, {}};
+  auto cpu_model = onnx::load_onnx_model(oc);
+  REQUIRE(cpu_model);
+  auto cpu = cpu_model->make_instance();
+  // Every captured bucket, full and padded by one row (padding discarded).
+  for (uint32_t bucket : model->options.buckets)
+    for (uint32_t rows : {bucket, bucket > 1 ? bucket - 1 : bucket}) {
+      CAPTURE(rows);
+      auto batch = tile(inputs, rows);
+      auto want = run(*cpu, batch);
+      auto got = run(gpu, batch);
+      for (const auto& [oname, bytes] : want) {
+        REQUIRE(got.at(oname).size() == bytes.size()); // padding rows dropped
+        CHECK_MESSAGE(relative_error(got.at(oname), bytes) < tolerance, oname);
+      }
+    }
+}
+
+std::vector<std::string> fixture_models() {
+  std::vector<std::string> names;
+  for (const auto& d : fs::directory_iterator(fixtures / "models")) names.push_back(d.path().filename());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+} // namespace
+
+TEST_CASE("fp32: every fixture matches ONNX Runtime and the CPU executor at every bucket") {
+  if (!have_gpu()) return;
+  for (const auto& name : fixture_models()) check_model(name, cuda::precision::fp32, 1e-4);
+}
+
+TEST_CASE("fp16 and bf16 compute on the ResNet and BERT fixtures") {
+  if (!have_gpu()) return;
+  for (const char* name : {"resnet_narrow_opset17", "bert_2layer_opset17"}) {
+    check_model(name, cuda::precision::fp16, 1e-2);
+    check_model(name, cuda::precision::bf16, 4e-2);
+  }
+}
+
+TEST_CASE("without a GPU, loading says so and how to fix it") {
+  if (have_gpu()) return;
+  model_config cfg;
+  cfg.name = "m";
+  cfg.instance_groups = {{"gpu", 1, instance_kind::gpu, {0}}};
+  auto m = cuda::load_cuda_model({fixtures / "models/op_conv/1/model.onnx", cfg, {}});
+  REQUIRE_FALSE(m);
+  CHECK(m.error().message.find("no CUDA device is visible") != std::string::npos);
+  CHECK(m.error().message.find("KIND_CPU") != std::string::npos);
+}
+
+int main(int argc, char** argv) {
+  doctest::Context ctx(argc, argv);
+  int rc = ctx.run();
+  if (rc == 0 && !have_gpu()) return 77; // CTest: Skipped
+  return rc;
+}
