@@ -1,7 +1,11 @@
 #include "server/model_manager.hpp"
 
 #include "executor/builtin_backend.hpp"
+#include "cuda/gpu_options.hpp"
 #include "onnx/onnx_backend.hpp"
+#ifdef CAF_SERVING_HAS_CUDA_BACKEND
+#include "cuda/cuda_backend.hpp"
+#endif
 #include "postprocess/postprocessor_actor.hpp"
 #include "repository/config_json.hpp"
 #include "repository/model_repository.hpp"
@@ -23,6 +27,45 @@ bool is_onnx(const model_config& cfg) {
 /// Makes a backend for each executor instance of one model version.
 using backend_factory = std::function<std::shared_ptr<executor::backend>()>;
 
+/// An ONNX model with KIND_GPU instance groups: every instance is built (its
+/// graphs captured) here, before the model is published as ready; the factory
+/// then hands them out in the order model_manager::load asks.
+result<backend_factory> make_gpu_backend(model_config& cfg,
+                                         const std::filesystem::path& version_dir) {
+#ifdef CAF_SERVING_HAS_CUDA_BACKEND
+  cuda::cuda_model_config cc;
+  cc.model_file = version_dir / "model.onnx";
+  cc.config = cfg;
+  auto model = cuda::load_cuda_model(cc);
+  if (!model)
+    return model.error();
+  cfg = model->config;
+  auto instances = std::make_shared<std::vector<std::shared_ptr<executor::backend>>>();
+  for (const auto& p : model->options.placements) {
+    auto inst = model->make_instance(p);
+    if (!inst)
+      return inst.error();
+    std::cout << "model " << cfg.name << " (" << version_dir.filename().string() << ") GPU "
+              << p.device << " instance " << p.index_on_device << ": " << inst->report.arena
+              << ", " << inst->report.steps << " steps (" << inst->report.host_steps
+              << " on the host)" << std::endl;
+    instances->push_back(inst->backend);
+  }
+  std::cout << "model " << cfg.name << ": " << model->summary << std::endl;
+  auto next = std::make_shared<size_t>(0);
+  return backend_factory([instances, next] {
+    return (*instances)[(*next)++ % instances->size()];
+  });
+#else
+  (void)version_dir;
+  return serving_error{status_code::unavailable,
+                       "model '" + cfg.name + "' asks for instance_group { kind: KIND_GPU }, "
+                       "but this server was built without the CUDA backend "
+                       "(-DCAF_SERVING_CUDA=OFF or no cuDNN); use kind: KIND_CPU or rebuild "
+                       "with CUDA"};
+#endif
+}
+
 /// The backend of one version. An ONNX model also completes `cfg` (inputs,
 /// outputs, dims) from its graph, as Triton's auto-complete does.
 result<backend_factory> make_backend(model_config& cfg, const std::filesystem::path& version_dir,
@@ -38,6 +81,8 @@ result<backend_factory> make_backend(model_config& cfg, const std::filesystem::p
     auto shared = *backend;
     return backend_factory([shared] { return shared; });
   }
+  if (is_onnx(cfg) && cuda::wants_gpu(cfg))
+    return make_gpu_backend(cfg, version_dir);
   if (is_onnx(cfg)) {
     onnx::onnx_model_config oc;
     oc.model_file = version_dir / "model.onnx";
@@ -135,6 +180,11 @@ std::variant<std::monostate, serving_error> model_manager::load(const std::strin
   if (!labels)
     return fail(labels.error());
   auto policy = scheduler::make_policy_config(cfg, cfg_.max_queue_size);
+  // GPU instances replay one captured graph per bucket: the policy may pad a
+  // batch up to the next bucket instead of waiting for more requests.
+  if (is_onnx(cfg) && cuda::wants_gpu(cfg))
+    if (auto gpu = cuda::read_gpu_options(cfg))
+      policy.captured_batch_sizes = gpu->buckets;
   if (auto problem = scheduler::batching_policy::validate(policy))
     return fail(*problem);
 
@@ -156,7 +206,8 @@ std::variant<std::monostate, serving_error> model_manager::load(const std::strin
     sc.executor_depth = cfg_.executor_depth;
     int instances = 0;
     for (const auto& g : cfg.instance_groups)
-      instances += g.count;
+      instances += g.kind == instance_kind::gpu ? g.count * std::max<int>(1, static_cast<int>(g.gpus.size()))
+                                                : g.count;
     for (int i = 0; cfg_.local_executors && i < std::max(instances, 1); ++i)
       sc.executors.push_back(executor::spawn_executor(sys_, make_instance(), version_cfg));
     postprocess::postprocessor_config pc;
