@@ -30,8 +30,12 @@ TEST_CASE("kill -9 of a worker under load loses no request and answers none twic
   double w1_in_flight_at_kill = -1;
   load_config load{6, 60, "slow", nullptr, 120};
   load.midway = [&] {
-    w1_in_flight_at_kill
-      = metric_sum(p, "caf_serving_worker_batches_in_flight", "worker=\"w1\"");
+    // Kill while w1 holds batches, so that the test sees them sent elsewhere.
+    auto until = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+    do
+      w1_in_flight_at_kill
+        = metric_sum(p, "caf_serving_worker_batches_in_flight", "worker=\"w1\"");
+    while (w1_in_flight_at_kill < 1 && std::chrono::steady_clock::now() < until);
     w1->kill_hard();
   };
   auto t0 = std::chrono::steady_clock::now();
