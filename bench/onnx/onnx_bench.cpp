@@ -1,15 +1,18 @@
-/// caf-onnx-bench MODEL.onnx --batch B [--threads T] [--seconds S] [--max-batch N]
+/// caf-onnx-bench MODEL.onnx --batch B [--threads T] [--seconds S] [--max-batch N] [--check 1]
 ///
 /// Loads the model as the server does (importer, passes, plan), runs batches of
 /// B rows for S seconds after a warm-up, and prints one JSON line: inferences per
 /// second, milliseconds per batch, GFLOP per inference, GFLOP/s, and the machine's
-/// measured fp32 FMA peak for T cores.
+/// measured fp32 FMA peak for T cores. With --check 1 it also runs the batch on a
+/// 1-thread instance and reports the largest absolute difference of the outputs
+/// (the T-thread plans split work differently, so this checks the splitting).
 
 #include "onnx/importer.hpp"
 #include "onnx/onnx_backend.hpp"
 #include "onnx/passes.hpp"
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <immintrin.h>
@@ -81,12 +84,14 @@ int main(int argc, char** argv) {
   unsigned threads = 1;
   double seconds = 10;
   int max_batch = 64;
+  bool check = false;
   for (int i = 2; i + 1 < argc; i += 2) {
     std::string f = argv[i];
     if (f == "--batch") batch = std::atoll(argv[i + 1]);
     else if (f == "--threads") threads = static_cast<unsigned>(std::atoi(argv[i + 1]));
     else if (f == "--seconds") seconds = std::atof(argv[i + 1]);
     else if (f == "--max-batch") max_batch = std::atoi(argv[i + 1]);
+    else if (f == "--check") check = std::atoi(argv[i + 1]) != 0;
   }
   onnx::onnx_model_config cfg;
   cfg.model_file = argv[1];
@@ -135,6 +140,26 @@ int main(int argc, char** argv) {
     }
   };
   for (int i = 0; i < 3; ++i) run_once();
+  double max_diff = -1;
+  if (check) {
+    auto one_cfg = cfg;
+    one_cfg.threads = 1;
+    auto one = onnx::load_onnx_model(one_cfg);
+    buffer_writer a, b;
+    auto ra = backend->execute(view, a);
+    auto rb = one->make_instance()->execute(view, b);
+    if (ra.index() != 0 || rb.index() != 0 || a.buffers.size() != b.buffers.size()) {
+      std::fprintf(stderr, "caf-onnx-bench: --check could not run both instances\n");
+      return 1;
+    }
+    max_diff = 0;
+    for (size_t i = 0; i < a.buffers.size(); ++i) {
+      auto* x = reinterpret_cast<const float*>(a.buffers[i].data());
+      auto* y = reinterpret_cast<const float*>(b.buffers[i].data());
+      for (size_t j = 0; j < a.buffers[i].size() / 4; ++j)
+        max_diff = std::max(max_diff, static_cast<double>(std::fabs(x[j] - y[j])));
+    }
+  }
   int64_t runs = 0;
   auto t0 = clock_type::now();
   double elapsed = 0;
@@ -150,8 +175,8 @@ int main(int argc, char** argv) {
   double peak = fma_peak_one_core() * threads;
   std::printf("{\"engine\":\"caf-serving\",\"batch\":%lld,\"threads\":%u,\"inferences_per_s\":%.3f,"
               "\"ms_per_batch\":%.3f,\"gflop_per_inference\":%.4f,\"gflops\":%.2f,"
-              "\"fma_peak_gflops\":%.2f}\n",
+              "\"fma_peak_gflops\":%.2f,\"check_max_abs_diff\":%.3g}\n",
               static_cast<long long>(batch), threads, ips, 1000.0 * elapsed / runs, flop / 1e9,
-              ips * flop / 1e9, peak);
+              ips * flop / 1e9, peak, max_diff);
   return 0;
 }

@@ -76,12 +76,12 @@ void engine_softmax(float* x, int64_t rows, int64_t width, int threads) {
 
 void engine_attention(const attention_args& a) {
   const int64_t s = a.seq, d = a.head_dim, hd = a.heads * a.head_dim;
-  const int64_t jobs = a.batch * a.heads;
+  const int64_t first = a.first_job, last = a.last_job < 0 ? a.batch * a.heads : a.last_job;
 #pragma omp parallel num_threads(a.threads)
   {
     std::vector<float> scores(static_cast<size_t>(s * s));
 #pragma omp for schedule(static)
-    for (int64_t job = 0; job < jobs; ++job) {
+    for (int64_t job = first; job < last; ++job) {
       int64_t b = job / a.heads, h = job % a.heads;
       const float* q = a.q + b * s * hd + h * d;
       const float* k = a.k + b * s * hd + h * d;

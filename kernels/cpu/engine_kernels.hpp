@@ -42,6 +42,8 @@ struct attention_args {
   int64_t batch = 0, seq = 0, heads = 0, head_dim = 0;
   float scale = 1.0f;
   int threads = 1;
+  /// Jobs (batch row * heads + head) [first_job, last_job) run; last_job < 0: all.
+  int64_t first_job = 0, last_job = -1;
 };
 /// out_h = softmax(q_h k_h^T * scale + mask) v_h for every batch row and head.
 void engine_attention(const attention_args& a);

@@ -4,6 +4,7 @@
 #include "onnx/importer.hpp"
 #include "onnx/memory_plan.hpp"
 #include "onnx/ops.hpp"
+#include "onnx/work_pool.hpp"
 
 #include <cblas.h>
 #include <oneapi/dnnl/dnnl.hpp>
@@ -25,11 +26,13 @@ using exec_result = std::variant<std::monostate, serving_error>;
 using dims_t = std::vector<int64_t>;
 namespace kc = caf_serving::kernels::cpu;
 
-/// One step of a plan: reads and writes through the per-run pointer table.
+/// One step of a plan: `items` independent pieces of work that read and write
+/// through the per-run pointer table; run(ptrs, item) does one piece.
 struct step {
   std::string kernel; ///< for describe_plan
   int node = -1;
-  std::function<void(void** ptrs)> run;
+  int64_t items = 1;
+  std::function<void(void** ptrs, int64_t item)> run;
 };
 
 struct compiled_plan {
@@ -59,32 +62,84 @@ dnnl::algorithm eltwise_of(const std::string& act) {
   return dnnl::algorithm::eltwise_clip;
 }
 
-/// A oneDNN primitive with its user-side memory objects; the data handles are
-/// set from the pointer table on every run.
-struct dnnl_step {
-  dnnl::primitive prim;
-  std::vector<std::pair<int, dnnl::memory>> args; ///< (DNNL_ARG_*, memory)
-  std::vector<int> values;                        ///< value per arg (-1: fixed memory)
-  int threads = 1;
-  dnnl::engine eng;
-
-  void operator()(void** ptrs) {
-    std::unordered_map<int, dnnl::memory> m;
-    for (size_t i = 0; i < args.size(); ++i) {
-      if (values[i] >= 0)
-        args[i].second.set_data_handle(ptrs[values[i]]);
-      m.emplace(args[i].first, args[i].second);
-    }
-    dnnl::stream s(eng);
-    prim.execute(s, m);
-    s.wait();
-  }
+/// One argument of a oneDNN call: a view at a byte offset into a value of the
+/// pointer table, or fixed memory (reordered weights).
+struct dnnl_arg {
+  int arg = 0; ///< DNNL_ARG_*
+  dnnl::memory::desc md;
+  int value = -1; ///< -1: `fixed`
+  int64_t offset = 0;
+  dnnl::memory fixed;
 };
 
-/// Reorders constant weights into the layout a primitive chose.
-dnnl::memory reorder_weights(const dnnl_ctx& ctx, const tensor_data& w,
+/// One work item of a oneDNN step: a primitive over views of the step's tensors.
+/// Primitives use a user scratchpad, so items of one step and steps of plans
+/// running on different threads never share oneDNN's internal scratch memory.
+struct dnnl_call {
+  dnnl::primitive prim;
+  std::vector<dnnl_arg> args;
+  dnnl::memory::desc scratch;
+};
+
+/// Per-thread oneDNN state: a stream and the scratchpad buffer.
+struct dnnl_thread_state {
+  dnnl::stream stream;
+  std::vector<uint8_t> scratch;
+};
+
+void execute_call(const dnnl::engine& eng, const dnnl_call& c, void** ptrs) {
+  thread_local std::unique_ptr<dnnl_thread_state> ts;
+  if (!ts) {
+    ts = std::make_unique<dnnl_thread_state>();
+    ts->stream = dnnl::stream(eng);
+  }
+  std::vector<dnnl::memory> mems;
+  mems.reserve(c.args.size() + 1);
+  std::vector<dnnl_exec_arg_t> args;
+  args.reserve(c.args.size() + 1);
+  for (const auto& a : c.args) {
+    if (a.value < 0) {
+      args.push_back({a.arg, a.fixed.get()});
+      continue;
+    }
+    mems.emplace_back(a.md, eng, static_cast<uint8_t*>(ptrs[a.value]) + a.offset);
+    args.push_back({a.arg, mems.back().get()});
+  }
+  size_t sbytes = c.scratch.get_size();
+  if (sbytes > 0) {
+    if (ts->scratch.size() < sbytes + 64)
+      ts->scratch.resize(sbytes + 64);
+    auto base = reinterpret_cast<uintptr_t>(ts->scratch.data());
+    mems.emplace_back(c.scratch, eng, reinterpret_cast<void*>((base + 63) / 64 * 64));
+    args.push_back({DNNL_ARG_SCRATCHPAD, mems.back().get()});
+  }
+  auto st = dnnl_primitive_execute(c.prim.get(), ts->stream.get(), static_cast<int>(args.size()),
+                                   args.data());
+  if (st != dnnl_success)
+    throw dnnl::error(st, "oneDNN could not execute a primitive");
+}
+
+/// A oneDNN step: one call per work item.
+step onednn_step(const dnnl_ctx& ctx, std::string kernel, std::vector<dnnl_call> calls) {
+  step s;
+  s.kernel = std::move(kernel);
+  s.items = static_cast<int64_t>(calls.size());
+  auto shared = std::make_shared<const std::vector<dnnl_call>>(std::move(calls));
+  s.run = [shared, eng = ctx.eng](void** p, int64_t item) { execute_call(eng, (*shared)[item], p); };
+  return s;
+}
+
+dnnl::primitive_attr user_scratchpad_attr() {
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  return attr;
+}
+
+/// Reorders constant weights (a view at `offset` bytes into `w`) into the layout
+/// a primitive chose.
+dnnl::memory reorder_weights(const dnnl_ctx& ctx, const tensor_data& w, int64_t offset,
                              const dnnl::memory::desc& user, const dnnl::memory::desc& want) {
-  dnnl::memory src(user, ctx.eng, const_cast<uint8_t*>(w.bytes.data()));
+  dnnl::memory src(user, ctx.eng, const_cast<uint8_t*>(w.bytes.data()) + offset);
   dnnl::memory dst(want, ctx.eng);
   dnnl::stream s(ctx.eng);
   dnnl::reorder(src, dst).execute(s, src, dst);
@@ -92,20 +147,74 @@ dnnl::memory reorder_weights(const dnnl_ctx& ctx, const tensor_data& w,
   return dst;
 }
 
+/// Reordered weights shared by the calls of one step whose primitives chose
+/// the same layout for the same slice.
+struct weight_cache {
+  struct entry {
+    int64_t offset;
+    dnnl::memory::desc want;
+    dnnl::memory mem;
+  };
+  std::vector<entry> entries;
+  dnnl::memory get(const dnnl_ctx& ctx, const tensor_data& w, int64_t offset,
+                   const dnnl::memory::desc& user, const dnnl::memory::desc& want) {
+    for (const auto& e : entries)
+      if (e.offset == offset && e.want == want)
+        return e.mem;
+    entries.push_back({offset, want, reorder_weights(ctx, w, offset, user, want)});
+    return entries.back().mem;
+  }
+};
+
+/// Row-major strides of `d`.
+dnnl::memory::dims dense_strides(const dnnl::memory::dims& d) {
+  dnnl::memory::dims st(d.size(), 1);
+  for (int i = static_cast<int>(d.size()) - 2; i >= 0; --i)
+    st[i] = st[i + 1] * d[i + 1];
+  return st;
+}
+
+/// Strides of a 4-D NCHW-indexed tensor stored as NCHW or NHWC.
+dnnl::memory::dims strides_4d(const dims_t& s, bool channels_last) {
+  if (!channels_last)
+    return dense_strides(to_dnnl(s));
+  return {s[1] * s[2] * s[3], 1, s[3] * s[1], s[1]};
+}
+
+/// How many pieces a step of `work` units splits into for `threads` threads:
+/// a few per thread so that a thread the OS runs late leaves little behind.
+int64_t pieces_for(int64_t work, unsigned threads) {
+  if (threads <= 1)
+    return 1;
+  return std::max<int64_t>(1, std::min<int64_t>(work, 4 * static_cast<int64_t>(threads)));
+}
+
+/// Splits [0, n) into `pieces` ranges of whole `unit`s; returns the range starts
+/// (and n at the end).
+std::vector<int64_t> split_range(int64_t n, int64_t pieces, int64_t unit) {
+  int64_t units = (n + unit - 1) / unit;
+  pieces = std::max<int64_t>(1, std::min(pieces, units));
+  std::vector<int64_t> at;
+  for (int64_t p = 0; p < pieces; ++p)
+    at.push_back(std::min(n, units * p / pieces * unit));
+  at.push_back(n);
+  return at;
+}
+
 /// Which 4-D values are stored channels-last (NHWC): oneDNN's fast convolution
 /// and pooling kernels want it; everything else reads NCHW.
 using layout_map = std::vector<bool>;
 
-dnnl::memory::format_tag tag_of(const graph& g, const layout_map& nhwc, int v, bool prefer_cl) {
+bool stored_cl(const graph& g, const layout_map& nhwc, int v, bool prefer_cl) {
   const auto& s = g.values[v].shape;
   // A 1x1 spatial tensor has the same bytes in either layout.
-  if (nhwc[v] || (prefer_cl && s.size() == 4 && s[2] * s[3] == 1))
-    return dnnl::memory::format_tag::nhwc;
-  return dnnl::memory::format_tag::nchw;
+  return nhwc[v] || (prefer_cl && s.size() == 4 && s[2] * s[3] == 1);
 }
 
-std::shared_ptr<dnnl_step> conv_step(const dnnl_ctx& ctx, const graph& g, const node& n,
-                                     int threads, const layout_map& nhwc) {
+/// FusedConv over 4-D tensors, split into bands of output rows (or of images
+/// when there are enough) so that each work item is one oneDNN call.
+step conv_step(const dnnl_ctx& ctx, const graph& g, const node& n, unsigned threads,
+               const layout_map& nhwc) {
   using tag = dnnl::memory::format_tag;
   using dt = dnnl::memory::data_type;
   const auto& xs = g.values[n.inputs[0]].shape;
@@ -115,9 +224,9 @@ std::shared_ptr<dnnl_step> conv_step(const dnnl_ctx& ctx, const graph& g, const 
   auto st = n.get_ints("strides", {1, 1});
   auto pd = n.get_ints("pads", {0, 0, 0, 0});
   auto dl = n.get_ints("dilations", {1, 1});
-  bool cl = nhwc[n.inputs[0]];
-  dnnl::memory::desc src({to_dnnl(xs)}, dt::f32, tag_of(g, nhwc, n.inputs[0], false));
-  dnnl::memory::desc dst({to_dnnl(ys)}, dt::f32, tag_of(g, nhwc, n.outputs[0], cl));
+  bool src_cl = stored_cl(g, nhwc, n.inputs[0], false);
+  bool dst_cl = stored_cl(g, nhwc, n.outputs[0], nhwc[n.inputs[0]]);
+  auto src_st = strides_4d(xs, src_cl), dst_st = strides_4d(ys, dst_cl);
   dims_t wd = w.shape;
   tag wtag = tag::oihw;
   if (group > 1) {
@@ -129,53 +238,81 @@ std::shared_ptr<dnnl_step> conv_step(const dnnl_ctx& ctx, const graph& g, const 
   bool has_bias = n.inputs.size() > 2 && n.inputs[2] >= 0;
   bool has_res = n.inputs.size() > 3 && n.inputs[3] >= 0;
   dnnl::memory::desc bias({ys[1]}, dt::f32, tag::a);
-  dnnl::post_ops po;
-  if (has_res)
-    po.append_binary(dnnl::algorithm::binary_add, dst);
   auto act = n.get_s("activation", "");
-  if (!act.empty())
-    po.append_eltwise(1.0f, eltwise_of(act), n.get_f("act_alpha", 0), n.get_f("act_beta", 0));
-  dnnl::primitive_attr attr;
-  attr.set_post_ops(po);
-  auto d = has_bias ? dnnl::convolution_forward::desc(
-                        dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
-                        src, wany, bias, dst, {st[0], st[1]}, {dl[0] - 1, dl[1] - 1},
-                        {pd[0], pd[1]}, {pd[2], pd[3]})
-                    : dnnl::convolution_forward::desc(
-                        dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
-                        src, wany, dst, {st[0], st[1]}, {dl[0] - 1, dl[1] - 1}, {pd[0], pd[1]},
-                        {pd[2], pd[3]});
-  dnnl::convolution_forward::primitive_desc pdesc(d, attr, ctx.eng);
-  auto s = std::make_shared<dnnl_step>();
-  s->eng = ctx.eng;
-  s->threads = threads;
-  s->prim = dnnl::convolution_forward(pdesc);
-  s->args.push_back({DNNL_ARG_SRC, dnnl::memory(src, ctx.eng, DNNL_MEMORY_NONE)});
-  s->values.push_back(n.inputs[0]);
-  s->args.push_back({DNNL_ARG_WEIGHTS, reorder_weights(ctx, w, wuser, pdesc.weights_desc())});
-  s->values.push_back(-1);
-  if (has_bias) {
-    s->args.push_back({DNNL_ARG_BIAS, dnnl::memory(bias, ctx.eng, DNNL_MEMORY_NONE)});
-    s->values.push_back(n.inputs[2]);
+  // Several images split by image; one image by bands of output rows, which
+  // stay dense (oneDNN's fast kernels want dense tensors) only channels-last.
+  bool by_image = ys[0] > 1;
+  bool by_rows = !by_image && src_cl && dst_cl;
+  auto cuts = by_image  ? split_range(ys[0], pieces_for(ys[0], threads), 1)
+              : by_rows ? split_range(ys[2], pieces_for(ys[2], threads), 1)
+                        : std::vector<int64_t>{0, ys[0]};
+  by_image = !by_rows;
+  int64_t ext_h = (w.shape[2] - 1) * dl[0] + 1;
+  weight_cache weights;
+  std::vector<dnnl_call> calls;
+  for (size_t c = 0; c + 1 < cuts.size(); ++c) {
+    int64_t a = cuts[c], b = cuts[c + 1];
+    dims_t xsub = xs, ysub = ys;
+    int64_t xoff = 0, yoff = 0, pad_t = pd[0], pad_b = pd[2];
+    if (by_image) {
+      xsub[0] = ysub[0] = b - a;
+      xoff = a * src_st[0];
+      yoff = a * dst_st[0];
+    } else {
+      // Output rows [a, b) read input rows [ih0, ih1), with the padding that remains.
+      int64_t first = a * st[0] - pd[0];
+      int64_t ih0 = std::max<int64_t>(0, first);
+      int64_t ih1 = std::min<int64_t>(xs[2], (b - 1) * st[0] - pd[0] + ext_h);
+      pad_t = ih0 - first;
+      pad_b = (b - a - 1) * st[0] + ext_h - (ih1 - ih0) - pad_t;
+      xsub[2] = ih1 - ih0;
+      ysub[2] = b - a;
+      xoff = ih0 * src_st[2];
+      yoff = a * dst_st[2];
+    }
+    dnnl::memory::desc src(to_dnnl(xsub), dt::f32, strides_4d(xsub, src_cl));
+    dnnl::memory::desc dst(to_dnnl(ysub), dt::f32, strides_4d(ysub, dst_cl));
+    dnnl::post_ops po;
+    if (has_res)
+      po.append_binary(dnnl::algorithm::binary_add, dst);
+    if (!act.empty())
+      po.append_eltwise(1.0f, eltwise_of(act), n.get_f("act_alpha", 0), n.get_f("act_beta", 0));
+    auto attr = user_scratchpad_attr();
+    attr.set_post_ops(po);
+    auto d = has_bias ? dnnl::convolution_forward::desc(
+                          dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
+                          src, wany, bias, dst, {st[0], st[1]}, {dl[0] - 1, dl[1] - 1},
+                          {pad_t, pd[1]}, {pad_b, pd[3]})
+                      : dnnl::convolution_forward::desc(
+                          dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
+                          src, wany, dst, {st[0], st[1]}, {dl[0] - 1, dl[1] - 1}, {pad_t, pd[1]},
+                          {pad_b, pd[3]});
+    dnnl::convolution_forward::primitive_desc pdesc(d, attr, ctx.eng);
+    dnnl_call call;
+    call.prim = dnnl::convolution_forward(pdesc);
+    call.scratch = pdesc.scratchpad_desc();
+    call.args.push_back({DNNL_ARG_SRC, src, n.inputs[0], xoff * 4, {}});
+    call.args.push_back({DNNL_ARG_WEIGHTS, {}, -1, 0,
+                         weights.get(ctx, w, 0, wuser, pdesc.weights_desc())});
+    if (has_bias)
+      call.args.push_back({DNNL_ARG_BIAS, bias, n.inputs[2], 0, {}});
+    if (has_res)
+      call.args.push_back({DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, dst, n.inputs[3],
+                           yoff * 4, {}});
+    call.args.push_back({DNNL_ARG_DST, dst, n.outputs[0], yoff * 4, {}});
+    calls.push_back(std::move(call));
   }
-  if (has_res) {
-    s->args.push_back({DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1,
-                       dnnl::memory(dst, ctx.eng, DNNL_MEMORY_NONE)});
-    s->values.push_back(n.inputs[3]);
-  }
-  s->args.push_back({DNNL_ARG_DST, dnnl::memory(dst, ctx.eng, DNNL_MEMORY_NONE)});
-  s->values.push_back(n.outputs[0]);
-  return s;
+  return onednn_step(ctx, "onednn.conv", std::move(calls));
 }
 
-std::shared_ptr<dnnl_step> pool_step(const dnnl_ctx& ctx, const graph& g, const node& n,
-                                     const layout_map& nhwc) {
+step pool_step(const dnnl_ctx& ctx, const graph& g, const node& n, const layout_map& nhwc) {
   using dt = dnnl::memory::data_type;
   const auto& xs = g.values[n.inputs[0]].shape;
   const auto& ys = g.values[n.outputs[0]].shape;
-  bool cl = nhwc[n.inputs[0]];
-  dnnl::memory::desc src({to_dnnl(xs)}, dt::f32, tag_of(g, nhwc, n.inputs[0], false));
-  dnnl::memory::desc dst({to_dnnl(ys)}, dt::f32, tag_of(g, nhwc, n.outputs[0], cl));
+  dnnl::memory::desc src(to_dnnl(xs), dt::f32,
+                         strides_4d(xs, stored_cl(g, nhwc, n.inputs[0], false)));
+  dnnl::memory::desc dst(to_dnnl(ys), dt::f32,
+                         strides_4d(ys, stored_cl(g, nhwc, n.outputs[0], nhwc[n.inputs[0]])));
   dims_t k, st, pl, pr, dil{0, 0};
   dnnl::algorithm alg;
   if (n.op == "GlobalAveragePool") {
@@ -200,35 +337,34 @@ std::shared_ptr<dnnl_step> pool_step(const dnnl_ctx& ctx, const graph& g, const 
   dnnl::pooling_v2_forward::desc d(dnnl::prop_kind::forward_inference, alg, src, dst,
                                    to_dnnl(st), to_dnnl(k), to_dnnl(dil), to_dnnl(pl),
                                    to_dnnl(pr));
-  dnnl::pooling_v2_forward::primitive_desc pdesc(d, ctx.eng);
-  auto s = std::make_shared<dnnl_step>();
-  s->eng = ctx.eng;
-  s->prim = dnnl::pooling_v2_forward(pdesc);
-  s->args.push_back({DNNL_ARG_SRC, dnnl::memory(src, ctx.eng, DNNL_MEMORY_NONE)});
-  s->values.push_back(n.inputs[0]);
-  s->args.push_back({DNNL_ARG_DST, dnnl::memory(dst, ctx.eng, DNNL_MEMORY_NONE)});
-  s->values.push_back(n.outputs[0]);
-  return s;
+  dnnl::pooling_v2_forward::primitive_desc pdesc(d, user_scratchpad_attr(), ctx.eng);
+  dnnl_call call;
+  call.prim = dnnl::pooling_v2_forward(pdesc);
+  call.scratch = pdesc.scratchpad_desc();
+  call.args.push_back({DNNL_ARG_SRC, src, n.inputs[0], 0, {}});
+  call.args.push_back({DNNL_ARG_DST, dst, n.outputs[0], 0, {}});
+  std::vector<dnnl_call> calls;
+  calls.push_back(std::move(call));
+  return onednn_step(ctx, "onednn.pool", std::move(calls));
 }
 
 /// ToNHWC / ToNCHW: a oneDNN reorder between the two layouts of one 4-D tensor.
-std::shared_ptr<dnnl_step> reorder_step(const dnnl_ctx& ctx, const graph& g, const node& n) {
+step reorder_step(const dnnl_ctx& ctx, const graph& g, const node& n) {
   using tag = dnnl::memory::format_tag;
   auto dims = to_dnnl(g.values[n.inputs[0]].shape);
   bool to_cl = n.op == "ToNHWC";
   dnnl::memory::desc src(dims, dnnl::memory::data_type::f32, to_cl ? tag::nchw : tag::nhwc);
   dnnl::memory::desc dst(dims, dnnl::memory::data_type::f32, to_cl ? tag::nhwc : tag::nchw);
-  auto s = std::make_shared<dnnl_step>();
-  s->eng = ctx.eng;
-  dnnl::memory a(src, ctx.eng, DNNL_MEMORY_NONE), b(dst, ctx.eng, DNNL_MEMORY_NONE);
-  s->prim = dnnl::reorder(a, b);
-  s->args.push_back({DNNL_ARG_FROM, a});
-  s->values.push_back(n.inputs[0]);
-  s->args.push_back({DNNL_ARG_TO, b});
-  s->values.push_back(n.outputs[0]);
-  return s;
+  dnnl::reorder::primitive_desc pdesc(ctx.eng, src, ctx.eng, dst, user_scratchpad_attr());
+  dnnl_call call;
+  call.prim = dnnl::reorder(pdesc);
+  call.scratch = pdesc.scratchpad_desc();
+  call.args.push_back({DNNL_ARG_FROM, src, n.inputs[0], 0, {}});
+  call.args.push_back({DNNL_ARG_TO, dst, n.outputs[0], 0, {}});
+  std::vector<dnnl_call> calls;
+  calls.push_back(std::move(call));
+  return onednn_step(ctx, "onednn.reorder", std::move(calls));
 }
-
 bool runs_on_onednn_4d(const graph& g, const node& n) {
   bool spatial = (n.op == "FusedConv" && g.values[n.inputs[1]].constant) || n.op == "MaxPool"
                  || n.op == "AveragePool" || n.op == "GlobalAveragePool";
@@ -277,50 +413,58 @@ layout_map assign_channels_last(graph& g) {
 }
 
 /// FusedMatMul: A [..., K] x constant W [K, N] + bias, activation, + residual.
-std::shared_ptr<dnnl_step> matmul_step(const dnnl_ctx& ctx, const graph& g, const node& n) {
+/// Many rows split into bands of rows sharing the weights; few rows split into
+/// bands of 64 columns, each with its own slice of the weights.
+step matmul_step(const dnnl_ctx& ctx, const graph& g, const node& n, unsigned threads) {
   using tag = dnnl::memory::format_tag;
   using dt = dnnl::memory::data_type;
   const auto& as = g.values[n.inputs[0]].shape;
   const auto& w = *g.values[n.inputs[1]].constant;
   int64_t k = as.back(), nn = w.shape[1];
   int64_t m = element_count(as) / k;
-  dnnl::memory::desc src({m, k}, dt::f32, tag::ab);
-  dnnl::memory::desc wuser({k, nn}, dt::f32, tag::ab);
-  dnnl::memory::desc wany({k, nn}, dt::f32, tag::any);
-  dnnl::memory::desc dst({m, nn}, dt::f32, tag::ab);
-  dnnl::memory::desc bias({1, nn}, dt::f32, tag::ab);
   bool has_bias = n.inputs.size() > 2 && n.inputs[2] >= 0;
   bool has_res = n.inputs.size() > 3 && n.inputs[3] >= 0;
-  dnnl::post_ops po;
   auto act = n.get_s("activation", "");
-  if (!act.empty())
-    po.append_eltwise(1.0f, eltwise_of(act), n.get_f("act_alpha", 0), n.get_f("act_beta", 0));
-  if (has_res)
-    po.append_binary(dnnl::algorithm::binary_add, dst);
-  dnnl::primitive_attr attr;
-  attr.set_post_ops(po);
-  auto d = has_bias ? dnnl::matmul::desc(src, wany, bias, dst) : dnnl::matmul::desc(src, wany, dst);
-  dnnl::matmul::primitive_desc pdesc(d, attr, ctx.eng);
-  auto s = std::make_shared<dnnl_step>();
-  s->eng = ctx.eng;
-  s->prim = dnnl::matmul(pdesc);
-  s->args.push_back({DNNL_ARG_SRC, dnnl::memory(src, ctx.eng, DNNL_MEMORY_NONE)});
-  s->values.push_back(n.inputs[0]);
-  s->args.push_back({DNNL_ARG_WEIGHTS, reorder_weights(ctx, w, wuser, pdesc.weights_desc())});
-  s->values.push_back(-1);
-  if (has_bias) {
-    s->args.push_back({DNNL_ARG_BIAS, dnnl::memory(bias, ctx.eng, DNNL_MEMORY_NONE)});
-    s->values.push_back(n.inputs[2]);
+  int64_t pieces = pieces_for(std::max<int64_t>(1, m / 32 + nn / 64), threads);
+  bool by_rows = m >= 64 * pieces || nn < 128;
+  auto cuts = by_rows ? split_range(m, pieces, 16) : split_range(nn, pieces, 64);
+  weight_cache weights;
+  std::vector<dnnl_call> calls;
+  for (size_t c = 0; c + 1 < cuts.size(); ++c) {
+    int64_t a = cuts[c], b = cuts[c + 1];
+    int64_t mc = by_rows ? b - a : m, nc = by_rows ? nn : b - a;
+    int64_t col0 = by_rows ? 0 : a, row0 = by_rows ? a : 0;
+    dnnl::memory::desc src({mc, k}, dt::f32, tag::ab);
+    dnnl::memory::desc wuser({k, nc}, dt::f32, {nn, 1});
+    dnnl::memory::desc wany({k, nc}, dt::f32, tag::any);
+    dnnl::memory::desc dst({mc, nc}, dt::f32, {nn, 1});
+    dnnl::memory::desc bias({1, nc}, dt::f32, tag::ab);
+    dnnl::post_ops po;
+    if (!act.empty())
+      po.append_eltwise(1.0f, eltwise_of(act), n.get_f("act_alpha", 0), n.get_f("act_beta", 0));
+    if (has_res)
+      po.append_binary(dnnl::algorithm::binary_add, dst);
+    auto attr = user_scratchpad_attr();
+    attr.set_post_ops(po);
+    auto d = has_bias ? dnnl::matmul::desc(src, wany, bias, dst)
+                      : dnnl::matmul::desc(src, wany, dst);
+    dnnl::matmul::primitive_desc pdesc(d, attr, ctx.eng);
+    int64_t out_off = (row0 * nn + col0) * 4;
+    dnnl_call call;
+    call.prim = dnnl::matmul(pdesc);
+    call.scratch = pdesc.scratchpad_desc();
+    call.args.push_back({DNNL_ARG_SRC, src, n.inputs[0], row0 * k * 4, {}});
+    call.args.push_back({DNNL_ARG_WEIGHTS, {}, -1, 0,
+                         weights.get(ctx, w, col0 * 4, wuser, pdesc.weights_desc())});
+    if (has_bias)
+      call.args.push_back({DNNL_ARG_BIAS, bias, n.inputs[2], col0 * 4, {}});
+    if (has_res)
+      call.args.push_back({DNNL_ARG_ATTR_MULTIPLE_POST_OP(act.empty() ? 0 : 1) | DNNL_ARG_SRC_1,
+                           dst, n.inputs[3], out_off, {}});
+    call.args.push_back({DNNL_ARG_DST, dst, n.outputs[0], out_off, {}});
+    calls.push_back(std::move(call));
   }
-  if (has_res) {
-    int idx = act.empty() ? 0 : 1;
-    s->args.push_back({DNNL_ARG_ATTR_MULTIPLE_POST_OP(idx) | DNNL_ARG_SRC_1,
-                       dnnl::memory(dst, ctx.eng, DNNL_MEMORY_NONE)});
-    s->values.push_back(n.inputs[3]);
-  }
-  s->args.push_back({DNNL_ARG_DST, dnnl::memory(dst, ctx.eng, DNNL_MEMORY_NONE)});
-  s->values.push_back(n.outputs[0]);
-  return s;
+  return onednn_step(ctx, "onednn.matmul", std::move(calls));
 }
 
 // ------------------------------------------------------------------ compile
@@ -339,51 +483,49 @@ std::vector<int64_t> broadcast_strides4(const dims_t& in) {
   return st;
 }
 
-step compile_node(const dnnl_ctx& ctx, const graph& g, int idx, int threads,
+
+/// Row bands [cuts[i], cuts[i + 1]) of a row-wise kernel, one per work item.
+std::vector<int64_t> row_bands(int64_t rows, unsigned threads) {
+  return split_range(rows, pieces_for(rows, threads), 1);
+}
+
+step compile_node(const dnnl_ctx& ctx, const graph& g, int idx, unsigned threads,
                   const layout_map& nhwc) {
   const node& n = g.nodes[idx];
+  auto shape_of = [&](int v) { return v >= 0 ? g.values[v].shape : dims_t{}; };
+  auto finish = [&](step s) {
+    s.node = idx;
+    return s;
+  };
+  if (n.op == "FusedConv" && g.values[n.inputs[1]].constant)
+    return finish(conv_step(ctx, g, n, threads, nhwc));
+  if (n.op == "MaxPool" || n.op == "AveragePool" || n.op == "GlobalAveragePool")
+    return finish(pool_step(ctx, g, n, nhwc));
+  if (n.op == "ToNHWC" || n.op == "ToNCHW")
+    return finish(reorder_step(ctx, g, n));
+  if (n.op == "FusedMatMul")
+    return finish(matmul_step(ctx, g, n, threads));
   step s;
   s.node = idx;
-  auto shape_of = [&](int v) { return v >= 0 ? g.values[v].shape : dims_t{}; };
-  if (n.op == "FusedConv" && g.values[n.inputs[1]].constant) {
-    s.kernel = "onednn.conv";
-    auto st = conv_step(ctx, g, n, threads, nhwc);
-    s.run = [st](void** p) { (*st)(p); };
-    return s;
-  }
-  if (n.op == "MaxPool" || n.op == "AveragePool" || n.op == "GlobalAveragePool") {
-    s.kernel = "onednn.pool";
-    auto st = pool_step(ctx, g, n, nhwc);
-    s.run = [st](void** p) { (*st)(p); };
-    return s;
-  }
-  if (n.op == "ToNHWC" || n.op == "ToNCHW") {
-    s.kernel = "onednn.reorder";
-    auto st = reorder_step(ctx, g, n);
-    s.run = [st](void** p) { (*st)(p); };
-    return s;
-  }
-  if (n.op == "FusedMatMul") {
-    s.kernel = "onednn.matmul";
-    auto st = matmul_step(ctx, g, n);
-    s.run = [st](void** p) { (*st)(p); };
-    return s;
-  }
   if (n.op == "FusedLayerNorm") {
     s.kernel = "engine.layer_norm";
     kc::layer_norm_args a;
     a.width = shape_of(n.inputs[0]).back();
     a.rows = element_count(shape_of(n.inputs[0])) / a.width;
     a.epsilon = n.get_f("epsilon", 1e-5f);
-    a.threads = threads;
+    auto cuts = row_bands(a.rows, threads);
+    s.items = static_cast<int64_t>(cuts.size()) - 1;
     int x = n.inputs[0], gm = n.inputs[1], bt = n.inputs.size() > 2 ? n.inputs[2] : -1,
         y = n.outputs[0];
-    s.run = [a, x, gm, bt, y](void** p) mutable {
-      a.x = static_cast<const float*>(p[x]);
-      a.gamma = static_cast<const float*>(p[gm]);
-      a.beta = bt >= 0 ? static_cast<const float*>(p[bt]) : nullptr;
-      a.y = static_cast<float*>(p[y]);
-      kc::engine_layer_norm(a);
+    s.run = [a, cuts, x, gm, bt, y](void** p, int64_t item) {
+      auto band = a;
+      int64_t r0 = cuts[item];
+      band.rows = cuts[item + 1] - r0;
+      band.x = static_cast<const float*>(p[x]) + r0 * a.width;
+      band.gamma = static_cast<const float*>(p[gm]);
+      band.beta = bt >= 0 ? static_cast<const float*>(p[bt]) : nullptr;
+      band.y = static_cast<float*>(p[y]) + r0 * a.width;
+      kc::engine_layer_norm(band);
     };
     return s;
   }
@@ -392,10 +534,13 @@ step compile_node(const dnnl_ctx& ctx, const graph& g, int idx, int threads,
     int x = n.inputs[0], b = n.inputs.size() > 1 ? n.inputs[1] : -1, y = n.outputs[0];
     int64_t total = element_count(shape_of(x));
     int64_t width = b >= 0 ? element_count(shape_of(b)) : total;
-    s.run = [=](void** p) {
-      kc::engine_gelu(static_cast<const float*>(p[x]),
-                      b >= 0 ? static_cast<const float*>(p[b]) : nullptr, width, total,
-                      static_cast<float*>(p[y]), threads);
+    auto cuts = row_bands(total / width, threads);
+    s.items = static_cast<int64_t>(cuts.size()) - 1;
+    s.run = [=](void** p, int64_t item) {
+      int64_t r0 = cuts[item], rows = cuts[item + 1] - r0;
+      kc::engine_gelu(static_cast<const float*>(p[x]) + r0 * width,
+                      b >= 0 ? static_cast<const float*>(p[b]) : nullptr, width, rows * width,
+                      static_cast<float*>(p[y]) + r0 * width, 1);
     };
     return s;
   }
@@ -405,9 +550,13 @@ step compile_node(const dnnl_ctx& ctx, const graph& g, int idx, int threads,
     s.kernel = "engine.softmax";
     int x = n.inputs[0], y = n.outputs[0];
     int64_t width = shape_of(x).back(), total = element_count(shape_of(x));
-    s.run = [=](void** p) {
-      std::memcpy(p[y], p[x], total * 4);
-      kc::engine_softmax(static_cast<float*>(p[y]), total / width, width, threads);
+    auto cuts = row_bands(total / width, threads);
+    s.items = static_cast<int64_t>(cuts.size()) - 1;
+    s.run = [=](void** p, int64_t item) {
+      int64_t r0 = cuts[item], rows = cuts[item + 1] - r0;
+      float* out = static_cast<float*>(p[y]) + r0 * width;
+      std::memcpy(out, static_cast<const float*>(p[x]) + r0 * width, rows * width * 4);
+      kc::engine_softmax(out, rows, width, 1);
     };
     return s;
   }
@@ -420,20 +569,25 @@ step compile_node(const dnnl_ctx& ctx, const graph& g, int idx, int threads,
     a.heads = n.get_i("num_heads", 1);
     a.head_dim = qs[2] / a.heads;
     a.scale = n.get_f("scale", 1.0f);
-    a.threads = threads;
+    a.threads = 1;
     int m = n.inputs.size() > 3 ? n.inputs[3] : -1;
     if (m >= 0) {
       auto st = broadcast_strides4(shape_of(m));
       std::copy(st.begin(), st.end(), a.mask_strides);
     }
+    auto cuts = row_bands(a.batch * a.heads, threads);
+    s.items = static_cast<int64_t>(cuts.size()) - 1;
     int q = n.inputs[0], k = n.inputs[1], v = n.inputs[2], y = n.outputs[0];
-    s.run = [a, q, k, v, m, y](void** p) mutable {
-      a.q = static_cast<const float*>(p[q]);
-      a.k = static_cast<const float*>(p[k]);
-      a.v = static_cast<const float*>(p[v]);
-      a.mask = m >= 0 ? static_cast<const float*>(p[m]) : nullptr;
-      a.out = static_cast<float*>(p[y]);
-      kc::engine_attention(a);
+    s.run = [a, cuts, q, k, v, m, y](void** p, int64_t item) {
+      auto part = a;
+      part.q = static_cast<const float*>(p[q]);
+      part.k = static_cast<const float*>(p[k]);
+      part.v = static_cast<const float*>(p[v]);
+      part.mask = m >= 0 ? static_cast<const float*>(p[m]) : nullptr;
+      part.out = static_cast<float*>(p[y]);
+      part.first_job = cuts[item];
+      part.last_job = cuts[item + 1];
+      kc::engine_attention(part);
     };
     return s;
   }
@@ -445,13 +599,15 @@ step compile_node(const dnnl_ctx& ctx, const graph& g, int idx, int threads,
                          : tensor_ref{});
   for (int o : n.outputs)
     outs.push_back({g.values[o].dtype, g.values[o].shape, nullptr});
-  node copy = n;
-  s.run = [copy, ins, outs](void** p) mutable {
-    for (size_t i = 0; i < ins.size(); ++i)
-      ins[i].data = copy.inputs[i] >= 0 ? p[copy.inputs[i]] : nullptr;
-    for (size_t i = 0; i < outs.size(); ++i)
-      outs[i].data = p[copy.outputs[i]];
-    run_reference(copy, ins, outs);
+  s.run = [copy = n, ins, outs](void** p, int64_t) {
+    // Copies, so that plans running on several threads do not share them.
+    auto in = ins;
+    auto out = outs;
+    for (size_t i = 0; i < in.size(); ++i)
+      in[i].data = copy.inputs[i] >= 0 ? p[copy.inputs[i]] : nullptr;
+    for (size_t i = 0; i < out.size(); ++i)
+      out[i].data = p[copy.outputs[i]];
+    run_reference(copy, in, out);
   };
   return s;
 }
@@ -468,9 +624,12 @@ int find_value(const graph& g, const std::vector<int>& list, const std::string& 
   return -1;
 }
 
+/// `threads`: how many threads run the plan's steps (each step is split into
+/// work items for them); 1 for a plan that one thread runs on part of a batch.
 result<std::shared_ptr<compiled_plan>> compile(const graph& src, const model_config& cfg,
                                                const onnx_model_config& mcfg,
-                                               const std::vector<dims_t>& shapes) {
+                                               const std::vector<dims_t>& shapes,
+                                               unsigned threads) {
   auto opt = optimize(src, shapes, mcfg.passes);
   if (!opt)
     return load_error(mcfg, opt.error().message);
@@ -495,17 +654,22 @@ result<std::shared_ptr<compiled_plan>> compile(const graph& src, const model_con
   static const dnnl_ctx ctx;
   try {
     for (size_t i = 0; i < g.nodes.size(); ++i)
-      plan->steps.push_back(compile_node(ctx, g, static_cast<int>(i), mcfg.threads, nhwc));
+      plan->steps.push_back(compile_node(ctx, g, static_cast<int>(i), threads, nhwc));
   } catch (const dnnl::error& e) {
     return load_error(mcfg, std::string("oneDNN cannot build a kernel: ") + e.what());
   }
   return plan;
 }
 
+/// The threads of one instance run a batch one of two ways. A batch of at
+/// least as many rows as threads is cut into row chunks, and each chunk runs a
+/// whole plan on one thread (no synchronisation between steps at all). Smaller
+/// batches run one plan whose steps are split into work items for all threads.
 class onnx_backend final : public executor::backend {
 public:
   onnx_backend(std::shared_ptr<const graph> g, model_config cfg, onnx_model_config mcfg)
-      : graph_(std::move(g)), cfg_(std::move(cfg)), mcfg_(std::move(mcfg)) {}
+      : graph_(std::move(g)), cfg_(std::move(cfg)), mcfg_(std::move(mcfg)),
+        pool_(std::max(1u, mcfg_.threads)), arenas_(pool_.size()), ptrs_(pool_.size()) {}
 
   bool blocks() const override { return true; }
 
@@ -529,50 +693,136 @@ public:
         return serving_error{status_code::bad_request,
                              "model '" + cfg_.name + "' needs input '"
                                + graph_->values[graph_->inputs[i]].name + "'"};
-    auto plan = plan_for(shapes);
+    // oneDNN and the engine kernels run single-threaded inside work items.
+    omp_set_num_threads(1);
+    int64_t rows = cfg_.max_batch_size > 0 && !shapes.empty() && !shapes[0].empty()
+                     ? shapes[0][0] : 1;
+    unsigned threads = pool_.size();
+    if (threads > 1 && rows >= threads)
+      return run_row_chunks(shapes, data, rows, out);
+    auto plan = plan_for(shapes, threads);
     if (!plan)
       return plan.error();
     auto& p = **plan;
-    if (arena_.size() < p.memory.arena_bytes + 64)
-      arena_.assign(p.memory.arena_bytes + 64, 0);
-    auto base = reinterpret_cast<uintptr_t>(arena_.data());
-    auto* arena = reinterpret_cast<uint8_t*>((base + 63) / 64 * 64);
-    ptrs_ = p.constant_ptrs;
-    for (size_t v = 0; v < ptrs_.size(); ++v)
-      if (p.memory.offsets[v] >= 0)
-        ptrs_[v] = arena + p.memory.offsets[v];
-    for (size_t i = 0; i < data.size(); ++i)
-      ptrs_[p.g.inputs[i]] = const_cast<void*>(data[i]);
+    std::vector<void*> outputs;
     for (size_t i = 0; i < p.output_values.size(); ++i) {
-      int v = p.output_values[i];
-      const auto& val = p.g.values[v];
+      const auto& val = p.g.values[p.output_values[i]];
       size_t bytes = static_cast<size_t>(element_count(val.shape)) * element_size(val.dtype);
-      ptrs_[v] = out.allocate(cfg_.outputs[i].name, val.dtype, val.shape, bytes);
+      outputs.push_back(out.allocate(cfg_.outputs[i].name, val.dtype, val.shape, bytes));
     }
-    omp_set_num_threads(static_cast<int>(mcfg_.threads));
-    for (auto& s : p.steps)
-      s.run(ptrs_.data());
+    bind(p, 0, data, outputs, 0);
+    void** ptrs = ptrs_[0].data();
+    for (auto& s : p.steps) {
+      if (s.items == 1)
+        s.run(ptrs, 0);
+      else
+        pool_.run(s.items, [&](int64_t item, unsigned) { s.run(ptrs, item); });
+    }
     return {};
   }
 
 private:
-  result<std::shared_ptr<compiled_plan>> plan_for(const std::vector<dims_t>& shapes) {
-    auto it = plans_.find(shapes);
+  /// Rows per chunk: a few chunks per thread, so that a thread the OS runs late
+  /// leaves little behind, but chunks big enough to keep the GEMMs efficient.
+  static int64_t chunk_rows(int64_t rows, unsigned threads) {
+    int64_t chunks = std::min<int64_t>(rows, 4 * static_cast<int64_t>(threads));
+    return (rows + chunks - 1) / chunks;
+  }
+
+  exec_result run_row_chunks(const std::vector<dims_t>& shapes,
+                             const std::vector<const void*>& data, int64_t rows,
+                             executor::output_writer& out) {
+    int64_t per = chunk_rows(rows, pool_.size());
+    int64_t chunks = (rows + per - 1) / per;
+    auto shapes_of = [&](int64_t n) {
+      auto s = shapes;
+      for (auto& d : s) d[0] = n;
+      return s;
+    };
+    // Plans are compiled here, on the caller, before any thread uses them.
+    auto full = plan_for(shapes_of(per), 1);
+    if (!full)
+      return full.error();
+    std::shared_ptr<compiled_plan> last = *full;
+    if (rows % per != 0) {
+      auto l = plan_for(shapes_of(rows % per), 1);
+      if (!l)
+        return l.error();
+      last = *l;
+    }
+    std::vector<uint8_t*> outputs;
+    std::vector<size_t> out_row_bytes;
+    for (size_t i = 0; i < (*full)->output_values.size(); ++i) {
+      const auto& val = (*full)->g.values[(*full)->output_values[i]];
+      dims_t shape = val.shape;
+      shape[0] = rows;
+      size_t row_bytes = static_cast<size_t>(element_count(val.shape) / per)
+                         * element_size(val.dtype);
+      outputs.push_back(out.allocate(cfg_.outputs[i].name, val.dtype, shape, row_bytes * rows));
+      out_row_bytes.push_back(row_bytes);
+    }
+    std::vector<size_t> in_row_bytes;
+    for (size_t i = 0; i < shapes.size(); ++i)
+      in_row_bytes.push_back(static_cast<size_t>(element_count(shapes[i]) / rows)
+                             * element_size(graph_->values[graph_->inputs[i]].dtype));
+    pool_.run(chunks, [&](int64_t chunk, unsigned thread) {
+      const auto& p = chunk + 1 == chunks ? *last : **full;
+      int64_t r0 = chunk * per;
+      std::vector<const void*> in(data.size());
+      for (size_t i = 0; i < data.size(); ++i)
+        in[i] = static_cast<const uint8_t*>(data[i]) + r0 * in_row_bytes[i];
+      std::vector<void*> o(outputs.size());
+      for (size_t i = 0; i < outputs.size(); ++i)
+        o[i] = outputs[i] + r0 * out_row_bytes[i];
+      bind(p, thread, in, o, thread);
+      void** ptrs = ptrs_[thread].data();
+      for (const auto& s : p.steps)
+        for (int64_t item = 0; item < s.items; ++item)
+          s.run(ptrs, item);
+    });
+    return {};
+  }
+
+  /// Fills thread `t`'s pointer table for `p`: constants, its arena, the
+  /// inputs and outputs.
+  void bind(const compiled_plan& p, unsigned t, const std::vector<const void*>& inputs,
+            const std::vector<void*>& outputs, unsigned arena) {
+    auto& buf = arenas_[arena];
+    if (buf.size() < p.memory.arena_bytes + 64)
+      buf.assign(p.memory.arena_bytes + 64, 0);
+    auto base = reinterpret_cast<uintptr_t>(buf.data());
+    auto* a = reinterpret_cast<uint8_t*>((base + 63) / 64 * 64);
+    auto& ptrs = ptrs_[t];
+    ptrs = p.constant_ptrs;
+    for (size_t v = 0; v < ptrs.size(); ++v)
+      if (p.memory.offsets[v] >= 0)
+        ptrs[v] = a + p.memory.offsets[v];
+    for (size_t i = 0; i < inputs.size(); ++i)
+      ptrs[p.g.inputs[i]] = const_cast<void*>(inputs[i]);
+    for (size_t i = 0; i < outputs.size(); ++i)
+      ptrs[p.output_values[i]] = outputs[i];
+  }
+
+  result<std::shared_ptr<compiled_plan>> plan_for(const std::vector<dims_t>& shapes,
+                                                  unsigned threads) {
+    auto key = std::make_pair(shapes, threads);
+    auto it = plans_.find(key);
     if (it != plans_.end())
       return it->second;
-    auto plan = compile(*graph_, cfg_, mcfg_, shapes);
+    auto plan = compile(*graph_, cfg_, mcfg_, shapes, threads);
     if (!plan)
       return serving_error{status_code::bad_request, plan.error().message};
-    plans_.emplace(shapes, *plan);
+    plans_.emplace(key, *plan);
     return *plan;
   }
 
   std::shared_ptr<const graph> graph_;
   model_config cfg_;
   onnx_model_config mcfg_;
-  std::map<std::vector<dims_t>, std::shared_ptr<compiled_plan>> plans_;
-  std::vector<uint8_t> arena_;
-  std::vector<void*> ptrs_;
+  work_pool pool_;
+  std::map<std::pair<std::vector<dims_t>, unsigned>, std::shared_ptr<compiled_plan>> plans_;
+  std::vector<std::vector<uint8_t>> arenas_; ///< per thread
+  std::vector<std::vector<void*>> ptrs_;     ///< per thread: the pointer table
 };
 
 std::string dims_text(const std::vector<int64_t>& d) {
@@ -740,7 +990,7 @@ result<onnx_model> load_onnx_model(const onnx_model_config& mcfg) {
     return cfg.error();
   auto g = std::make_shared<const graph>(inputs_in_config_order(std::move(*imported), *cfg));
   openblas_set_num_threads(1);
-  auto plan = compile(*g, *cfg, mcfg, shapes_at(*cfg, 1));
+  auto plan = compile(*g, *cfg, mcfg, shapes_at(*cfg, 1), std::max(1u, mcfg.threads));
   if (!plan)
     return plan.error();
   onnx_model m;
@@ -766,7 +1016,7 @@ result<std::string> describe_plan(const onnx_model_config& mcfg, int64_t batch) 
   if (!cfg)
     return cfg.error();
   auto g = inputs_in_config_order(std::move(*imported), *cfg);
-  auto plan = compile(g, *cfg, mcfg, shapes_at(*cfg, batch));
+  auto plan = compile(g, *cfg, mcfg, shapes_at(*cfg, batch), std::max(1u, mcfg.threads));
   if (!plan)
     return plan.error();
   const auto& p = **plan;
