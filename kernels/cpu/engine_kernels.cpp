@@ -4,22 +4,46 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 namespace caf_serving::kernels::cpu {
 
 namespace {
 
-/// exp for the softmax: the compiler vectorises this loop with libmvec when
-/// -ffast-math is off, so it is written plainly.
-inline void softmax_row(float* p, int64_t n) {
+/// exp(x) for the softmax's x - max <= 0: Cody-Waite reduction to
+/// r in [-ln2/2, ln2/2] and Cephes' degree-6 polynomial (relative error about
+/// 2e-7), scaled by 2^n through the exponent bits. Plain arithmetic, so the
+/// loops that call it vectorise (libm's expf does not without -ffast-math).
+inline float exp_nonpositive(float x) {
+  x = std::max(x, -87.0f);
+  float n = std::floor(x * 1.44269504088896341f + 0.5f);
+  float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  float y = p * r * r + r + 1.0f;
+  int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return y * scale;
+}
+
+/// Compiled for AVX-512, AVX2 and the baseline; the loader picks one.
+#define CAF_SERVING_CPU_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+
+CAF_SERVING_CPU_CLONES void softmax_row(float* p, int64_t n) {
   float mx = p[0];
+#pragma omp simd reduction(max : mx)
   for (int64_t i = 1; i < n; ++i)
     mx = std::max(mx, p[i]);
   float sum = 0;
 #pragma omp simd reduction(+ : sum)
   for (int64_t i = 0; i < n; ++i) {
-    p[i] = std::exp(p[i] - mx);
+    p[i] = exp_nonpositive(p[i] - mx);
     sum += p[i];
   }
   float inv = 1.0f / sum;

@@ -87,7 +87,8 @@ struct dnnl_thread_state {
   std::vector<uint8_t> scratch;
 };
 
-void execute_call(const dnnl::engine& eng, const dnnl_call& c, void** ptrs) {
+/// Runs `c` with one data handle per argument (fixed arguments ignore theirs).
+void run_call(const dnnl::engine& eng, const dnnl_call& c, const void* const* handles) {
   thread_local std::unique_ptr<dnnl_thread_state> ts;
   if (!ts) {
     ts = std::make_unique<dnnl_thread_state>();
@@ -97,12 +98,13 @@ void execute_call(const dnnl::engine& eng, const dnnl_call& c, void** ptrs) {
   mems.reserve(c.args.size() + 1);
   std::vector<dnnl_exec_arg_t> args;
   args.reserve(c.args.size() + 1);
-  for (const auto& a : c.args) {
-    if (a.value < 0) {
+  for (size_t i = 0; i < c.args.size(); ++i) {
+    const auto& a = c.args[i];
+    if (a.value < 0 && a.fixed) {
       args.push_back({a.arg, a.fixed.get()});
       continue;
     }
-    mems.emplace_back(a.md, eng, static_cast<uint8_t*>(ptrs[a.value]) + a.offset);
+    mems.emplace_back(a.md, eng, const_cast<void*>(handles[i]));
     args.push_back({a.arg, mems.back().get()});
   }
   size_t sbytes = c.scratch.get_size();
@@ -117,6 +119,15 @@ void execute_call(const dnnl::engine& eng, const dnnl_call& c, void** ptrs) {
                                    args.data());
   if (st != dnnl_success)
     throw dnnl::error(st, "oneDNN could not execute a primitive");
+}
+
+/// Runs `c` on views into the pointer table.
+void execute_call(const dnnl::engine& eng, const dnnl_call& c, void** ptrs) {
+  const void* handles[8] = {};
+  for (size_t i = 0; i < c.args.size() && i < 8; ++i)
+    if (c.args[i].value >= 0)
+      handles[i] = static_cast<const uint8_t*>(ptrs[c.args[i].value]) + c.args[i].offset;
+  run_call(eng, c, handles);
 }
 
 /// A oneDNN step: one call per work item.
@@ -484,6 +495,69 @@ std::vector<int64_t> broadcast_strides4(const dims_t& in) {
 }
 
 
+/// FusedAttention on [B, S, H*D] tensors, per head: scores = scale * Q_h K_h^T
+/// and out_h = softmax(scores + mask) V_h, both products as oneDNN matmuls
+/// reading the heads in place through strides. Work items are ranges of
+/// (batch row, head) jobs.
+step attention_step(const dnnl_ctx& ctx, const graph& g, const node& n, unsigned threads) {
+  using dt = dnnl::memory::data_type;
+  const auto& qs = g.values[n.inputs[0]].shape;
+  int64_t b = qs[0], sq = qs[1], hd = qs[2], heads = n.get_i("num_heads", 1), d = hd / heads;
+  float scale = n.get_f("scale", 1.0f);
+  int m = n.inputs.size() > 3 ? n.inputs[3] : -1;
+  std::vector<int64_t> mst(4, 0);
+  if (m >= 0)
+    mst = broadcast_strides4(g.values[m].shape);
+  dnnl::memory::desc qd({sq, d}, dt::f32, {hd, 1});
+  dnnl::memory::desc ktd({d, sq}, dt::f32, {1, hd});
+  dnnl::memory::desc sd({sq, sq}, dt::f32, {sq, 1});
+  dnnl::memory::desc vd({sq, d}, dt::f32, {hd, 1});
+  dnnl::memory::desc od({sq, d}, dt::f32, {hd, 1});
+  auto attr = user_scratchpad_attr();
+  attr.set_output_scales(0, {scale});
+  dnnl::matmul::primitive_desc p1(dnnl::matmul::desc(qd, ktd, sd), attr, ctx.eng);
+  dnnl::matmul::primitive_desc p2(dnnl::matmul::desc(sd, vd, od), user_scratchpad_attr(),
+                                  ctx.eng);
+  auto calls = std::make_shared<std::vector<dnnl_call>>(2);
+  (*calls)[0].prim = dnnl::matmul(p1);
+  (*calls)[0].scratch = p1.scratchpad_desc();
+  (*calls)[0].args = {{DNNL_ARG_SRC, qd, 0, 0, {}}, {DNNL_ARG_WEIGHTS, ktd, 0, 0, {}},
+                      {DNNL_ARG_DST, sd, 0, 0, {}}};
+  (*calls)[1].prim = dnnl::matmul(p2);
+  (*calls)[1].scratch = p2.scratchpad_desc();
+  (*calls)[1].args = {{DNNL_ARG_SRC, sd, 0, 0, {}}, {DNNL_ARG_WEIGHTS, vd, 0, 0, {}},
+                      {DNNL_ARG_DST, od, 0, 0, {}}};
+  auto cuts = split_range(b * heads, pieces_for(b * heads, threads), 1);
+  step s;
+  s.kernel = "onednn.matmul+engine.softmax";
+  s.items = static_cast<int64_t>(cuts.size()) - 1;
+  int q = n.inputs[0], k = n.inputs[1], v = n.inputs[2], y = n.outputs[0];
+  s.run = [=, eng = ctx.eng](void** p, int64_t item) {
+    thread_local std::vector<float> scores;
+    scores.resize(static_cast<size_t>(sq * sq));
+    for (int64_t job = cuts[item]; job < cuts[item + 1]; ++job) {
+      int64_t bi = job / heads, h = job % heads, off = bi * sq * hd + h * d;
+      const void* h1[3] = {static_cast<const float*>(p[q]) + off,
+                           static_cast<const float*>(p[k]) + off, scores.data()};
+      run_call(eng, (*calls)[0], h1);
+      if (m >= 0) {
+        const float* mask = static_cast<const float*>(p[m]) + bi * mst[0] + h * mst[1];
+        for (int64_t i = 0; i < sq; ++i) {
+          float* row = scores.data() + i * sq;
+          const float* mr = mask + i * mst[2];
+          for (int64_t j = 0; j < sq; ++j)
+            row[j] += mr[j * mst[3]];
+        }
+      }
+      kc::engine_softmax(scores.data(), sq, sq, 1);
+      const void* h2[3] = {scores.data(), static_cast<const float*>(p[v]) + off,
+                           static_cast<float*>(p[y]) + off};
+      run_call(eng, (*calls)[1], h2);
+    }
+  };
+  return s;
+}
+
 /// Row bands [cuts[i], cuts[i + 1]) of a row-wise kernel, one per work item.
 std::vector<int64_t> row_bands(int64_t rows, unsigned threads) {
   return split_range(rows, pieces_for(rows, threads), 1);
@@ -560,37 +634,8 @@ step compile_node(const dnnl_ctx& ctx, const graph& g, int idx, unsigned threads
     };
     return s;
   }
-  if (n.op == "FusedAttention") {
-    s.kernel = "engine.attention";
-    kc::attention_args a;
-    const auto& qs = shape_of(n.inputs[0]);
-    a.batch = qs[0];
-    a.seq = qs[1];
-    a.heads = n.get_i("num_heads", 1);
-    a.head_dim = qs[2] / a.heads;
-    a.scale = n.get_f("scale", 1.0f);
-    a.threads = 1;
-    int m = n.inputs.size() > 3 ? n.inputs[3] : -1;
-    if (m >= 0) {
-      auto st = broadcast_strides4(shape_of(m));
-      std::copy(st.begin(), st.end(), a.mask_strides);
-    }
-    auto cuts = row_bands(a.batch * a.heads, threads);
-    s.items = static_cast<int64_t>(cuts.size()) - 1;
-    int q = n.inputs[0], k = n.inputs[1], v = n.inputs[2], y = n.outputs[0];
-    s.run = [a, cuts, q, k, v, m, y](void** p, int64_t item) {
-      auto part = a;
-      part.q = static_cast<const float*>(p[q]);
-      part.k = static_cast<const float*>(p[k]);
-      part.v = static_cast<const float*>(p[v]);
-      part.mask = m >= 0 ? static_cast<const float*>(p[m]) : nullptr;
-      part.out = static_cast<float*>(p[y]);
-      part.first_job = cuts[item];
-      part.last_job = cuts[item + 1];
-      kc::engine_attention(part);
-    };
-    return s;
-  }
+  if (n.op == "FusedAttention")
+    return finish(attention_step(ctx, g, n, threads));
   // Reference kernel: shapes are fixed, pointers come from the table.
   s.kernel = "reference";
   std::vector<tensor_ref> ins, outs;
