@@ -115,6 +115,9 @@ TEST_CASE("batch_result_message: result and error survive; a truncated one is re
   auto bytes = save(sys, res);
   auto in = load<batch_result_message>(sys, bytes);
   REQUIRE(in);
+  // Read in place from the received bytes, not copied into a new message.
+  CHECK(in.is_received());
+  CHECK(save(sys, in) == bytes);
   auto r = in.reader();
   CHECK(r.getBatchId() == 7);
   CHECK(r.getComputeInferNs() == 1234);

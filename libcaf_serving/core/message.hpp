@@ -2,13 +2,15 @@
 /// Reference-counted Cap'n Proto messages: how a request, a batch and their results
 /// travel between the stages of one process without copying tensor data.
 ///
-/// A `message<S>` shares one MallocMessageBuilder. A stage that builds a message
+/// A `message<S>` shares one MallocMessageBuilder, or (for a message that arrived
+/// from another node) the received bytes it is read from in place. A stage that builds a message
 /// referencing another message's tensor bytes (a batch of one request, a response
 /// slicing a batch's outputs) keeps that message alive through `keep_alive`, so no
 /// tensor bytes are copied for it.
 
 #include <capnp/message.h>
 #include <capnp/orphan.h>
+#include <kj/debug.h>
 
 #include <cstdint>
 #include <memory>
@@ -39,13 +41,28 @@ public:
     return m;
   }
 
-  explicit operator bool() const { return storage_ != nullptr; }
+  /// A message that arrived from another node: `root` points into bytes that
+  /// `owner` keeps alive. It is read in place and never built on.
+  static message received(typename Schema::Reader root, std::shared_ptr<const void> owner) {
+    message m;
+    m.received_root_ = root;
+    m.received_owner_ = std::move(owner);
+    return m;
+  }
+
+  explicit operator bool() const { return storage_ != nullptr || received_owner_ != nullptr; }
+
+  /// Whether this message was received (see `received`) rather than built here.
+  bool is_received() const { return received_owner_ != nullptr; }
 
   typename Schema::Reader reader() const {
+    if (received_owner_)
+      return received_root_;
     return storage_->builder.template getRoot<Schema>().asReader();
   }
 
   typename Schema::Builder builder() {
+    KJ_REQUIRE(storage_ != nullptr, "a received message is read-only");
     return storage_->builder.template getRoot<Schema>();
   }
 
@@ -62,11 +79,18 @@ public:
     return orphanage().referenceExternalData(data);
   }
 
-  /// The shared owner, to hand to `reference` of another message.
-  std::shared_ptr<const void> owner() const { return storage_; }
+  /// The shared owner, to hand to `reference` of another message: the
+  /// message_storage of a built message, or the received bytes' owner.
+  std::shared_ptr<const void> owner() const {
+    if (received_owner_)
+      return received_owner_;
+    return storage_;
+  }
 
 private:
   std::shared_ptr<message_storage> storage_;
+  std::shared_ptr<const void> received_owner_;
+  typename Schema::Reader received_root_;
 };
 
 } // namespace caf_serving

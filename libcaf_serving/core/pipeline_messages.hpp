@@ -9,9 +9,8 @@
 /// segments as they are: a segment table, then each segment's bytes written with one
 /// `apply_raw` (one copy into CAF's buffer). On the receiving side the bytes are read
 /// with one `apply_raw` into a word-aligned array that a SegmentArrayMessageReader
-/// reads in place. A received BatchResult is then copied once more into a
-/// `message<>` (the post-processor slices it by reference); see gaps in
-/// docs/cluster.md.
+/// reads in place, and a received BatchResult becomes a `message<>` over those same
+/// bytes (`message<>::received`): tensor data is copied once on each side.
 
 #include "core/message.hpp"
 #include "schemas/serving.capnp.h"
@@ -224,6 +223,9 @@ inspect(Inspector& f, run_batch&) {
 }
 
 inline caf::error inspect(caf::serializer& f, batch_result_message& x) {
+  if (x.is_received())
+    return wire_format::save_segments(
+      f, std::static_pointer_cast<const received_message>(x.owner())->segments);
   return wire_format::save(f, x.owner());
 }
 
@@ -235,12 +237,10 @@ inline caf::error inspect(caf::deserializer& f, batch_result_message& x) {
     x = {};
     return caf::none;
   }
-  // The post-processor slices results by reference into message<>s, so the result
-  // becomes one: a second copy on this side (see the header comment).
-  x = batch_result_message::create(received->words.size() * sizeof(capnp::word) + 1024);
-  auto storage = std::const_pointer_cast<message_storage>(
-    std::static_pointer_cast<const message_storage>(x.owner()));
-  storage->builder.setRoot(received->reader->getRoot<wire::BatchResult>());
+  // Read in place: the post-processor slices the outputs by reference, keeping
+  // `received` alive through the message's owner.
+  auto root = received->reader->getRoot<wire::BatchResult>();
+  x = batch_result_message::received(root, std::move(received));
   return caf::none;
 }
 
