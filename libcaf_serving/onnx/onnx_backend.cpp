@@ -192,6 +192,12 @@ dnnl::memory::dims strides_4d(const dims_t& s, bool channels_last) {
   return {s[1] * s[2] * s[3], 1, s[3] * s[1], s[1]};
 }
 
+/// A 4-D NCHW-indexed tensor stored as NCHW or NHWC.
+dnnl::memory::desc desc_4d(const dims_t& s, bool channels_last) {
+  return dnnl::memory::desc(to_dnnl(s), dnnl::memory::data_type::f32,
+                            strides_4d(s, channels_last));
+}
+
 /// How many pieces a step of `work` units splits into for `threads` threads:
 /// a few per thread so that a thread the OS runs late leaves little behind.
 int64_t pieces_for(int64_t work, unsigned threads) {
@@ -200,11 +206,17 @@ int64_t pieces_for(int64_t work, unsigned threads) {
   return std::max<int64_t>(1, std::min<int64_t>(work, 4 * static_cast<int64_t>(threads)));
 }
 
-/// Splits [0, n) into `pieces` ranges of whole `unit`s; returns the range starts
-/// (and n at the end).
-std::vector<int64_t> split_range(int64_t n, int64_t pieces, int64_t unit) {
+/// Splits [0, n) into about `pieces` ranges of whole `unit`s; returns the
+/// range starts (and n at the end). Prefers a count that divides the units
+/// evenly and is a multiple of `threads`, so that no thread gets a piece more.
+std::vector<int64_t> split_range(int64_t n, int64_t pieces, int64_t unit, unsigned threads = 1) {
   int64_t units = (n + unit - 1) / unit;
   pieces = std::max<int64_t>(1, std::min(pieces, units));
+  for (int64_t p = pieces; p >= static_cast<int64_t>(threads) && p > 1; --p)
+    if (units % p == 0 && p % threads == 0) {
+      pieces = p;
+      break;
+    }
   std::vector<int64_t> at;
   for (int64_t p = 0; p < pieces; ++p)
     at.push_back(std::min(n, units * p / pieces * unit));
@@ -254,8 +266,13 @@ step conv_step(const dnnl_ctx& ctx, const graph& g, const node& n, unsigned thre
   // stay dense (oneDNN's fast kernels want dense tensors) only channels-last.
   bool by_image = ys[0] > 1;
   bool by_rows = !by_image && src_cl && dst_cl;
-  auto cuts = by_image  ? split_range(ys[0], pieces_for(ys[0], threads), 1)
-              : by_rows ? split_range(ys[2], pieces_for(ys[2], threads), 1)
+  // Every band reads all the weights: keep at least 64 output pixels per band
+  // so that it does enough work per weight read, but give each thread one.
+  int64_t row_pieces = std::max<int64_t>(std::min<int64_t>(threads, ys[2]),
+                                         std::min(pieces_for(ys[2], threads),
+                                                  ys[2] * ys[3] / 64));
+  auto cuts = by_image  ? split_range(ys[0], pieces_for(ys[0], threads), 1, threads)
+              : by_rows ? split_range(ys[2], row_pieces, 1, threads)
                         : std::vector<int64_t>{0, ys[0]};
   by_image = !by_rows;
   int64_t ext_h = (w.shape[2] - 1) * dl[0] + 1;
@@ -281,8 +298,8 @@ step conv_step(const dnnl_ctx& ctx, const graph& g, const node& n, unsigned thre
       xoff = ih0 * src_st[2];
       yoff = a * dst_st[2];
     }
-    dnnl::memory::desc src(to_dnnl(xsub), dt::f32, strides_4d(xsub, src_cl));
-    dnnl::memory::desc dst(to_dnnl(ysub), dt::f32, strides_4d(ysub, dst_cl));
+    auto src = desc_4d(xsub, src_cl);
+    auto dst = desc_4d(ysub, dst_cl);
     dnnl::post_ops po;
     if (has_res)
       po.append_binary(dnnl::algorithm::binary_add, dst);
@@ -320,10 +337,8 @@ step pool_step(const dnnl_ctx& ctx, const graph& g, const node& n, const layout_
   using dt = dnnl::memory::data_type;
   const auto& xs = g.values[n.inputs[0]].shape;
   const auto& ys = g.values[n.outputs[0]].shape;
-  dnnl::memory::desc src(to_dnnl(xs), dt::f32,
-                         strides_4d(xs, stored_cl(g, nhwc, n.inputs[0], false)));
-  dnnl::memory::desc dst(to_dnnl(ys), dt::f32,
-                         strides_4d(ys, stored_cl(g, nhwc, n.outputs[0], nhwc[n.inputs[0]])));
+  auto src = desc_4d(xs, stored_cl(g, nhwc, n.inputs[0], false));
+  auto dst = desc_4d(ys, stored_cl(g, nhwc, n.outputs[0], nhwc[n.inputs[0]]));
   dims_t k, st, pl, pr, dil{0, 0};
   dnnl::algorithm alg;
   if (n.op == "GlobalAveragePool") {
@@ -361,11 +376,10 @@ step pool_step(const dnnl_ctx& ctx, const graph& g, const node& n, const layout_
 
 /// ToNHWC / ToNCHW: a oneDNN reorder between the two layouts of one 4-D tensor.
 step reorder_step(const dnnl_ctx& ctx, const graph& g, const node& n) {
-  using tag = dnnl::memory::format_tag;
-  auto dims = to_dnnl(g.values[n.inputs[0]].shape);
+  const auto& shape = g.values[n.inputs[0]].shape;
   bool to_cl = n.op == "ToNHWC";
-  dnnl::memory::desc src(dims, dnnl::memory::data_type::f32, to_cl ? tag::nchw : tag::nhwc);
-  dnnl::memory::desc dst(dims, dnnl::memory::data_type::f32, to_cl ? tag::nhwc : tag::nchw);
+  auto src = desc_4d(shape, !to_cl);
+  auto dst = desc_4d(shape, to_cl);
   dnnl::reorder::primitive_desc pdesc(ctx.eng, src, ctx.eng, dst, user_scratchpad_attr());
   dnnl_call call;
   call.prim = dnnl::reorder(pdesc);
@@ -438,7 +452,7 @@ step matmul_step(const dnnl_ctx& ctx, const graph& g, const node& n, unsigned th
   auto act = n.get_s("activation", "");
   int64_t pieces = pieces_for(std::max<int64_t>(1, m / 32 + nn / 64), threads);
   bool by_rows = m >= 64 * pieces || nn < 128;
-  auto cuts = by_rows ? split_range(m, pieces, 16) : split_range(nn, pieces, 64);
+  auto cuts = by_rows ? split_range(m, pieces, 16, threads) : split_range(nn, pieces, 64, threads);
   weight_cache weights;
   std::vector<dnnl_call> calls;
   for (size_t c = 0; c + 1 < cuts.size(); ++c) {
@@ -527,7 +541,7 @@ step attention_step(const dnnl_ctx& ctx, const graph& g, const node& n, unsigned
   (*calls)[1].scratch = p2.scratchpad_desc();
   (*calls)[1].args = {{DNNL_ARG_SRC, sd, 0, 0, {}}, {DNNL_ARG_WEIGHTS, vd, 0, 0, {}},
                       {DNNL_ARG_DST, od, 0, 0, {}}};
-  auto cuts = split_range(b * heads, pieces_for(b * heads, threads), 1);
+  auto cuts = split_range(b * heads, pieces_for(b * heads, threads), 1, threads);
   step s;
   s.kernel = "onednn.matmul+engine.softmax";
   s.items = static_cast<int64_t>(cuts.size()) - 1;
@@ -560,7 +574,7 @@ step attention_step(const dnnl_ctx& ctx, const graph& g, const node& n, unsigned
 
 /// Row bands [cuts[i], cuts[i + 1]) of a row-wise kernel, one per work item.
 std::vector<int64_t> row_bands(int64_t rows, unsigned threads) {
-  return split_range(rows, pieces_for(rows, threads), 1);
+  return split_range(rows, pieces_for(rows, threads), 1, threads);
 }
 
 step compile_node(const dnnl_ctx& ctx, const graph& g, int idx, unsigned threads,
@@ -767,10 +781,10 @@ public:
   }
 
 private:
-  /// Rows per chunk: a few chunks per thread, so that a thread the OS runs late
-  /// leaves little behind, but chunks big enough to keep the GEMMs efficient.
+  /// Rows per chunk: two chunks per thread, so that a thread the OS runs late
+  /// leaves less behind, but chunks big enough to keep the GEMMs efficient.
   static int64_t chunk_rows(int64_t rows, unsigned threads) {
-    int64_t chunks = std::min<int64_t>(rows, 4 * static_cast<int64_t>(threads));
+    int64_t chunks = std::min<int64_t>(rows, 2 * static_cast<int64_t>(threads));
     return (rows + chunks - 1) / chunks;
   }
 
