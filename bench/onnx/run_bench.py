@@ -3,11 +3,15 @@
 executor (caf-onnx-bench) against ONNX Runtime (Python, same thread count).
 
     python3 bench/onnx/run_bench.py --build build-onnx --models build-onnx/bench-models \
-        --threads 2 --seconds 10 [--only resnet50_opset17,bert_base_opset17] [--batches 1,32]
+        --threads 2 --seconds 10 [--only resnet50_opset17,bert_base_opset17] [--batches 1,32] \
+        [--repeat 3]
 
 Models come from `tools/export_onnx_models.py bench --out <models>` (exported when
 missing). Prints one table row per model and batch: inferences/s of both, the ratio
 (engine / ONNX Runtime), and the engine's GFLOP/s against the measured FMA peak.
+With --repeat N each model and batch runs N times, engine and ONNX Runtime
+alternating, and the row gives the medians (the ratio is the median of the
+per-repeat ratios), so that load from other processes hits both alike.
 """
 import argparse
 import json
@@ -59,6 +63,7 @@ def main():
     ap.add_argument("--seconds", type=float, default=10)
     ap.add_argument("--batches", default="1,32")
     ap.add_argument("--only", default="resnet50_opset17,bert_base_opset17")
+    ap.add_argument("--repeat", type=int, default=1)
     args = ap.parse_args()
     models = pathlib.Path(args.models)
     names = args.only.split(",")
@@ -71,13 +76,21 @@ def main():
     for name in names:
         path = models / "models" / name / "1" / "model.onnx"
         for b in [int(x) for x in args.batches.split(",")]:
-            out = subprocess.check_output([str(bench), str(path), "--batch", str(b), "--threads",
-                                           str(args.threads), "--seconds", str(args.seconds)])
-            eng = json.loads(out.decode().strip().splitlines()[-1])
-            o = ort_throughput(path, b, args.threads, args.seconds)
-            print(f"{name:<20} {b:>5} {eng['inferences_per_s']:>14.2f} {o:>14.2f} "
-                  f"{eng['inferences_per_s'] / o:>6.2f} {eng['gflops']:>8.1f} "
-                  f"{eng['fma_peak_gflops']:>7.1f} {100 * eng['gflops'] / eng['fma_peak_gflops']:>5.1f}%",
+            engs, orts, ratios = [], [], []
+            for _ in range(args.repeat):
+                out = subprocess.check_output([str(bench), str(path), "--batch", str(b),
+                                               "--threads", str(args.threads), "--seconds",
+                                               str(args.seconds)])
+                eng = json.loads(out.decode().strip().splitlines()[-1])
+                o = ort_throughput(path, b, args.threads, args.seconds)
+                engs.append(eng)
+                orts.append(o)
+                ratios.append(eng["inferences_per_s"] / o)
+            e = float(np.median([x["inferences_per_s"] for x in engs]))
+            gf = float(np.median([x["gflops"] for x in engs]))
+            pk = float(np.median([x["fma_peak_gflops"] for x in engs]))
+            print(f"{name:<20} {b:>5} {e:>14.2f} {float(np.median(orts)):>14.2f} "
+                  f"{float(np.median(ratios)):>6.2f} {gf:>8.1f} {pk:>7.1f} {100 * gf / pk:>5.1f}%",
                   flush=True)
 
 
