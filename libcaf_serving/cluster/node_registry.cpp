@@ -1,5 +1,8 @@
 #include "cluster/node_registry.hpp"
 
+#include "core/json.hpp"
+#include "core/stats.hpp"
+
 #include "cluster/secret.hpp"
 
 #include <caf/actor_cast.hpp>
@@ -26,41 +29,6 @@ std::vector<worker_status> cluster_status::workers() const {
     out.push_back(w);
   return out;
 }
-
-namespace {
-
-void append_json_string(std::string& out, const std::string& s) {
-  out += '"';
-  for (char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof(buf), "\\u%04x", c);
-      out += buf;
-    } else {
-      out += c;
-    }
-  }
-  out += '"';
-}
-
-std::string label_value(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    if (c == '"' || c == '\\')
-      out += '\\';
-    if (c == '\n') {
-      out += "\\n";
-      continue;
-    }
-    out += c;
-  }
-  return out;
-}
-
-} // namespace
 
 std::string cluster_status::json() const {
   std::string out = "{\"workers\":[";
@@ -108,9 +76,10 @@ std::string cluster_status::prometheus() const {
                      "queue because the worker was lost\n"
                      "# TYPE caf_serving_worker_batches_lost_total counter\n";
   for (const auto& w : ws) {
-    auto labels = "{worker=\"" + label_value(w.name) + "\",address=\"" + label_value(w.address)
+    auto labels = "{worker=\"" + prometheus_label_value(w.name) + "\",address=\""
+                  + prometheus_label_value(w.address)
                   + "\",state=\"" + w.state + "\"}";
-    auto name_label = "{worker=\"" + label_value(w.name) + "\"}";
+    auto name_label = "{worker=\"" + prometheus_label_value(w.name) + "\"}";
     up += "caf_serving_worker_up" + labels + (w.state == "ready" ? " 1\n" : " 0\n");
     inflight += "caf_serving_worker_batches_in_flight" + name_label + " "
                 + std::to_string(w.counters ? w.counters->in_flight.load() : 0) + "\n";

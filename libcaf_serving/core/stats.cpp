@@ -1,5 +1,7 @@
 #include "core/stats.hpp"
 
+#include "core/json.hpp"
+
 #include <cstdio>
 
 namespace caf_serving {
@@ -30,22 +32,6 @@ void append_duration(std::string& out, const char* key, const duration_stat& d) 
   out += '}';
 }
 
-std::string json_escape(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      out += buf;
-    } else {
-      out += c;
-    }
-  }
-  return out;
-}
 
 } // namespace
 
@@ -83,6 +69,21 @@ void histogram::render(std::string& out, const std::string& name,
          + std::to_string(total_.load(std::memory_order_relaxed)) + "\n";
 }
 
+std::string prometheus_label_value(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (char c : text) {
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    if (c == '"' || c == '\\')
+      out += '\\';
+    out += c;
+  }
+  return out;
+}
+
 const char* to_string(failure_reason r) {
   switch (r) {
     case failure_reason::bad_request: return "bad_request";
@@ -115,7 +116,7 @@ std::string stats_json(const std::vector<std::shared_ptr<model_stats>>& models) 
     if (!first)
       out += ',';
     first = false;
-    out += "{\"name\":\"" + json_escape(m->name) + "\",\"version\":\""
+    out += "{\"name\":" + json_string(m->name) + ",\"version\":\""
            + std::to_string(m->version) + "\",\"last_inference\":"
            + std::to_string(m->last_inference_ms.load()) + ",\"inference_count\":"
            + std::to_string(m->inference_count.load()) + ",\"execution_count\":"
@@ -145,7 +146,7 @@ std::string prometheus_text(const std::vector<std::shared_ptr<model_stats>>& mod
   auto counter = [&](const char* name, const char* help, auto value_of) {
     out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " counter\n";
     for (const auto& m : models)
-      out += std::string(name) + "{model=\"" + json_escape(m->name) + "\",version=\""
+      out += std::string(name) + "{model=\"" + prometheus_label_value(m->name) + "\",version=\""
              + std::to_string(m->version) + "\"} " + std::to_string(value_of(*m)) + "\n";
   };
   counter("caf_serving_inference_request_success", "Successful inference requests",
@@ -158,21 +159,21 @@ std::string prometheus_text(const std::vector<std::shared_ptr<model_stats>>& mod
          "# TYPE caf_serving_inference_request_failure counter\n";
   for (const auto& m : models)
     for (size_t r = 0; r < failure_reason_count; ++r)
-      out += "caf_serving_inference_request_failure{model=\"" + json_escape(m->name)
+      out += "caf_serving_inference_request_failure{model=\"" + prometheus_label_value(m->name)
              + "\",version=\"" + std::to_string(m->version) + "\",reason=\""
              + to_string(static_cast<failure_reason>(r)) + "\"} "
              + std::to_string(m->failures[r].load()) + "\n";
   out += "# HELP caf_serving_pending_request_count Requests accepted and not yet answered\n"
          "# TYPE caf_serving_pending_request_count gauge\n";
   for (const auto& m : models)
-    out += "caf_serving_pending_request_count{model=\"" + json_escape(m->name)
+    out += "caf_serving_pending_request_count{model=\"" + prometheus_label_value(m->name)
            + "\",version=\"" + std::to_string(m->version) + "\"} "
            + std::to_string(m->pending.load()) + "\n";
   auto hist = [&](const char* name, const char* help, histogram model_stats::*h) {
     out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " histogram\n";
     for (const auto& m : models)
       ((*m).*h).render(out, name,
-                       "model=\"" + json_escape(m->name) + "\",version=\""
+                       "model=\"" + prometheus_label_value(m->name) + "\",version=\""
                          + std::to_string(m->version) + "\"");
   };
   hist("caf_serving_request_duration_us", "Received to response sent, microseconds",

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace caf_serving {
@@ -73,6 +74,9 @@ struct model_stats {
 
 /// Triton's `/v2/models/stats` body for the given models.
 std::string stats_json(const std::vector<std::shared_ptr<model_stats>>& models);
+
+/// `text` escaped for a Prometheus label value (backslash, quote, newline).
+std::string prometheus_label_value(std::string_view text);
 
 /// Prometheus text exposition for the given models.
 std::string prometheus_text(const std::vector<std::shared_ptr<model_stats>>& models);

@@ -23,6 +23,7 @@
 
 #include "core/datatype.hpp"
 #include "core/error.hpp"
+#include "core/json.hpp"
 #include "core/model_config.hpp"
 
 #include <cstddef>
@@ -189,10 +190,6 @@ result<serialized_response> serialize_infer_response(const response_view& respon
 /// {"error":"<message>"}, the body of every error response. Control
 /// characters, quotes and backslashes are escaped; invalid UTF-8 becomes U+FFFD.
 std::string serialize_error(std::string_view message);
-
-/// Appends `text` to `out` as a JSON string literal (with quotes), escaped as
-/// serialize_error describes.
-void append_json_string(std::string& out, std::string_view text);
 
 // -- classification -----------------------------------------------------------
 

@@ -108,44 +108,6 @@ config::ModelConfig to_proto(const parsed_model_config& parsed) {
 
 } // namespace
 
-void append_json_string(std::string& out, std::string_view text) {
-  out += '"';
-  for (char ch : text) {
-    auto c = static_cast<unsigned char>(ch);
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      case '\b':
-        out += "\\b";
-        break;
-      case '\f':
-        out += "\\f";
-        break;
-      default:
-        if (c < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof(buf), "\\u%04x", c);
-          out += buf;
-        } else {
-          out += ch; // UTF-8 passes through unchanged
-        }
-    }
-  }
-  out += '"';
-}
 
 std::string model_config_json(const parsed_model_config& parsed) {
   // Triton prints its config with exactly these options, which is where the

@@ -18,6 +18,7 @@
 ///        "inputs":[{"name":"INPUT0","datatype":"INT32","shape":[-1,16]}],
 ///        "outputs":[...]}
 
+#include "core/json.hpp"
 #include "core/model_config.hpp"
 #include "repository/config_parser.hpp"
 
@@ -41,9 +42,5 @@ std::string model_config_json(const model_config& config);
 /// clients read this field to tell what kind of model it is).
 std::string model_metadata_json(const model_config& config,
                                 const std::vector<int64_t>& versions);
-
-/// Appends `text` to `out` as a JSON string literal, quotes included, with
-/// quotes, backslashes and control characters escaped.
-void append_json_string(std::string& out, std::string_view text);
 
 } // namespace caf_serving::repository
