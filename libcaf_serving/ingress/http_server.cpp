@@ -339,8 +339,9 @@ private:
           ctx->model = model;
           ctx->received_ns = received;
           ctx->accept_encoding = std::move(accept_encoding);
-          // The body outlives the request: binary inputs point into it.
-          auto body_holder = std::make_shared<std::string>();
+          // Binary inputs point into the body (or its inflated copy) until
+          // to_message has copied them into the request message.
+          std::string inflated_body;
           std::string_view body_view(reinterpret_cast<const char*>(bytes.begin()), bytes.size());
           if (!encoding_header.empty()) {
             auto enc = parse_content_encoding(encoding_header);
@@ -350,8 +351,8 @@ private:
               auto inflated = decompress(body_view, *enc, cfg_.limits.max_body_bytes);
               if (!inflated)
                 return fail(inflated.error());
-              *body_holder = std::move(*inflated);
-              body_view = *body_holder;
+              inflated_body = std::move(*inflated);
+              body_view = inflated_body;
             }
           }
           parse_input in;
@@ -377,6 +378,10 @@ private:
           auto timing = ctx->request.parameters.find("timing");
           ctx->timing = timing != ctx->request.parameters.end() && timing->second == "true";
           auto msg = to_message(*ctx, checked->batch_size, received);
+          // The inputs now live in `msg`; their views into the body would dangle
+          // once this callback returns, and JSON-converted bytes need not wait
+          // in the queue twice.
+          ctx->request.inputs.clear();
           auto paf = kj::newPromiseAndCrossThreadFulfiller<response_message>();
           caf::anon_send(model->scheduler,
                          infer_job{std::move(msg), std::make_shared<http_sink>(kj::mv(paf.fulfiller))});
