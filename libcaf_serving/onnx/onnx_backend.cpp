@@ -11,6 +11,8 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -35,8 +37,23 @@ struct step {
   std::function<void(void** ptrs, int64_t item)> run;
 };
 
+/// With profiling on: nanoseconds spent in each step of one plan, summed over
+/// its runs (a run of a plan that several threads share counts wall time; plans
+/// that run on one thread per row chunk count each chunk).
+struct step_times {
+  explicit step_times(size_t steps) : ns(new std::atomic<int64_t>[steps]), count(steps) {
+    for (size_t i = 0; i < steps; ++i) ns[i] = 0;
+  }
+  std::unique_ptr<std::atomic<int64_t>[]> ns;
+  size_t count;
+  std::atomic<int64_t> runs{0};
+};
+
 struct compiled_plan {
   graph g;
+  int64_t batch = 0;   ///< rows this plan runs
+  unsigned threads = 1; ///< threads its steps are split for
+  std::shared_ptr<step_times> times; ///< null unless profiling
   memory_plan memory;
   std::vector<step> steps;
   std::vector<void*> constant_ptrs; ///< per value: constant data, else null
@@ -185,17 +202,38 @@ dnnl::memory::dims dense_strides(const dnnl::memory::dims& d) {
   return st;
 }
 
-/// Strides of a 4-D NCHW-indexed tensor stored as NCHW or NHWC.
-dnnl::memory::dims strides_4d(const dims_t& s, bool channels_last) {
-  if (!channels_last)
-    return dense_strides(to_dnnl(s));
-  return {s[1] * s[2] * s[3], 1, s[3] * s[1], s[1]};
+/// How a 4-D NCHW-indexed tensor is stored. Convolution and pooling tensors are
+/// kept in oneDNN's formats between those operators: nChw16c (channel blocks of
+/// 16 outermost, so that a range of whole blocks is one dense tensor and a
+/// convolution splits by output channels) where the channels are a multiple of
+/// 16, NHWC otherwise; every other operator reads NCHW.
+enum class layout : uint8_t { nchw, nhwc, blocked16 };
+using layout_map = std::vector<layout>;
+
+const char* layout_name(layout l) {
+  return l == layout::nchw ? "nchw" : l == layout::nhwc ? "nhwc" : "nChw16c";
 }
 
-/// A 4-D NCHW-indexed tensor stored as NCHW or NHWC.
-dnnl::memory::desc desc_4d(const dims_t& s, bool channels_last) {
-  return dnnl::memory::desc(to_dnnl(s), dnnl::memory::data_type::f32,
-                            strides_4d(s, channels_last));
+/// A 4-D NCHW-indexed tensor of shape `s` stored as `l`.
+dnnl::memory::desc desc_4d(const dims_t& s, layout l) {
+  using dt = dnnl::memory::data_type;
+  if (l == layout::blocked16)
+    return dnnl::memory::desc(to_dnnl(s), dt::f32, dnnl::memory::format_tag::nChw16c);
+  if (l == layout::nhwc)
+    return dnnl::memory::desc(to_dnnl(s), dt::f32, {s[1] * s[2] * s[3], 1, s[3] * s[1], s[1]});
+  return dnnl::memory::desc(to_dnnl(s), dt::f32, dense_strides(to_dnnl(s)));
+}
+
+/// The layout oneDNN sees value `v` in. An NCHW tensor of 1x1 spatial size has
+/// the bytes of the `preferred` layout too (nChw16c needs whole channel blocks),
+/// so it is described as that one and needs no reorder.
+layout seen_as(const graph& g, const layout_map& lay, int v, layout preferred) {
+  const auto& s = g.values[v].shape;
+  if (lay[v] != layout::nchw || s.size() != 4 || s[2] * s[3] != 1)
+    return lay[v];
+  if (preferred == layout::blocked16 && s[1] % 16 != 0)
+    return layout::nchw;
+  return preferred;
 }
 
 /// How many pieces a step of `work` units splits into for `threads` threads:
@@ -224,20 +262,23 @@ std::vector<int64_t> split_range(int64_t n, int64_t pieces, int64_t unit, unsign
   return at;
 }
 
-/// Which 4-D values are stored channels-last (NHWC): oneDNN's fast convolution
-/// and pooling kernels want it; everything else reads NCHW.
-using layout_map = std::vector<bool>;
-
-bool stored_cl(const graph& g, const layout_map& nhwc, int v, bool prefer_cl) {
-  const auto& s = g.values[v].shape;
-  // A 1x1 spatial tensor has the same bytes in either layout.
-  return nhwc[v] || (prefer_cl && s.size() == 4 && s[2] * s[3] == 1);
+/// Whether `n` is a convolution that oneDNN's Winograd kernel (F(4x4, 3x3),
+/// about 2x fewer multiplications) can run: 3x3, stride 1, no dilation or groups.
+bool winograd_shape(const node& n, const dims_t& wshape) {
+  auto st = n.get_ints("strides", {1, 1});
+  auto dl = n.get_ints("dilations", {1, 1});
+  return n.get_i("group", 1) == 1 && wshape[2] == 3 && wshape[3] == 3 && st[0] == 1
+         && st[1] == 1 && dl[0] == 1 && dl[1] == 1;
 }
 
-/// FusedConv over 4-D tensors, split into bands of output rows (or of images
-/// when there are enough) so that each work item is one oneDNN call.
+/// FusedConv over 4-D tensors as oneDNN convolutions, one call per work item.
+/// Several images split by image. One image stored nChw16c splits by output
+/// channels (whole blocks of 16, each item with its slice of the weights); one
+/// image stored NHWC splits into bands of output rows (which stay dense).
+/// 3x3 stride-1 convolutions on nChw16c use Winograd when `winograd` is set and
+/// oneDNN has the kernel.
 step conv_step(const dnnl_ctx& ctx, const graph& g, const node& n, unsigned threads,
-               const layout_map& nhwc) {
+               const layout_map& lay, bool winograd) {
   using tag = dnnl::memory::format_tag;
   using dt = dnnl::memory::data_type;
   const auto& xs = g.values[n.inputs[0]].shape;
@@ -247,45 +288,53 @@ step conv_step(const dnnl_ctx& ctx, const graph& g, const node& n, unsigned thre
   auto st = n.get_ints("strides", {1, 1});
   auto pd = n.get_ints("pads", {0, 0, 0, 0});
   auto dl = n.get_ints("dilations", {1, 1});
-  bool src_cl = stored_cl(g, nhwc, n.inputs[0], false);
-  bool dst_cl = stored_cl(g, nhwc, n.outputs[0], nhwc[n.inputs[0]]);
-  auto src_st = strides_4d(xs, src_cl), dst_st = strides_4d(ys, dst_cl);
-  dims_t wd = w.shape;
-  tag wtag = tag::oihw;
-  if (group > 1) {
-    wd = {group, w.shape[0] / group, w.shape[1], w.shape[2], w.shape[3]};
-    wtag = tag::goihw;
-  }
-  dnnl::memory::desc wuser(to_dnnl(wd), dt::f32, wtag);
-  dnnl::memory::desc wany(to_dnnl(wd), dt::f32, tag::any);
+  layout src_l = seen_as(g, lay, n.inputs[0], layout::nchw);
+  layout dst_l = seen_as(g, lay, n.outputs[0], src_l == layout::nchw ? layout::blocked16 : src_l);
   bool has_bias = n.inputs.size() > 2 && n.inputs[2] >= 0;
   bool has_res = n.inputs.size() > 3 && n.inputs[3] >= 0;
-  dnnl::memory::desc bias({ys[1]}, dt::f32, tag::a);
   auto act = n.get_s("activation", "");
-  // Several images split by image; one image by bands of output rows, which
-  // stay dense (oneDNN's fast kernels want dense tensors) only channels-last.
-  bool by_image = ys[0] > 1;
-  bool by_rows = !by_image && src_cl && dst_cl;
-  // Every band reads all the weights: keep at least 64 output pixels per band
-  // so that it does enough work per weight read, but give each thread one.
-  int64_t row_pieces = std::max<int64_t>(std::min<int64_t>(threads, ys[2]),
-                                         std::min(pieces_for(ys[2], threads),
-                                                  ys[2] * ys[3] / 64));
-  auto cuts = by_image  ? split_range(ys[0], pieces_for(ys[0], threads), 1, threads)
-              : by_rows ? split_range(ys[2], row_pieces, 1, threads)
-                        : std::vector<int64_t>{0, ys[0]};
-  by_image = !by_rows;
+  // Bytes from one image, row or output channel to the next in each layout.
+  auto image_bytes = [](const dims_t& s) { return s[1] * s[2] * s[3] * 4; };
+  enum class split { none, images, channels, rows } how = split::none;
+  std::vector<int64_t> cuts{0, ys[0]};
+  if (threads > 1 && ys[0] > 1) {
+    how = split::images;
+    cuts = split_range(ys[0], pieces_for(ys[0], threads), 1, threads);
+  } else if (threads > 1 && dst_l == layout::blocked16 && group == 1 && ys[1] >= 32) {
+    // Each piece reads all the input, and oneDNN's call overhead counts at
+    // these sizes: more than one piece per thread only with 128 channels each.
+    how = split::channels;
+    int64_t pieces = std::max<int64_t>(threads, std::min(pieces_for(ys[1] / 16, threads),
+                                                         ys[1] / 128));
+    cuts = split_range(ys[1], pieces, 16, threads);
+  } else if (threads > 1 && src_l == layout::nhwc && dst_l == layout::nhwc) {
+    // Every band reads all the weights: keep at least 64 output pixels per band
+    // so that it does enough work per weight read, but give each thread one.
+    how = split::rows;
+    int64_t pieces = std::max<int64_t>(std::min<int64_t>(threads, ys[2]),
+                                       std::min(pieces_for(ys[2], threads), ys[2] * ys[3] / 64));
+    cuts = split_range(ys[2], pieces, 1, threads);
+  }
   int64_t ext_h = (w.shape[2] - 1) * dl[0] + 1;
+  int64_t w_per_oc = w.elements() / w.shape[0];
+  bool try_winograd = winograd && src_l == layout::blocked16 && dst_l == layout::blocked16
+                      && winograd_shape(n, w.shape);
   weight_cache weights;
   std::vector<dnnl_call> calls;
+  std::string impl;
   for (size_t c = 0; c + 1 < cuts.size(); ++c) {
     int64_t a = cuts[c], b = cuts[c + 1];
-    dims_t xsub = xs, ysub = ys;
-    int64_t xoff = 0, yoff = 0, pad_t = pd[0], pad_b = pd[2];
-    if (by_image) {
+    dims_t xsub = xs, ysub = ys, wd = w.shape;
+    int64_t xoff = 0, yoff = 0, woff = 0, boff = 0, pad_t = pd[0], pad_b = pd[2];
+    if (how == split::images || how == split::none) {
       xsub[0] = ysub[0] = b - a;
-      xoff = a * src_st[0];
-      yoff = a * dst_st[0];
+      xoff = a * image_bytes(xs);
+      yoff = a * image_bytes(ys);
+    } else if (how == split::channels) {
+      ysub[1] = wd[0] = b - a;
+      yoff = a * ys[2] * ys[3] * 4;
+      woff = a * w_per_oc * 4;
+      boff = a * 4;
     } else {
       // Output rows [a, b) read input rows [ih0, ih1), with the padding that remains.
       int64_t first = a * st[0] - pd[0];
@@ -295,11 +344,19 @@ step conv_step(const dnnl_ctx& ctx, const graph& g, const node& n, unsigned thre
       pad_b = (b - a - 1) * st[0] + ext_h - (ih1 - ih0) - pad_t;
       xsub[2] = ih1 - ih0;
       ysub[2] = b - a;
-      xoff = ih0 * src_st[2];
-      yoff = a * dst_st[2];
+      xoff = ih0 * xs[3] * xs[1] * 4;
+      yoff = a * ys[3] * ys[1] * 4;
     }
-    auto src = desc_4d(xsub, src_cl);
-    auto dst = desc_4d(ysub, dst_cl);
+    tag wtag = tag::oihw;
+    if (group > 1) {
+      wd = {group, wd[0] / group, wd[1], wd[2], wd[3]};
+      wtag = tag::goihw;
+    }
+    dnnl::memory::desc wuser(to_dnnl(wd), dt::f32, wtag);
+    dnnl::memory::desc wany(to_dnnl(wd), dt::f32, tag::any);
+    dnnl::memory::desc bias({ysub[1]}, dt::f32, tag::a);
+    auto src = desc_4d(xsub, src_l);
+    auto dst = desc_4d(ysub, dst_l);
     dnnl::post_ops po;
     if (has_res)
       po.append_binary(dnnl::algorithm::binary_add, dst);
@@ -307,38 +364,56 @@ step conv_step(const dnnl_ctx& ctx, const graph& g, const node& n, unsigned thre
       po.append_eltwise(1.0f, eltwise_of(act), n.get_f("act_alpha", 0), n.get_f("act_beta", 0));
     auto attr = user_scratchpad_attr();
     attr.set_post_ops(po);
-    auto d = has_bias ? dnnl::convolution_forward::desc(
-                          dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
-                          src, wany, bias, dst, {st[0], st[1]}, {dl[0] - 1, dl[1] - 1},
-                          {pad_t, pd[1]}, {pad_b, pd[3]})
-                      : dnnl::convolution_forward::desc(
-                          dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
-                          src, wany, dst, {st[0], st[1]}, {dl[0] - 1, dl[1] - 1}, {pad_t, pd[1]},
-                          {pad_b, pd[3]});
-    dnnl::convolution_forward::primitive_desc pdesc(d, attr, ctx.eng);
+    auto make = [&](dnnl::algorithm alg) {
+      auto d = has_bias ? dnnl::convolution_forward::desc(
+                            dnnl::prop_kind::forward_inference, alg, src, wany, bias, dst,
+                            {st[0], st[1]}, {dl[0] - 1, dl[1] - 1}, {pad_t, pd[1]}, {pad_b, pd[3]})
+                        : dnnl::convolution_forward::desc(
+                            dnnl::prop_kind::forward_inference, alg, src, wany, dst,
+                            {st[0], st[1]}, {dl[0] - 1, dl[1] - 1}, {pad_t, pd[1]}, {pad_b, pd[3]});
+      return dnnl::convolution_forward::primitive_desc(d, attr, ctx.eng);
+    };
+    dnnl::convolution_forward::primitive_desc pdesc;
+    bool wino = false;
+    if (try_winograd) {
+      try {
+        pdesc = make(dnnl::algorithm::convolution_winograd);
+        wino = true;
+      } catch (const dnnl::error&) {
+        // No Winograd kernel for this shape or CPU: the direct one below.
+      }
+    }
+    if (!wino)
+      pdesc = make(dnnl::algorithm::convolution_direct);
+    if (impl.empty())
+      impl = wino ? "winograd" : "direct";
     dnnl_call call;
     call.prim = dnnl::convolution_forward(pdesc);
     call.scratch = pdesc.scratchpad_desc();
-    call.args.push_back({DNNL_ARG_SRC, src, n.inputs[0], xoff * 4, {}});
+    call.args.push_back({DNNL_ARG_SRC, src, n.inputs[0], xoff, {}});
     call.args.push_back({DNNL_ARG_WEIGHTS, {}, -1, 0,
-                         weights.get(ctx, w, 0, wuser, pdesc.weights_desc())});
+                         weights.get(ctx, w, woff, wuser, pdesc.weights_desc())});
     if (has_bias)
-      call.args.push_back({DNNL_ARG_BIAS, bias, n.inputs[2], 0, {}});
+      call.args.push_back({DNNL_ARG_BIAS, bias, n.inputs[2], boff, {}});
     if (has_res)
       call.args.push_back({DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, dst, n.inputs[3],
-                           yoff * 4, {}});
-    call.args.push_back({DNNL_ARG_DST, dst, n.outputs[0], yoff * 4, {}});
+                           yoff, {}});
+    call.args.push_back({DNNL_ARG_DST, dst, n.outputs[0], yoff, {}});
     calls.push_back(std::move(call));
   }
-  return onednn_step(ctx, "onednn.conv", std::move(calls));
+  static const char* split_names[] = {"", " by image", " by channel", " by row"};
+  return onednn_step(ctx,
+                     "onednn.conv." + impl + " " + layout_name(src_l) + "->"
+                       + layout_name(dst_l) + split_names[static_cast<int>(how)],
+                     std::move(calls));
 }
 
-step pool_step(const dnnl_ctx& ctx, const graph& g, const node& n, const layout_map& nhwc) {
-  using dt = dnnl::memory::data_type;
+step pool_step(const dnnl_ctx& ctx, const graph& g, const node& n, const layout_map& lay) {
   const auto& xs = g.values[n.inputs[0]].shape;
   const auto& ys = g.values[n.outputs[0]].shape;
-  auto src = desc_4d(xs, stored_cl(g, nhwc, n.inputs[0], false));
-  auto dst = desc_4d(ys, stored_cl(g, nhwc, n.outputs[0], nhwc[n.inputs[0]]));
+  layout src_l = seen_as(g, lay, n.inputs[0], layout::nchw);
+  auto src = desc_4d(xs, src_l);
+  auto dst = desc_4d(ys, seen_as(g, lay, n.outputs[0], src_l));
   dims_t k, st, pl, pr, dil{0, 0};
   dnnl::algorithm alg;
   if (n.op == "GlobalAveragePool") {
@@ -371,15 +446,14 @@ step pool_step(const dnnl_ctx& ctx, const graph& g, const node& n, const layout_
   call.args.push_back({DNNL_ARG_DST, dst, n.outputs[0], 0, {}});
   std::vector<dnnl_call> calls;
   calls.push_back(std::move(call));
-  return onednn_step(ctx, "onednn.pool", std::move(calls));
+  return onednn_step(ctx, std::string("onednn.pool ") + layout_name(src_l), std::move(calls));
 }
 
-/// ToNHWC / ToNCHW: a oneDNN reorder between the two layouts of one 4-D tensor.
-step reorder_step(const dnnl_ctx& ctx, const graph& g, const node& n) {
+/// ToNHWC / ToNChw16c / ToNCHW: a oneDNN reorder between two layouts of one 4-D tensor.
+step reorder_step(const dnnl_ctx& ctx, const graph& g, const node& n, const layout_map& lay) {
   const auto& shape = g.values[n.inputs[0]].shape;
-  bool to_cl = n.op == "ToNHWC";
-  auto src = desc_4d(shape, !to_cl);
-  auto dst = desc_4d(shape, to_cl);
+  auto src = desc_4d(shape, lay[n.inputs[0]]);
+  auto dst = desc_4d(shape, lay[n.outputs[0]]);
   dnnl::reorder::primitive_desc pdesc(ctx.eng, src, ctx.eng, dst, user_scratchpad_attr());
   dnnl_call call;
   call.prim = dnnl::reorder(pdesc);
@@ -390,62 +464,94 @@ step reorder_step(const dnnl_ctx& ctx, const graph& g, const node& n) {
   calls.push_back(std::move(call));
   return onednn_step(ctx, "onednn.reorder", std::move(calls));
 }
+
 bool runs_on_onednn_4d(const graph& g, const node& n) {
   bool spatial = (n.op == "FusedConv" && g.values[n.inputs[1]].constant) || n.op == "MaxPool"
                  || n.op == "AveragePool" || n.op == "GlobalAveragePool";
   return spatial && g.values[n.inputs[0]].shape.size() == 4;
 }
 
-/// Stores convolution and pooling tensors channels-last, inserting ToNHWC and
-/// ToNCHW nodes where a tensor passes between them and the other operators.
-layout_map assign_channels_last(graph& g) {
+/// The layout a oneDNN node produces: nChw16c for whole channel blocks (and a
+/// convolution without groups), NHWC otherwise; pooling keeps its input's.
+layout produced_layout(const node& n, const dims_t& out_shape, layout src) {
+  bool blocks = out_shape[1] % 16 == 0;
+  if (n.op == "FusedConv")
+    return blocks && n.get_i("group", 1) == 1 ? layout::blocked16 : layout::nhwc;
+  if (src == layout::blocked16 && blocks)
+    return layout::blocked16;
+  return layout::nhwc;
+}
+
+/// Stores convolution and pooling tensors in oneDNN's layouts (layout above),
+/// inserting reorder nodes where a tensor passes between them and the other
+/// operators or between two layouts. A convolution reads a few-channel NCHW
+/// input (an image) as it is.
+layout_map assign_layouts(graph& g) {
   std::vector<bool> is_output(g.values.size(), false);
   for (int o : g.outputs) is_output[o] = true;
-  layout_map nhwc(g.values.size(), false);
-  std::map<std::pair<int, bool>, int> converted;
+  layout_map lay(g.values.size(), layout::nchw);
+  std::map<std::pair<int, layout>, int> converted;
   std::vector<node> nodes;
-  auto convert = [&](int v, bool to_cl) {
-    auto key = std::make_pair(v, to_cl);
+  auto convert = [&](int v, layout to) {
+    auto key = std::make_pair(v, to);
     if (auto it = converted.find(key); it != converted.end()) return it->second;
-    int nv = g.add_value(g.values[v].name + (to_cl ? "/nhwc" : "/nchw"), datatype::fp32,
-                         g.values[v].shape, true);
-    nhwc.resize(g.values.size(), false);
-    nhwc[nv] = to_cl;
-    nodes.push_back(node{to_cl ? "ToNHWC" : "ToNCHW", g.values[v].name + (to_cl ? "/to_nhwc" : "/to_nchw"),
-                         {v}, {nv}, {}});
+    std::string suffix = std::string("/") + layout_name(to);
+    int nv = g.add_value(g.values[v].name + suffix, datatype::fp32, g.values[v].shape, true);
+    lay.resize(g.values.size(), layout::nchw);
+    lay[nv] = to;
+    const char* op = to == layout::nchw ? "ToNCHW" : to == layout::nhwc ? "ToNHWC" : "ToNChw16c";
+    nodes.push_back(node{op, g.values[v].name + "/to" + suffix, {v}, {nv}, {}});
     converted[key] = nv;
     return nv;
   };
   for (auto n : g.nodes) {
     bool dn = runs_on_onednn_4d(g, n);
+    // Input 0 of a oneDNN node keeps its layout, or gets one if it is NCHW;
+    // the output's follows (a graph output or a 1x1 one stays NCHW); a
+    // convolution's residual is read in the output's layout; every other input
+    // is read NCHW.
+    layout src = layout::nchw, out = layout::nchw;
+    if (dn) {
+      int v = n.inputs[0];
+      const auto& s = g.values[v].shape;
+      if (lay[v] != layout::nchw || s[2] * s[3] == 1)
+        src = lay[v];
+      else if (n.op == "FusedConv" && s[1] < 16)
+        src = layout::nchw; // oneDNN reads an image's few channels as they are
+      else
+        src = s[1] % 16 == 0 && n.get_i("group", 1) == 1 ? layout::blocked16 : layout::nhwc;
+      int o = n.outputs[0];
+      const auto& os = g.values[o].shape;
+      if (!is_output[o] && os[2] * os[3] > 1)
+        out = produced_layout(n, os, src);
+      lay[o] = out;
+    }
     for (size_t i = 0; i < n.inputs.size(); ++i) {
       int v = n.inputs[i];
       if (v < 0 || g.values[v].constant) continue;
-      bool want = dn && (i == 0 || (n.op == "FusedConv" && i == 3));
-      if (want && !nhwc[v]) n.inputs[i] = convert(v, true);
-      else if (!want && nhwc[v]) n.inputs[i] = convert(v, false);
+      layout want = !dn ? layout::nchw : i == 0 ? src
+                    : n.op == "FusedConv" && i == 3 ? out : layout::nchw;
+      if (want != lay[v])
+        n.inputs[i] = convert(v, want);
     }
-    if (dn)
-      for (int o : n.outputs) {
-        const auto& s = g.values[o].shape;
-        if (!is_output[o] && s[2] * s[3] > 1) nhwc[o] = true;
-      }
     nodes.push_back(n);
   }
   g.nodes = std::move(nodes);
-  nhwc.resize(g.values.size(), false);
-  return nhwc;
+  lay.resize(g.values.size(), layout::nchw);
+  return lay;
 }
 
-/// FusedMatMul: A [..., K] x constant W [K, N] + bias, activation, + residual.
-/// Many rows split into bands of rows sharing the weights; few rows split into
-/// bands of 64 columns, each with its own slice of the weights.
-step matmul_step(const dnnl_ctx& ctx, const graph& g, const node& n, unsigned threads) {
+/// FusedMatMul: A [..., K] x constant W [K, N] + bias, activation, + residual;
+/// also FusedGemm with W stored [N, K] (`trans_w`). Many rows split into bands
+/// of rows sharing the weights; few rows split into bands of 64 columns, each
+/// with its own slice of the weights.
+step matmul_step(const dnnl_ctx& ctx, const graph& g, const node& n, unsigned threads,
+                 bool trans_w) {
   using tag = dnnl::memory::format_tag;
   using dt = dnnl::memory::data_type;
   const auto& as = g.values[n.inputs[0]].shape;
   const auto& w = *g.values[n.inputs[1]].constant;
-  int64_t k = as.back(), nn = w.shape[1];
+  int64_t k = as.back(), nn = trans_w ? w.shape[0] : w.shape[1];
   int64_t m = element_count(as) / k;
   bool has_bias = n.inputs.size() > 2 && n.inputs[2] >= 0;
   bool has_res = n.inputs.size() > 3 && n.inputs[3] >= 0;
@@ -460,7 +566,8 @@ step matmul_step(const dnnl_ctx& ctx, const graph& g, const node& n, unsigned th
     int64_t mc = by_rows ? b - a : m, nc = by_rows ? nn : b - a;
     int64_t col0 = by_rows ? 0 : a, row0 = by_rows ? a : 0;
     dnnl::memory::desc src({mc, k}, dt::f32, tag::ab);
-    dnnl::memory::desc wuser({k, nc}, dt::f32, {nn, 1});
+    dnnl::memory::desc wuser({k, nc}, dt::f32, trans_w ? dnnl::memory::dims{1, k}
+                                                         : dnnl::memory::dims{nn, 1});
     dnnl::memory::desc wany({k, nc}, dt::f32, tag::any);
     dnnl::memory::desc dst({mc, nc}, dt::f32, {nn, 1});
     dnnl::memory::desc bias({1, nc}, dt::f32, tag::ab);
@@ -480,7 +587,8 @@ step matmul_step(const dnnl_ctx& ctx, const graph& g, const node& n, unsigned th
     call.scratch = pdesc.scratchpad_desc();
     call.args.push_back({DNNL_ARG_SRC, src, n.inputs[0], row0 * k * 4, {}});
     call.args.push_back({DNNL_ARG_WEIGHTS, {}, -1, 0,
-                         weights.get(ctx, w, col0 * 4, wuser, pdesc.weights_desc())});
+                         weights.get(ctx, w, col0 * (trans_w ? k : 1) * 4, wuser,
+                                     pdesc.weights_desc())});
     if (has_bias)
       call.args.push_back({DNNL_ARG_BIAS, bias, n.inputs[2], col0 * 4, {}});
     if (has_res)
@@ -577,8 +685,25 @@ std::vector<int64_t> row_bands(int64_t rows, unsigned threads) {
   return split_range(rows, pieces_for(rows, threads), 1, threads);
 }
 
+/// Whether FusedGemm `n` is a product with constant weights that matmul_step
+/// runs: A not transposed, alpha 1, and C (if any) a constant row of biases
+/// added with beta 1.
+bool gemm_as_matmul(const graph& g, const node& n) {
+  const auto& a = g.values[n.inputs[0]];
+  const auto& w = g.values[n.inputs[1]];
+  if (!w.constant || w.shape.size() != 2 || a.shape.size() != 2 || n.get_i("transA", 0) != 0
+      || n.get_f("alpha", 1.0f) != 1.0f || w.dtype != datatype::fp32)
+    return false;
+  if (n.inputs.size() < 3 || n.inputs[2] < 0)
+    return true;
+  const auto& c = g.values[n.inputs[2]];
+  int64_t cols = g.values[n.outputs[0]].shape[1];
+  return c.constant && n.get_f("beta", 1.0f) == 1.0f && c.constant->elements() == cols
+         && !c.shape.empty() && c.shape.back() == cols;
+}
+
 step compile_node(const dnnl_ctx& ctx, const graph& g, int idx, unsigned threads,
-                  const layout_map& nhwc) {
+                  const layout_map& lay, bool winograd) {
   const node& n = g.nodes[idx];
   auto shape_of = [&](int v) { return v >= 0 ? g.values[v].shape : dims_t{}; };
   auto finish = [&](step s) {
@@ -586,13 +711,15 @@ step compile_node(const dnnl_ctx& ctx, const graph& g, int idx, unsigned threads
     return s;
   };
   if (n.op == "FusedConv" && g.values[n.inputs[1]].constant)
-    return finish(conv_step(ctx, g, n, threads, nhwc));
+    return finish(conv_step(ctx, g, n, threads, lay, winograd));
   if (n.op == "MaxPool" || n.op == "AveragePool" || n.op == "GlobalAveragePool")
-    return finish(pool_step(ctx, g, n, nhwc));
-  if (n.op == "ToNHWC" || n.op == "ToNCHW")
-    return finish(reorder_step(ctx, g, n));
+    return finish(pool_step(ctx, g, n, lay));
+  if (n.op == "ToNHWC" || n.op == "ToNCHW" || n.op == "ToNChw16c")
+    return finish(reorder_step(ctx, g, n, lay));
   if (n.op == "FusedMatMul")
-    return finish(matmul_step(ctx, g, n, threads));
+    return finish(matmul_step(ctx, g, n, threads, false));
+  if (n.op == "FusedGemm" && gemm_as_matmul(g, n))
+    return finish(matmul_step(ctx, g, n, threads, n.get_i("transB", 0) != 0));
   step s;
   s.node = idx;
   if (n.op == "FusedLayerNorm") {
@@ -694,8 +821,10 @@ result<std::shared_ptr<compiled_plan>> compile(const graph& src, const model_con
     return load_error(mcfg, opt.error().message);
   auto plan = std::make_shared<compiled_plan>();
   plan->g = std::move(*opt);
+  plan->batch = shapes.empty() || shapes[0].empty() ? 1 : shapes[0][0];
+  plan->threads = threads;
   auto& g = plan->g;
-  auto nhwc = assign_channels_last(g);
+  auto lay = assign_layouts(g);
   for (const auto& t : cfg.inputs)
     plan->input_values.push_back(find_value(g, g.inputs, t.name));
   for (const auto& t : cfg.outputs)
@@ -713,11 +842,83 @@ result<std::shared_ptr<compiled_plan>> compile(const graph& src, const model_con
   static const dnnl_ctx ctx;
   try {
     for (size_t i = 0; i < g.nodes.size(); ++i)
-      plan->steps.push_back(compile_node(ctx, g, static_cast<int>(i), threads, nhwc));
+      plan->steps.push_back(
+        compile_node(ctx, g, static_cast<int>(i), threads, lay, mcfg.winograd));
   } catch (const dnnl::error& e) {
     return load_error(mcfg, std::string("oneDNN cannot build a kernel: ") + e.what());
   }
   return plan;
+}
+
+/// The plans of a model's instances that are being profiled.
+struct profiled_plans {
+  std::mutex mu;
+  std::vector<std::shared_ptr<const compiled_plan>> plans;
+};
+
+/// Step label for plans and profiles: the operator with its fused parts.
+std::string step_label(const compiled_plan& p, const step& s) {
+  const auto& n = p.g.nodes[s.node];
+  std::string out = n.op;
+  if (n.has("activation") && !n.get_s("activation", "").empty())
+    out += "+" + n.get_s("activation", "");
+  if ((n.op == "FusedConv" || n.op == "FusedMatMul") && n.inputs.size() > 3 && n.inputs[3] >= 0)
+    out += "+residual";
+  return out;
+}
+
+/// Input shapes (constants left out) and output shapes of step `s`.
+std::string step_shapes(const compiled_plan& p, const step& s) {
+  const auto& n = p.g.nodes[s.node];
+  std::string out = "(";
+  bool first = true;
+  for (int i : n.inputs) {
+    if (i < 0 || p.g.values[i].constant) continue;
+    out += (first ? "" : ", ") + shape_string(p.g.values[i].shape);
+    first = false;
+  }
+  out += ") -> ";
+  for (size_t o = 0; o < n.outputs.size(); ++o)
+    out += (o ? ", " : "") + shape_string(p.g.values[n.outputs[o]].shape);
+  return out;
+}
+
+std::string profile_text(profiled_plans& pp) {
+  std::lock_guard<std::mutex> guard(pp.mu);
+  std::ostringstream os;
+  os.setf(std::ios::fixed);
+  os.precision(3);
+  for (const auto& p : pp.plans) {
+    int64_t runs = p->times->runs;
+    if (runs == 0) continue;
+    double total = 0;
+    std::map<std::string, std::pair<double, int>> by_kind;
+    std::vector<std::pair<double, size_t>> by_step;
+    for (size_t i = 0; i < p->steps.size(); ++i) {
+      double ms = p->times->ns[i] / 1e6 / runs;
+      total += ms;
+      auto& k = by_kind[step_label(*p, p->steps[i]) + " [" + p->steps[i].kernel + "]"];
+      k.first += ms;
+      ++k.second;
+      by_step.emplace_back(ms, i);
+    }
+    os << "plan: batch " << p->batch << ", steps split for " << p->threads << " thread(s), "
+       << runs << " run(s), " << total << " ms per run\n  by kind (ms per run, share, steps):\n";
+    std::vector<std::pair<double, std::string>> kinds;
+    for (const auto& [name, v] : by_kind)
+      kinds.emplace_back(v.first, name + "  x" + std::to_string(v.second));
+    std::sort(kinds.rbegin(), kinds.rend());
+    for (const auto& [ms, name] : kinds)
+      os << "    " << ms << "  " << (total > 0 ? 100 * ms / total : 0) << "%  " << name << "\n";
+    std::sort(by_step.rbegin(), by_step.rend());
+    os << "  slowest steps (ms per run):\n";
+    for (size_t i = 0; i < by_step.size() && i < 12; ++i) {
+      const auto& s = p->steps[by_step[i].second];
+      os << "    " << by_step[i].first << "  " << step_label(*p, s) << " [" << s.kernel << "] "
+         << p->g.nodes[s.node].name << " " << step_shapes(*p, s) << " items " << s.items << "\n";
+    }
+  }
+  return os.str();
 }
 
 /// The threads of one instance run a batch one of two ways. A batch of at
@@ -726,9 +927,11 @@ result<std::shared_ptr<compiled_plan>> compile(const graph& src, const model_con
 /// batches run one plan whose steps are split into work items for all threads.
 class onnx_backend final : public executor::backend {
 public:
-  onnx_backend(std::shared_ptr<const graph> g, model_config cfg, onnx_model_config mcfg)
+  onnx_backend(std::shared_ptr<const graph> g, model_config cfg, onnx_model_config mcfg,
+               std::shared_ptr<profiled_plans> profiled)
       : graph_(std::move(g)), cfg_(std::move(cfg)), mcfg_(std::move(mcfg)),
-        pool_(std::max(1u, mcfg_.threads)), arenas_(pool_.size()), ptrs_(pool_.size()) {}
+        profiled_(std::move(profiled)), pool_(std::max(1u, mcfg_.threads)),
+        arenas_(pool_.size()), ptrs_(pool_.size()) {}
 
   bool blocks() const override { return true; }
 
@@ -771,16 +974,34 @@ public:
     }
     bind(p, 0, data, outputs, 0);
     void** ptrs = ptrs_[0].data();
-    for (auto& s : p.steps) {
+    run_steps(p, [&](const step& s) {
       if (s.items == 1)
         s.run(ptrs, 0);
       else
         pool_.run(s.items, [&](int64_t item, unsigned) { s.run(ptrs, item); });
-    }
+    });
     return {};
   }
 
 private:
+  /// Runs every step of `p` through `run_step`, timing each when profiling.
+  template <class RunStep>
+  static void run_steps(const compiled_plan& p, RunStep&& run_step) {
+    if (!p.times) {
+      for (const auto& s : p.steps)
+        run_step(s);
+      return;
+    }
+    using std::chrono::steady_clock;
+    for (size_t i = 0; i < p.steps.size(); ++i) {
+      auto t0 = steady_clock::now();
+      run_step(p.steps[i]);
+      p.times->ns[i] += std::chrono::duration_cast<std::chrono::nanoseconds>(
+                          steady_clock::now() - t0).count();
+    }
+    ++p.times->runs;
+  }
+
   /// Rows per chunk: two chunks per thread, so that a thread the OS runs late
   /// leaves less behind, but chunks big enough to keep the GEMMs efficient.
   static int64_t chunk_rows(int64_t rows, unsigned threads) {
@@ -835,9 +1056,10 @@ private:
         o[i] = outputs[i] + r0 * out_row_bytes[i];
       bind(p, thread, in, o, thread);
       void** ptrs = ptrs_[thread].data();
-      for (const auto& s : p.steps)
+      run_steps(p, [&](const step& s) {
         for (int64_t item = 0; item < s.items; ++item)
           s.run(ptrs, item);
+      });
     });
     return {};
   }
@@ -871,6 +1093,11 @@ private:
     auto plan = compile(*graph_, cfg_, mcfg_, shapes, threads);
     if (!plan)
       return serving_error{status_code::bad_request, plan.error().message};
+    if (profiled_) {
+      (*plan)->times = std::make_shared<step_times>((*plan)->steps.size());
+      std::lock_guard<std::mutex> guard(profiled_->mu);
+      profiled_->plans.push_back(*plan);
+    }
     plans_.emplace(key, *plan);
     return *plan;
   }
@@ -878,6 +1105,7 @@ private:
   std::shared_ptr<const graph> graph_;
   model_config cfg_;
   onnx_model_config mcfg_;
+  std::shared_ptr<profiled_plans> profiled_; ///< null unless profiling
   work_pool pool_;
   std::map<std::pair<std::vector<dims_t>, unsigned>, std::shared_ptr<compiled_plan>> plans_;
   std::vector<std::vector<uint8_t>> arenas_; ///< per thread
@@ -1044,10 +1272,14 @@ result<onnx_model> load_onnx_model(const onnx_model_config& mcfg) {
   if (!imported)
     return serving_error{status_code::bad_request,
                          "model '" + mcfg.config.name + "': " + imported.error().message};
-  auto cfg = complete_config(*imported, mcfg);
+  return load_onnx_graph(std::move(*imported), mcfg);
+}
+
+result<onnx_model> load_onnx_graph(graph imported, const onnx_model_config& mcfg) {
+  auto cfg = complete_config(imported, mcfg);
   if (!cfg)
     return cfg.error();
-  auto g = std::make_shared<const graph>(inputs_in_config_order(std::move(*imported), *cfg));
+  auto g = std::make_shared<const graph>(inputs_in_config_order(std::move(imported), *cfg));
   openblas_set_num_threads(1);
   auto plan = compile(*g, *cfg, mcfg, shapes_at(*cfg, 1), std::max(1u, mcfg.threads));
   if (!plan)
@@ -1061,9 +1293,11 @@ result<onnx_model> load_onnx_model(const onnx_model_config& mcfg) {
      << mcfg.threads << " compute thread(s)";
   m.summary = os.str();
   auto first = *plan;
-  m.make_instance = [g, c = *cfg, mcfg]() -> std::shared_ptr<executor::backend> {
-    return std::make_shared<onnx_backend>(g, c, mcfg);
+  auto profiled = mcfg.profile ? std::make_shared<profiled_plans>() : nullptr;
+  m.make_instance = [g, c = *cfg, mcfg, profiled]() -> std::shared_ptr<executor::backend> {
+    return std::make_shared<onnx_backend>(g, c, mcfg, profiled);
   };
+  m.profile_report = [profiled] { return profiled ? profile_text(*profiled) : std::string(); };
   return m;
 }
 
@@ -1084,20 +1318,9 @@ result<std::string> describe_plan(const onnx_model_config& mcfg, int64_t batch) 
      << g.opset << ", " << g.nodes.size() << " ONNX nodes -> " << p.steps.size() << " steps\n";
   for (const auto& s : p.steps) {
     const auto& n = p.g.nodes[s.node];
-    os << "  " << n.op;
-    if (n.has("activation")) os << "+" << n.get_s("activation", "");
-    if ((n.op == "FusedConv" || n.op == "FusedMatMul") && n.inputs.size() > 3 && n.inputs[3] >= 0)
-      os << "+residual";
-    os << "  [" << s.kernel << "]  " << n.name << "  (";
-    bool first = true;
-    for (int i : n.inputs) {
-      if (i < 0 || p.g.values[i].constant) continue;
-      os << (first ? "" : ", ") << shape_string(p.g.values[i].shape);
-      first = false;
-    }
-    os << ") -> ";
+    os << "  " << step_label(p, s) << "  [" << s.kernel << "]  " << n.name << "  "
+       << step_shapes(p, s);
     for (int o : n.outputs) {
-      os << shape_string(p.g.values[o].shape);
       if (p.memory.offsets[o] >= 0) os << " @" << p.memory.offsets[o];
       else os << " (output)";
     }

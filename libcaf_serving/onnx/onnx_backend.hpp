@@ -35,6 +35,12 @@ struct onnx_model_config {
   /// Compute threads of each executor instance (thread_config::executor_threads).
   unsigned threads = 1;
   pass_config passes;
+  /// Times every step of every run (onnx_model::profile_report prints the
+  /// totals). Costs two clock reads per step.
+  bool profile = false;
+  /// Runs 3x3 stride-1 convolutions with Winograd's F(4x4, 3x3) where oneDNN
+  /// has the kernel: about half the time, relative error about 1e-6 per layer.
+  bool winograd = true;
 };
 
 struct onnx_model {
@@ -45,12 +51,19 @@ struct onnx_model {
   std::string summary;
   /// A backend for one executor instance (its own plans and arena).
   std::function<std::shared_ptr<executor::backend>()> make_instance;
+  /// With onnx_model_config::profile: the time each step took, summed over the
+  /// runs of every instance, per plan (batch size), slowest kinds first.
+  std::function<std::string()> profile_report;
 };
 
 /// Imports, checks and compiles (at batch 1) the model. Errors name the file and
 /// what is wrong: the node, operator and opset that cannot run, or the config
 /// entry that contradicts the graph, with both shapes.
 result<onnx_model> load_onnx_model(const onnx_model_config& cfg);
+
+/// load_onnx_model() for a graph already imported (or built in code);
+/// `cfg.model_file` only names the model in errors.
+result<onnx_model> load_onnx_graph(graph g, const onnx_model_config& cfg);
 
 /// The optimized plan at `batch` rows as text: one line per step with its
 /// kernel, shapes and arena offset, then the arena size.

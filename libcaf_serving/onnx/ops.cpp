@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <numeric>
 
 namespace caf_serving::onnx {
@@ -103,15 +104,32 @@ bool is_binary(const std::string& op) {
          || is_compare(op);
 }
 
+/// An element-wise binary operator, resolved once per node rather than per element.
+enum class binary_op { add, sub, mul, div, pow, equal, greater, greater_equal, less, less_equal,
+                       and_, or_ };
+
+binary_op binary_op_of(const std::string& op) {
+  static const std::map<std::string, binary_op> ops{
+    {"Add", binary_op::add},       {"Sub", binary_op::sub},
+    {"Mul", binary_op::mul},       {"Div", binary_op::div},
+    {"Pow", binary_op::pow},       {"Equal", binary_op::equal},
+    {"Greater", binary_op::greater}, {"GreaterOrEqual", binary_op::greater_equal},
+    {"Less", binary_op::less},     {"LessOrEqual", binary_op::less_equal},
+    {"And", binary_op::and_},      {"Or", binary_op::or_}};
+  return ops.at(op);
+}
+
 template <class T>
-bool compare_apply(const std::string& op, T a, T b) {
-  if (op == "Equal") return a == b;
-  if (op == "Greater") return a > b;
-  if (op == "GreaterOrEqual") return a >= b;
-  if (op == "Less") return a < b;
-  if (op == "LessOrEqual") return a <= b;
-  if (op == "And") return a && b;
-  return a || b; // Or
+bool compare_apply(binary_op op, T a, T b) {
+  switch (op) {
+    case binary_op::equal: return a == b;
+    case binary_op::greater: return a > b;
+    case binary_op::greater_equal: return a >= b;
+    case binary_op::less: return a < b;
+    case binary_op::less_equal: return a <= b;
+    case binary_op::and_: return a && b;
+    default: return a || b; // or_
+  }
 }
 
 bool is_unary(const std::string& op) {
@@ -120,21 +138,22 @@ bool is_unary(const std::string& op) {
 }
 
 template <class T>
-T binary_apply(const std::string& op, T a, T b) {
-  if (op == "Add") return static_cast<T>(a + b);
-  if (op == "Sub") return static_cast<T>(a - b);
-  if (op == "Mul") return static_cast<T>(a * b);
-  if (op == "Div") {
-    if constexpr (std::is_integral_v<T>)
-      return b == 0 ? T{} : static_cast<T>(a / b);
-    else
-      return a / b;
+T binary_apply(binary_op op, T a, T b) {
+  switch (op) {
+    case binary_op::add: return static_cast<T>(a + b);
+    case binary_op::sub: return static_cast<T>(a - b);
+    case binary_op::mul: return static_cast<T>(a * b);
+    case binary_op::div:
+      if constexpr (std::is_integral_v<T>)
+        return b == 0 ? T{} : static_cast<T>(a / b);
+      else
+        return a / b;
+    default: // pow
+      if constexpr (std::is_floating_point_v<T>)
+        return b == T(2) ? a * a : std::pow(a, b);
+      else
+        return static_cast<T>(std::pow(static_cast<double>(a), static_cast<double>(b)));
   }
-  // Pow
-  if constexpr (std::is_floating_point_v<T>)
-    return b == T(2) ? a * a : std::pow(a, b);
-  else
-    return static_cast<T>(std::pow(static_cast<double>(a), static_cast<double>(b)));
 }
 
 float gelu(float x) {
@@ -397,6 +416,37 @@ float apply_activation(const std::string& act, float x, float alpha, float beta)
   if (act == "Clip") return std::min(std::max(x, alpha), beta);
   assert(!"unknown activation");
   return x;
+}
+
+std::vector<std::vector<uint8_t>> run_reference_graph(const graph& g,
+                                                      const std::vector<std::string>& inputs) {
+  std::vector<std::vector<uint8_t>> buf(g.values.size());
+  std::vector<void*> ptr(g.values.size(), nullptr);
+  for (size_t v = 0; v < g.values.size(); ++v) {
+    if (g.values[v].constant) {
+      ptr[v] = const_cast<uint8_t*>(g.values[v].constant->bytes.data());
+    } else {
+      buf[v].resize(element_count(g.values[v].shape) * element_size(g.values[v].dtype) + 1);
+      ptr[v] = buf[v].data();
+    }
+  }
+  for (size_t i = 0; i < g.inputs.size() && i < inputs.size(); ++i)
+    std::memcpy(ptr[g.inputs[i]], inputs[i].data(),
+                std::min(inputs[i].size(), buf[g.inputs[i]].size()));
+  for (const auto& n : g.nodes) {
+    std::vector<tensor_ref> in, out;
+    for (int i : n.inputs)
+      in.push_back(i >= 0 ? tensor_ref{g.values[i].dtype, g.values[i].shape, ptr[i]} : tensor_ref{});
+    for (int o : n.outputs)
+      out.push_back({g.values[o].dtype, g.values[o].shape, ptr[o]});
+    run_reference(n, in, out);
+  }
+  std::vector<std::vector<uint8_t>> outs;
+  for (int o : g.outputs) {
+    auto* b = static_cast<const uint8_t*>(ptr[o]);
+    outs.emplace_back(b, b + element_count(g.values[o].shape) * element_size(g.values[o].dtype));
+  }
+  return outs;
 }
 
 bool foldable(const std::string& op) {
@@ -678,6 +728,7 @@ void run_reference(const node& n, const std::vector<tensor_ref>& in,
       return;
     }
     std::array<shape_t, 2> st2{st[0], st[1]};
+    const binary_op bop = binary_op_of(op);
     dispatch(in[0].dtype, [&](auto tag) {
       using T = decltype(tag);
       if constexpr (!std::is_same_v<T, bool>) {
@@ -686,12 +737,12 @@ void run_reference(const node& n, const std::vector<tensor_ref>& in,
         if (is_compare(op)) {
           bool* o = y.as<bool>();
           broadcast_loop<2>(y.shape, st2, [&](int64_t i, const std::array<int64_t, 2>& off) {
-            o[i] = compare_apply<T>(op, a[off[0]], b[off[1]]);
+            o[i] = compare_apply<T>(bop, a[off[0]], b[off[1]]);
           });
         } else {
           T* o = y.as<T>();
           broadcast_loop<2>(y.shape, st2, [&](int64_t i, const std::array<int64_t, 2>& off) {
-            o[i] = binary_apply<T>(op, a[off[0]], b[off[1]]);
+            o[i] = binary_apply<T>(bop, a[off[0]], b[off[1]]);
           });
         }
       } else {
@@ -699,8 +750,9 @@ void run_reference(const node& n, const std::vector<tensor_ref>& in,
         const bool* b = in[1].as<bool>();
         bool* o = y.as<bool>();
         broadcast_loop<2>(y.shape, st2, [&](int64_t i, const std::array<int64_t, 2>& off) {
-          o[i] = is_compare(op) ? compare_apply<bool>(op, a[off[0]], b[off[1]])
-                 : op == "Mul" ? (a[off[0]] && b[off[1]]) : (a[off[0]] || b[off[1]]);
+          o[i] = bop == binary_op::mul   ? (a[off[0]] && b[off[1]])
+                 : bop == binary_op::add ? (a[off[0]] || b[off[1]])
+                                         : compare_apply<bool>(bop, a[off[0]], b[off[1]]);
         });
       }
     });
@@ -967,7 +1019,7 @@ void run_reference(const node& n, const std::vector<tensor_ref>& in,
       float* o = y.as<float>();
       for (int64_t i = 0; i < cnt; ++i) {
         float v = o[i] + (nb ? in[2].as<float>()[i % nb] : 0.f);
-        o[i] = apply_activation(act, v, n.get_f("alpha", 0), n.get_f("beta", 0));
+        o[i] = apply_activation(act, v, n.get_f("act_alpha", 0), n.get_f("act_beta", 0));
         if (has(3)) o[i] += in[3].as<float>()[i];
       }
     }

@@ -55,6 +55,13 @@ std::variant<std::vector<inferred>, std::string> infer_shapes(const graph& g, co
 void run_reference(const node& n, const std::vector<tensor_ref>& inputs,
                    const std::vector<tensor_ref>& outputs);
 
+/// Runs a specialized graph (every shape known) with the reference kernels
+/// only: the baseline that optimized graphs and compiled plans are checked
+/// against. `inputs` holds the graph inputs' bytes in order; returns the
+/// outputs' bytes in order.
+std::vector<std::vector<uint8_t>> run_reference_graph(const graph& g,
+                                                      const std::vector<std::string>& inputs);
+
 /// Whether folding `op` on constants is worth it (every op but those that
 /// materialise large tensors from tiny ones).
 bool foldable(const std::string& op);

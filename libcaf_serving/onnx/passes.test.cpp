@@ -8,6 +8,7 @@
 #include "onnx/importer.hpp"
 #include "onnx/memory_plan.hpp"
 #include "onnx/ops.hpp"
+#include "onnx/testing.hpp"
 
 #include <doctest/doctest.h>
 
@@ -20,6 +21,7 @@
 
 using namespace caf_serving;
 using namespace caf_serving::onnx;
+using namespace caf_serving::onnx::testing;
 namespace fs = std::filesystem;
 
 namespace {
@@ -47,41 +49,10 @@ std::vector<std::string> reference_inputs(const std::string& model, const graph&
 
 /// Runs an optimized/specialized graph with the reference kernels only.
 std::vector<std::vector<float>> interpret(const graph& g, const std::vector<std::string>& inputs) {
-  std::vector<std::vector<uint8_t>> buf(g.values.size());
-  std::vector<void*> ptr(g.values.size(), nullptr);
-  for (size_t v = 0; v < g.values.size(); ++v) {
-    if (g.values[v].constant) {
-      ptr[v] = const_cast<uint8_t*>(g.values[v].constant->bytes.data());
-    } else {
-      buf[v].resize(element_count(g.values[v].shape) * element_size(g.values[v].dtype) + 1);
-      ptr[v] = buf[v].data();
-    }
-  }
-  for (size_t i = 0; i < g.inputs.size(); ++i)
-    std::memcpy(ptr[g.inputs[i]], inputs[i].data(), inputs[i].size());
-  for (const auto& n : g.nodes) {
-    std::vector<tensor_ref> in, out;
-    for (int i : n.inputs)
-      in.push_back(i >= 0 ? tensor_ref{g.values[i].dtype, g.values[i].shape, ptr[i]} : tensor_ref{});
-    for (int o : n.outputs)
-      out.push_back({g.values[o].dtype, g.values[o].shape, ptr[o]});
-    run_reference(n, in, out);
-  }
   std::vector<std::vector<float>> outs;
-  for (int o : g.outputs) {
-    auto* f = static_cast<const float*>(ptr[o]);
-    outs.emplace_back(f, f + element_count(g.values[o].shape));
-  }
+  for (const auto& o : run_reference_graph(g, inputs))
+    outs.push_back(as_floats(o));
   return outs;
-}
-
-double relative_error(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < b.size(); ++i) {
-    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
-    den += double(b[i]) * b[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-30));
 }
 
 int count_ops(const graph& g, const std::string& op) {
@@ -120,13 +91,6 @@ graph check_fusion(const std::string& model) {
     last = *fused;
   }
   return last;
-}
-
-std::vector<float> random_floats(size_t n, std::mt19937& rng, float scale = 1.0f) {
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
 }
 
 } // namespace

@@ -1,0 +1,211 @@
+/// The compiled plans against the reference interpreter on small graphs built
+/// in code: every convolution layout (NCHW image input, nChw16c, NHWC), every
+/// way a step is split over threads (by image, by output channel, by row),
+/// Winograd, the reorders between layouts, pooling, and Gemm as a oneDNN matmul.
+
+#include "onnx/onnx_backend.hpp"
+
+#include "onnx/ops.hpp"
+#include "onnx/testing.hpp"
+
+#include <doctest/doctest.h>
+
+#include <random>
+
+using namespace caf_serving;
+using namespace caf_serving::onnx;
+using namespace caf_serving::onnx::testing;
+
+namespace {
+
+struct writer final : executor::output_writer {
+  std::vector<std::vector<uint8_t>> buffers;
+  uint8_t* allocate(std::string_view, datatype, const std::vector<int64_t>&, size_t bytes) override {
+    buffers.emplace_back(bytes);
+    return buffers.back().data();
+  }
+};
+
+int add_weights(graph& g, const std::string& name, std::vector<int64_t> shape, std::mt19937& rng,
+                float scale) {
+  auto t = make_tensor(datatype::fp32, shape);
+  auto v = random_floats(t->elements(), rng, scale);
+  std::memcpy(t->as_mut<float>(), v.data(), v.size() * 4);
+  return g.add_constant(name, t);
+}
+
+struct conv_case {
+  int64_t ic, oc, h, w, k, stride, group;
+  bool residual; ///< adds the block's input (needs ic == oc, stride 1)
+  bool chain;    ///< a second convolution after the first, then a Mul (an NCHW reader)
+  bool pool;     ///< MaxPool 3x3/2 after the convolution
+};
+
+/// x -> Conv(+bias) [-> Add x] -> Relu [-> Conv -> Relu -> Mul 0.5] [-> MaxPool] -> y
+graph conv_graph(const conv_case& c, std::mt19937& rng) {
+  graph g;
+  g.opset = 17;
+  int x = g.add_value("x", datatype::fp32, {-1, c.ic, c.h, c.w}, true);
+  g.inputs.push_back(x);
+  auto conv = [&](int in, int64_t ic, int64_t oc, int64_t k, int64_t stride, int64_t group,
+                  const std::string& name) {
+    int w = add_weights(g, name + ".w", {oc, ic / group, k, k}, rng, 1.0f / std::sqrt(ic * k * k));
+    int b = add_weights(g, name + ".b", {oc}, rng, 0.1f);
+    int y = g.add_value(name + ".y");
+    auto& n = g.add_node("Conv", name, {in, w, b}, {y});
+    n.set_ints("kernel_shape", {k, k});
+    n.set_ints("strides", {stride, stride});
+    n.set_ints("pads", {k / 2, k / 2, k / 2, k / 2});
+    n.set_i("group", group);
+    return y;
+  };
+  int y = conv(x, c.ic, c.oc, c.k, c.stride, c.group, "conv1");
+  if (c.residual) {
+    int s = g.add_value("sum");
+    g.add_node("Add", "add", {y, x}, {s});
+    y = s;
+  }
+  int r = g.add_value("relu1");
+  g.add_node("Relu", "relu1", {y}, {r});
+  y = r;
+  if (c.chain) {
+    y = conv(y, c.oc, c.oc, 3, 1, 1, "conv2");
+    int r2 = g.add_value("relu2");
+    g.add_node("Relu", "relu2", {y}, {r2});
+    auto half = make_tensor(datatype::fp32, {});
+    half->as_mut<float>()[0] = 0.5f;
+    int hv = g.add_constant("half", half);
+    int m = g.add_value("scaled");
+    g.add_node("Mul", "mul", {r2, hv}, {m});
+    y = m;
+  }
+  if (c.pool) {
+    int p = g.add_value("pooled");
+    auto& n = g.add_node("MaxPool", "pool", {y}, {p});
+    n.set_ints("kernel_shape", {3, 3});
+    n.set_ints("strides", {2, 2});
+    n.set_ints("pads", {1, 1, 1, 1});
+    y = p;
+  }
+  g.values[y].name = "y";
+  g.outputs.push_back(y);
+  return g;
+}
+
+/// Runs `g` through a compiled plan (`threads` compute threads, Winograd as
+/// given) at `batch` rows and through the reference interpreter; returns the
+/// relative error of the plan's output, and the plan text in `plan_text`.
+double plan_error(const graph& g, int64_t batch, unsigned threads, bool winograd,
+                  std::mt19937& rng, std::string* plan_text = nullptr) {
+  onnx_model_config cfg;
+  cfg.model_file = "built-in-test.onnx";
+  cfg.config.name = "t";
+  cfg.config.max_batch_size = 8;
+  cfg.threads = threads;
+  cfg.winograd = winograd;
+  cfg.profile = true;
+  auto model = load_onnx_graph(g, cfg);
+  REQUIRE_MESSAGE(model, model.error().message);
+  std::vector<std::vector<int64_t>> shapes;
+  std::vector<std::string> inputs;
+  executor::batch_view view;
+  view.rows = static_cast<uint32_t>(batch);
+  std::vector<std::vector<float>> data;
+  for (int v : g.inputs) {
+    auto s = g.values[v].shape;
+    s[0] = batch;
+    shapes.push_back(s);
+    data.push_back(random_floats(element_count(s), rng));
+    inputs.push_back(as_bytes(data.back()));
+  }
+  for (size_t i = 0; i < g.inputs.size(); ++i)
+    view.inputs.push_back({g.values[g.inputs[i]].name, datatype::fp32, shapes[i],
+                           reinterpret_cast<const uint8_t*>(data[i].data()),
+                           data[i].size() * 4});
+  writer out;
+  auto instance = model->make_instance();
+  auto r = instance->execute(view, out);
+  if (auto* e = std::get_if<serving_error>(&r))
+    FAIL(e->message);
+  auto plain = specialize(g, shapes);
+  REQUIRE_MESSAGE(plain, plain.error().message);
+  auto want = run_reference_graph(*plain, inputs);
+  REQUIRE(want.size() == 1);
+  REQUIRE(out.buffers.size() == 1);
+  if (plan_text)
+    *plan_text = model->profile_report();
+  return relative_error(as_floats(out.buffers[0]), as_floats(want[0]));
+}
+
+} // namespace
+
+TEST_CASE("convolutions match the reference in every layout, split and algorithm") {
+  std::mt19937 rng(11);
+  // ic, oc, h, w, k, stride, group, residual, chain, pool
+  std::vector<conv_case> cases{
+    {3, 32, 17, 15, 7, 2, 1, false, false, true}, // image input (NCHW) -> nChw16c, pool
+    {32, 64, 9, 9, 1, 1, 1, false, true, false},  // 1x1, then Winograd 3x3, then NCHW Mul
+    {32, 32, 10, 11, 3, 1, 1, true, false, false}, // Winograd with the residual
+    {32, 48, 9, 9, 3, 2, 1, false, false, false},  // strided 3x3
+    {24, 24, 8, 8, 3, 1, 1, true, true, false},    // 24 channels: NHWC, split by rows
+    {32, 32, 8, 8, 3, 1, 4, false, false, true},   // grouped: NHWC
+    {64, 64, 1, 1, 1, 1, 1, true, false, false},   // 1x1 spatial: layouts share bytes
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    CAPTURE(i);
+    auto g = conv_graph(cases[i], rng);
+    for (int64_t batch : {1, 3})
+      for (unsigned threads : {1u, 2u, 4u}) // 4 threads on 3 rows: split by image
+        for (bool wino : {false, true}) {
+          CAPTURE(batch);
+          CAPTURE(threads);
+          CAPTURE(wino);
+          std::string text;
+          double err = plan_error(g, batch, threads, wino, rng, &text);
+          CAPTURE(text);
+          CHECK(err < 1e-5);
+        }
+  }
+}
+
+TEST_CASE("the plan uses Winograd, channel splits and nChw16c where it should") {
+  std::mt19937 rng(12);
+  auto g = conv_graph({32, 64, 9, 9, 1, 1, 1, false, true, false}, rng);
+  std::string text;
+  CHECK(plan_error(g, 1, 2, true, rng, &text) < 1e-5);
+  CHECK(text.find("onednn.conv.winograd nChw16c->nChw16c by channel") != std::string::npos);
+  CHECK(text.find("onednn.conv.direct nChw16c->nChw16c by channel") != std::string::npos);
+  CHECK(text.find("ToNCHW") != std::string::npos); // before the Mul
+  CHECK(plan_error(g, 1, 2, false, rng, &text) < 1e-5);
+  CHECK(text.find("winograd") == std::string::npos);
+  auto rows = conv_graph({24, 24, 8, 8, 3, 1, 1, false, true, false}, rng);
+  CHECK(plan_error(rows, 1, 2, true, rng, &text) < 1e-5);
+  CHECK(text.find("onednn.conv.direct nhwc->nhwc by row") != std::string::npos);
+  CHECK(plan_error(rows, 3, 4, true, rng, &text) < 1e-5);
+  CHECK(text.find("by image") != std::string::npos);
+}
+
+TEST_CASE("Gemm with transposed constant weights runs as a split oneDNN matmul") {
+  std::mt19937 rng(13);
+  for (bool trans_b : {true, false}) {
+    CAPTURE(trans_b);
+    graph g;
+    g.opset = 17;
+    int a = g.add_value("a", datatype::fp32, {-1, 96}, true);
+    g.inputs.push_back(a);
+    int w = add_weights(g, "w", trans_b ? std::vector<int64_t>{200, 96}
+                                        : std::vector<int64_t>{96, 200},
+                        rng, 0.1f);
+    int c = add_weights(g, "c", {200}, rng, 0.1f);
+    int y = g.add_value("y");
+    auto& n = g.add_node("Gemm", "fc", {a, w, c}, {y});
+    n.set_i("transB", trans_b ? 1 : 0);
+    g.outputs.push_back(y);
+    for (int64_t batch : {1, 5})
+      for (unsigned threads : {1u, 2u}) {
+        std::string text;
+        CHECK(plan_error(g, batch, threads, true, rng, &text) < 1e-5);
+        CHECK(text.find("FusedGemm [onednn.matmul]") != std::string::npos);
+      }
+  }
+}
