@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <immintrin.h>
 #include <vector>
 
 namespace caf_serving::kernels::cpu {
@@ -35,7 +36,56 @@ inline float exp_nonpositive(float x) {
 /// Compiled for AVX-512, AVX2 and the baseline; the loader picks one.
 #define CAF_SERVING_CPU_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 
-CAF_SERVING_CPU_CLONES void softmax_row(float* p, int64_t n) {
+/// exp_nonpositive() on 16 lanes. GCC leaves the scalar loop below unvectorised
+/// (its AVX-512 clone runs scalar FMAs), so the softmax has this explicit path.
+__attribute__((target("avx512f"))) inline __m512 exp_nonpositive16(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+  __m512 n = _mm512_roundscale_ps(
+    _mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
+    _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  __m512 y = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
+  __m512i bits = _mm512_slli_epi32(
+    _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_mul_ps(y, _mm512_castsi512_ps(bits));
+}
+
+__attribute__((target("avx512f"))) void softmax_row_avx512(float* p, int64_t n) {
+  const __m512 neg_inf = _mm512_set1_ps(-INFINITY);
+  __m512 mx = neg_inf;
+  for (int64_t i = 0; i < n; i += 16) {
+    __mmask16 m = n - i >= 16 ? 0xffff : static_cast<__mmask16>((1u << (n - i)) - 1);
+    mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(neg_inf, m, p + i));
+  }
+  const __m512 vmax = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
+  __m512 sum = _mm512_setzero_ps();
+  for (int64_t i = 0; i < n; i += 16) {
+    __mmask16 m = n - i >= 16 ? 0xffff : static_cast<__mmask16>((1u << (n - i)) - 1);
+    __m512 e = exp_nonpositive16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, p + i), vmax));
+    e = _mm512_maskz_mov_ps(m, e);
+    _mm512_mask_storeu_ps(p + i, m, e);
+    sum = _mm512_add_ps(sum, e);
+  }
+  const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sum));
+  for (int64_t i = 0; i < n; i += 16) {
+    __mmask16 m = n - i >= 16 ? 0xffff : static_cast<__mmask16>((1u << (n - i)) - 1);
+    _mm512_mask_storeu_ps(p + i, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, p + i), inv));
+  }
+}
+
+const bool has_avx512 = [] {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") != 0;
+}();
+
+CAF_SERVING_CPU_CLONES void softmax_row_portable(float* p, int64_t n) {
   float mx = p[0];
 #pragma omp simd reduction(max : mx)
   for (int64_t i = 1; i < n; ++i)
@@ -50,6 +100,13 @@ CAF_SERVING_CPU_CLONES void softmax_row(float* p, int64_t n) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i)
     p[i] *= inv;
+}
+
+void softmax_row(float* p, int64_t n) {
+  if (has_avx512)
+    softmax_row_avx512(p, n);
+  else
+    softmax_row_portable(p, n);
 }
 
 } // namespace

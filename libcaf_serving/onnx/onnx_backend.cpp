@@ -667,8 +667,14 @@ step attention_step(const dnnl_ctx& ctx, const graph& g, const node& n, unsigned
         for (int64_t i = 0; i < sq; ++i) {
           float* row = scores.data() + i * sq;
           const float* mr = mask + i * mst[2];
-          for (int64_t j = 0; j < sq; ++j)
-            row[j] += mr[j * mst[3]];
+          if (mst[3] == 1) {
+#pragma omp simd
+            for (int64_t j = 0; j < sq; ++j)
+              row[j] += mr[j];
+          } else {
+            for (int64_t j = 0; j < sq; ++j)
+              row[j] += mr[j * mst[3]];
+          }
         }
       }
       kc::engine_softmax(scores.data(), sq, sq, 1);
