@@ -317,8 +317,15 @@ step conv_step(const dnnl_ctx& ctx, const graph& g, const node& n, unsigned thre
   }
   int64_t ext_h = (w.shape[2] - 1) * dl[0] + 1;
   int64_t w_per_oc = w.elements() / w.shape[0];
+  // Each piece of a channel split transforms the whole input again: with
+  // fewer than 64 channels a piece, Winograd loses its lead (measured on
+  // ResNet-50's 64-channel 56x56 layers: no faster on 2 threads than on 1).
+  int64_t narrowest = how == split::channels ? ys[1] : 0;
+  for (size_t c = 0; how == split::channels && c + 1 < cuts.size(); ++c)
+    narrowest = std::min(narrowest, cuts[c + 1] - cuts[c]);
   bool try_winograd = winograd && src_l == layout::blocked16 && dst_l == layout::blocked16
-                      && winograd_shape(n, w.shape);
+                      && winograd_shape(n, w.shape)
+                      && (how != split::channels || narrowest >= 64);
   weight_cache weights;
   std::vector<dnnl_call> calls;
   std::string impl;
@@ -408,12 +415,14 @@ step conv_step(const dnnl_ctx& ctx, const graph& g, const node& n, unsigned thre
                      std::move(calls));
 }
 
-step pool_step(const dnnl_ctx& ctx, const graph& g, const node& n, const layout_map& lay) {
+/// Pooling as oneDNN calls: by image when there are several, by blocks of 16
+/// channels (dense in nChw16c) for one image, else one call.
+step pool_step(const dnnl_ctx& ctx, const graph& g, const node& n, const layout_map& lay,
+               unsigned threads) {
   const auto& xs = g.values[n.inputs[0]].shape;
   const auto& ys = g.values[n.outputs[0]].shape;
   layout src_l = seen_as(g, lay, n.inputs[0], layout::nchw);
-  auto src = desc_4d(xs, src_l);
-  auto dst = desc_4d(ys, seen_as(g, lay, n.outputs[0], src_l));
+  layout dst_l = seen_as(g, lay, n.outputs[0], src_l);
   dims_t k, st, pl, pr, dil{0, 0};
   dnnl::algorithm alg;
   if (n.op == "GlobalAveragePool") {
@@ -435,18 +444,42 @@ step pool_step(const dnnl_ctx& ctx, const graph& g, const node& n, const layout_
           : n.get_i("count_include_pad", 0) ? dnnl::algorithm::pooling_avg_include_padding
                                             : dnnl::algorithm::pooling_avg_exclude_padding;
   }
-  dnnl::pooling_v2_forward::desc d(dnnl::prop_kind::forward_inference, alg, src, dst,
-                                   to_dnnl(st), to_dnnl(k), to_dnnl(dil), to_dnnl(pl),
-                                   to_dnnl(pr));
-  dnnl::pooling_v2_forward::primitive_desc pdesc(d, user_scratchpad_attr(), ctx.eng);
-  dnnl_call call;
-  call.prim = dnnl::pooling_v2_forward(pdesc);
-  call.scratch = pdesc.scratchpad_desc();
-  call.args.push_back({DNNL_ARG_SRC, src, n.inputs[0], 0, {}});
-  call.args.push_back({DNNL_ARG_DST, dst, n.outputs[0], 0, {}});
+  bool by_image = threads > 1 && ys[0] > 1;
+  bool by_channel = threads > 1 && !by_image && src_l == layout::blocked16
+                    && dst_l == layout::blocked16;
+  auto cuts = by_image     ? split_range(ys[0], pieces_for(ys[0], threads), 1, threads)
+              : by_channel ? split_range(ys[1], pieces_for(ys[1] / 16, threads), 16, threads)
+                           : std::vector<int64_t>{0, ys[0]};
   std::vector<dnnl_call> calls;
-  calls.push_back(std::move(call));
-  return onednn_step(ctx, std::string("onednn.pool ") + layout_name(src_l), std::move(calls));
+  for (size_t c = 0; c + 1 < cuts.size(); ++c) {
+    dims_t xsub = xs, ysub = ys;
+    int64_t xoff, yoff;
+    if (by_channel) {
+      xsub[1] = ysub[1] = cuts[c + 1] - cuts[c];
+      xoff = cuts[c] * xs[2] * xs[3] * 4;
+      yoff = cuts[c] * ys[2] * ys[3] * 4;
+    } else {
+      xsub[0] = ysub[0] = cuts[c + 1] - cuts[c];
+      xoff = cuts[c] * xs[1] * xs[2] * xs[3] * 4;
+      yoff = cuts[c] * ys[1] * ys[2] * ys[3] * 4;
+    }
+    auto src = desc_4d(xsub, src_l);
+    auto dst = desc_4d(ysub, dst_l);
+    dnnl::pooling_v2_forward::desc d(dnnl::prop_kind::forward_inference, alg, src, dst,
+                                     to_dnnl(st), to_dnnl(k), to_dnnl(dil), to_dnnl(pl),
+                                     to_dnnl(pr));
+    dnnl::pooling_v2_forward::primitive_desc pdesc(d, user_scratchpad_attr(), ctx.eng);
+    dnnl_call call;
+    call.prim = dnnl::pooling_v2_forward(pdesc);
+    call.scratch = pdesc.scratchpad_desc();
+    call.args.push_back({DNNL_ARG_SRC, src, n.inputs[0], xoff, {}});
+    call.args.push_back({DNNL_ARG_DST, dst, n.outputs[0], yoff, {}});
+    calls.push_back(std::move(call));
+  }
+  return onednn_step(ctx,
+                     std::string("onednn.pool ") + layout_name(src_l)
+                       + (by_image ? " by image" : by_channel ? " by channel" : ""),
+                     std::move(calls));
 }
 
 /// ToNHWC / ToNChw16c / ToNCHW: a oneDNN reorder between two layouts of one 4-D tensor.
@@ -719,7 +752,7 @@ step compile_node(const dnnl_ctx& ctx, const graph& g, int idx, unsigned threads
   if (n.op == "FusedConv" && g.values[n.inputs[1]].constant)
     return finish(conv_step(ctx, g, n, threads, lay, winograd));
   if (n.op == "MaxPool" || n.op == "AveragePool" || n.op == "GlobalAveragePool")
-    return finish(pool_step(ctx, g, n, lay));
+    return finish(pool_step(ctx, g, n, lay, threads));
   if (n.op == "ToNHWC" || n.op == "ToNCHW" || n.op == "ToNChw16c")
     return finish(reorder_step(ctx, g, n, lay));
   if (n.op == "FusedMatMul")

@@ -41,7 +41,8 @@ struct conv_case {
   bool pool;     ///< MaxPool 3x3/2 after the convolution
 };
 
-/// x -> Conv(+bias) [-> Add x] -> Relu [-> Conv -> Relu -> Mul 0.5] [-> MaxPool] -> y
+/// x -> Conv(+bias) [-> Add x] -> Relu [-> Conv -> Relu -> Mul 0.5] [-> MaxPool] -> y;
+/// with both `chain` and `pool` the MaxPool comes before the second Conv.
 graph conv_graph(const conv_case& c, std::mt19937& rng) {
   graph g;
   g.opset = 17;
@@ -68,6 +69,16 @@ graph conv_graph(const conv_case& c, std::mt19937& rng) {
   int r = g.add_value("relu1");
   g.add_node("Relu", "relu1", {y}, {r});
   y = r;
+  auto pool = [&] {
+    int p = g.add_value("pooled");
+    auto& n = g.add_node("MaxPool", "pool", {y}, {p});
+    n.set_ints("kernel_shape", {3, 3});
+    n.set_ints("strides", {2, 2});
+    n.set_ints("pads", {1, 1, 1, 1});
+    y = p;
+  };
+  if (c.pool && c.chain)
+    pool();
   if (c.chain) {
     y = conv(y, c.oc, c.oc, 3, 1, 1, "conv2");
     int r2 = g.add_value("relu2");
@@ -79,14 +90,8 @@ graph conv_graph(const conv_case& c, std::mt19937& rng) {
     g.add_node("Mul", "mul", {r2, hv}, {m});
     y = m;
   }
-  if (c.pool) {
-    int p = g.add_value("pooled");
-    auto& n = g.add_node("MaxPool", "pool", {y}, {p});
-    n.set_ints("kernel_shape", {3, 3});
-    n.set_ints("strides", {2, 2});
-    n.set_ints("pads", {1, 1, 1, 1});
-    y = p;
-  }
+  if (c.pool && !c.chain)
+    pool();
   g.values[y].name = "y";
   g.outputs.push_back(y);
   return g;
@@ -149,6 +154,7 @@ TEST_CASE("convolutions match the reference in every layout, split and algorithm
     {32, 48, 9, 9, 3, 2, 1, false, false, false},  // strided 3x3
     {24, 24, 8, 8, 3, 1, 1, true, true, false},    // 24 channels: NHWC, split by rows
     {32, 32, 8, 8, 3, 1, 4, false, false, true},   // grouped: NHWC
+    {3, 32, 17, 15, 7, 2, 1, false, true, true},   // MaxPool between nChw16c convolutions
     {64, 64, 1, 1, 1, 1, 1, true, false, false},   // 1x1 spatial: layouts share bytes
   };
   for (size_t i = 0; i < cases.size(); ++i) {
@@ -170,7 +176,7 @@ TEST_CASE("convolutions match the reference in every layout, split and algorithm
 
 TEST_CASE("the plan uses Winograd, channel splits and nChw16c where it should") {
   std::mt19937 rng(12);
-  auto g = conv_graph({32, 64, 9, 9, 1, 1, 1, false, true, false}, rng);
+  auto g = conv_graph({32, 128, 9, 9, 1, 1, 1, false, true, false}, rng);
   std::string text;
   CHECK(plan_error(g, 1, 2, true, rng, &text) < 1e-5);
   CHECK(text.find("onednn.conv.winograd nChw16c->nChw16c by channel") != std::string::npos);
@@ -178,6 +184,15 @@ TEST_CASE("the plan uses Winograd, channel splits and nChw16c where it should") 
   CHECK(text.find("ToNCHW") != std::string::npos); // before the Mul
   CHECK(plan_error(g, 1, 2, false, rng, &text) < 1e-5);
   CHECK(text.find("winograd") == std::string::npos);
+  // Pieces of 32 channels would each transform the whole input: direct.
+  auto narrow = conv_graph({32, 64, 9, 9, 1, 1, 1, false, true, false}, rng);
+  CHECK(plan_error(narrow, 1, 2, true, rng, &text) < 1e-5);
+  CHECK(text.find("winograd") == std::string::npos);
+  CHECK(plan_error(narrow, 1, 1, true, rng, &text) < 1e-5);
+  CHECK(text.find("onednn.conv.winograd nChw16c->nChw16c]") != std::string::npos);
+  auto pooled = conv_graph({3, 32, 17, 15, 7, 2, 1, false, true, true}, rng);
+  CHECK(plan_error(pooled, 1, 2, true, rng, &text) < 1e-5);
+  CHECK(text.find("onednn.pool nChw16c by channel") != std::string::npos);
   auto rows = conv_graph({24, 24, 8, 8, 3, 1, 1, false, true, false}, rng);
   CHECK(plan_error(rows, 1, 2, true, rng, &text) < 1e-5);
   CHECK(text.find("onednn.conv.direct nhwc->nhwc by row") != std::string::npos);
