@@ -41,6 +41,9 @@ struct onnx_model_config {
   /// Runs 3x3 stride-1 convolutions with Winograd's F(4x4, 3x3) where oneDNN
   /// has the kernel: about half the time, relative error about 1e-6 per layer.
   bool winograd = true;
+  /// Plans (one per batch or chunk size) each instance keeps; the least
+  /// recently used goes beyond this. Reordered weights are shared by all plans.
+  size_t plan_cache_size = 8;
 };
 
 struct onnx_model {
@@ -54,6 +57,8 @@ struct onnx_model {
   /// With onnx_model_config::profile: the time each step took, summed over the
   /// runs of every instance, per plan (batch size), slowest kinds first.
   std::function<std::string()> profile_report;
+  /// Bytes of weights reordered for oneDNN, shared by every plan and instance.
+  std::function<size_t()> reordered_weight_bytes;
 };
 
 /// Imports, checks and compiles (at batch 1) the model. Errors name the file and

@@ -224,3 +224,69 @@ TEST_CASE("Gemm with transposed constant weights runs as a split oneDNN matmul")
       }
   }
 }
+
+TEST_CASE("plans of every batch size share one copy of the reordered weights; old plans go") {
+  std::mt19937 rng(14);
+  auto g = conv_graph({32, 64, 9, 9, 1, 1, 1, false, true, false}, rng);
+  onnx_model_config cfg;
+  cfg.model_file = "built-in-test.onnx";
+  cfg.config.name = "t";
+  cfg.config.max_batch_size = 8;
+  cfg.config.parameters["plan_cache_size"] = "2";
+  // Without Winograd every plan wants the same layouts; oneDNN's Winograd
+  // layout depends on the batch, so those plans may each hold their own.
+  bool wino = false;
+  SUBCASE("Winograd off") { wino = false; }
+  SUBCASE("Winograd on") { wino = true; }
+  cfg.config.parameters["winograd"] = wino ? "true" : "false";
+  auto model = load_onnx_graph(g, cfg);
+  REQUIRE_MESSAGE(model, model.error().message);
+  size_t at_load = model->reordered_weight_bytes();
+  CHECK(at_load > 0);
+  auto instance = model->make_instance();
+  auto x = random_floats(8 * 32 * 9 * 9, rng);
+  std::vector<float> first;
+  // Batches 1..8 and 1 again: eight plans through a cache of two.
+  for (int64_t batch : {1, 2, 3, 4, 5, 6, 7, 8, 1}) {
+    CAPTURE(batch);
+    executor::batch_view view;
+    view.rows = static_cast<uint32_t>(batch);
+    view.inputs.push_back({"x", datatype::fp32, {batch, 32, 9, 9},
+                           reinterpret_cast<const uint8_t*>(x.data()),
+                           static_cast<size_t>(batch * 32 * 81 * 4)});
+    writer out;
+    auto r = instance->execute(view, out);
+    REQUIRE(r.index() == 0);
+    auto got = as_floats(out.buffers.at(0));
+    if (first.empty())
+      first = got;
+    else // the first image's result does not depend on the batch or the plan
+      CHECK(relative_error(std::vector<float>(got.begin(), got.begin() + first.size()), first)
+            < 1e-6);
+  }
+  if (wino) // the layouts of three live plans (load-time and two cached), not of all six
+    CHECK(model->reordered_weight_bytes() <= 4 * at_load);
+  else
+    CHECK(model->reordered_weight_bytes() == at_load);
+}
+
+TEST_CASE("bad ONNX backend parameters in config.pbtxt are load errors that say what to write") {
+  std::mt19937 rng(15);
+  auto g = conv_graph({32, 32, 8, 8, 1, 1, 1, false, false, false}, rng);
+  onnx_model_config cfg;
+  cfg.model_file = "built-in-test.onnx";
+  cfg.config.name = "t";
+  cfg.config.max_batch_size = 8;
+  cfg.config.parameters["winograd"] = "yes";
+  auto bad = load_onnx_graph(g, cfg);
+  REQUIRE_FALSE(bad);
+  CHECK(bad.error().message.find("\"winograd\" is 'yes'") != std::string::npos);
+  CHECK(bad.error().message.find("\"true\" or \"false\"") != std::string::npos);
+  cfg.config.parameters["winograd"] = "false";
+  cfg.config.parameters["plan_cache_size"] = "0";
+  bad = load_onnx_graph(g, cfg);
+  REQUIRE_FALSE(bad);
+  CHECK(bad.error().message.find("\"plan_cache_size\" is '0'") != std::string::npos);
+  cfg.config.parameters["plan_cache_size"] = "3";
+  CHECK(load_onnx_graph(g, cfg));
+}
