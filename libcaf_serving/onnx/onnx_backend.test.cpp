@@ -97,15 +97,21 @@ graph conv_graph(const conv_case& c, std::mt19937& rng) {
   return g;
 }
 
+/// A model "t" batching up to 8 rows, named as a file in errors.
+onnx_model_config test_config() {
+  onnx_model_config cfg;
+  cfg.model_file = "built-in-test.onnx";
+  cfg.config.name = "t";
+  cfg.config.max_batch_size = 8;
+  return cfg;
+}
+
 /// Runs `g` through a compiled plan (`threads` compute threads, Winograd as
 /// given) at `batch` rows and through the reference interpreter; returns the
 /// relative error of the plan's output, and the plan text in `plan_text`.
 double plan_error(const graph& g, int64_t batch, unsigned threads, bool winograd,
                   std::mt19937& rng, std::string* plan_text = nullptr) {
-  onnx_model_config cfg;
-  cfg.model_file = "built-in-test.onnx";
-  cfg.config.name = "t";
-  cfg.config.max_batch_size = 8;
+  auto cfg = test_config();
   cfg.threads = threads;
   cfg.winograd = winograd;
   cfg.profile = true;
@@ -228,10 +234,7 @@ TEST_CASE("Gemm with transposed constant weights runs as a split oneDNN matmul")
 TEST_CASE("plans of every batch size share one copy of the reordered weights; old plans go") {
   std::mt19937 rng(14);
   auto g = conv_graph({32, 64, 9, 9, 1, 1, 1, false, true, false}, rng);
-  onnx_model_config cfg;
-  cfg.model_file = "built-in-test.onnx";
-  cfg.config.name = "t";
-  cfg.config.max_batch_size = 8;
+  auto cfg = test_config();
   cfg.config.parameters["plan_cache_size"] = "2";
   // Without Winograd every plan wants the same layouts; oneDNN's Winograd
   // layout depends on the batch, so those plans may each hold their own.
@@ -273,10 +276,7 @@ TEST_CASE("plans of every batch size share one copy of the reordered weights; ol
 TEST_CASE("bad ONNX backend parameters in config.pbtxt are load errors that say what to write") {
   std::mt19937 rng(15);
   auto g = conv_graph({32, 32, 8, 8, 1, 1, 1, false, false, false}, rng);
-  onnx_model_config cfg;
-  cfg.model_file = "built-in-test.onnx";
-  cfg.config.name = "t";
-  cfg.config.max_batch_size = 8;
+  auto cfg = test_config();
   cfg.config.parameters["winograd"] = "yes";
   auto bad = load_onnx_graph(g, cfg);
   REQUIRE_FALSE(bad);
