@@ -34,7 +34,11 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const fs::path fixtures = CAF_SERVING_ONNX_FIXTURES;
+/// The fixtures folder: CAF_SERVING_ONNX_FIXTURES in the environment (a build
+/// carried to another machine, scripts/device-bundle), else the source tree's.
+const fs::path fixtures = std::getenv("CAF_SERVING_ONNX_FIXTURES")
+                            ? fs::path(std::getenv("CAF_SERVING_ONNX_FIXTURES"))
+                            : fs::path(CAF_SERVING_ONNX_FIXTURES);
 
 struct tensor {
   std::string name;
