@@ -3,17 +3,9 @@
 #include "support/http_client.hpp"
 #include "support/tensor_bytes.hpp"
 
-#include <cerrno>
-#include <csignal>
-#include <cstring>
 #include <sstream>
 #include <stdexcept>
 #include <thread>
-
-#include <fcntl.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 namespace caf_serving::cluster_test {
 
@@ -36,7 +28,10 @@ void write_test_models(support::temp_repository& repo, int delay_us) {
 
 // -- worker_process ---------------------------------------------------------------
 
-worker_process::worker_process(worker_config cfg) {
+namespace {
+
+/// The command line: prefix, worker binary, the fixed flags, the test's own.
+std::vector<std::string> worker_argv(const worker_config& cfg) {
   std::vector<std::string> args = cfg.prefix;
   args.push_back(CAF_SERVING_WORKER_BINARY);
   for (const auto& a : {std::string("--model-repository"), cfg.repository,
@@ -45,38 +40,12 @@ worker_process::worker_process(worker_config cfg) {
                         cfg.name})
     args.push_back(a);
   args.insert(args.end(), cfg.extra_args.begin(), cfg.extra_args.end());
-  std::vector<char*> argv;
-  for (auto& a : args)
-    argv.push_back(a.data());
-  argv.push_back(nullptr);
-  int fds[2];
-  if (pipe2(fds, O_CLOEXEC) != 0)
-    throw std::runtime_error(std::string("pipe2: ") + std::strerror(errno));
-  pid_t parent = getpid();
-  pid_ = fork();
-  if (pid_ == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent)
-      _exit(127);
-    dup2(fds[1], STDOUT_FILENO);
-    dup2(fds[1], STDERR_FILENO);
-    execvp(argv[0], argv.data());
-    _exit(127);
-  }
-  close(fds[1]);
-  reader_ = std::thread([this, fd = fds[0]] {
-    char buf[4096];
-    for (;;) {
-      ssize_t n = read(fd, buf, sizeof(buf));
-      if (n < 0 && errno == EINTR)
-        continue;
-      if (n <= 0)
-        break;
-      std::lock_guard<std::mutex> guard(mutex_);
-      output_.append(buf, static_cast<size_t>(n));
-    }
-    close(fd);
-  });
+  return args;
+}
+
+} // namespace
+
+worker_process::worker_process(worker_config cfg) : child_({worker_argv(cfg), true}) {
   if (!wait_for_output(" listening on ", std::chrono::seconds(20)))
     throw std::runtime_error("caf-serving-worker did not start; its output:\n" + output());
   // The line is complete once the newline after the port arrived.
@@ -93,35 +62,19 @@ worker_process::worker_process(worker_config cfg) {
   }
 }
 
-worker_process::~worker_process() {
-  kill_hard();
-  if (reader_.joinable())
-    reader_.join();
-}
+worker_process::~worker_process() = default;
 
 void worker_process::kill_hard() {
-  if (reaped_)
-    return;
-  ::kill(pid_, SIGKILL);
-  int raw = 0;
-  waitpid(pid_, &raw, 0);
-  reaped_ = true;
+  child_.kill_and_wait();
 }
 
 std::string worker_process::output() const {
-  std::lock_guard<std::mutex> guard(mutex_);
-  return output_;
+  return child_.output();
 }
 
 bool worker_process::wait_for_output(const std::string& text,
                                      std::chrono::milliseconds timeout) const {
-  auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (output().find(text) != std::string::npos)
-      return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return false;
+  return child_.wait_for_output(text, timeout);
 }
 
 // -- load -------------------------------------------------------------------------

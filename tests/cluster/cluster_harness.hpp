@@ -10,6 +10,7 @@
 ///   auto totals = run_load(server.http_port(), {4, 100});
 ///   CHECK(totals.correct == 400);
 
+#include "support/child_process.hpp"
 #include "support/server_process.hpp"
 
 #include <atomic>
@@ -47,18 +48,14 @@ public:
 
   uint16_t port() const { return port_; }
   std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
-  pid_t pid() const { return pid_; }
+  pid_t pid() const { return child_.pid(); }
   void kill_hard();
   std::string output() const;
   bool wait_for_output(const std::string& text, std::chrono::milliseconds timeout) const;
 
 private:
-  pid_t pid_ = -1;
-  bool reaped_ = false;
+  support::child_process child_;
   uint16_t port_ = 0;
-  mutable std::mutex mutex_;
-  std::string output_;
-  std::thread reader_;
 };
 
 struct load_config {

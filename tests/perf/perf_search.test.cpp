@@ -3,6 +3,7 @@
 /// message and a non-zero exit.
 #include <doctest/doctest.h>
 
+#include "perf_checks.hpp"
 #include "perf_harness.hpp"
 
 using namespace perf_test;
@@ -50,9 +51,7 @@ TEST_CASE("an unreachable server is an error, not a hang") {
 
 TEST_CASE("an unknown model and bad shapes are errors with a reason") {
   server_process server({PERF_ENDPOINT, "--delay-ms", "1"});
-  auto unknown = run_tool(PERF_TOOL, {"-m", "nope", "-u", server.url()}, 20);
-  CHECK(unknown.exit_code == 2);
-  CHECK(unknown.err.find("model 'nope' is not available") != std::string::npos);
+  check_unknown_model_fails(PERF_TOOL, server.url());
 
   // Caught against the metadata before any request is sent.
   auto local = run_tool(PERF_TOOL, {"-m", "identity_fp32", "-u", server.url(),
@@ -63,17 +62,7 @@ TEST_CASE("an unknown model and bad shapes are errors with a reason") {
 
   // A shape only the server can refuse (from a data file): the test request
   // fails and the server's own message is shown.
-  auto data = temp_path(".json");
-  {
-    std::ofstream f(data);
-    f << R"({"data":[{"INPUT0":{"content":[1,2,3,4,5,6,7],"shape":[1,7]}}]})";
-  }
-  auto remote = run_tool(PERF_TOOL, {"-m", "identity_fp32", "-u",
-                                     server.url(), "--input-data", data},
-                         20);
-  unlink(data.c_str());
-  CHECK(remote.exit_code == 2);
-  CHECK(remote.err.find("rejected a test request") != std::string::npos);
+  auto remote = check_server_rejects_short_input(PERF_TOOL, server.url());
   CHECK(remote.err.find("HTTP 400") != std::string::npos);
 
   auto usage = run_tool(PERF_TOOL, {"-u", server.url()}, 20);

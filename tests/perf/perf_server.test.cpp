@@ -2,6 +2,7 @@
 /// loopback port with the example repository, stopped at the end.
 #include <doctest/doctest.h>
 
+#include "perf_checks.hpp"
 #include "perf_harness.hpp"
 
 using namespace perf_test;
@@ -85,23 +86,11 @@ TEST_CASE("simple (two INT32 inputs) with -b 4 and JSON tensors, open loop") {
 TEST_CASE("against caf-serving: unknown model and bad shape fail clearly") {
   server_process server({CAF_SERVING, "--model-repository", MODEL_REPOSITORY,
                          "--http-port", "0"});
-  auto unknown = run_tool(PERF_TOOL, {"-m", "nope", "-u", server.url()}, 20);
-  CHECK(unknown.exit_code == 2);
-  CHECK(unknown.err.find("model 'nope' is not available") != std::string::npos);
+  check_unknown_model_fails(PERF_TOOL, server.url());
   auto bad = run_tool(PERF_TOOL, {"-m", "identity_fp32", "-u", server.url(),
                                   "--shape", "INPUT0:1,7"},
                       20);
   CHECK(bad.exit_code == 1);
   CHECK(bad.err.find("expects [-1,16]") != std::string::npos);
-  auto data = temp_path(".json");
-  {
-    std::ofstream f(data);
-    f << R"({"data":[{"INPUT0":{"content":[1,2,3,4,5,6,7],"shape":[1,7]}}]})";
-  }
-  auto remote = run_tool(PERF_TOOL, {"-m", "identity_fp32", "-u",
-                                     server.url(), "--input-data", data},
-                         20);
-  unlink(data.c_str());
-  CHECK(remote.exit_code == 2);
-  CHECK(remote.err.find("rejected a test request") != std::string::npos);
+  check_server_rejects_short_input(PERF_TOOL, server.url());
 }

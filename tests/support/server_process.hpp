@@ -18,15 +18,14 @@
 /// test's stderr. A server still running when the object is destroyed is
 /// killed with SIGKILL, and so is one whose test process dies (PDEATHSIG).
 
+#include "support/child_process.hpp"
+
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <filesystem>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <vector>
 
 #include <sys/types.h>
@@ -56,7 +55,7 @@ public:
   uint16_t http_port() const { return http_port_; }
   /// 0 when the server runs without a metrics port.
   uint16_t metrics_port() const { return metrics_port_; }
-  pid_t pid() const { return pid_; }
+  pid_t pid() const { return child_.pid(); }
 
   void send_signal(int signal);
   /// The exit status once the process has exited (128 + signal number when a
@@ -68,18 +67,10 @@ public:
   bool wait_for_output(std::string_view text, std::chrono::milliseconds timeout) const;
 
 private:
-  void read_stdout(int fd);
-
   server_config cfg_;
-  pid_t pid_ = -1;
-  std::optional<int> exit_status_;
+  child_process child_;
   uint16_t http_port_ = 0;
   uint16_t metrics_port_ = 0;
-  mutable std::mutex mutex_;
-  mutable std::condition_variable changed_;
-  std::string output_;
-  bool stdout_closed_ = false;
-  std::thread reader_;
 };
 
 /// A model repository in a fresh temporary directory, removed with the object.
