@@ -5,6 +5,7 @@
 #include "cluster/secret.hpp"
 #include "options.hpp"
 #include "server/model_manager.hpp"
+#include "server/print_plan.hpp"
 
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
@@ -32,6 +33,20 @@ int main(int argc, char** argv) {
     return 2;
   }
   auto& opts = std::get<app::server_options>(parsed);
+  if (opts.print_plan) {
+    server::print_plan_request req;
+    req.repository = opts.model_repository;
+    req.model = *opts.print_plan;
+    req.batch = opts.print_plan_batch;
+    req.threads = opts.threads.executor_threads;
+    auto text = server::describe_model_plan(req);
+    if (!text) {
+      std::cerr << "caf-serving: " << text.error().message << "\n";
+      return 1;
+    }
+    std::cout << *text;
+    return 0;
+  }
 
   // Before any thread starts: the signals are delivered to the kj event loop.
   kj::UnixEventPort::captureSignal(SIGINT);

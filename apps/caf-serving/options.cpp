@@ -41,6 +41,9 @@ std::string usage() {
          "                             sent elsewhere (default 10000)\n"
          "  --heartbeat-ms N           middleman heartbeat interval (default 200)\n"
          "  --node-timeout-ms N        a silent node is lost after this (default 1000)\n"
+         "  --print-plan MODEL         print MODEL's optimized ONNX plan (each step's\n"
+         "                             kernel, layouts, thread split, shapes) and exit\n"
+         "  --print-plan-batch N       rows of that plan (default 1)\n"
          "  --help                     this text\n"
          "\n"
          "Signals: SIGINT or SIGTERM stop accepting, answer every accepted request, exit 0.\n";
@@ -162,6 +165,15 @@ std::variant<server_options, show_help, std::string> parse_options(int argc, cha
         o.cluster.heartbeat_ms = v;
       else
         o.cluster.node_timeout_ms = v;
+    } else if (flag == "--print-plan") {
+      if (value.empty() || value.find('/') != std::string::npos)
+        return bad("a model name (a directory in --model-repository)");
+      o.print_plan = value;
+    } else if (flag == "--print-plan-batch") {
+      auto n = number(1u << 20);
+      if (!n || *n == 0)
+        return bad("a batch size from 1 to 2^20");
+      o.print_plan_batch = static_cast<int64_t>(*n);
     } else {
       return "unknown flag " + flag + "; see --help";
     }

@@ -40,6 +40,10 @@ struct server_options {
   uint32_t max_queue_size = 1024;
   uint32_t executor_depth = 1;
   cluster_options cluster;
+  /// --print-plan MODEL: print the model's optimized ONNX plan (at
+  /// --print-plan-batch rows, split for --executor-threads) and exit.
+  std::optional<std::string> print_plan;
+  int64_t print_plan_batch = 1;
 };
 
 struct show_help {};

@@ -39,3 +39,19 @@ TEST_CASE("bad flags say what is wrong") {
   CHECK(std::get<std::string>(r).find("unknown flag --frobnicate") != std::string::npos);
   CHECK(std::holds_alternative<show_help>(parse({"--help"})));
 }
+
+TEST_CASE("--print-plan takes a model name and a batch size") {
+  auto r = parse({"--model-repository", "/m", "--print-plan", "resnet", "--print-plan-batch", "4"});
+  auto* o = std::get_if<server_options>(&r);
+  REQUIRE(o);
+  REQUIRE(o->print_plan);
+  CHECK(*o->print_plan == "resnet");
+  CHECK(o->print_plan_batch == 4);
+  CHECK_FALSE(std::get<server_options>(parse({"--model-repository", "/m"})).print_plan);
+  r = parse({"--model-repository", "/m", "--print-plan", "a/b"});
+  REQUIRE(std::holds_alternative<std::string>(r));
+  CHECK(std::get<std::string>(r).find("is not a model name") != std::string::npos);
+  r = parse({"--model-repository", "/m", "--print-plan", "x", "--print-plan-batch", "0"});
+  REQUIRE(std::holds_alternative<std::string>(r));
+  CHECK(std::get<std::string>(r).find("'0' is not a batch size") != std::string::npos);
+}

@@ -1457,7 +1457,11 @@ result<onnx_model> load_onnx_graph(graph imported, const onnx_model_config& give
   return m;
 }
 
-result<std::string> describe_plan(const onnx_model_config& mcfg, int64_t batch) {
+result<std::string> describe_plan(const onnx_model_config& given, int64_t batch) {
+  auto with = with_parameters(given);
+  if (!with)
+    return with.error();
+  const auto& mcfg = *with;
   auto imported = import_model(mcfg.model_file);
   if (!imported)
     return imported.error();
@@ -1471,8 +1475,9 @@ result<std::string> describe_plan(const onnx_model_config& mcfg, int64_t batch) 
     return plan.error();
   const auto& p = **plan;
   std::ostringstream os;
-  os << "plan for " << mcfg.model_file.string() << " at batch " << batch << ": opset "
-     << g.opset << ", " << g.nodes.size() << " ONNX nodes -> " << p.steps.size() << " steps\n";
+  os << "plan for " << mcfg.model_file.string() << " at batch " << batch << ", "
+     << mcfg.threads << " compute thread(s): opset " << g.opset << ", " << g.nodes.size()
+     << " ONNX nodes -> " << p.steps.size() << " steps\n";
   for (const auto& s : p.steps) {
     const auto& n = p.g.nodes[s.node];
     os << "  " << step_label(p, s) << "  [" << s.kernel << "]  " << n.name << "  "

@@ -1,8 +1,8 @@
-/// caf-onnx-plan MODEL_DIR [BATCH]: prints the optimized execution plan that the
-/// server builds for an ONNX model directory (<repo>/<model>, newest version).
+/// caf-onnx-plan MODEL_DIR [BATCH [THREADS]]: prints the optimized execution plan
+/// that the server builds for an ONNX model directory (<repo>/<model>, newest
+/// version). `caf-serving --print-plan MODEL` prints the same.
 
-#include "onnx/onnx_backend.hpp"
-#include "repository/model_repository.hpp"
+#include "server/print_plan.hpp"
 
 #include <cstdlib>
 #include <iostream>
@@ -10,27 +10,25 @@
 using namespace caf_serving;
 
 int main(int argc, char** argv) {
-  if (argc < 2 || argc > 3 || std::string(argv[1]) == "--help") {
-    std::cerr << "usage: caf-onnx-plan MODEL_DIR [BATCH]\n"
+  if (argc < 2 || argc > 4 || std::string(argv[1]) == "--help") {
+    std::cerr << "usage: caf-onnx-plan MODEL_DIR [BATCH [THREADS]]\n"
                  "  prints the optimized plan of MODEL_DIR/<newest version>/model.onnx at "
-                 "BATCH rows (default 1)\n";
+                 "BATCH rows (default 1), split for THREADS compute threads (default 1)\n";
     return 2;
   }
   std::filesystem::path dir = std::filesystem::absolute(argv[1]).lexically_normal();
   if (dir.filename().empty())
     dir = dir.parent_path();
-  int64_t batch = argc == 3 ? std::atoll(argv[2]) : 1;
-  repository::scan_config sc;
-  sc.allow_missing_io = true;
-  auto entry = repository::load_model_config(dir.parent_path(), dir.filename().string(), sc);
-  if (!entry.config) {
-    std::cerr << "caf-onnx-plan: " << entry.config.error().message << "\n";
-    return 1;
+  server::print_plan_request req;
+  req.repository = dir.parent_path();
+  req.model = dir.filename().string();
+  req.batch = argc >= 3 ? std::atoll(argv[2]) : 1;
+  req.threads = argc >= 4 ? static_cast<unsigned>(std::atoi(argv[3])) : 1;
+  if (req.batch < 1 || req.threads < 1) {
+    std::cerr << "caf-onnx-plan: BATCH and THREADS are counts of at least 1\n";
+    return 2;
   }
-  onnx::onnx_model_config cfg;
-  cfg.config = entry.config->config;
-  cfg.model_file = entry.version_dirs.back() / "model.onnx";
-  auto text = onnx::describe_plan(cfg, batch);
+  auto text = server::describe_model_plan(req);
   if (!text) {
     std::cerr << "caf-onnx-plan: " << text.error().message << "\n";
     return 1;
