@@ -355,7 +355,7 @@ step conv_step(const dnnl_ctx& ctx, const graph& g, const node& n, unsigned thre
   bool has_bias = n.inputs.size() > 2 && n.inputs[2] >= 0;
   bool has_res = n.inputs.size() > 3 && n.inputs[3] >= 0;
   auto act = n.get_s("activation", "");
-  // Bytes from one image, row or output channel to the next in each layout.
+  // Bytes of one image: the same in every layout.
   auto image_bytes = [](const dims_t& s) { return s[1] * s[2] * s[3] * 4; };
   enum class split { none, images, channels, rows } how = split::none;
   std::vector<int64_t> cuts{0, ys[0]};
