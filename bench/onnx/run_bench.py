@@ -72,7 +72,7 @@ def main():
                                str(models), "--opsets", "17"])
     bench = pathlib.Path(args.build) / "bench" / "onnx" / "caf-onnx-bench"
     print(f"{'model':<20} {'batch':>5} {'caf-serving/s':>14} {'onnxruntime/s':>14} {'ratio':>6} "
-          f"{'GFLOP/s':>8} {'peak':>7} {'%peak':>6}")
+          f"{'GFLOP/s':>8} {'peak':>7} {'%peak':>6}  ratios of the repeats")
     for name in names:
         path = models / "models" / name / "1" / "model.onnx"
         for b in [int(x) for x in args.batches.split(",")]:
@@ -90,7 +90,8 @@ def main():
             gf = float(np.median([x["gflops"] for x in engs]))
             pk = float(np.median([x["fma_peak_gflops"] for x in engs]))
             print(f"{name:<20} {b:>5} {e:>14.2f} {float(np.median(orts)):>14.2f} "
-                  f"{float(np.median(ratios)):>6.2f} {gf:>8.1f} {pk:>7.1f} {100 * gf / pk:>5.1f}%",
+                  f"{float(np.median(ratios)):>6.2f} {gf:>8.1f} {pk:>7.1f} {100 * gf / pk:>5.1f}%  "
+                  + " ".join(f"{r:.2f}" for r in ratios),
                   flush=True)
 
 
