@@ -945,12 +945,30 @@ int find_value(const graph& g, const std::vector<int>& list, const std::string& 
   return -1;
 }
 
+/// Sets the calling thread's OpenMP thread count for its lifetime.
+class omp_threads_scope {
+public:
+  explicit omp_threads_scope(int n) : saved_(omp_get_max_threads()) { omp_set_num_threads(n); }
+  ~omp_threads_scope() { omp_set_num_threads(saved_); }
+  omp_threads_scope(const omp_threads_scope&) = delete;
+  omp_threads_scope& operator=(const omp_threads_scope&) = delete;
+
+private:
+  int saved_;
+};
+
 /// `threads`: how many threads run the plan's steps (each step is split into
 /// work items for them); 1 for a plan that one thread runs on part of a batch.
 result<std::shared_ptr<compiled_plan>> compile(const graph& src, const model_config& cfg,
                                                const onnx_model_config& mcfg,
                                                const std::vector<dims_t>& shapes,
                                                unsigned threads, weight_store& weights) {
+  // oneDNN fixes a primitive's thread count when the primitive is created
+  // (from omp_get_max_threads()), not when it runs. Created with the default
+  // count (all cores) on the loading thread, every convolution of a work item
+  // forked an OpenMP team of its own: 4 busy threads on 2 cores, and a 2-thread
+  // plan no faster than a 1-thread one.
+  omp_threads_scope one_thread(1);
   auto opt = optimize(src, shapes, mcfg.passes);
   if (!opt)
     return load_error(mcfg, opt.error().message);

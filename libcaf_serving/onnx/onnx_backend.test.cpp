@@ -10,7 +10,13 @@
 
 #include <doctest/doctest.h>
 
+#include <omp.h>
+
+#include <sys/resource.h>
+
+#include <chrono>
 #include <random>
+#include <thread>
 
 using namespace caf_serving;
 using namespace caf_serving::onnx;
@@ -274,6 +280,55 @@ TEST_CASE("plans of every batch size share one copy of the reordered weights; ol
     CHECK(model->reordered_weight_bytes() <= 4 * at_load);
   else
     CHECK(model->reordered_weight_bytes() == at_load);
+}
+
+namespace {
+
+/// CPU seconds of this thread and of the whole process.
+std::pair<double, double> cpu_seconds() {
+  auto secs = [](const rusage& u) {
+    return u.ru_utime.tv_sec + u.ru_stime.tv_sec + (u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+  };
+  rusage self{}, all{};
+  getrusage(RUSAGE_THREAD, &self);
+  getrusage(RUSAGE_SELF, &all);
+  return {secs(self), secs(all)};
+}
+
+} // namespace
+
+TEST_CASE("a 1-thread instance computes on its caller alone, whatever OpenMP's default") {
+  // oneDNN takes a primitive's thread count from OpenMP when the primitive is
+  // created: plans compiled where OpenMP allows 8 threads must still not run
+  // OpenMP teams when they execute.
+  std::mt19937 rng(16);
+  auto g = conv_graph({64, 256, 28, 28, 1, 1, 1, false, false, false}, rng);
+  auto cfg = test_config();
+  cfg.threads = 1;
+  int saved = omp_get_max_threads();
+  omp_set_num_threads(8);
+  auto model = load_onnx_graph(g, cfg);
+  omp_set_num_threads(saved);
+  REQUIRE_MESSAGE(model, model.error().message);
+  auto instance = model->make_instance();
+  auto x = random_floats(64 * 28 * 28, rng);
+  executor::batch_view view;
+  view.rows = 1;
+  view.inputs.push_back({"x", datatype::fp32, {1, 64, 28, 28},
+                         reinterpret_cast<const uint8_t*>(x.data()), x.size() * 4});
+  // OpenMP threads that loading woke spin a little, then sleep.
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  auto [self0, all0] = cpu_seconds();
+  double self1 = self0, all1 = all0;
+  for (int i = 0; i < 100000 && self1 - self0 < 0.2; ++i) {
+    writer out;
+    REQUIRE(instance->execute(view, out).index() == 0);
+    std::tie(self1, all1) = cpu_seconds();
+  }
+  double mine = self1 - self0, others = (all1 - all0) - mine;
+  CAPTURE(mine);
+  CAPTURE(others);
+  CHECK(others < 0.1 * mine);
 }
 
 TEST_CASE("bad ONNX backend parameters in config.pbtxt are load errors that say what to write") {
