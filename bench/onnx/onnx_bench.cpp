@@ -8,6 +8,10 @@
 /// reports the relative error of the outputs (the largest over the outputs).
 /// --winograd 0 turns Winograd convolutions off.
 /// With --profile 1 it prints, to stderr, the time of every step of the plan.
+/// With --windows N it measures N windows of S seconds, each when a line arrives
+/// on stdin, and prints one JSON line per window: a driver (run_bench.py) can
+/// then alternate short windows of this engine and of another one, so that the
+/// machine's changing speed hits both alike.
 
 #include "onnx/importer.hpp"
 #include "onnx/onnx_backend.hpp"
@@ -102,7 +106,8 @@ double graph_flop(const onnx::graph& g) {
 int main(int argc, char** argv) {
   if (argc < 2 || std::string(argv[1]) == "--help") {
     std::fprintf(stderr, "usage: caf-onnx-bench MODEL.onnx --batch B [--threads T] "
-                         "[--seconds S] [--max-batch N] [--check 1] [--profile 1] [--winograd 0|1]\n");
+                         "[--seconds S] [--max-batch N] [--check 1] [--profile 1] [--winograd 0|1] "
+                         "[--windows N]\n");
     return 2;
   }
   int64_t batch = 1;
@@ -112,6 +117,7 @@ int main(int argc, char** argv) {
   bool check = false;
   bool profile = false;
   bool winograd = true;
+  int windows = 0;
   for (int i = 2; i + 1 < argc; i += 2) {
     std::string f = argv[i];
     if (f == "--batch") batch = std::atoll(argv[i + 1]);
@@ -121,6 +127,7 @@ int main(int argc, char** argv) {
     else if (f == "--check") check = std::atoi(argv[i + 1]) != 0;
     else if (f == "--profile") profile = std::atoi(argv[i + 1]) != 0;
     else if (f == "--winograd") winograd = std::atoi(argv[i + 1]) != 0;
+    else if (f == "--windows") windows = std::atoi(argv[i + 1]);
     else {
       std::fprintf(stderr, "caf-onnx-bench: unknown flag '%s'\n", f.c_str());
       return 2;
@@ -205,19 +212,39 @@ int main(int argc, char** argv) {
       rel_error = std::max(rel_error, std::sqrt(num / std::max(den, 1e-30)));
     }
   }
-  int64_t runs = 0;
-  auto t0 = clock_type::now();
-  double elapsed = 0;
-  while (elapsed < seconds || runs < 3) {
-    run_once();
-    ++runs;
-    elapsed = std::chrono::duration<double>(clock_type::now() - t0).count();
-  }
-  if (profile)
-    std::fputs(model->profile_report().c_str(), stderr);
   auto g = onnx::import_model(cfg.model_file);
   auto opt = onnx::optimize(*g, shapes);
   double flop = opt ? graph_flop(*opt) / batch : 0;
+  // Runs batches for `seconds` (at least 3); returns {runs, elapsed seconds}.
+  auto measure = [&] {
+    int64_t runs = 0;
+    auto t0 = clock_type::now();
+    double elapsed = 0;
+    while (elapsed < seconds || runs < 3) {
+      run_once();
+      ++runs;
+      elapsed = std::chrono::duration<double>(clock_type::now() - t0).count();
+    }
+    return std::make_pair(runs, elapsed);
+  };
+  if (windows > 0) {
+    double peak = fma_peak_one_core() * threads;
+    std::printf("{\"ready\":true,\"gflop_per_inference\":%.4f,\"fma_peak_gflops\":%.2f}\n",
+                flop / 1e9, peak);
+    std::fflush(stdout);
+    char line[64];
+    for (int w = 0; w < windows && std::fgets(line, sizeof line, stdin); ++w) {
+      auto [runs, elapsed] = measure();
+      double ips = runs * batch / elapsed;
+      std::printf("{\"window\":%d,\"inferences_per_s\":%.3f,\"gflops\":%.2f}\n", w, ips,
+                  ips * flop / 1e9);
+      std::fflush(stdout);
+    }
+    return 0;
+  }
+  auto [runs, elapsed] = measure();
+  if (profile)
+    std::fputs(model->profile_report().c_str(), stderr);
   double ips = runs * batch / elapsed;
   double peak = fma_peak_one_core() * threads;
   std::printf("{\"engine\":\"caf-serving\",\"batch\":%lld,\"threads\":%u,\"inferences_per_s\":%.3f,"

@@ -3,15 +3,17 @@
 executor (caf-onnx-bench) against ONNX Runtime (Python, same thread count).
 
     python3 bench/onnx/run_bench.py --build build-onnx --models build-onnx/bench-models \
-        --threads 2 --seconds 10 [--only resnet50_opset17,bert_base_opset17] [--batches 1,32] \
-        [--repeat 3]
+        --threads 2 --seconds 2 --repeat 9 [--only resnet50_opset17,bert_base_opset17] \
+        [--batches 1,32]
 
 Models come from `tools/export_onnx_models.py bench --out <models>` (exported when
-missing). Prints one table row per model and batch: inferences/s of both, the ratio
-(engine / ONNX Runtime), and the engine's GFLOP/s against the measured FMA peak.
-With --repeat N each model and batch runs N times, engine and ONNX Runtime
-alternating, and the row gives the medians (the ratio is the median of the
-per-repeat ratios), so that load from other processes hits both alike.
+missing). Both engines load each model once and stay loaded; then `--repeat`
+rounds each time one window of `--seconds` of each engine, the order swapped every
+round (ABBA). This machine's speed changes from minute to minute (a shared VM), so
+short alternating windows measure both under the same conditions; each round gives
+one ratio. Prints one table row per model and batch: the median inferences/s of
+both, the median ratio (engine / ONNX Runtime) with its quartiles, and the engine's
+GFLOP/s against the measured FMA peak.
 """
 import argparse
 import json
@@ -24,12 +26,7 @@ import numpy as np
 import onnxruntime as ort
 
 
-def ort_throughput(path, batch, threads, seconds):
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+def feeds_for(sess, batch):
     rng = np.random.default_rng(1)
     feeds = {}
     for i in sess.get_inputs():
@@ -43,27 +40,71 @@ def ort_throughput(path, batch, threads, seconds):
                 feeds[i.name] = rng.integers(0, 100, shape, dtype=np.int64)
         else:
             feeds[i.name] = rng.standard_normal(shape, dtype=np.float32)
-    for _ in range(3):
-        sess.run(None, feeds)
-    runs, t0 = 0, time.perf_counter()
-    while True:
-        sess.run(None, feeds)
-        runs += 1
-        el = time.perf_counter() - t0
-        if el >= seconds and runs >= 3:
-            break
-    return runs * batch / el
+    return feeds
+
+
+class OrtRunner:
+    """An ONNX Runtime session with `threads` intra-op threads, warmed up."""
+
+    def __init__(self, path, batch, threads):
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = threads
+        so.inter_op_num_threads = 1
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        self.sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+        self.batch = batch
+        self.feeds = feeds_for(self.sess, batch)
+        for _ in range(3):
+            self.sess.run(None, self.feeds)
+
+    def window(self, seconds):
+        """Inferences per second over one window (at least 3 batches)."""
+        runs, t0 = 0, time.perf_counter()
+        while True:
+            self.sess.run(None, self.feeds)
+            runs += 1
+            el = time.perf_counter() - t0
+            if el >= seconds and runs >= 3:
+                return runs * self.batch / el
+
+
+class EngineRunner:
+    """caf-onnx-bench --windows: the model loaded once, one window per request."""
+
+    def __init__(self, bench, path, batch, threads, seconds, windows, env=None):
+        self.proc = subprocess.Popen(
+            [str(bench), str(path), "--batch", str(batch), "--threads", str(threads),
+             "--seconds", str(seconds), "--windows", str(windows)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        self.info = self._read()
+        if not self.info.get("ready"):
+            raise RuntimeError(f"caf-onnx-bench did not start: {self.info}")
+
+    def _read(self):
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"caf-onnx-bench exited with status {self.proc.wait()}")
+        return json.loads(line)
+
+    def window(self):
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    def close(self):
+        self.proc.stdin.close()
+        self.proc.wait()
 
 
 def main():
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--build", default="build-onnx")
     ap.add_argument("--models", default="build-onnx/bench-models")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--seconds", type=float, default=10)
+    ap.add_argument("--seconds", type=float, default=2, help="length of one window")
     ap.add_argument("--batches", default="1,32")
     ap.add_argument("--only", default="resnet50_opset17,bert_base_opset17")
-    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--repeat", type=int, default=9, help="alternating rounds")
     args = ap.parse_args()
     models = pathlib.Path(args.models)
     names = args.only.split(",")
@@ -72,26 +113,34 @@ def main():
                                str(models), "--opsets", "17"])
     bench = pathlib.Path(args.build) / "bench" / "onnx" / "caf-onnx-bench"
     print(f"{'model':<20} {'batch':>5} {'caf-serving/s':>14} {'onnxruntime/s':>14} {'ratio':>6} "
-          f"{'GFLOP/s':>8} {'peak':>7} {'%peak':>6}  ratios of the repeats")
+          f"{'quartiles':>11} {'GFLOP/s':>8} {'peak':>7} {'%peak':>6}  ratios of the rounds")
     for name in names:
         path = models / "models" / name / "1" / "model.onnx"
         for b in [int(x) for x in args.batches.split(",")]:
+            eng = EngineRunner(bench, path, b, args.threads, args.seconds, args.repeat)
+            o = OrtRunner(path, b, args.threads)
             engs, orts, ratios = [], [], []
-            for _ in range(args.repeat):
-                out = subprocess.check_output([str(bench), str(path), "--batch", str(b),
-                                               "--threads", str(args.threads), "--seconds",
-                                               str(args.seconds)])
-                eng = json.loads(out.decode().strip().splitlines()[-1])
-                o = ort_throughput(path, b, args.threads, args.seconds)
-                engs.append(eng)
-                orts.append(o)
-                ratios.append(eng["inferences_per_s"] / o)
-            e = float(np.median([x["inferences_per_s"] for x in engs]))
-            gf = float(np.median([x["gflops"] for x in engs]))
-            pk = float(np.median([x["fma_peak_gflops"] for x in engs]))
+            for r in range(args.repeat):
+                if r % 2 == 0:
+                    e = eng.window()["inferences_per_s"]
+                    x = o.window(args.seconds)
+                else:
+                    x = o.window(args.seconds)
+                    e = eng.window()["inferences_per_s"]
+                engs.append(e)
+                orts.append(x)
+                ratios.append(e / x)
+                print(f"  {name} batch {b} round {r + 1}/{args.repeat}: "
+                      f"{e:.2f} / {x:.2f} = {e / x:.2f}", file=sys.stderr, flush=True)
+            eng.close()
+            del o
+            e = float(np.median(engs))
+            gf = e * eng.info["gflop_per_inference"]
+            pk = eng.info["fma_peak_gflops"]
+            q1, q3 = np.percentile(ratios, [25, 75])
             print(f"{name:<20} {b:>5} {e:>14.2f} {float(np.median(orts)):>14.2f} "
-                  f"{float(np.median(ratios)):>6.2f} {gf:>8.1f} {pk:>7.1f} {100 * gf / pk:>5.1f}%  "
-                  + " ".join(f"{r:.2f}" for r in ratios),
+                  f"{float(np.median(ratios)):>6.2f} {q1:>5.2f}-{q3:<5.2f} {gf:>8.1f} {pk:>7.1f} "
+                  f"{100 * gf / pk:>5.1f}%  " + " ".join(f"{r:.2f}" for r in ratios),
                   flush=True)
 
 
