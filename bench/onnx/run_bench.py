@@ -71,10 +71,10 @@ class OrtRunner:
 class EngineRunner:
     """caf-onnx-bench --windows: the model loaded once, one window per request."""
 
-    def __init__(self, bench, path, batch, threads, seconds, windows, env=None):
+    def __init__(self, bench, path, batch, threads, seconds, windows, env=None, extra=()):
         self.proc = subprocess.Popen(
             [str(bench), str(path), "--batch", str(batch), "--threads", str(threads),
-             "--seconds", str(seconds), "--windows", str(windows)],
+             "--seconds", str(seconds), "--windows", str(windows), *extra],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         self.info = self._read()
         if not self.info.get("ready"):

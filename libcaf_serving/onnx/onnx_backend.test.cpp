@@ -169,6 +169,9 @@ TEST_CASE("convolutions match the reference in every layout, split and algorithm
     {3, 32, 17, 15, 7, 2, 1, false, true, true},   // MaxPool between nChw16c convolutions
     {3, 8, 17, 15, 7, 2, 1, false, true, true},    // an image into 8 channels: all NHWC
     {64, 64, 1, 1, 1, 1, 1, true, false, false},   // 1x1 spatial: layouts share bytes
+    {64, 128, 11, 9, 1, 2, 1, false, false, false}, // strided 1x1 (ResNet's downsample)
+    {48, 192, 7, 13, 1, 1, 1, false, true, false},  // channel pieces of 48: no Winograd
+    {256, 256, 15, 14, 1, 1, 1, true, false, false}, // 1x1 with the residual, 256 wide
   };
   for (size_t i = 0; i < cases.size(); ++i) {
     CAPTURE(i);
