@@ -6,7 +6,8 @@
 /// measured fp32 FMA peak for T cores. With --check 1 it also runs the batch
 /// through the reference interpreter (no fusion, no layouts, no Winograd) and
 /// reports the relative error of the outputs (the largest over the outputs).
-/// --winograd 0 turns Winograd convolutions off.
+/// --winograd 0 turns Winograd convolutions off; --conv1x1 onednn runs 1x1
+/// convolutions with oneDNN instead of the engine's own kernel.
 /// With --profile 1 it prints, to stderr, the time of every step of the plan.
 /// With --windows N it measures N windows of S seconds, each when a line arrives
 /// on stdin, and prints one JSON line per window: a driver (run_bench.py) can
@@ -107,6 +108,7 @@ int main(int argc, char** argv) {
   if (argc < 2 || std::string(argv[1]) == "--help") {
     std::fprintf(stderr, "usage: caf-onnx-bench MODEL.onnx --batch B [--threads T] "
                          "[--seconds S] [--max-batch N] [--check 1] [--profile 1] [--winograd 0|1] "
+                         "[--conv1x1 engine|onednn] "
                          "[--windows N]\n");
     return 2;
   }
@@ -118,6 +120,7 @@ int main(int argc, char** argv) {
   bool profile = false;
   bool winograd = true;
   int windows = 0;
+  bool engine_conv1x1 = true;
   for (int i = 2; i + 1 < argc; i += 2) {
     std::string f = argv[i];
     if (f == "--batch") batch = std::atoll(argv[i + 1]);
@@ -128,6 +131,9 @@ int main(int argc, char** argv) {
     else if (f == "--profile") profile = std::atoi(argv[i + 1]) != 0;
     else if (f == "--winograd") winograd = std::atoi(argv[i + 1]) != 0;
     else if (f == "--windows") windows = std::atoi(argv[i + 1]);
+    else if (f == "--conv1x1" && (std::string(argv[i + 1]) == "engine"
+                                  || std::string(argv[i + 1]) == "onednn"))
+      engine_conv1x1 = std::string(argv[i + 1]) == "engine";
     else {
       std::fprintf(stderr, "caf-onnx-bench: unknown flag '%s'\n", f.c_str());
       return 2;
@@ -140,6 +146,7 @@ int main(int argc, char** argv) {
   cfg.threads = threads;
   cfg.profile = profile;
   cfg.winograd = winograd;
+  cfg.engine_conv1x1 = engine_conv1x1;
   auto model = onnx::load_onnx_model(cfg);
   if (!model) {
     std::fprintf(stderr, "caf-onnx-bench: %s\n", model.error().message.c_str());

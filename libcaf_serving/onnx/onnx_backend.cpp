@@ -331,6 +331,64 @@ bool winograd_shape(const node& n, const dims_t& wshape) {
          && st[1] == 1 && dl[0] == 1 && dl[1] == 1;
 }
 
+/// Whether the engine's own 1x1 convolution (kernels/cpu/engine_conv1x1.cpp)
+/// can run node `n`: 1x1, no padding, equal strides of 1 or 2, nChw16c in and
+/// out, output channels in whole groups of 64, Relu or no activation, and a
+/// CPU with AVX-512.
+bool engine_conv1x1_fits(const node& n, const dims_t& wshape, layout src_l, layout dst_l) {
+  auto st = n.get_ints("strides", {1, 1});
+  auto pd = n.get_ints("pads", {0, 0, 0, 0});
+  auto dl = n.get_ints("dilations", {1, 1});
+  auto act = n.get_s("activation", "");
+  return kc::engine_conv1x1_supported() && wshape[2] == 1 && wshape[3] == 1
+         && n.get_i("group", 1) == 1 && src_l == layout::blocked16 && dst_l == layout::blocked16
+         && wshape[0] % 64 == 0 && wshape[1] % 16 == 0 && st[0] == st[1]
+         && (st[0] == 1 || st[0] == 2) && dl[0] == 1 && dl[1] == 1
+         && std::all_of(pd.begin(), pd.end(), [](int64_t p) { return p == 0; })
+         && (act.empty() || act == "Relu");
+}
+
+/// A FusedConv of one image that engine_conv1x1_fits(), one band of output
+/// rows per work item (`cuts`). The weights are packed once into the kernel's
+/// groups of 64 output channels (a strided oneDNN reorder through the weight
+/// store, so plans share them).
+step engine_conv1x1_step(const dnnl_ctx& ctx, const graph& g, const node& n,
+                         std::vector<int64_t> cuts) {
+  using dt = dnnl::memory::data_type;
+  const auto& xs = g.values[n.inputs[0]].shape;
+  const auto& w = g.values[n.inputs[1]].constant;
+  int64_t oc = w->shape[0], ic = w->shape[1], groups = oc / 64;
+  dnnl::memory::desc user({groups, 64, ic}, dt::f32, {64 * ic, ic, 1});
+  dnnl::memory::desc packed({groups, 64, ic}, dt::f32, {64 * ic, 1, 64});
+  auto wmem = ctx.weights->get(ctx.eng, w, 0, user, packed);
+  bool has_bias = n.inputs.size() > 2 && n.inputs[2] >= 0;
+  bool has_res = n.inputs.size() > 3 && n.inputs[3] >= 0;
+  int x = n.inputs[0], y = n.outputs[0], b = has_bias ? n.inputs[2] : -1,
+      r = has_res ? n.inputs[3] : -1;
+  kc::conv1x1_args base;
+  base.ic = ic;
+  base.oc = oc;
+  base.ih = xs[2];
+  base.iw = xs[3];
+  base.stride = n.get_ints("strides", {1, 1})[0];
+  base.relu = n.get_s("activation", "") == "Relu";
+  step s;
+  s.kernel = "engine.conv1x1 nChw16c->nChw16c by row";
+  s.items = static_cast<int64_t>(cuts.size()) - 1;
+  s.run = [=](void** p, int64_t item) {
+    kc::conv1x1_args a = base;
+    a.w = static_cast<const float*>(wmem->get_data_handle());
+    a.bias = b >= 0 ? static_cast<const float*>(p[b]) : nullptr;
+    a.x = static_cast<const float*>(p[x]);
+    a.y = static_cast<float*>(p[y]);
+    a.residual = r >= 0 ? static_cast<const float*>(p[r]) : nullptr;
+    a.row_begin = cuts[item];
+    a.row_end = cuts[item + 1];
+    kc::engine_conv1x1(a);
+  };
+  return s;
+}
+
 /// FusedConv over 4-D tensors as oneDNN convolutions, one call per work item.
 /// Several images split by image. One image stored nChw16c splits by output
 /// channels (whole blocks of 16, each item with its slice of the weights); one
@@ -338,7 +396,8 @@ bool winograd_shape(const node& n, const dims_t& wshape) {
 /// 3x3 stride-1 convolutions on nChw16c use Winograd when `winograd` is set and
 /// oneDNN has the kernel.
 step conv_step(const dnnl_ctx& ctx, const graph& g, const node& n, unsigned threads,
-               const layout_map& lay, bool winograd) {
+               const layout_map& lay, const onnx_model_config& mcfg) {
+  const bool winograd = mcfg.winograd;
   using tag = dnnl::memory::format_tag;
   using dt = dnnl::memory::data_type;
   const auto& xs = g.values[n.inputs[0]].shape;
@@ -385,6 +444,16 @@ step conv_step(const dnnl_ctx& ctx, const graph& g, const node& n, unsigned thre
   bool try_winograd = winograd && src_l == layout::blocked16 && dst_l == layout::blocked16
                       && winograd_shape(n, w.shape)
                       && (how != split::channels || narrowest >= 64);
+  // One image whose input outweighs its weights splits into bands of output
+  // rows on the engine's kernel: each thread reads the band of the input that
+  // it wrote itself, and all the weights. (A oneDNN channel split has every
+  // thread read all of the input, half of it from the other core's cache;
+  // oneDNN runs a band of rows of nChw16c with its reference kernel only.)
+  if (how == split::channels && mcfg.engine_conv1x1 && image_bytes(xs) >= w.elements() * 4
+      && engine_conv1x1_fits(n, w.shape, src_l, dst_l))
+    return engine_conv1x1_step(
+      ctx, g, n, split_range(ys[2], std::min<int64_t>(ys[2], pieces_for(ys[2], threads)), 1,
+                             threads));
   std::vector<dnnl_call> calls;
   std::string impl;
   for (size_t c = 0; c + 1 < cuts.size(); ++c) {
@@ -838,7 +907,7 @@ bool gemm_as_matmul(const graph& g, const node& n) {
 }
 
 step compile_node(const dnnl_ctx& ctx, const graph& g, int idx, unsigned threads,
-                  const layout_map& lay, bool winograd) {
+                  const layout_map& lay, const onnx_model_config& mcfg) {
   const node& n = g.nodes[idx];
   auto shape_of = [&](int v) { return v >= 0 ? g.values[v].shape : dims_t{}; };
   auto finish = [&](step s) {
@@ -846,7 +915,7 @@ step compile_node(const dnnl_ctx& ctx, const graph& g, int idx, unsigned threads
     return s;
   };
   if (n.op == "FusedConv" && g.values[n.inputs[1]].constant)
-    return finish(conv_step(ctx, g, n, threads, lay, winograd));
+    return finish(conv_step(ctx, g, n, threads, lay, mcfg));
   if (n.op == "MaxPool" || n.op == "AveragePool" || n.op == "GlobalAveragePool")
     return finish(pool_step(ctx, g, n, lay, threads));
   if (n.op == "ToNHWC" || n.op == "ToNCHW" || n.op == "ToNChw16c")
@@ -997,7 +1066,7 @@ result<std::shared_ptr<compiled_plan>> compile(const graph& src, const model_con
   try {
     for (size_t i = 0; i < g.nodes.size(); ++i)
       plan->steps.push_back(
-        compile_node(ctx, g, static_cast<int>(i), threads, lay, mcfg.winograd));
+        compile_node(ctx, g, static_cast<int>(i), threads, lay, mcfg));
   } catch (const dnnl::error& e) {
     return load_error(mcfg, std::string("oneDNN cannot build a kernel: ") + e.what());
   }
@@ -1455,8 +1524,8 @@ result<onnx_model> load_onnx_model(const onnx_model_config& mcfg) {
   return load_onnx_graph(std::move(*imported), mcfg);
 }
 
-/// config.pbtxt's `parameters` for the ONNX backend: "winograd" ("true" or
-/// "false") and "plan_cache_size" (a count of at least 1).
+/// config.pbtxt's `parameters` for the ONNX backend: "winograd" and
+/// "engine_conv1x1" ("true" or "false") and "plan_cache_size" (1 to 1024).
 result<onnx_model_config> with_parameters(onnx_model_config mcfg) {
   for (const auto& [key, value] : mcfg.config.parameters) {
     if (key == "winograd") {
@@ -1464,6 +1533,11 @@ result<onnx_model_config> with_parameters(onnx_model_config mcfg) {
         return load_error(mcfg, "parameters \"winograd\" is '" + value
                                   + "'; give string_value \"true\" or \"false\"");
       mcfg.winograd = value == "true";
+    } else if (key == "engine_conv1x1") {
+      if (value != "true" && value != "false")
+        return load_error(mcfg, "parameters \"engine_conv1x1\" is '" + value
+                                  + "'; give string_value \"true\" or \"false\"");
+      mcfg.engine_conv1x1 = value == "true";
     } else if (key == "plan_cache_size") {
       char* end = nullptr;
       long n = std::strtol(value.c_str(), &end, 10);

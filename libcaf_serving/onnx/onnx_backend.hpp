@@ -41,6 +41,9 @@ struct onnx_model_config {
   /// Runs 3x3 stride-1 convolutions with Winograd's F(4x4, 3x3) where oneDNN
   /// has the kernel: about half the time, relative error about 1e-6 per layer.
   bool winograd = true;
+  /// Runs 1x1 convolutions over nChw16c with the engine's own AVX-512 kernel
+  /// (kernels/cpu/engine_conv1x1.cpp) where it applies, else oneDNN's.
+  bool engine_conv1x1 = true;
   /// Plans (one per batch or chunk size) each instance keeps; the least
   /// recently used goes beyond this. Reordered weights are shared by all plans.
   size_t plan_cache_size = 8;

@@ -112,14 +112,17 @@ onnx_model_config test_config() {
   return cfg;
 }
 
-/// Runs `g` through a compiled plan (`threads` compute threads, Winograd as
-/// given) at `batch` rows and through the reference interpreter; returns the
-/// relative error of the plan's output, and the plan text in `plan_text`.
+/// Runs `g` through a compiled plan (`threads` compute threads, Winograd and
+/// the engine's 1x1 convolution as given) at `batch` rows and through the
+/// reference interpreter; returns the relative error of the plan's output, and
+/// the plan text in `plan_text`.
 double plan_error(const graph& g, int64_t batch, unsigned threads, bool winograd,
-                  std::mt19937& rng, std::string* plan_text = nullptr) {
+                  std::mt19937& rng, std::string* plan_text = nullptr,
+                  bool engine_conv1x1 = true) {
   auto cfg = test_config();
   cfg.threads = threads;
   cfg.winograd = winograd;
+  cfg.engine_conv1x1 = engine_conv1x1;
   cfg.profile = true;
   auto model = load_onnx_graph(g, cfg);
   REQUIRE_MESSAGE(model, model.error().message);
@@ -172,6 +175,14 @@ TEST_CASE("convolutions match the reference in every layout, split and algorithm
     {64, 128, 11, 9, 1, 2, 1, false, false, false}, // strided 1x1 (ResNet's downsample)
     {48, 192, 7, 13, 1, 1, 1, false, true, false},  // channel pieces of 48: no Winograd
     {256, 256, 15, 14, 1, 1, 1, true, false, false}, // 1x1 with the residual, 256 wide
+    // Input heavier than the weights: at batch 1 on several threads the
+    // engine's 1x1 kernel, by rows: the residual and a last tile of 5 pixels,
+    // stride 2 with rows of 10, two passes of 128 input channels, and two
+    // chunks of pixels.
+    {64, 64, 11, 13, 1, 1, 1, true, false, false},
+    {64, 128, 22, 19, 1, 2, 1, false, false, false},
+    {256, 64, 10, 9, 1, 1, 1, false, true, false},
+    {128, 64, 40, 40, 1, 1, 1, false, false, false},
   };
   for (size_t i = 0; i < cases.size(); ++i) {
     CAPTURE(i);
@@ -179,11 +190,13 @@ TEST_CASE("convolutions match the reference in every layout, split and algorithm
     for (int64_t batch : {1, 3})
       for (unsigned threads : {1u, 2u, 4u}) // 4 threads on 3 rows: split by image
         for (bool wino : {false, true}) {
+          bool engine1x1 = !wino; // each way once per batch and thread count
           CAPTURE(batch);
           CAPTURE(threads);
           CAPTURE(wino);
+          CAPTURE(engine1x1);
           std::string text;
-          double err = plan_error(g, batch, threads, wino, rng, &text);
+          double err = plan_error(g, batch, threads, wino, rng, &text, engine1x1);
           CAPTURE(text);
           CHECK(err < 1e-5);
           // Every layout pair chosen has a fast oneDNN kernel.
@@ -208,6 +221,15 @@ TEST_CASE("the plan uses Winograd, channel splits and nChw16c where it should") 
   CHECK(text.find("winograd") == std::string::npos);
   CHECK(plan_error(narrow, 1, 1, true, rng, &text) < 1e-5);
   CHECK(text.find("onednn.conv.winograd nChw16c->nChw16c]") != std::string::npos);
+  // A 1x1 convolution whose input outweighs its weights: by rows on the
+  // engine's kernel, unless that is turned off.
+  auto wide = conv_graph({64, 128, 22, 19, 1, 2, 1, false, false, false}, rng);
+  CHECK(plan_error(wide, 1, 2, true, rng, &text) < 1e-5);
+  CHECK(text.find("engine.conv1x1 nChw16c->nChw16c by row") != std::string::npos);
+  CHECK(plan_error(wide, 1, 2, true, rng, &text, false) < 1e-5);
+  CHECK(text.find("engine.conv1x1") == std::string::npos);
+  CHECK(plan_error(wide, 1, 1, true, rng, &text) < 1e-5); // one thread: oneDNN's
+  CHECK(text.find("engine.conv1x1") == std::string::npos);
   auto pooled = conv_graph({3, 32, 17, 15, 7, 2, 1, false, true, true}, rng);
   CHECK(plan_error(pooled, 1, 2, true, rng, &text) < 1e-5);
   CHECK(text.find("onednn.pool nChw16c by channel") != std::string::npos);
@@ -349,5 +371,10 @@ TEST_CASE("bad ONNX backend parameters in config.pbtxt are load errors that say 
   REQUIRE_FALSE(bad);
   CHECK(bad.error().message.find("\"plan_cache_size\" is '0'") != std::string::npos);
   cfg.config.parameters["plan_cache_size"] = "3";
+  cfg.config.parameters["engine_conv1x1"] = "1";
+  bad = load_onnx_graph(g, cfg);
+  REQUIRE_FALSE(bad);
+  CHECK(bad.error().message.find("\"engine_conv1x1\" is '1'") != std::string::npos);
+  cfg.config.parameters["engine_conv1x1"] = "false";
   CHECK(load_onnx_graph(g, cfg));
 }
