@@ -389,10 +389,156 @@ step engine_conv1x1_step(const dnnl_ctx& ctx, const graph& g, const node& n,
   return s;
 }
 
+/// The oneDNN convolution of node `n` (its strides, dilations, left and right
+/// padding, bias, residual and activation) from `src` to `dst`, with `pad_t`
+/// and `pad_b` rows of padding (a band of rows has its own). Winograd when
+/// `try_winograd` and oneDNN has a kernel for it (`wino` says which it got).
+dnnl::convolution_forward::primitive_desc conv_pdesc(const dnnl_ctx& ctx, const node& n,
+                                                      const dnnl::memory::desc& src,
+                                                      const dnnl::memory::desc& wany,
+                                                      const dnnl::memory::desc& dst,
+                                                      int64_t pad_t, int64_t pad_b,
+                                                      bool try_winograd, bool& wino) {
+  using dt = dnnl::memory::data_type;
+  auto st = n.get_ints("strides", {1, 1});
+  auto pd = n.get_ints("pads", {0, 0, 0, 0});
+  auto dl = n.get_ints("dilations", {1, 1});
+  bool has_bias = n.inputs.size() > 2 && n.inputs[2] >= 0;
+  bool has_res = n.inputs.size() > 3 && n.inputs[3] >= 0;
+  auto act = n.get_s("activation", "");
+  dnnl::memory::desc bias({dst.dims()[1]}, dt::f32, dnnl::memory::format_tag::a);
+  dnnl::post_ops po;
+  if (has_res)
+    po.append_binary(dnnl::algorithm::binary_add, dst);
+  if (!act.empty())
+    po.append_eltwise(1.0f, eltwise_of(act), n.get_f("act_alpha", 0), n.get_f("act_beta", 0));
+  auto attr = user_scratchpad_attr();
+  attr.set_post_ops(po);
+  auto make = [&](dnnl::algorithm alg) {
+    auto d = has_bias ? dnnl::convolution_forward::desc(
+                          dnnl::prop_kind::forward_inference, alg, src, wany, bias, dst,
+                          {st[0], st[1]}, {dl[0] - 1, dl[1] - 1}, {pad_t, pd[1]}, {pad_b, pd[3]})
+                      : dnnl::convolution_forward::desc(
+                          dnnl::prop_kind::forward_inference, alg, src, wany, dst,
+                          {st[0], st[1]}, {dl[0] - 1, dl[1] - 1}, {pad_t, pd[1]}, {pad_b, pd[3]});
+    return dnnl::convolution_forward::primitive_desc(d, attr, ctx.eng);
+  };
+  wino = false;
+  if (try_winograd) {
+    try {
+      auto pdesc = make(dnnl::algorithm::convolution_winograd);
+      wino = true;
+      return pdesc;
+    } catch (const dnnl::error&) {
+      // No Winograd kernel for this shape or CPU: the direct one below.
+    }
+  }
+  return make(dnnl::algorithm::convolution_direct);
+}
+
+/// This thread's buffer for the dense copies of one band of a banded
+/// convolution: 64-byte aligned, at least `floats` long. It grows to the
+/// largest band the thread has run (bounded by the model's largest layer).
+float* band_buffer(size_t floats) {
+  thread_local std::vector<float> buf;
+  if (buf.size() < floats + 16)
+    buf.resize(floats + 16);
+  auto base = reinterpret_cast<uintptr_t>(buf.data());
+  return reinterpret_cast<float*>((base + 63) / 64 * 64);
+}
+
+/// One band of output rows of a banded convolution: the oneDNN call on dense
+/// copies (input rows [ih0, ih0 + in_rows), output rows [oh0, oh0 + out_rows)).
+struct conv_band {
+  dnnl_call call;
+  int64_t ih0, in_rows, oh0, out_rows;
+};
+
+/// A FusedConv (no residual) of one nChw16c image split into bands of output
+/// rows, one per work item. oneDNN's fast kernels want dense tensors, and a
+/// band of rows of nChw16c is not one (each block of 16 channels holds all
+/// rows): each item copies its input rows (with the rows the kernel reads
+/// above and below) into a dense buffer, runs oneDNN on it, and copies its
+/// output rows back. Each thread then reads only its band of the input, where
+/// a channel split has every thread read (and Winograd transform) all of it.
+step banded_conv_step(const dnnl_ctx& ctx, const graph& g, const node& n, unsigned threads,
+                      bool try_winograd) {
+  using tag = dnnl::memory::format_tag;
+  using dt = dnnl::memory::data_type;
+  const auto& xs = g.values[n.inputs[0]].shape;
+  const auto& w = g.values[n.inputs[1]].constant;
+  const auto& ys = g.values[n.outputs[0]].shape;
+  auto st = n.get_ints("strides", {1, 1});
+  auto pd = n.get_ints("pads", {0, 0, 0, 0});
+  auto dl = n.get_ints("dilations", {1, 1});
+  bool has_bias = n.inputs.size() > 2 && n.inputs[2] >= 0;
+  int64_t ext_h = (w->shape[2] - 1) * dl[0] + 1;
+  // Two bands per thread, so that a thread the OS runs late leaves less
+  // behind, but no more: each band reads the rows above and below it too.
+  // Winograd computes tiles of 4x4 output pixels: bands of whole tiles.
+  auto cuts = split_range(ys[2], std::min<int64_t>(ys[2], 2 * threads), try_winograd ? 4 : 1,
+                          threads);
+  dnnl::memory::desc wuser(to_dnnl(w->shape), dt::f32, tag::oihw);
+  dnnl::memory::desc wany(to_dnnl(w->shape), dt::f32, tag::any);
+  dnnl::memory::desc bias({ys[1]}, dt::f32, tag::a);
+  auto bands = std::make_shared<std::vector<conv_band>>();
+  std::string impl;
+  for (size_t c = 0; c + 1 < cuts.size(); ++c) {
+    // Output rows [a, b) read input rows [ih0, ih1), with the padding that remains.
+    int64_t a = cuts[c], b = cuts[c + 1];
+    int64_t first = a * st[0] - pd[0];
+    int64_t ih0 = std::max<int64_t>(0, first);
+    int64_t ih1 = std::min<int64_t>(xs[2], (b - 1) * st[0] - pd[0] + ext_h);
+    int64_t pad_t = ih0 - first;
+    int64_t pad_b = (b - a - 1) * st[0] + ext_h - (ih1 - ih0) - pad_t;
+    auto src = desc_4d({1, xs[1], ih1 - ih0, xs[3]}, layout::blocked16);
+    auto dst = desc_4d({1, ys[1], b - a, ys[3]}, layout::blocked16);
+    bool wino = false;
+    auto pdesc = conv_pdesc(ctx, n, src, wany, dst, pad_t, pad_b, try_winograd, wino);
+    if (impl.empty())
+      impl = std::string(wino ? "winograd" : "direct") + reference_note(pdesc);
+    conv_band band{{}, ih0, ih1 - ih0, a, b - a};
+    band.call.prim = dnnl::convolution_forward(pdesc);
+    band.call.scratch = pdesc.scratchpad_desc();
+    band.call.args.push_back({DNNL_ARG_SRC, src, -1, 0, {}});
+    band.call.args.push_back({DNNL_ARG_WEIGHTS, {}, -1, 0,
+                              ctx.weights->get(ctx.eng, w, 0, wuser, pdesc.weights_desc())});
+    if (has_bias)
+      band.call.args.push_back({DNNL_ARG_BIAS, bias, -1, 0, {}});
+    band.call.args.push_back({DNNL_ARG_DST, dst, -1, 0, {}});
+    bands->push_back(std::move(band));
+  }
+  int x = n.inputs[0], y = n.outputs[0], bv = has_bias ? n.inputs[2] : -1;
+  int64_t ic = xs[1], ih = xs[2], iw = xs[3], oc = ys[1], oh = ys[2], ow = ys[3];
+  step s;
+  s.kernel = "onednn.conv." + impl.substr(0, impl.find(' ')) + " nChw16c->nChw16c by row (copies)"
+             + (impl.find(' ') == std::string::npos ? "" : impl.substr(impl.find(' ')));
+  s.items = static_cast<int64_t>(bands->size());
+  s.run = [=, eng = ctx.eng](void** p, int64_t item) {
+    const conv_band& band = (*bands)[item];
+    size_t in_span = static_cast<size_t>((ic * band.in_rows * iw + 15) / 16 * 16);
+    float* in = band_buffer(in_span + static_cast<size_t>(oc * band.out_rows * ow));
+    float* out = in + in_span;
+    const float* x_at = static_cast<const float*>(p[x]);
+    for (int64_t cb = 0; cb < ic / 16; ++cb)
+      std::memcpy(in + cb * band.in_rows * iw * 16, x_at + (cb * ih + band.ih0) * iw * 16,
+                  sizeof(float) * 16 * band.in_rows * iw);
+    const void* handles[4] = {in, nullptr, bv >= 0 ? p[bv] : out, out};
+    run_call(eng, band.call, handles);
+    float* y_at = static_cast<float*>(p[y]);
+    for (int64_t ob = 0; ob < oc / 16; ++ob)
+      std::memcpy(y_at + (ob * oh + band.oh0) * ow * 16, out + ob * band.out_rows * ow * 16,
+                  sizeof(float) * 16 * band.out_rows * ow);
+  };
+  return s;
+}
+
 /// FusedConv over 4-D tensors as oneDNN convolutions, one call per work item.
 /// Several images split by image. One image stored nChw16c splits by output
-/// channels (whole blocks of 16, each item with its slice of the weights); one
-/// image stored NHWC splits into bands of output rows (which stay dense).
+/// channels (whole blocks of 16, each item with its slice of the weights), or,
+/// where its input outweighs its weights, into bands of output rows (on the
+/// engine's 1x1 kernel, else on dense copies: banded_conv_step); one image
+/// stored NHWC splits into bands of output rows (which stay dense).
 /// 3x3 stride-1 convolutions on nChw16c use Winograd when `winograd` is set and
 /// oneDNN has the kernel.
 step conv_step(const dnnl_ctx& ctx, const graph& g, const node& n, unsigned threads,
@@ -410,7 +556,6 @@ step conv_step(const dnnl_ctx& ctx, const graph& g, const node& n, unsigned thre
   layout src_l = src_layout(n), dst_l = dst_layout(n);
   bool has_bias = n.inputs.size() > 2 && n.inputs[2] >= 0;
   bool has_res = n.inputs.size() > 3 && n.inputs[3] >= 0;
-  auto act = n.get_s("activation", "");
   // Bytes of one image: the same in every layout.
   auto image_bytes = [](const dims_t& s) { return s[1] * s[2] * s[3] * 4; };
   enum class split { none, images, channels, rows } how = split::none;
@@ -454,6 +599,13 @@ step conv_step(const dnnl_ctx& ctx, const graph& g, const node& n, unsigned thre
     return engine_conv1x1_step(
       ctx, g, n, split_range(ys[2], std::min<int64_t>(ys[2], pieces_for(ys[2], threads)), 1,
                              threads));
+  // Other convolutions of one such image (ResNet-50's 3x3 layers of stage 1,
+  // and the strided one starting stage 2) run by bands too, as oneDNN calls
+  // on dense copies of each band.
+  if (how == split::channels && mcfg.conv_bands && group == 1 && !has_res
+      && xs[1] % 16 == 0 && ys[1] % 16 == 0
+      && (w.shape[2] > 1 || w.shape[3] > 1) && image_bytes(xs) >= w.elements() * 4)
+    return banded_conv_step(ctx, g, n, threads, winograd && winograd_shape(n, w.shape));
   std::vector<dnnl_call> calls;
   std::string impl;
   for (size_t c = 0; c + 1 < cuts.size(); ++c) {
@@ -491,34 +643,8 @@ step conv_step(const dnnl_ctx& ctx, const graph& g, const node& n, unsigned thre
     dnnl::memory::desc bias({ysub[1]}, dt::f32, tag::a);
     auto src = desc_4d(xsub, src_l);
     auto dst = desc_4d(ysub, dst_l);
-    dnnl::post_ops po;
-    if (has_res)
-      po.append_binary(dnnl::algorithm::binary_add, dst);
-    if (!act.empty())
-      po.append_eltwise(1.0f, eltwise_of(act), n.get_f("act_alpha", 0), n.get_f("act_beta", 0));
-    auto attr = user_scratchpad_attr();
-    attr.set_post_ops(po);
-    auto make = [&](dnnl::algorithm alg) {
-      auto d = has_bias ? dnnl::convolution_forward::desc(
-                            dnnl::prop_kind::forward_inference, alg, src, wany, bias, dst,
-                            {st[0], st[1]}, {dl[0] - 1, dl[1] - 1}, {pad_t, pd[1]}, {pad_b, pd[3]})
-                        : dnnl::convolution_forward::desc(
-                            dnnl::prop_kind::forward_inference, alg, src, wany, dst,
-                            {st[0], st[1]}, {dl[0] - 1, dl[1] - 1}, {pad_t, pd[1]}, {pad_b, pd[3]});
-      return dnnl::convolution_forward::primitive_desc(d, attr, ctx.eng);
-    };
-    dnnl::convolution_forward::primitive_desc pdesc;
     bool wino = false;
-    if (try_winograd) {
-      try {
-        pdesc = make(dnnl::algorithm::convolution_winograd);
-        wino = true;
-      } catch (const dnnl::error&) {
-        // No Winograd kernel for this shape or CPU: the direct one below.
-      }
-    }
-    if (!wino)
-      pdesc = make(dnnl::algorithm::convolution_direct);
+    auto pdesc = conv_pdesc(ctx, n, src, wany, dst, pad_t, pad_b, try_winograd, wino);
     if (impl.empty())
       impl = std::string(wino ? "winograd" : "direct") + reference_note(pdesc);
     dnnl_call call;
@@ -1524,15 +1650,18 @@ result<onnx_model> load_onnx_model(const onnx_model_config& mcfg) {
   return load_onnx_graph(std::move(*imported), mcfg);
 }
 
-/// config.pbtxt's `parameters` for the ONNX backend: "winograd" and
-/// "engine_conv1x1" ("true" or "false") and "plan_cache_size" (1 to 1024).
+/// config.pbtxt's `parameters` for the ONNX backend: "winograd",
+/// "engine_conv1x1" and "conv_bands" ("true" or "false") and
+/// "plan_cache_size" (1 to 1024).
 result<onnx_model_config> with_parameters(onnx_model_config mcfg) {
   for (const auto& [key, value] : mcfg.config.parameters) {
-    if (key == "winograd" || key == "engine_conv1x1") {
+    if (key == "winograd" || key == "engine_conv1x1" || key == "conv_bands") {
       if (value != "true" && value != "false")
         return load_error(mcfg, "parameters \"" + key + "\" is '" + value
                                   + "'; give string_value \"true\" or \"false\"");
-      (key == "winograd" ? mcfg.winograd : mcfg.engine_conv1x1) = value == "true";
+      (key == "winograd"         ? mcfg.winograd
+       : key == "engine_conv1x1" ? mcfg.engine_conv1x1
+                                 : mcfg.conv_bands) = value == "true";
     } else if (key == "plan_cache_size") {
       char* end = nullptr;
       long n = std::strtol(value.c_str(), &end, 10);

@@ -44,6 +44,9 @@ struct onnx_model_config {
   /// Runs 1x1 convolutions over nChw16c with the engine's own AVX-512 kernel
   /// (kernels/cpu/engine_conv1x1.cpp) where it applies, else oneDNN's.
   bool engine_conv1x1 = true;
+  /// Splits other convolutions of one nChw16c image whose input outweighs
+  /// its weights into bands of output rows, run by oneDNN on dense copies.
+  bool conv_bands = true;
   /// Plans (one per batch or chunk size) each instance keeps; the least
   /// recently used goes beyond this. Reordered weights are shared by all plans.
   size_t plan_cache_size = 8;

@@ -140,16 +140,18 @@ reference_run reference(const graph& g, int64_t batch, std::mt19937& rng) {
   return ref;
 }
 
-/// Runs `g` through a compiled plan (`threads` compute threads, Winograd and
-/// the engine's 1x1 convolution as given) on `ref`'s inputs; returns the
-/// relative error of the plan's output against `ref`, and the plan text in
-/// `plan_text`.
+/// Runs `g` through a compiled plan (`threads` compute threads, Winograd, the
+/// engine's 1x1 convolution and bands of rows as given) on `ref`'s inputs;
+/// returns the relative error of the plan's output against `ref`, and the
+/// plan text in `plan_text`.
 double plan_error(const graph& g, const reference_run& ref, unsigned threads, bool winograd,
-                  std::string* plan_text = nullptr, bool engine_conv1x1 = true) {
+                  std::string* plan_text = nullptr, bool engine_conv1x1 = true,
+                  bool conv_bands = true) {
   auto cfg = test_config();
   cfg.threads = threads;
   cfg.winograd = winograd;
   cfg.engine_conv1x1 = engine_conv1x1;
+  cfg.conv_bands = conv_bands;
   cfg.profile = true;
   auto model = load_onnx_graph(g, cfg);
   REQUIRE_MESSAGE(model, model.error().message);
@@ -173,8 +175,9 @@ double plan_error(const graph& g, const reference_run& ref, unsigned threads, bo
 /// plan_error() on fresh random inputs at `batch` rows.
 double plan_error(const graph& g, int64_t batch, unsigned threads, bool winograd,
                   std::mt19937& rng, std::string* plan_text = nullptr,
-                  bool engine_conv1x1 = true) {
-  return plan_error(g, reference(g, batch, rng), threads, winograd, plan_text, engine_conv1x1);
+                  bool engine_conv1x1 = true, bool conv_bands = true) {
+  return plan_error(g, reference(g, batch, rng), threads, winograd, plan_text, engine_conv1x1,
+                    conv_bands);
 }
 
 } // namespace
@@ -202,6 +205,13 @@ TEST_CASE("convolutions match the reference in every layout, split and algorithm
     {64, 128, 22, 19, 1, 2, 1, false, false, false},
     {256, 64, 10, 9, 1, 1, 1, false, true, false},
     {2048, 64, 2, 70, 1, 1, 1, false, false, false},
+    // Other convolutions of one such image: bands of rows on dense copies.
+    // Winograd (38 rows: bands of whole 4-row tiles, the last one of 2 rows),
+    // then a chained 3x3 on 32 channels; stride 2 (12 output rows from 23);
+    // a 5x5 kernel (two rows of padding above and below).
+    {16, 32, 38, 11, 3, 1, 1, false, true, false},
+    {32, 32, 23, 17, 3, 2, 1, false, false, false},
+    {16, 16, 40, 12, 5, 1, 1, false, false, false},
   };
   for (size_t i = 0; i < cases.size(); ++i) {
     CAPTURE(i);
@@ -251,6 +261,21 @@ TEST_CASE("the plan uses Winograd, channel splits and nChw16c where it should") 
   CHECK(text.find("engine.conv1x1") == std::string::npos);
   CHECK(plan_error(wide, 1, 1, true, rng, &text) < 1e-5); // one thread: oneDNN's
   CHECK(text.find("engine.conv1x1") == std::string::npos);
+  // Other convolutions of one image whose input outweighs its weights: bands
+  // of rows on dense copies, Winograd where it applies, unless turned off.
+  auto tall = conv_graph({16, 32, 38, 11, 3, 1, 1, false, false, false}, rng);
+  CHECK(plan_error(tall, 1, 2, true, rng, &text) < 1e-5);
+  CHECK(text.find("onednn.conv.winograd nChw16c->nChw16c by row (copies)") != std::string::npos);
+  CHECK(plan_error(tall, 1, 2, false, rng, &text) < 1e-5);
+  CHECK(text.find("onednn.conv.direct nChw16c->nChw16c by row (copies)") != std::string::npos);
+  CHECK(plan_error(tall, 1, 2, true, rng, &text, true, false) < 1e-5);
+  CHECK(text.find("(copies)") == std::string::npos);
+  CHECK(text.find("by channel") != std::string::npos);
+  CHECK(plan_error(tall, 1, 1, true, rng, &text) < 1e-5); // one thread: no split
+  CHECK(text.find("(copies)") == std::string::npos);
+  auto strided = conv_graph({32, 32, 23, 17, 3, 2, 1, false, false, false}, rng);
+  CHECK(plan_error(strided, 1, 2, true, rng, &text) < 1e-5);
+  CHECK(text.find("onednn.conv.direct nChw16c->nChw16c by row (copies)") != std::string::npos);
   auto pooled = conv_graph({3, 32, 17, 15, 7, 2, 1, false, true, true}, rng);
   CHECK(plan_error(pooled, 1, 2, true, rng, &text) < 1e-5);
   CHECK(text.find("onednn.pool nChw16c by channel") != std::string::npos);
@@ -397,5 +422,39 @@ TEST_CASE("bad ONNX backend parameters in config.pbtxt are load errors that say 
   REQUIRE_FALSE(bad);
   CHECK(bad.error().message.find("\"engine_conv1x1\" is '1'") != std::string::npos);
   cfg.config.parameters["engine_conv1x1"] = "false";
+  cfg.config.parameters["conv_bands"] = "off";
+  bad = load_onnx_graph(g, cfg);
+  REQUIRE_FALSE(bad);
+  CHECK(bad.error().message.find("\"conv_bands\" is 'off'") != std::string::npos);
+  cfg.config.parameters["conv_bands"] = "false";
   CHECK(load_onnx_graph(g, cfg));
+}
+
+TEST_CASE("config.pbtxt's conv_bands turns bands of rows off, and only them") {
+  std::mt19937 rng(16);
+  auto g = conv_graph({16, 32, 38, 11, 3, 1, 1, false, false, false}, rng);
+  auto ref = reference(g, 1, rng);
+  for (const char* bands : {"true", "false"}) {
+    CAPTURE(bands);
+    auto cfg = test_config();
+    cfg.threads = 2;
+    cfg.profile = true;
+    cfg.config.parameters["conv_bands"] = bands;
+    auto model = load_onnx_graph(g, cfg);
+    REQUIRE_MESSAGE(model, model.error().message);
+    executor::batch_view view;
+    view.rows = 1;
+    view.inputs.push_back({"x", datatype::fp32, ref.shapes[0],
+                           reinterpret_cast<const uint8_t*>(ref.data[0].data()),
+                           ref.data[0].size() * 4});
+    writer out;
+    auto r = model->make_instance()->execute(view, out);
+    REQUIRE(r.index() == 0);
+    CHECK(relative_error(as_floats(out.buffers[0]), ref.want) < 1e-5);
+    auto text = model->profile_report();
+    CAPTURE(text);
+    bool on = std::string(bands) == "true";
+    CHECK((text.find("winograd nChw16c->nChw16c by row (copies)") != std::string::npos) == on);
+    CHECK((text.find("by channel") != std::string::npos) == !on);
+  }
 }
