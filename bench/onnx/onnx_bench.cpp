@@ -7,8 +7,17 @@
 /// through the reference interpreter (no fusion, no layouts, no Winograd) and
 /// reports the relative error of the outputs (the largest over the outputs).
 /// --winograd 0 turns Winograd convolutions off; --conv1x1 onednn runs 1x1
-/// convolutions with oneDNN instead of the engine's own kernel.
+/// convolutions with oneDNN instead of the engine's own kernel; --bands 0 splits
+/// the other convolutions of one image by channels only (no bands of rows).
 /// With --profile 1 it prints, to stderr, the time of every step of the plan.
+/// With --versus "FLAGS" (plan flags, such as "--bands 0 --winograd 0") it loads
+/// the model a second time with those flags and runs the two plans batch by
+/// batch in turns of --group N batches (default 4; ABBA order) for S seconds:
+/// both see the same machine, to within a turn, where separate runs on a shared
+/// VM differ by up to 50%. The first batch of a turn, which finds the other
+/// plan's data in the caches, is not counted.
+/// It prints the median milliseconds per batch of each and the median of the
+/// per-pair speed ratios (above 1: the first plan is faster).
 /// With --windows N it measures N windows of S seconds, each when a line arrives
 /// on stdin, and prints one JSON line per window: a driver (run_bench.py) can
 /// then alternate short windows of this engine and of another one, so that the
@@ -19,12 +28,14 @@
 #include "onnx/ops.hpp"
 #include "onnx/passes.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <immintrin.h>
 #include <random>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -102,6 +113,22 @@ double graph_flop(const onnx::graph& g) {
   return f;
 }
 
+/// Applies one flag that changes the plan (--profile, --winograd, --conv1x1,
+/// --bands) to `cfg`; false for any other flag or a bad value.
+bool plan_flag(const std::string& f, const std::string& v, onnx::onnx_model_config& cfg) {
+  if (f == "--profile" && (v == "0" || v == "1")) cfg.profile = v == "1";
+  else if (f == "--winograd" && (v == "0" || v == "1")) cfg.winograd = v == "1";
+  else if (f == "--bands" && (v == "0" || v == "1")) cfg.conv_bands = v == "1";
+  else if (f == "--conv1x1" && (v == "engine" || v == "onednn")) cfg.engine_conv1x1 = v == "engine";
+  else return false;
+  return true;
+}
+
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
@@ -109,7 +136,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: caf-onnx-bench MODEL.onnx --batch B [--threads T] "
                          "[--seconds S] [--max-batch N] [--check 1] [--profile 1] [--winograd 0|1] "
                          "[--conv1x1 engine|onednn] "
-                         "[--windows N]\n");
+                         "[--bands 0|1] [--windows N] [--versus \"FLAGS\" [--group N]]\n");
     return 2;
   }
   int64_t batch = 1;
@@ -117,10 +144,12 @@ int main(int argc, char** argv) {
   double seconds = 10;
   int max_batch = 64;
   bool check = false;
-  bool profile = false;
-  bool winograd = true;
   int windows = 0;
-  bool engine_conv1x1 = true;
+  std::string versus;
+  int group = 4;
+  onnx::onnx_model_config cfg;
+  cfg.model_file = argv[1];
+  cfg.config.name = "bench";
   for (int i = 2; i + 1 < argc; i += 2) {
     std::string f = argv[i];
     if (f == "--batch") batch = std::atoll(argv[i + 1]);
@@ -128,25 +157,30 @@ int main(int argc, char** argv) {
     else if (f == "--seconds") seconds = std::atof(argv[i + 1]);
     else if (f == "--max-batch") max_batch = std::atoi(argv[i + 1]);
     else if (f == "--check") check = std::atoi(argv[i + 1]) != 0;
-    else if (f == "--profile") profile = std::atoi(argv[i + 1]) != 0;
-    else if (f == "--winograd") winograd = std::atoi(argv[i + 1]) != 0;
     else if (f == "--windows") windows = std::atoi(argv[i + 1]);
-    else if (f == "--conv1x1" && (std::string(argv[i + 1]) == "engine"
-                                  || std::string(argv[i + 1]) == "onednn"))
-      engine_conv1x1 = std::string(argv[i + 1]) == "engine";
-    else {
-      std::fprintf(stderr, "caf-onnx-bench: unknown flag '%s'\n", f.c_str());
+    else if (f == "--versus") versus = argv[i + 1];
+    else if (f == "--group" && std::atoi(argv[i + 1]) >= 2) group = std::atoi(argv[i + 1]);
+    else if (!plan_flag(f, argv[i + 1], cfg)) {
+      std::fprintf(stderr, "caf-onnx-bench: unknown flag or value '%s %s'\n", f.c_str(),
+                   argv[i + 1]);
       return 2;
     }
   }
-  onnx::onnx_model_config cfg;
-  cfg.model_file = argv[1];
-  cfg.config.name = "bench";
   cfg.config.max_batch_size = max_batch;
   cfg.threads = threads;
-  cfg.profile = profile;
-  cfg.winograd = winograd;
-  cfg.engine_conv1x1 = engine_conv1x1;
+  onnx::onnx_model_config versus_cfg = cfg;
+  if (!versus.empty()) {
+    std::istringstream words(versus);
+    std::string f, v;
+    while (words >> f) {
+      if (!(words >> v) || !plan_flag(f, v, versus_cfg)) {
+        std::fprintf(stderr, "caf-onnx-bench: --versus takes plan flags with values, such as "
+                             "\"--bands 0\"; '%s' is not one\n", versus.c_str());
+        return 2;
+      }
+    }
+    versus_cfg.profile = false;
+  }
   auto model = onnx::load_onnx_model(cfg);
   if (!model) {
     std::fprintf(stderr, "caf-onnx-bench: %s\n", model.error().message.c_str());
@@ -249,8 +283,64 @@ int main(int argc, char** argv) {
     }
     return 0;
   }
+  if (!versus.empty()) {
+    auto other = onnx::load_onnx_model(versus_cfg);
+    if (!other) {
+      std::fprintf(stderr, "caf-onnx-bench: %s\n", other.error().message.c_str());
+      return 1;
+    }
+    auto other_backend = other->make_instance();
+    auto timed = [&](executor::backend& b) {
+      buffer_writer w;
+      auto t0 = clock_type::now();
+      auto r = b.execute(view, w);
+      double ms = std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
+      if (auto* e = std::get_if<serving_error>(&r)) {
+        std::fprintf(stderr, "caf-onnx-bench: %s\n", e->message.c_str());
+        std::exit(1);
+      }
+      return ms;
+    };
+    for (int i = 0; i < 3; ++i) timed(*other_backend);
+    // One turn: `group` batches of one plan; its time is the mean of all but
+    // the first, which finds the other plan's weights in the caches.
+    auto turn = [&](executor::backend& b) {
+      timed(b);
+      double sum = 0;
+      for (int i = 1; i < group; ++i) sum += timed(b);
+      return sum / (group - 1);
+    };
+    std::vector<double> mine, theirs, ratio;
+    auto t0 = clock_type::now();
+    for (int pair = 0;
+         pair < 6 || std::chrono::duration<double>(clock_type::now() - t0).count() < seconds;
+         ++pair) {
+      double a, b;
+      if (pair % 2 == 0) {
+        a = turn(*backend);
+        b = turn(*other_backend);
+      } else {
+        b = turn(*other_backend);
+        a = turn(*backend);
+      }
+      mine.push_back(a);
+      theirs.push_back(b);
+      ratio.push_back(b / a);
+    }
+    std::vector<double> sorted = ratio;
+    std::sort(sorted.begin(), sorted.end());
+    std::printf("{\"engine\":\"caf-serving\",\"batch\":%lld,\"threads\":%u,\"pairs\":%zu,"
+                "\"ms_per_batch\":%.3f,\"versus\":\"%s\",\"versus_ms_per_batch\":%.3f,"
+                "\"speed_ratio\":%.4f,\"speed_ratio_q1\":%.4f,\"speed_ratio_q3\":%.4f}\n",
+                static_cast<long long>(batch), threads, ratio.size(), median_of(mine),
+                versus.c_str(), median_of(theirs), median_of(ratio),
+                sorted[sorted.size() / 4], sorted[sorted.size() * 3 / 4]);
+    if (cfg.profile)
+      std::fputs(model->profile_report().c_str(), stderr);
+    return 0;
+  }
   auto [runs, elapsed] = measure();
-  if (profile)
+  if (cfg.profile)
     std::fputs(model->profile_report().c_str(), stderr);
   double ips = runs * batch / elapsed;
   double peak = fma_peak_one_core() * threads;
