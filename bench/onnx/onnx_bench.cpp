@@ -21,7 +21,8 @@
 /// With --windows N it measures N windows of S seconds, each when a line arrives
 /// on stdin, and prints one JSON line per window: a driver (run_bench.py) can
 /// then alternate short windows of this engine and of another one, so that the
-/// machine's changing speed hits both alike.
+/// machine's changing speed hits both alike. With --group G too, a window is a
+/// turn of G batches whose first is not counted (as with --versus).
 
 #include "onnx/importer.hpp"
 #include "onnx/onnx_backend.hpp"
@@ -136,7 +137,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: caf-onnx-bench MODEL.onnx --batch B [--threads T] "
                          "[--seconds S] [--max-batch N] [--check 1] [--profile 1] [--winograd 0|1] "
                          "[--conv1x1 engine|onednn] "
-                         "[--bands 0|1] [--windows N] [--versus \"FLAGS\" [--group N]]\n");
+                         "[--bands 0|1] [--windows N] [--versus \"FLAGS\"] [--group N]\n");
     return 2;
   }
   int64_t batch = 1;
@@ -146,7 +147,7 @@ int main(int argc, char** argv) {
   bool check = false;
   int windows = 0;
   std::string versus;
-  int group = 4;
+  int group = 0; // --versus: 4 when not given
   onnx::onnx_model_config cfg;
   cfg.model_file = argv[1];
   cfg.config.name = "bench";
@@ -268,6 +269,14 @@ int main(int argc, char** argv) {
     }
     return std::make_pair(runs, elapsed);
   };
+  // A turn of `group` batches: inferences per second over all but the first.
+  auto measure_turn = [&] {
+    run_once();
+    auto t0 = clock_type::now();
+    for (int i = 1; i < group; ++i)
+      run_once();
+    return (group - 1) * batch / std::chrono::duration<double>(clock_type::now() - t0).count();
+  };
   if (windows > 0) {
     double peak = fma_peak_one_core() * threads;
     std::printf("{\"ready\":true,\"gflop_per_inference\":%.4f,\"fma_peak_gflops\":%.2f}\n",
@@ -275,8 +284,13 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
     char line[64];
     for (int w = 0; w < windows && std::fgets(line, sizeof line, stdin); ++w) {
-      auto [runs, elapsed] = measure();
-      double ips = runs * batch / elapsed;
+      double ips = 0;
+      if (group > 0) {
+        ips = measure_turn();
+      } else {
+        auto [runs, elapsed] = measure();
+        ips = runs * batch / elapsed;
+      }
       std::printf("{\"window\":%d,\"inferences_per_s\":%.3f,\"gflops\":%.2f}\n", w, ips,
                   ips * flop / 1e9);
       std::fflush(stdout);
@@ -290,6 +304,8 @@ int main(int argc, char** argv) {
       return 1;
     }
     auto other_backend = other->make_instance();
+    if (group == 0)
+      group = 4;
     auto timed = [&](executor::backend& b) {
       buffer_writer w;
       auto t0 = clock_type::now();

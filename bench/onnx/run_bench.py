@@ -4,7 +4,7 @@ executor (caf-onnx-bench) against ONNX Runtime (Python, same thread count).
 
     python3 bench/onnx/run_bench.py --build build-onnx --models build-onnx/bench-models \
         --threads 2 --seconds 2 --repeat 9 [--only resnet50_opset17,bert_base_opset17] \
-        [--batches 1,32]
+        [--batches 1,32] [--group N]
 
 Models come from `tools/export_onnx_models.py bench --out <models>` (exported when
 missing). Both engines load each model once and stay loaded; then `--repeat`
@@ -14,6 +14,11 @@ short alternating windows measure both under the same conditions; each round giv
 one ratio. Prints one table row per model and batch: the median inferences/s of
 both, the median ratio (engine / ONNX Runtime) with its quartiles, and the engine's
 GFLOP/s against the measured FMA peak.
+
+With `--group N` a window is a turn of N batches instead of `--seconds`, timed over
+all but its first batch (which finds the other engine's data in the caches): many
+short turns (`--repeat 60` and more) follow the machine's speed more closely than a
+few long windows.
 """
 import argparse
 import json
@@ -56,6 +61,14 @@ class OrtRunner:
         self.feeds = feeds_for(self.sess, batch)
         for _ in range(3):
             self.sess.run(None, self.feeds)
+
+    def turn(self, group):
+        """Inferences per second over the last group - 1 of `group` batches."""
+        self.sess.run(None, self.feeds)
+        t0 = time.perf_counter()
+        for _ in range(group - 1):
+            self.sess.run(None, self.feeds)
+        return (group - 1) * self.batch / (time.perf_counter() - t0)
 
     def window(self, seconds):
         """Inferences per second over one window (at least 3 batches)."""
@@ -105,7 +118,11 @@ def main():
     ap.add_argument("--batches", default="1,32")
     ap.add_argument("--only", default="resnet50_opset17,bert_base_opset17")
     ap.add_argument("--repeat", type=int, default=9, help="alternating rounds")
+    ap.add_argument("--group", type=int, default=0,
+                    help="a window is a turn of this many batches (at least 2), the first not timed")
     args = ap.parse_args()
+    if args.group == 1 or args.group < 0:
+        ap.error("--group takes at least 2 batches (the first of a turn is not timed)")
     models = pathlib.Path(args.models)
     names = args.only.split(",")
     if not all((models / "models" / n / "1" / "model.onnx").exists() for n in names):
@@ -117,15 +134,19 @@ def main():
     for name in names:
         path = models / "models" / name / "1" / "model.onnx"
         for b in [int(x) for x in args.batches.split(",")]:
-            eng = EngineRunner(bench, path, b, args.threads, args.seconds, args.repeat)
+            extra = ["--group", str(args.group)] if args.group else []
+            eng = EngineRunner(bench, path, b, args.threads, args.seconds, args.repeat,
+                               extra=extra)
             o = OrtRunner(path, b, args.threads)
+            ort_window = (lambda: o.turn(args.group)) if args.group else (
+                lambda: o.window(args.seconds))
             engs, orts, ratios = [], [], []
             for r in range(args.repeat):
                 if r % 2 == 0:
                     e = eng.window()["inferences_per_s"]
-                    x = o.window(args.seconds)
+                    x = ort_window()
                 else:
-                    x = o.window(args.seconds)
+                    x = ort_window()
                     e = eng.window()["inferences_per_s"]
                 engs.append(e)
                 orts.append(x)
