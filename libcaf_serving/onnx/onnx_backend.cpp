@@ -389,16 +389,25 @@ step engine_conv1x1_step(const dnnl_ctx& ctx, const graph& g, const node& n,
   return s;
 }
 
+/// What a oneDNN convolution of one node runs on: views of its input, weights
+/// (format any) and output, the rows of padding above and below them (a band
+/// of rows has its own), and whether to try Winograd.
+struct conv_views {
+  dnnl::memory::desc src, weights, dst;
+  int64_t pad_top = 0, pad_bottom = 0;
+  bool try_winograd = false;
+};
+
+/// The primitive conv_pdesc() chose, and whether it is Winograd's.
+struct conv_choice {
+  dnnl::convolution_forward::primitive_desc pd;
+  bool winograd = false;
+};
+
 /// The oneDNN convolution of node `n` (its strides, dilations, left and right
-/// padding, bias, residual and activation) from `src` to `dst`, with `pad_t`
-/// and `pad_b` rows of padding (a band of rows has its own). Winograd when
-/// `try_winograd` and oneDNN has a kernel for it (`wino` says which it got).
-dnnl::convolution_forward::primitive_desc conv_pdesc(const dnnl_ctx& ctx, const node& n,
-                                                      const dnnl::memory::desc& src,
-                                                      const dnnl::memory::desc& wany,
-                                                      const dnnl::memory::desc& dst,
-                                                      int64_t pad_t, int64_t pad_b,
-                                                      bool try_winograd, bool& wino) {
+/// padding, bias, residual and activation) on `v`: Winograd when asked for and
+/// oneDNN has a kernel for it, else direct.
+conv_choice conv_pdesc(const dnnl_ctx& ctx, const node& n, const conv_views& v) {
   using dt = dnnl::memory::data_type;
   auto st = n.get_ints("strides", {1, 1});
   auto pd = n.get_ints("pads", {0, 0, 0, 0});
@@ -406,34 +415,33 @@ dnnl::convolution_forward::primitive_desc conv_pdesc(const dnnl_ctx& ctx, const 
   bool has_bias = n.inputs.size() > 2 && n.inputs[2] >= 0;
   bool has_res = n.inputs.size() > 3 && n.inputs[3] >= 0;
   auto act = n.get_s("activation", "");
-  dnnl::memory::desc bias({dst.dims()[1]}, dt::f32, dnnl::memory::format_tag::a);
+  dnnl::memory::desc bias({v.dst.dims()[1]}, dt::f32, dnnl::memory::format_tag::a);
   dnnl::post_ops po;
   if (has_res)
-    po.append_binary(dnnl::algorithm::binary_add, dst);
+    po.append_binary(dnnl::algorithm::binary_add, v.dst);
   if (!act.empty())
     po.append_eltwise(1.0f, eltwise_of(act), n.get_f("act_alpha", 0), n.get_f("act_beta", 0));
   auto attr = user_scratchpad_attr();
   attr.set_post_ops(po);
+  dnnl::memory::dims strides{st[0], st[1]}, dilations{dl[0] - 1, dl[1] - 1};
+  dnnl::memory::dims pad_l{v.pad_top, pd[1]}, pad_r{v.pad_bottom, pd[3]};
   auto make = [&](dnnl::algorithm alg) {
-    auto d = has_bias ? dnnl::convolution_forward::desc(
-                          dnnl::prop_kind::forward_inference, alg, src, wany, bias, dst,
-                          {st[0], st[1]}, {dl[0] - 1, dl[1] - 1}, {pad_t, pd[1]}, {pad_b, pd[3]})
-                      : dnnl::convolution_forward::desc(
-                          dnnl::prop_kind::forward_inference, alg, src, wany, dst,
-                          {st[0], st[1]}, {dl[0] - 1, dl[1] - 1}, {pad_t, pd[1]}, {pad_b, pd[3]});
+    auto d = has_bias ? dnnl::convolution_forward::desc(dnnl::prop_kind::forward_inference, alg,
+                                                        v.src, v.weights, bias, v.dst, strides,
+                                                        dilations, pad_l, pad_r)
+                      : dnnl::convolution_forward::desc(dnnl::prop_kind::forward_inference, alg,
+                                                        v.src, v.weights, v.dst, strides,
+                                                        dilations, pad_l, pad_r);
     return dnnl::convolution_forward::primitive_desc(d, attr, ctx.eng);
   };
-  wino = false;
-  if (try_winograd) {
+  if (v.try_winograd) {
     try {
-      auto pdesc = make(dnnl::algorithm::convolution_winograd);
-      wino = true;
-      return pdesc;
+      return {make(dnnl::algorithm::convolution_winograd), true};
     } catch (const dnnl::error&) {
       // No Winograd kernel for this shape or CPU: the direct one below.
     }
   }
-  return make(dnnl::algorithm::convolution_direct);
+  return {make(dnnl::algorithm::convolution_direct), false};
 }
 
 /// This thread's buffer for the dense copies of one band of a banded
@@ -462,11 +470,12 @@ struct conv_band {
 /// output rows back. Each thread then reads only its band of the input, where
 /// a channel split has every thread read (and Winograd transform) all of it.
 step banded_conv_step(const dnnl_ctx& ctx, const graph& g, const node& n, unsigned threads,
-                      bool try_winograd) {
+                      const onnx_model_config& mcfg) {
   using tag = dnnl::memory::format_tag;
   using dt = dnnl::memory::data_type;
   const auto& xs = g.values[n.inputs[0]].shape;
   const auto& w = g.values[n.inputs[1]].constant;
+  const bool try_winograd = mcfg.winograd && winograd_shape(n, w->shape);
   const auto& ys = g.values[n.outputs[0]].shape;
   auto st = n.get_ints("strides", {1, 1});
   auto pd = n.get_ints("pads", {0, 0, 0, 0});
@@ -493,8 +502,7 @@ step banded_conv_step(const dnnl_ctx& ctx, const graph& g, const node& n, unsign
     int64_t pad_b = (b - a - 1) * st[0] + ext_h - (ih1 - ih0) - pad_t;
     auto src = desc_4d({1, xs[1], ih1 - ih0, xs[3]}, layout::blocked16);
     auto dst = desc_4d({1, ys[1], b - a, ys[3]}, layout::blocked16);
-    bool wino = false;
-    auto pdesc = conv_pdesc(ctx, n, src, wany, dst, pad_t, pad_b, try_winograd, wino);
+    auto [pdesc, wino] = conv_pdesc(ctx, n, {src, wany, dst, pad_t, pad_b, try_winograd});
     if (impl.empty())
       impl = std::string(wino ? "winograd" : "direct") + reference_note(pdesc);
     conv_band band{{}, ih0, ih1 - ih0, a, b - a};
@@ -606,7 +614,7 @@ step conv_step(const dnnl_ctx& ctx, const graph& g, const node& n, unsigned thre
   if (how == split::channels && mcfg.conv_bands && group == 1 && !has_res
       && xs[1] % 16 == 0 && ys[1] % 16 == 0
       && (w.shape[2] > 1 || w.shape[3] > 1) && image_bytes(xs) >= w.elements() * 4)
-    return banded_conv_step(ctx, g, n, threads, winograd && winograd_shape(n, w.shape));
+    return banded_conv_step(ctx, g, n, threads, mcfg);
   std::vector<dnnl_call> calls;
   std::string impl;
   for (size_t c = 0; c + 1 < cuts.size(); ++c) {
@@ -644,8 +652,7 @@ step conv_step(const dnnl_ctx& ctx, const graph& g, const node& n, unsigned thre
     dnnl::memory::desc bias({ysub[1]}, dt::f32, tag::a);
     auto src = desc_4d(xsub, src_l);
     auto dst = desc_4d(ysub, dst_l);
-    bool wino = false;
-    auto pdesc = conv_pdesc(ctx, n, src, wany, dst, pad_t, pad_b, try_winograd, wino);
+    auto [pdesc, wino] = conv_pdesc(ctx, n, {src, wany, dst, pad_t, pad_b, try_winograd});
     if (impl.empty())
       impl = std::string(wino ? "winograd" : "direct") + reference_note(pdesc);
     dnnl_call call;
