@@ -1,0 +1,779 @@
+#include "onnx/onednn_steps.hpp"
+
+#include "engine_kernels.hpp"
+#include "onnx/ops.hpp"
+
+#include <algorithm>
+#include <sstream>
+
+namespace caf_serving::onnx {
+
+namespace kc = caf_serving::kernels::cpu;
+
+namespace {
+
+dnnl::memory::dims to_dnnl(const dims_t& d) {
+  return dnnl::memory::dims(d.begin(), d.end());
+}
+
+dnnl::algorithm eltwise_of(const std::string& act) {
+  if (act == "Relu") return dnnl::algorithm::eltwise_relu;
+  if (act == "Gelu") return dnnl::algorithm::eltwise_gelu_erf;
+  if (act == "Tanh") return dnnl::algorithm::eltwise_tanh;
+  if (act == "Sigmoid") return dnnl::algorithm::eltwise_logistic;
+  return dnnl::algorithm::eltwise_clip;
+}
+
+/// Per-thread oneDNN state: a stream and the scratchpad buffer.
+struct dnnl_thread_state {
+  dnnl::stream stream;
+  std::vector<uint8_t> scratch;
+};
+
+} // namespace
+
+/// Runs `c` with one data handle per argument (fixed arguments ignore theirs).
+void run_call(const dnnl::engine& eng, const dnnl_call& c, const void* const* handles) {
+  thread_local std::unique_ptr<dnnl_thread_state> ts;
+  if (!ts) {
+    ts = std::make_unique<dnnl_thread_state>();
+    ts->stream = dnnl::stream(eng);
+  }
+  std::vector<dnnl::memory> mems;
+  mems.reserve(c.args.size() + 1);
+  std::vector<dnnl_exec_arg_t> args;
+  args.reserve(c.args.size() + 1);
+  for (size_t i = 0; i < c.args.size(); ++i) {
+    const auto& a = c.args[i];
+    if (a.value < 0 && a.fixed) {
+      args.push_back({a.arg, a.fixed->get()});
+      continue;
+    }
+    mems.emplace_back(a.md, eng, const_cast<void*>(handles[i]));
+    args.push_back({a.arg, mems.back().get()});
+  }
+  size_t sbytes = c.scratch.get_size();
+  if (sbytes > 0) {
+    if (ts->scratch.size() < sbytes + 64)
+      ts->scratch.resize(sbytes + 64);
+    auto base = reinterpret_cast<uintptr_t>(ts->scratch.data());
+    mems.emplace_back(c.scratch, eng, reinterpret_cast<void*>((base + 63) / 64 * 64));
+    args.push_back({DNNL_ARG_SCRATCHPAD, mems.back().get()});
+  }
+  auto st = dnnl_primitive_execute(c.prim.get(), ts->stream.get(), static_cast<int>(args.size()),
+                                   args.data());
+  if (st != dnnl_success)
+    throw dnnl::error(st, "oneDNN could not execute a primitive");
+}
+
+namespace {
+
+/// Runs `c` on views into the pointer table.
+void execute_call(const dnnl::engine& eng, const dnnl_call& c, void** ptrs) {
+  const void* handles[8] = {};
+  for (size_t i = 0; i < c.args.size() && i < 8; ++i)
+    if (c.args[i].value >= 0)
+      handles[i] = static_cast<const uint8_t*>(ptrs[c.args[i].value]) + c.args[i].offset;
+  run_call(eng, c, handles);
+}
+
+/// A oneDNN step: one call per work item.
+step onednn_step(const dnnl_ctx& ctx, std::string kernel, std::vector<dnnl_call> calls) {
+  step s;
+  s.kernel = std::move(kernel);
+  s.items = static_cast<int64_t>(calls.size());
+  auto shared = std::make_shared<const std::vector<dnnl_call>>(std::move(calls));
+  s.run = [shared, eng = ctx.eng](void** p, int64_t item) { execute_call(eng, (*shared)[item], p); };
+  return s;
+}
+
+} // namespace
+
+dnnl::primitive_attr user_scratchpad_attr() {
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  return attr;
+}
+
+namespace {
+
+/// Row-major strides of `d`.
+dnnl::memory::dims dense_strides(const dnnl::memory::dims& d) {
+  dnnl::memory::dims st(d.size(), 1);
+  for (int i = static_cast<int>(d.size()) - 2; i >= 0; --i)
+    st[i] = st[i + 1] * d[i + 1];
+  return st;
+}
+
+const char* layout_name(layout l) {
+  return l == layout::nchw ? "nchw" : l == layout::nhwc ? "nhwc" : "nChw16c";
+}
+
+/// A 4-D NCHW-indexed tensor of shape `s` stored as `l`.
+dnnl::memory::desc desc_4d(const dims_t& s, layout l) {
+  using dt = dnnl::memory::data_type;
+  if (l == layout::blocked16)
+    return dnnl::memory::desc(to_dnnl(s), dt::f32, dnnl::memory::format_tag::nChw16c);
+  if (l == layout::nhwc)
+    return dnnl::memory::desc(to_dnnl(s), dt::f32, {s[1] * s[2] * s[3], 1, s[3] * s[1], s[1]});
+  return dnnl::memory::desc(to_dnnl(s), dt::f32, dense_strides(to_dnnl(s)));
+}
+
+/// The layouts assign_layouts() chose for a oneDNN node's input 0 and output
+/// (node attributes; the stored tensors have these layouts or the same bytes).
+layout src_layout(const node& n) { return static_cast<layout>(n.get_i("src_layout", 0)); }
+layout dst_layout(const node& n) { return static_cast<layout>(n.get_i("dst_layout", 0)); }
+
+/// " (oneDNN reference kernel)" when oneDNN found no fast kernel for `pd`: the
+/// plan shows it, and the tests check that no layout choice leads there.
+std::string reference_note(const dnnl::primitive_desc_base& pd) {
+  return std::string(pd.impl_info_str()).rfind("ref", 0) == 0 ? " (oneDNN reference kernel)" : "";
+}
+
+} // namespace
+
+/// How many pieces a step of `work` units splits into for `threads` threads:
+/// a few per thread so that a thread the OS runs late leaves little behind.
+int64_t pieces_for(int64_t work, unsigned threads) {
+  if (threads <= 1)
+    return 1;
+  return std::max<int64_t>(1, std::min<int64_t>(work, 4 * static_cast<int64_t>(threads)));
+}
+
+/// Splits [0, n) into about `pieces` ranges of whole `unit`s; returns the
+/// range starts (and n at the end). Prefers a count that divides the units
+/// evenly and is a multiple of `threads`, so that no thread gets a piece more.
+std::vector<int64_t> split_range(int64_t n, int64_t pieces, int64_t unit, unsigned threads) {
+  int64_t units = (n + unit - 1) / unit;
+  pieces = std::max<int64_t>(1, std::min(pieces, units));
+  for (int64_t p = pieces; p >= static_cast<int64_t>(threads) && p > 1; --p)
+    if (units % p == 0 && p % threads == 0) {
+      pieces = p;
+      break;
+    }
+  std::vector<int64_t> at;
+  for (int64_t p = 0; p < pieces; ++p)
+    at.push_back(std::min(n, units * p / pieces * unit));
+  at.push_back(n);
+  return at;
+}
+
+namespace {
+
+/// Whether `n` is a convolution that oneDNN's Winograd kernel (F(4x4, 3x3),
+/// about 2x fewer multiplications) can run: 3x3, stride 1, no dilation or groups.
+bool winograd_shape(const node& n, const dims_t& wshape) {
+  auto st = n.get_ints("strides", {1, 1});
+  auto dl = n.get_ints("dilations", {1, 1});
+  return n.get_i("group", 1) == 1 && wshape[2] == 3 && wshape[3] == 3 && st[0] == 1
+         && st[1] == 1 && dl[0] == 1 && dl[1] == 1;
+}
+
+/// Whether the engine's own 1x1 convolution (kernels/cpu/engine_conv1x1.cpp)
+/// can run node `n`: 1x1, no padding, equal strides of 1 or 2, nChw16c in and
+/// out, output channels in whole groups of 64, Relu or no activation, and a
+/// CPU with AVX-512.
+bool engine_conv1x1_fits(const node& n, const dims_t& wshape, layout src_l, layout dst_l) {
+  auto st = n.get_ints("strides", {1, 1});
+  auto pd = n.get_ints("pads", {0, 0, 0, 0});
+  auto dl = n.get_ints("dilations", {1, 1});
+  auto act = n.get_s("activation", "");
+  return kc::engine_conv1x1_supported() && wshape[2] == 1 && wshape[3] == 1
+         && n.get_i("group", 1) == 1 && src_l == layout::blocked16 && dst_l == layout::blocked16
+         && wshape[0] % 64 == 0 && wshape[1] % 16 == 0 && st[0] == st[1]
+         && (st[0] == 1 || st[0] == 2) && dl[0] == 1 && dl[1] == 1
+         && std::all_of(pd.begin(), pd.end(), [](int64_t p) { return p == 0; })
+         && (act.empty() || act == "Relu");
+}
+
+/// A FusedConv of one image that engine_conv1x1_fits(), one band of output
+/// rows per work item (`cuts`). The weights are packed once into the kernel's
+/// groups of 64 output channels (a strided oneDNN reorder through the weight
+/// store, so plans share them).
+step engine_conv1x1_step(const dnnl_ctx& ctx, const graph& g, const node& n,
+                         std::vector<int64_t> cuts) {
+  using dt = dnnl::memory::data_type;
+  const auto& xs = g.values[n.inputs[0]].shape;
+  const auto& w = g.values[n.inputs[1]].constant;
+  int64_t oc = w->shape[0], ic = w->shape[1], groups = oc / 64;
+  dnnl::memory::desc user({groups, 64, ic}, dt::f32, {64 * ic, ic, 1});
+  dnnl::memory::desc packed({groups, 64, ic}, dt::f32, {64 * ic, 1, 64});
+  auto wmem = ctx.weights->get(ctx.eng, w, 0, user, packed);
+  bool has_bias = n.inputs.size() > 2 && n.inputs[2] >= 0;
+  bool has_res = n.inputs.size() > 3 && n.inputs[3] >= 0;
+  int x = n.inputs[0], y = n.outputs[0], b = has_bias ? n.inputs[2] : -1,
+      r = has_res ? n.inputs[3] : -1;
+  kc::conv1x1_args base;
+  base.ic = ic;
+  base.oc = oc;
+  base.ih = xs[2];
+  base.iw = xs[3];
+  base.stride = n.get_ints("strides", {1, 1})[0];
+  base.relu = n.get_s("activation", "") == "Relu";
+  step s;
+  s.kernel = "engine.conv1x1 nChw16c->nChw16c by row";
+  s.items = static_cast<int64_t>(cuts.size()) - 1;
+  s.run = [=](void** p, int64_t item) {
+    kc::conv1x1_args a = base;
+    a.w = static_cast<const float*>(wmem->get_data_handle());
+    a.bias = b >= 0 ? static_cast<const float*>(p[b]) : nullptr;
+    a.x = static_cast<const float*>(p[x]);
+    a.y = static_cast<float*>(p[y]);
+    a.residual = r >= 0 ? static_cast<const float*>(p[r]) : nullptr;
+    a.row_begin = cuts[item];
+    a.row_end = cuts[item + 1];
+    kc::engine_conv1x1(a);
+  };
+  return s;
+}
+
+/// What a oneDNN convolution of one node runs on: views of its input, weights
+/// (format any) and output, the rows of padding above and below them (a band
+/// of rows has its own), and whether to try Winograd.
+struct conv_views {
+  dnnl::memory::desc src, weights, dst;
+  int64_t pad_top = 0, pad_bottom = 0;
+  bool try_winograd = false;
+};
+
+/// The primitive conv_pdesc() chose, and whether it is Winograd's.
+struct conv_choice {
+  dnnl::convolution_forward::primitive_desc pd;
+  bool winograd = false;
+};
+
+/// The oneDNN convolution of node `n` (its strides, dilations, left and right
+/// padding, bias, residual and activation) on `v`: Winograd when asked for and
+/// oneDNN has a kernel for it, else direct.
+conv_choice conv_pdesc(const dnnl_ctx& ctx, const node& n, const conv_views& v) {
+  using dt = dnnl::memory::data_type;
+  auto st = n.get_ints("strides", {1, 1});
+  auto pd = n.get_ints("pads", {0, 0, 0, 0});
+  auto dl = n.get_ints("dilations", {1, 1});
+  bool has_bias = n.inputs.size() > 2 && n.inputs[2] >= 0;
+  bool has_res = n.inputs.size() > 3 && n.inputs[3] >= 0;
+  auto act = n.get_s("activation", "");
+  dnnl::memory::desc bias({v.dst.dims()[1]}, dt::f32, dnnl::memory::format_tag::a);
+  dnnl::post_ops po;
+  if (has_res)
+    po.append_binary(dnnl::algorithm::binary_add, v.dst);
+  if (!act.empty())
+    po.append_eltwise(1.0f, eltwise_of(act), n.get_f("act_alpha", 0), n.get_f("act_beta", 0));
+  auto attr = user_scratchpad_attr();
+  attr.set_post_ops(po);
+  dnnl::memory::dims strides{st[0], st[1]}, dilations{dl[0] - 1, dl[1] - 1};
+  dnnl::memory::dims pad_l{v.pad_top, pd[1]}, pad_r{v.pad_bottom, pd[3]};
+  auto make = [&](dnnl::algorithm alg) {
+    auto d = has_bias ? dnnl::convolution_forward::desc(dnnl::prop_kind::forward_inference, alg,
+                                                        v.src, v.weights, bias, v.dst, strides,
+                                                        dilations, pad_l, pad_r)
+                      : dnnl::convolution_forward::desc(dnnl::prop_kind::forward_inference, alg,
+                                                        v.src, v.weights, v.dst, strides,
+                                                        dilations, pad_l, pad_r);
+    return dnnl::convolution_forward::primitive_desc(d, attr, ctx.eng);
+  };
+  if (v.try_winograd) {
+    try {
+      return {make(dnnl::algorithm::convolution_winograd), true};
+    } catch (const dnnl::error&) {
+      // No Winograd kernel for this shape or CPU: the direct one below.
+    }
+  }
+  return {make(dnnl::algorithm::convolution_direct), false};
+}
+
+/// This thread's buffer for the dense copies of one band of a banded
+/// convolution: 64-byte aligned, at least `floats` long. It grows to the
+/// largest band the thread has run (bounded by the model's largest layer).
+float* band_buffer(size_t floats) {
+  thread_local std::vector<float> buf;
+  if (buf.size() < floats + 16)
+    buf.resize(floats + 16);
+  auto base = reinterpret_cast<uintptr_t>(buf.data());
+  return reinterpret_cast<float*>((base + 63) / 64 * 64);
+}
+
+/// One band of output rows of a banded convolution: the oneDNN call on dense
+/// copies (input rows [ih0, ih0 + in_rows), output rows [oh0, oh0 + out_rows)).
+struct conv_band {
+  dnnl_call call;
+  int64_t ih0, in_rows, oh0, out_rows;
+};
+
+/// A FusedConv (no residual) of one nChw16c image split into bands of output
+/// rows, one per work item. oneDNN's fast kernels want dense tensors, and a
+/// band of rows of nChw16c is not one (each block of 16 channels holds all
+/// rows): each item copies its input rows (with the rows the kernel reads
+/// above and below) into a dense buffer, runs oneDNN on it, and copies its
+/// output rows back. Each thread then reads only its band of the input, where
+/// a channel split has every thread read (and Winograd transform) all of it.
+step banded_conv_step(const dnnl_ctx& ctx, const graph& g, const node& n, unsigned threads,
+                      const onnx_model_config& mcfg) {
+  using tag = dnnl::memory::format_tag;
+  using dt = dnnl::memory::data_type;
+  const auto& xs = g.values[n.inputs[0]].shape;
+  const auto& w = g.values[n.inputs[1]].constant;
+  const bool try_winograd = mcfg.winograd && winograd_shape(n, w->shape);
+  const auto& ys = g.values[n.outputs[0]].shape;
+  auto st = n.get_ints("strides", {1, 1});
+  auto pd = n.get_ints("pads", {0, 0, 0, 0});
+  auto dl = n.get_ints("dilations", {1, 1});
+  bool has_bias = n.inputs.size() > 2 && n.inputs[2] >= 0;
+  int64_t ext_h = (w->shape[2] - 1) * dl[0] + 1;
+  // Two bands per thread, so that a thread the OS runs late leaves less
+  // behind, but no more: each band reads the rows above and below it too.
+  // Winograd computes tiles of 4x4 output pixels: bands of whole tiles.
+  auto cuts = split_range(ys[2], std::min<int64_t>(ys[2], 2 * threads), try_winograd ? 4 : 1,
+                          threads);
+  dnnl::memory::desc wuser(to_dnnl(w->shape), dt::f32, tag::oihw);
+  dnnl::memory::desc wany(to_dnnl(w->shape), dt::f32, tag::any);
+  dnnl::memory::desc bias({ys[1]}, dt::f32, tag::a);
+  auto bands = std::make_shared<std::vector<conv_band>>();
+  std::string impl;
+  for (size_t c = 0; c + 1 < cuts.size(); ++c) {
+    // Output rows [a, b) read input rows [ih0, ih1), with the padding that remains.
+    int64_t a = cuts[c], b = cuts[c + 1];
+    int64_t first = a * st[0] - pd[0];
+    int64_t ih0 = std::max<int64_t>(0, first);
+    int64_t ih1 = std::min<int64_t>(xs[2], (b - 1) * st[0] - pd[0] + ext_h);
+    int64_t pad_t = ih0 - first;
+    int64_t pad_b = (b - a - 1) * st[0] + ext_h - (ih1 - ih0) - pad_t;
+    auto src = desc_4d({1, xs[1], ih1 - ih0, xs[3]}, layout::blocked16);
+    auto dst = desc_4d({1, ys[1], b - a, ys[3]}, layout::blocked16);
+    auto [pdesc, wino] = conv_pdesc(ctx, n, {src, wany, dst, pad_t, pad_b, try_winograd});
+    if (impl.empty())
+      impl = std::string(wino ? "winograd" : "direct") + reference_note(pdesc);
+    conv_band band{{}, ih0, ih1 - ih0, a, b - a};
+    band.call.prim = dnnl::convolution_forward(pdesc);
+    band.call.scratch = pdesc.scratchpad_desc();
+    band.call.args.push_back({DNNL_ARG_SRC, src, -1, 0, {}});
+    band.call.args.push_back({DNNL_ARG_WEIGHTS, {}, -1, 0,
+                              ctx.weights->get(ctx.eng, w, 0, wuser, pdesc.weights_desc())});
+    if (has_bias)
+      band.call.args.push_back({DNNL_ARG_BIAS, bias, -1, 0, {}});
+    band.call.args.push_back({DNNL_ARG_DST, dst, -1, 0, {}});
+    bands->push_back(std::move(band));
+  }
+  int x = n.inputs[0], y = n.outputs[0], bv = has_bias ? n.inputs[2] : -1;
+  int64_t ic = xs[1], ih = xs[2], iw = xs[3], oc = ys[1], oh = ys[2], ow = ys[3];
+  step s;
+  s.kernel = "onednn.conv." + impl.substr(0, impl.find(' ')) + " nChw16c->nChw16c by row (copies)"
+             + (impl.find(' ') == std::string::npos ? "" : impl.substr(impl.find(' ')));
+  s.items = static_cast<int64_t>(bands->size());
+  s.run = [=, eng = ctx.eng](void** p, int64_t item) {
+    const conv_band& band = (*bands)[item];
+    size_t in_span = static_cast<size_t>((ic * band.in_rows * iw + 15) / 16 * 16);
+    float* in = band_buffer(in_span + static_cast<size_t>(oc * band.out_rows * ow));
+    float* out = in + in_span;
+    const float* x_at = static_cast<const float*>(p[x]);
+    for (int64_t cb = 0; cb < ic / 16; ++cb)
+      std::memcpy(in + cb * band.in_rows * iw * 16, x_at + (cb * ih + band.ih0) * iw * 16,
+                  sizeof(float) * 16 * band.in_rows * iw);
+    const void* handles[4] = {in, nullptr, bv >= 0 ? p[bv] : out, out};
+    run_call(eng, band.call, handles);
+    float* y_at = static_cast<float*>(p[y]);
+    for (int64_t ob = 0; ob < oc / 16; ++ob)
+      std::memcpy(y_at + (ob * oh + band.oh0) * ow * 16, out + ob * band.out_rows * ow * 16,
+                  sizeof(float) * 16 * band.out_rows * ow);
+  };
+  return s;
+}
+
+} // namespace
+
+/// FusedConv over 4-D tensors as oneDNN convolutions, one call per work item.
+/// Several images split by image. One image stored nChw16c splits by output
+/// channels (whole blocks of 16, each item with its slice of the weights), or,
+/// where its input outweighs its weights, into bands of output rows (on the
+/// engine's 1x1 kernel, else on dense copies: banded_conv_step); one image
+/// stored NHWC splits into bands of output rows (which stay dense).
+/// 3x3 stride-1 convolutions on nChw16c use Winograd when `winograd` is set and
+/// oneDNN has the kernel.
+step conv_step(const dnnl_ctx& ctx, const graph& g, const node& n, unsigned threads,
+               const layout_map& lay, const onnx_model_config& mcfg) {
+  const bool winograd = mcfg.winograd;
+  using tag = dnnl::memory::format_tag;
+  using dt = dnnl::memory::data_type;
+  const auto& xs = g.values[n.inputs[0]].shape;
+  const auto& w = *g.values[n.inputs[1]].constant;
+  const auto& ys = g.values[n.outputs[0]].shape;
+  int64_t group = n.get_i("group", 1);
+  auto st = n.get_ints("strides", {1, 1});
+  auto pd = n.get_ints("pads", {0, 0, 0, 0});
+  auto dl = n.get_ints("dilations", {1, 1});
+  layout src_l = src_layout(n), dst_l = dst_layout(n);
+  bool has_bias = n.inputs.size() > 2 && n.inputs[2] >= 0;
+  bool has_res = n.inputs.size() > 3 && n.inputs[3] >= 0;
+  // Bytes of one image: the same in every layout.
+  auto image_bytes = [](const dims_t& s) { return s[1] * s[2] * s[3] * 4; };
+  enum class split { none, images, channels, rows } how = split::none;
+  std::vector<int64_t> cuts{0, ys[0]};
+  if (threads > 1 && ys[0] > 1) {
+    how = split::images;
+    cuts = split_range(ys[0], pieces_for(ys[0], threads), 1, threads);
+  } else if (threads > 1 && dst_l == layout::blocked16 && group == 1 && ys[1] >= 32) {
+    // One piece per thread: each piece reads (and for a strided 1x1 oneDNN
+    // gathers, for Winograd transforms) all of the input again. ResNet-50,
+    // batch 1, 2 threads, plans run in turn in one process: 1.01x the speed of
+    // pieces of 128 channels (up to 4 per thread), and 4 pieces per thread
+    // ran at 0.94x.
+    how = split::channels;
+    cuts = split_range(ys[1], threads, 16, threads);
+  } else if (threads > 1 && src_l == layout::nhwc && dst_l == layout::nhwc) {
+    // Every band reads all the weights: keep at least 64 output pixels per band
+    // so that it does enough work per weight read, but give each thread one.
+    how = split::rows;
+    int64_t pieces = std::max<int64_t>(std::min<int64_t>(threads, ys[2]),
+                                       std::min(pieces_for(ys[2], threads), ys[2] * ys[3] / 64));
+    cuts = split_range(ys[2], pieces, 1, threads);
+  }
+  int64_t ext_h = (w.shape[2] - 1) * dl[0] + 1;
+  int64_t w_per_oc = w.elements() / w.shape[0];
+  // Each piece of a channel split transforms the whole input again: with
+  // fewer than 64 channels a piece, Winograd loses its lead (measured on
+  // ResNet-50's 64-channel 56x56 layers: no faster on 2 threads than on 1).
+  int64_t narrowest = how == split::channels ? ys[1] : 0;
+  for (size_t c = 0; how == split::channels && c + 1 < cuts.size(); ++c)
+    narrowest = std::min(narrowest, cuts[c + 1] - cuts[c]);
+  bool try_winograd = winograd && src_l == layout::blocked16 && dst_l == layout::blocked16
+                      && winograd_shape(n, w.shape)
+                      && (how != split::channels || narrowest >= 64);
+  // One image whose input outweighs its weights splits into bands of output
+  // rows on the engine's kernel: each thread reads its band of the input and
+  // all the weights, where a oneDNN channel split has every thread read all of
+  // the input (oneDNN runs a band of rows of nChw16c with its reference kernel
+  // only). ResNet-50, batch 1, 2 threads: 1.077x the oneDNN-only plan.
+  if (how == split::channels && mcfg.engine_conv1x1 && image_bytes(xs) >= w.elements() * 4
+      && engine_conv1x1_fits(n, w.shape, src_l, dst_l))
+    return engine_conv1x1_step(
+      ctx, g, n, split_range(ys[2], std::min<int64_t>(ys[2], pieces_for(ys[2], threads)), 1,
+                             threads));
+  // Other convolutions of one such image (ResNet-50's 3x3 layers of stage 1,
+  // and the strided one starting stage 2) run by bands too, as oneDNN calls
+  // on dense copies of each band.
+  if (how == split::channels && mcfg.conv_bands && group == 1 && !has_res
+      && xs[1] % 16 == 0 && ys[1] % 16 == 0
+      && (w.shape[2] > 1 || w.shape[3] > 1) && image_bytes(xs) >= w.elements() * 4)
+    return banded_conv_step(ctx, g, n, threads, mcfg);
+  std::vector<dnnl_call> calls;
+  std::string impl;
+  for (size_t c = 0; c + 1 < cuts.size(); ++c) {
+    int64_t a = cuts[c], b = cuts[c + 1];
+    dims_t xsub = xs, ysub = ys, wd = w.shape;
+    int64_t xoff = 0, yoff = 0, woff = 0, boff = 0, pad_t = pd[0], pad_b = pd[2];
+    if (how == split::images || how == split::none) {
+      xsub[0] = ysub[0] = b - a;
+      xoff = a * image_bytes(xs);
+      yoff = a * image_bytes(ys);
+    } else if (how == split::channels) {
+      ysub[1] = wd[0] = b - a;
+      yoff = a * ys[2] * ys[3] * 4;
+      woff = a * w_per_oc * 4;
+      boff = a * 4;
+    } else {
+      // Output rows [a, b) read input rows [ih0, ih1), with the padding that remains.
+      int64_t first = a * st[0] - pd[0];
+      int64_t ih0 = std::max<int64_t>(0, first);
+      int64_t ih1 = std::min<int64_t>(xs[2], (b - 1) * st[0] - pd[0] + ext_h);
+      pad_t = ih0 - first;
+      pad_b = (b - a - 1) * st[0] + ext_h - (ih1 - ih0) - pad_t;
+      xsub[2] = ih1 - ih0;
+      ysub[2] = b - a;
+      xoff = ih0 * xs[3] * xs[1] * 4;
+      yoff = a * ys[3] * ys[1] * 4;
+    }
+    tag wtag = tag::oihw;
+    if (group > 1) {
+      wd = {group, wd[0] / group, wd[1], wd[2], wd[3]};
+      wtag = tag::goihw;
+    }
+    dnnl::memory::desc wuser(to_dnnl(wd), dt::f32, wtag);
+    dnnl::memory::desc wany(to_dnnl(wd), dt::f32, tag::any);
+    dnnl::memory::desc bias({ysub[1]}, dt::f32, tag::a);
+    auto src = desc_4d(xsub, src_l);
+    auto dst = desc_4d(ysub, dst_l);
+    auto [pdesc, wino] = conv_pdesc(ctx, n, {src, wany, dst, pad_t, pad_b, try_winograd});
+    if (impl.empty())
+      impl = std::string(wino ? "winograd" : "direct") + reference_note(pdesc);
+    dnnl_call call;
+    call.prim = dnnl::convolution_forward(pdesc);
+    call.scratch = pdesc.scratchpad_desc();
+    call.args.push_back({DNNL_ARG_SRC, src, n.inputs[0], xoff, {}});
+    call.args.push_back({DNNL_ARG_WEIGHTS, {}, -1, 0,
+                         ctx.weights->get(ctx.eng, g.values[n.inputs[1]].constant, woff, wuser,
+                                          pdesc.weights_desc())});
+    if (has_bias)
+      call.args.push_back({DNNL_ARG_BIAS, bias, n.inputs[2], boff, {}});
+    if (has_res)
+      call.args.push_back({DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, dst, n.inputs[3],
+                           yoff, {}});
+    call.args.push_back({DNNL_ARG_DST, dst, n.outputs[0], yoff, {}});
+    calls.push_back(std::move(call));
+  }
+  static const char* split_names[] = {"", " by image", " by channel", " by row"};
+  return onednn_step(ctx,
+                     "onednn.conv." + impl.substr(0, impl.find(' ')) + " " + layout_name(src_l)
+                       + "->" + layout_name(dst_l) + split_names[static_cast<int>(how)]
+                       + (impl.find(' ') == std::string::npos ? "" : impl.substr(impl.find(' '))),
+                     std::move(calls));
+}
+
+/// Pooling as oneDNN calls: by image when there are several, by blocks of 16
+/// channels (dense in nChw16c) for one image, else one call.
+step pool_step(const dnnl_ctx& ctx, const graph& g, const node& n, const layout_map& lay,
+               unsigned threads) {
+  const auto& xs = g.values[n.inputs[0]].shape;
+  const auto& ys = g.values[n.outputs[0]].shape;
+  layout src_l = src_layout(n), dst_l = dst_layout(n);
+  dims_t k, st, pl, pr, dil{0, 0};
+  dnnl::algorithm alg;
+  if (n.op == "GlobalAveragePool") {
+    k = {xs[2], xs[3]};
+    st = {1, 1};
+    pl = pr = {0, 0};
+    alg = dnnl::algorithm::pooling_avg_exclude_padding;
+  } else {
+    k = n.get_ints("kernel_shape");
+    st = n.get_ints("strides", {1, 1});
+    auto pads = n.get_ints("pads", {0, 0, 0, 0});
+    auto d = n.get_ints("dilations", {1, 1});
+    dil = {d[0] - 1, d[1] - 1};
+    pl = {pads[0], pads[1]};
+    // Right padding that gives ONNX's output size (ceil_mode included).
+    for (int i = 0; i < 2; ++i)
+      pr.push_back((ys[2 + i] - 1) * st[i] + (k[i] - 1) * d[i] + 1 - xs[2 + i] - pl[i]);
+    alg = n.op == "MaxPool" ? dnnl::algorithm::pooling_max
+          : n.get_i("count_include_pad", 0) ? dnnl::algorithm::pooling_avg_include_padding
+                                            : dnnl::algorithm::pooling_avg_exclude_padding;
+  }
+  bool by_image = threads > 1 && ys[0] > 1;
+  bool by_channel = threads > 1 && !by_image && src_l == layout::blocked16
+                    && dst_l == layout::blocked16;
+  auto cuts = by_image     ? split_range(ys[0], pieces_for(ys[0], threads), 1, threads)
+              : by_channel ? split_range(ys[1], pieces_for(ys[1] / 16, threads), 16, threads)
+                           : std::vector<int64_t>{0, ys[0]};
+  std::vector<dnnl_call> calls;
+  std::string note;
+  for (size_t c = 0; c + 1 < cuts.size(); ++c) {
+    dims_t xsub = xs, ysub = ys;
+    int64_t xoff, yoff;
+    if (by_channel) {
+      xsub[1] = ysub[1] = cuts[c + 1] - cuts[c];
+      xoff = cuts[c] * xs[2] * xs[3] * 4;
+      yoff = cuts[c] * ys[2] * ys[3] * 4;
+    } else {
+      xsub[0] = ysub[0] = cuts[c + 1] - cuts[c];
+      xoff = cuts[c] * xs[1] * xs[2] * xs[3] * 4;
+      yoff = cuts[c] * ys[1] * ys[2] * ys[3] * 4;
+    }
+    auto src = desc_4d(xsub, src_l);
+    auto dst = desc_4d(ysub, dst_l);
+    dnnl::pooling_v2_forward::desc d(dnnl::prop_kind::forward_inference, alg, src, dst,
+                                     to_dnnl(st), to_dnnl(k), to_dnnl(dil), to_dnnl(pl),
+                                     to_dnnl(pr));
+    dnnl::pooling_v2_forward::primitive_desc pdesc(d, user_scratchpad_attr(), ctx.eng);
+    dnnl_call call;
+    call.prim = dnnl::pooling_v2_forward(pdesc);
+    note = reference_note(pdesc);
+    call.scratch = pdesc.scratchpad_desc();
+    call.args.push_back({DNNL_ARG_SRC, src, n.inputs[0], xoff, {}});
+    call.args.push_back({DNNL_ARG_DST, dst, n.outputs[0], yoff, {}});
+    calls.push_back(std::move(call));
+  }
+  return onednn_step(ctx,
+                     std::string("onednn.pool ") + layout_name(src_l)
+                       + (by_image ? " by image" : by_channel ? " by channel" : "") + note,
+                     std::move(calls));
+}
+
+/// ToNHWC / ToNChw16c / ToNCHW: a oneDNN reorder between two layouts of one 4-D tensor.
+step reorder_step(const dnnl_ctx& ctx, const graph& g, const node& n, const layout_map& lay) {
+  const auto& shape = g.values[n.inputs[0]].shape;
+  auto src = desc_4d(shape, lay[n.inputs[0]]);
+  auto dst = desc_4d(shape, lay[n.outputs[0]]);
+  dnnl::reorder::primitive_desc pdesc(ctx.eng, src, ctx.eng, dst, user_scratchpad_attr());
+  dnnl_call call;
+  call.prim = dnnl::reorder(pdesc);
+  call.scratch = pdesc.scratchpad_desc();
+  call.args.push_back({DNNL_ARG_FROM, src, n.inputs[0], 0, {}});
+  call.args.push_back({DNNL_ARG_TO, dst, n.outputs[0], 0, {}});
+  std::vector<dnnl_call> calls;
+  calls.push_back(std::move(call));
+  return onednn_step(ctx, "onednn.reorder", std::move(calls));
+}
+
+namespace {
+
+bool runs_on_onednn_4d(const graph& g, const node& n) {
+  bool spatial = (n.op == "FusedConv" && g.values[n.inputs[1]].constant) || n.op == "MaxPool"
+                 || n.op == "AveragePool" || n.op == "GlobalAveragePool";
+  return spatial && g.values[n.inputs[0]].shape.size() == 4;
+}
+
+/// The layouts a oneDNN node reads its input 0 in and writes its output in.
+/// oneDNN's fast kernels want both in one layout, except an image's few NCHW
+/// channels written nChw16c; other mixes run its reference kernel (measured:
+/// 73 ms instead of 0.04 ms for an 8-channel 64x64 convolution reading NCHW and
+/// writing NHWC). nChw16c needs whole blocks of 16 channels and no groups.
+std::pair<layout, layout> node_layouts(const graph& g, const layout_map& lay, const node& n) {
+  const auto& in = g.values[n.inputs[0]].shape;
+  const auto& out = g.values[n.outputs[0]].shape;
+  layout stored = lay[n.inputs[0]];
+  if (n.op == "FusedConv") {
+    bool blocked_out = out[1] % 16 == 0 && n.get_i("group", 1) == 1;
+    if (blocked_out && in[1] % 16 == 0)
+      return {layout::blocked16, layout::blocked16};
+    if (blocked_out && in[1] < 16 && stored == layout::nchw)
+      return {layout::nchw, layout::blocked16};
+    return {layout::nhwc, layout::nhwc};
+  }
+  bool blocked = stored == layout::blocked16 || (stored == layout::nchw && in[1] % 16 == 0);
+  return blocked ? std::make_pair(layout::blocked16, layout::blocked16)
+                 : std::make_pair(layout::nhwc, layout::nhwc);
+}
+
+/// Whether value `v` stored as `a` has the bytes of layout `b` too: a 1x1
+/// spatial tensor is the same in NCHW, NHWC and (whole blocks) nChw16c.
+bool same_bytes(const graph& g, int v, layout a, layout b) {
+  const auto& s = g.values[v].shape;
+  if (a == b)
+    return true;
+  if (s.size() != 4 || s[2] * s[3] != 1)
+    return false;
+  return (a != layout::blocked16 && b != layout::blocked16) || s[1] % 16 == 0;
+}
+
+} // namespace
+
+/// Stores convolution and pooling tensors in oneDNN's layouts (node_layouts),
+/// inserting reorder nodes where a tensor passes between them and the other
+/// operators or between two layouts. Records each oneDNN node's choice in its
+/// src_layout/dst_layout attributes.
+layout_map assign_layouts(graph& g) {
+  std::vector<bool> is_output(g.values.size(), false);
+  for (int o : g.outputs) is_output[o] = true;
+  layout_map lay(g.values.size(), layout::nchw);
+  std::map<std::pair<int, layout>, int> converted;
+  std::vector<node> nodes;
+  auto add_value = [&](int like, layout l) {
+    int nv = g.add_value(g.values[like].name + "/" + layout_name(l), datatype::fp32,
+                         g.values[like].shape, true);
+    lay.resize(g.values.size(), layout::nchw);
+    lay[nv] = l;
+    return nv;
+  };
+  auto reorder = [&](int from, int to) {
+    const char* op = lay[to] == layout::nchw   ? "ToNCHW"
+                     : lay[to] == layout::nhwc ? "ToNHWC"
+                                               : "ToNChw16c";
+    nodes.push_back(node{op, g.values[to].name + "/reorder", {from}, {to}, {}});
+  };
+  auto convert = [&](int v, layout to) {
+    auto key = std::make_pair(v, to);
+    if (auto it = converted.find(key); it != converted.end()) return it->second;
+    int nv = add_value(v, to);
+    reorder(v, nv);
+    converted[key] = nv;
+    return nv;
+  };
+  for (auto n : g.nodes) {
+    bool dn = runs_on_onednn_4d(g, n);
+    layout src = layout::nchw, out = layout::nchw;
+    if (dn) {
+      std::tie(src, out) = node_layouts(g, lay, n);
+      n.set_i("src_layout", static_cast<int64_t>(src));
+      n.set_i("dst_layout", static_cast<int64_t>(out));
+    }
+    // Input 0 and a convolution's residual are read in the node's layouts,
+    // every other input NCHW.
+    for (size_t i = 0; i < n.inputs.size(); ++i) {
+      int v = n.inputs[i];
+      if (v < 0 || g.values[v].constant) continue;
+      layout want = !dn ? layout::nchw : i == 0 ? src
+                    : n.op == "FusedConv" && i == 3 ? out : layout::nchw;
+      if (!same_bytes(g, v, lay[v], want))
+        n.inputs[i] = convert(v, want);
+    }
+    if (!dn) {
+      nodes.push_back(n);
+      continue;
+    }
+    // The output: in the node's layout, except a 1x1 one (stored NCHW, the
+    // same bytes) and a graph output, written through a reorder to NCHW.
+    int o = n.outputs[0];
+    if (same_bytes(g, o, layout::nchw, out)) {
+      nodes.push_back(n);
+    } else if (is_output[o]) {
+      n.outputs[0] = add_value(o, out);
+      nodes.push_back(n);
+      reorder(n.outputs[0], o);
+    } else {
+      lay[o] = out;
+      nodes.push_back(n);
+    }
+  }
+  g.nodes = std::move(nodes);
+  lay.resize(g.values.size(), layout::nchw);
+  return lay;
+}
+
+/// FusedMatMul: A [..., K] x constant W [K, N] + bias, activation, + residual;
+/// also FusedGemm with W stored [N, K] (`trans_w`). Many rows split into bands
+/// of rows sharing the weights; few rows split into bands of 64 columns, each
+/// with its own slice of the weights.
+step matmul_step(const dnnl_ctx& ctx, const graph& g, const node& n, unsigned threads,
+                 bool trans_w) {
+  using tag = dnnl::memory::format_tag;
+  using dt = dnnl::memory::data_type;
+  const auto& as = g.values[n.inputs[0]].shape;
+  const auto& w = *g.values[n.inputs[1]].constant;
+  int64_t k = as.back(), nn = trans_w ? w.shape[0] : w.shape[1];
+  int64_t m = element_count(as) / k;
+  bool has_bias = n.inputs.size() > 2 && n.inputs[2] >= 0;
+  bool has_res = n.inputs.size() > 3 && n.inputs[3] >= 0;
+  auto act = n.get_s("activation", "");
+  int64_t pieces = pieces_for(std::max<int64_t>(1, m / 32 + nn / 64), threads);
+  bool by_rows = m >= 64 * pieces || nn < 128;
+  auto cuts = by_rows ? split_range(m, pieces, 16, threads) : split_range(nn, pieces, 64, threads);
+  std::vector<dnnl_call> calls;
+  for (size_t c = 0; c + 1 < cuts.size(); ++c) {
+    int64_t a = cuts[c], b = cuts[c + 1];
+    int64_t mc = by_rows ? b - a : m, nc = by_rows ? nn : b - a;
+    int64_t col0 = by_rows ? 0 : a, row0 = by_rows ? a : 0;
+    dnnl::memory::desc src({mc, k}, dt::f32, tag::ab);
+    dnnl::memory::desc wuser({k, nc}, dt::f32, trans_w ? dnnl::memory::dims{1, k}
+                                                         : dnnl::memory::dims{nn, 1});
+    dnnl::memory::desc wany({k, nc}, dt::f32, tag::any);
+    dnnl::memory::desc dst({mc, nc}, dt::f32, {nn, 1});
+    dnnl::memory::desc bias({1, nc}, dt::f32, tag::ab);
+    dnnl::post_ops po;
+    if (!act.empty())
+      po.append_eltwise(1.0f, eltwise_of(act), n.get_f("act_alpha", 0), n.get_f("act_beta", 0));
+    if (has_res)
+      po.append_binary(dnnl::algorithm::binary_add, dst);
+    auto attr = user_scratchpad_attr();
+    attr.set_post_ops(po);
+    auto d = has_bias ? dnnl::matmul::desc(src, wany, bias, dst)
+                      : dnnl::matmul::desc(src, wany, dst);
+    dnnl::matmul::primitive_desc pdesc(d, attr, ctx.eng);
+    int64_t out_off = (row0 * nn + col0) * 4;
+    dnnl_call call;
+    call.prim = dnnl::matmul(pdesc);
+    call.scratch = pdesc.scratchpad_desc();
+    call.args.push_back({DNNL_ARG_SRC, src, n.inputs[0], row0 * k * 4, {}});
+    call.args.push_back({DNNL_ARG_WEIGHTS, {}, -1, 0,
+                         ctx.weights->get(ctx.eng, g.values[n.inputs[1]].constant,
+                                          col0 * (trans_w ? k : 1) * 4, wuser,
+                                          pdesc.weights_desc())});
+    if (has_bias)
+      call.args.push_back({DNNL_ARG_BIAS, bias, n.inputs[2], col0 * 4, {}});
+    if (has_res)
+      call.args.push_back({DNNL_ARG_ATTR_MULTIPLE_POST_OP(act.empty() ? 0 : 1) | DNNL_ARG_SRC_1,
+                           dst, n.inputs[3], out_off, {}});
+    call.args.push_back({DNNL_ARG_DST, dst, n.outputs[0], out_off, {}});
+    calls.push_back(std::move(call));
+  }
+  return onednn_step(ctx, "onednn.matmul", std::move(calls));
+}
+
+} // namespace caf_serving::onnx
