@@ -282,6 +282,23 @@ conv_choice conv_pdesc(const dnnl_ctx& ctx, const node& n, const conv_views& v) 
   return {make(dnnl::algorithm::convolution_direct), false};
 }
 
+/// The input rows [begin, end) that output rows [a, b) of a convolution read,
+/// and the rows of padding that remain above and below them.
+struct band_input {
+  int64_t begin, end, pad_top, pad_bottom;
+};
+
+/// band_input for a kernel `ext_h` rows tall (with dilation), `stride` and
+/// `pad_top` rows of padding above an input of `height` rows.
+band_input rows_read(int64_t a, int64_t b, int64_t stride, int64_t pad_top, int64_t ext_h,
+                     int64_t height) {
+  int64_t first = a * stride - pad_top;
+  int64_t begin = std::max<int64_t>(0, first);
+  int64_t end = std::min<int64_t>(height, (b - 1) * stride - pad_top + ext_h);
+  int64_t above = begin - first;
+  return {begin, end, above, (b - a - 1) * stride + ext_h - (end - begin) - above};
+}
+
 /// This thread's buffer for the dense copies of one band of a banded
 /// convolution: 64-byte aligned, at least `floats` long. It grows to the
 /// largest band the thread has run (bounded by the model's largest layer).
@@ -331,19 +348,15 @@ step banded_conv_step(const dnnl_ctx& ctx, const graph& g, const node& n, unsign
   auto bands = std::make_shared<std::vector<conv_band>>();
   std::string impl;
   for (size_t c = 0; c + 1 < cuts.size(); ++c) {
-    // Output rows [a, b) read input rows [ih0, ih1), with the padding that remains.
     int64_t a = cuts[c], b = cuts[c + 1];
-    int64_t first = a * st[0] - pd[0];
-    int64_t ih0 = std::max<int64_t>(0, first);
-    int64_t ih1 = std::min<int64_t>(xs[2], (b - 1) * st[0] - pd[0] + ext_h);
-    int64_t pad_t = ih0 - first;
-    int64_t pad_b = (b - a - 1) * st[0] + ext_h - (ih1 - ih0) - pad_t;
-    auto src = desc_4d({1, xs[1], ih1 - ih0, xs[3]}, layout::blocked16);
+    auto in = rows_read(a, b, st[0], pd[0], ext_h, xs[2]);
+    auto src = desc_4d({1, xs[1], in.end - in.begin, xs[3]}, layout::blocked16);
     auto dst = desc_4d({1, ys[1], b - a, ys[3]}, layout::blocked16);
-    auto [pdesc, wino] = conv_pdesc(ctx, n, {src, wany, dst, pad_t, pad_b, try_winograd});
+    auto [pdesc, wino] =
+      conv_pdesc(ctx, n, {src, wany, dst, in.pad_top, in.pad_bottom, try_winograd});
     if (impl.empty())
       impl = std::string(wino ? "winograd" : "direct") + reference_note(pdesc);
-    conv_band band{{}, ih0, ih1 - ih0, a, b - a};
+    conv_band band{{}, in.begin, in.end - in.begin, a, b - a};
     band.call.prim = dnnl::convolution_forward(pdesc);
     band.call.scratch = pdesc.scratchpad_desc();
     band.call.args.push_back({DNNL_ARG_SRC, src, -1, 0, {}});
@@ -471,15 +484,12 @@ step conv_step(const dnnl_ctx& ctx, const graph& g, const node& n, unsigned thre
       woff = a * w_per_oc * 4;
       boff = a * 4;
     } else {
-      // Output rows [a, b) read input rows [ih0, ih1), with the padding that remains.
-      int64_t first = a * st[0] - pd[0];
-      int64_t ih0 = std::max<int64_t>(0, first);
-      int64_t ih1 = std::min<int64_t>(xs[2], (b - 1) * st[0] - pd[0] + ext_h);
-      pad_t = ih0 - first;
-      pad_b = (b - a - 1) * st[0] + ext_h - (ih1 - ih0) - pad_t;
-      xsub[2] = ih1 - ih0;
+      auto in = rows_read(a, b, st[0], pd[0], ext_h, xs[2]);
+      pad_t = in.pad_top;
+      pad_b = in.pad_bottom;
+      xsub[2] = in.end - in.begin;
       ysub[2] = b - a;
-      xoff = ih0 * xs[3] * xs[1] * 4;
+      xoff = in.begin * xs[3] * xs[1] * 4;
       yoff = a * ys[3] * ys[1] * 4;
     }
     tag wtag = tag::oihw;
