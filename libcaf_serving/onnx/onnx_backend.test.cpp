@@ -406,27 +406,24 @@ TEST_CASE("bad ONNX backend parameters in config.pbtxt are load errors that say 
   std::mt19937 rng(15);
   auto g = conv_graph({32, 32, 8, 8, 1, 1, 1, false, false, false}, rng);
   auto cfg = test_config();
-  cfg.config.parameters["winograd"] = "yes";
-  auto bad = load_onnx_graph(g, cfg);
-  REQUIRE_FALSE(bad);
-  CHECK(bad.error().message.find("\"winograd\" is 'yes'") != std::string::npos);
-  CHECK(bad.error().message.find("\"true\" or \"false\"") != std::string::npos);
-  cfg.config.parameters["winograd"] = "false";
-  cfg.config.parameters["plan_cache_size"] = "0";
-  bad = load_onnx_graph(g, cfg);
-  REQUIRE_FALSE(bad);
-  CHECK(bad.error().message.find("\"plan_cache_size\" is '0'") != std::string::npos);
-  cfg.config.parameters["plan_cache_size"] = "3";
-  cfg.config.parameters["engine_conv1x1"] = "1";
-  bad = load_onnx_graph(g, cfg);
-  REQUIRE_FALSE(bad);
-  CHECK(bad.error().message.find("\"engine_conv1x1\" is '1'") != std::string::npos);
-  cfg.config.parameters["engine_conv1x1"] = "false";
-  cfg.config.parameters["conv_bands"] = "off";
-  bad = load_onnx_graph(g, cfg);
-  REQUIRE_FALSE(bad);
-  CHECK(bad.error().message.find("\"conv_bands\" is 'off'") != std::string::npos);
-  cfg.config.parameters["conv_bands"] = "false";
+  // Each bad value in turn (the earlier keys then hold good ones), the error
+  // it must name, and a good value to leave in place.
+  struct bad_case {
+    const char *key, *bad, *good, *says;
+  };
+  for (auto c : {bad_case{"winograd", "yes", "false", "give string_value \"true\" or \"false\""},
+                 bad_case{"plan_cache_size", "0", "3", "a count from 1 to 1024"},
+                 bad_case{"engine_conv1x1", "1", "false", "\"true\" or \"false\""},
+                 bad_case{"conv_bands", "off", "false", "\"true\" or \"false\""}}) {
+    CAPTURE(c.key);
+    cfg.config.parameters[c.key] = c.bad;
+    auto bad = load_onnx_graph(g, cfg);
+    REQUIRE_FALSE(bad);
+    CHECK(bad.error().message.find("\"" + std::string(c.key) + "\" is '" + c.bad + "'")
+          != std::string::npos);
+    CHECK(bad.error().message.find(c.says) != std::string::npos);
+    cfg.config.parameters[c.key] = c.good;
+  }
   CHECK(load_onnx_graph(g, cfg));
 }
 
