@@ -315,6 +315,11 @@ def fixtures(out):
     for opset in (13, 17):
         export_resnet(out, f"resnet_narrow_opset{opset}", resnet, opset, 2, 64, 10 + opset)
     export_resnet(out, "resnet_bottleneck_opset17", bottle, 17, 2, 64, 30)
+    # Wide enough early layers that at one row on 2 threads the engine splits
+    # 3x3 convolutions (Winograd, and strided) into bands of rows on copies.
+    gen = torch.Generator().manual_seed(9)
+    bands = randomize_batchnorm(NarrowResNet(BasicBlock, [1, 1, 1, 1], [32, 32, 32, 32], 10), gen)
+    export_resnet(out, "resnet_bands_opset17", bands, 17, 2, 96, 31)
     torch.manual_seed(3)
     bert = bert_model("bert", vocab_size=512, hidden_size=64, num_hidden_layers=2,
                       num_attention_heads=4, intermediate_size=128, max_position_embeddings=64)
