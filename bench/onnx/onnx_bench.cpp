@@ -215,13 +215,27 @@ int main(int argc, char** argv) {
     view.inputs.push_back({model->config.inputs[i].name, model->config.inputs[i].dtype, shapes[i],
                            data[i].data(), data[i].size()});
   auto backend = model->make_instance();
-  auto run_once = [&] {
+  // One batch on `b`; returns its milliseconds (an error ends the bench).
+  auto timed = [&](executor::backend& b) {
     buffer_writer w;
-    auto r = backend->execute(view, w);
+    auto t0 = clock_type::now();
+    auto r = b.execute(view, w);
+    double ms = std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
     if (auto* e = std::get_if<serving_error>(&r)) {
       std::fprintf(stderr, "caf-onnx-bench: %s\n", e->message.c_str());
       std::exit(1);
     }
+    return ms;
+  };
+  auto run_once = [&] { timed(*backend); };
+  // One turn (--group, --versus): `group` batches on `b`; the mean milliseconds
+  // of all but the first, which finds the other engine's or plan's data in the
+  // caches.
+  auto turn = [&](executor::backend& b) {
+    timed(b);
+    double sum = 0;
+    for (int i = 1; i < group; ++i) sum += timed(b);
+    return sum / (group - 1);
   };
   for (int i = 0; i < 3; ++i) run_once();
   // --check: the plan's outputs against the reference interpreter (plain
@@ -269,14 +283,6 @@ int main(int argc, char** argv) {
     }
     return std::make_pair(runs, elapsed);
   };
-  // A turn of `group` batches: inferences per second over all but the first.
-  auto measure_turn = [&] {
-    run_once();
-    auto t0 = clock_type::now();
-    for (int i = 1; i < group; ++i)
-      run_once();
-    return (group - 1) * batch / std::chrono::duration<double>(clock_type::now() - t0).count();
-  };
   if (windows > 0) {
     double peak = fma_peak_one_core() * threads;
     std::printf("{\"ready\":true,\"gflop_per_inference\":%.4f,\"fma_peak_gflops\":%.2f}\n",
@@ -286,7 +292,7 @@ int main(int argc, char** argv) {
     for (int w = 0; w < windows && std::fgets(line, sizeof line, stdin); ++w) {
       double ips = 0;
       if (group > 0) {
-        ips = measure_turn();
+        ips = 1000.0 * batch / turn(*backend);
       } else {
         auto [runs, elapsed] = measure();
         ips = runs * batch / elapsed;
@@ -306,26 +312,7 @@ int main(int argc, char** argv) {
     auto other_backend = other->make_instance();
     if (group == 0)
       group = 4;
-    auto timed = [&](executor::backend& b) {
-      buffer_writer w;
-      auto t0 = clock_type::now();
-      auto r = b.execute(view, w);
-      double ms = std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
-      if (auto* e = std::get_if<serving_error>(&r)) {
-        std::fprintf(stderr, "caf-onnx-bench: %s\n", e->message.c_str());
-        std::exit(1);
-      }
-      return ms;
-    };
     for (int i = 0; i < 3; ++i) timed(*other_backend);
-    // One turn: `group` batches of one plan; its time is the mean of all but
-    // the first, which finds the other plan's weights in the caches.
-    auto turn = [&](executor::backend& b) {
-      timed(b);
-      double sum = 0;
-      for (int i = 1; i < group; ++i) sum += timed(b);
-      return sum / (group - 1);
-    };
     std::vector<double> mine, theirs, ratio;
     auto t0 = clock_type::now();
     for (int pair = 0;
