@@ -6,9 +6,9 @@
 /// measured fp32 FMA peak for T cores. With --check 1 it also runs the batch
 /// through the reference interpreter (no fusion, no layouts, no Winograd) and
 /// reports the relative error of the outputs (the largest over the outputs).
-/// --winograd 0 turns Winograd convolutions off; --conv1x1 onednn runs 1x1
-/// convolutions with oneDNN instead of the engine's own kernel; --bands 0 splits
-/// the other convolutions of one image by channels only (no bands of rows).
+/// --winograd 0 turns Winograd convolutions off; --conv onednn runs the 1x1 and
+/// strided convolutions with oneDNN instead of the engine's own kernel; --bands 0
+/// splits the other convolutions of one image by channels only (no bands of rows).
 /// With --profile 1 it prints, to stderr, the time of every step of the plan.
 /// With --versus "FLAGS" (plan flags, such as "--bands 0 --winograd 0") it loads
 /// the model a second time with those flags and runs the two plans batch by
@@ -114,13 +114,13 @@ double graph_flop(const onnx::graph& g) {
   return f;
 }
 
-/// Applies one flag that changes the plan (--profile, --winograd, --conv1x1,
+/// Applies one flag that changes the plan (--profile, --winograd, --conv,
 /// --bands) to `cfg`; false for any other flag or a bad value.
 bool plan_flag(const std::string& f, const std::string& v, onnx::onnx_model_config& cfg) {
   if (f == "--profile" && (v == "0" || v == "1")) cfg.profile = v == "1";
   else if (f == "--winograd" && (v == "0" || v == "1")) cfg.winograd = v == "1";
   else if (f == "--bands" && (v == "0" || v == "1")) cfg.conv_bands = v == "1";
-  else if (f == "--conv1x1" && (v == "engine" || v == "onednn")) cfg.engine_conv1x1 = v == "engine";
+  else if (f == "--conv" && (v == "engine" || v == "onednn")) cfg.engine_conv = v == "engine";
   else return false;
   return true;
 }
@@ -136,7 +136,7 @@ int main(int argc, char** argv) {
   if (argc < 2 || std::string(argv[1]) == "--help") {
     std::fprintf(stderr, "usage: caf-onnx-bench MODEL.onnx --batch B [--threads T] "
                          "[--seconds S] [--max-batch N] [--check 1] [--profile 1] [--winograd 0|1] "
-                         "[--conv1x1 engine|onednn] "
+                         "[--conv engine|onednn] "
                          "[--bands 0|1] [--windows N] [--versus \"FLAGS\"] [--group N]\n");
     return 2;
   }

@@ -48,25 +48,33 @@ struct attention_args {
 /// out_h = softmax(q_h k_h^T * scale + mask) v_h for every batch row and head.
 void engine_attention(const attention_args& a);
 
-struct conv1x1_args {
+struct conv_args {
   const float* x = nullptr;        ///< one image, nChw16c: [ic / 16][ih][iw][16]
-  /// Weights in groups of 64 output channels: w[(g * ic + i) * 64 + o] is
-  /// output channel g * 64 + o, input channel i.
+  /// Weights in oneDNN's OIhw16i16o layout (the one its own AVX-512
+  /// convolutions take, so both can share one copy):
+  /// w[(((ob * ic / 16 + ib) * kh + ky) * kw + kx) * 256 + ii * 16 + oo] is
+  /// output channel ob * 16 + oo, input channel ib * 16 + ii, kernel row ky
+  /// and column kx.
   const float* w = nullptr;
   const float* bias = nullptr;     ///< [oc], or null
   const float* residual = nullptr; ///< shaped and stored like y, or null
   float* y = nullptr;              ///< one image, nChw16c: [oc / 16][oh][ow][16]
   int64_t ic = 0;                  ///< a multiple of 16
   int64_t oc = 0;                  ///< a multiple of 64
-  int64_t ih = 0, iw = 0;
-  int64_t stride = 1;              ///< both dimensions; oh = (ih - 1) / stride + 1, no padding
+  int64_t ih = 0, iw = 0, oh = 0, ow = 0;
+  int64_t kh = 1, kw = 1;
+  int64_t stride_h = 1, stride_w = 1;
+  int64_t pad_top = 0, pad_left = 0; ///< the bottom and right padding follow from oh and ow
   int64_t row_begin = 0, row_end = 0; ///< the output rows to compute; row_end 0: all
+  int64_t oc_begin = 0, oc_end = 0;   ///< the output channels to compute, in whole groups of 64; oc_end 0: all
   bool relu = false;
 };
-/// y = conv1x1(x, w) + bias [+ residual] [then max(0, .)] for output rows
-/// [row_begin, row_end) of one image: a band of rows reads only its band of
-/// the input. Needs AVX-512 (engine_conv1x1_supported()).
-void engine_conv1x1(const conv1x1_args& a);
-bool engine_conv1x1_supported();
+/// y = conv(x, w) + bias [+ residual] [then max(0, .)], a direct convolution
+/// without dilation, for output rows [row_begin, row_end) and output channels
+/// [oc_begin, oc_end) of one image: a band of rows reads only its band of the
+/// input (and the rows its window reaches), a range of channels only its
+/// groups of weights. Needs AVX-512 (engine_conv_supported()).
+void engine_conv(const conv_args& a);
+bool engine_conv_supported();
 
 } // namespace caf_serving::kernels::cpu

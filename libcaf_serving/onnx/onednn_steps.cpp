@@ -169,60 +169,79 @@ bool winograd_shape(const node& n, const dims_t& wshape) {
          && st[1] == 1 && dl[0] == 1 && dl[1] == 1;
 }
 
-/// Whether the engine's own 1x1 convolution (kernels/cpu/engine_conv1x1.cpp)
-/// can run node `n`: 1x1, no padding, equal strides of 1 or 2, nChw16c in and
-/// out, output channels in whole groups of 64, Relu or no activation, and a
-/// CPU with AVX-512.
-bool engine_conv1x1_fits(const node& n, const dims_t& wshape, layout src_l, layout dst_l) {
-  auto st = n.get_ints("strides", {1, 1});
-  auto pd = n.get_ints("pads", {0, 0, 0, 0});
+/// Whether the engine's own direct convolution (kernels/cpu/engine_conv.cpp)
+/// can run node `n`: no groups, no dilation, nChw16c in and out, input
+/// channels in whole blocks of 16 and output channels in whole groups of 64,
+/// Relu or no activation, and a CPU with AVX-512.
+bool engine_conv_fits(const node& n, const dims_t& wshape, layout src_l, layout dst_l) {
   auto dl = n.get_ints("dilations", {1, 1});
   auto act = n.get_s("activation", "");
-  return kc::engine_conv1x1_supported() && wshape[2] == 1 && wshape[3] == 1
-         && n.get_i("group", 1) == 1 && src_l == layout::blocked16 && dst_l == layout::blocked16
-         && wshape[0] % 64 == 0 && wshape[1] % 16 == 0 && st[0] == st[1]
-         && (st[0] == 1 || st[0] == 2) && dl[0] == 1 && dl[1] == 1
-         && std::all_of(pd.begin(), pd.end(), [](int64_t p) { return p == 0; })
-         && (act.empty() || act == "Relu");
+  return kc::engine_conv_supported() && n.get_i("group", 1) == 1
+         && src_l == layout::blocked16 && dst_l == layout::blocked16 && wshape[0] % 64 == 0
+         && wshape[1] % 16 == 0 && dl[0] == 1 && dl[1] == 1 && (act.empty() || act == "Relu");
 }
 
-/// A FusedConv of one image that engine_conv1x1_fits(), one band of output
-/// rows per work item (`cuts`). The weights are packed once into the kernel's
-/// groups of 64 output channels (a strided oneDNN reorder through the weight
-/// store, so plans share them).
-step engine_conv1x1_step(const dnnl_ctx& ctx, const graph& g, const node& n,
-                         std::vector<int64_t> cuts) {
-  using dt = dnnl::memory::data_type;
+/// The weights of a convolution that engine_conv_fits() as ONNX has them
+/// (oihw) or as the engine's kernel and oneDNN's AVX-512 kernels read them
+/// (OIhw16i16o): plans of either kind share the one reordered copy.
+dnnl::memory::desc engine_weights(const dims_t& wshape, dnnl::memory::format_tag t) {
+  return dnnl::memory::desc(to_dnnl(wshape), dnnl::memory::data_type::f32, t);
+}
+
+/// A FusedConv that engine_conv_fits(): work items are bands of output rows
+/// (`row_cuts`) times ranges of output channels (`oc_cuts`, whole groups of
+/// 64), each over every image of the batch. The weights are packed once into
+/// the kernel's groups of 64 output channels (a strided oneDNN reorder
+/// through the weight store, so plans share them).
+step engine_conv_step(const dnnl_ctx& ctx, const graph& g, const node& n,
+                      std::vector<int64_t> row_cuts, std::vector<int64_t> oc_cuts) {
+  using tag = dnnl::memory::format_tag;
   const auto& xs = g.values[n.inputs[0]].shape;
+  const auto& ys = g.values[n.outputs[0]].shape;
   const auto& w = g.values[n.inputs[1]].constant;
-  int64_t oc = w->shape[0], ic = w->shape[1], groups = oc / 64;
-  dnnl::memory::desc user({groups, 64, ic}, dt::f32, {64 * ic, ic, 1});
-  dnnl::memory::desc packed({groups, 64, ic}, dt::f32, {64 * ic, 1, 64});
-  auto wmem = ctx.weights->get(ctx.eng, w, 0, user, packed);
+  int64_t oc = w->shape[0], ic = w->shape[1], kh = w->shape[2], kw = w->shape[3];
+  auto wmem = ctx.weights->get(ctx.eng, w, 0, engine_weights(w->shape, tag::oihw),
+                               engine_weights(w->shape, tag::OIhw16i16o));
   bool has_bias = n.inputs.size() > 2 && n.inputs[2] >= 0;
   bool has_res = n.inputs.size() > 3 && n.inputs[3] >= 0;
   int x = n.inputs[0], y = n.outputs[0], b = has_bias ? n.inputs[2] : -1,
       r = has_res ? n.inputs[3] : -1;
-  kc::conv1x1_args base;
+  auto st = n.get_ints("strides", {1, 1});
+  auto pd = n.get_ints("pads", {0, 0, 0, 0});
+  kc::conv_args base;
   base.ic = ic;
   base.oc = oc;
   base.ih = xs[2];
   base.iw = xs[3];
-  base.stride = n.get_ints("strides", {1, 1})[0];
+  base.oh = ys[2];
+  base.ow = ys[3];
+  base.kh = kh;
+  base.kw = kw;
+  base.stride_h = st[0];
+  base.stride_w = st[1];
+  base.pad_top = pd[0];
+  base.pad_left = pd[1];
   base.relu = n.get_s("activation", "") == "Relu";
+  const int64_t images = ys[0], x_image = xs[1] * xs[2] * xs[3], y_image = ys[1] * ys[2] * ys[3];
+  const int64_t oc_pieces = static_cast<int64_t>(oc_cuts.size()) - 1;
   step s;
-  s.kernel = "engine.conv1x1 nChw16c->nChw16c by row";
-  s.items = static_cast<int64_t>(cuts.size()) - 1;
+  s.kernel = std::string("engine.conv nChw16c->nChw16c")
+             + (row_cuts.size() > 2 ? " by row" : oc_pieces > 1 ? " by channel" : "");
+  s.items = (static_cast<int64_t>(row_cuts.size()) - 1) * oc_pieces;
   s.run = [=](void** p, int64_t item) {
-    kc::conv1x1_args a = base;
+    kc::conv_args a = base;
     a.w = static_cast<const float*>(wmem->get_data_handle());
     a.bias = b >= 0 ? static_cast<const float*>(p[b]) : nullptr;
-    a.x = static_cast<const float*>(p[x]);
-    a.y = static_cast<float*>(p[y]);
-    a.residual = r >= 0 ? static_cast<const float*>(p[r]) : nullptr;
-    a.row_begin = cuts[item];
-    a.row_end = cuts[item + 1];
-    kc::engine_conv1x1(a);
+    a.row_begin = row_cuts[item / oc_pieces];
+    a.row_end = row_cuts[item / oc_pieces + 1];
+    a.oc_begin = oc_cuts[item % oc_pieces];
+    a.oc_end = oc_cuts[item % oc_pieces + 1];
+    for (int64_t i = 0; i < images; ++i) {
+      a.x = static_cast<const float*>(p[x]) + i * x_image;
+      a.y = static_cast<float*>(p[y]) + i * y_image;
+      a.residual = r >= 0 ? static_cast<const float*>(p[r]) + i * y_image : nullptr;
+      kc::engine_conv(a);
+    }
   };
   return s;
 }
@@ -451,22 +470,43 @@ step conv_step(const dnnl_ctx& ctx, const graph& g, const node& n, unsigned thre
   bool try_winograd = winograd && src_l == layout::blocked16 && dst_l == layout::blocked16
                       && winograd_shape(n, w.shape)
                       && (how != split::channels || narrowest >= 64);
-  // One image whose input outweighs its weights splits into bands of output
-  // rows on the engine's kernel: each thread reads its band of the input and
-  // all the weights, where a oneDNN channel split has every thread read all of
-  // the input (oneDNN runs a band of rows of nChw16c with its reference kernel
-  // only). ResNet-50, batch 1, 2 threads: 1.077x the oneDNN-only plan.
-  if (how == split::channels && mcfg.engine_conv1x1 && image_bytes(xs) >= w.elements() * 4
-      && engine_conv1x1_fits(n, w.shape, src_l, dst_l))
-    return engine_conv1x1_step(
-      ctx, g, n, split_range(ys[2], std::min<int64_t>(ys[2], pieces_for(ys[2], threads)), 1,
-                             threads));
-  // Other convolutions of one such image (ResNet-50's 3x3 layers of stage 1,
-  // and the strided one starting stage 2) run by bands too, as oneDNN calls
-  // on dense copies of each band.
+  // The engine's direct kernel runs every convolution it fits that Winograd
+  // does not: the 1x1 layers and the strided 3x3 ones of ResNet-50.
+  // - One image on one thread: ResNet-50 ran at 1.04x with it for the 1x1
+  //   layers than with oneDNN's, and 1.03x more with the strided 3x3 too.
+  // - One image on several threads splits into bands of output rows where
+  //   its input outweighs its weights: each thread reads its band of the
+  //   input and all the weights, where a oneDNN channel split has every thread
+  //   read all of the input (oneDNN runs a band of rows of nChw16c with its
+  //   reference kernel only); ResNet-50, 2 threads: 1.077x the oneDNN-only
+  //   plan. Else into ranges of output channels, where there are groups of
+  //   64 enough for every thread (even with oneDNN's channel split:
+  //   0.999-1.014x).
+  // - Several images keep oneDNN for layers whose weights outweigh an image:
+  //   it reuses the weights across images, the engine's kernel streams them
+  //   again for every image (ResNet-50 at batch 32 fell from 1.12-1.20x
+  //   ONNX Runtime's speed to 0.99-1.04x).
+  // (All measured with plans in turn in one process, caf-onnx-bench --versus.)
+  const bool input_heavy = image_bytes(xs) >= w.elements() * 4;
+  const bool engine = mcfg.engine_conv && !(winograd && winograd_shape(n, w.shape))
+                      && engine_conv_fits(n, w.shape, src_l, dst_l);
+  if (engine) {
+    if (how == split::none && (ys[0] == 1 || input_heavy))
+      return engine_conv_step(ctx, g, n, {0, ys[2]}, {0, ys[1]});
+    if (how == split::channels && (input_heavy || ys[1] / 64 < threads))
+      return engine_conv_step(
+        ctx, g, n,
+        split_range(ys[2], std::min<int64_t>(ys[2], pieces_for(ys[2], threads)), 1, threads),
+        {0, ys[1]});
+    if (how == split::channels)
+      return engine_conv_step(ctx, g, n, {0, ys[2]}, split_range(ys[1], threads, 64, threads));
+  }
+  // Other convolutions of one image whose input outweighs its weights
+  // (ResNet-50's Winograd 3x3 layers of stage 1, and those the engine's kernel
+  // does not fit) run by bands of rows too, as oneDNN calls on dense copies of
+  // each band.
   if (how == split::channels && mcfg.conv_bands && group == 1 && !has_res
-      && xs[1] % 16 == 0 && ys[1] % 16 == 0
-      && (w.shape[2] > 1 || w.shape[3] > 1) && image_bytes(xs) >= w.elements() * 4)
+      && xs[1] % 16 == 0 && ys[1] % 16 == 0 && (w.shape[2] > 1 || w.shape[3] > 1) && input_heavy)
     return banded_conv_step(ctx, g, n, threads, mcfg);
   std::vector<dnnl_call> calls;
   std::string impl;
@@ -498,7 +538,10 @@ step conv_step(const dnnl_ctx& ctx, const graph& g, const node& n, unsigned thre
       wtag = tag::goihw;
     }
     dnnl::memory::desc wuser(to_dnnl(wd), dt::f32, wtag);
-    dnnl::memory::desc wany(to_dnnl(wd), dt::f32, tag::any);
+    // Whole weights of a layer the engine's kernel runs in other plans: the
+    // layout it reads, so that both share one copy.
+    dnnl::memory::desc wany(to_dnnl(wd), dt::f32,
+                            engine && how != split::channels ? tag::OIhw16i16o : tag::any);
     dnnl::memory::desc bias({ysub[1]}, dt::f32, tag::a);
     auto src = desc_4d(xsub, src_l);
     auto dst = desc_4d(ysub, dst_l);

@@ -778,17 +778,17 @@ result<onnx_model> load_onnx_model(const onnx_model_config& mcfg) {
 }
 
 /// config.pbtxt's `parameters` for the ONNX backend: "winograd",
-/// "engine_conv1x1" and "conv_bands" ("true" or "false") and
+/// "engine_conv" and "conv_bands" ("true" or "false") and
 /// "plan_cache_size" (1 to 1024).
 result<onnx_model_config> with_parameters(onnx_model_config mcfg) {
   for (const auto& [key, value] : mcfg.config.parameters) {
-    if (key == "winograd" || key == "engine_conv1x1" || key == "conv_bands") {
+    if (key == "winograd" || key == "engine_conv" || key == "conv_bands") {
       if (value != "true" && value != "false")
         return load_error(mcfg, "parameters \"" + key + "\" is '" + value
                                   + "'; give string_value \"true\" or \"false\"");
-      (key == "winograd"         ? mcfg.winograd
-       : key == "engine_conv1x1" ? mcfg.engine_conv1x1
-                                 : mcfg.conv_bands) = value == "true";
+      (key == "winograd"      ? mcfg.winograd
+       : key == "engine_conv" ? mcfg.engine_conv
+                              : mcfg.conv_bands) = value == "true";
     } else if (key == "plan_cache_size") {
       char* end = nullptr;
       long n = std::strtol(value.c_str(), &end, 10);

@@ -41,9 +41,10 @@ struct onnx_model_config {
   /// Runs 3x3 stride-1 convolutions with Winograd's F(4x4, 3x3) where oneDNN
   /// has the kernel: about half the time, relative error about 1e-6 per layer.
   bool winograd = true;
-  /// Runs 1x1 convolutions over nChw16c with the engine's own AVX-512 kernel
-  /// (kernels/cpu/engine_conv1x1.cpp) where it applies, else oneDNN's.
-  bool engine_conv1x1 = true;
+  /// Runs the convolutions over nChw16c that Winograd does not (1x1, strided)
+  /// with the engine's own AVX-512 direct kernel (kernels/cpu/engine_conv.cpp)
+  /// where it applies, else with oneDNN's.
+  bool engine_conv = true;
   /// Splits other convolutions of one nChw16c image whose input outweighs
   /// its weights into bands of output rows, run by oneDNN on dense copies.
   bool conv_bands = true;

@@ -145,12 +145,12 @@ reference_run reference(const graph& g, int64_t batch, std::mt19937& rng) {
 /// returns the relative error of the plan's output against `ref`, and the
 /// plan text in `plan_text`.
 double plan_error(const graph& g, const reference_run& ref, unsigned threads, bool winograd,
-                  std::string* plan_text = nullptr, bool engine_conv1x1 = true,
+                  std::string* plan_text = nullptr, bool engine_conv = true,
                   bool conv_bands = true) {
   auto cfg = test_config();
   cfg.threads = threads;
   cfg.winograd = winograd;
-  cfg.engine_conv1x1 = engine_conv1x1;
+  cfg.engine_conv = engine_conv;
   cfg.conv_bands = conv_bands;
   cfg.profile = true;
   auto model = load_onnx_graph(g, cfg);
@@ -175,8 +175,8 @@ double plan_error(const graph& g, const reference_run& ref, unsigned threads, bo
 /// plan_error() on fresh random inputs at `batch` rows.
 double plan_error(const graph& g, int64_t batch, unsigned threads, bool winograd,
                   std::mt19937& rng, std::string* plan_text = nullptr,
-                  bool engine_conv1x1 = true, bool conv_bands = true) {
-  return plan_error(g, reference(g, batch, rng), threads, winograd, plan_text, engine_conv1x1,
+                  bool engine_conv = true, bool conv_bands = true) {
+  return plan_error(g, reference(g, batch, rng), threads, winograd, plan_text, engine_conv,
                     conv_bands);
 }
 
@@ -212,6 +212,18 @@ TEST_CASE("convolutions match the reference in every layout, split and algorithm
     {16, 32, 38, 11, 3, 1, 1, false, true, false},
     {32, 32, 23, 17, 3, 2, 1, false, false, false},
     {16, 16, 40, 12, 5, 1, 1, false, false, false},
+    // The engine's direct kernel on other windows (Winograd off, or not
+    // applicable): strided 3x3 by rows and, where the weights outweigh the
+    // input, by channels; 3x3 with the residual; 5x5; a 7x7 stride-2 window
+    // on 16 channels; a 2x2 window (padding 1 on every side: one row and
+    // column more out than in); a 1x1 split by channels.
+    {32, 64, 23, 17, 3, 2, 1, false, false, false},
+    {128, 128, 6, 7, 3, 2, 1, false, false, false},
+    {64, 64, 10, 11, 3, 1, 1, true, false, false},
+    {16, 64, 12, 9, 5, 1, 1, false, false, false},
+    {16, 64, 17, 15, 7, 2, 1, false, false, false},
+    {16, 64, 7, 8, 2, 1, 1, false, false, false},
+    {256, 256, 3, 3, 1, 1, 1, false, false, false},
   };
   for (size_t i = 0; i < cases.size(); ++i) {
     CAPTURE(i);
@@ -220,13 +232,13 @@ TEST_CASE("convolutions match the reference in every layout, split and algorithm
       auto ref = reference(g, batch, rng);
       for (unsigned threads : {1u, 2u, 4u}) // 4 threads on 3 rows: split by image
         for (bool wino : {false, true}) {
-          bool engine1x1 = !wino; // each way once per batch and thread count
+          bool engine = !wino; // each way once per batch and thread count
           CAPTURE(batch);
           CAPTURE(threads);
           CAPTURE(wino);
-          CAPTURE(engine1x1);
+          CAPTURE(engine);
           std::string text;
-          double err = plan_error(g, ref, threads, wino, &text, engine1x1);
+          double err = plan_error(g, ref, threads, wino, &text, engine);
           CAPTURE(text);
           CHECK(err < 1e-5);
           // Every layout pair chosen has a fast oneDNN kernel.
@@ -242,7 +254,8 @@ TEST_CASE("the plan uses Winograd, channel splits and nChw16c where it should") 
   std::string text;
   CHECK(plan_error(g, 1, 2, true, rng, &text) < 1e-5);
   CHECK(text.find("onednn.conv.winograd nChw16c->nChw16c by channel") != std::string::npos);
-  CHECK(text.find("onednn.conv.direct nChw16c->nChw16c by channel") != std::string::npos);
+  // The 1x1 layer, whose weights outweigh its input: the engine's kernel by channels.
+  CHECK(text.find("engine.conv nChw16c->nChw16c by channel") != std::string::npos);
   CHECK(text.find("ToNCHW") != std::string::npos); // before the Mul
   CHECK(plan_error(g, 1, 2, false, rng, &text) < 1e-5);
   CHECK(text.find("winograd") == std::string::npos);
@@ -253,14 +266,37 @@ TEST_CASE("the plan uses Winograd, channel splits and nChw16c where it should") 
   CHECK(plan_error(narrow, 1, 1, true, rng, &text) < 1e-5);
   CHECK(text.find("onednn.conv.winograd nChw16c->nChw16c]") != std::string::npos);
   // A 1x1 convolution whose input outweighs its weights: by rows on the
-  // engine's kernel, unless that is turned off.
+  // engine's kernel, unless that is turned off; on one thread, one item.
   auto wide = conv_graph({64, 128, 22, 19, 1, 2, 1, false, false, false}, rng);
   CHECK(plan_error(wide, 1, 2, true, rng, &text) < 1e-5);
-  CHECK(text.find("engine.conv1x1 nChw16c->nChw16c by row") != std::string::npos);
+  CHECK(text.find("engine.conv nChw16c->nChw16c by row") != std::string::npos);
   CHECK(plan_error(wide, 1, 2, true, rng, &text, false) < 1e-5);
-  CHECK(text.find("engine.conv1x1") == std::string::npos);
-  CHECK(plan_error(wide, 1, 1, true, rng, &text) < 1e-5); // one thread: oneDNN's
-  CHECK(text.find("engine.conv1x1") == std::string::npos);
+  CHECK(text.find("engine.conv") == std::string::npos);
+  CHECK(text.find("onednn.conv.direct nChw16c->nChw16c by channel") != std::string::npos);
+  CHECK(plan_error(wide, 1, 1, true, rng, &text) < 1e-5);
+  CHECK(text.find("engine.conv nChw16c->nChw16c]") != std::string::npos);
+  // A strided 3x3 convolution: the engine's kernel too, by rows where the
+  // input outweighs the weights or there are too few groups of 64 output
+  // channels for the threads, else by channels; Winograd takes the
+  // stride-1 3x3 where it is on, the engine's kernel where it is off.
+  auto strided64 = conv_graph({32, 64, 23, 17, 3, 2, 1, false, false, false}, rng);
+  CHECK(plan_error(strided64, 1, 2, true, rng, &text) < 1e-5);
+  CHECK(text.find("engine.conv nChw16c->nChw16c by row") != std::string::npos);
+  auto deep = conv_graph({128, 128, 6, 7, 3, 2, 1, false, false, false}, rng);
+  CHECK(plan_error(deep, 1, 2, true, rng, &text) < 1e-5);
+  CHECK(text.find("engine.conv nChw16c->nChw16c by channel") != std::string::npos);
+  // Several images in one plan: the engine's kernel where the input of an
+  // image outweighs the weights, oneDNN (which reuses weights across images)
+  // where it does not.
+  CHECK(plan_error(wide, 3, 1, true, rng, &text) < 1e-5);
+  CHECK(text.find("engine.conv nChw16c->nChw16c]") != std::string::npos);
+  CHECK(plan_error(deep, 3, 1, true, rng, &text) < 1e-5);
+  CHECK(text.find("engine.conv") == std::string::npos);
+  auto same = conv_graph({64, 64, 10, 11, 3, 1, 1, true, false, false}, rng);
+  CHECK(plan_error(same, 1, 1, true, rng, &text) < 1e-5);
+  CHECK(text.find("engine.conv") == std::string::npos);
+  CHECK(plan_error(same, 1, 1, false, rng, &text) < 1e-5);
+  CHECK(text.find("engine.conv nChw16c->nChw16c]") != std::string::npos);
   // Other convolutions of one image whose input outweighs its weights: bands
   // of rows on dense copies, Winograd where it applies, unless turned off.
   auto tall = conv_graph({16, 32, 38, 11, 3, 1, 1, false, false, false}, rng);
@@ -413,7 +449,7 @@ TEST_CASE("bad ONNX backend parameters in config.pbtxt are load errors that say 
   };
   for (auto c : {bad_case{"winograd", "yes", "false", "give string_value \"true\" or \"false\""},
                  bad_case{"plan_cache_size", "0", "3", "a count from 1 to 1024"},
-                 bad_case{"engine_conv1x1", "1", "false", "\"true\" or \"false\""},
+                 bad_case{"engine_conv", "1", "false", "\"true\" or \"false\""},
                  bad_case{"conv_bands", "off", "false", "\"true\" or \"false\""}}) {
     CAPTURE(c.key);
     cfg.config.parameters[c.key] = c.bad;
