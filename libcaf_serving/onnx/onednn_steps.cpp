@@ -480,8 +480,10 @@ step conv_step(const dnnl_ctx& ctx, const graph& g, const node& n, unsigned thre
   //   read all of the input (oneDNN runs a band of rows of nChw16c with its
   //   reference kernel only); ResNet-50, 2 threads: 1.077x the oneDNN-only
   //   plan. Else into ranges of output channels, where there are groups of
-  //   64 enough for every thread (even with oneDNN's channel split:
-  //   0.999-1.014x).
+  //   64 enough for every thread, up to 4 ranges per thread: each range's
+  //   kernel call reads the input again, but it would anyway for every group
+  //   of 64, and the work pool hands a slower core's last ranges to the
+  //   other (1.02-1.04x one range per thread).
   // - Several images keep oneDNN for layers whose weights outweigh an image:
   //   it reuses the weights across images, the engine's kernel streams them
   //   again for every image (ResNet-50 at batch 32 fell from 1.12-1.20x
@@ -499,7 +501,8 @@ step conv_step(const dnnl_ctx& ctx, const graph& g, const node& n, unsigned thre
         split_range(ys[2], std::min<int64_t>(ys[2], pieces_for(ys[2], threads)), 1, threads),
         {0, ys[1]});
     if (how == split::channels)
-      return engine_conv_step(ctx, g, n, {0, ys[2]}, split_range(ys[1], threads, 64, threads));
+      return engine_conv_step(ctx, g, n, {0, ys[2]},
+                              split_range(ys[1], pieces_for(ys[1] / 64, threads), 64, threads));
   }
   // Other convolutions of one image whose input outweighs its weights
   // (ResNet-50's Winograd 3x3 layers of stage 1, and those the engine's kernel

@@ -37,11 +37,40 @@ work_pool::~work_pool() {
     w.join();
 }
 
-void work_pool::work_on(job& j, unsigned thread) {
+work_pool::job::job(int64_t n, unsigned t)
+  : items(n), threads(t), ranges(new std::atomic<uint64_t>[t]) {
+  for (unsigned i = 0; i < t; ++i) {
+    uint64_t front = static_cast<uint64_t>(n * i / t), back = static_cast<uint64_t>(n * (i + 1) / t);
+    ranges[i].store(front << 32 | back, std::memory_order_relaxed);
+  }
+}
+
+int64_t work_pool::job::claim(unsigned thread) {
+  auto& own = ranges[thread];
+  for (uint64_t v = own.load(std::memory_order_relaxed); (v >> 32) < (v & 0xffffffffu);)
+    if (own.compare_exchange_weak(v, v + (uint64_t{1} << 32), std::memory_order_relaxed))
+      return static_cast<int64_t>(v >> 32);
   for (;;) {
-    int64_t i = j.next.fetch_add(1, std::memory_order_relaxed);
-    if (i >= j.items)
-      return;
+    unsigned victim = threads;
+    uint64_t most = 0, seen = 0;
+    for (unsigned i = 0; i < threads; ++i) {
+      uint64_t v = ranges[i].load(std::memory_order_relaxed);
+      uint64_t left = (v & 0xffffffffu) > (v >> 32) ? (v & 0xffffffffu) - (v >> 32) : 0;
+      if (left > most) {
+        most = left;
+        victim = i;
+        seen = v;
+      }
+    }
+    if (victim == threads)
+      return -1;
+    if (ranges[victim].compare_exchange_weak(seen, seen - 1, std::memory_order_relaxed))
+      return static_cast<int64_t>((seen & 0xffffffffu) - 1);
+  }
+}
+
+void work_pool::work_on(job& j, unsigned thread) {
+  for (int64_t i; (i = j.claim(thread)) >= 0;) {
     (*j.fn)(i, thread);
     j.done.fetch_add(1, std::memory_order_release);
   }
@@ -55,9 +84,8 @@ void work_pool::run(int64_t items, const std::function<void(int64_t, unsigned)>&
       fn(i, 0);
     return;
   }
-  auto j = std::make_shared<job>();
+  auto j = std::make_shared<job>(items, size());
   j->fn = &fn;
-  j->items = items;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     current_ = j;

@@ -10,11 +10,22 @@
 /// Why not OpenMP's fork-join: on a machine shared with other processes a
 /// thread that the OS has not scheduled holds up every parallel region at its
 /// closing barrier, so a 2-thread plan ran 3x slower than a 1-thread plan
-/// under load. Here items are claimed from an atomic counter and the caller
-/// works too; `run` returns when every item is done, without waiting for
-/// workers that never got to start (ONNX Runtime's thread pool does the same).
+/// under load. Here threads claim items (below) and the caller works too;
+/// `run` returns when every item is done, without waiting for workers that
+/// never got to start: the others take their items (ONNX Runtime's thread
+/// pool does the same).
 /// Workers run with OpenMP limited to one thread, so oneDNN primitives and the
 /// engine kernels called from an item do not fork again.
+///
+/// Items are dealt out as contiguous ranges, one per thread: a thread runs its
+/// own range front to back, then takes items from the back of the range with
+/// the most left. So a thread runs neighbouring items (neighbouring rows or
+/// channels, whose data and weights follow each other in memory), and a
+/// thread on a slower core, or one that starts late, hands its last items to
+/// the others. On the 2-core VM one vCPU ran 10-25% slower than the other;
+/// with items claimed in turn from one counter, the threads of ResNet-50 at
+/// batch 1 sat idle 9% of the time, with ranges 5% (and the model ran 1.02x
+/// faster).
 
 #include <atomic>
 #include <condition_variable>
@@ -44,9 +55,15 @@ public:
 
 private:
   struct job {
+    job(int64_t items, unsigned threads);
+    /// The next item for `thread`: the front of its own range, else the back
+    /// of the range with the most left; -1 when none is left.
+    int64_t claim(unsigned thread);
     const std::function<void(int64_t, unsigned)>* fn = nullptr;
     int64_t items = 0;
-    std::atomic<int64_t> next{0};
+    unsigned threads = 0;
+    /// Per thread, the items [front, back) not yet claimed: front << 32 | back.
+    std::unique_ptr<std::atomic<uint64_t>[]> ranges;
     std::atomic<int64_t> done{0};
   };
   static void work_on(job& j, unsigned thread);

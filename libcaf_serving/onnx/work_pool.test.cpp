@@ -39,3 +39,25 @@ TEST_CASE("run returns only after items claimed by workers are done") {
     CHECK(done.load() == 8);
   }
 }
+
+TEST_CASE("a thread runs its own range in order, then the back of a slower thread's range") {
+  work_pool pool(2);
+  for (int round = 0; round < 20; ++round) {
+    CAPTURE(round);
+    std::vector<int64_t> mine; // only the caller (thread 0) appends
+    pool.run(16, [&](int64_t i, unsigned t) {
+      if (t == 0)
+        mine.push_back(i);
+      else // a slow worker: the caller takes most of its range
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    });
+    REQUIRE(mine.size() > 8);
+    // Its own range [0, 8) front to back ...
+    for (int64_t i = 0; i < 8; ++i)
+      CHECK(mine[static_cast<size_t>(i)] == i);
+    // ... then the worker's from the back.
+    CHECK(mine[8] == 15);
+    for (size_t k = 9; k < mine.size(); ++k)
+      CHECK(mine[k] == mine[k - 1] - 1);
+  }
+}
