@@ -542,13 +542,13 @@ step conv_step(const dnnl_ctx& ctx, const graph& g, const node& n, unsigned thre
     }
     dnnl::memory::desc wuser(to_dnnl(wd), dt::f32, wtag);
     // Whole weights of a layer the engine's kernel runs in other plans: the
-    // layout it reads, so that both share one copy.
-    dnnl::memory::desc wany(to_dnnl(wd), dt::f32,
-                            engine && how != split::channels ? tag::OIhw16i16o : tag::any);
+    // layout it reads, so that both share one copy; else oneDNN's choice.
+    // (With `engine` a channel split never gets here.)
+    dnnl::memory::desc wasked(to_dnnl(wd), dt::f32, engine ? tag::OIhw16i16o : tag::any);
     dnnl::memory::desc bias({ysub[1]}, dt::f32, tag::a);
     auto src = desc_4d(xsub, src_l);
     auto dst = desc_4d(ysub, dst_l);
-    auto [pdesc, wino] = conv_pdesc(ctx, n, {src, wany, dst, pad_t, pad_b, try_winograd});
+    auto [pdesc, wino] = conv_pdesc(ctx, n, {src, wasked, dst, pad_t, pad_b, try_winograd});
     if (impl.empty())
       impl = std::string(wino ? "winograd" : "direct") + reference_note(pdesc);
     dnnl_call call;
