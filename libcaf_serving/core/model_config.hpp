@@ -60,6 +60,31 @@ struct instance_group_config {
   std::vector<int> gpus;
 };
 
+/// Where a warmup input's data comes from (Triton's ModelWarmup.Input oneof).
+enum class warmup_data { zero, random, file };
+
+/// One input of a warmup sample. `dims` excludes the batch dimension, as the
+/// model's inputs do.
+struct warmup_input {
+  std::string name;
+  datatype dtype = datatype::fp32;
+  std::vector<int64_t> dims;
+  warmup_data data = warmup_data::zero;
+  /// With warmup_data::file: raw tensor bytes (all batch_size rows), read from
+  /// the model directory's warmup/ folder as Triton does.
+  std::string file;
+};
+
+/// Triton's ModelWarmup: a request of `batch_size` rows run `count` times
+/// while the model loads, before it is marked ready.
+struct warmup_sample {
+  std::string name;
+  uint32_t batch_size = 1;
+  std::vector<warmup_input> inputs;
+  /// Runs of the sample; Triton's 0 ("not set") is read as 1.
+  uint32_t count = 1;
+};
+
 struct model_config {
   std::string name;
   /// Triton's `platform` ("onnxruntime_onnx") and `backend` ("onnxruntime", or the
@@ -79,6 +104,8 @@ struct model_config {
   /// Triton's version_policy, reduced to what the engine supports: serve the
   /// newest version (latest { num_versions: 1 }) unless `specific` lists others.
   std::vector<int64_t> specific_versions;
+  /// Triton's model_warmup, in config order.
+  std::vector<warmup_sample> warmup;
 };
 
 } // namespace caf_serving

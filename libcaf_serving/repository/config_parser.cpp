@@ -29,7 +29,7 @@ const std::map<std::string, std::set<std::string>>& unsupported_triton_fields() 
     {"ModelConfig",
      {"runtime", "batch_input", "batch_output", "optimization",
       "sequence_batching", "ensemble_scheduling", "default_model_filename",
-      "cc_model_filenames", "metric_tags", "model_warmup", "model_operations",
+      "cc_model_filenames", "metric_tags", "model_operations",
       "model_transaction_policy", "model_repository_agents", "response_cache",
       "model_metrics"}},
     {"ModelInput",
@@ -398,6 +398,76 @@ void convert_instance_groups(const config::ModelConfig& in,
   }
 }
 
+void convert_warmup(const config::ModelConfig& in, model_config& cfg, problems& out) {
+  for (int i = 0; i < in.model_warmup_size(); ++i) {
+    const auto& w = in.model_warmup(i);
+    warmup_sample dst;
+    dst.name = w.name();
+    auto label = "model_warmup '" + w.name() + "'";
+    if (w.name().empty()) {
+      label = "model_warmup #" + std::to_string(i + 1);
+      out.add(label + " has no name; add name: \"...\" (errors and logs use it)");
+    }
+    dst.batch_size = w.batch_size();
+    dst.count = std::max(w.count(), 1u);
+    if (w.batch_size() == 0)
+      out.add(label + " has batch_size 0; set batch_size: 1 or more");
+    else if (in.max_batch_size() > 0 && w.batch_size() > static_cast<uint32_t>(in.max_batch_size()))
+      out.add(label + " has batch_size " + std::to_string(w.batch_size())
+              + ", more than max_batch_size " + std::to_string(in.max_batch_size())
+              + "; lower it");
+    else if (in.max_batch_size() <= 0 && w.batch_size() != 1)
+      out.add(label + " has batch_size " + std::to_string(w.batch_size())
+              + ", but the model does not batch (max_batch_size 0); set batch_size: 1");
+    if (w.inputs().empty())
+      out.add(label + " has no inputs; add inputs { key: \"<input>\" value: { data_type: "
+                      "... dims: [ ... ] zero_data: true } } for each model input");
+    // Sorted, so that inputs and messages come out in a stable order.
+    std::map<std::string, const config::ModelWarmup::Input*> sorted;
+    for (const auto& [name, input] : w.inputs())
+      sorted.emplace(name, &input);
+    for (const auto& [name, input] : sorted) {
+      auto input_label = label + " input '" + name + "'";
+      warmup_input wi;
+      wi.name = name;
+      auto dtype = datatype_from_config(config::DataType_Name(input->data_type()));
+      if (input->data_type() == config::TYPE_INVALID || !dtype)
+        out.add(input_label + " has no data_type; set the input's, such as data_type: TYPE_FP32");
+      else
+        wi.dtype = *dtype;
+      wi.dims.assign(input->dims().begin(), input->dims().end());
+      for (auto d : wi.dims)
+        if (d < 0) {
+          out.add(input_label + " has dims " + dims_text(input->dims())
+                  + "; warmup data needs a fixed size for every dimension");
+          break;
+        }
+      switch (input->input_data_type_case()) {
+        case config::ModelWarmup::Input::kZeroData:
+          wi.data = warmup_data::zero;
+          break;
+        case config::ModelWarmup::Input::kRandomData:
+          wi.data = warmup_data::random;
+          break;
+        case config::ModelWarmup::Input::kInputDataFile:
+          wi.data = warmup_data::file;
+          wi.file = input->input_data_file();
+          if (wi.file.empty() || wi.file.find('/') != std::string::npos || wi.file == ".."
+              || wi.file == ".")
+            out.add(input_label + " has input_data_file '" + wi.file
+                    + "'; give a file name inside the model's warmup/ folder");
+          break;
+        default:
+          out.add(input_label + " has no data; set zero_data: true, random_data: true or "
+                                "input_data_file: \"<file in the model's warmup/ folder>\"");
+          break;
+      }
+      dst.inputs.push_back(std::move(wi));
+    }
+    cfg.warmup.push_back(std::move(dst));
+  }
+}
+
 version_policy convert_version_policy(const config::ModelVersionPolicy& in,
                                       problems& out) {
   version_policy vp;
@@ -505,6 +575,7 @@ parse_model_config_full(std::string_view text, const parse_context& ctx) {
 
   for (const auto& [key, value] : proto.parameters())
     cfg.parameters[key] = value.string_value();
+  convert_warmup(proto, cfg, out);
 
   parsed.versions = convert_version_policy(proto.version_policy(), out);
   if (parsed.versions.kind == version_policy_kind::specific)

@@ -334,3 +334,68 @@ TEST_CASE("the example models parse") {
     CHECK(r->parameters.count("function") == 1);
   }
 }
+
+TEST_CASE("model_warmup parses as Triton writes it") {
+  auto cfg = parse_model_config(base_config + R"(model_warmup [
+  {
+    name: "zeros"
+    batch_size: 4
+    inputs { key: "INPUT0" value: { data_type: TYPE_FP32 dims: [ 16 ] zero_data: true } }
+    count: 3
+  },
+  {
+    name: "from files"
+    batch_size: 1
+    inputs { key: "INPUT0" value: { data_type: TYPE_FP32 dims: [ 16 ] input_data_file: "in0.bin" } }
+  },
+  {
+    name: "random"
+    batch_size: 8
+    inputs { key: "INPUT0" value: { data_type: TYPE_FP32 dims: [ 16 ] random_data: true } }
+  }
+]
+)", ctx_for("foo"));
+  REQUIRE_MESSAGE(cfg, cfg.error().message);
+  REQUIRE(cfg->warmup.size() == 3);
+  const auto& zeros = cfg->warmup[0];
+  CHECK(zeros.name == "zeros");
+  CHECK(zeros.batch_size == 4);
+  CHECK(zeros.count == 3);
+  REQUIRE(zeros.inputs.size() == 1);
+  CHECK(zeros.inputs[0].name == "INPUT0");
+  CHECK(zeros.inputs[0].dtype == datatype::fp32);
+  CHECK(zeros.inputs[0].dims == std::vector<int64_t>{16});
+  CHECK(zeros.inputs[0].data == warmup_data::zero);
+  const auto& files = cfg->warmup[1];
+  CHECK(files.count == 1); // not set: once, as in Triton
+  REQUIRE(files.inputs.size() == 1);
+  CHECK(files.inputs[0].data == warmup_data::file);
+  CHECK(files.inputs[0].file == "in0.bin");
+  CHECK(cfg->warmup[2].inputs.at(0).data == warmup_data::random);
+}
+
+TEST_CASE("a bad model_warmup sample says what to write") {
+  struct bad_case {
+    const char* sample;
+    const char* says;
+  };
+  for (auto c : {
+         bad_case{R"(name: "w" batch_size: 0 inputs { key: "INPUT0" value: { data_type: TYPE_FP32 dims: [ 16 ] zero_data: true } })",
+                  "model_warmup 'w' has batch_size 0; set batch_size: 1 or more"},
+         bad_case{R"(name: "w" batch_size: 9 inputs { key: "INPUT0" value: { data_type: TYPE_FP32 dims: [ 16 ] zero_data: true } })",
+                  "model_warmup 'w' has batch_size 9, more than max_batch_size 8"},
+         bad_case{R"(name: "w" batch_size: 1 inputs { key: "INPUT0" value: { data_type: TYPE_FP32 dims: [ 16 ] } })",
+                  "model_warmup 'w' input 'INPUT0' has no data; set zero_data: true, "
+                  "random_data: true or input_data_file"},
+         bad_case{R"(name: "w" batch_size: 1 inputs { key: "INPUT0" value: { dims: [ 16 ] zero_data: true } })",
+                  "model_warmup 'w' input 'INPUT0' has no data_type"},
+         bad_case{R"(name: "w" batch_size: 1 inputs { key: "INPUT0" value: { data_type: TYPE_FP32 dims: [ 16 ] input_data_file: "../secret" } })",
+                  "a file name inside the model's warmup/ folder"},
+         bad_case{R"(name: "w" batch_size: 1)", "model_warmup 'w' has no inputs"},
+         bad_case{R"(batch_size: 1 inputs { key: "INPUT0" value: { data_type: TYPE_FP32 dims: [ 16 ] zero_data: true } })",
+                  "model_warmup #1 has no name"}}) {
+    CAPTURE(c.sample);
+    auto msg = error_of(base_config + "model_warmup [ { " + c.sample + " } ]\n");
+    CHECK(contains(msg, c.says));
+  }
+}
