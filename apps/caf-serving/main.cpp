@@ -79,6 +79,7 @@ int main(int argc, char** argv) {
   server::model_manager_config manager_cfg;
   manager_cfg.repository = opts.model_repository;
   manager_cfg.max_queue_size = opts.max_queue_size;
+  manager_cfg.max_batch_bytes = opts.max_batch_bytes;
   manager_cfg.executor_depth = opts.executor_depth;
   manager_cfg.executor_threads = opts.threads.executor_threads;
   manager_cfg.local_executors = opts.cluster.local_executors;

@@ -23,6 +23,10 @@ std::string usage() {
          "                             answers 503\n"
          "  --max-body-bytes N         largest request body, also after decompression\n"
          "                             (default 268435456); larger answers 413\n"
+         "  --max-batch-bytes N        largest sum of input tensor bytes in one batch\n"
+         "                             (default and most 536870911, a Cap'n Proto Data\n"
+         "                             field); a batch closes before it would pass it,\n"
+         "                             a request over it alone answers 413\n"
          "  --caf-workers N            CAF scheduler threads (default "
          + std::to_string(d.caf_workers) + " here)\n"
          "  --executor-threads N       compute threads per CPU executor (default "
@@ -117,6 +121,11 @@ std::variant<server_options, show_help, std::string> parse_options(int argc, cha
       if (!n || *n < 1024)
         return bad("a byte count from 1024 to 2^32");
       o.http.limits.max_body_bytes = *n;
+    } else if (flag == "--max-batch-bytes") {
+      auto n = number(max_data_field_bytes);
+      if (!n || *n < 1024)
+        return bad("a byte count from 1024 to 536870911 (a Cap'n Proto Data field)");
+      o.max_batch_bytes = *n;
     } else if (flag == "--caf-workers" || flag == "--executor-threads"
                || flag == "--executor-depth") {
       auto n = number(1024);

@@ -4,6 +4,7 @@
 
 #include "core/thread_config.hpp"
 #include "ingress/http_server.hpp"
+#include "core/limits.hpp"
 
 #include <optional>
 #include <string>
@@ -38,6 +39,8 @@ struct server_options {
   ingress::http_server_config http;
   thread_config threads;
   uint32_t max_queue_size = 1024;
+  /// --max-batch-bytes: largest sum of tensor bytes in one batch.
+  uint64_t max_batch_bytes = max_data_field_bytes;
   uint32_t executor_depth = 1;
   cluster_options cluster;
   /// --print-plan MODEL: print the model's optimized ONNX plan (at

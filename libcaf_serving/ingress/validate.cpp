@@ -1,5 +1,7 @@
 #include "ingress/validate.hpp"
 
+#include "core/limits.hpp"
+
 #include <cstring>
 #include <limits>
 
@@ -153,6 +155,12 @@ result<validated_request> validate(const infer_request& request, const model_con
                              + " with a negative dimension");
     }
 
+    if (input.data.size() > max_data_field_bytes)
+      return serving_error{status_code::payload_too_large,
+                           what + " holds " + std::to_string(input.data.size())
+                             + " bytes; one tensor may hold at most "
+                             + std::to_string(max_data_field_bytes)
+                             + " bytes (512 MiB - 1); split it into smaller requests"};
     if (input.dtype == datatype::bytes) {
       auto n = count_bytes_elements(input.data, what);
       if (!n)

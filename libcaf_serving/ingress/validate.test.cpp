@@ -5,6 +5,8 @@
 #include <cstring>
 #include <string>
 
+#include <sys/mman.h>
+
 using namespace caf_serving;
 using namespace caf_serving::ingress;
 
@@ -237,4 +239,27 @@ TEST_CASE("priority must be one of the model's levels") {
   CHECK(validate(r, model).ok());
   r.priority = 4;
   check_error(validate(r, model), "priority 4 is not a level of model 'resnet'");
+}
+
+TEST_CASE("a tensor past what a Cap'n Proto Data field holds is a 413 that says so") {
+  // 2^27 + 16 FP32 values (512 MiB + 64 bytes), in untouched anonymous pages:
+  // validation reads only the size.
+  const size_t bytes = (size_t{1} << 29) + 64;
+  void* pages = mmap(nullptr, bytes, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  REQUIRE(pages != MAP_FAILED);
+  infer_request r = good_request();
+  r.inputs[1].shape = {1, 3, static_cast<int64_t>(bytes / 4 / 3)};
+  r.inputs[1].owned.clear();
+  r.inputs[1].data = std::string_view(static_cast<const char*>(pages), bytes / 12 * 12);
+  r.inputs[0].shape = {1, 4};
+  r.inputs[0].owned.assign(16, '\0');
+  r.inputs[0].data = r.inputs[0].owned;
+  request_limits limits;
+  limits.max_elements = uint64_t{1} << 30;
+  auto v = validate(r, make_model(), limits);
+  munmap(pages, bytes);
+  REQUIRE_FALSE(v.ok());
+  CHECK(v.error().status == status_code::payload_too_large);
+  CHECK(v.error().message.find("input 'x'") != std::string::npos);
+  CHECK(v.error().message.find("512 MiB") != std::string::npos);
 }

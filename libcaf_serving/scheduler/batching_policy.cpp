@@ -43,13 +43,17 @@ const char* to_string(reject_reason reason) {
       return "timed_out";
     case reject_reason::too_many_rows:
       return "too_many_rows";
+    case reject_reason::too_large:
+      return "too_large";
   }
   return "unknown";
 }
 
 policy_config make_policy_config(const model_config& model,
-                                 uint32_t max_queue_size_default) {
+                                 uint32_t max_queue_size_default,
+                                 uint64_t max_batch_bytes) {
   policy_config cfg;
+  cfg.max_batch_bytes = max_batch_bytes;
   cfg.max_batch_size = model.max_batch_size;
   cfg.dynamic_batching_enabled = model.dynamic_batching_enabled;
   cfg.dynamic_batching = model.dynamic_batching;
@@ -64,6 +68,12 @@ std::optional<serving_error> batching_policy::validate(const policy_config& cfg)
     return bad_request("the engine's default max queue size is 0; it replaces "
                        "every unbounded (0) max_queue_size and must be at least "
                        "1 (set --max-queue-size)");
+  if (cfg.max_batch_bytes > max_data_field_bytes)
+    return bad_request("the largest batch is " + std::to_string(cfg.max_batch_bytes)
+                       + " bytes; a batch's tensors travel in Cap'n Proto Data fields, "
+                         "which hold at most "
+                       + std::to_string(max_data_field_bytes)
+                       + " bytes (set --max-batch-bytes at or below that)");
   if (cfg.max_batch_size < 0)
     return bad_request("max_batch_size is " + std::to_string(cfg.max_batch_size)
                        + "; it must be 0 (no batching) or positive");
@@ -194,6 +204,12 @@ enqueue_result batching_policy::enqueue(const request_info& request, time_point 
                       + " rows but the model's max_batch_size is "
                       + std::to_string(max_batch_rows_)
                       + "; split it into requests of at most that many rows"};
+  if (cfg_.max_batch_bytes != 0 && request.bytes > cfg_.max_batch_bytes)
+    return rejected{request.id, reject_reason::too_large,
+                    "request holds " + std::to_string(request.bytes)
+                      + " bytes of input tensors, more than one batch may hold ("
+                      + std::to_string(cfg_.max_batch_bytes)
+                      + " bytes, --max-batch-bytes); split it into smaller requests"};
   uint32_t level = level_of(request.priority);
   const auto& settings = settings_of(level);
   auto existing = levels_.find(level);
@@ -207,7 +223,8 @@ enqueue_result batching_policy::enqueue(const request_info& request, time_point 
   auto deadline = deadline_of(settings, request, now);
   uint64_t seq = next_seq_++;
   auto where = queue.waiting.insert(queue.waiting.end(),
-                                    entry{request.id, rows, seq, now, deadline});
+                                    entry{request.id, rows, seq, now, deadline,
+                                          request.shape_class, request.bytes});
   if (deadline)
     deadlines_.emplace(deadline_key{*deadline, seq}, deadline_entry{level, where});
   ++queued_;
@@ -275,14 +292,25 @@ next_step batching_policy::form_batch(time_point now) {
   // largest prefix whose rows are a preferred size ("best"); if none is, the
   // prefix just before the rows pass the largest preferred size stands in.
   uint32_t pending_rows = 0;
+  uint64_t pending_bytes = 0;
   size_t pending_count = 0;
   size_t best_count = 0; // 0: none found
-  bool full = false;     // the next request would pass max_batch_size
+  // The next request would pass max_batch_size or max_batch_bytes, or has
+  // another shape: the batch cannot grow.
+  bool full = false;
+  uint64_t shape_class = 0;
   time_point oldest = time_point::max();
   for (auto& [level, queue] : levels_) {
     for (auto* list : {&queue.waiting, &queue.delayed}) {
       for (const entry& e : *list) {
-        if (pending_count > 0) {
+        if (pending_count == 0) {
+          shape_class = e.shape_class;
+        } else {
+          if (e.shape_class != shape_class
+              || (cfg_.max_batch_bytes != 0 && pending_bytes + e.bytes > cfg_.max_batch_bytes)) {
+            full = true;
+            break;
+          }
           if (pending_rows + e.rows > max_preferred_rows_ && best_count == 0)
             best_count = pending_count;
           if (pending_rows + e.rows > max_batch_rows_) {
@@ -291,6 +319,7 @@ next_step batching_policy::form_batch(time_point now) {
           }
         }
         pending_rows += e.rows;
+        pending_bytes += e.bytes;
         ++pending_count;
         oldest = std::min(oldest, e.enqueued);
         if (std::binary_search(preferred_sizes_.begin(), preferred_sizes_.end(),

@@ -41,11 +41,18 @@
 /// - Queue order: priority level 1 first; within a level FIFO, and requests
 ///   delayed by a DELAY timeout after all undelayed requests of their level (but
 ///   still before lower levels: model_config.proto's "same (or higher) priority").
+/// - Only requests of equal non-batch shapes share a batch: the candidate
+///   prefix ends at the first request of another shape, and then goes out at
+///   once (Triton's dynamic batcher does the same when a request's shape
+///   differs from the pending batch's).
+/// - A batch never holds more than max_batch_bytes of tensors: the prefix also
+///   ends before the request that would pass it, and goes out at once.
 /// - Without a dynamic_batching block each request is its own batch, dispatched in
 ///   arrival order as soon as an executor is free; priorities and timeouts do not
 ///   apply (Triton sends such requests straight to the model instance).
 
 #include "core/error.hpp"
+#include "core/limits.hpp"
 #include "core/model_config.hpp"
 
 #include <chrono>
@@ -84,11 +91,17 @@ struct policy_config {
   /// max_queue_delay runs out (bucket_padding.hpp); a batch that fills a captured
   /// size exactly goes out at once.
   std::vector<uint32_t> captured_batch_sizes;
+  /// Largest sum of the requests' tensor bytes in one batch; 0: no cap. A batch
+  /// closes before it would pass the cap, and a request over it alone is
+  /// rejected (HTTP 413). A batch's inputs travel in Cap'n Proto `Data` fields,
+  /// which hold less than 512 MiB (max_data_field_bytes).
+  uint64_t max_batch_bytes = 0;
 };
 
 /// Copies the policy's fields out of a model's configuration.
 policy_config make_policy_config(const model_config& model,
-                                 uint32_t max_queue_size_default);
+                                 uint32_t max_queue_size_default,
+                                 uint64_t max_batch_bytes = max_data_field_bytes);
 
 // -- events in ----------------------------------------------------------------
 
@@ -104,6 +117,14 @@ struct request_info {
   uint32_t priority = 0;
   /// The request's `timeout` parameter in microseconds; 0 = none given.
   uint64_t timeout_us = 0;
+  /// The request's non-batch input shapes, as a key: only requests with equal
+  /// keys share a batch (Triton batches only equal shapes; ragged batching is
+  /// an opt-in it has and we do not). 0 for every request of a model whose
+  /// shapes cannot vary. The scheduler hashes the shapes; gather_batch checks
+  /// the shapes themselves, so a hash collision is an error, never a wrong answer.
+  uint64_t shape_class = 0;
+  /// Bytes of the request's input tensors, against max_batch_bytes.
+  uint64_t bytes = 0;
 };
 
 // -- decisions out ------------------------------------------------------------
@@ -115,6 +136,8 @@ enum class reject_reason {
   timed_out,
   /// The request has more rows than max_batch_size.
   too_many_rows,
+  /// The request alone holds more tensor bytes than max_batch_bytes.
+  too_large,
 };
 
 const char* to_string(reject_reason reason);
@@ -201,6 +224,8 @@ private:
     uint64_t seq;
     time_point enqueued;
     std::optional<time_point> deadline;
+    uint64_t shape_class;
+    uint64_t bytes;
   };
 
   struct level_queue {

@@ -201,6 +201,67 @@ TEST_CASE("rows count towards the batch size") {
   CHECK(p.queued_rows() == 0);
 }
 
+request_info shaped(uint64_t id, uint64_t shape_class, uint64_t bytes = 0) {
+  request_info r = req(id);
+  r.shape_class = shape_class;
+  r.bytes = bytes;
+  return r;
+}
+
+TEST_CASE("requests of another shape never share a batch; the batch before them goes out") {
+  batching_policy p{dynamic_config(8, {}, 1000)};
+  admit(p, shaped(1, 2), at(0));
+  admit(p, shaped(2, 2), at(1));
+  // A request of another shape ends the batch: it cannot grow past it.
+  admit(p, shaped(3, 4), at(2));
+  admit(p, shaped(4, 2), at(3));
+  auto d = expect_dispatch(p.poll(at(3), true));
+  CHECK(d.ids == ids{1, 2});
+  // The request of the other shape leads the next batch, which ends at the
+  // next change of shape.
+  d = expect_dispatch(p.poll(at(3), true));
+  CHECK(d.ids == ids{3});
+  // The last one waits for its delay (or more of its own shape).
+  CHECK(expect_wait(p.poll(at(3), true)) == at(3 + 1000));
+  admit(p, shaped(5, 2), at(4));
+  CHECK(expect_wait(p.poll(at(4), true)) == at(3 + 1000));
+  d = expect_dispatch(p.poll(at(1003), true));
+  CHECK(d.ids == ids{4, 5});
+}
+
+TEST_CASE("a batch closes before it would pass max_batch_bytes") {
+  auto cfg = dynamic_config(8, {}, 1000);
+  cfg.max_batch_bytes = 1000;
+  batching_policy p{cfg};
+  admit(p, shaped(1, 0, 400), at(0));
+  admit(p, shaped(2, 0, 400), at(0));
+  CHECK(expect_wait(p.poll(at(0), true)) == at(1000));
+  admit(p, shaped(3, 0, 400), at(1)); // 1200 bytes with it: the batch is full
+  auto d = expect_dispatch(p.poll(at(1), true));
+  CHECK(d.ids == ids{1, 2});
+  // Exactly at the cap is allowed.
+  admit(p, shaped(4, 0, 600), at(2));
+  admit(p, shaped(5, 0, 1), at(2));
+  d = expect_dispatch(p.poll(at(2), true));
+  CHECK(d.ids == ids{3, 4});
+  // A request over the cap alone is refused with what to do.
+  auto big = refuse(p, shaped(6, 0, 1001), at(3));
+  CHECK(big.reason == reject_reason::too_large);
+  CHECK(big.message.find("1001 bytes") != std::string::npos);
+  CHECK(big.message.find("--max-batch-bytes") != std::string::npos);
+  CHECK(p.queued() == 1);
+}
+
+TEST_CASE("max_batch_bytes past a Cap'n Proto Data field is refused") {
+  auto cfg = dynamic_config(8, {}, 1000);
+  cfg.max_batch_bytes = max_data_field_bytes + 1;
+  auto err = batching_policy::validate(cfg);
+  REQUIRE(err.has_value());
+  CHECK(err->message.find("--max-batch-bytes") != std::string::npos);
+  cfg.max_batch_bytes = max_data_field_bytes;
+  CHECK_FALSE(batching_policy::validate(cfg).has_value());
+}
+
 TEST_CASE("priority levels order the queue, FIFO within a level") {
   auto cfg = dynamic_config(8, {}, 0);
   cfg.dynamic_batching.priority_levels = 3;
