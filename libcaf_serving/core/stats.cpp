@@ -155,6 +155,21 @@ std::string prometheus_text(const std::vector<std::shared_ptr<model_stats>>& mod
           [](const model_stats& m) { return m.inference_count.load(); });
   counter("caf_serving_inference_exec_count", "Batches executed",
           [](const model_stats& m) { return m.execution_count.load(); });
+  counter("caf_serving_executor_restarts", "Executors that stopped and were started again",
+          [](const model_stats& m) { return m.executor_restarts.load(); });
+  counter("caf_serving_executor_failures", "Batches that failed inside an executor",
+          [](const model_stats& m) { return m.executor_failures.load(); });
+  counter("caf_serving_executor_quarantines",
+          "Times an executor was taken out of rotation after repeated failures",
+          [](const model_stats& m) { return m.executor_quarantines.load(); });
+  counter("caf_serving_batch_retries", "Batches sent again after their executor stopped",
+          [](const model_stats& m) { return m.batch_retries.load(); });
+  out += "# HELP caf_serving_healthy_executors Executors alive and not quarantined\n"
+         "# TYPE caf_serving_healthy_executors gauge\n";
+  for (const auto& m : models)
+    out += "caf_serving_healthy_executors{model=\"" + prometheus_label_value(m->name)
+           + "\",version=\"" + std::to_string(m->version) + "\"} "
+           + std::to_string(m->healthy_executors.load()) + "\n";
   out += "# HELP caf_serving_inference_request_failure Failed inference requests by reason\n"
          "# TYPE caf_serving_inference_request_failure counter\n";
   for (const auto& m : models)

@@ -64,6 +64,23 @@ struct model_stats {
   duration_stat compute_output; ///< compute end -> response built
   std::array<std::atomic<uint64_t>, failure_reason_count> failures{};
 
+  // -- supervision (written by the scheduler actor) --------------------------
+  /// Whether the model version's scheduler runs; false once it stopped.
+  std::atomic<bool> scheduler_running{false};
+  /// Executors the scheduler holds that are alive and not quarantined. The
+  /// version is ready only while this is at least 1 (DESIGN.md, Supervision).
+  std::atomic<uint32_t> healthy_executors{0};
+  /// Executors the scheduler holds (alive, quarantined ones included).
+  std::atomic<uint32_t> live_executors{0};
+  /// Executors that stopped (crashed) and were started again.
+  std::atomic<uint64_t> executor_restarts{0};
+  /// Batches that failed inside an executor (an internal error, not bad input).
+  std::atomic<uint64_t> executor_failures{0};
+  /// Times an executor was taken out of rotation after failing repeatedly.
+  std::atomic<uint64_t> executor_quarantines{0};
+  /// Batches sent again after their executor stopped without answering.
+  std::atomic<uint64_t> batch_retries{0};
+
   histogram request_us;  ///< received -> sent, microseconds
   histogram queue_us;    ///< time in the queue, microseconds
   histogram compute_us;  ///< compute_infer per request, microseconds

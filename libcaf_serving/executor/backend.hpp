@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <variant>
@@ -38,6 +39,15 @@ public:
 struct batch_view {
   uint32_t rows = 0; ///< batch dimension; 1 for a model that does not batch
   std::vector<tensor_view> inputs; ///< in the model's input order
+};
+
+/// Thrown by a backend whose instance can run no more batches (its state is
+/// broken, e.g. a sticky device error). The executor actor stops; the scheduler
+/// answers or re-sends its batch and starts a new executor for the instance.
+/// Any other exception fails only the batch it was thrown from.
+class executor_broken : public std::runtime_error {
+public:
+  using std::runtime_error::runtime_error;
 };
 
 class backend {

@@ -11,16 +11,40 @@ namespace {
 
 using exec_result = std::variant<std::monostate, serving_error>;
 
+/// What the identity function does to a batch that holds the fault marker, for
+/// the supervision tests: fail it with an error value, throw from execute, or
+/// break the executor (executor_broken).
+enum class fault_kind { none, error, exception, broken };
+
+struct fault_config {
+  fault_kind kind = fault_kind::none;
+  /// A batch faults when an FP32 element of its first input equals this.
+  float marker = 0;
+};
+
 class identity_backend final : public backend {
 public:
-  identity_backend(const model_config& cfg, std::chrono::microseconds delay)
-      : outputs_(cfg.outputs), delay_(delay) {}
+  identity_backend(const model_config& cfg, std::chrono::microseconds delay, fault_config fault)
+      : name_(cfg.name), outputs_(cfg.outputs), delay_(delay), fault_(fault) {}
 
   bool blocks() const override { return delay_.count() > 0; }
 
   exec_result execute(const batch_view& batch, output_writer& out) override {
     if (delay_.count() > 0)
       std::this_thread::sleep_for(delay_);
+    if (fault_.kind != fault_kind::none && holds_marker(batch)) {
+      switch (fault_.kind) {
+        case fault_kind::error:
+          return serving_error{status_code::internal,
+                               "model '" + name_ + "': injected fault (fault: \"error\")"};
+        case fault_kind::exception:
+          throw std::runtime_error("injected fault (fault: \"throw\")");
+        case fault_kind::broken:
+          throw executor_broken("injected fault (fault: \"crash\")");
+        case fault_kind::none:
+          break;
+      }
+    }
     for (size_t i = 0; i < outputs_.size(); ++i) {
       const auto& in = batch.inputs[i];
       auto* dst = out.allocate(outputs_[i].name, in.dtype, in.shape, in.size);
@@ -31,8 +55,23 @@ public:
   }
 
 private:
+  bool holds_marker(const batch_view& batch) const {
+    if (batch.inputs.empty() || batch.inputs[0].dtype != datatype::fp32)
+      return false;
+    const auto& in = batch.inputs[0];
+    for (size_t i = 0; i + sizeof(float) <= in.size; i += sizeof(float)) {
+      float v;
+      std::memcpy(&v, in.data + i, sizeof v);
+      if (v == fault_.marker)
+        return true;
+    }
+    return false;
+  }
+
+  std::string name_;
   std::vector<tensor_config> outputs_;
   std::chrono::microseconds delay_;
+  fault_config fault_;
 };
 
 template <class T>
@@ -106,7 +145,35 @@ result<std::shared_ptr<backend>> make_builtin_backend(const model_config& cfg) {
                                  "to 60000000, not '" + d->second + "'");
       delay = std::chrono::microseconds(us);
     }
-    return std::shared_ptr<backend>(std::make_shared<identity_backend>(cfg, delay));
+    // Stands in for a model that takes long to load (an ONNX compile, a
+    // warm-up), for the tests that check that loading blocks nothing else.
+    if (auto d = cfg.parameters.find("load_delay_us"); d != cfg.parameters.end()) {
+      char* end = nullptr;
+      auto us = std::strtoll(d->second.c_str(), &end, 10);
+      if (d->second.empty() || *end != '\0' || us < 0 || us > 60'000'000)
+        return config_error(cfg, "parameter load_delay_us must be a number of microseconds "
+                                 "from 0 to 60000000, not '" + d->second + "'");
+      std::this_thread::sleep_for(std::chrono::microseconds(us));
+    }
+    fault_config fault;
+    if (auto f = cfg.parameters.find("fault"); f != cfg.parameters.end()) {
+      if (f->second == "error")
+        fault.kind = fault_kind::error;
+      else if (f->second == "throw")
+        fault.kind = fault_kind::exception;
+      else if (f->second == "crash")
+        fault.kind = fault_kind::broken;
+      else
+        return config_error(cfg, "parameter fault must be \"error\", \"throw\" or \"crash\", "
+                                 "not '" + f->second + "'");
+      auto m = cfg.parameters.find("fault_marker");
+      char* end = nullptr;
+      if (m == cfg.parameters.end() || m->second.empty()
+          || (fault.marker = std::strtof(m->second.c_str(), &end), *end != '\0'))
+        return config_error(cfg, "parameter fault needs fault_marker: the FP32 value that "
+                                 "marks a batch to fault, e.g. \"-999\"");
+    }
+    return std::shared_ptr<backend>(std::make_shared<identity_backend>(cfg, delay, fault));
   }
   if (fn->second == "add_sub") {
     if (cfg.inputs.size() != 2 || cfg.outputs.size() != 2)

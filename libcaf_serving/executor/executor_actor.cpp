@@ -2,6 +2,10 @@
 
 #include "core/clock.hpp"
 
+#include <kj/exception.h>
+
+#include <iostream>
+
 #include <caf/event_based_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
 
@@ -78,7 +82,34 @@ batch_result_message run_one_batch(backend& be, const model_config& cfg,
   r.setBatchId(batch.getBatchId());
   message_output_writer writer(cfg, r.initOutputs(static_cast<unsigned>(cfg.outputs.size())));
   int64_t infer_start = now_ns();
-  auto status = be.execute(view, writer);
+  // A backend that throws fails this batch, not the executor: the clients get a
+  // KServe error naming the model; the exception's text goes to the log only.
+  std::variant<std::monostate, serving_error> status;
+  std::string thrown;
+  try {
+    status = be.execute(view, writer);
+  } catch (const executor_broken&) {
+    throw; // stops the executor actor (spawn_executor)
+  } catch (const kj::Exception& e) {
+    thrown = e.getDescription().cStr();
+  } catch (const std::exception& e) {
+    thrown = e.what();
+  } catch (...) {
+    thrown = "an exception of unknown type";
+  }
+  if (!thrown.empty()) {
+    std::cerr << "caf-serving: model '" << cfg.name << "': the backend threw while running batch "
+              << batch.getBatchId() << " (" << view.rows << " rows): " << thrown << std::endl;
+    // The outputs written so far are dropped with a fresh result.
+    result = batch_result_message::create(1024);
+    r = result.builder();
+    r.setBatchId(batch.getBatchId());
+    status = serving_error{status_code::internal,
+                           "model '" + cfg.name + "' failed while running a batch of "
+                             + std::to_string(view.rows)
+                             + " rows; the server log has the details",
+                           failure_reason::internal};
+  }
   int64_t infer_end = now_ns();
   if (auto* err = std::get_if<serving_error>(&status)) {
     set_error(r, *err);
@@ -94,10 +125,18 @@ batch_result_message run_one_batch(backend& be, const model_config& cfg,
 
 executor_actor spawn_executor(caf::actor_system& sys, std::shared_ptr<backend> be,
                               const model_config& config) {
-  auto body = [be, config](executor_actor::pointer) -> executor_actor::behavior_type {
+  auto body = [be, config](executor_actor::pointer self) -> executor_actor::behavior_type {
     return {
-      [be, config](run_batch& msg) -> batch_result_message {
-        return run_one_batch(*be, config, msg.reader());
+      [self, be, config](run_batch& msg) -> caf::result<batch_result_message> {
+        try {
+          return run_one_batch(*be, config, msg.reader());
+        } catch (const executor_broken& e) {
+          // The batch gets this error; the scheduler sees the actor stop.
+          std::cerr << "caf-serving: model '" << config.name
+                    << "': an executor stopped: " << e.what() << std::endl;
+          self->quit(caf::sec::runtime_error);
+          return caf::make_error(caf::sec::request_receiver_down);
+        }
       },
     };
   };

@@ -80,15 +80,34 @@ const char* status_text(int status) {
 
 /// Delivers a response from whichever thread the post-processor runs on to the
 /// connection's event loop.
+///
+/// Every request gets exactly one answer: a sink dropped without an answer (a
+/// pipeline stage stopped while holding the request) answers 500 naming the
+/// model, instead of letting kj turn the broken promise into its own 500.
 class http_sink final : public response_sink {
 public:
-  explicit http_sink(kj::Own<kj::CrossThreadPromiseFulfiller<response_message>> f)
-      : fulfiller_(kj::mv(f)) {}
-  ~http_sink() noexcept override {}
-  void deliver(response_message r) override { fulfiller_->fulfill(kj::mv(r)); }
+  http_sink(kj::Own<kj::CrossThreadPromiseFulfiller<response_message>> f, std::string model)
+      : fulfiller_(kj::mv(f)), model_(std::move(model)) {}
+  ~http_sink() noexcept override {
+    if (delivered_)
+      return;
+    auto msg = response_message::create(512);
+    auto err = msg.builder().initError();
+    err.setStatus(static_cast<uint16_t>(status_code::internal));
+    err.setMessage("model '" + model_ + "': the request was lost inside the server (a "
+                   "pipeline stage stopped while holding it); retry it");
+    err.setReason(wire::FailureReason::INTERNAL);
+    fulfiller_->fulfill(kj::mv(msg));
+  }
+  void deliver(response_message r) override {
+    delivered_ = true;
+    fulfiller_->fulfill(kj::mv(r));
+  }
 
 private:
   kj::Own<kj::CrossThreadPromiseFulfiller<response_message>> fulfiller_;
+  std::string model_;
+  bool delivered_ = false;
 };
 
 /// Everything an inference request keeps alive while it is in the pipeline.
@@ -227,11 +246,27 @@ private:
         return send_json(response, 200, out + "]");
       });
     if (parts.size() == 5 && parts[2] == "models" && (parts[4] == "load" || parts[4] == "unload"))
-      return expect(method, kj::HttpMethod::POST, response, [&] {
-        auto r = parts[4] == "load" ? models_.load(parts[3]) : models_.unload(parts[3]);
-        if (auto* e = std::get_if<serving_error>(&r))
-          return send_error(response, *e);
-        return send_json(response, 200, "");
+      return expect(method, kj::HttpMethod::POST, response, [&]() -> kj::Promise<void> {
+        if (parts[4] == "unload") {
+          auto r = models_.unload(parts[3]);
+          if (auto* e = std::get_if<serving_error>(&r))
+            return send_error(response, *e);
+          return send_json(response, 200, "");
+        }
+        // A load (ONNX import, compile, warm-up) runs on the model manager's
+        // loader thread; this loop keeps serving meanwhile.
+        using load_result = std::variant<std::monostate, serving_error>;
+        auto paf = kj::newPromiseAndCrossThreadFulfiller<load_result>();
+        // std::function copies its callable: the fulfiller goes behind a shared_ptr.
+        auto fulfiller = std::make_shared<kj::Own<kj::CrossThreadPromiseFulfiller<load_result>>>(
+          kj::mv(paf.fulfiller));
+        models_.load_async(parts[3],
+                           [fulfiller](load_result r) { (*fulfiller)->fulfill(kj::mv(r)); });
+        return paf.promise.then([this, &response](load_result r) {
+          if (auto* e = std::get_if<serving_error>(&r))
+            return send_error(response, *e);
+          return send_json(response, 200, "");
+        });
       });
     return send_error(response, 404,
                       "repository endpoints are POST /v2/repository/index and "
@@ -384,7 +419,7 @@ private:
           ctx->request.inputs.clear();
           auto paf = kj::newPromiseAndCrossThreadFulfiller<response_message>();
           caf::anon_send(model->scheduler,
-                         infer_job{std::move(msg), std::make_shared<http_sink>(kj::mv(paf.fulfiller))});
+                         infer_job{std::move(msg), std::make_shared<http_sink>(kj::mv(paf.fulfiller), model->config.name)});
           return paf.promise.then([this, ctx, &response](response_message r) {
             return answer(*ctx, std::move(r), response);
           });

@@ -1,6 +1,9 @@
 #include "postprocess/postprocessor_actor.hpp"
 
 #include <caf/typed_event_based_actor.hpp>
+#include <kj/exception.h>
+
+#include <iostream>
 
 namespace caf_serving::postprocess {
 
@@ -19,12 +22,40 @@ void record_success(model_stats& stats, const wire::StageTimes::Reader& t, uint3
   stats.compute_us.observe(static_cast<double>(infer) / 1e3);
 }
 
+namespace {
+
+/// Answers every request of a batch whose responses could not be built with a
+/// 500 naming the model; the cause goes to the log, not to the clients.
+std::vector<response_message> failed_batch(const finished_batch& fb,
+                                           const postprocessor_config& cfg,
+                                           const std::string& cause) {
+  std::cerr << "caf-serving: model '" << cfg.stats->name << "': the responses of a batch could "
+            << "not be built: " << cause << std::endl;
+  serving_error e{status_code::internal,
+                  "model '" + cfg.stats->name + "': the response could not be built from the "
+                  "model's outputs; the server log has the details",
+                  failure_reason::internal};
+  std::vector<response_message> out;
+  for (const auto& j : fb.jobs)
+    out.push_back(error_response(j.job.request.reader(), e));
+  return out;
+}
+
+} // namespace
+
 postprocessor_actor spawn_postprocessor(caf::actor_system& sys, postprocessor_config config) {
   auto cfg = std::make_shared<postprocessor_config>(std::move(config));
   return sys.spawn([cfg](postprocessor_actor::pointer self) -> postprocessor_actor::behavior_type {
     return {
       [cfg](finished_batch& fb) {
-        auto responses = split_batch(fb, cfg->responses);
+        std::vector<response_message> responses;
+        try {
+          responses = split_batch(fb, cfg->responses);
+        } catch (const kj::Exception& e) {
+          responses = failed_batch(fb, *cfg, e.getDescription().cStr());
+        } catch (const std::exception& e) {
+          responses = failed_batch(fb, *cfg, e.what());
+        }
         // Every count is recorded before the first response leaves, so a
         // client that reads /stats after its answer sees its own batch.
         uint32_t rows = 0;

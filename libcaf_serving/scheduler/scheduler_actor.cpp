@@ -8,6 +8,7 @@
 #include "cluster/executor_choice.hpp"
 
 #include <algorithm>
+#include <iostream>
 #include <cstring>
 #include <map>
 #include <set>
@@ -15,17 +16,97 @@
 
 namespace caf_serving::scheduler {
 
-batch_message gather_batch(const model_config& model, uint64_t batch_id,
-                           const std::vector<batched_job>& jobs) {
+namespace {
+
+std::string dims_text(capnp::List<int64_t>::Reader dims) {
+  std::string out = "[";
+  for (unsigned d = 0; d < dims.size(); ++d)
+    out += (d > 0 ? "," : "") + std::to_string(dims[d]);
+  return out + "]";
+}
+
+/// Whether `a` and `b` agree past the batch dimension (all dims when the model
+/// does not batch).
+bool same_item_shape(capnp::List<int64_t>::Reader a, capnp::List<int64_t>::Reader b,
+                     bool batched) {
+  if (a.size() != b.size())
+    return false;
+  for (unsigned d = batched ? 1 : 0; d < a.size(); ++d)
+    if (a[d] != b[d])
+      return false;
+  return true;
+}
+
+} // namespace
+
+uint64_t shape_class_of(const model_config& model, wire::InferRequest::Reader request) {
+  bool batched = model.max_batch_size > 0;
+  bool varies = false;
+  for (const auto& in : model.inputs)
+    for (auto d : in.dims)
+      varies = varies || d < 0;
+  if (!varies)
+    return 0;
+  // FNV-1a over (rank, dims) of every input past the batch dimension.
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&](uint64_t v) {
+    for (int i = 0; i < 8; ++i) {
+      h ^= (v >> (8 * i)) & 0xff;
+      h *= 1099511628211ull;
+    }
+  };
+  for (auto t : request.getInputs()) {
+    auto shape = t.getShape();
+    mix(shape.size());
+    for (unsigned d = batched ? 1 : 0; d < shape.size(); ++d)
+      mix(static_cast<uint64_t>(shape[d]));
+  }
+  // 0 stays the key of models whose shapes cannot vary.
+  return h == 0 ? 1 : h;
+}
+
+result<batch_message> gather_batch(const model_config& model, uint64_t batch_id,
+                                   const std::vector<batched_job>& jobs) {
+  const bool batched = model.max_batch_size > 0;
+  auto first = jobs.front().job.request.reader();
+  auto first_inputs = first.getInputs();
   size_t total = 0;
-  for (const auto& j : jobs)
-    for (auto t : j.job.request.reader().getInputs())
-      total += t.getData().size();
+  for (const auto& j : jobs) {
+    auto inputs = j.job.request.reader().getInputs();
+    if (inputs.size() != first_inputs.size())
+      return serving_error{status_code::internal,
+                           "model '" + model.name + "': requests with "
+                             + std::to_string(first_inputs.size()) + " and "
+                             + std::to_string(inputs.size())
+                             + " inputs reached one batch; this is a bug, please report it"};
+    for (unsigned i = 0; i < inputs.size(); ++i) {
+      auto a = first_inputs[i];
+      auto b = inputs[i];
+      if (a.getDatatype() != b.getDatatype()
+          || !same_item_shape(a.getShape(), b.getShape(), batched))
+        return serving_error{status_code::internal,
+                             "model '" + model.name + "': requests of shapes "
+                               + dims_text(a.getShape()) + " and " + dims_text(b.getShape())
+                               + " of input '" + a.getName().cStr()
+                               + "' reached one batch; this is a bug, please report it"};
+      total += b.getData().size();
+    }
+  }
+  for (unsigned i = 0; i < first_inputs.size(); ++i) {
+    uint64_t bytes = 0;
+    for (const auto& j : jobs)
+      bytes += j.job.request.reader().getInputs()[i].getData().size();
+    if (bytes > max_data_field_bytes)
+      return serving_error{status_code::internal,
+                           "model '" + model.name + "': a batch's input '"
+                             + first_inputs[i].getName().cStr() + "' would hold "
+                             + std::to_string(bytes) + " bytes, more than a Cap'n Proto "
+                             "Data field holds; lower --max-batch-bytes"};
+  }
   auto msg = batch_message::create(jobs.size() == 1 ? 2048 : total + 2048);
   auto b = msg.builder();
   b.setBatchId(batch_id);
   b.setModelName(model.name);
-  auto first = jobs.front().job.request.reader();
   b.setModelVersion(first.getModelVersion());
   auto request_rows = b.initRequestRows(static_cast<unsigned>(jobs.size()));
   uint32_t rows = 0;
@@ -35,7 +116,6 @@ batch_message gather_batch(const model_config& model, uint64_t batch_id,
     rows += r;
   }
   b.setRows(rows);
-  auto first_inputs = first.getInputs();
   auto inputs = b.initInputs(first_inputs.size());
   for (unsigned i = 0; i < first_inputs.size(); ++i) {
     auto src = first_inputs[i];
@@ -45,7 +125,7 @@ batch_message gather_batch(const model_config& model, uint64_t batch_id,
     auto src_shape = src.getShape();
     auto shape = dst.initShape(src_shape.size());
     for (unsigned d = 0; d < src_shape.size(); ++d)
-      shape.set(d, d == 0 && model.max_batch_size > 0 ? int64_t{rows} : src_shape[d]);
+      shape.set(d, d == 0 && batched ? int64_t{rows} : src_shape[d]);
     if (jobs.size() == 1) {
       dst.adoptData(msg.reference(src.getData(), jobs[0].job.request.owner()));
       continue;
@@ -70,6 +150,8 @@ struct executor_slot {
   executor::executor_actor handle;
   uint32_t depth = 1;
   std::string node;
+  /// Started by this scheduler (respawned when it stops), not a remote proxy.
+  bool local = false;
   /// Batch ids in flight here, oldest first, with their rows and send times.
   struct sent {
     uint64_t batch_id;
@@ -80,6 +162,14 @@ struct executor_slot {
   /// When this executor last answered (the earliest its next batch could start).
   int64_t last_answer_ns = 0;
   cluster::batch_cost_model cost;
+  /// Internal failures in a row, and the quarantine they led to.
+  uint32_t failures_in_row = 0;
+  /// Quarantines since the executor last succeeded: the backoff doubles with each.
+  uint32_t quarantines = 0;
+  /// No batches until then (steady-clock ns); 0: not quarantined.
+  int64_t quarantined_until_ns = 0;
+
+  bool quarantined(int64_t now) const { return quarantined_until_ns > now; }
 };
 
 /// A batch sent to an executor and not yet answered. It keeps its requests and
@@ -109,17 +199,43 @@ struct scheduler_state {
   /// preserve_ordering: finished batches wait here until all earlier ones are done.
   uint64_t next_to_release = 1;
   std::map<uint64_t, finished_batch> finished_early;
+  /// Local executors that stopped and are to be started again, and when.
+  uint32_t respawns_due = 0;
+  int64_t respawn_at_ns = 0;
+  /// Restarts in a row that came soon after the previous one with no batch
+  /// succeeding in between: the delay before the next doubles with each, so a
+  /// crash loop does not spin.
+  uint32_t quick_restarts = 0;
+  int64_t last_restart_ns = 0;
+  /// Whether the model has had an executor at all (what a 503 says).
+  bool had_executor = false;
 };
 
 using self_ptr = scheduler_actor::stateful_pointer<scheduler_state>;
 
+/// Publishes how many executors are alive and healthy (readiness, /metrics).
+void publish_health(scheduler_state& st) {
+  int64_t now = now_ns();
+  uint32_t healthy = 0;
+  for (const auto& e : st.executors)
+    healthy += e.quarantined(now) ? 0 : 1;
+  if (st.cfg.stats) {
+    st.cfg.stats->live_executors.store(static_cast<uint32_t>(st.executors.size()));
+    st.cfg.stats->healthy_executors.store(healthy);
+  }
+}
+
 /// The executor predicted to finish a batch of `rows` first, among those with a
-/// free credit; nullptr when every one is full.
+/// free credit and not quarantined; nullptr when none is.
 executor_slot* choose(scheduler_state& st, uint32_t rows) {
   int64_t now = now_ns();
   std::vector<cluster::executor_load> loads;
+  std::vector<size_t> index;
   loads.reserve(st.executors.size());
-  for (auto& e : st.executors) {
+  for (size_t i = 0; i < st.executors.size(); ++i) {
+    auto& e = st.executors[i];
+    if (e.quarantined(now))
+      continue;
     cluster::executor_load l;
     l.cost = &e.cost;
     l.depth = e.depth;
@@ -128,14 +244,16 @@ executor_slot* choose(scheduler_state& st, uint32_t rows) {
     if (!e.in_flight.empty())
       l.oldest_elapsed_ns = now - std::max(e.in_flight.front().sent_ns, e.last_answer_ns);
     loads.push_back(std::move(l));
+    index.push_back(i);
   }
   auto i = cluster::choose_executor(loads, rows);
-  return i ? &st.executors[*i] : nullptr;
+  return i ? &st.executors[index[*i]] : nullptr;
 }
 
 bool any_free(const scheduler_state& st) {
+  int64_t now = now_ns();
   for (auto& e : st.executors)
-    if (e.in_flight.size() < e.depth)
+    if (e.in_flight.size() < e.depth && !e.quarantined(now))
       return true;
   return false;
 }
@@ -151,23 +269,50 @@ void answer_error(scheduler_state&, const infer_job& job, const serving_error& e
   job.sink->deliver(postprocess::error_response(job.request.reader(), e));
 }
 
+/// The 503 for a request that no executor can run.
+serving_error no_executor_error(const scheduler_state& st) {
+  std::string why = !st.cfg.no_executor_reason.empty() && !st.had_executor
+                      ? st.cfg.no_executor_reason
+                      : std::string("every executor of it stopped or its worker was lost");
+  return {status_code::unavailable,
+          "model '" + st.cfg.model.name + "' has no executor that can run it: " + why,
+          failure_reason::unavailable};
+}
+
+/// Whether requests may wait for an executor: one is there or is being started.
+bool can_execute(const scheduler_state& st) {
+  return !st.executors.empty() || st.respawns_due > 0;
+}
+
 /// Answers every request of a pending batch with `e`, for a batch that cannot run.
 void fail_batch(self_ptr self, uint64_t batch_id, const serving_error& e);
 
+/// With no executor left and none being started, nothing can run the queued
+/// requests or the batches waiting to be sent again: answer them at once.
+void fail_unrunnable(self_ptr self) {
+  auto& st = self->state;
+  if (can_execute(st))
+    return;
+  auto err = no_executor_error(st);
+  auto ids = st.resend;
+  for (auto id : ids)
+    fail_batch(self, id, err);
+  for (auto& [id, job] : st.queued)
+    answer_error(st, job.job, err);
+  st.queued.clear();
+  // The policy still holds their ids: a fresh one forgets them.
+  st.policy = std::make_unique<batching_policy>(st.cfg.policy);
+}
+
 void maybe_finish_drain(self_ptr self) {
   auto& st = self->state;
-  if (!st.draining || !st.queued.empty())
+  if (!st.draining)
     return;
-  if (st.executors.empty()) {
+  if (st.executors.empty())
     // Nothing is left to run the batches of lost executors.
-    auto ids = st.resend;
-    for (auto id : ids)
-      fail_batch(self, id, {status_code::unavailable,
-                            "model '" + st.cfg.model.name
-                              + "' was unloaded after every executor of this batch was lost",
-                            failure_reason::unavailable});
-  }
-  if (!st.pending.empty())
+    st.respawns_due = 0;
+  fail_unrunnable(self);
+  if (!st.queued.empty() || !st.pending.empty())
     return;
   for (auto& e : st.executors)
     self->send_exit(e.handle, caf::exit_reason::user_shutdown);
@@ -191,11 +336,7 @@ void release(self_ptr self, uint64_t batch_id, finished_batch fb) {
   }
 }
 
-void fail_batch(self_ptr self, uint64_t batch_id, const serving_error& e) {
-  auto& st = self->state;
-  auto it = st.pending.find(batch_id);
-  if (it == st.pending.end())
-    return;
+finished_batch error_result(uint64_t batch_id, const serving_error& e) {
   auto msg = batch_result_message::create();
   auto err = msg.builder().initError();
   err.setStatus(static_cast<uint16_t>(e.status));
@@ -204,6 +345,15 @@ void fail_batch(self_ptr self, uint64_t batch_id, const serving_error& e) {
   msg.builder().setBatchId(batch_id);
   finished_batch fb;
   fb.result = std::move(msg);
+  return fb;
+}
+
+void fail_batch(self_ptr self, uint64_t batch_id, const serving_error& e) {
+  auto& st = self->state;
+  auto it = st.pending.find(batch_id);
+  if (it == st.pending.end())
+    return;
+  auto fb = error_result(batch_id, e);
   fb.jobs = std::move(*it->second.jobs);
   st.pending.erase(it);
   st.resend.erase(batch_id);
@@ -211,6 +361,43 @@ void fail_batch(self_ptr self, uint64_t batch_id, const serving_error& e) {
 }
 
 void poll_policy(self_ptr self);
+void executor_stopped(self_ptr self, const caf::actor_addr& addr);
+
+/// Wakes the scheduler at `when_ns` (steady clock) for supervision: a tick is
+/// always safe to handle early or twice.
+void supervise_at(self_ptr self, int64_t when_ns) {
+  auto delay = std::chrono::nanoseconds(std::max<int64_t>(when_ns - now_ns(), 0));
+  self->delayed_send(self, delay, tick_atom::value);
+}
+
+/// Counts the outcome of a batch an executor answered: an internal failure
+/// (status 500 and above: not the request's fault) in a row past the limit
+/// quarantines the executor with a doubling backoff; a success clears it.
+void record_outcome(self_ptr self, executor_slot& e, bool internal_failure) {
+  auto& st = self->state;
+  if (!internal_failure) {
+    e.failures_in_row = 0;
+    e.quarantines = 0;
+    return;
+  }
+  if (st.cfg.stats)
+    st.cfg.stats->executor_failures.fetch_add(1, std::memory_order_relaxed);
+  if (++e.failures_in_row < st.cfg.quarantine_after_failures)
+    return;
+  e.failures_in_row = 0;
+  auto backoff = st.cfg.quarantine_backoff * (int64_t{1} << std::min<uint32_t>(e.quarantines, 16));
+  backoff = std::min(backoff, st.cfg.max_quarantine_backoff);
+  ++e.quarantines;
+  e.quarantined_until_ns = now_ns() + std::chrono::nanoseconds(backoff).count();
+  if (st.cfg.stats)
+    st.cfg.stats->executor_quarantines.fetch_add(1, std::memory_order_relaxed);
+  std::cerr << "caf-serving: model '" << st.cfg.model.name << "': an executor on node '"
+            << e.node << "' failed " << st.cfg.quarantine_after_failures
+            << " batches in a row; it gets no batches for " << backoff.count() << " ms"
+            << std::endl;
+  supervise_at(self, e.quarantined_until_ns);
+  publish_health(st);
+}
 
 /// Sends pending batch `batch_id` to `slot` and handles its one answer.
 void send_pending(self_ptr self, executor_slot& slot, uint64_t batch_id) {
@@ -220,9 +407,11 @@ void send_pending(self_ptr self, executor_slot& slot, uint64_t batch_id) {
   int64_t sent = now_ns();
   slot.in_flight.push_back({batch_id, p.rows, sent});
   auto handle = slot.handle;
-  // Takes the batch off its executor's books; the measured service time feeds the
-  // executor choice when the batch was answered.
-  auto settle = [self, addr = handle.address(), batch_id](bool answered) {
+  // Takes the batch off its executor's books; the measured service time of a
+  // batch that succeeded feeds the executor choice (a fast failure must not
+  // make an executor look fast).
+  auto settle = [self, addr = handle.address(), batch_id](bool succeeded,
+                                                           bool internal_failure) {
     auto* e = find_slot(self->state, addr);
     if (!e)
       return;
@@ -231,21 +420,25 @@ void send_pending(self_ptr self, executor_slot& slot, uint64_t batch_id) {
     if (it == e->in_flight.end())
       return;
     int64_t now = now_ns();
-    if (answered)
+    if (succeeded)
       e->cost.observe(it->rows, now - std::max(it->sent_ns, e->last_answer_ns));
     e->last_answer_ns = now;
     e->in_flight.erase(it);
+    record_outcome(self, *e, internal_failure);
   };
   self->request(handle, caf::infinite, run_batch{p.batch, nullptr})
     .then(
       [self, settle, batch_id](batch_result_message& result) {
         auto& st = self->state;
-        settle(true);
+        auto r = result.reader();
+        uint16_t status = r.getError().getStatus();
+        settle(status == 0, status >= 500);
+        if (status == 0)
+          st.quick_restarts = 0; // executors that succeed are not in a crash loop
         auto it = st.pending.find(batch_id);
         if (it == st.pending.end())
           return; // answered already (cannot happen: one answer per request)
         int64_t received = now_ns();
-        auto r = result.reader();
         finished_batch fb;
         fb.compute_end_ns = received - r.getComputeOutputNs();
         fb.compute_start_ns = fb.compute_end_ns - r.getComputeInferNs();
@@ -256,26 +449,49 @@ void send_pending(self_ptr self, executor_slot& slot, uint64_t batch_id) {
         poll_policy(self);
         maybe_finish_drain(self);
       },
-      [self, settle, batch_id, node = slot.node](caf::error& err) {
+      [self, settle, batch_id, addr = handle.address(), node = slot.node,
+       local = slot.local](caf::error& err) {
         auto& st = self->state;
-        settle(false);
+        settle(false, false);
+        // A local executor that did not answer has stopped: no batch may be sent
+        // to it again, not even before its down message arrives.
+        if (local && executor_was_lost(err))
+          executor_stopped(self, addr);
         auto it = st.pending.find(batch_id);
         if (it == st.pending.end())
           return;
-        if (executor_was_lost(err) && it->second.attempts < st.cfg.max_batch_attempts) {
+        bool lost = executor_was_lost(err);
+        uint32_t attempts = it->second.attempts;
+        uint32_t max_attempts = local ? st.cfg.max_local_attempts : st.cfg.max_batch_attempts;
+        std::cerr << "caf-serving: model '" << st.cfg.model.name << "': batch " << batch_id
+                  << " got no answer from its executor on node '" << node
+                  << "' (attempt " << attempts << "): " << self->system().render(err)
+                  << std::endl;
+        if (lost && attempts < max_attempts) {
           // Not answered: the same batch goes out again, before any new one.
           st.resend.insert(batch_id);
-        } else {
-          bool lost = executor_was_lost(err);
+          if (st.cfg.stats)
+            st.cfg.stats->batch_retries.fetch_add(1, std::memory_order_relaxed);
+        } else if (lost && !local) {
           fail_batch(self, batch_id,
-                     {lost ? status_code::unavailable : status_code::internal,
+                     {status_code::unavailable,
+                      "model '" + st.cfg.model.name + "': the batch was lost with "
+                        + std::to_string(attempts) + " executors in a row, last on node '"
+                        + node + "'; retry the request",
+                      failure_reason::unavailable});
+        } else {
+          // No internals in the answer: the log line above has them.
+          fail_batch(self, batch_id,
+                     {status_code::internal,
                       "model '" + st.cfg.model.name + "': "
-                        + (lost ? "the batch was lost with " + std::to_string(it->second.attempts)
-                                    + " executors in a row; last on node '" + node + "': "
-                                : std::string("the executor failed while running the batch: "))
-                        + self->system().render(err),
-                      lost ? failure_reason::unavailable : failure_reason::internal});
+                        + (lost ? "the executor running this batch stopped, "
+                                    + std::to_string(attempts)
+                                    + " times in a row; the request was not tried again"
+                                : std::string("the executor failed while running the batch"))
+                        + "; the server log has the details",
+                      failure_reason::internal});
         }
+        fail_unrunnable(self);
         poll_policy(self);
         maybe_finish_drain(self);
       });
@@ -293,8 +509,16 @@ void send_batch(self_ptr self, const dispatch& d) {
     st.queued.erase(it);
   }
   uint64_t batch_id = st.next_batch_id++;
+  auto batch = gather_batch(st.cfg.model, batch_id, jobs);
+  if (!batch) {
+    std::cerr << "caf-serving: " << batch.error().message << std::endl;
+    auto fb = error_result(batch_id, batch.error());
+    fb.jobs = std::move(jobs);
+    release(self, batch_id, std::move(fb));
+    return;
+  }
   pending_batch p;
-  p.batch = gather_batch(st.cfg.model, batch_id, jobs);
+  p.batch = std::move(*batch);
   p.rows = p.batch.reader().getRows();
   p.jobs = std::make_shared<std::vector<batched_job>>(std::move(jobs));
   st.pending.emplace(batch_id, std::move(p));
@@ -342,29 +566,98 @@ void poll_policy(self_ptr self) {
   }
 }
 
+void add_slot(self_ptr self, executor_slot slot) {
+  auto& st = self->state;
+  self->monitor(slot.handle);
+  st.executors.push_back(std::move(slot));
+  st.had_executor = true;
+  publish_health(st);
+}
+
+executor_slot local_slot(const scheduler_config& cfg, executor::executor_actor handle) {
+  executor_slot slot;
+  slot.handle = std::move(handle);
+  slot.depth = std::max<uint32_t>(cfg.executor_depth, 1);
+  slot.node = "local";
+  slot.local = true;
+  return slot;
+}
+
+/// Starts the local executors that stopped, once their restart is due.
+void respawn_due(self_ptr self) {
+  auto& st = self->state;
+  if (st.respawns_due == 0 || now_ns() < st.respawn_at_ns)
+    return;
+  while (st.respawns_due > 0 && !st.draining) {
+    --st.respawns_due;
+    add_slot(self, local_slot(st.cfg, st.cfg.respawn_executor()));
+    if (st.cfg.stats)
+      st.cfg.stats->executor_restarts.fetch_add(1, std::memory_order_relaxed);
+    std::cerr << "caf-serving: model '" << st.cfg.model.name << "': started a new executor"
+              << std::endl;
+  }
+  st.respawns_due = 0;
+}
+
+/// An executor stopped (its actor went down, or it answered a batch that it
+/// stopped while running): it takes no more batches, and a local one is started
+/// again at once, or after a doubling delay when executors keep stopping (a
+/// crash loop). Its batches in flight come back through their error handlers.
+/// Safe to call twice for one executor.
+void executor_stopped(self_ptr self, const caf::actor_addr& addr) {
+  auto& st = self->state;
+  auto& ex = st.executors;
+  auto it = std::find_if(ex.begin(), ex.end(),
+                         [&](const executor_slot& e) { return e.handle.address() == addr; });
+  if (it == ex.end())
+    return;
+  bool local = it->local;
+  ex.erase(it);
+  publish_health(st);
+  if (!local || st.draining || !st.cfg.respawn_executor)
+    return;
+  int64_t now = now_ns();
+  bool quick = now - st.last_restart_ns < int64_t{1'000'000'000};
+  st.quick_restarts = quick ? st.quick_restarts + 1 : 0;
+  st.last_restart_ns = now;
+  ++st.respawns_due;
+  if (st.quick_restarts < 3) {
+    st.respawn_at_ns = now;
+    respawn_due(self);
+    return;
+  }
+  int64_t delay = std::min<int64_t>(int64_t{50'000'000} << std::min<uint32_t>(st.quick_restarts - 3, 8),
+                                    int64_t{10'000'000'000});
+  std::cerr << "caf-serving: model '" << st.cfg.model.name << "': executors keep "
+            << "stopping; the next starts in " << delay / 1'000'000 << " ms" << std::endl;
+  st.respawn_at_ns = now + delay;
+  supervise_at(self, st.respawn_at_ns);
+}
+
 } // namespace
 
 scheduler_actor spawn_scheduler(caf::actor_system& sys, scheduler_config config) {
-  return sys.spawn([cfg = std::move(config)](self_ptr self) mutable
-                   -> scheduler_actor::behavior_type {
+  auto stats = config.stats;
+  // Published before the actor first runs, so that a model is ready as soon as
+  // it is loaded; the actor keeps these current from then on.
+  if (stats) {
+    auto n = static_cast<uint32_t>(config.executors.size());
+    stats->scheduler_running.store(true);
+    stats->live_executors.store(n);
+    stats->healthy_executors.store(n);
+  }
+  auto scheduler = sys.spawn([cfg = std::move(config)](self_ptr self) mutable
+                             -> scheduler_actor::behavior_type {
     auto& st = self->state;
     st.policy = std::make_unique<batching_policy>(cfg.policy);
-    for (auto& e : cfg.executors) {
-      executor_slot slot;
-      slot.handle = e;
-      slot.depth = cfg.executor_depth;
-      slot.node = "local";
-      self->monitor(e);
-      st.executors.push_back(std::move(slot));
-    }
+    auto executors = std::move(cfg.executors);
     st.cfg = std::move(cfg);
-    // An executor that is gone (its proxy quit when the node was lost) takes no
-    // more batches; its batches in flight come back through their error handlers.
+    for (auto& e : executors)
+      add_slot(self, local_slot(st.cfg, std::move(e)));
     self->set_down_handler([self](caf::down_msg& dm) {
-      auto& ex = self->state.executors;
-      ex.erase(std::remove_if(ex.begin(), ex.end(),
-                              [&](const executor_slot& e) { return e.handle.address() == dm.source; }),
-               ex.end());
+      executor_stopped(self, dm.source);
+      fail_unrunnable(self);
+      poll_policy(self);
       maybe_finish_drain(self);
     });
     return {
@@ -379,15 +672,24 @@ scheduler_actor spawn_scheduler(caf::actor_system& sys, scheduler_config config)
                         failure_reason::unavailable});
           return;
         }
+        if (!can_execute(st)) {
+          answer_error(st, job, no_executor_error(st));
+          return;
+        }
         uint64_t id = st.next_request_id++;
         request_info info{id, req.getRows(), req.getPriority(), req.getTimeoutUs()};
+        info.shape_class = shape_class_of(st.cfg.model, req);
+        for (auto t : req.getInputs())
+          info.bytes += t.getData().size();
         auto now = clock_type::now();
         auto admitted = st.policy->enqueue(info, now);
         if (auto* rej = std::get_if<rejected>(&admitted)) {
           auto reason = rej->reason == reject_reason::queue_full ? failure_reason::queue_full
                                                                   : failure_reason::bad_request;
           auto status = rej->reason == reject_reason::too_many_rows ? status_code::bad_request
-                                                                    : status_code::unavailable;
+                        : rej->reason == reject_reason::too_large
+                          ? status_code::payload_too_large
+                          : status_code::unavailable;
           answer_error(st, job, {status, rej->message, reason});
           return;
         }
@@ -398,7 +700,11 @@ scheduler_actor spawn_scheduler(caf::actor_system& sys, scheduler_config config)
         auto& st = self->state;
         if (st.timer_due && clock_type::now() >= *st.timer_due)
           st.timer_due.reset();
+        // Also the supervision timer: a quarantine ended or a restart is due.
+        respawn_due(self);
+        publish_health(st);
         poll_policy(self);
+        maybe_finish_drain(self);
       },
       [self](drain_atom) {
         self->state.draining = true;
@@ -415,12 +721,19 @@ scheduler_actor spawn_scheduler(caf::actor_system& sys, scheduler_config config)
         slot.handle = std::move(entry.handle);
         slot.depth = std::max<uint32_t>(entry.depth, 1);
         slot.node = std::move(entry.node);
-        self->monitor(slot.handle);
-        st.executors.push_back(std::move(slot));
+        add_slot(self, std::move(slot));
         poll_policy(self);
       },
     };
   });
+  // Readiness must not outlive the scheduler, however it stops.
+  if (stats)
+    scheduler->attach_functor([stats](const caf::error&) {
+      stats->scheduler_running.store(false);
+      stats->healthy_executors.store(0);
+      stats->live_executors.store(0);
+    });
+  return scheduler;
 }
 
 } // namespace caf_serving::scheduler

@@ -23,6 +23,9 @@
 #include <caf/replies_to.hpp>
 #include <caf/typed_actor.hpp>
 
+#include <chrono>
+#include <functional>
+
 namespace caf_serving::scheduler {
 
 /// An executor that joins a running scheduler (a remote executor's proxy).
@@ -52,6 +55,21 @@ struct scheduler_config {
   /// How often one batch may be sent again after its executor was lost before its
   /// requests are answered 503 (a batch that kills every executor stops here).
   uint32_t max_batch_attempts = 4;
+  /// Starts a new local executor in place of one that stopped (supervision);
+  /// empty: executors that stop are not replaced (a server without local ones).
+  std::function<executor::executor_actor()> respawn_executor;
+  /// A batch whose local executor stopped while running it is sent once more;
+  /// if that executor stops too, its requests get a 500 naming the model.
+  uint32_t max_local_attempts = 2;
+  /// Internal failures in a row after which an executor is quarantined: it gets
+  /// no batches for a backoff that starts at quarantine_backoff and doubles up
+  /// to max_quarantine_backoff while it keeps failing after each return.
+  uint32_t quarantine_after_failures = 3;
+  std::chrono::milliseconds quarantine_backoff{1000};
+  std::chrono::milliseconds max_quarantine_backoff{30000};
+  /// Why the model has no executor when it has none (for the 503 that answers
+  /// its requests at once); empty means "every executor stopped".
+  std::string no_executor_reason;
 };
 
 scheduler_actor spawn_scheduler(caf::actor_system& sys, scheduler_config config);
@@ -59,8 +77,17 @@ scheduler_actor spawn_scheduler(caf::actor_system& sys, scheduler_config config)
 /// Gathers the requests' inputs along the batch dimension into one Batch. A batch
 /// of one request references that request's bytes instead of copying them.
 /// Inputs of every request are in the model's input order (the ingress orders them).
-batch_message gather_batch(const model_config& model, uint64_t batch_id,
-                           const std::vector<batched_job>& jobs);
+/// Checks what batching relies on: every request has the first one's inputs with
+/// equal datatypes and non-batch dims, and no input passes a Cap'n Proto `Data`
+/// field. A failed check is an internal error naming what differs (the policy
+/// batches only equal shapes, so it is a bug or a shape-key collision).
+result<batch_message> gather_batch(const model_config& model, uint64_t batch_id,
+                                   const std::vector<batched_job>& jobs);
+
+/// The key under which a request may share a batch (request_info::shape_class):
+/// a hash of every input's non-batch dims when the model has a variable
+/// non-batch dimension, else 0.
+uint64_t shape_class_of(const model_config& model, wire::InferRequest::Reader request);
 
 } // namespace caf_serving::scheduler
 

@@ -164,7 +164,8 @@ TEST_CASE("gather_batch concatenates rows and references a lone request's bytes"
   collector c;
   std::vector<batched_job> jobs{{make_job(1, c), 0, 0}, {make_job(5, c), 0, 0}};
   auto two_msg = scheduler::gather_batch(model, 7, jobs);
-  auto two = two_msg.reader();
+  REQUIRE(two_msg.ok());
+  auto two = two_msg->reader();
   CHECK(two.getBatchId() == 7);
   CHECK(two.getRows() == 2);
   CHECK(two.getInputs()[0].getShape()[0] == 2);
@@ -176,6 +177,39 @@ TEST_CASE("gather_batch concatenates rows and references a lone request's bytes"
 
   std::vector<batched_job> one{{make_job(9, c), 0, 0}};
   auto single = scheduler::gather_batch(model, 8, one);
-  CHECK(single.reader().getInputs()[0].getData().begin()
+  REQUIRE(single.ok());
+  CHECK(single->reader().getInputs()[0].getData().begin()
         == one[0].job.request.reader().getInputs()[0].getData().begin());
+}
+
+TEST_CASE("gather_batch refuses requests of different shapes instead of mixing them") {
+  auto model = identity_model(8, 0, 64);
+  model.inputs[0].dims = {-1};
+  collector c;
+  auto narrow = make_job(1, c);
+  auto wide = make_job(5, c);
+  // Rebuild the second request with shape [1,2]: same bytes would not fit.
+  auto msg = request_message::create();
+  msg.builder().setId("5");
+  msg.builder().setRows(1);
+  auto in = msg.builder().initInputs(1)[0];
+  in.setName("INPUT0");
+  in.setDatatype(wire::DataType::INT32);
+  auto shape = in.initShape(2);
+  shape.set(0, 1);
+  shape.set(1, 2);
+  in.initData(8);
+  wide.request = msg;
+  std::vector<batched_job> jobs{{narrow, 0, 0}, {wide, 0, 0}};
+  auto batch = scheduler::gather_batch(model, 9, jobs);
+  REQUIRE_FALSE(batch.ok());
+  CHECK(batch.error().status == status_code::internal);
+  CHECK(batch.error().message.find("[1,4] and [1,2]") != std::string::npos);
+  // And the shape key tells them apart, while equal shapes share one.
+  CHECK(scheduler::shape_class_of(model, narrow.request.reader())
+        != scheduler::shape_class_of(model, wide.request.reader()));
+  CHECK(scheduler::shape_class_of(model, narrow.request.reader())
+        == scheduler::shape_class_of(model, make_job(7, c).request.reader()));
+  // A model whose shapes cannot vary keys every request 0.
+  CHECK(scheduler::shape_class_of(identity_model(8, 0, 64), narrow.request.reader()) == 0);
 }

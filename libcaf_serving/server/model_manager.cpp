@@ -13,6 +13,7 @@
 #include <caf/scoped_actor.hpp>
 
 #include <fstream>
+#include <optional>
 #include <functional>
 #include <iostream>
 
@@ -126,6 +127,21 @@ read_labels(const repository::model_entry& entry) {
   return labels;
 }
 
+/// Why a loaded pipeline cannot serve now, if it cannot (readiness tells the
+/// truth: a live scheduler and at least one live, healthy executor).
+std::optional<std::string> not_ready_reason(const model_pipeline& p) {
+  const auto& s = *p.stats;
+  if (!s.scheduler_running.load())
+    return "its scheduler stopped; load the model again";
+  if (s.healthy_executors.load() > 0)
+    return std::nullopt;
+  if (s.live_executors.load() > 0)
+    return "every executor of it failed repeatedly and is quarantined for a while; the "
+           "server log says why";
+  return "it has no executor that can run it (none was started, every one stopped, or "
+         "no worker that serves it has joined)";
+}
+
 } // namespace
 
 model_manager::model_manager(caf::actor_system& sys, model_manager_config cfg)
@@ -133,7 +149,60 @@ model_manager::model_manager(caf::actor_system& sys, model_manager_config cfg)
 }
 
 model_manager::~model_manager() {
+  {
+    std::lock_guard<std::mutex> guard(load_mutex_);
+    loader_stopping_ = true;
+  }
+  load_cv_.notify_all();
+  if (loader_.joinable())
+    loader_.join();
   shutdown();
+}
+
+void model_manager::load_async(const std::string& name, load_done done) {
+  {
+    std::lock_guard<std::mutex> guard(load_mutex_);
+    if (loader_stopping_ || load_queue_.size() >= cfg_.max_pending_loads) {
+      done(serving_error{status_code::unavailable,
+                         loader_stopping_
+                           ? "the server is shutting down; model '" + name + "' was not loaded"
+                           : std::to_string(load_queue_.size())
+                               + " model loads are already waiting; retry the load of '"
+                               + name + "' later",
+                         failure_reason::unavailable});
+      return;
+    }
+    load_queue_.emplace_back(name, std::move(done));
+    if (!loader_.joinable())
+      loader_ = std::thread([this] { loader_loop(); });
+  }
+  load_cv_.notify_one();
+  std::lock_guard<std::mutex> guard(mutex_);
+  auto it = models_.find(name);
+  if (it != models_.end())
+    it->second.state = "LOADING";
+}
+
+void model_manager::loader_loop() {
+  for (;;) {
+    std::pair<std::string, load_done> next;
+    {
+      std::unique_lock<std::mutex> lock(load_mutex_);
+      load_cv_.wait(lock, [&] { return loader_stopping_ || !load_queue_.empty(); });
+      if (load_queue_.empty())
+        return;
+      next = std::move(load_queue_.front());
+      load_queue_.pop_front();
+    }
+    if (loader_stopping_) {
+      next.second(serving_error{status_code::unavailable,
+                                "the server is shutting down; model '" + next.first
+                                  + "' was not loaded",
+                                failure_reason::unavailable});
+      continue;
+    }
+    next.second(load(next.first));
+  }
 }
 
 std::variant<std::monostate, serving_error> model_manager::load_all() {
@@ -179,7 +248,7 @@ std::variant<std::monostate, serving_error> model_manager::load(const std::strin
   auto labels = read_labels(entry);
   if (!labels)
     return fail(labels.error());
-  auto policy = scheduler::make_policy_config(cfg, cfg_.max_queue_size);
+  auto policy = scheduler::make_policy_config(cfg, cfg_.max_queue_size, cfg_.max_batch_bytes);
   // GPU instances replay one captured graph per bucket: the policy may pad a
   // batch up to the next bucket instead of waiting for more requests.
   if (is_onnx(cfg) && cuda::wants_gpu(cfg))
@@ -210,6 +279,19 @@ std::variant<std::monostate, serving_error> model_manager::load(const std::strin
                                                 : g.count;
     for (int i = 0; cfg_.local_executors && i < std::max(instances, 1); ++i)
       sc.executors.push_back(executor::spawn_executor(sys_, make_instance(), version_cfg));
+    // Supervision: an executor that stops is replaced by a new one of the same
+    // model instance (backends are shared by the factory or rebuilt by it). Not
+    // for GPU instances: their factory hands out the instances built at load,
+    // one per executor, so a replacement would share a live executor's device
+    // state; a broken GPU instance stays out until the model is reloaded.
+    if (cfg_.local_executors && !(is_onnx(cfg) && cuda::wants_gpu(cfg)))
+      sc.respawn_executor = [sys = &sys_, make_instance, version_cfg] {
+        return executor::spawn_executor(*sys, make_instance(), version_cfg);
+      };
+    else if (!cfg_.local_executors)
+      sc.no_executor_reason = "this server runs no local executors (--local-executors false) "
+                              "and no worker that serves the model has joined; start a "
+                              "caf-serving-worker with the model, or drop --local-executors false";
     postprocess::postprocessor_config pc;
     pc.stats = p->stats;
     pc.responses.batched = cfg.max_batch_size > 0;
@@ -257,14 +339,17 @@ result<std::shared_ptr<const model_pipeline>> model_manager::find(const std::str
                          "model '" + name + "' is not ready: "
                            + (r.reason.empty() ? std::string("not loaded") : r.reason),
                          failure_reason::unavailable};
-  if (version == 0)
-    return r.served.rbegin()->second;
-  auto v = r.served.find(version);
-  if (v == r.served.end())
+  auto chosen = version == 0 ? std::prev(r.served.end()) : r.served.find(version);
+  if (chosen == r.served.end())
     return not_found("model '" + name + "' has no version " + std::to_string(version)
                      + " being served; served: " + std::to_string(r.served.begin()->first)
                      + (r.served.size() > 1 ? "..." : ""));
-  return v->second;
+  if (auto why = not_ready_reason(*chosen->second))
+    return serving_error{status_code::unavailable,
+                         "model '" + name + "' version " + std::to_string(chosen->first)
+                           + " is not ready: " + *why,
+                         failure_reason::unavailable};
+  return chosen->second;
 }
 
 std::vector<std::shared_ptr<const model_pipeline>>
@@ -286,8 +371,10 @@ std::vector<index_row> model_manager::index() const {
       rows.push_back({name, "", r.state, r.reason});
       continue;
     }
-    for (const auto& [v, p] : r.served)
-      rows.push_back({name, std::to_string(v), r.state, ""});
+    for (const auto& [v, p] : r.served) {
+      auto why = not_ready_reason(*p);
+      rows.push_back({name, std::to_string(v), why ? "UNAVAILABLE" : r.state, why ? *why : ""});
+    }
   }
   return rows;
 }
@@ -303,9 +390,13 @@ std::vector<std::shared_ptr<model_stats>> model_manager::all_stats() const {
 
 bool model_manager::all_ready() const {
   std::lock_guard<std::mutex> guard(mutex_);
-  for (const auto& [name, r] : models_)
+  for (const auto& [name, r] : models_) {
     if (r.served.empty())
       return false;
+    for (const auto& [v, p] : r.served)
+      if (not_ready_reason(*p))
+        return false;
+  }
   return true;
 }
 

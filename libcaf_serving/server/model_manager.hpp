@@ -15,6 +15,9 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <condition_variable>
+#include <deque>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -42,6 +45,11 @@ struct model_manager_config {
   /// Spawn each model's executors in this process. Off for a server that only
   /// dispatches to executors on worker nodes (libcaf_serving/cluster/).
   bool local_executors = true;
+  /// Largest sum of tensor bytes in one batch (--max-batch-bytes).
+  uint64_t max_batch_bytes = max_data_field_bytes;
+  /// Loads asked for over the API and not yet started; past it a load answers
+  /// 503 at once.
+  size_t max_pending_loads = 64;
 };
 
 /// What the ingress shows about the cluster (/v2 and /metrics); both empty on a
@@ -75,11 +83,24 @@ public:
   /// being replaced finish on the old pipeline.
   std::variant<std::monostate, serving_error> load(const std::string& name);
 
+  /// What load_async reports, on the loader thread, when the load finished.
+  using load_done = std::function<void(std::variant<std::monostate, serving_error>)>;
+
+  /// Loads (or reloads) `name` on the manager's loader thread, so that the
+  /// caller (the ingress event loop) never waits for an ONNX import, compile or
+  /// warm-up. The model is LOADING in the index meanwhile; a version already
+  /// served keeps serving until the new one replaces it. Loads run one at a
+  /// time in the order asked; with max_pending_loads waiting, `done` gets a 503
+  /// at once.
+  void load_async(const std::string& name, load_done done);
+
   /// Stops serving `name`: new requests get 503, queued ones are answered.
   std::variant<std::monostate, serving_error> unload(const std::string& name);
 
   /// The pipeline for `name` at `version` (0: the newest served). 404 for a
-  /// model the repository does not know, 503 for one that is not ready.
+  /// model the repository does not know, 503 for one that is not ready: not
+  /// loaded, its scheduler stopped, or no live and healthy executor (DESIGN.md,
+  /// Supervision), with the reason.
   result<std::shared_ptr<const model_pipeline>> find(const std::string& name,
                                                      int64_t version = 0) const;
 
@@ -110,12 +131,20 @@ private:
   };
 
   void stop(record& r);
+  void loader_loop();
 
   caf::actor_system& sys_;
   model_manager_config cfg_;
   mutable std::mutex mutex_;
   std::map<std::string, record> models_;
   cluster_view cluster_;
+
+  /// The loader thread and its bounded queue (load_async).
+  std::mutex load_mutex_;
+  std::condition_variable load_cv_;
+  std::deque<std::pair<std::string, load_done>> load_queue_;
+  bool loader_stopping_ = false;
+  std::thread loader_;
 };
 
 } // namespace caf_serving::server

@@ -7,6 +7,7 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <future>
 #include <mutex>
 
 using namespace caf_serving::server_test;
@@ -179,4 +180,46 @@ TEST_CASE("unloading a model with requests in flight answers every one of them")
     FAIL_CHECK(p);
   MESSAGE("slow_batch: " << load.ok() << " answered, " << load.unavailable()
                          << " refused while unloaded");
+}
+
+TEST_CASE("a slow load runs off the event loop: health, other models and the old version serve") {
+  // Each load of `slow_load` takes 1.5 s (the builtin's load_delay_us).
+  const std::string config =
+    "name: \"slow_load\"\nbackend: \"builtin\"\nmax_batch_size: 8\n"
+    "input [ { name: \"INPUT0\" data_type: TYPE_FP32 dims: [ 4 ] } ]\n"
+    "output [ { name: \"OUTPUT0\" data_type: TYPE_FP32 dims: [ 4 ] } ]\n"
+    "parameters { key: \"function\" value: { string_value: \"identity\" } }\n"
+    "parameters { key: \"load_delay_us\" value: { string_value: \"1500000\" } }\n";
+  test_server server({example_model("identity_fp32")});
+  server.repo.write_file("slow_load/config.pbtxt", config);
+  server.repo.write_file("slow_load/1/model.builtin", "builtin: no model file\n");
+  auto first = server.client().post("/v2/repository/models/slow_load/load", "");
+  REQUIRE_MESSAGE(first.status == 200, first.body);
+
+  // Reload it; while it loads, everything else answers at once.
+  auto reload = std::async(std::launch::async, [&] {
+    return server.client().post("/v2/repository/models/slow_load/load", "");
+  });
+  CHECK(eventually([&] {
+    return server.client().post("/v2/repository/index", "").body.find("\"LOADING\"")
+           != std::string::npos;
+  }, std::chrono::milliseconds(1000)));
+  auto start = std::chrono::steady_clock::now();
+  CHECK(server.client().get("/v2/health/live").status == 200);
+  std::vector<float> v(16, 2.0f);
+  auto other = server.client().post("/v2/models/identity_fp32/infer", fp32_identity_body(v, 1),
+                                    json_content);
+  CHECK(other.status == 200);
+  std::vector<float> w{1, 2, 3, 4};
+  auto old_version = server.client().post("/v2/models/slow_load/infer", fp32_identity_body(w, 1),
+                                          json_content);
+  CHECK(old_version.status == 200);
+  auto took = std::chrono::steady_clock::now() - start;
+  CHECK(took < std::chrono::milliseconds(700));
+  CHECK(reload.wait_for(std::chrono::milliseconds(0)) != std::future_status::ready);
+  auto done = reload.get();
+  CHECK(done.status == 200);
+  auto index = server.client().post("/v2/repository/index", "").body;
+  CHECK(index.find("\"LOADING\"") == std::string::npos);
+  CHECK(index.find("\"READY\"") != std::string::npos);
 }
