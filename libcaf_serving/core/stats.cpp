@@ -157,6 +157,8 @@ std::string prometheus_text(const std::vector<std::shared_ptr<model_stats>>& mod
           [](const model_stats& m) { return m.execution_count.load(); });
   counter("caf_serving_executor_restarts", "Executors that stopped and were started again",
           [](const model_stats& m) { return m.executor_restarts.load(); });
+  counter("caf_serving_stage_restarts", "Post-processors that stopped and were started again",
+          [](const model_stats& m) { return m.stage_restarts.load(); });
   counter("caf_serving_executor_failures", "Batches that failed inside an executor",
           [](const model_stats& m) { return m.executor_failures.load(); });
   counter("caf_serving_executor_quarantines",

@@ -78,6 +78,8 @@ struct model_stats {
   std::atomic<uint64_t> executor_failures{0};
   /// Times an executor was taken out of rotation after failing repeatedly.
   std::atomic<uint64_t> executor_quarantines{0};
+  /// Post-processors (and other stages) that stopped and were started again.
+  std::atomic<uint64_t> stage_restarts{0};
   /// Batches sent again after their executor stopped without answering.
   std::atomic<uint64_t> batch_retries{0};
 

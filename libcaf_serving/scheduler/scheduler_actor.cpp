@@ -654,7 +654,22 @@ scheduler_actor spawn_scheduler(caf::actor_system& sys, scheduler_config config)
     st.cfg = std::move(cfg);
     for (auto& e : executors)
       add_slot(self, local_slot(st.cfg, std::move(e)));
+    if (st.cfg.respawn_postprocessor)
+      self->monitor(st.cfg.postprocessor);
     self->set_down_handler([self](caf::down_msg& dm) {
+      auto& st = self->state;
+      if (dm.source == st.cfg.postprocessor.address()) {
+        if (st.draining)
+          return;
+        std::cerr << "caf-serving: model '" << st.cfg.model.name
+                  << "': the post-processor stopped (" << self->system().render(dm.reason)
+                  << "); started a new one" << std::endl;
+        st.cfg.postprocessor = st.cfg.respawn_postprocessor();
+        self->monitor(st.cfg.postprocessor);
+        if (st.cfg.stats)
+          st.cfg.stats->stage_restarts.fetch_add(1, std::memory_order_relaxed);
+        return;
+      }
       executor_stopped(self, dm.source);
       fail_unrunnable(self);
       poll_policy(self);

@@ -58,6 +58,9 @@ struct scheduler_config {
   /// Starts a new local executor in place of one that stopped (supervision);
   /// empty: executors that stop are not replaced (a server without local ones).
   std::function<executor::executor_actor()> respawn_executor;
+  /// Starts a new post-processor in place of one that stopped; the batches
+  /// sent to the stopped one are answered 500 by their requests' sinks.
+  std::function<postprocess::postprocessor_actor()> respawn_postprocessor;
   /// A batch whose local executor stopped while running it is sent once more;
   /// if that executor stops too, its requests get a 500 naming the model.
   uint32_t max_local_attempts = 2;

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <thread>
 
 using namespace caf_serving;
 
@@ -80,6 +81,8 @@ struct pipeline {
   std::unique_ptr<caf::actor_system> sys;
   std::shared_ptr<model_stats> stats = std::make_shared<model_stats>("id", 1);
   scheduler::scheduler_actor sched;
+  postprocess::postprocessor_actor first_postprocessor;
+  executor::executor_actor first_executor;
 
   explicit pipeline(const model_config& model) {
     cfg.set("scheduler.max-threads", size_t{2});
@@ -90,10 +93,16 @@ struct pipeline {
     sc.stats = stats;
     auto be = executor::make_builtin_backend(model);
     REQUIRE(be.ok());
-    sc.executors.push_back(executor::spawn_executor(*sys, *be, model));
+    first_executor = executor::spawn_executor(*sys, *be, model);
+    sc.executors.push_back(first_executor);
+    sc.respawn_executor = [this, backend = *be, model] {
+      return executor::spawn_executor(*sys, backend, model);
+    };
     postprocess::postprocessor_config pc;
     pc.stats = stats;
-    sc.postprocessor = postprocess::spawn_postprocessor(*sys, pc);
+    first_postprocessor = postprocess::spawn_postprocessor(*sys, pc);
+    sc.postprocessor = first_postprocessor;
+    sc.respawn_postprocessor = [this, pc] { return postprocess::spawn_postprocessor(*sys, pc); };
     sched = scheduler::spawn_scheduler(*sys, std::move(sc));
   }
 
@@ -212,4 +221,32 @@ TEST_CASE("gather_batch refuses requests of different shapes instead of mixing t
         == scheduler::shape_class_of(model, make_job(7, c).request.reader()));
   // A model whose shapes cannot vary keys every request 0.
   CHECK(scheduler::shape_class_of(identity_model(8, 0, 64), narrow.request.reader()) == 0);
+}
+
+TEST_CASE("a killed post-processor or executor is replaced; later requests are answered") {
+  auto model = identity_model(8, 0, 64);
+  collector c;
+  {
+    pipeline p(model);
+    caf::anon_send(p.sched, make_job(1, c));
+    REQUIRE(c.wait_for(1));
+    caf::anon_send_exit(p.first_postprocessor, caf::exit_reason::kill);
+    caf::anon_send_exit(p.first_executor, caf::exit_reason::kill);
+    // The scheduler learns of both deaths and starts new ones.
+    for (int k = 0; k < 2000 && (p.stats->stage_restarts.load() < 1
+                                 || p.stats->executor_restarts.load() < 1); ++k)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    CHECK(p.stats->stage_restarts.load() == 1);
+    CHECK(p.stats->executor_restarts.load() == 1);
+    CHECK(p.stats->healthy_executors.load() == 1);
+    for (int i = 2; i <= 21; ++i)
+      caf::anon_send(p.sched, make_job(i * 10, c));
+    REQUIRE(c.wait_for(21));
+  }
+  CHECK(c.total == 21);
+  for (int i = 2; i <= 21; ++i) {
+    auto& rs = c.by_id[std::to_string(i * 10)];
+    REQUIRE(rs.size() == 1);
+    CHECK(rs[0].reader().getError().getStatus() == 0);
+  }
 }

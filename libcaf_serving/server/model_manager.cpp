@@ -296,7 +296,8 @@ std::variant<std::monostate, serving_error> model_manager::load(const std::strin
     pc.stats = p->stats;
     pc.responses.batched = cfg.max_batch_size > 0;
     pc.responses.labels = *labels;
-    sc.postprocessor = postprocess::spawn_postprocessor(sys_, std::move(pc));
+    sc.postprocessor = postprocess::spawn_postprocessor(sys_, pc);
+    sc.respawn_postprocessor = [sys = &sys_, pc] { return postprocess::spawn_postprocessor(*sys, pc); };
     p->scheduler = scheduler::spawn_scheduler(sys_, std::move(sc));
     served.emplace(version, std::move(p));
   }
