@@ -15,8 +15,10 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <mutex>
+#include <random>
 #include <sstream>
 
 extern "C" void openblas_set_num_threads(int);
@@ -284,7 +286,10 @@ private:
 result<std::shared_ptr<compiled_plan>> compile(const graph& src, const model_config& cfg,
                                                const onnx_model_config& mcfg,
                                                const std::vector<dims_t>& shapes,
-                                               unsigned threads, weight_store& weights) {
+                                               unsigned threads, weight_store& weights,
+                                               std::atomic<size_t>* compiles = nullptr) {
+  if (compiles)
+    compiles->fetch_add(1);
   // oneDNN fixes a primitive's thread count when the primitive is created
   // (from omp_get_max_threads()), not when it runs. Created with the default
   // count (all cores) on the loading thread, every convolution of a work item
@@ -397,24 +402,66 @@ std::string profile_text(profiled_plans& pp) {
   return os.str();
 }
 
+/// A plan is compiled for its input shapes and the threads its steps are split for.
+using plan_key = std::pair<std::vector<dims_t>, unsigned>;
+
+/// Plans compiled at load, read-only and shared by every instance of the model.
+using plan_set = std::map<plan_key, std::shared_ptr<compiled_plan>>;
+
+/// Rows per chunk of a batch of `rows` on `threads` threads: two chunks per
+/// thread, so that a thread the OS runs late leaves less behind, but chunks big
+/// enough to keep the GEMMs efficient.
+int64_t chunk_rows(int64_t rows, unsigned threads) {
+  int64_t chunks = std::min<int64_t>(rows, 2 * static_cast<int64_t>(threads));
+  return (rows + chunks - 1) / chunks;
+}
+
+/// The plans (rows, threads) that a batch of `rows` runs on a pool of
+/// `threads`; onnx_backend::execute runs exactly these.
+std::vector<std::pair<int64_t, unsigned>> plans_for_batch(int64_t rows, unsigned threads) {
+  if (threads <= 1 || rows < threads)
+    return {{rows, threads}};
+  int64_t per = chunk_rows(rows, threads);
+  if (rows % per == 0)
+    return {{per, 1u}};
+  return {{per, 1u}, {rows % per, 1u}};
+}
+
+/// Arenas and pointer tables, one per pool thread. A model's instances share
+/// them: an instance uses them only while it holds the pool, so they never
+/// run at once.
+struct scratch_space {
+  explicit scratch_space(unsigned threads) : arenas(threads), ptrs(threads) {}
+  std::vector<std::vector<uint8_t>> arenas;
+  std::vector<std::vector<void*>> ptrs;
+};
+
 /// The threads of one instance run a batch one of two ways. A batch of at
 /// least as many rows as threads is cut into row chunks, and each chunk runs a
 /// whole plan on one thread (no synchronisation between steps at all). Smaller
 /// batches run one plan whose steps are split into work items for all threads.
+/// The pool may be shared with other instances and models: an instance holds
+/// it for the whole of a batch.
 class onnx_backend final : public executor::backend {
 public:
-  /// `first`: the plan compiled at load (batch 1, `shapes`), shared by the
-  /// instances (plans are read-only once compiled).
-  onnx_backend(std::shared_ptr<const graph> g, model_config cfg, onnx_model_config mcfg,
-               std::shared_ptr<profiled_plans> profiled, std::shared_ptr<weight_store> weights,
-               std::shared_ptr<compiled_plan> first, std::vector<dims_t> shapes)
-      : graph_(std::move(g)), cfg_(std::move(cfg)), mcfg_(std::move(mcfg)),
-        profiled_(std::move(profiled)), weights_(std::move(weights)),
-        pool_(std::max(1u, mcfg_.threads)), arenas_(pool_.size()), ptrs_(pool_.size()) {
-    if (first && !profiled_) {
-      auto key = std::make_pair(std::move(shapes), first->threads);
-      plans_.emplace(std::move(key), cached_plan{std::move(first), ++uses_});
-    }
+  /// The parts every instance of one model shares.
+  struct shared_parts {
+    std::shared_ptr<const graph> g;
+    model_config cfg;
+    onnx_model_config mcfg;
+    std::shared_ptr<profiled_plans> profiled; ///< null unless profiling
+    std::shared_ptr<weight_store> weights;
+    /// Every plan the batch sizes 1..max_batch_size need, compiled at load.
+    std::shared_ptr<const plan_set> loaded;
+    std::shared_ptr<std::atomic<size_t>> compiles;
+    std::shared_ptr<work_pool> pool;
+    std::shared_ptr<scratch_space> scratch; ///< sized for the pool's threads
+  };
+
+  explicit onnx_backend(const shared_parts& parts)
+      : graph_(parts.g), cfg_(parts.cfg), mcfg_(parts.mcfg), profiled_(parts.profiled),
+        weights_(parts.weights), loaded_(parts.loaded), compiles_(parts.compiles),
+        pool_(parts.pool), scratch_(parts.scratch) {
   }
 
   bool blocks() const override { return true; }
@@ -443,7 +490,10 @@ public:
     omp_set_num_threads(1);
     int64_t rows = cfg_.max_batch_size > 0 && !shapes.empty() && !shapes[0].empty()
                      ? shapes[0][0] : 1;
-    unsigned threads = pool_.size();
+    // Other instances (of this and other models) wait here, asleep, while this
+    // one computes: one budget of compute threads for the process.
+    auto turn = pool_->hold();
+    unsigned threads = pool_->size();
     if (threads > 1 && rows >= threads)
       return run_row_chunks(shapes, data, rows, out);
     auto plan = plan_for(shapes, threads);
@@ -457,12 +507,12 @@ public:
       outputs.push_back(out.allocate(cfg_.outputs[i].name, val.dtype, val.shape, bytes));
     }
     bind(p, 0, data, outputs, 0);
-    void** ptrs = ptrs_[0].data();
+    void** ptrs = scratch_->ptrs[0].data();
     run_steps(p, [&](const step& s) {
       if (s.items == 1)
         s.run(ptrs, 0);
       else
-        pool_.run(s.items, [&](int64_t item, unsigned) { s.run(ptrs, item); });
+        pool_->run(s.items, [&](int64_t item, unsigned) { s.run(ptrs, item); });
     });
     return {};
   }
@@ -486,17 +536,10 @@ private:
     ++p.times->runs;
   }
 
-  /// Rows per chunk: two chunks per thread, so that a thread the OS runs late
-  /// leaves less behind, but chunks big enough to keep the GEMMs efficient.
-  static int64_t chunk_rows(int64_t rows, unsigned threads) {
-    int64_t chunks = std::min<int64_t>(rows, 2 * static_cast<int64_t>(threads));
-    return (rows + chunks - 1) / chunks;
-  }
-
   exec_result run_row_chunks(const std::vector<dims_t>& shapes,
                              const std::vector<const void*>& data, int64_t rows,
                              executor::output_writer& out) {
-    int64_t per = chunk_rows(rows, pool_.size());
+    int64_t per = chunk_rows(rows, pool_->size());
     int64_t chunks = (rows + per - 1) / per;
     auto shapes_of = [&](int64_t n) {
       auto s = shapes;
@@ -529,7 +572,7 @@ private:
     for (size_t i = 0; i < shapes.size(); ++i)
       in_row_bytes.push_back(static_cast<size_t>(element_count(shapes[i]) / rows)
                              * element_size(graph_->values[graph_->inputs[i]].dtype));
-    pool_.run(chunks, [&](int64_t chunk, unsigned thread) {
+    pool_->run(chunks, [&](int64_t chunk, unsigned thread) {
       const auto& p = chunk + 1 == chunks ? *last : **full;
       int64_t r0 = chunk * per;
       std::vector<const void*> in(data.size());
@@ -539,7 +582,7 @@ private:
       for (size_t i = 0; i < outputs.size(); ++i)
         o[i] = outputs[i] + r0 * out_row_bytes[i];
       bind(p, thread, in, o, thread);
-      void** ptrs = ptrs_[thread].data();
+      void** ptrs = scratch_->ptrs[thread].data();
       run_steps(p, [&](const step& s) {
         for (int64_t item = 0; item < s.items; ++item)
           s.run(ptrs, item);
@@ -552,12 +595,12 @@ private:
   /// inputs and outputs.
   void bind(const compiled_plan& p, unsigned t, const std::vector<const void*>& inputs,
             const std::vector<void*>& outputs, unsigned arena) {
-    auto& buf = arenas_[arena];
+    auto& buf = scratch_->arenas[arena];
     if (buf.size() < p.memory.arena_bytes + 64)
       buf.assign(p.memory.arena_bytes + 64, 0);
     auto base = reinterpret_cast<uintptr_t>(buf.data());
     auto* a = reinterpret_cast<uint8_t*>((base + 63) / 64 * 64);
-    auto& ptrs = ptrs_[t];
+    auto& ptrs = scratch_->ptrs[t];
     ptrs = p.constant_ptrs;
     for (size_t v = 0; v < ptrs.size(); ++v)
       if (p.memory.offsets[v] >= 0)
@@ -571,14 +614,17 @@ private:
   result<std::shared_ptr<compiled_plan>> plan_for(const std::vector<dims_t>& shapes,
                                                   unsigned threads) {
     auto key = std::make_pair(shapes, threads);
+    if (auto at_load = loaded_->find(key); at_load != loaded_->end())
+      return at_load->second;
     auto it = plans_.find(key);
     if (it != plans_.end()) {
       it->second.last_use = ++uses_;
       return it->second.plan;
     }
-    // At most plan_cache_size plans: the least recently used one goes (a plan
-    // holds its primitives and any constants folded for it; the reordered
-    // weights stay in the shared store).
+    // Shapes outside the batch sizes compiled at load: at most plan_cache_size
+    // such plans, the least recently used one goes (a plan holds its
+    // primitives and any constants folded for it; the reordered weights stay
+    // in the shared store).
     while (plans_.size() >= std::max<size_t>(1, mcfg_.plan_cache_size)) {
       auto oldest = plans_.begin();
       for (auto p = plans_.begin(); p != plans_.end(); ++p)
@@ -586,7 +632,7 @@ private:
           oldest = p;
       plans_.erase(oldest);
     }
-    auto plan = compile(*graph_, cfg_, mcfg_, shapes, threads, *weights_);
+    auto plan = compile(*graph_, cfg_, mcfg_, shapes, threads, *weights_, compiles_.get());
     if (!plan)
       return serving_error{status_code::bad_request, plan.error().message};
     if (profiled_) {
@@ -603,15 +649,16 @@ private:
   onnx_model_config mcfg_;
   std::shared_ptr<profiled_plans> profiled_; ///< null unless profiling
   std::shared_ptr<weight_store> weights_;    ///< shared by the model's instances
-  work_pool pool_;
+  std::shared_ptr<const plan_set> loaded_;   ///< shared by the model's instances
+  std::shared_ptr<std::atomic<size_t>> compiles_;
+  std::shared_ptr<work_pool> pool_;          ///< shared by every CPU executor
   struct cached_plan {
     std::shared_ptr<compiled_plan> plan;
     uint64_t last_use = 0;
   };
-  std::map<std::pair<std::vector<dims_t>, unsigned>, cached_plan> plans_;
+  std::map<plan_key, cached_plan> plans_; ///< compiled after load
   uint64_t uses_ = 0;
-  std::vector<std::vector<uint8_t>> arenas_; ///< per thread
-  std::vector<std::vector<void*>> ptrs_;     ///< per thread: the pointer table
+  std::shared_ptr<scratch_space> scratch_;   ///< shared by the model's instances
 };
 
 std::string dims_text(const std::vector<int64_t>& d) {
@@ -801,36 +848,203 @@ result<onnx_model_config> with_parameters(onnx_model_config mcfg) {
   return mcfg;
 }
 
+namespace {
+
+/// Output buffers of a warmup run, dropped after it.
+struct discard_writer final : executor::output_writer {
+  std::vector<std::vector<uint8_t>> buffers;
+  uint8_t* allocate(std::string_view, datatype, const std::vector<int64_t>&,
+                    size_t bytes) override {
+    return buffers.emplace_back(bytes).data();
+  }
+};
+
+/// The input data of one warmup sample, in the model's input order.
+struct warmup_batch {
+  std::vector<std::vector<uint8_t>> data;
+  executor::batch_view view;
+};
+
+/// Builds `w`'s batch as Triton does: zeros, random values (in [0, 1) for
+/// floating point, 0 or 1 for integers, so that ids and masks stay valid), or
+/// one request's raw bytes read from the model directory's warmup/ folder and
+/// repeated for every row. Checks the sample against the model's inputs.
+result<warmup_batch> make_warmup_batch(const warmup_sample& w, const model_config& cfg,
+                                       const onnx_model_config& mcfg) {
+  auto fail = [&](const std::string& what) {
+    return load_error(mcfg, "model_warmup '" + w.name + "' " + what);
+  };
+  int64_t rows = std::max<int64_t>(w.batch_size, 1);
+  if (cfg.max_batch_size > 0 ? rows > cfg.max_batch_size : rows != 1)
+    return fail("has batch_size " + std::to_string(rows) + ", but max_batch_size "
+                + std::to_string(cfg.max_batch_size) + " allows "
+                + (cfg.max_batch_size > 0 ? "1 to " + std::to_string(cfg.max_batch_size)
+                                          : std::string("only 1")));
+  for (const auto& in : w.inputs)
+    if (std::none_of(cfg.inputs.begin(), cfg.inputs.end(),
+                     [&](const tensor_config& t) { return t.name == in.name; }))
+      return fail("names input '" + in.name + "', but model '" + cfg.name
+                  + "' has no input '" + in.name + "'");
+  warmup_batch b;
+  b.view.rows = static_cast<uint32_t>(rows);
+  std::mt19937 rng(7);
+  for (const auto& t : cfg.inputs) {
+    auto in = std::find_if(w.inputs.begin(), w.inputs.end(),
+                           [&](const warmup_input& i) { return i.name == t.name; });
+    if (in == w.inputs.end())
+      return fail("gives no data for input '" + t.name + "'; add inputs { key: \"" + t.name
+                  + "\" value: { ... } }");
+    std::string label = "input '" + t.name + "' ";
+    if (in->dtype != t.dtype)
+      return fail(label + "has data_type " + std::string(to_config_string(in->dtype))
+                  + ", but the model's is " + std::string(to_config_string(t.dtype)));
+    if (in->dims != t.dims)
+      return fail(label + "has dims " + shape_string(in->dims) + ", but the model's are "
+                  + shape_string(t.dims) + " (batch dimension excluded)");
+    size_t elem = element_size(t.dtype);
+    if (elem == 0)
+      return fail(label + "is " + std::string(to_config_string(t.dtype))
+                  + ", which warmup does not support; remove the sample");
+    size_t row_bytes = static_cast<size_t>(element_count(t.dims)) * elem;
+    auto& data = b.data.emplace_back(row_bytes * static_cast<size_t>(rows), 0);
+    if (in->data == warmup_data::random) {
+      bool floating = t.dtype == datatype::fp32 || t.dtype == datatype::fp64
+                      || t.dtype == datatype::fp16 || t.dtype == datatype::bf16;
+      if (t.dtype == datatype::fp32) {
+        std::uniform_real_distribution<float> d(0.0f, 1.0f);
+        for (size_t i = 0; i + 4 <= data.size(); i += 4) {
+          float v = d(rng);
+          std::memcpy(data.data() + i, &v, 4);
+        }
+      } else if (!floating) {
+        // The lowest byte of each element: 0 or 1, whatever the width.
+        for (size_t i = 0; i < data.size(); i += elem)
+          data[i] = static_cast<uint8_t>(rng() & 1);
+      } // other floating types: zeros
+    } else if (in->data == warmup_data::file) {
+      auto path = mcfg.model_file.parent_path().parent_path() / "warmup" / in->file;
+      std::ifstream f(path, std::ios::binary);
+      if (!f)
+        return fail(label + "reads " + path.string()
+                    + ", which cannot be opened; put the raw bytes of one request there");
+      std::vector<char> bytes((std::istreambuf_iterator<char>(f)),
+                              std::istreambuf_iterator<char>());
+      if (bytes.size() != row_bytes)
+        return fail(label + "reads " + path.string() + ", which holds "
+                    + std::to_string(bytes.size()) + " bytes, but one request of dims "
+                    + shape_string(t.dims) + " " + std::string(to_config_string(t.dtype))
+                    + " is " + std::to_string(row_bytes)
+                    + " bytes (Triton repeats it for each of the batch_size rows)");
+      for (int64_t r = 0; r < rows; ++r)
+        std::memcpy(data.data() + r * row_bytes, bytes.data(), row_bytes);
+    }
+    dims_t shape = t.dims;
+    if (cfg.max_batch_size > 0)
+      shape.insert(shape.begin(), rows);
+    b.view.inputs.push_back({t.name, t.dtype, shape, data.data(), data.size()});
+  }
+  return b;
+}
+
+} // namespace
+
 result<onnx_model> load_onnx_graph(graph imported, const onnx_model_config& given) {
   auto with = with_parameters(given);
   if (!with)
     return with.error();
-  const auto& mcfg = *with;
+  auto mcfg = *with;
   auto cfg = complete_config(imported, mcfg);
   if (!cfg)
     return cfg.error();
+  // The process's compute threads when given; else one pool for every
+  // instance of this model.
+  auto pool = mcfg.pool ? mcfg.pool : std::make_shared<work_pool>(std::max(1u, mcfg.threads));
+  mcfg.threads = pool->size();
   auto g = std::make_shared<const graph>(inputs_in_config_order(std::move(imported), *cfg));
   openblas_set_num_threads(1);
   auto weights = std::make_shared<weight_store>();
-  auto plan = compile(*g, *cfg, mcfg, shapes_at(*cfg, 1), std::max(1u, mcfg.threads), *weights);
-  if (!plan)
-    return plan.error();
+  auto compiles = std::make_shared<std::atomic<size_t>>(0);
+  auto profiled = mcfg.profile ? std::make_shared<profiled_plans>() : nullptr;
+  // Every plan that a batch of 1..max_batch_size rows runs, so that no request
+  // waits for a compile and no batch size the scheduler forms is evicted.
+  auto loaded = std::make_shared<plan_set>();
+  auto started = std::chrono::steady_clock::now();
+  for (int64_t rows = 1; rows <= std::max(1, cfg->max_batch_size); ++rows)
+    for (auto [n, threads] : plans_for_batch(rows, mcfg.threads)) {
+      plan_key key{shapes_at(*cfg, n), threads};
+      if (loaded->count(key))
+        continue;
+      auto plan = compile(*g, *cfg, mcfg, key.first, threads, *weights, compiles.get());
+      if (!plan)
+        return plan.error();
+      if (profiled) {
+        (*plan)->times = std::make_shared<step_times>((*plan)->steps.size());
+        profiled->plans.push_back(*plan);
+      }
+      loaded->emplace(std::move(key), *plan);
+    }
+  auto compile_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now()
+                                                              - started).count();
+  const auto& first = *loaded->begin()->second;
+  // The arenas, sized now for the largest plan each thread runs (the caller's
+  // runs every plan; the others, 1-thread chunk plans), so that no batch
+  // allocates them.
+  size_t largest_arena = 0, largest_chunk_arena = 0;
+  for (const auto& [key, plan] : *loaded) {
+    largest_arena = std::max(largest_arena, plan->memory.arena_bytes);
+    if (key.second == 1)
+      largest_chunk_arena = std::max(largest_chunk_arena, plan->memory.arena_bytes);
+  }
+  auto scratch = std::make_shared<scratch_space>(pool->size());
+  for (size_t t = 0; t < scratch->arenas.size(); ++t)
+    scratch->arenas[t].assign((t == 0 ? largest_arena : largest_chunk_arena) + 64, 0);
   onnx_model m;
   m.config = *cfg;
-  std::ostringstream os;
-  os << "ONNX opset " << g->opset << ", " << g->nodes.size() << " nodes -> "
-     << (*plan)->g.nodes.size() << " steps, arena " << (*plan)->memory.arena_bytes
-     << " bytes at batch 1 (" << (*plan)->memory.unshared_bytes << " without reuse), "
-     << mcfg.threads << " compute thread(s), " << weights->bytes() / (1 << 20)
-     << " MiB of reordered weights";
-  m.summary = os.str();
-  auto profiled = mcfg.profile ? std::make_shared<profiled_plans>() : nullptr;
-  m.make_instance = [g, c = *cfg, mcfg, profiled, weights, first = *plan,
-                     shapes = shapes_at(*cfg, 1)]() -> std::shared_ptr<executor::backend> {
-    return std::make_shared<onnx_backend>(g, c, mcfg, profiled, weights, first, shapes);
+  onnx_backend::shared_parts parts{g,      *cfg,     mcfg, profiled, weights,
+                                   loaded, compiles, pool, scratch};
+  m.make_instance = [parts]() -> std::shared_ptr<executor::backend> {
+    return std::make_shared<onnx_backend>(parts);
   };
+  m.plans_compiled = [compiles] { return compiles->load(); };
   m.reordered_weight_bytes = [weights] { return weights->bytes(); };
   m.profile_report = [profiled] { return profiled ? profile_text(*profiled) : std::string(); };
+  // Triton's model_warmup: each sample runs on an instance of its own before
+  // the model is reported ready; any failure fails the load.
+  uint64_t warmup_runs = 0;
+  if (!cfg->warmup.empty()) {
+    auto instance = m.make_instance();
+    for (const auto& w : cfg->warmup) {
+      auto batch = make_warmup_batch(w, *cfg, mcfg);
+      if (!batch)
+        return batch.error();
+      for (uint32_t i = 0; i < std::max(w.count, 1u); ++i) {
+        discard_writer out;
+        exec_result r;
+        try {
+          r = instance->execute(batch->view, out);
+        } catch (const std::exception& e) {
+          r = serving_error{status_code::internal, e.what()};
+        }
+        if (auto* e = std::get_if<serving_error>(&r))
+          return load_error(mcfg, "model_warmup '" + w.name + "' failed: " + e->message);
+        ++warmup_runs;
+      }
+    }
+  }
+  std::ostringstream os;
+  os.setf(std::ios::fixed);
+  os.precision(0);
+  os << "ONNX opset " << g->opset << ", " << g->nodes.size() << " nodes -> "
+     << first.g.nodes.size() << " steps, arena " << first.memory.arena_bytes
+     << " bytes at batch 1 (" << first.memory.unshared_bytes << " without reuse), "
+     << mcfg.threads << " compute thread(s), " << weights->bytes() / (1 << 20)
+     << " MiB of reordered weights; " << loaded->size() << " plan(s) for batch sizes 1-"
+     << std::max(1, cfg->max_batch_size) << " compiled in " << compile_ms
+     << " ms, arenas " << (largest_arena + (pool->size() - 1) * largest_chunk_arena)
+     << " bytes for all instances";
+  if (!cfg->warmup.empty())
+    os << "; warmup: " << cfg->warmup.size() << " sample(s), " << warmup_runs << " run(s)";
+  m.summary = os.str();
   return m;
 }
 

@@ -1,7 +1,7 @@
 #pragma once
 /// The engine's CPU backend for ONNX models: import, complete and check the
 /// model's configuration against the graph, and run batches through plans
-/// compiled per input shape (one per batch size, kept once built).
+/// compiled per input shape (every batch size up to max_batch_size, at load).
 ///
 /// Usage:
 ///
@@ -28,11 +28,14 @@
 
 namespace caf_serving::onnx {
 
+class work_pool;
+
 struct onnx_model_config {
   std::filesystem::path model_file;
   /// As parsed from config.pbtxt; inputs, outputs and dims may be missing.
   model_config config;
-  /// Compute threads of each executor instance (thread_config::executor_threads).
+  /// Compute threads of the pool the model's instances share, when `pool` is
+  /// null (else the pool's size).
   unsigned threads = 1;
   pass_config passes;
   /// Times every step of every run (onnx_model::profile_report prints the
@@ -48,9 +51,16 @@ struct onnx_model_config {
   /// Splits other convolutions of one nChw16c image whose input outweighs
   /// its weights into bands of output rows, run by oneDNN on dense copies.
   bool conv_bands = true;
-  /// Plans (one per batch or chunk size) each instance keeps; the least
-  /// recently used goes beyond this. Reordered weights are shared by all plans.
+  /// Plans for shapes outside those compiled at load (batch sizes 1 to
+  /// max_batch_size, which are never evicted) that each instance keeps; the
+  /// least recently used goes beyond this. Reordered weights are shared by all
+  /// plans.
   size_t plan_cache_size = 8;
+  /// The process's compute threads, shared by every instance of every model
+  /// (thread_config::executor_threads of them); an instance holds the pool for
+  /// one batch at a time. Null: the model makes one pool of `threads` for all
+  /// its instances.
+  std::shared_ptr<work_pool> pool;
 };
 
 struct onnx_model {
@@ -59,18 +69,24 @@ struct onnx_model {
   model_config config;
   /// One line: nodes before and after optimization, arena size at batch 1.
   std::string summary;
-  /// A backend for one executor instance (its own plans and arena).
+  /// A backend for one executor instance: its own arena and pointer tables;
+  /// the plans compiled at load and the compute pool are shared.
   std::function<std::shared_ptr<executor::backend>()> make_instance;
   /// With onnx_model_config::profile: the time each step took, summed over the
   /// runs of every instance, per plan (batch size), slowest kinds first.
   std::function<std::string()> profile_report;
   /// Bytes of weights reordered for oneDNN, shared by every plan and instance.
   std::function<size_t()> reordered_weight_bytes;
+  /// Plans compiled so far, at load and by every instance since.
+  std::function<size_t()> plans_compiled;
 };
 
-/// Imports, checks and compiles (at batch 1) the model. Errors name the file and
-/// what is wrong: the node, operator and opset that cannot run, or the config
-/// entry that contradicts the graph, with both shapes.
+/// Imports, checks and compiles the model: every plan that a batch of 1 to
+/// max_batch_size rows runs on the pool's threads, so no request waits for a
+/// compile; then runs config.model_warmup's samples. Errors name the file and
+/// what is wrong: the node, operator and opset that cannot run, the config
+/// entry that contradicts the graph, with both shapes, or the warmup sample
+/// that failed and why.
 result<onnx_model> load_onnx_model(const onnx_model_config& cfg);
 
 /// load_onnx_model() for a graph already imported (or built in code);

@@ -1,10 +1,11 @@
 #pragma once
-/// The compute threads of one ONNX backend instance: a caller-participating
+/// The compute threads of the CPU executors: a caller-participating
 /// parallel-for over independent work items.
 ///
 /// Usage:
 ///
 ///     work_pool pool(2);                        // the caller plus one worker thread
+///     auto turn = pool.hold();                  // where executors share the pool
 ///     pool.run(items, [&](int64_t item, unsigned thread) { ... });
 ///
 /// Why not OpenMP's fork-join: on a machine shared with other processes a
@@ -14,6 +15,11 @@
 /// `run` returns when every item is done, without waiting for workers that
 /// never got to start: the others take their items (ONNX Runtime's thread
 /// pool does the same).
+/// One pool is the whole process's compute budget (thread_config's
+/// executor_threads): every CPU executor of every model shares it, and holds
+/// it (hold()) for one batch at a time, so instances x models never multiply
+/// the threads that compute. An idle worker spins for at most 200 us, then
+/// sleeps; an executor waiting for its turn sleeps on a mutex.
 /// Workers run with OpenMP limited to one thread, so oneDNN primitives and the
 /// engine kernels called from an item do not fork again.
 ///
@@ -51,6 +57,10 @@ public:
   /// an item may use per-thread scratch memory. Not reentrant.
   void run(int64_t items, const std::function<void(int64_t, unsigned)>& fn);
 
+  /// The pool for the caller alone until the lock goes: callers that share the
+  /// pool take turns (run() is not reentrant), and wait asleep.
+  std::unique_lock<std::mutex> hold() { return std::unique_lock<std::mutex>(turn_); }
+
   unsigned size() const { return static_cast<unsigned>(workers_.size()) + 1; }
 
 private:
@@ -69,6 +79,7 @@ private:
   static void work_on(job& j, unsigned thread);
   void worker_loop(unsigned thread);
 
+  std::mutex turn_; ///< held by the caller whose batches use the pool
   std::mutex mutex_;
   std::condition_variable wake_;
   std::shared_ptr<job> current_;    ///< guarded by mutex_

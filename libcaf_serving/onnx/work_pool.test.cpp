@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <thread>
 #include <chrono>
 #include <vector>
 
@@ -60,4 +61,22 @@ TEST_CASE("a thread runs its own range in order, then the back of a slower threa
     for (size_t k = 9; k < mine.size(); ++k)
       CHECK(mine[k] == mine[k - 1] - 1);
   }
+}
+
+TEST_CASE("callers that share one pool take turns, and every item of each runs once") {
+  work_pool pool(2);
+  constexpr int callers = 4, rounds = 50, items = 64;
+  std::vector<std::atomic<int>> hits(callers * items);
+  std::vector<std::thread> threads;
+  for (int c = 0; c < callers; ++c)
+    threads.emplace_back([&, c] {
+      for (int r = 0; r < rounds; ++r) {
+        auto turn = pool.hold();
+        pool.run(items, [&](int64_t i, unsigned) { hits[c * items + i].fetch_add(1); });
+      }
+    });
+  for (auto& t : threads)
+    t.join();
+  for (auto& h : hits)
+    CHECK(h.load() == rounds);
 }
