@@ -8,6 +8,7 @@
 
 #include "cluster/secret.hpp"
 #include "cluster/worker_host.hpp"
+#include "core/thread_config.hpp"
 
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
@@ -19,7 +20,6 @@
 #include <csignal>
 #include <cstdlib>
 #include <iostream>
-#include <thread>
 #include <unistd.h>
 
 using namespace caf_serving;
@@ -52,7 +52,8 @@ const char* usage_text =
   "                             variable CAF_SERVING_CLUSTER_SECRET)\n"
   "  --heartbeat-ms N           middleman heartbeat interval (default 200)\n"
   "  --node-timeout-ms N        a silent server is dropped after this (default 1000)\n"
-  "  --caf-workers N            CAF scheduler threads (default: cores)\n"
+  "  --caf-workers N            CAF scheduler threads (default: sized from the cores\n"
+  "                             this process may use, its affinity and CPU quota)\n"
   "  --help                     this text\n";
 
 std::variant<worker_options, std::string, bool> parse(int argc, char** argv) {
@@ -149,9 +150,13 @@ int main(int argc, char** argv) {
   live.heartbeat = std::chrono::milliseconds(opts.heartbeat_ms);
   live.node_timeout = std::chrono::milliseconds(opts.node_timeout_ms);
   cluster::configure_actor_system(cfg, live);
-  auto cores = std::max(std::thread::hardware_concurrency(), 1u);
+  // Sized as the server sizes itself, from the cores this process may use
+  // (affinity mask, cgroup quota). A worker has no HTTP loop, and its builtin
+  // executors compute on CAF's workers, so CAF gets the compute budget too.
+  auto threads = default_thread_config(usable_cores());
   cfg.set("scheduler.max-threads",
-          static_cast<size_t>(opts.caf_workers ? opts.caf_workers : cores));
+          static_cast<size_t>(opts.caf_workers ? opts.caf_workers
+                                                : threads.caf_workers + threads.executor_threads));
   caf::actor_system sys{cfg};
 
   cluster::worker_config wc;

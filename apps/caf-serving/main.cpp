@@ -3,6 +3,7 @@
 
 #include "cluster/node_registry.hpp"
 #include "cluster/secret.hpp"
+#include "onnx/work_pool.hpp"
 #include "options.hpp"
 #include "server/model_manager.hpp"
 #include "server/print_plan.hpp"
@@ -82,6 +83,8 @@ int main(int argc, char** argv) {
   manager_cfg.max_batch_bytes = opts.max_batch_bytes;
   manager_cfg.executor_depth = opts.executor_depth;
   manager_cfg.executor_threads = opts.threads.executor_threads;
+  // One budget of compute threads, shared by every CPU executor of every model.
+  manager_cfg.compute_pool = std::make_shared<onnx::work_pool>(opts.threads.executor_threads);
   manager_cfg.local_executors = opts.cluster.local_executors;
   server::model_manager models(sys, manager_cfg);
   auto loaded = models.load_all();

@@ -70,7 +70,7 @@ result<backend_factory> make_gpu_backend(model_config& cfg,
 /// The backend of one version. An ONNX model also completes `cfg` (inputs,
 /// outputs, dims) from its graph, as Triton's auto-complete does.
 result<backend_factory> make_backend(model_config& cfg, const std::filesystem::path& version_dir,
-                                     unsigned threads) {
+                                     const model_manager_config& manager) {
   if (cfg.backend == "builtin") {
     if (cfg.inputs.empty() || cfg.outputs.empty())
       return serving_error{status_code::bad_request,
@@ -88,7 +88,11 @@ result<backend_factory> make_backend(model_config& cfg, const std::filesystem::p
     onnx::onnx_model_config oc;
     oc.model_file = version_dir / "model.onnx";
     oc.config = cfg;
-    oc.threads = std::max(threads, 1u);
+    // Every ONNX model shares the process's compute threads (the plans are
+    // compiled for the pool's size); without one, the model's instances
+    // share a pool of executor_threads.
+    oc.pool = manager.compute_pool;
+    oc.threads = std::max(manager.executor_threads, 1u);
     auto model = onnx::load_onnx_model(oc);
     if (!model)
       return model.error();
@@ -238,7 +242,7 @@ std::variant<std::monostate, serving_error> model_manager::load(const std::strin
   std::map<int64_t, std::pair<model_config, backend_factory>> backends;
   for (size_t i = 0; i < entry.versions.size(); ++i) {
     model_config version_cfg = cfg;
-    auto factory = make_backend(version_cfg, entry.version_dirs[i], cfg_.executor_threads);
+    auto factory = make_backend(version_cfg, entry.version_dirs[i], cfg_);
     if (!factory)
       return fail(factory.error());
     backends[entry.versions[i]] = {version_cfg, *factory};

@@ -21,6 +21,10 @@
 #include <string>
 #include <vector>
 
+namespace caf_serving::onnx {
+class work_pool;
+}
+
 namespace caf_serving::server {
 
 /// One served model version and everything a request to it needs.
@@ -40,8 +44,13 @@ struct model_manager_config {
   uint32_t max_queue_size = 1024;
   /// Batches each executor may hold at once.
   uint32_t executor_depth = 1;
-  /// Compute threads of each CPU executor instance (thread_config::executor_threads).
+  /// The process's compute threads (thread_config::executor_threads): the
+  /// size of compute_pool, or of a pool per model without one.
   unsigned executor_threads = 1;
+  /// The one pool of compute threads that every CPU executor of every model
+  /// shares, made by main (one budget for the process). Null: each model
+  /// gets a pool of executor_threads for its instances.
+  std::shared_ptr<onnx::work_pool> compute_pool;
   /// Spawn each model's executors in this process. Off for a server that only
   /// dispatches to executors on worker nodes (libcaf_serving/cluster/).
   bool local_executors = true;
