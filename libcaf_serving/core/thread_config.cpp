@@ -83,10 +83,12 @@ std::string cgroup_quota() {
       path = slash == 0 || slash == std::string::npos ? "/" : path.substr(0, slash);
     }
   };
-  // cgroup v2; inside a container the process's path may not exist below the
-  // mount, and the mount's own cpu.max is the container's.
-  walk("/sys/fs/cgroup", cgroup_path(""),
-       [&](const std::string& dir) { consider(read_file(dir + "/cpu.max")); });
+  // cgroup v2 (mounted at /sys/fs/cgroup, or at unified/ beside v1's); inside a
+  // container the process's path may not exist below the mount, and the
+  // mount's own cpu.max is the container's.
+  for (const char* mount : {"/sys/fs/cgroup", "/sys/fs/cgroup/unified"})
+    walk(mount, cgroup_path(""),
+         [&](const std::string& dir) { consider(read_file(dir + "/cpu.max")); });
   // cgroup v1.
   for (const char* mount : {"/sys/fs/cgroup/cpu,cpuacct", "/sys/fs/cgroup/cpu"})
     walk(mount, cgroup_path("cpu"), [&](const std::string& dir) {
