@@ -81,6 +81,23 @@ void append_json_string(std::string& out, std::string_view text) {
   out += '"';
 }
 
+std::string repair_utf8(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  size_t i = 0;
+  while (i < text.size()) {
+    size_t n = static_cast<unsigned char>(text[i]) < 0x80 ? 1 : utf8_sequence_length(text, i);
+    if (n == 0) {
+      out += replacement_character;
+      ++i;
+    } else {
+      out.append(text.data() + i, n);
+      i += n;
+    }
+  }
+  return out;
+}
+
 std::string json_string(std::string_view text) {
   std::string out;
   out.reserve(text.size() + 2);

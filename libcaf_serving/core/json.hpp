@@ -15,4 +15,9 @@ void append_json_string(std::string& out, std::string_view text);
 /// `text` as a JSON string literal (see append_json_string).
 std::string json_string(std::string_view text);
 
+/// `text` with each invalid UTF-8 byte (overlong forms, surrogates, code points
+/// past U+10FFFF, truncated sequences) replaced by U+FFFD, for JSON written by a
+/// printer that passes such bytes through (protobuf's).
+std::string repair_utf8(std::string_view text);
+
 } // namespace caf_serving

@@ -15,6 +15,12 @@ TEST_CASE("JSON strings escape what JSON cannot hold and repair broken UTF-8") {
   CHECK(json_string("\xED\xA0\x80") == "\"\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD\""); // surrogate
 }
 
+TEST_CASE("repair_utf8 keeps valid UTF-8 and replaces each invalid byte") {
+  CHECK(repair_utf8("caf\xC3\xA9 \"q\"") == "caf\xC3\xA9 \"q\"");
+  CHECK(repair_utf8("a\xFF\xC0\x80" "b") == "a\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD" "b");
+  CHECK(repair_utf8("end\xF0\x9F") == "end\xEF\xBF\xBD\xEF\xBF\xBD");
+}
+
 TEST_CASE("Prometheus label values escape backslash, quote and newline") {
   CHECK(prometheus_label_value("m\"x\\y\nz") == "m\\\"x\\\\y\\nz");
 }

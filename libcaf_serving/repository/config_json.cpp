@@ -117,6 +117,10 @@ std::string model_config_json(const parsed_model_config& parsed) {
   options.preserve_proto_field_names = true;
   std::string out;
   auto status = pb::util::MessageToJsonString(to_proto(parsed), &out, options);
+  // The printer writes the bytes of a string field as they are, so a name that
+  // is not UTF-8 (a "\xff" escape in config.pbtxt, a tensor name from an ONNX
+  // file) would make the body invalid JSON.
+  out = repair_utf8(out);
   if (!status.ok()) {
     // Only invalid UTF-8 in a name or parameter gets here; say so in JSON
     // rather than sending a half-written body.

@@ -196,3 +196,17 @@ TEST_CASE("strings are escaped") {
   auto cfg = parse(parser2, model_config_json(c));
   CHECK(str(at(cfg, "name")) == c.name);
 }
+
+TEST_CASE("a name that is not UTF-8 is written as valid JSON (fuzz: config_pbtxt)") {
+  // config.pbtxt may hold any bytes through "\xff" escapes, and ONNX tensor
+  // names are not checked either; protobuf's JSON printer passes them through.
+  auto c = simple_config();
+  c.platform = "onnx\xC1\xB7";
+  c.inputs[0].name = "IN\xFF";
+  c.parameters["k\x81"] = "v\xCF";
+  simdjson::dom::parser parser;
+  auto doc = parse(parser, model_config_json(c));
+  CHECK(str(at(doc, "platform")) == "onnx\xEF\xBF\xBD\xEF\xBF\xBD");
+  // Whatever the printer makes of a lone 0xFF, the name stays readable.
+  CHECK(str(at(at(at(doc, "input"), 0), "name")).rfind("IN", 0) == 0);
+}
