@@ -61,8 +61,18 @@ result<constant_ptr> convert_tensor(const pb::TensorProto& t, const std::string&
   auto out = std::make_shared<tensor_data>();
   out->dtype = *dt;
   out->shape.assign(t.dims().begin(), t.dims().end());
+  // The dims come from the file: check them before anything multiplies them.
+  constexpr uint64_t max_elements = uint64_t{1} << 40;
+  uint64_t checked = 1;
+  for (auto d : out->shape) {
+    if (d < 0 || (d > 0 && checked > max_elements / static_cast<uint64_t>(d)))
+      return fail(origin, "tensor '" + t.name() + "' has shape " + shape_string(out->shape)
+                            + ", with a negative dimension or more than 2^40 elements; the "
+                              "file is damaged");
+    checked *= static_cast<uint64_t>(d);
+  }
   size_t elem = element_size(*dt);
-  size_t n = static_cast<size_t>(element_count(out->shape));
+  size_t n = static_cast<size_t>(checked);
   if (t.has_raw_data()) {
     out->bytes.assign(t.raw_data().begin(), t.raw_data().end());
   } else {
