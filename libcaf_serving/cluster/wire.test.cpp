@@ -130,6 +130,70 @@ TEST_CASE("batch_result_message: result and error survive; a truncated one is re
   CHECK(source(broken));
 }
 
+TEST_CASE("a malformed batch is refused when it arrives, not when it is read (fuzz: cluster_wire)") {
+  caf::actor_system_config cfg;
+  caf::actor_system sys{cfg};
+  // One segment of two words: the root Batch with one pointer, modelName, which
+  // points 1000 words past the end of the segment.
+  std::vector<char> bytes;
+  caf::binary_serializer sink(sys, bytes);
+  uint32_t segments = 1;
+  uint64_t words = 2;
+  uint8_t message[16] = {0, 0, 0, 0, 0, 0, 1, 0,           // struct: 0 data, 1 pointer
+                         0xA1, 0x0F, 0, 0, 0x2A, 0, 0, 0}; // text at +1000, 5 bytes
+  REQUIRE_FALSE(sink(segments, words));
+  REQUIRE_FALSE(sink.apply_raw(sizeof message, message));
+  run_batch batch;
+  caf::binary_deserializer source(sys, bytes);
+  auto err = source(batch);
+  REQUIRE(err);
+  CHECK(sys.render(err).find("not a valid Batch") != std::string::npos);
+  CHECK_FALSE(batch.received);
+
+  batch_result_message result;
+  caf::binary_deserializer again(sys, bytes);
+  CHECK(again(result));
+}
+
+TEST_CASE("a batch claiming a million empty inputs is refused (fuzz: cluster_wire)") {
+  // Four words: the root Batch with 3 pointers, `inputs` a list of 2^20 VOID
+  // elements that take no bytes. Reading it costs 2^20 words of the traversal
+  // limit; it was accepted, and the limit ran out when the executor read it again.
+  caf::actor_system_config cfg;
+  caf::actor_system sys{cfg};
+  std::vector<char> bytes;
+  caf::binary_serializer sink(sys, bytes);
+  uint32_t segments = 1;
+  uint64_t words = 4;
+  uint8_t message[32] = {0, 0, 0, 0, 0, 0, 3, 0,       // struct: 0 data, 3 pointers
+                         0, 0, 0, 0, 0, 0, 0, 0,       // modelName: null
+                         0, 0, 0, 0, 0, 0, 0, 0,       // requestRows: null
+                         1, 0, 0, 0, 0, 0, 0x80, 0};   // inputs: 2^20 x VOID
+  REQUIRE_FALSE(sink(segments, words));
+  REQUIRE_FALSE(sink.apply_raw(sizeof message, message));
+  run_batch batch;
+  caf::binary_deserializer source(sys, bytes);
+  auto err = source(batch);
+  REQUIRE(err);
+  CHECK(sys.render(err).find("traversal limit") != std::string::npos);
+}
+
+TEST_CASE("a message announcing more words than arrived is refused before allocating them") {
+  caf::actor_system_config cfg;
+  caf::actor_system sys{cfg};
+  std::vector<char> bytes;
+  caf::binary_serializer sink(sys, bytes);
+  uint32_t segments = 1;
+  uint64_t words = uint64_t{1} << 29; // 4 GiB, within max_words
+  REQUIRE_FALSE(sink(segments, words));
+  bytes.resize(bytes.size() + 64);
+  run_batch batch;
+  caf::binary_deserializer source(sys, bytes);
+  auto err = source(batch);
+  REQUIRE(err);
+  CHECK(sys.render(err).find("only 64 bytes arrived") != std::string::npos);
+}
+
 TEST_CASE("executor_was_lost: only a lost node or a dead executor means send again") {
   CHECK(executor_was_lost(make_cluster_error(cluster_errc::executor_lost, "x")));
   CHECK_FALSE(executor_was_lost(make_cluster_error(cluster_errc::refused, "x")));

@@ -13,11 +13,13 @@
 /// bytes (`message<>::received`): tensor data is copied once on each side.
 
 #include "core/message.hpp"
+#include "core/wire_check.hpp"
 #include "schemas/serving.capnp.h"
 
 #include <capnp/serialize.h>
 #include <caf/allowed_unsafe_message_type.hpp>
 #include <caf/atom.hpp>
+#include <caf/binary_deserializer.hpp>
 #include <caf/deserializer.hpp>
 #include <caf/error.hpp>
 #include <caf/meta/type_name.hpp>
@@ -158,7 +160,10 @@ inline caf::error save(caf::serializer& f, const std::shared_ptr<const void>& ow
   return save_segments(f, builder.getSegmentsForOutput());
 }
 
-inline caf::error load(caf::deserializer& f, std::shared_ptr<const received_message>& out) {
+/// Reads what save_segments wrote and checks it as a `schema` root (wire_check.hpp):
+/// a message that loads can be read by every receiver without an exception.
+inline caf::error load(caf::deserializer& f, std::shared_ptr<const received_message>& out,
+                       capnp::StructSchema schema) {
   uint32_t count = 0;
   if (auto err = f(count))
     return err;
@@ -180,6 +185,14 @@ inline caf::error load(caf::deserializer& f, std::shared_ptr<const received_mess
     out.reset();
     return caf::none;
   }
+  // The sizes come from the peer: allocate only what the received bytes can fill
+  // (the middleman always reads from a binary_deserializer over the whole message).
+  if (auto* bytes = dynamic_cast<caf::binary_deserializer*>(&f);
+      bytes && total > bytes->remaining() / sizeof(capnp::word))
+    return caf::make_error(caf::sec::invalid_argument,
+                           "a Cap'n Proto message announced " + std::to_string(total)
+                             + " words but only " + std::to_string(bytes->remaining())
+                             + " bytes arrived");
   auto msg = std::make_shared<received_message>();
   msg->words = kj::heapArray<capnp::word>(total);
   auto segs = kj::heapArrayBuilder<kj::ArrayPtr<const capnp::word>>(count);
@@ -196,6 +209,12 @@ inline caf::error load(caf::deserializer& f, std::shared_ptr<const received_mess
   // The reader is read more than once (executor, post-processor): allow that.
   options.traversalLimitInWords = total * 8 + (uint64_t{1} << 20);
   msg->reader = std::make_unique<capnp::SegmentArrayMessageReader>(msg->segments, options);
+  auto problem = unreadable_reason(msg->segments, schema);
+  if (!problem.empty())
+    return caf::make_error(caf::sec::invalid_argument,
+                           "a Cap'n Proto message that is not a valid "
+                             + std::string{schema.getShortDisplayName().cStr()} + " arrived: "
+                             + problem);
   out = std::move(msg);
   return caf::none;
 }
@@ -211,7 +230,7 @@ inline caf::error inspect(caf::serializer& f, run_batch& x) {
 
 inline caf::error inspect(caf::deserializer& f, run_batch& x) {
   x.batch = {};
-  return wire_format::load(f, x.received);
+  return wire_format::load(f, x.received, capnp::Schema::from<wire::Batch>());
 }
 
 template <class Inspector>
@@ -231,7 +250,7 @@ inline caf::error inspect(caf::serializer& f, batch_result_message& x) {
 
 inline caf::error inspect(caf::deserializer& f, batch_result_message& x) {
   std::shared_ptr<const received_message> received;
-  if (auto err = wire_format::load(f, received))
+  if (auto err = wire_format::load(f, received, capnp::Schema::from<wire::BatchResult>()))
     return err;
   if (!received) {
     x = {};
