@@ -569,6 +569,10 @@ void poll_policy(self_ptr self) {
 void add_slot(self_ptr self, executor_slot slot) {
   auto& st = self->state;
   self->monitor(slot.handle);
+  // A local executor dies with its scheduler when that stops abnormally (a
+  // normal exit does not propagate over a link); remote proxies live on their own.
+  if (slot.local)
+    self->link_to(slot.handle);
   st.executors.push_back(std::move(slot));
   st.had_executor = true;
   publish_health(st);
@@ -656,16 +660,21 @@ scheduler_actor spawn_scheduler(caf::actor_system& sys, scheduler_config config)
       add_slot(self, local_slot(st.cfg, std::move(e)));
     if (st.cfg.respawn_postprocessor)
       self->monitor(st.cfg.postprocessor);
+    self->link_to(st.cfg.postprocessor);
+    // A linked stage that stops sends an exit message too: the down handler
+    // deals with it, and the scheduler itself lives on.
+    self->set_exit_handler([](caf::exit_msg&) {});
     self->set_down_handler([self](caf::down_msg& dm) {
       auto& st = self->state;
       if (dm.source == st.cfg.postprocessor.address()) {
-        if (st.draining)
+        if (st.draining || !st.cfg.respawn_postprocessor)
           return;
         std::cerr << "caf-serving: model '" << st.cfg.model.name
                   << "': the post-processor stopped (" << self->system().render(dm.reason)
                   << "); started a new one" << std::endl;
         st.cfg.postprocessor = st.cfg.respawn_postprocessor();
         self->monitor(st.cfg.postprocessor);
+        self->link_to(st.cfg.postprocessor);
         if (st.cfg.stats)
           st.cfg.stats->stage_restarts.fetch_add(1, std::memory_order_relaxed);
         return;

@@ -230,8 +230,14 @@ TEST_CASE("a killed post-processor or executor is replaced; later requests are a
     pipeline p(model);
     caf::anon_send(p.sched, make_job(1, c));
     REQUIRE(c.wait_for(1));
-    caf::anon_send_exit(p.first_postprocessor, caf::exit_reason::kill);
-    caf::anon_send_exit(p.first_executor, caf::exit_reason::kill);
+    // As if an exception had escaped each: an abnormal exit that a linked
+    // scheduler may trap (exit_reason::kill cannot be trapped).
+    for (auto addr : {p.first_postprocessor.address(), p.first_executor.address()}) {
+      auto ptr = caf::actor_cast<caf::strong_actor_ptr>(addr);
+      ptr->enqueue(nullptr, caf::make_message_id(),
+                   caf::make_message(caf::exit_msg{addr, caf::make_error(caf::sec::runtime_error)}),
+                   nullptr);
+    }
     // The scheduler learns of both deaths and starts new ones.
     for (int k = 0; k < 2000 && (p.stats->stage_restarts.load() < 1
                                  || p.stats->executor_restarts.load() < 1); ++k)

@@ -150,9 +150,14 @@ std::optional<std::string> not_ready_reason(const model_pipeline& p) {
 
 model_manager::model_manager(caf::actor_system& sys, model_manager_config cfg)
     : sys_(sys), cfg_(std::move(cfg)) {
+  restart_hook_->manager = this;
 }
 
 model_manager::~model_manager() {
+  {
+    std::lock_guard<std::mutex> guard(restart_hook_->mutex);
+    restart_hook_->manager = nullptr;
+  }
   {
     std::lock_guard<std::mutex> guard(load_mutex_);
     loader_stopping_ = true;
@@ -303,6 +308,22 @@ std::variant<std::monostate, serving_error> model_manager::load(const std::strin
     sc.postprocessor = postprocess::spawn_postprocessor(sys_, pc);
     sc.respawn_postprocessor = [sys = &sys_, pc] { return postprocess::spawn_postprocessor(*sys, pc); };
     p->scheduler = scheduler::spawn_scheduler(sys_, std::move(sc));
+    // Supervision of the scheduler: one that stops abnormally (a bug) takes its
+    // executors and post-processor with it (they are linked) and its requests
+    // are answered 500 by their sinks; the model is then loaded again.
+    p->scheduler->attach_functor([hook = std::weak_ptr<restart_hook>(restart_hook_), name,
+                                  version, addr = p->scheduler.address(),
+                                  sys = &sys_](const caf::error& reason) {
+      if (!reason || reason == caf::make_error(caf::exit_reason::normal)
+          || reason == caf::make_error(caf::exit_reason::user_shutdown))
+        return;
+      auto h = hook.lock();
+      if (!h)
+        return;
+      std::lock_guard<std::mutex> guard(h->mutex);
+      if (h->manager)
+        h->manager->scheduler_stopped(name, version, addr, sys->render(reason));
+    });
     served.emplace(version, std::move(p));
   }
   std::lock_guard<std::mutex> guard(mutex_);
@@ -312,6 +333,29 @@ std::variant<std::monostate, serving_error> model_manager::load(const std::strin
   r.state = "READY";
   r.reason.clear();
   return {};
+}
+
+void model_manager::scheduler_stopped(const std::string& name, int64_t version,
+                                      const caf::actor_addr& addr, const std::string& why) {
+  {
+    std::lock_guard<std::mutex> guard(mutex_);
+    auto it = models_.find(name);
+    if (it == models_.end())
+      return;
+    auto v = it->second.served.find(version);
+    if (v == it->second.served.end() || v->second->scheduler.address() != addr)
+      return; // replaced or unloaded meanwhile
+    v->second->stats->stage_restarts.fetch_add(1, std::memory_order_relaxed);
+  }
+  std::cerr << "caf-serving: model '" << name << "' version " << version
+            << ": its scheduler stopped (" << why << "); loading the model again" << std::endl;
+  load_async(name, [name](std::variant<std::monostate, serving_error> r) {
+    if (auto* e = std::get_if<serving_error>(&r))
+      std::cerr << "caf-serving: model '" << name << "' could not be loaded again: " << e->message
+                << std::endl;
+    else
+      std::cerr << "caf-serving: model '" << name << "' was loaded again" << std::endl;
+  });
 }
 
 void model_manager::stop(record& r) {

@@ -141,6 +141,17 @@ private:
 
   void stop(record& r);
   void loader_loop();
+  /// A scheduler stopped abnormally: when it still serves `name` at `version`,
+  /// the model is loaded again (on the loader thread) with a fresh pipeline.
+  void scheduler_stopped(const std::string& name, int64_t version, const caf::actor_addr& addr,
+                         const std::string& why);
+
+  /// What a scheduler's exit hook reaches the manager through; cleared when the
+  /// manager goes, so that a late hook does nothing.
+  struct restart_hook {
+    std::mutex mutex;
+    model_manager* manager = nullptr;
+  };
 
   caf::actor_system& sys_;
   model_manager_config cfg_;
@@ -154,6 +165,7 @@ private:
   std::deque<std::pair<std::string, load_done>> load_queue_;
   bool loader_stopping_ = false;
   std::thread loader_;
+  std::shared_ptr<restart_hook> restart_hook_ = std::make_shared<restart_hook>();
 };
 
 } // namespace caf_serving::server
