@@ -6,6 +6,7 @@
 
 #include "onnx/onnx_backend.hpp"
 #include "onnx/work_pool.hpp"
+#include "repository/config_parser.hpp"
 
 #include <doctest/doctest.h>
 
@@ -226,5 +227,38 @@ TEST_CASE("model_warmup samples run at load; a failing one fails the load with i
     CHECK(bad.error().message.find("model_warmup '" + c.sample.name + "'") != std::string::npos);
     CHECK(bad.error().message.find(c.says) != std::string::npos);
   }
+  fs::remove_all(dir.parent_path());
+}
+
+TEST_CASE("a config.pbtxt's model_warmup runs at load, its files read from the model's warmup/") {
+  auto dir = model_dir_with_warmup("from_pbtxt", {{"x.bin", 3 * 9 * 9 * 4}});
+  auto text = std::string(R"(platform: "onnxruntime_onnx"
+max_batch_size: 8
+model_warmup [
+  { name: "ones" batch_size: 4 count: 2
+    inputs { key: "x" value: { data_type: TYPE_FP32 dims: [ 3, 9, 9 ] input_data_file: "x.bin" } } },
+  { name: "noise" batch_size: 8
+    inputs { key: "x" value: { data_type: TYPE_FP32 dims: [ 3, 9, 9 ] random_data: true } } }
+]
+)");
+  auto parsed = repository::parse_model_config(text, {"from_pbtxt", "config.pbtxt", true});
+  REQUIRE_MESSAGE(parsed, parsed.error().message);
+  onnx_model_config cfg;
+  cfg.model_file = dir / "1/model.onnx";
+  cfg.config = *parsed;
+  auto model = load_onnx_model(cfg);
+  REQUIRE_MESSAGE(model, model.error().message);
+  CHECK(model->summary.find("warmup: 2 sample(s), 3 run(s)") != std::string::npos);
+  // The same config with a file that is not there: the model does not load.
+  auto missing = text;
+  missing.replace(missing.find("x.bin"), 5, "gone.bin");
+  parsed = repository::parse_model_config(missing, {"from_pbtxt", "config.pbtxt", true});
+  REQUIRE(parsed);
+  cfg.config = *parsed;
+  auto failed = load_onnx_model(cfg);
+  REQUIRE_FALSE(failed);
+  CHECK(failed.error().message.find("model_warmup 'ones' input 'x' reads "
+                                    + (dir / "warmup/gone.bin").string())
+        != std::string::npos);
   fs::remove_all(dir.parent_path());
 }
