@@ -139,7 +139,9 @@ TEST_CASE("three 200 MB requests queued together pass a Data field's 512 MiB and
   // inside the scheduler, which killed the model. With the default cap they go
   // out in batches of at most two.
   test_server server({}, {"--max-body-bytes", "268435456"});
-  add_model(server.repo, "huge", variable_identity_config("huge", 200000, 4));
+  // The first (small) request holds the executor for 3 s, while the three big
+  // ones arrive and queue together behind it.
+  add_model(server.repo, "huge", variable_identity_config("huge", 3000000, 4));
   REQUIRE(server.client().post("/v2/repository/models/huge/load", "").status == 200);
   constexpr int64_t width = 50'000'000; // 200 MB of FP32
   auto send = [&](int tag) -> std::string {
@@ -163,14 +165,18 @@ TEST_CASE("three 200 MB requests queued together pass a Data field's 512 MiB and
       return "request " + std::to_string(tag) + " got other bytes back";
     return "";
   };
-  auto first = std::async(std::launch::async, send, 0);
+  auto first = std::async(std::launch::async,
+                          [&] { return check_identity(server.port(), "huge", 0, 1, 5); });
   REQUIRE(wait_pending(server, "huge", 1));
   std::vector<std::future<std::string>> answers;
   for (int i = 1; i <= 3; ++i)
     answers.push_back(std::async(std::launch::async, send, i));
+  REQUIRE(wait_pending(server, "huge", 4));
   CHECK(first.get() == "");
   for (auto& a : answers)
     CHECK(a.get() == "");
+  auto stats = json_document::parse(server.client().get("/v2/models/huge/stats").body);
+  MESSAGE("batches: " << stats.uint_at("/model_stats/0/execution_count"));
   // The model is still ready and serving.
   CHECK(server.client().get("/v2/models/huge/ready").status == 200);
   CHECK(check_identity(server.port(), "huge", 7, 1, 5) == "");
