@@ -102,8 +102,14 @@ int main(int argc, char** argv) {
   std::optional<cluster::node_registry> registry;
   if (opts.cluster.enabled()) {
     cluster::registry_config rc;
-    for (const auto& w : opts.cluster.workers)
-      rc.workers.push_back(*cluster::parse_host_port(w));
+    for (const auto& w : opts.cluster.workers) {
+      auto hp = cluster::parse_host_port(w);
+      if (!hp) { // parse_options has checked each one with the same parser
+        std::cerr << "caf-serving: flag --worker: " << hp.error().message << "\n";
+        return 2;
+      }
+      rc.workers.push_back(*hp);
+    }
     rc.secret = cluster_secret;
     rc.server_name = "caf-serving-" + std::to_string(getpid());
     rc.credits = opts.cluster.remote_credits;

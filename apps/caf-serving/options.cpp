@@ -1,5 +1,7 @@
 #include "options.hpp"
 
+#include "cluster/worker_host.hpp"
+
 #include <cerrno>
 #include <cstdlib>
 #include <thread>
@@ -138,9 +140,9 @@ std::variant<server_options, show_help, std::string> parse_options(int argc, cha
       else
         o.executor_depth = static_cast<uint32_t>(*n);
     } else if (flag == "--worker") {
-      auto colon = value.rfind(':');
-      if (colon == std::string::npos || colon == 0 || !parse_uint(value.substr(colon + 1), 65535))
-        return bad("HOST:PORT (for example 127.0.0.1:9100)");
+      // The same parser main() uses to connect, so that what passes here connects.
+      if (auto hp = cluster::parse_host_port(value); !hp)
+        return "flag --worker: " + hp.error().message;
       o.cluster.workers.push_back(value);
     } else if (flag == "--cluster-port") {
       auto n = number(65535);

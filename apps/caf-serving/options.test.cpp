@@ -55,3 +55,20 @@ TEST_CASE("--print-plan takes a model name and a batch size") {
   REQUIRE(std::holds_alternative<std::string>(r));
   CHECK(std::get<std::string>(r).find("'0' is not a batch size") != std::string::npos);
 }
+
+TEST_CASE("--worker must be HOST:PORT with a port from 1 to 65535") {
+  // Port 0 once passed this check and aborted start-up with bad_variant_access.
+  for (const char* bad : {"127.0.0.1:0", "127.0.0.1", "127.0.0.1:", ":9100", "127.0.0.1:65536",
+                          "127.0.0.1:x1", "127.0.0.1:-1"}) {
+    CAPTURE(bad);
+    auto r = parse({"--model-repository", "/m", "--worker", bad});
+    REQUIRE(std::holds_alternative<std::string>(r));
+    auto& message = std::get<std::string>(r);
+    CHECK(message.find("--worker") != std::string::npos);
+    CHECK(message.find(std::string("'") + bad + "'") != std::string::npos);
+  }
+  auto r = parse({"--model-repository", "/m", "--worker", "127.0.0.1:9100", "--worker=h:1"});
+  auto* o = std::get_if<server_options>(&r);
+  REQUIRE(o);
+  CHECK(o->cluster.workers == std::vector<std::string>{"127.0.0.1:9100", "h:1"});
+}

@@ -23,9 +23,11 @@ result<host_port> parse_host_port(const std::string& text) {
   if (colon == std::string::npos || colon == 0 || colon + 1 == text.size())
     return bad_request("'" + text + "' is not HOST:PORT (for example 127.0.0.1:9100)");
   auto port_text = text.substr(colon + 1);
-  char* end = nullptr;
-  auto port = std::strtoul(port_text.c_str(), &end, 10);
-  if (*end != '\0' || port == 0 || port > 65535)
+  // Digits only: strtoul would also take " 80", "+80" and "-1" (as 2^64 - 1).
+  bool digits = port_text.size() <= 5
+                && port_text.find_first_not_of("0123456789") == std::string::npos;
+  auto port = digits ? std::strtoul(port_text.c_str(), nullptr, 10) : 0;
+  if (!digits || port == 0 || port > 65535)
     return bad_request("'" + text + "': the port must be a number from 1 to 65535");
   return host_port{text.substr(0, colon), static_cast<uint16_t>(port)};
 }
