@@ -17,7 +17,9 @@
 #include <sys/prctl.h>
 
 #include <csignal>
+#include <cstdlib>
 #include <optional>
+#include <thread>
 #include <unistd.h>
 #include <iostream>
 
@@ -129,19 +131,41 @@ int main(int argc, char** argv) {
     }
   }
 
+  ingress::stop_report stopped;
   try {
-    ingress::run_http_server(opts.http, models, [&](ingress::listening_ports p) {
+    stopped = ingress::run_http_server(opts.http, models, [&](ingress::listening_ports p) {
       auto host = opts.http.address == "0.0.0.0" ? std::string("127.0.0.1") : opts.http.address;
       std::cout << "HTTP listening on " << host << ":" << p.http << std::endl;
       if (p.metrics)
         std::cout << "metrics listening on " << host << ":" << p.metrics << std::endl;
     });
+  } catch (const std::exception& e) {
+    std::cerr << "caf-serving: " << e.what() << "\n";
+    return 1;
   } catch (const kj::Exception& e) {
-    std::cerr << "caf-serving: cannot serve HTTP on " << opts.http.address << ":"
-              << opts.http.http_port << ": " << e.getDescription().cStr() << "\n";
+    std::cerr << "caf-serving: the HTTP server failed: " << e.getDescription().cStr() << "\n";
     return 1;
   }
+  if (stopped.abandoned > 0 || !stopped.drained) {
+    // Something is stuck (an executor that does not come back): waiting for
+    // the actors would wait for it. Every client has had its answer.
+    std::cout << "caf-serving: stopped after --exit-timeout-secs (" << opts.http.exit_timeout_secs
+              << " s) with " << stopped.abandoned
+              << (stopped.abandoned == 1 ? " request" : " requests")
+              << " abandoned (answered 503)" << std::endl;
+    std::cerr.flush();
+    std::_Exit(0);
+  }
   std::cout << "caf-serving: stopping" << std::endl;
+  // Stopping the actors gets the same deadline: a batch still running in an
+  // executor (its requests answered already, e.g. timed out) is not waited for
+  // past it.
+  std::thread([secs = opts.http.exit_timeout_secs] {
+    std::this_thread::sleep_for(std::chrono::seconds(secs));
+    std::cout << "caf-serving: actors still running after --exit-timeout-secs (" << secs
+              << " s); stopped without them" << std::endl;
+    std::_Exit(0);
+  }).detach();
   models.shutdown();
   if (registry)
     caf::anon_send_exit(registry->actor, caf::exit_reason::user_shutdown);

@@ -34,6 +34,20 @@ std::string usage() {
          "  --executor-threads N       compute threads per CPU executor (default "
          + std::to_string(d.executor_threads) + " here)\n"
          "  --executor-depth N         batches one executor may hold (default 1)\n"
+         "  --exit-timeout-secs N      after SIGINT or SIGTERM, how long accepted requests\n"
+         "                             may still take; the rest are answered 503 (default 30)\n"
+         "\n"
+         "Limits for clients (per port):\n"
+         "  --max-connections N        connections served at once; one more is answered\n"
+         "                             503 and closed (default 1024)\n"
+         "  --max-header-bytes N       largest request line plus headers; larger is a 431\n"
+         "                             and the connection is closed (default 65536, at\n"
+         "                             most 131072)\n"
+         "  --idle-timeout-ms N        close a keep-alive connection idle this long, or a\n"
+         "                             request body that stops arriving (default 60000)\n"
+         "  --header-timeout-ms N      a request's line and headers must arrive within\n"
+         "                             this time; else the connection is closed (default\n"
+         "                             10000)\n"
          "\n"
          "Cluster (docs/cluster.md):\n"
          "  --worker HOST:PORT         use the caf-serving-worker there (repeatable)\n"
@@ -52,7 +66,8 @@ std::string usage() {
          "  --print-plan-batch N       rows of that plan (default 1)\n"
          "  --help                     this text\n"
          "\n"
-         "Signals: SIGINT or SIGTERM stop accepting, answer every accepted request, exit 0.\n";
+         "Signals: SIGINT or SIGTERM stop accepting, answer every accepted request (503\n"
+         "after --exit-timeout-secs), exit 0.\n";
 }
 
 namespace {
@@ -144,6 +159,28 @@ std::variant<server_options, show_help, std::string> parse_options(int argc, cha
       if (auto hp = cluster::parse_host_port(value); !hp)
         return "flag --worker: " + hp.error().message;
       o.cluster.workers.push_back(value);
+    } else if (flag == "--exit-timeout-secs") {
+      auto n = number(86400);
+      if (!n)
+        return bad("a number of seconds from 0 to 86400");
+      o.http.exit_timeout_secs = static_cast<uint32_t>(*n);
+    } else if (flag == "--max-connections") {
+      auto n = number(1'000'000);
+      if (!n || *n == 0)
+        return bad("a connection count from 1 to 1000000");
+      o.http.max_connections = static_cast<uint32_t>(*n);
+    } else if (flag == "--max-header-bytes") {
+      // kj's HTTP parser buffers at most 128 KiB of headers.
+      auto n = number(131072);
+      if (!n || *n < 1024)
+        return bad("a byte count from 1024 to 131072");
+      o.http.max_header_bytes = *n;
+    } else if (flag == "--idle-timeout-ms" || flag == "--header-timeout-ms") {
+      auto n = number(86'400'000);
+      if (!n || *n == 0)
+        return bad("a number of milliseconds from 1 to 86400000");
+      (flag == "--idle-timeout-ms" ? o.http.idle_timeout_ms : o.http.header_timeout_ms)
+        = static_cast<uint32_t>(*n);
     } else if (flag == "--cluster-port") {
       auto n = number(65535);
       if (!n)

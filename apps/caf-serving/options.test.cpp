@@ -72,3 +72,37 @@ TEST_CASE("--worker must be HOST:PORT with a port from 1 to 65535") {
   REQUIRE(o);
   CHECK(o->cluster.workers == std::vector<std::string>{"127.0.0.1:9100", "h:1"});
 }
+
+TEST_CASE("limits for clients and the exit timeout have defaults and bounds") {
+  auto r = parse({"--model-repository", "/m"});
+  auto* d = std::get_if<server_options>(&r);
+  REQUIRE(d);
+  CHECK(d->http.exit_timeout_secs == 30);
+  CHECK(d->http.max_connections == 1024);
+  CHECK(d->http.max_header_bytes == 65536);
+  CHECK(d->http.idle_timeout_ms == 60000);
+  CHECK(d->http.header_timeout_ms == 10000);
+  r = parse({"--model-repository", "/m", "--exit-timeout-secs", "0", "--max-connections", "4",
+             "--max-header-bytes", "2048", "--idle-timeout-ms", "200", "--header-timeout-ms",
+             "300"});
+  auto* o = std::get_if<server_options>(&r);
+  REQUIRE(o);
+  CHECK(o->http.exit_timeout_secs == 0);
+  CHECK(o->http.max_connections == 4);
+  CHECK(o->http.max_header_bytes == 2048);
+  CHECK(o->http.idle_timeout_ms == 200);
+  CHECK(o->http.header_timeout_ms == 300);
+  auto error_of = [&](std::vector<const char*> args) {
+    args.insert(args.begin(), {"--model-repository", "/m"});
+    auto e = parse(args);
+    return std::holds_alternative<std::string>(e) ? std::get<std::string>(e) : std::string();
+  };
+  CHECK(error_of({"--max-connections", "0"}).find("flag --max-connections: '0'")
+        != std::string::npos);
+  // kj cannot buffer headers past 128 KiB: a larger limit would be a lie.
+  CHECK(error_of({"--max-header-bytes", "200000"}).find("flag --max-header-bytes")
+        != std::string::npos);
+  CHECK(error_of({"--idle-timeout-ms", "0"}).find("flag --idle-timeout-ms") != std::string::npos);
+  CHECK(error_of({"--exit-timeout-secs", "x"}).find("flag --exit-timeout-secs: 'x'")
+        != std::string::npos);
+}

@@ -15,6 +15,8 @@
 #include <cerrno>
 #include <csignal>
 #include <cstring>
+#include <iostream>
+#include <stdexcept>
 
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -71,12 +73,139 @@ const char* status_text(int status) {
     case 400: return "Bad Request";
     case 404: return "Not Found";
     case 405: return "Method Not Allowed";
+    case 408: return "Request Timeout";
     case 413: return "Payload Too Large";
     case 429: return "Too Many Requests";
+    case 431: return "Request Header Fields Too Large";
     case 503: return "Service Unavailable";
     default: return "Internal Server Error";
   }
 }
+
+/// Sets `Connection: close` on the one response being started while
+/// `close_next` is set: kj asks shouldClose() inside Response::send(), on the
+/// event loop's thread, so the service sets it around that call.
+struct close_after_response final : kj::HttpServerCallbacks {
+  bool close_next = false;
+  bool shouldClose() override { return close_next; }
+};
+
+/// What HttpServer does with failures outside the service's own answers: a
+/// request kj could not parse, an exception out of the service (thrown or from
+/// a promise), a request left without a response. Clients get a KServe error
+/// body, never kj's or CAF's text; the detail goes to stderr.
+class kserve_error_handler final : public kj::HttpServerErrorHandler {
+public:
+  kj::Promise<void> handleClientProtocolError(kj::HttpHeaders::ProtocolError error,
+                                              kj::HttpService::Response& response) override {
+    return send(response, static_cast<int>(error.statusCode),
+                "the request is not valid HTTP/1.1: "
+                  + std::string(error.description.cStr(), error.description.size()));
+  }
+
+  kj::Promise<void> handleApplicationError(kj::Exception exception,
+                                           kj::Maybe<kj::HttpService::Response&> response) override {
+    // A client that went away: nobody to answer, nothing worth a log line.
+    if (exception.getType() == kj::Exception::Type::DISCONNECTED)
+      return kj::READY_NOW;
+    // Headers past kj's 128 KiB buffer fail before a request exists, so there
+    // is no Response to answer with; the connection is closed.
+    if (response == nullptr
+        && std::strstr(exception.getDescription().cStr(), "request headers too large"))
+      return kj::READY_NOW;
+    std::cerr << "caf-serving: internal error while serving a request: "
+              << kj::str(exception).cStr() << std::endl;
+    KJ_IF_MAYBE (r, response)
+      return send(*r, 500, "internal error while serving this request; see the server log");
+    return kj::READY_NOW;
+  }
+
+  kj::Promise<void> handleNoResponse(kj::HttpService::Response& response) override {
+    std::cerr << "caf-serving: internal error: a request got no response" << std::endl;
+    return send(response, 500, "internal error: the server did not answer this request; "
+                               "see the server log");
+  }
+
+private:
+  static kj::Promise<void> send(kj::HttpService::Response& response, int status,
+                                const std::string& message) {
+    kj::HttpHeaderTable table;
+    kj::HttpHeaders headers(table);
+    headers.set(kj::HttpHeaderId::CONTENT_TYPE, "application/json");
+    auto body = kj::heap<std::string>(serialize_error(message));
+    auto stream = response.send(static_cast<uint>(status), status_text(status), headers,
+                                uint64_t{body->size()});
+    auto promise = stream->write(body->data(), body->size());
+    return promise.attach(kj::mv(stream), kj::mv(body));
+  }
+};
+
+/// A request body as read from the connection, or why there is none.
+struct body_read {
+  enum class outcome { complete, too_large, disconnected, malformed, stalled };
+  outcome result = outcome::complete;
+  std::string bytes;
+  size_t used = 0;
+};
+
+/// Reads a request body into memory, at most `limit` bytes: one more means
+/// too_large. Each read waits at most `stall` for the client's next bytes.
+/// Unlike readAllBytes, every way of failing is told apart: kj reports a body
+/// that ends early (the client closed or shut down its side) as DISCONNECTED,
+/// and broken chunked framing as FAILED.
+class body_reader {
+public:
+  body_reader(kj::AsyncInputStream& in, kj::Timer& timer, kj::Duration stall, size_t limit,
+              std::optional<uint64_t> expected)
+      : in_(in), timer_(timer), stall_(stall), limit_(limit) {
+    // A declared length (plus one byte, to see the end) is allocated at once;
+    // a chunked body grows from 64 KiB.
+    size_t first = expected ? static_cast<size_t>(std::min<uint64_t>(*expected, limit_)) + 1
+                            : std::min<size_t>(size_t{64} << 10, limit_ + 1);
+    body_.bytes.resize(first);
+  }
+
+  kj::Promise<body_read> read() {
+    return loop().then([this]() { return kj::mv(body_); },
+                       [this](kj::Exception&& e) {
+                         body_.result = e.getType() == kj::Exception::Type::DISCONNECTED
+                                          ? body_read::outcome::disconnected
+                                          : body_read::outcome::malformed;
+                         return kj::mv(body_);
+                       });
+  }
+
+private:
+  kj::Promise<void> loop() {
+    if (body_.used > limit_) {
+      body_.result = body_read::outcome::too_large;
+      return kj::READY_NOW;
+    }
+    if (body_.used == body_.bytes.size())
+      body_.bytes.resize(std::min(body_.bytes.size() * 2, limit_ + 1));
+    constexpr size_t stalled = ~size_t{0};
+    auto got = in_.tryRead(&body_.bytes[body_.used], 1, body_.bytes.size() - body_.used)
+                 .exclusiveJoin(timer_.afterDelay(stall_).then([]() { return stalled; }));
+    return got.then([this](size_t n) -> kj::Promise<void> {
+      if (n == stalled) {
+        body_.result = body_read::outcome::stalled;
+        return kj::READY_NOW;
+      }
+      if (n == 0) {
+        body_.bytes.resize(body_.used);
+        return kj::READY_NOW;
+      }
+      body_.used += n;
+      return loop();
+    });
+  }
+
+  kj::AsyncInputStream& in_;
+  kj::Timer& timer_;
+  kj::Duration stall_;
+  size_t limit_;
+  body_read body_;
+};
 
 /// Delivers a response from whichever thread the post-processor runs on to the
 /// connection's event loop.
@@ -122,15 +251,47 @@ struct infer_context {
 class kserve_service final : public kj::HttpService {
 public:
   kserve_service(const http_server_config& cfg, server::model_manager& models,
-                 const kj::HttpHeaderTable& table, const header_ids& ids, bool metrics_only)
-      : cfg_(cfg), models_(models), table_(table), ids_(ids), metrics_only_(metrics_only) {}
+                 const kj::HttpHeaderTable& table, const header_ids& ids, bool metrics_only,
+                 kj::Timer& timer, close_after_response& closer)
+      : cfg_(cfg),
+        models_(models),
+        table_(table),
+        ids_(ids),
+        metrics_only_(metrics_only),
+        timer_(timer),
+        closer_(closer),
+        abandon_(nullptr) {
+    auto paf = kj::newPromiseAndFulfiller<void>();
+    abandon_ = paf.promise.fork();
+    abandon_fulfiller_ = kj::mv(paf.fulfiller);
+  }
 
   bool draining = false;
+
+  /// Answers 503 to every inference request still waiting for the pipeline,
+  /// now and from now on (the exit timeout has passed); returns how many were
+  /// waiting.
+  size_t abandon_in_flight() {
+    abandoned_ = true;
+    abandon_fulfiller_->fulfill();
+    return waiting_;
+  }
 
   kj::Promise<void> request(kj::HttpMethod method, kj::StringPtr url,
                             const kj::HttpHeaders& headers, kj::AsyncInputStream& body,
                             Response& response) override {
     int64_t received = now_ns();
+    // The request line and headers as they came, give or take the spacing.
+    size_t header_bytes = url.size() + 32;
+    headers.forEach([&](kj::StringPtr name, kj::StringPtr value) {
+      header_bytes += name.size() + value.size() + 4;
+    });
+    if (header_bytes > cfg_.max_header_bytes)
+      return send_error(response, 431,
+                        "the request line and headers take about " + std::to_string(header_bytes)
+                          + " bytes, over the limit of " + std::to_string(cfg_.max_header_bytes)
+                          + " bytes (--max-header-bytes)",
+                        close_connection::yes);
     auto parts = split_path(url);
     if (metrics_only_) {
       if (parts.size() == 1 && parts[0] == "metrics")
@@ -182,10 +343,15 @@ private:
     return f();
   }
 
+  /// Whether a response ends its connection: after a request whose framing
+  /// cannot be trusted, or whose body was left unread on purpose.
+  enum class close_connection { no, yes };
+
   kj::Promise<void> send_body(Response& response, int status, std::string body,
                               const char* content_type,
                               std::optional<size_t> header_length = std::nullopt,
-                              content_encoding encoding = content_encoding::identity) {
+                              content_encoding encoding = content_encoding::identity,
+                              close_connection close = close_connection::no) {
     kj::HttpHeaders headers(table_);
     headers.set(kj::HttpHeaderId::CONTENT_TYPE, content_type);
     if (header_length)
@@ -195,18 +361,29 @@ private:
       headers.set(ids_.content_encoding, kj::str(to_string(encoding).data()));
     }
     auto owned = kj::heap<std::string>(std::move(body));
+    closer_.close_next = close == close_connection::yes;
     auto stream = response.send(static_cast<uint>(status), status_text(status), headers,
                                 uint64_t{owned->size()});
-    auto promise = stream->write(owned->data(), owned->size());
-    return promise.attach(kj::mv(stream), kj::mv(owned));
+    closer_.close_next = false;
+    auto promise = stream->write(owned->data(), owned->size()).attach(kj::mv(stream), kj::mv(owned));
+    if (close == close_connection::no)
+      return promise;
+    // kj 0.9 sends `Connection: close` but would still wait for the next
+    // request; failing as DISCONNECTED after the response ends the connection
+    // (kserve_error_handler answers nothing more to that).
+    return promise.then([]() -> kj::Promise<void> {
+      return KJ_EXCEPTION(DISCONNECTED, "closing the connection after this response");
+    });
   }
 
   kj::Promise<void> send_json(Response& response, int status, std::string body) {
     return send_body(response, status, std::move(body), "application/json");
   }
 
-  kj::Promise<void> send_error(Response& response, int status, const std::string& message) {
-    return send_json(response, status, serialize_error(message));
+  kj::Promise<void> send_error(Response& response, int status, const std::string& message,
+                               close_connection close = close_connection::no) {
+    return send_body(response, status, serialize_error(message), "application/json",
+                     std::nullopt, content_encoding::identity, close);
   }
 
   kj::Promise<void> send_error(Response& response, const serving_error& e) {
@@ -348,28 +525,59 @@ private:
     auto length_text = header_or_empty(headers, kj::HttpHeaderId::CONTENT_LENGTH);
     const auto& limits = cfg_.limits;
     if (!length_text.empty() && std::strtoull(length_text.c_str(), nullptr, 10) > limits.max_body_bytes)
-      return send_error(response, 413, "request body of " + length_text
-                                         + " bytes is over the limit of "
-                                         + std::to_string(limits.max_body_bytes)
-                                         + " bytes (--max-body-bytes)");
+      return send_error(response, 413,
+                        "request body of " + length_text + " bytes is over the limit of "
+                          + std::to_string(limits.max_body_bytes) + " bytes (--max-body-bytes)",
+                        close_connection::yes);
+    std::optional<uint64_t> expected;
+    if (!length_text.empty())
+      expected = std::strtoull(length_text.c_str(), nullptr, 10);
+    bool chunked = !header_or_empty(headers, kj::HttpHeaderId::TRANSFER_ENCODING).empty();
     auto stats = model->stats;
     stats->pending.fetch_add(1, std::memory_order_relaxed);
-    return body.readAllBytes(limits.max_body_bytes + 1)
+    auto reader = kj::heap<body_reader>(body, timer_, cfg_.idle_timeout_ms * kj::MILLISECONDS,
+                                        limits.max_body_bytes, expected);
+    auto reading = reader->read();
+    return reading.attach(kj::mv(reader))
       .then(
-        [this, model, &response, received, content_type = std::move(content_type),
+        [this, model, &response, received, chunked, content_type = std::move(content_type),
          encoding_header = std::move(encoding_header),
          accept_encoding = std::move(accept_encoding),
-         header_length_text = std::move(header_length_text)](kj::Array<kj::byte> bytes) mutable
+         header_length_text = std::move(header_length_text)](body_read read) mutable
         -> kj::Promise<void> {
-          auto fail = [&](const serving_error& e) {
+          auto fail = [&](const serving_error& e,
+                          close_connection close = close_connection::no) {
             finish_failure(*model, received, e);
-            return send_error(response, e);
+            return send_error(response, static_cast<int>(e.status), e.message, close);
           };
-          if (bytes.size() > cfg_.limits.max_body_bytes)
-            return fail({status_code::payload_too_large,
-                         "request body is over the limit of "
-                           + std::to_string(cfg_.limits.max_body_bytes)
-                           + " bytes (--max-body-bytes)"});
+          switch (read.result) {
+            case body_read::outcome::complete:
+              break;
+            case body_read::outcome::disconnected:
+              // Nobody is left to answer, and a client that went away is no
+              // failure of the server's: it is not counted as one.
+              model->stats->pending.fetch_sub(1, std::memory_order_relaxed);
+              return KJ_EXCEPTION(DISCONNECTED, "the client left inside the request body");
+            case body_read::outcome::malformed:
+              return fail(bad_request(chunked ? "the request body is not valid chunked "
+                                                "transfer encoding (Transfer-Encoding: chunked)"
+                                              : "the request body could not be read"),
+                          close_connection::yes);
+            case body_read::outcome::stalled:
+              return fail({static_cast<status_code>(408),
+                           "no byte of the request body arrived for "
+                             + std::to_string(cfg_.idle_timeout_ms)
+                             + " ms (--idle-timeout-ms)",
+                           failure_reason::bad_request},
+                          close_connection::yes);
+            case body_read::outcome::too_large:
+              // The rest of the body stays unread: the connection cannot go on.
+              return fail({status_code::payload_too_large,
+                           "request body is over the limit of "
+                             + std::to_string(cfg_.limits.max_body_bytes)
+                             + " bytes (--max-body-bytes)"},
+                          close_connection::yes);
+          }
           auto ctx = std::make_shared<infer_context>();
           ctx->model = model;
           ctx->received_ns = received;
@@ -377,7 +585,7 @@ private:
           // Binary inputs point into the body (or its inflated copy) until
           // to_message has copied them into the request message.
           std::string inflated_body;
-          std::string_view body_view(reinterpret_cast<const char*>(bytes.begin()), bytes.size());
+          std::string_view body_view(read.bytes.data(), read.bytes.size());
           if (!encoding_header.empty()) {
             auto enc = parse_content_encoding(encoding_header);
             if (!enc)
@@ -420,21 +628,28 @@ private:
           auto paf = kj::newPromiseAndCrossThreadFulfiller<response_message>();
           caf::anon_send(model->scheduler,
                          infer_job{std::move(msg), std::make_shared<http_sink>(kj::mv(paf.fulfiller), model->config.name)});
-          return paf.promise.then([this, ctx, &response](response_message r) {
-            return answer(*ctx, std::move(r), response);
-          });
-        },
-        // readAllBytes(n) fails, rather than returning n bytes, when the body
-        // goes on past n: that is how a body without Content-Length (chunked)
-        // over the limit ends up here.
-        [this, model, &response, received](kj::Exception&&) -> kj::Promise<void> {
-          serving_error e{status_code::payload_too_large,
-                          "request body is over the limit of "
-                            + std::to_string(cfg_.limits.max_body_bytes)
-                            + " bytes (--max-body-bytes)"};
-          finish_failure(*model, received, e);
-          return send_error(response, e);
+          return wait_for_pipeline(kj::mv(paf.promise))
+            .then([this, ctx, &response](kj::Maybe<response_message> r) {
+              KJ_IF_MAYBE (answered, r)
+                return answer(*ctx, kj::mv(*answered), response);
+              serving_error e{status_code::unavailable,
+                              "the server is shutting down and did not finish this request "
+                              "within --exit-timeout-secs ("
+                                + std::to_string(cfg_.exit_timeout_secs) + " s)"};
+              finish_failure(*ctx->model, ctx->received_ns, e);
+              return send_error(response, e);
+            });
         });
+  }
+
+  /// The pipeline's answer, or nothing when the exit timeout passes first.
+  kj::Promise<kj::Maybe<response_message>> wait_for_pipeline(kj::Promise<response_message> p) {
+    if (abandoned_)
+      return kj::Maybe<response_message>(nullptr);
+    ++waiting_;
+    auto answered = p.then([](response_message r) { return kj::Maybe<response_message>(kj::mv(r)); });
+    auto given_up = abandon_.addBranch().then([]() { return kj::Maybe<response_message>(nullptr); });
+    return answered.exclusiveJoin(kj::mv(given_up)).attach(kj::defer([this]() { --waiting_; }));
   }
 
   /// The one copy of tensor bytes between the socket and the executor.
@@ -492,7 +707,8 @@ private:
     auto& stats = *ctx.model->stats;
     if (r.getError().getStatus() != 0) {
       serving_error e{static_cast<status_code>(r.getError().getStatus()),
-                      r.getError().getMessage().cStr(),
+                      client_error_message(view(r.getError().getMessage()),
+                                           ctx.model->config.name),
                       static_cast<failure_reason>(r.getError().getReason())};
       finish_failure(*ctx.model, ctx.received_ns, e);
       return send_error(response, e);
@@ -557,6 +773,14 @@ private:
   const kj::HttpHeaderTable& table_;
   const header_ids& ids_;
   bool metrics_only_;
+  kj::Timer& timer_;
+  close_after_response& closer_;
+  /// Fulfilled when the exit timeout passes: waiting requests answer 503.
+  kj::ForkedPromise<void> abandon_;
+  kj::Own<kj::PromiseFulfiller<void>> abandon_fulfiller_;
+  bool abandoned_ = false;
+  /// Inference requests handed to the pipeline and not answered yet.
+  size_t waiting_ = 0;
 };
 
 /// The thread that waits for SIGINT and SIGTERM (blocked there and read by kj).
@@ -587,34 +811,163 @@ void forward_stop_signals_to_this_thread() {
 
 } // namespace
 
-void run_http_server(const http_server_config& cfg, server::model_manager& models,
-                     const std::function<void(listening_ports)>& on_listening) {
+std::string client_error_message(std::string_view message, std::string_view model) {
+  // What CAF's render() and kj's exception text look like: "error(3, caf::sec
+  // ...)", "system_error(...)", "exit_reason", and source locations.
+  static constexpr std::string_view internal_marks[]
+    = {"caf::", "sec::", "error(", "exit_reason", "kj::", ".c++:", ".cpp:", ".hpp:"};
+  bool internal = false;
+  for (auto mark : internal_marks)
+    internal = internal || message.find(mark) != std::string_view::npos;
+  if (!internal)
+    return std::string(message);
+  std::cerr << "caf-serving: model '" << model << "' failed a request: " << message << std::endl;
+  return "internal error while running model '" + std::string(model) + "'; see the server log";
+}
+
+namespace {
+
+/// The accept loop of one port, with --max-connections: past the limit a new
+/// connection is answered 503 and closed (after at most a second of reading
+/// and discarding what the client sent, so that the answer is not lost to a
+/// reset).
+class connection_gate final : private kj::TaskSet::ErrorHandler {
+public:
+  connection_gate(kj::HttpServer& server, kj::Timer& timer, uint32_t max_connections)
+      : server_(server), timer_(timer), max_(max_connections), tasks_(*this) {}
+
+  kj::Promise<void> listen(kj::ConnectionReceiver& port) {
+    return port.accept().then([this, &port](kj::Own<kj::AsyncIoStream> connection) {
+      if (open_ < max_) {
+        ++open_;
+        tasks_.add(server_.listenHttp(kj::mv(connection)).attach(kj::defer([this]() {
+          --open_;
+        })));
+      } else if (refusing_ < max_) {
+        ++refusing_;
+        tasks_.add(refuse(kj::mv(connection)).attach(kj::defer([this]() { --refusing_; })));
+      }
+      // else: dropped at once; a flood of refusals must not cost more fds.
+      return listen(port);
+    }, [this, &port](kj::Exception&& e) -> kj::Promise<void> {
+      // Out of file descriptors, most likely: keep serving the connections
+      // already open and try again shortly.
+      std::cerr << "caf-serving: cannot accept a connection: " << e.getDescription().cStr()
+                << std::endl;
+      return timer_.afterDelay(100 * kj::MILLISECONDS).then([this, &port]() {
+        return listen(port);
+      });
+    });
+  }
+
+private:
+  kj::Promise<void> refuse(kj::Own<kj::AsyncIoStream> connection) {
+    auto body = serialize_error("the server has " + std::to_string(max_)
+                                + " connections open, its limit (--max-connections); "
+                                  "retry later");
+    auto text = kj::heap<std::string>("HTTP/1.1 503 Service Unavailable\r\n"
+                                      "Content-Type: application/json\r\n"
+                                      "Connection: close\r\n"
+                                      "Content-Length: "
+                                      + std::to_string(body.size()) + "\r\n\r\n" + body);
+    auto& stream = *connection;
+    auto sent = stream.write(text->data(), text->size()).then([&stream]() {
+      stream.shutdownWrite();
+      return discard(stream, 64 << 10);
+    });
+    auto waited = sent.exclusiveJoin(timer_.afterDelay(1 * kj::SECONDS));
+    return waited.attach(kj::mv(connection), kj::mv(text));
+  }
+
+  /// Reads and drops up to `budget` bytes, until the client closes.
+  static kj::Promise<void> discard(kj::AsyncIoStream& stream, size_t budget) {
+    auto buffer = kj::heapArray<kj::byte>(4096);
+    auto read = stream.tryRead(buffer.begin(), 1, buffer.size());
+    return read.then([&stream, budget](size_t n) -> kj::Promise<void> {
+      if (n == 0 || n >= budget)
+        return kj::READY_NOW;
+      return discard(stream, budget - n);
+    }).attach(kj::mv(buffer));
+  }
+
+  void taskFailed(kj::Exception&& e) override {
+    // A connection that failed was closed; kj has answered what could be.
+    if (e.getType() != kj::Exception::Type::DISCONNECTED)
+      std::cerr << "caf-serving: a connection failed: " << e.getDescription().cStr()
+                << std::endl;
+  }
+
+  kj::HttpServer& server_;
+  kj::Timer& timer_;
+  uint32_t max_;
+  uint32_t open_ = 0;
+  uint32_t refusing_ = 0;
+  kj::TaskSet tasks_;
+};
+
+/// Binds `port` on `address`; a failure names the port and its flag.
+kj::Own<kj::ConnectionReceiver> listen_on(kj::Network& network, kj::WaitScope& ws,
+                                          const std::string& address, uint16_t port,
+                                          const char* what, const char* flag) {
+  kj::Own<kj::ConnectionReceiver> listener;
+  KJ_IF_MAYBE (e, kj::runCatchingExceptions([&]() {
+                 listener = network.parseAddress(address, port).wait(ws)->listen();
+               })) {
+    // kj's text is a system call with its arguments; the reason is the errno.
+    std::string reason = "see the log above";
+    for (int code : {EADDRINUSE, EACCES, EADDRNOTAVAIL, EAFNOSUPPORT})
+      if (std::strstr(e->getDescription().cStr(), std::strerror(code)))
+        reason = std::strerror(code);
+    if (reason == "see the log above")
+      std::cerr << "caf-serving: " << e->getDescription().cStr() << std::endl;
+    throw std::runtime_error("cannot listen on the " + std::string(what) + " port "
+                             + std::to_string(port) + " of " + address + " (" + flag
+                             + "): " + reason);
+  }
+  return listener;
+}
+
+} // namespace
+
+stop_report run_http_server(const http_server_config& cfg, server::model_manager& models,
+                            const std::function<void(listening_ports)>& on_listening) {
   auto io = kj::setupAsyncIo();
   auto& ws = io.waitScope;
+  auto& timer = io.provider->getTimer();
   kj::HttpHeaderTable::Builder builder;
   header_ids ids(builder);
   auto table = builder.build();
 
-  kserve_service service(cfg, models, *table, ids, false);
-  kserve_service metrics_service(cfg, models, *table, ids, true);
+  close_after_response closer;
+  kserve_error_handler errors;
+  kserve_service service(cfg, models, *table, ids, false, timer, closer);
+  kserve_service metrics_service(cfg, models, *table, ids, true, timer, closer);
   kj::HttpServerSettings settings;
-  kj::HttpServer server(io.provider->getTimer(), *table, service, settings);
-  kj::HttpServer metrics_server(io.provider->getTimer(), *table, metrics_service, settings);
+  settings.headerTimeout = cfg.header_timeout_ms * kj::MILLISECONDS;
+  settings.pipelineTimeout = cfg.idle_timeout_ms * kj::MILLISECONDS;
+  settings.errorHandler = errors;
+  settings.callbacks = closer;
+  kj::HttpServer server(timer, *table, service, settings);
+  kj::HttpServer metrics_server(timer, *table, metrics_service, settings);
+  // After the servers: their connections are cancelled before the servers go.
+  connection_gate gate(server, timer, cfg.max_connections);
+  connection_gate metrics_gate(metrics_server, timer, cfg.max_connections);
 
   auto& network = io.provider->getNetwork();
-  auto listener = network.parseAddress(cfg.address, cfg.http_port).wait(ws)->listen();
+  auto listener = listen_on(network, ws, cfg.address, cfg.http_port, "HTTP", "--http-port");
   listening_ports ports;
   ports.http = static_cast<uint16_t>(listener->getPort());
   kj::Own<kj::ConnectionReceiver> metrics_listener;
   if (cfg.metrics_enabled) {
-    metrics_listener = network.parseAddress(cfg.address, cfg.metrics_port).wait(ws)->listen();
+    metrics_listener
+      = listen_on(network, ws, cfg.address, cfg.metrics_port, "metrics", "--metrics-port");
     ports.metrics = static_cast<uint16_t>(metrics_listener->getPort());
   }
   on_listening(ports);
 
-  auto serving = server.listenHttp(*listener);
+  auto serving = gate.listen(*listener);
   if (metrics_listener)
-    serving = serving.exclusiveJoin(metrics_server.listenHttp(*metrics_listener));
+    serving = serving.exclusiveJoin(metrics_gate.listen(*metrics_listener));
   forward_stop_signals_to_this_thread();
   auto stop = io.unixEventPort.onSignal(SIGINT)
                 .ignoreResult()
@@ -628,8 +981,23 @@ void run_http_server(const http_server_config& cfg, server::model_manager& model
   // Both drains must finish: exclusiveJoin would stop at the first one (the
   // metrics server's, at once) and drop the inference requests still running.
   auto metrics_drained = metrics_server.drain();
-  server.drain().wait(ws);
-  metrics_drained.wait(ws);
+  auto drained = server.drain()
+                   .then([m = kj::mv(metrics_drained)]() mutable { return kj::mv(m); })
+                   .fork();
+  auto within = [&](kj::Duration limit) {
+    return drained.addBranch()
+      .then([]() { return true; })
+      .exclusiveJoin(timer.afterDelay(limit).then([]() { return false; }))
+      .wait(ws);
+  };
+  stop_report report;
+  if (within(cfg.exit_timeout_secs * kj::SECONDS))
+    return report;
+  // Past --exit-timeout-secs: what still waits for the pipeline is answered
+  // 503; a second is left for those answers to be written.
+  report.abandoned = service.abandon_in_flight() + metrics_service.abandon_in_flight();
+  report.drained = within(1 * kj::SECONDS);
+  return report;
 }
 
 } // namespace caf_serving::ingress

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <string_view>
 
 namespace caf_serving::ingress {
 
@@ -28,6 +29,25 @@ struct http_server_config {
   /// --strict-readiness, on by default there too).
   bool strict_readiness = true;
   request_limits limits;
+
+  // -- Limits for clients (each a flag of caf-serving; see README) ------------
+
+  /// Connections served at once, per port (--max-connections); the next one
+  /// is answered 503 and closed.
+  uint32_t max_connections = 1024;
+  /// Largest request line plus headers (--max-header-bytes); larger is a 431
+  /// and the connection is closed. kj buffers at most 128 KiB of headers, so
+  /// past that a connection is closed without an answer whatever this says.
+  size_t max_header_bytes = 64 * 1024;
+  /// A keep-alive connection idle this long between requests is closed, and so
+  /// is one whose request body stops arriving for this long (--idle-timeout-ms).
+  uint32_t idle_timeout_ms = 60000;
+  /// A request's line and headers must arrive within this many milliseconds of
+  /// the connection opening or of their first byte (--header-timeout-ms).
+  uint32_t header_timeout_ms = 10000;
+  /// After SIGINT or SIGTERM, how long accepted requests may still take; the
+  /// ones left then are answered 503 (--exit-timeout-secs, Triton's flag).
+  uint32_t exit_timeout_secs = 30;
 };
 
 struct listening_ports {
@@ -35,11 +55,26 @@ struct listening_ports {
   uint16_t metrics = 0; ///< 0 when metrics are disabled
 };
 
+/// How the drain after a stop signal ended.
+struct stop_report {
+  /// Requests still waiting for the pipeline at --exit-timeout-secs, answered
+  /// 503 then.
+  size_t abandoned = 0;
+  /// Whether every connection had closed when run_http_server returned.
+  bool drained = true;
+};
+
 /// Serves until SIGINT or SIGTERM, then stops accepting, answers every request
-/// already accepted, and returns. The signals must have been captured with
-/// kj::UnixEventPort::captureSignal before any thread was started.
-/// Throws (kj::Exception) when a port cannot be bound.
-void run_http_server(const http_server_config& cfg, server::model_manager& models,
-                     const std::function<void(listening_ports)>& on_listening);
+/// already accepted (for at most cfg.exit_timeout_secs, then 503), and returns.
+/// The signals must have been captured with kj::UnixEventPort::captureSignal
+/// before any thread was started. Throws std::runtime_error, naming the port
+/// and its flag, when a port cannot be bound.
+stop_report run_http_server(const http_server_config& cfg, server::model_manager& models,
+                            const std::function<void(listening_ports)>& on_listening);
+
+/// The message a client may see for an error the pipeline reports: `message`
+/// itself, or, when it carries CAF or kj internals (rendered errors, source
+/// locations), a general one that points to the server log. The status stays.
+std::string client_error_message(std::string_view message, std::string_view model);
 
 } // namespace caf_serving::ingress

@@ -203,6 +203,19 @@ TEST_CASE("a body over --max-body-bytes is a 413") {
                400, "unsupported Content-Encoding 'br'");
 }
 
+TEST_CASE("a malformed body is a 400, not a 413") {
+  // Only a body over --max-body-bytes is a 413; every failure to read the body
+  // used to be reported as one.
+  auto body = good_simple();
+  http_client chunked(server().port());
+  auto r = chunked.raw_request("POST /v2/models/simple/infer HTTP/1.1\r\nHost: x\r\n"
+                               "Content-Type: application/json\r\n"
+                               "Transfer-Encoding: chunked\r\n\r\n"
+                               "zz-not-a-size\r\n" + body + "\r\n0\r\n\r\n");
+  expect_error(r, 400, "chunked");
+  CHECK(r.body.find("kj") == std::string::npos);
+}
+
 TEST_CASE("wrong methods are a 405, unknown models and paths a 404") {
   auto http = server().client();
   expect_error(http.get("/v2/models/simple/infer"), 405, "inference takes POST");
