@@ -356,7 +356,6 @@ struct open_loop_result {
   /// When the first request could be due, and when the last one was.
   steady_clock::time_point started;
   steady_clock::time_point last_due;
-  double seconds = 0;
 
   std::vector<double> latencies(int status) const {
     std::vector<double> out;
@@ -503,7 +502,6 @@ open_loop_result run_open_loop(const open_loop_config& config) {
   ready.notify_all();
   for (auto& t : threads)
     t.join();
-  result.seconds = ms_since(start, steady_clock::now()) / 1000;
   for (auto& v : per_thread)
     result.outcomes.insert(result.outcomes.end(), v.begin(), v.end());
   return result;
@@ -691,6 +689,15 @@ proc_sample warmed_baseline(const overload_server& server, steady_clock::time_po
   return sample_process(server.process->pid(), t0);
 }
 
+/// One series of the model's metrics ("name" or "name{...,reason=...}"
+/// without the model and version labels); -1 when absent.
+double model_metric(const overload_server& server, const std::string& name,
+                    const std::string& extra_labels = "") {
+  http_client metrics(server.process->metrics_port());
+  return metric_value(metrics.get("/metrics").body,
+                      name + "{model=\"" + model_name + "\",version=\"1\"" + extra_labels + "}");
+}
+
 /// Waits until the server holds no more descriptors and threads than at
 /// `baseline`, and returns the state it settled at.
 proc_sample settled(const overload_server& server, const proc_sample& baseline,
@@ -734,10 +741,12 @@ TEST_CASE("at 10x capacity the server stays responsive, rejects at once and stay
   double health_p99 = percentile(health.latencies_ms(), 99);
   double rejected_p99 = percentile(rejected, 99);
   double ok_p99 = percentile(ok, 99);
-  double served_per_s = static_cast<double>(ok.size()) / run.seconds;
+  // Rates over the time requests were due, not the drain after it.
+  double load_seconds = ms_since(run.started, run.last_due) / 1000;
+  double served_per_s = static_cast<double>(ok.size()) / load_seconds;
 
   MESSAGE("FIGURES overload seconds=" << seconds << " offered_per_s="
-          << fixed(static_cast<double>(run.outcomes.size()) / run.seconds) << " requests="
+          << fixed(static_cast<double>(run.outcomes.size()) / load_seconds) << " requests="
           << run.outcomes.size() << " ok=" << ok.size() << " rejected_503=" << rejected.size()
           << " lost=" << run.count(0) << " served_per_s=" << fixed(served_per_s)
           << " health_probes=" << health.latencies_ms().size()
@@ -779,6 +788,10 @@ TEST_CASE("at 10x capacity the server stays responsive, rejects at once and stay
   CHECK(rss_growth_mb < 50);
   CHECK(after.fds <= baseline.fds);
   CHECK(after.threads <= baseline.threads);
+  // Every 503 was the full queue's, and nothing stays pending.
+  CHECK(model_metric(server, "caf_serving_inference_request_failure", ",reason=\"queue_full\"")
+        == static_cast<double>(rejected.size()));
+  CHECK(model_metric(server, "caf_serving_pending_request_count") == 0);
 }
 
 TEST_CASE("a soak at 80% of capacity with misbehaving clients loses nothing and does not grow") {
@@ -852,4 +865,6 @@ TEST_CASE("a soak at 80% of capacity with misbehaving clients loses nothing and 
   CHECK(last.threads <= warm.threads);
   CHECK(after.fds <= baseline.fds);
   CHECK(after.threads <= baseline.threads);
+  // The half requests left nothing pending behind them.
+  CHECK(model_metric(server, "caf_serving_pending_request_count") == 0);
 }
