@@ -9,7 +9,7 @@
 namespace caf_serving::app {
 
 std::string usage() {
-  auto d = default_thread_config(std::thread::hardware_concurrency());
+  auto d = default_thread_config(usable_cores());
   return "caf-serving: an inference server (KServe v2 over HTTP) built on CAF actors.\n"
          "\n"
          "usage: caf-serving --model-repository DIR [options]\n"
@@ -31,8 +31,11 @@ std::string usage() {
          "                             a request over it alone answers 413\n"
          "  --caf-workers N            CAF scheduler threads (default "
          + std::to_string(d.caf_workers) + " here)\n"
-         "  --executor-threads N       compute threads per CPU executor (default "
-         + std::to_string(d.executor_threads) + " here)\n"
+         "  --executor-threads N       compute threads of the process, shared by every\n"
+         "                             CPU executor of every model (default "
+         + std::to_string(d.executor_threads) + " here,\n"
+         "                             from the cores this process may use: its CPU\n"
+         "                             affinity and cgroup quota)\n"
          "  --executor-depth N         batches one executor may hold (default 1)\n"
          "  --exit-timeout-secs N      after SIGINT or SIGTERM, how long accepted requests\n"
          "                             may still take; the rest are answered 503 (default 30)\n"
@@ -95,7 +98,7 @@ std::optional<bool> parse_bool(const std::string& s) {
 
 std::variant<server_options, show_help, std::string> parse_options(int argc, char** argv) {
   server_options o;
-  o.threads = default_thread_config(std::thread::hardware_concurrency());
+  o.threads = default_thread_config(usable_cores());
   o.http.limits.max_body_bytes = size_t{256} << 20;
   for (int i = 1; i < argc; ++i) {
     std::string flag = argv[i];
