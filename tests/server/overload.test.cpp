@@ -29,6 +29,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <fstream>
 #include <map>
 #include <mutex>
@@ -182,10 +183,6 @@ proc_sample sample_process(pid_t pid, steady_clock::time_point t0) {
   return s;
 }
 
-std::string describe(const proc_sample& s) {
-  return "rss=" + fixed(static_cast<double>(s.rss_kb) / 1024) + "MB fds=" + std::to_string(s.fds)
-         + " threads=" + std::to_string(s.threads);
-}
 
 /// Samples the server's RSS, descriptors and threads once a second, and this
 /// test process's CPU time alongside, so a run can tell whether the server or
