@@ -702,6 +702,23 @@ void parse_json_header(simdjson::padded_string_view json, const parse_input& in,
   constexpr size_t cache_limit = size_t{8} << 20;
   od::parser one_off;
   od::parser& parser = json.size() <= cache_limit ? cached_parser : one_off;
+  // On Demand trusts the structure of what it has skipped once: on a malformed
+  // document, find_field_unordered's second pass can reach a state that it
+  // assumes impossible (undefined behaviour; found by the kserve_request
+  // fuzzer). The DOM parser validates the whole document first, at about the
+  // cost of the On Demand pass itself.
+  {
+    thread_local simdjson::dom::parser cached_validator;
+    simdjson::dom::parser one_off_validator;
+    auto& validator = json.size() <= cache_limit ? cached_validator : one_off_validator;
+    auto err = validator.parse(reinterpret_cast<const uint8_t*>(json.data()), json.size(), false)
+                 .error();
+    if (err == simdjson::TAPE_ERROR)
+      fail(simdjson_message(err) + "; if binary data follows the JSON, set "
+           "Inference-Header-Content-Length to the JSON's length");
+    if (err)
+      fail(simdjson_message(err));
+  }
   parse_context ctx;
   try {
     od::document doc;

@@ -385,6 +385,17 @@ TEST_CASE("malformed JSON and encoding errors are 400 with a clear message") {
               "inputs[0] must be an object");
 }
 
+TEST_CASE("a malformed document is refused before On Demand looks fields up (fuzz: kserve_request)") {
+  // An unbalanced "parameters" object: the unordered lookups of "data" after it
+  // reached a state simdjson assumes impossible (undefined behaviour).
+  check_error(parse_json("{\"inputs\":[{\"name\":\"\",\"shape\":[],\"datatype\":\"BYTES\","
+                         "\"parameters\":{\"\":]}}"),
+              status_code::bad_request, "not valid JSON");
+  binary_body b{"{\"inputs\":[{\"name\":\"a\",\"shape\":[1],\"datatype\":\"BYTES\","
+                "\"parameters\":{\"binary_data_size\":]}}abcd", 90};
+  check_error(parse_binary(b), status_code::bad_request, "not valid JSON");
+}
+
 TEST_CASE("bad input fields") {
   check_error(parse_json("{\"inputs\":[{\"datatype\":\"FP32\",\"shape\":[1],\"data\":[1]}]}"),
               status_code::bad_request, "inputs[0] has no \"name\" field");
