@@ -534,7 +534,11 @@ private:
       expected = std::strtoull(length_text.c_str(), nullptr, 10);
     bool chunked = !header_or_empty(headers, kj::HttpHeaderId::TRANSFER_ENCODING).empty();
     auto stats = model->stats;
+    // Pending from here until this request's promise is done or dropped, in
+    // whichever way it ends: answered, failed, or cancelled by kj when the
+    // client goes away (then no continuation below runs).
     stats->pending.fetch_add(1, std::memory_order_relaxed);
+    auto still_pending = kj::defer([stats]() { stats->pending.fetch_sub(1, std::memory_order_relaxed); });
     auto reader = kj::heap<body_reader>(body, timer_, cfg_.idle_timeout_ms * kj::MILLISECONDS,
                                         limits.max_body_bytes, expected);
     auto reading = reader->read();
@@ -556,7 +560,6 @@ private:
             case body_read::outcome::disconnected:
               // Nobody is left to answer, and a client that went away is no
               // failure of the server's: it is not counted as one.
-              model->stats->pending.fetch_sub(1, std::memory_order_relaxed);
               return KJ_EXCEPTION(DISCONNECTED, "the client left inside the request body");
             case body_read::outcome::malformed:
               return fail(bad_request(chunked ? "the request body is not valid chunked "
@@ -639,7 +642,8 @@ private:
               finish_failure(*ctx->model, ctx->received_ns, e);
               return send_error(response, e);
             });
-        });
+        })
+      .attach(kj::mv(still_pending));
   }
 
   /// The pipeline's answer, or nothing when the exit timeout passes first.
@@ -698,7 +702,6 @@ private:
   void finish_failure(const server::model_pipeline& model, int64_t received,
                       const serving_error& e) {
     auto& stats = *model.stats;
-    stats.pending.fetch_sub(1, std::memory_order_relaxed);
     stats.record_failure(reason_of(e), static_cast<uint64_t>(now_ns() - received));
   }
 
@@ -757,7 +760,6 @@ private:
     auto encoding = ctx.accept_encoding.empty() ? content_encoding::identity
                                                 : choose_encoding(ctx.accept_encoding);
     uint64_t elapsed = static_cast<uint64_t>(now_ns() - ctx.received_ns);
-    stats.pending.fetch_sub(1, std::memory_order_relaxed);
     stats.success.add(elapsed);
     stats.request_us.observe(static_cast<double>(elapsed) / 1e3);
     stats.last_inference_ms.store(static_cast<uint64_t>(
