@@ -676,6 +676,33 @@ void parse_request_parameters(od::value v, infer_request& req, parse_context& ct
   }
 }
 
+/// Whether `text` holds a complete JSON object or array followed by more than
+/// white space: the likeliest reason for a structure error, named as such.
+bool has_trailing_content(std::string_view text) {
+  size_t i = text.find_first_not_of(" \t\r\n");
+  if (i == std::string_view::npos || (text[i] != '{' && text[i] != '['))
+    return false;
+  int depth = 0;
+  bool in_string = false;
+  for (; i < text.size(); ++i) {
+    char c = text[i];
+    if (in_string) {
+      if (c == '\\')
+        ++i;
+      else if (c == '"')
+        in_string = false;
+      continue;
+    }
+    if (c == '"')
+      in_string = true;
+    else if (c == '{' || c == '[')
+      ++depth;
+    else if ((c == '}' || c == ']') && --depth == 0)
+      return text.find_first_not_of(" \t\r\n", i + 1) != std::string_view::npos;
+  }
+  return false;
+}
+
 std::string simdjson_message(simdjson::error_code code) {
   switch (code) {
     case simdjson::UTF8_ERROR:
@@ -713,6 +740,9 @@ void parse_json_header(simdjson::padded_string_view json, const parse_input& in,
     auto& validator = json.size() <= cache_limit ? cached_validator : one_off_validator;
     auto err = validator.parse(reinterpret_cast<const uint8_t*>(json.data()), json.size(), false)
                  .error();
+    if (err == simdjson::TAPE_ERROR && has_trailing_content({json.data(), json.size()}))
+      fail("the request body has content after its JSON object; if binary data follows, "
+           "set Inference-Header-Content-Length to the JSON's length");
     if (err == simdjson::TAPE_ERROR)
       fail(simdjson_message(err) + "; if binary data follows the JSON, set "
            "Inference-Header-Content-Length to the JSON's length");
