@@ -194,6 +194,25 @@ TEST_CASE("a message announcing more words than arrived is refused before alloca
   CHECK(sys.render(err).find("only 64 bytes arrived") != std::string::npos);
 }
 
+TEST_CASE("segment sizes whose sum wraps around are refused (fuzz: cluster_wire)") {
+  // 10 + (2^64 - 5) wrapped to 5 words: 5 were allocated and the first segment's
+  // 10 written into them, a heap overflow from the network.
+  caf::actor_system_config cfg;
+  caf::actor_system sys{cfg};
+  std::vector<char> bytes;
+  caf::binary_serializer sink(sys, bytes);
+  uint32_t segments = 2;
+  uint64_t first = 10;
+  uint64_t second = ~uint64_t{0} - 4;
+  REQUIRE_FALSE(sink(segments, first, second));
+  bytes.resize(bytes.size() + 256);
+  run_batch batch;
+  caf::binary_deserializer source(sys, bytes);
+  auto err = source(batch);
+  REQUIRE(err);
+  CHECK(sys.render(err).find("larger than 8 GiB") != std::string::npos);
+}
+
 TEST_CASE("executor_was_lost: only a lost node or a dead executor means send again") {
   CHECK(executor_was_lost(make_cluster_error(cluster_errc::executor_lost, "x")));
   CHECK_FALSE(executor_was_lost(make_cluster_error(cluster_errc::refused, "x")));

@@ -176,10 +176,12 @@ inline caf::error load(caf::deserializer& f, std::shared_ptr<const received_mess
   for (auto& s : sizes) {
     if (auto err = f(s))
       return err;
-    total += s;
-    if (total > max_words)
+    // Compared before adding: a size near 2^64 would wrap the sum to a small
+    // total, and its segment would be written past the end of `words`.
+    if (s > max_words - total)
       return caf::make_error(caf::sec::invalid_argument,
                              "a Cap'n Proto message larger than 8 GiB arrived");
+    total += s;
   }
   if (count == 0) {
     out.reset();
