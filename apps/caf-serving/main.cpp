@@ -83,6 +83,7 @@ int main(int argc, char** argv) {
   manager_cfg.repository = opts.model_repository;
   manager_cfg.max_queue_size = opts.max_queue_size;
   manager_cfg.max_batch_bytes = opts.max_batch_bytes;
+  manager_cfg.executor_timeout = std::chrono::milliseconds(opts.executor_timeout_ms);
   manager_cfg.executor_depth = opts.executor_depth;
   manager_cfg.executor_threads = opts.threads.executor_threads;
   // One budget of compute threads, shared by every CPU executor of every model.

@@ -37,6 +37,9 @@ std::string usage() {
          "                             from the cores this process may use: its CPU\n"
          "                             affinity and cgroup quota)\n"
          "  --executor-depth N         batches one executor may hold (default 1)\n"
+         "  --executor-timeout-ms N    a local executor that has not answered a batch\n"
+         "                             this long is taken for hung: it is replaced and\n"
+         "                             the batch sent once more (default 60000; 0: never)\n"
          "  --exit-timeout-secs N      after SIGINT or SIGTERM, how long accepted requests\n"
          "                             may still take; the rest are answered 503 (default 30)\n"
          "\n"
@@ -141,6 +144,11 @@ std::variant<server_options, show_help, std::string> parse_options(int argc, cha
       if (!n || *n < 1024)
         return bad("a byte count from 1024 to 2^32");
       o.http.limits.max_body_bytes = *n;
+    } else if (flag == "--executor-timeout-ms") {
+      auto n = number(86'400'000);
+      if (!n)
+        return bad("milliseconds from 0 (never) to 86400000");
+      o.executor_timeout_ms = static_cast<uint32_t>(*n);
     } else if (flag == "--max-batch-bytes") {
       auto n = number(max_data_field_bytes);
       if (!n || *n < 1024)

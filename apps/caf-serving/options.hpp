@@ -39,6 +39,9 @@ struct server_options {
   ingress::http_server_config http;
   thread_config threads;
   uint32_t max_queue_size = 1024;
+  /// --executor-timeout-ms: a local executor silent this long on a batch is
+  /// replaced and the batch sent once more; 0: never.
+  uint32_t executor_timeout_ms = 60000;
   /// --max-batch-bytes: largest sum of tensor bytes in one batch.
   uint64_t max_batch_bytes = max_data_field_bytes;
   uint32_t executor_depth = 1;

@@ -14,7 +14,7 @@ using exec_result = std::variant<std::monostate, serving_error>;
 /// What the identity function does to a batch that holds the fault marker, for
 /// the supervision tests: fail it with an error value, throw from execute, or
 /// break the executor (executor_broken).
-enum class fault_kind { none, error, exception, broken };
+enum class fault_kind { none, error, exception, broken, hang };
 
 struct fault_config {
   fault_kind kind = fault_kind::none;
@@ -41,6 +41,11 @@ public:
           throw std::runtime_error("injected fault (fault: \"throw\")");
         case fault_kind::broken:
           throw executor_broken("injected fault (fault: \"crash\")");
+        case fault_kind::hang:
+          // Long enough for any test's --executor-timeout-ms; the server
+          // process is normally gone before it returns.
+          std::this_thread::sleep_for(std::chrono::seconds(30));
+          break;
         case fault_kind::none:
           break;
       }
@@ -163,8 +168,11 @@ result<std::shared_ptr<backend>> make_builtin_backend(const model_config& cfg) {
         fault.kind = fault_kind::exception;
       else if (f->second == "crash")
         fault.kind = fault_kind::broken;
+      else if (f->second == "hang")
+        fault.kind = fault_kind::hang;
       else
-        return config_error(cfg, "parameter fault must be \"error\", \"throw\" or \"crash\", "
+        return config_error(cfg, "parameter fault must be \"error\", \"throw\", \"crash\" or "
+                                 "\"hang\", "
                                  "not '" + f->second + "'");
       auto m = cfg.parameters.find("fault_marker");
       char* end = nullptr;

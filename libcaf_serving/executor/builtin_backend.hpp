@@ -7,10 +7,10 @@
 /// - `identity`: OUTPUTi = INPUTi for every input i (any datatype, BYTES too). The
 ///   optional parameter `delay_us` makes each batch take that long (on a thread
 ///   of its own), to stand in for a slow model in tests and demonstrations.
-///   The optional parameters `fault` ("error", "throw" or "crash") and
+///   The optional parameters `fault` ("error", "throw", "crash" or "hang") and
 ///   `fault_marker` (an FP32 value) fault every batch whose first input holds
-///   the marker: an error value, an exception from execute, or a broken
-///   executor (executor_broken). `load_delay_us` makes loading the model take
+///   the marker: an error value, an exception from execute, a broken
+///   executor (executor_broken), or a batch that takes 30 s. `load_delay_us` makes loading the model take
 ///   that long. They exist for the supervision and model-control tests.
 /// - `add_sub`:  OUTPUT0 = INPUT0 + INPUT1, OUTPUT1 = INPUT0 - INPUT1 (INT32 or FP32).
 

@@ -426,7 +426,13 @@ void send_pending(self_ptr self, executor_slot& slot, uint64_t batch_id) {
     e->in_flight.erase(it);
     record_outcome(self, *e, internal_failure);
   };
-  self->request(handle, caf::infinite, run_batch{p.batch, nullptr})
+  // A local executor that does not answer in time is taken for hung: it is
+  // replaced and the batch sent once more (see the error handler). A remote
+  // proxy applies its own timeout.
+  auto timeout = slot.local && st.cfg.local_batch_timeout.count() > 0
+                   ? caf::duration{st.cfg.local_batch_timeout}
+                   : caf::duration{caf::infinite};
+  self->request(handle, timeout, run_batch{p.batch, nullptr})
     .then(
       [self, settle, batch_id](batch_result_message& result) {
         auto& st = self->state;
@@ -461,6 +467,7 @@ void send_pending(self_ptr self, executor_slot& slot, uint64_t batch_id) {
         if (it == st.pending.end())
           return;
         bool lost = executor_was_lost(err);
+        bool hung = err == caf::sec::request_timeout;
         uint32_t attempts = it->second.attempts;
         uint32_t max_attempts = local ? st.cfg.max_local_attempts : st.cfg.max_batch_attempts;
         std::cerr << "caf-serving: model '" << st.cfg.model.name << "': batch " << batch_id
@@ -484,7 +491,9 @@ void send_pending(self_ptr self, executor_slot& slot, uint64_t batch_id) {
           fail_batch(self, batch_id,
                      {status_code::internal,
                       "model '" + st.cfg.model.name + "': "
-                        + (lost ? "the executor running this batch stopped, "
+                        + (lost ? std::string(hung ? "the executor running this batch did not "
+                                                     "answer within --executor-timeout-ms, "
+                                                   : "the executor running this batch stopped, ")
                                     + std::to_string(attempts)
                                     + " times in a row; the request was not tried again"
                                 : std::string("the executor failed while running the batch"))
@@ -616,6 +625,10 @@ void executor_stopped(self_ptr self, const caf::actor_addr& addr) {
   if (it == ex.end())
     return;
   bool local = it->local;
+  // A hung executor is still alive: it stops when its batch returns (the
+  // answer is dropped; that batch was sent elsewhere).
+  if (local)
+    self->send_exit(it->handle, caf::exit_reason::kill);
   ex.erase(it);
   publish_health(st);
   if (!local || st.draining || !st.cfg.respawn_executor)

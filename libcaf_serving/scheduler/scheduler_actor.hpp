@@ -61,6 +61,10 @@ struct scheduler_config {
   /// Starts a new post-processor in place of one that stopped; the batches
   /// sent to the stopped one are answered 500 by their requests' sinks.
   std::function<postprocess::postprocessor_actor()> respawn_postprocessor;
+  /// A local executor that has not answered a batch after this long is taken
+  /// for hung: it is replaced and the batch sent once more (a thread stuck in a
+  /// backend cannot be stopped; it ends when the backend returns). 0: never.
+  std::chrono::milliseconds local_batch_timeout{60000};
   /// A batch whose local executor stopped while running it is sent once more;
   /// if that executor stops too, its requests get a 500 naming the model.
   uint32_t max_local_attempts = 2;

@@ -282,6 +282,7 @@ std::variant<std::monostate, serving_error> model_manager::load(const std::strin
     sc.policy = policy;
     sc.stats = p->stats;
     sc.executor_depth = cfg_.executor_depth;
+    sc.local_batch_timeout = cfg_.executor_timeout;
     int instances = 0;
     for (const auto& g : cfg.instance_groups)
       instances += g.kind == instance_kind::gpu ? g.count * std::max<int>(1, static_cast<int>(g.gpus.size()))

@@ -10,6 +10,8 @@
 
 #include <caf/actor_system.hpp>
 
+#include <chrono>
+
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -54,6 +56,9 @@ struct model_manager_config {
   /// Spawn each model's executors in this process. Off for a server that only
   /// dispatches to executors on worker nodes (libcaf_serving/cluster/).
   bool local_executors = true;
+  /// A local executor silent this long on a batch is taken for hung
+  /// (--executor-timeout-ms); 0: never.
+  std::chrono::milliseconds executor_timeout{60000};
   /// Largest sum of tensor bytes in one batch (--max-batch-bytes).
   uint64_t max_batch_bytes = max_data_field_bytes;
   /// Loads asked for over the API and not yet started; past it a load answers

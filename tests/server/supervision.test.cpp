@@ -186,6 +186,36 @@ TEST_CASE("an executor that breaks is restarted; its batch is retried once, then
   }));
 }
 
+TEST_CASE("a hung executor is replaced after --executor-timeout-ms; others are served meanwhile") {
+  test_server server({example_model("identity_fp32")}, {"--executor-timeout-ms", "400"});
+  add_model(server.repo, "hangs", faulty_config("hangs", "hang"));
+  load(server, "hangs");
+  // The poisoned request hangs its executor, and the one that replaces it;
+  // it is answered 500 after two timeouts, not after the backend's 30 s.
+  auto start = std::chrono::steady_clock::now();
+  std::vector<float> bad{1, 2, 3, marker};
+  auto poisoned = std::async(std::launch::async, [&] {
+    http_client http(server.port());
+    return http.post("/v2/models/hangs/infer", fp32_identity_body(bad, 1), json_content);
+  });
+  REQUIRE(wait_pending(server, "hangs", 1));
+  auto r = poisoned.get();
+  auto took = std::chrono::steady_clock::now() - start;
+  CHECK(r.status == 500);
+  CHECK(r.body.find("did not answer within --executor-timeout-ms") != std::string::npos);
+  CHECK(took < std::chrono::seconds(5));
+  CHECK(metric(server, "caf_serving_executor_restarts", "hangs") >= 2);
+  // A clean request is served by the newest executor at once.
+  std::vector<float> clean{1, 2, 3, 4};
+  auto ok = server.client().post("/v2/models/hangs/infer", fp32_identity_body(clean, 1),
+                                 json_content);
+  CHECK(ok.status == 200);
+  CHECK(server.client().get("/v2/models/hangs/ready").status == 200);
+  CHECK(server.client().post("/v2/models/identity_fp32/infer",
+                             fp32_identity_body(std::vector<float>(16, 1.0f), 1), json_content)
+          .status == 200);
+}
+
 TEST_CASE("an executor failing batch after batch is quarantined: not ready, then back") {
   test_server server({example_model("identity_fp32")});
   add_model(server.repo, "failing", faulty_config("failing", "error"));
