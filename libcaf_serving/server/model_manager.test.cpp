@@ -8,6 +8,7 @@
 #include <chrono>
 #include <filesystem>
 #include <future>
+#include <memory>
 #include <fstream>
 #include <thread>
 
@@ -44,17 +45,33 @@ bool eventually(F&& condition) {
   return false;
 }
 
+/// An actor system and a model manager over a fresh repository; the manager
+/// goes first, then every actor is awaited.
+struct running_manager {
+  repository_dir repo;
+  caf::actor_system_config cfg;
+  std::unique_ptr<caf::actor_system> sys;
+  std::unique_ptr<server::model_manager> models;
+
+  running_manager() {
+    cfg.set("scheduler.max-threads", size_t{2});
+    sys = std::make_unique<caf::actor_system>(cfg);
+    server::model_manager_config mc;
+    mc.repository = repo.path;
+    models = std::make_unique<server::model_manager>(*sys, mc);
+  }
+  ~running_manager() {
+    models.reset();
+    sys->await_all_actors_done();
+  }
+};
+
 } // namespace
 
 TEST_CASE("a scheduler that stops abnormally is replaced by loading the model again") {
-  repository_dir repo;
-  caf::actor_system_config cfg;
-  cfg.set("scheduler.max-threads", size_t{2});
-  caf::actor_system sys{cfg};
+  running_manager running;
+  auto& models = *running.models;
   {
-    server::model_manager_config mc;
-    mc.repository = repo.path;
-    server::model_manager models(sys, mc);
     REQUIRE(std::holds_alternative<std::monostate>(models.load_all()));
     auto first = models.find("echo");
     REQUIRE(first.ok());
@@ -76,18 +93,12 @@ TEST_CASE("a scheduler that stops abnormally is replaced by loading the model ag
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     CHECK_FALSE(models.find("echo").ok());
   }
-  sys.await_all_actors_done();
 }
 
 TEST_CASE("load_async reports on the loader thread; an unknown model is a 404") {
-  repository_dir repo;
-  caf::actor_system_config cfg;
-  cfg.set("scheduler.max-threads", size_t{2});
-  caf::actor_system sys{cfg};
+  running_manager running;
+  auto& models = *running.models;
   {
-    server::model_manager_config mc;
-    mc.repository = repo.path;
-    server::model_manager models(sys, mc);
     std::promise<std::variant<std::monostate, serving_error>> loaded;
     models.load_async("echo", [&](auto r) { loaded.set_value(std::move(r)); });
     CHECK(std::holds_alternative<std::monostate>(loaded.get_future().get()));
@@ -98,5 +109,4 @@ TEST_CASE("load_async reports on the loader thread; an unknown model is a 404") 
     REQUIRE(std::holds_alternative<serving_error>(r));
     CHECK(std::get<serving_error>(r).status == status_code::not_found);
   }
-  sys.await_all_actors_done();
 }
