@@ -295,7 +295,9 @@ std::variant<std::monostate, serving_error> model_manager::load(const std::strin
     // one per executor, so a replacement would share a live executor's device
     // state; a broken GPU instance stays out until the model is reloaded.
     if (cfg_.local_executors && !(is_onnx(cfg) && cuda::wants_gpu(cfg)))
-      sc.respawn_executor = [sys = &sys_, make_instance, version_cfg] {
+      // Copies by init-capture: a lambda may not capture structured bindings in C++17.
+      sc.respawn_executor = [sys = &sys_, make_instance = make_instance,
+                             version_cfg = version_cfg] {
         return executor::spawn_executor(*sys, make_instance(), version_cfg);
       };
     else if (!cfg_.local_executors)
