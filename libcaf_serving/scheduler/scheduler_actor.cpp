@@ -70,7 +70,8 @@ result<batch_message> gather_batch(const model_config& model, uint64_t batch_id,
   const bool batched = model.max_batch_size > 0;
   auto first = jobs.front().job.request.reader();
   auto first_inputs = first.getInputs();
-  size_t total = 0;
+  // Bytes of each input across the batch, summed while the shapes are checked.
+  std::vector<uint64_t> input_bytes(first_inputs.size(), 0);
   for (const auto& j : jobs) {
     auto inputs = j.job.request.reader().getInputs();
     if (inputs.size() != first_inputs.size())
@@ -89,13 +90,13 @@ result<batch_message> gather_batch(const model_config& model, uint64_t batch_id,
                                + dims_text(a.getShape()) + " and " + dims_text(b.getShape())
                                + " of input '" + a.getName().cStr()
                                + "' reached one batch; this is a bug, please report it"};
-      total += b.getData().size();
+      input_bytes[i] += b.getData().size();
     }
   }
+  uint64_t total = 0;
   for (unsigned i = 0; i < first_inputs.size(); ++i) {
-    uint64_t bytes = 0;
-    for (const auto& j : jobs)
-      bytes += j.job.request.reader().getInputs()[i].getData().size();
+    uint64_t bytes = input_bytes[i];
+    total += bytes;
     if (bytes > max_data_field_bytes)
       return serving_error{status_code::internal,
                            "model '" + model.name + "': a batch's input '"
@@ -130,10 +131,7 @@ result<batch_message> gather_batch(const model_config& model, uint64_t batch_id,
       dst.adoptData(msg.reference(src.getData(), jobs[0].job.request.owner()));
       continue;
     }
-    size_t bytes = 0;
-    for (const auto& j : jobs)
-      bytes += j.job.request.reader().getInputs()[i].getData().size();
-    auto data = dst.initData(static_cast<unsigned>(bytes));
+    auto data = dst.initData(static_cast<unsigned>(input_bytes[i]));
     size_t at = 0;
     for (const auto& j : jobs) {
       auto d = j.job.request.reader().getInputs()[i].getData();
