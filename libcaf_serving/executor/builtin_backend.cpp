@@ -1,6 +1,8 @@
 #include "executor/builtin_backend.hpp"
 
+#include <cerrno>
 #include <chrono>
+#include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
@@ -99,6 +101,67 @@ void add_sub(const batch_view& batch, T* sum, T* diff) {
   }
 }
 
+/// The elements of a BYTES tensor (4-byte little-endian length, then the bytes).
+std::vector<std::string_view> bytes_elements(const tensor_view& t) {
+  std::vector<std::string_view> out;
+  size_t pos = 0;
+  while (pos + 4 <= t.size) {
+    uint32_t n = 0;
+    std::memcpy(&n, t.data + pos, 4);
+    pos += 4;
+    if (n > t.size - pos)
+      break; // the ingress validated the framing; a short tail cannot happen
+    out.emplace_back(reinterpret_cast<const char*>(t.data + pos), n);
+    pos += n;
+  }
+  return out;
+}
+
+/// Triton's "simple_string" model: each element is the decimal text of an
+/// INT32, and the outputs are the texts of the sums and differences.
+result<int32_t> parse_int32_text(std::string_view text, std::string_view input, size_t index) {
+  std::string s(text);
+  char* end = nullptr;
+  errno = 0;
+  long long v = std::strtoll(s.c_str(), &end, 10);
+  if (s.empty() || *end != '\0' || errno == ERANGE || v < INT32_MIN || v > INT32_MAX)
+    return serving_error{status_code::bad_request,
+                         "element " + std::to_string(index) + " of input '" + std::string(input)
+                           + "' is '" + s + "', not the decimal text of an INT32: this model "
+                           "adds and subtracts numbers written as strings"};
+  return static_cast<int32_t>(v);
+}
+
+exec_result add_sub_text(const model_config& cfg, const batch_view& batch, output_writer& out) {
+  auto a = bytes_elements(batch.inputs[0]);
+  auto b = bytes_elements(batch.inputs[1]);
+  std::string sum;
+  std::string diff;
+  auto append = [](std::string& to, int32_t v) {
+    auto text = std::to_string(v);
+    uint32_t n = static_cast<uint32_t>(text.size());
+    to.append(reinterpret_cast<const char*>(&n), 4);
+    to += text;
+  };
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    auto x = parse_int32_text(a[i], cfg.inputs[0].name, i);
+    if (!x)
+      return x.error();
+    auto y = parse_int32_text(b[i], cfg.inputs[1].name, i);
+    if (!y)
+      return y.error();
+    using U = uint32_t;
+    append(sum, static_cast<int32_t>(static_cast<U>(*x) + static_cast<U>(*y)));
+    append(diff, static_cast<int32_t>(static_cast<U>(*x) - static_cast<U>(*y)));
+  }
+  const auto& shape = batch.inputs[0].shape;
+  std::memcpy(out.allocate(cfg.outputs[0].name, datatype::bytes, shape, sum.size()), sum.data(),
+              sum.size());
+  std::memcpy(out.allocate(cfg.outputs[1].name, datatype::bytes, shape, diff.size()),
+              diff.data(), diff.size());
+  return {};
+}
+
 class add_sub_backend final : public backend {
 public:
   explicit add_sub_backend(const model_config& cfg) : cfg_(cfg) {}
@@ -107,6 +170,8 @@ public:
 
   exec_result execute(const batch_view& batch, output_writer& out) override {
     const auto& a = batch.inputs[0];
+    if (a.dtype == datatype::bytes)
+      return add_sub_text(cfg_, batch, out);
     auto* sum = out.allocate(cfg_.outputs[0].name, a.dtype, a.shape, a.size);
     auto* diff = out.allocate(cfg_.outputs[1].name, a.dtype, a.shape, a.size);
     if (a.dtype == datatype::int32)
@@ -187,8 +252,8 @@ result<std::shared_ptr<backend>> make_builtin_backend(const model_config& cfg) {
     if (cfg.inputs.size() != 2 || cfg.outputs.size() != 2)
       return config_error(cfg, "add_sub needs exactly two inputs and two outputs");
     auto t = cfg.inputs[0].dtype;
-    if (t != datatype::int32 && t != datatype::fp32)
-      return config_error(cfg, "add_sub computes INT32 or FP32, not "
+    if (t != datatype::int32 && t != datatype::fp32 && t != datatype::bytes)
+      return config_error(cfg, "add_sub computes INT32, FP32 or BYTES (numbers as text), not "
                                  + std::string(to_string(t)));
     for (const auto* tc : {&cfg.inputs[1], &cfg.outputs[0], &cfg.outputs[1]})
       if (tc->dtype != t || tc->dims != cfg.inputs[0].dims)

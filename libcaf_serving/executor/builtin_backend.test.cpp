@@ -55,6 +55,66 @@ TEST_CASE("add_sub adds and subtracts every element of a batch") {
   }
 }
 
+namespace {
+
+std::string bytes_tensor(const std::vector<std::string>& elements) {
+  std::string out;
+  for (const auto& e : elements) {
+    uint32_t n = static_cast<uint32_t>(e.size());
+    out.append(reinterpret_cast<const char*>(&n), 4);
+    out += e;
+  }
+  return out;
+}
+
+model_config simple_string_config() {
+  auto cfg = simple_config();
+  cfg.name = "simple_string";
+  for (auto* list : {&cfg.inputs, &cfg.outputs})
+    for (auto& t : *list)
+      t.dtype = datatype::bytes;
+  return cfg;
+}
+
+} // namespace
+
+TEST_CASE("add_sub on BYTES adds and subtracts numbers written as text (Triton's simple_string)") {
+  auto be = make_builtin_backend(simple_string_config());
+  REQUIRE(be.ok());
+  auto a = bytes_tensor({"0", "-7", "2147483647", "40"});
+  auto b = bytes_tensor({"1", "3", "1", "-2"});
+  batch_view batch;
+  batch.rows = 1;
+  batch.inputs = {
+    {"INPUT0", datatype::bytes, {1, 4}, reinterpret_cast<const uint8_t*>(a.data()), a.size()},
+    {"INPUT1", datatype::bytes, {1, 4}, reinterpret_cast<const uint8_t*>(b.data()), b.size()}};
+  vector_writer out;
+  auto r = (*be)->execute(batch, out);
+  REQUIRE(std::holds_alternative<std::monostate>(r));
+  auto as_string = [](const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); };
+  // INT32 arithmetic wraps as Triton's model does on 2147483647 + 1.
+  CHECK(as_string(out.outputs["OUTPUT0"]) == bytes_tensor({"1", "-4", "-2147483648", "38"}));
+  CHECK(as_string(out.outputs["OUTPUT1"]) == bytes_tensor({"-1", "-10", "2147483646", "42"}));
+}
+
+TEST_CASE("add_sub on BYTES names an element that is not a number") {
+  auto be = make_builtin_backend(simple_string_config());
+  REQUIRE(be.ok());
+  auto a = bytes_tensor({"1", "x2"});
+  auto b = bytes_tensor({"1", "1"});
+  batch_view batch;
+  batch.rows = 1;
+  batch.inputs = {
+    {"INPUT0", datatype::bytes, {1, 2}, reinterpret_cast<const uint8_t*>(a.data()), a.size()},
+    {"INPUT1", datatype::bytes, {1, 2}, reinterpret_cast<const uint8_t*>(b.data()), b.size()}};
+  vector_writer out;
+  auto r = (*be)->execute(batch, out);
+  REQUIRE(std::holds_alternative<serving_error>(r));
+  const auto& e = std::get<serving_error>(r);
+  CHECK(e.status == status_code::bad_request);
+  CHECK(e.message.find("element 1 of input 'INPUT0' is 'x2'") != std::string::npos);
+}
+
 TEST_CASE("identity copies bytes of any datatype") {
   model_config cfg;
   cfg.name = "id";
