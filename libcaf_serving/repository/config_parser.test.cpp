@@ -319,7 +319,7 @@ TEST_CASE("a config without directory must name itself") {
 
 TEST_CASE("the example models parse") {
   const std::string dir = CAF_SERVING_EXAMPLES_DIR;
-  for (const char* name : {"simple", "identity_fp32", "identity_bytes"}) {
+  for (const char* name : {"simple", "identity_fp32", "simple_string", "simple_identity"}) {
     CAPTURE(name);
     std::ifstream in{dir + "/" + name + "/config.pbtxt"};
     REQUIRE(in);

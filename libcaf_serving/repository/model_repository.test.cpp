@@ -238,9 +238,9 @@ TEST_CASE("a missing repository is an error") {
 TEST_CASE("the example repository loads") {
   auto scanned = scan_repository(CAF_SERVING_EXAMPLES_DIR, {});
   REQUIRE_MESSAGE(scanned.ok(), scanned.error().message);
-  // Checks the three builtin models by name, so that adding an example does
-  // not break this test.
-  for (const char* name : {"identity_bytes", "identity_fp32", "simple"}) {
+  // Checks the builtin models by name, so that adding an example does not
+  // break this test.
+  for (const char* name : {"identity_fp32", "simple", "simple_identity", "simple_string"}) {
     CAPTURE(std::string{name});
     const auto& e = find(*scanned, name);
     REQUIRE_MESSAGE(e.config.ok(), e.config.error().message);
@@ -259,10 +259,10 @@ TEST_CASE("the example repository loads") {
   CHECK(c.outputs[1].name == "OUTPUT1");
   CHECK(c.parameters.at("function") == "add_sub");
   CHECK_FALSE(c.dynamic_batching_enabled);
-  const auto& bytes = find(*scanned, "identity_bytes");
+  const auto& bytes = find(*scanned, "simple_identity");
   REQUIRE(bytes.config.ok());
   CHECK(bytes.config->config.inputs[0].dtype == datatype::bytes);
-  CHECK(bytes.config->config.dynamic_batching_enabled);
+  CHECK(bytes.config->config.inputs[0].dims == std::vector<int64_t>{-1});
   CHECK(bytes.config->config.parameters.at("function") == "identity");
   const auto& fp32 = find(*scanned, "identity_fp32");
   REQUIRE(fp32.config.ok());

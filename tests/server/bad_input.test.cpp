@@ -12,7 +12,7 @@ namespace {
 
 test_server& server() {
   static test_server s({example_model("simple"), example_model("identity_fp32"),
-                        example_model("identity_bytes")},
+                        test_model("identity_bytes")},
                        {"--max-body-bytes", "4096"});
   return s;
 }

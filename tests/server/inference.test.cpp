@@ -13,7 +13,7 @@ namespace {
 
 test_server& server() {
   static test_server s({example_model("simple"), example_model("identity_fp32"),
-                        example_model("identity_bytes"), test_model("fp16_identity"),
+                        test_model("identity_bytes"), test_model("fp16_identity"),
                         test_model("classifier")});
   return s;
 }

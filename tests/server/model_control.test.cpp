@@ -145,7 +145,7 @@ TEST_CASE("load a model added to the repository; unknown models are a 404") {
   auto r = http.post("/v2/models/identity_bytes/infer", body, json_content);
   CHECK(r.status == 404);
 
-  server.repo.add_model(example_model("identity_bytes"));
+  server.repo.add_model(test_model("identity_bytes"));
   r = http.post("/v2/repository/models/identity_bytes/load", "");
   REQUIRE_MESSAGE(r.status == 200, r.body);
   r = http.post("/v2/models/identity_bytes/infer", body, json_content);
