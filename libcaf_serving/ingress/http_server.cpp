@@ -25,6 +25,10 @@ namespace caf_serving::ingress {
 
 namespace {
 
+/// The Triton release whose HTTP protocol and client behaviour this server
+/// matches (tritonclient 2.51 and its examples are the tests of it).
+constexpr const char* triton_protocol_version = "2.51.0";
+
 constexpr const char* server_extensions
   = "[\"classification\",\"binary_tensor_data\",\"model_repository\",\"statistics\","
     "\"schedule_policy\",\"model_configuration\"]";
@@ -307,8 +311,16 @@ public:
       return expect(method, kj::HttpMethod::GET, response, [&] {
         auto cluster = models_.cluster_json();
         return send_json(response, 200,
-                         "{\"name\":\"caf-serving\",\"version\":\"" CAF_SERVING_VERSION
-                         "\",\"extensions\":"
+                         // Triton's clients and examples check that the
+                         // server calls itself "triton" (tritonclient's
+                         // simple_http_health_metadata.py fails otherwise), so
+                         // name and version are those of the Triton release
+                         // whose protocol this server speaks; the engine names
+                         // itself under "engine".
+                         std::string("{\"name\":\"triton\",\"version\":\"")
+                           + triton_protocol_version
+                           + "\",\"engine\":{\"name\":\"caf-serving\",\"version\":\""
+                           CAF_SERVING_VERSION "\"},\"extensions\":"
                            + std::string(server_extensions)
                            + (cluster.empty() ? std::string() : ",\"cluster\":" + cluster)
                            + "}");

@@ -25,8 +25,11 @@ TEST_CASE("server metadata, health and model metadata") {
   auto r = http.get("/v2");
   REQUIRE(r.status == 200);
   auto doc = json_document::parse(r.body);
-  CHECK(doc.string_at("/name") == "caf-serving");
-  CHECK_FALSE(doc.string_at("/version").empty());
+  // Triton's name and release (its clients check the name), the engine's own below.
+  CHECK(doc.string_at("/name") == "triton");
+  CHECK(doc.string_at("/version") == "2.51.0");
+  CHECK(doc.string_at("/engine/name") == "caf-serving");
+  CHECK_FALSE(doc.string_at("/engine/version").empty());
   auto extensions = json_strings(doc.at("/extensions"));
   for (const char* e : {"binary_tensor_data", "classification", "model_repository", "statistics"})
     CHECK_MESSAGE(std::find(extensions.begin(), extensions.end(), e) != extensions.end(), e);
@@ -150,7 +153,7 @@ TEST_CASE("statistics and metrics count what was served") {
 }
 
 TEST_CASE("the repository index lists a broken model with its reason") {
-  test_server server({example_model("simple"), example_model("identity_bytes"),
+  test_server server({example_model("simple"), test_model("identity_bytes"),
                       test_model("broken")});
   CHECK(server.process->output().find("model simple version 1 READY") != std::string::npos);
   CHECK(server.process->output().find("model broken UNAVAILABLE") != std::string::npos);
