@@ -773,10 +773,11 @@ private:
     stats.record_failure(reason_of(e), static_cast<uint64_t>(now_ns() - received));
   }
 
-  kj::Promise<void> answer(const infer_context& ctx, response_message msg, Response& response) {
+  kj::Promise<void> answer(infer_context& ctx, response_message msg, Response& response) {
     auto r = msg.reader();
     auto& stats = *ctx.model->stats;
     if (r.getError().getStatus() != 0) {
+      ctx.shared_memory = {};
       serving_error e{static_cast<status_code>(r.getError().getStatus()),
                       client_error_message(view(r.getError().getMessage()),
                                            ctx.model->config.name),
@@ -815,6 +816,7 @@ private:
     }
     auto written = ctx.shared_memory.write_outputs(view);
     if (!written) {
+      ctx.shared_memory = {};
       finish_failure(*ctx.model, ctx.received_ns, written.error());
       return send_error(response, written.error());
     }
@@ -830,6 +832,9 @@ private:
       finish_failure(*ctx.model, ctx.received_ns, out.error());
       return send_error(response, out.error());
     }
+    // Done with the regions: a region unregistered meanwhile goes now, before
+    // the client can see the answer and ask for the status.
+    ctx.shared_memory = {};
     auto encoding = ctx.accept_encoding.empty() ? content_encoding::identity
                                                 : choose_encoding(ctx.accept_encoding);
     uint64_t elapsed = static_cast<uint64_t>(now_ns() - ctx.received_ns);

@@ -136,15 +136,24 @@ result<region_status> shared_memory_registry::register_system(const std::string&
                          "leading '/', e.g. '/input0_data'");
   if (byte_size == 0)
     return bad_request(failed + "invalid args; byte_size is 0, register at least one byte");
-  std::lock_guard<std::mutex> guard(mutex_);
-  if (regions_.count(name) != 0)
+  for (auto prefix : {std::string_view("triton_python_backend_shm_region_")}) {
+    // Triton reserves this prefix for its Python backend's own regions;
+    // refused here too, so that a client written against Triton sees the same.
+    if (key.substr(key.find_first_not_of('/')).rfind(prefix, 0) == 0)
+      return bad_request("cannot register shared memory region " + quoted(name) + " with key "
+                         + quoted(key) + " as the key contains the reserved prefix "
+                         + quoted(prefix) + "; choose a key without it");
+  }
+  std::lock_guard<std::mutex> guard(table_->mutex);
+  auto& regions = table_->regions;
+  if (regions.count(name) != 0)
     return bad_request("shared memory region " + quoted(name)
                        + " already in manager; unregister it first (POST "
                          "/v2/systemsharedmemory/region/"
                        + name + "/unregister) or register under another name");
-  if (regions_.size() >= cfg_.max_regions)
+  if (regions.size() >= cfg_.max_regions)
     return bad_request("cannot register shared memory region " + quoted(name) + ": "
-                       + std::to_string(regions_.size())
+                       + std::to_string(regions.size())
                        + " regions are registered, the server's limit (--shm-region-limit); "
                          "unregister regions that are no longer used");
   int fd = shm_open(key.c_str(), O_RDWR, 0);
@@ -188,60 +197,66 @@ result<region_status> shared_memory_registry::register_system(const std::string&
     return bad_request(failed + "cannot map it: " + std::strerror(map_errno));
   auto region = std::make_shared<const shared_memory_region>(name, key, offset, byte_size,
                                                              mapping, length, data_offset);
-  regions_.emplace(name, region);
+  regions.emplace(name, entry{region});
   return region_status{name, key, offset, byte_size};
 }
 
+void shared_memory_registry::unregister_locked(std::map<std::string, entry>::iterator it) {
+  if (it->second.in_use > 0)
+    it->second.awaiting_unregister = true;
+  else
+    table_->regions.erase(it);
+}
+
 void shared_memory_registry::unregister(const std::string& name, region_kind kind) {
-  std::lock_guard<std::mutex> guard(mutex_);
-  auto it = regions_.find(name);
-  if (it != regions_.end() && it->second->kind() == kind)
-    regions_.erase(it);
+  std::lock_guard<std::mutex> guard(table_->mutex);
+  auto it = table_->regions.find(name);
+  if (it != table_->regions.end() && it->second.region->kind() == kind)
+    unregister_locked(it);
 }
 
 void shared_memory_registry::unregister_all(region_kind kind) {
-  std::lock_guard<std::mutex> guard(mutex_);
-  for (auto it = regions_.begin(); it != regions_.end();) {
-    if (it->second->kind() == kind)
-      it = regions_.erase(it);
-    else
-      ++it;
+  std::lock_guard<std::mutex> guard(table_->mutex);
+  auto& regions = table_->regions;
+  for (auto it = regions.begin(); it != regions.end();) {
+    auto next = std::next(it);
+    if (it->second.region->kind() == kind)
+      unregister_locked(it);
+    it = next;
   }
 }
 
 result<std::vector<region_status>> shared_memory_registry::status(std::optional<std::string> name,
                                                                   region_kind kind) const {
-  std::lock_guard<std::mutex> guard(mutex_);
+  std::lock_guard<std::mutex> guard(table_->mutex);
+  const auto& regions = table_->regions;
   std::vector<region_status> out;
   auto add = [&out](const shared_memory_region& r) {
     out.push_back({r.name(), r.key(), r.offset(), r.byte_size()});
   };
   if (!name) {
-    for (const auto& [n, r] : regions_)
-      if (r->kind() == kind)
-        add(*r);
+    for (const auto& [n, e] : regions)
+      if (e.region->kind() == kind)
+        add(*e.region);
     return out;
   }
-  auto it = regions_.find(*name);
-  if (it == regions_.end() || it->second->kind() != kind)
+  auto it = regions.find(*name);
+  if (it == regions.end() || it->second.region->kind() != kind)
     return not_found("Unable to find system shared memory region: " + quoted(*name)
                      + "; GET /v2/systemsharedmemory/status lists the registered regions");
-  add(*it->second);
+  add(*it->second.region);
   return out;
 }
 
 result<region_slice> shared_memory_registry::slice(const std::string& name, uint64_t offset,
                                                    uint64_t byte_size) const {
-  std::shared_ptr<const shared_memory_region> region;
-  {
-    std::lock_guard<std::mutex> guard(mutex_);
-    auto it = regions_.find(name);
-    if (it == regions_.end())
-      return not_found("Unable to find shared memory region: " + quoted(name)
-                       + "; register it first (POST /v2/systemsharedmemory/region/" + name
-                       + "/register)");
-    region = it->second;
-  }
+  std::lock_guard<std::mutex> guard(table_->mutex);
+  auto it = table_->regions.find(name);
+  if (it == table_->regions.end())
+    return not_found("Unable to find shared memory region: " + quoted(name)
+                     + "; register it first (POST /v2/systemsharedmemory/region/" + name
+                     + "/register)");
+  const auto& region = it->second.region;
   uint64_t size = region->byte_size();
   std::string has = "; region " + quoted(name) + " has " + std::to_string(size) + " bytes";
   if (offset >= size)
@@ -260,13 +275,26 @@ result<region_slice> shared_memory_registry::slice(const std::string& name, uint
   region_slice s;
   s.data = region->data() + offset;
   s.size = static_cast<size_t>(byte_size);
-  s.region = std::move(region);
+  s.region = region;
+  ++it->second.in_use;
+  // While in use the entry cannot be erased (unregistering only marks it),
+  // so the name finds the same entry when the use ends.
+  std::weak_ptr<table> weak = table_;
+  s.use = std::shared_ptr<void>(nullptr, [weak, name](void*) {
+    auto t = weak.lock();
+    if (!t)
+      return;
+    std::lock_guard<std::mutex> guard(t->mutex);
+    auto e = t->regions.find(name);
+    if (e != t->regions.end() && --e->second.in_use == 0 && e->second.awaiting_unregister)
+      t->regions.erase(e);
+  });
   return s;
 }
 
 size_t shared_memory_registry::size() const {
-  std::lock_guard<std::mutex> guard(mutex_);
-  return regions_.size();
+  std::lock_guard<std::mutex> guard(table_->mutex);
+  return table_->regions.size();
 }
 
 } // namespace caf_serving::ingress

@@ -13,11 +13,12 @@
 ///   if (s && copy_from_shared_memory(dst, s->data, s->size)) ...
 ///   regions.unregister("in0", region_kind::system);
 ///
-/// Lifetime: the registry holds each mapping by shared_ptr, and so does every
-/// region_slice. Unregistering removes the name at once (it can be registered
-/// again right away), while a request that still holds a slice keeps the
-/// mapping until it ends: a region unregistered mid-request is never unmapped
-/// under it.
+/// Lifetime, as in Triton: unregistering a region that no request is using
+/// removes it at once. While requests hold slices of it, unregistering only
+/// marks it: it stays listed (and usable, and its name taken) until the last
+/// of those slices is released, and then goes without another call. Each
+/// slice also holds the mapping itself, so a region is never unmapped under a
+/// request.
 ///
 /// Faults: a client can shrink its object (ftruncate) after registering it,
 /// or tmpfs can run out of space when an output is written; touching such a
@@ -94,11 +95,14 @@ private:
   size_t data_offset_;
 };
 
-/// A bounds-checked window of a registered region, holding the region mapped.
+/// A bounds-checked window of a registered region, holding the region mapped
+/// and counted as in use (see Lifetime above) until it is destroyed.
 struct region_slice {
   std::shared_ptr<const shared_memory_region> region;
   char* data = nullptr;
   size_t size = 0;
+  /// Releases the use when the last copy goes.
+  std::shared_ptr<void> use;
 };
 
 /// What GET .../status reports per region.
@@ -126,8 +130,8 @@ public:
   result<region_status> register_system(const std::string& name, const std::string& key,
                                         uint64_t offset, uint64_t byte_size);
 
-  /// Removes `name`; a name not registered (or of another kind) is no error,
-  /// as in Triton. Requests holding a slice keep the mapping until they end.
+  /// Removes `name`, or marks it to go when its last slice is released; a
+  /// name not registered (or of another kind) is no error, as in Triton.
   void unregister(const std::string& name, region_kind kind);
   void unregister_all(region_kind kind);
 
@@ -144,10 +148,26 @@ public:
 
   size_t size() const;
 
+  /// The table, shared with the slices' release hooks (which may run after
+  /// the registry is gone, and then do nothing).
+  struct entry {
+    std::shared_ptr<const shared_memory_region> region;
+    /// Slices alive.
+    size_t in_use = 0;
+    /// Unregistered while in use: removed when in_use reaches 0.
+    bool awaiting_unregister = false;
+  };
+  struct table {
+    std::mutex mutex;
+    std::map<std::string, entry> regions;
+  };
+
 private:
+  /// Removes or marks `it` (mutex held).
+  void unregister_locked(std::map<std::string, entry>::iterator it);
+
   shared_memory_config cfg_;
-  mutable std::mutex mutex_;
-  std::map<std::string, std::shared_ptr<const shared_memory_region>> regions_;
+  std::shared_ptr<table> table_ = std::make_shared<table>();
 };
 
 /// memcpy from region memory; false (nothing else happens) when the memory

@@ -7,6 +7,8 @@
 #include <doctest/doctest.h>
 
 #include <cstring>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -168,19 +170,57 @@ TEST_CASE("slices are bounds-checked as Triton checks them") {
   CHECK(regions.slice("r", 63, 1));
 }
 
-TEST_CASE("a slice keeps its region mapped after the region is unregistered") {
+TEST_CASE("a region unregistered while in use stays until its last slice goes, as in Triton") {
   auto obj = std::make_unique<shm_object>(4096);
   std::memset(obj->data, 7, 4096);
   shared_memory_registry regions(allowed());
   REQUIRE(regions.register_system("r", obj->key, 0, 4096));
-  auto s = regions.slice("r", 0, 4096);
-  REQUIRE(s);
+  REQUIRE(regions.register_system("idle", obj->key, 0, 8));
+  auto s = std::make_unique<region_slice>(*regions.slice("r", 0, 4096));
+  auto second = std::make_unique<region_slice>(*regions.slice("r", 0, 8));
   regions.unregister_all(region_kind::system);
-  CHECK(regions.size() == 0);
+  // "idle" had no user and went at once; "r" is still listed, usable, and
+  // its name taken.
+  auto listed = regions.status(std::nullopt, region_kind::system);
+  REQUIRE(listed);
+  REQUIRE(listed->size() == 1);
+  CHECK((*listed)[0].name == "r");
+  CHECK(regions.slice("r", 0, 8));
+  CHECK_FALSE(regions.register_system("r", obj->key, 0, 8));
+  second.reset();
+  CHECK(regions.size() == 1);
   obj.reset(); // the client unmaps and unlinks its object too
   std::vector<char> copy(4096);
   REQUIRE(copy_from_shared_memory(copy.data(), s->data, copy.size()));
   CHECK(copy[4095] == 7);
+  s.reset(); // the last use: "r" goes without another unregister
+  CHECK(regions.size() == 0);
+  CHECK_FALSE(regions.slice("r", 0, 8));
+}
+
+TEST_CASE("a slice may outlive its registry") {
+  shm_object obj(64);
+  std::optional<region_slice> s;
+  {
+    shared_memory_registry regions(allowed());
+    REQUIRE(regions.register_system("r", obj.key, 0, 64));
+    s = *regions.slice("r", 0, 64);
+  }
+  obj.data[3] = 42;
+  CHECK(s->data[3] == 42);
+  s.reset();
+}
+
+TEST_CASE("keys with Triton's reserved prefix are refused as Triton refuses them") {
+  shared_memory_registry regions(allowed());
+  for (const char* key : {"triton_python_backend_shm_region_x", "//triton_python_backend_shm_region_x"}) {
+    auto r = regions.register_system("n", key, 0, 8);
+    REQUIRE_FALSE(r);
+    CHECK(contains(r.error().message, "cannot register shared memory region 'n' with key '"
+                                        + std::string(key)
+                                        + "' as the key contains the reserved prefix "
+                                          "'triton_python_backend_shm_region_'"));
+  }
 }
 
 TEST_CASE("a region truncated under its mapping fails the copy instead of the process") {

@@ -4,7 +4,7 @@
 /// inputs and outputs in them, and reads the results back from its own
 /// mapping. Bad regions, offsets and sizes are answered with Triton's status
 /// and phrase, and the server keeps serving; a region unregistered while a
-/// request uses it stays mapped for that request.
+/// request uses it stays (listed and mapped) until that request is answered.
 
 #include "server_test.hpp"
 
@@ -291,7 +291,7 @@ TEST_CASE("the region limit is an answer") {
   CHECK(http.post("/v2/systemsharedmemory/unregister", "").status == 200);
 }
 
-TEST_CASE("a region unregistered while a request uses it stays mapped until the answer") {
+TEST_CASE("a region unregistered while a request uses it stays until the request is answered") {
   auto& s = server();
   auto http = s.client();
   shm_object obj(4096);
@@ -308,11 +308,14 @@ TEST_CASE("a region unregistered while a request uses it stays mapped until the 
   });
   REQUIRE(wait_pending(s, "slow_queue", 1));
   CHECK(http.post("/v2/systemsharedmemory/region/io/unregister", "").status == 200);
-  CHECK(region_names(http).empty());
+  // As in Triton: listed, and its name taken, until the request is done.
+  CHECK(region_names(http) == std::vector<std::string>{"io"});
+  CHECK(register_region(http, "io", obj.key, 0, 16).status == 400);
   auto r = answer.get();
   CHECK_MESSAGE(r.status == 200, r.body);
   CHECK(obj.get<float>(8, 2) == std::vector<float>{1.5f, -2.5f});
-  // The name is free again at once.
+  // Gone with the request, without another unregister; the name is free.
+  CHECK(region_names(http).empty());
   CHECK(register_region(http, "io", obj.key, 0, 16).status == 200);
   CHECK(http.post("/v2/systemsharedmemory/unregister", "").status == 200);
 }
