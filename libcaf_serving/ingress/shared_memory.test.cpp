@@ -444,3 +444,31 @@ TEST_CASE("binding reads inputs from their regions and writes outputs into their
   REQUIRE_FALSE(past);
   CHECK(contains(past.error().message, "Invalid offset + byte size for shared memory region: 'out'"));
 }
+
+TEST_CASE("a BYTES input is copied out of its region before anything reads its lengths") {
+  shm_object obj(4096);
+  std::string elements;
+  for (std::string e : {"ab", "cde"}) {
+    uint32_t n = static_cast<uint32_t>(e.size());
+    elements.append(reinterpret_cast<const char*>(&n), 4);
+    elements += e;
+  }
+  std::memcpy(obj.data, elements.data(), elements.size());
+  shared_memory_registry regions(allowed());
+  REQUIRE(regions.register_system("in", obj.key, 0, 4096));
+  model_config model;
+  model.name = "identity_bytes";
+  model.inputs = {tensor_config{"INPUT0", datatype::bytes, {-1}}};
+  auto req = parse_json(
+    "{\"inputs\":[{\"name\":\"INPUT0\",\"datatype\":\"BYTES\",\"shape\":[2],\"parameters\":"
+    "{\"shared_memory_region\":\"in\",\"shared_memory_byte_size\":"
+    + std::to_string(elements.size()) + "}}]}");
+  REQUIRE(req);
+  auto bound = bind_shared_memory(*req, regions, model);
+  REQUIRE(bound);
+  CHECK(req->inputs[0].owns_data());
+  CHECK(req->inputs[0].data == elements);
+  // Later writes to the region do not change what the request carries.
+  obj.data[4] = 'X';
+  CHECK(req->inputs[0].data == elements);
+}

@@ -277,6 +277,29 @@ TEST_CASE("bad registrations, regions, offsets and sizes get Triton's answers; t
   CHECK(http.post("/v2/systemsharedmemory/unregister", "").status == 200);
 }
 
+TEST_CASE("a client that shrinks its object under a region gets a 400, and the server lives") {
+  auto http = server().client();
+  shm_object in(4096), out(4096);
+  REQUIRE(register_region(http, "in", in.key, 0, 128).status == 200);
+  REQUIRE(register_region(http, "out", out.key, 0, 128).status == 200);
+  // Reading or writing the server's mapping now raises SIGBUS in the server.
+  REQUIRE(ftruncate(in.fd, 0) == 0);
+  auto body = infer_body({shm_input("INPUT0", "INT32", {1, 16}, "in", 0, 64),
+                          shm_input("INPUT1", "INT32", {1, 16}, "in", 64, 64)},
+                         ",\"outputs\":[" + shm_output("OUTPUT0", "out", 0, 64) + "]");
+  auto r = http.post("/v2/models/simple/infer", body, json_content);
+  CHECK(r.status == 400);
+  CHECK(r.body.find("shared memory region 'in' faulted") != std::string::npos);
+  REQUIRE(ftruncate(in.fd, 4096) == 0);
+  REQUIRE(ftruncate(out.fd, 0) == 0);
+  r = http.post("/v2/models/simple/infer", body, json_content);
+  CHECK(r.status == 400);
+  CHECK(r.body.find("shared memory region 'out' faulted") != std::string::npos);
+  REQUIRE(ftruncate(out.fd, 4096) == 0);
+  check_simple_in_shared_memory(http, in, out, 21);
+  CHECK(http.post("/v2/systemsharedmemory/unregister", "").status == 200);
+}
+
 TEST_CASE("the region limit is an answer") {
   auto http = server().client();
   shm_object obj(4096);
