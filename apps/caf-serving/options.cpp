@@ -55,6 +55,14 @@ std::string usage() {
          "                             this time; else the connection is closed (default\n"
          "                             10000)\n"
          "\n"
+         "Shared memory (Triton's system shared-memory extension):\n"
+         "  --allow-client-shm BOOL    let clients register and unregister shared-memory\n"
+         "                             regions (default false, as in Triton: a client that\n"
+         "                             reaches the port could map any object the server's\n"
+         "                             user can open)\n"
+         "  --shm-region-limit N       regions registered at once; one more is a 400\n"
+         "                             (default 64)\n"
+         "\n"
          "Cluster (docs/cluster.md):\n"
          "  --worker HOST:PORT         use the caf-serving-worker there (repeatable)\n"
          "  --cluster-port N           listen for workers that --join (0 picks a port)\n"
@@ -134,6 +142,16 @@ std::variant<server_options, show_help, std::string> parse_options(int argc, cha
       if (!b)
         return bad("true or false");
       (flag == "--allow-metrics" ? o.http.metrics_enabled : o.http.strict_readiness) = *b;
+    } else if (flag == "--allow-client-shm") {
+      auto b = parse_bool(value);
+      if (!b)
+        return bad("true or false");
+      o.http.shared_memory.allow_client_shm = *b;
+    } else if (flag == "--shm-region-limit") {
+      auto n = number(1u << 20);
+      if (!n || *n == 0)
+        return bad("a region count from 1 to 2^20");
+      o.http.shared_memory.max_regions = static_cast<size_t>(*n);
     } else if (flag == "--max-queue-size") {
       auto n = number(1u << 30);
       if (!n || *n == 0)

@@ -106,3 +106,19 @@ TEST_CASE("limits for clients and the exit timeout have defaults and bounds") {
   CHECK(error_of({"--exit-timeout-secs", "x"}).find("flag --exit-timeout-secs: 'x'")
         != std::string::npos);
 }
+
+TEST_CASE("client shared memory is off by default, as in Triton, and its region limit is bounded") {
+  auto r = parse({"--model-repository", "/m"});
+  auto* d = std::get_if<server_options>(&r);
+  REQUIRE(d);
+  CHECK_FALSE(d->http.shared_memory.allow_client_shm);
+  CHECK(d->http.shared_memory.max_regions == 64);
+  r = parse({"--model-repository", "/m", "--allow-client-shm=true", "--shm-region-limit", "3"});
+  auto* o = std::get_if<server_options>(&r);
+  REQUIRE(o);
+  CHECK(o->http.shared_memory.allow_client_shm);
+  CHECK(o->http.shared_memory.max_regions == 3);
+  r = parse({"--model-repository", "/m", "--shm-region-limit", "0"});
+  REQUIRE(std::holds_alternative<std::string>(r));
+  CHECK(std::get<std::string>(r).find("flag --shm-region-limit: '0'") != std::string::npos);
+}

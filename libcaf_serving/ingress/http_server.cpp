@@ -3,6 +3,8 @@
 #include "core/clock.hpp"
 #include "core/pipeline_messages.hpp"
 #include "ingress/compression.hpp"
+#include "ingress/shm_api.hpp"
+#include "ingress/shm_tensors.hpp"
 #include "ingress/validate.hpp"
 #include "repository/config_json.hpp"
 
@@ -31,7 +33,7 @@ constexpr const char* triton_protocol_version = "2.51.0";
 
 constexpr const char* server_extensions
   = "[\"classification\",\"binary_tensor_data\",\"model_repository\",\"statistics\","
-    "\"schedule_policy\",\"model_configuration\"]";
+    "\"schedule_policy\",\"model_configuration\",\"system_shared_memory\"]";
 
 struct header_ids {
   explicit header_ids(kj::HttpHeaderTable::Builder& b)
@@ -81,6 +83,7 @@ const char* status_text(int status) {
     case 413: return "Payload Too Large";
     case 429: return "Too Many Requests";
     case 431: return "Request Header Fields Too Large";
+    case 501: return "Not Implemented";
     case 503: return "Service Unavailable";
     default: return "Internal Server Error";
   }
@@ -250,15 +253,20 @@ struct infer_context {
   std::string accept_encoding;
   infer_request request;
   bool timing = false;
+  /// The shared-memory regions the request reads and writes, mapped until
+  /// it is answered.
+  shared_memory_binding shared_memory;
 };
 
 class kserve_service final : public kj::HttpService {
 public:
   kserve_service(const http_server_config& cfg, server::model_manager& models,
-                 const kj::HttpHeaderTable& table, const header_ids& ids, bool metrics_only,
-                 kj::Timer& timer, close_after_response& closer)
+                 shared_memory_registry& shm, const kj::HttpHeaderTable& table,
+                 const header_ids& ids, bool metrics_only, kj::Timer& timer,
+                 close_after_response& closer)
       : cfg_(cfg),
         models_(models),
+        shm_(shm),
         table_(table),
         ids_(ids),
         metrics_only_(metrics_only),
@@ -338,6 +346,8 @@ public:
     }
     if (parts[1] == "repository")
       return repository(method, parts, response);
+    if (is_shared_memory_path(parts))
+      return shared_memory(method, std::move(parts), headers, body, response);
     if (parts[1] == "models")
       return models(method, url, headers, body, response, parts, received);
     return send_error(response, 404, "unknown path '" + std::string(view(url)) + "'");
@@ -400,6 +410,45 @@ private:
 
   kj::Promise<void> send_error(Response& response, const serving_error& e) {
     return send_error(response, static_cast<int>(e.status), e.message);
+  }
+
+  /// /v2/systemsharedmemory/... and /v2/cudasharedmemory/...: the body (a
+  /// register request, at most max_shm_request_bytes) is read, then
+  /// shm_api.hpp answers.
+  kj::Promise<void> shared_memory(kj::HttpMethod method, std::vector<std::string> parts,
+                                  const kj::HttpHeaders& headers, kj::AsyncInputStream& body,
+                                  Response& response) {
+    shm_method m = method == kj::HttpMethod::GET    ? shm_method::get
+                   : method == kj::HttpMethod::POST ? shm_method::post
+                                                    : shm_method::other;
+    auto length_text = header_or_empty(headers, kj::HttpHeaderId::CONTENT_LENGTH);
+    std::optional<uint64_t> expected;
+    if (!length_text.empty())
+      expected = std::strtoull(length_text.c_str(), nullptr, 10);
+    auto reader = kj::heap<body_reader>(body, timer_, cfg_.idle_timeout_ms * kj::MILLISECONDS,
+                                        max_shm_request_bytes, expected);
+    auto reading = reader->read();
+    return reading.attach(kj::mv(reader))
+      .then([this, &response, m, parts = std::move(parts)](body_read read) -> kj::Promise<void> {
+        switch (read.result) {
+          case body_read::outcome::complete:
+            break;
+          case body_read::outcome::disconnected:
+            return KJ_EXCEPTION(DISCONNECTED, "the client left inside the request body");
+          case body_read::outcome::too_large:
+            return send_error(response, 413,
+                              "a shared-memory request body may have at most "
+                                + std::to_string(max_shm_request_bytes) + " bytes",
+                              close_connection::yes);
+          case body_read::outcome::stalled:
+          case body_read::outcome::malformed:
+            return send_error(response, 400, "the request body could not be read",
+                              close_connection::yes);
+        }
+        auto r = handle_shared_memory_request(
+          shm_, {m, parts, std::string_view(read.bytes.data(), read.bytes.size())});
+        return send_body(response, r.status, std::move(r.body), "application/json");
+      });
   }
 
   kj::Promise<void> metrics(kj::HttpMethod method, Response& response) {
@@ -629,6 +678,10 @@ private:
           auto parsed = parse_infer_request(in);
           if (!parsed)
             return fail(parsed.error());
+          auto bound = bind_shared_memory(*parsed, shm_, model->config);
+          if (!bound)
+            return fail(bound.error());
+          ctx->shared_memory = std::move(*bound);
           auto checked = validate(*parsed, model->config, cfg_.limits);
           if (!checked)
             return fail(checked.error());
@@ -636,13 +689,15 @@ private:
           auto timing = ctx->request.parameters.find("timing");
           ctx->timing = timing != ctx->request.parameters.end() && timing->second == "true";
           auto msg = to_message(*ctx, checked->batch_size, received);
+          if (!msg)
+            return fail(msg.error());
           // The inputs now live in `msg`; their views into the body would dangle
           // once this callback returns, and JSON-converted bytes need not wait
           // in the queue twice.
           ctx->request.inputs.clear();
           auto paf = kj::newPromiseAndCrossThreadFulfiller<response_message>();
           caf::anon_send(model->scheduler,
-                         infer_job{std::move(msg), std::make_shared<http_sink>(kj::mv(paf.fulfiller), model->config.name)});
+                         infer_job{std::move(*msg), std::make_shared<http_sink>(kj::mv(paf.fulfiller), model->config.name)});
           return wait_for_pipeline(kj::mv(paf.promise))
             .then([this, ctx, &response](kj::Maybe<response_message> r) {
               KJ_IF_MAYBE (answered, r)
@@ -669,7 +724,7 @@ private:
   }
 
   /// The one copy of tensor bytes between the socket and the executor.
-  request_message to_message(const infer_context& ctx, uint32_t rows, int64_t received) {
+  result<request_message> to_message(const infer_context& ctx, uint32_t rows, int64_t received) {
     const auto& cfg = ctx.model->config;
     size_t bytes = 0;
     for (const auto& in : ctx.request.inputs)
@@ -697,8 +752,9 @@ private:
         for (unsigned d = 0; d < in.shape.size(); ++d)
           shape.set(d, in.shape[d]);
         auto data = t.initData(static_cast<unsigned>(in.data.size()));
-        if (!in.data.empty())
-          std::memcpy(data.begin(), in.data.data(), in.data.size());
+        auto copied = copy_input_data(reinterpret_cast<char*>(data.begin()), in);
+        if (!copied)
+          return copied.error();
       }
     }
     auto outs = b.initOutputs(static_cast<unsigned>(ctx.request.outputs.size()));
@@ -717,10 +773,11 @@ private:
     stats.record_failure(reason_of(e), static_cast<uint64_t>(now_ns() - received));
   }
 
-  kj::Promise<void> answer(const infer_context& ctx, response_message msg, Response& response) {
+  kj::Promise<void> answer(infer_context& ctx, response_message msg, Response& response) {
     auto r = msg.reader();
     auto& stats = *ctx.model->stats;
     if (r.getError().getStatus() != 0) {
+      ctx.shared_memory = {};
       serving_error e{static_cast<status_code>(r.getError().getStatus()),
                       client_error_message(view(r.getError().getMessage()),
                                            ctx.model->config.name),
@@ -757,6 +814,12 @@ private:
         {"until_response_us", us(t.getReceivedNs(), now_ns())},
       };
     }
+    auto written = ctx.shared_memory.write_outputs(view);
+    if (!written) {
+      ctx.shared_memory = {};
+      finish_failure(*ctx.model, ctx.received_ns, written.error());
+      return send_error(response, written.error());
+    }
     serialize_options opts;
     opts.requested = ctx.request.outputs;
     // The post-processor has already turned classification outputs into strings.
@@ -769,6 +832,9 @@ private:
       finish_failure(*ctx.model, ctx.received_ns, out.error());
       return send_error(response, out.error());
     }
+    // Done with the regions: a region unregistered meanwhile goes now, before
+    // the client can see the answer and ask for the status.
+    ctx.shared_memory = {};
     auto encoding = ctx.accept_encoding.empty() ? content_encoding::identity
                                                 : choose_encoding(ctx.accept_encoding);
     uint64_t elapsed = static_cast<uint64_t>(now_ns() - ctx.received_ns);
@@ -784,6 +850,7 @@ private:
 
   const http_server_config& cfg_;
   server::model_manager& models_;
+  shared_memory_registry& shm_;
   const kj::HttpHeaderTable& table_;
   const header_ids& ids_;
   bool metrics_only_;
@@ -954,8 +1021,9 @@ stop_report run_http_server(const http_server_config& cfg, server::model_manager
 
   close_after_response closer;
   kserve_error_handler errors;
-  kserve_service service(cfg, models, *table, ids, false, timer, closer);
-  kserve_service metrics_service(cfg, models, *table, ids, true, timer, closer);
+  shared_memory_registry shm(cfg.shared_memory);
+  kserve_service service(cfg, models, shm, *table, ids, false, timer, closer);
+  kserve_service metrics_service(cfg, models, shm, *table, ids, true, timer, closer);
   kj::HttpServerSettings settings;
   settings.headerTimeout = cfg.header_timeout_ms * kj::MILLISECONDS;
   settings.pipelineTimeout = cfg.idle_timeout_ms * kj::MILLISECONDS;

@@ -5,10 +5,12 @@
 ///
 /// Endpoints (Triton's): /v2, /v2/health/{live,ready}, /v2/models/{m}[/versions/{v}]
 /// with /ready, /config, /stats and /infer, /v2/models/stats,
-/// /v2/repository/index, /v2/repository/models/{m}/{load,unload}, and /metrics
-/// (also on the metrics port).
+/// /v2/repository/index, /v2/repository/models/{m}/{load,unload},
+/// /v2/systemsharedmemory/... and /v2/cudasharedmemory/... (shm_api.hpp), and
+/// /metrics (also on the metrics port).
 
 #include "ingress/kserve_codec.hpp"
+#include "ingress/shared_memory.hpp"
 #include "server/model_manager.hpp"
 
 #include <cstdint>
@@ -48,6 +50,8 @@ struct http_server_config {
   /// After SIGINT or SIGTERM, how long accepted requests may still take; the
   /// ones left then are answered 503 (--exit-timeout-secs, Triton's flag).
   uint32_t exit_timeout_secs = 30;
+  /// Client shared-memory regions (--allow-client-shm, --shm-region-limit).
+  shared_memory_config shared_memory;
 };
 
 struct listening_ports {

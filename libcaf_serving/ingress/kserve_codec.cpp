@@ -44,12 +44,14 @@ void repoint(infer_input& to, std::string_view from_data, const char* from_owned
 } // namespace
 
 infer_input::infer_input(const infer_input& other)
-  : name(other.name), dtype(other.dtype), shape(other.shape), owned(other.owned) {
+  : name(other.name), dtype(other.dtype), shape(other.shape), owned(other.owned),
+    shared_memory(other.shared_memory) {
   repoint(*this, other.data, other.owned.data(), other.owns_data());
 }
 
 infer_input::infer_input(infer_input&& other) noexcept
-  : name(std::move(other.name)), dtype(other.dtype), shape(std::move(other.shape)) {
+  : name(std::move(other.name)), dtype(other.dtype), shape(std::move(other.shape)),
+    shared_memory(std::move(other.shared_memory)) {
   bool owned_data = other.owns_data();
   auto old_data = other.data;
   const char* old_owned = other.owned.data();
@@ -71,6 +73,7 @@ infer_input& infer_input::operator=(infer_input&& other) noexcept {
     name = std::move(other.name);
     dtype = other.dtype;
     shape = std::move(other.shape);
+    shared_memory = std::move(other.shared_memory);
     bool owned_data = other.owns_data();
     auto old_data = other.data;
     const char* old_owned = other.owned.data();
@@ -478,6 +481,47 @@ std::vector<int64_t> parse_shape(od::value v, const parse_context& ctx, size_t m
   return shape;
 }
 
+/// The shared-memory parameters of one input or output, as they are read.
+struct shared_memory_params {
+  std::optional<std::string> region;
+  std::optional<uint64_t> offset;
+  std::optional<uint64_t> byte_size;
+
+  /// Reads `key` when it is one of the three parameters; false when it is not.
+  bool read(std::string_view key, od::value value, const std::string& prefix) {
+    if (key == "shared_memory_region") {
+      std::string_view name;
+      if (type_mismatch(value.get_string().get(name)))
+        fail("Unable to parse 'shared_memory_region' of " + prefix
+             + "; it must be a string, the name of a registered region");
+      region = std::string{name};
+    } else if (key == "shared_memory_offset" || key == "shared_memory_byte_size") {
+      uint64_t n = {};
+      if (type_mismatch(value.get_uint64().get(n)))
+        fail("Unable to parse '" + std::string{key} + "' of " + prefix
+             + "; it must be a non-negative integer number of bytes");
+      (key == "shared_memory_offset" ? offset : byte_size) = n;
+    } else {
+      return false;
+    }
+    return true;
+  }
+
+  /// The window named, if any. The region and its byte size come together
+  /// (the offset defaults to 0), as the shared-memory extension says.
+  std::optional<shared_memory_ref> finish(const std::string& prefix) const {
+    if (!region && !offset && !byte_size)
+      return std::nullopt;
+    if (!region)
+      fail(prefix + " has shared_memory_offset or shared_memory_byte_size but no "
+                    "shared_memory_region; name the registered region that holds the tensor");
+    if (!byte_size)
+      fail(prefix + " has shared_memory_region but no shared_memory_byte_size; give the "
+                    "tensor's size in bytes");
+    return shared_memory_ref{*region, offset.value_or(0), *byte_size};
+  }
+};
+
 struct pending_input {
   infer_input input;
   std::optional<uint64_t> binary_size;
@@ -532,6 +576,7 @@ pending_input parse_input_object(od::value v, size_t index, const parse_input& i
     fail(count.error());
 
   ctx.where = prefix + " parameters";
+  shared_memory_params shm;
   od::value params_value;
   auto err = obj.find_field_unordered("parameters").get(params_value);
   if (err && err != simdjson::NO_SUCH_FIELD)
@@ -542,6 +587,8 @@ pending_input parse_input_object(od::value v, size_t index, const parse_input& i
       fail(prefix + " parameters must be an object");
     for (auto field : params) {
       std::string_view key = field.unescaped_key().value();
+      if (shm.read(key, field.value(), prefix))
+        continue;
       if (key == "binary_data_size") {
         uint64_t size = {};
         if (type_mismatch(field.value().get_uint64().get(size)))
@@ -557,6 +604,17 @@ pending_input parse_input_object(od::value v, size_t index, const parse_input& i
   if (err && err != simdjson::NO_SUCH_FIELD)
     throw simdjson::simdjson_error(err);
   bool has_data = !err;
+  if (auto ref = shm.finish(prefix)) {
+    if (has_data || p.binary_size)
+      fail(std::string{"Input must set only one of the following fields: 'data', "
+                       "'binary_data_size' in 'parameters', 'shared_memory_region' in "
+                       "'parameters'. But set"}
+           + (has_data ? " 'data'" : "") + (p.binary_size ? " 'binary_data_size'" : "")
+           + " 'shared_memory_region'; " + prefix + " is read from shared memory, so send "
+           + "no data for it");
+    input.shared_memory = std::move(ref);
+    return p;
+  }
   if (p.binary_size && has_data)
     fail(prefix + " has both \"data\" and the binary_data_size parameter; send one of them");
   if (!p.binary_size && !has_data)
@@ -599,6 +657,7 @@ pending_output parse_output_object(od::value v, size_t index, parse_context& ctx
   if (type_mismatch(v.get_object().get(obj)))
     fail(prefix + " must be an object with a \"name\"");
   bool has_name = false;
+  shared_memory_params shm;
   for (auto field : obj) {
     std::string_view key = field.unescaped_key().value();
     od::value value = field.value();
@@ -615,6 +674,8 @@ pending_output parse_output_object(od::value v, size_t index, parse_context& ctx
       for (auto param : params) {
         std::string_view pkey = param.unescaped_key().value();
         od::value pvalue = param.value();
+        if (shm.read(pkey, pvalue, prefix))
+          continue;
         if (pkey == "binary_data") {
           bool b = {};
           if (type_mismatch(pvalue.get_bool().get(b)))
@@ -633,6 +694,14 @@ pending_output parse_output_object(od::value v, size_t index, parse_context& ctx
   }
   if (!has_name)
     fail(prefix + " has no \"name\" field");
+  std::string what = "requested output " + single_quoted(p.output.name);
+  p.output.shared_memory = shm.finish(what);
+  if (p.output.shared_memory && p.output.classification > 0)
+    fail("Output can't set both 'shared_memory_region' and 'classification'; " + what
+         + ": ask for the classes in the response, or for the tensor in shared memory");
+  if (p.output.shared_memory && p.binary.value_or(false))
+    fail("Output can't set both 'shared_memory_region' and 'binary_data'; " + what
+         + ": an output written to shared memory has no data in the response");
   return p;
 }
 
@@ -1241,10 +1310,12 @@ result<serialized_response> serialize_infer_response(const response_view& respon
       return count.error();
     bool binary = options.binary_data_output;
     uint32_t classification = 0;
+    bool in_shared_memory = false;
     for (const auto& r : options.requested) {
       if (r.name == output.name) {
         binary = r.binary;
         classification = r.classification;
+        in_shared_memory = r.shared_memory.has_value();
         break;
       }
     }
@@ -1282,7 +1353,9 @@ result<serialized_response> serialize_infer_response(const response_view& respon
     out += to_string(dtype);
     out += "\",\"shape\":";
     append_shape(out, *shape);
-    if (binary) {
+    if (in_shared_memory) {
+      out += '}'; // the data went to the client's region
+    } else if (binary) {
       out += ",\"parameters\":{\"binary_data_size\":";
       append_integer(out, data.size());
       out += "}}";

@@ -55,6 +55,15 @@ struct request_limits {
 
 // -- requests -----------------------------------------------------------------
 
+/// Where a tensor lives instead of the request or response body: a window of
+/// a registered shared-memory region (the parameters shared_memory_region,
+/// shared_memory_offset and shared_memory_byte_size; shared_memory.hpp).
+struct shared_memory_ref {
+  std::string region;
+  uint64_t offset = 0;
+  uint64_t byte_size = 0;
+};
+
 /// One input tensor. `data` is raw little-endian bytes; it points either into
 /// the request body (binary data, no copy) or into `owned` (converted from
 /// JSON). Moving an infer_input keeps `data` valid only through
@@ -65,6 +74,9 @@ struct infer_input {
   std::vector<int64_t> shape;
   std::string_view data;
   std::string owned;
+  /// Set when the data is in shared memory; `data` is empty until
+  /// bind_shared_memory (shm_tensors.hpp) points it into the region.
+  std::optional<shared_memory_ref> shared_memory;
 
   infer_input() = default;
   infer_input(const infer_input& other);
@@ -86,6 +98,9 @@ struct requested_output {
   /// Classification extension: return the top `classification` classes
   /// instead of the tensor. 0: return the tensor itself.
   uint32_t classification = 0;
+  /// Write the output into this shared-memory window; the response then
+  /// carries only its name, datatype and shape (as Triton's does).
+  std::optional<shared_memory_ref> shared_memory;
 };
 
 struct infer_request {
