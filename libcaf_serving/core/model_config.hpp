@@ -106,6 +106,10 @@ struct model_config {
   std::vector<int64_t> specific_versions;
   /// Triton's model_warmup, in config order.
   std::vector<warmup_sample> warmup;
+  /// Triton's `response_cache { enable: true }`: this model's successful
+  /// responses may be answered from the server's response cache (used only
+  /// when the server has one: --cache-config local,size=N).
+  bool response_cache_enabled = false;
 };
 
 } // namespace caf_serving

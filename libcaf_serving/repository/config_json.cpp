@@ -103,6 +103,8 @@ config::ModelConfig to_proto(const parsed_model_config& parsed) {
   }
   for (const auto& [key, value] : in.parameters)
     (*out.mutable_parameters())[key].set_string_value(value);
+  if (in.response_cache_enabled)
+    out.mutable_response_cache()->set_enable(true);
   return out;
 }
 

@@ -210,3 +210,14 @@ TEST_CASE("a name that is not UTF-8 is written as valid JSON (fuzz: config_pbtxt
   // Whatever the printer makes of a lone 0xFF, the name stays readable.
   CHECK(str(at(at(at(doc, "input"), 0), "name")).rfind("IN", 0) == 0);
 }
+
+TEST_CASE("config JSON shows response_cache when the model enables it") {
+  auto c = simple_config();
+  simdjson::dom::parser parser;
+  simdjson::dom::element ignored;
+  CHECK(parse(parser, model_config_json(c))["response_cache"].get(ignored)
+        == simdjson::NO_SUCH_FIELD);
+  c.response_cache_enabled = true;
+  auto doc = parse(parser, model_config_json(c));
+  CHECK(boolean(at(at(doc, "response_cache"), "enable")));
+}

@@ -30,8 +30,7 @@ const std::map<std::string, std::set<std::string>>& unsupported_triton_fields() 
      {"runtime", "batch_input", "batch_output", "optimization",
       "sequence_batching", "ensemble_scheduling", "default_model_filename",
       "cc_model_filenames", "metric_tags", "model_operations",
-      "model_transaction_policy", "model_repository_agents", "response_cache",
-      "model_metrics"}},
+      "model_transaction_policy", "model_repository_agents", "model_metrics"}},
     {"ModelInput",
      {"format", "reshape", "is_shape_tensor", "allow_ragged_batch", "optional",
       "is_non_linear_format_io"}},
@@ -576,6 +575,7 @@ parse_model_config_full(std::string_view text, const parse_context& ctx) {
   for (const auto& [key, value] : proto.parameters())
     cfg.parameters[key] = value.string_value();
   convert_warmup(proto, cfg, out);
+  cfg.response_cache_enabled = proto.response_cache().enable();
 
   parsed.versions = convert_version_policy(proto.version_policy(), out);
   if (parsed.versions.kind == version_policy_kind::specific)

@@ -399,3 +399,18 @@ TEST_CASE("a bad model_warmup sample says what to write") {
     CHECK(contains(msg, c.says));
   }
 }
+
+TEST_CASE("response_cache parses as Triton writes it; absent means off") {
+  auto on = parse_model_config(base_config + "response_cache { enable: true }\n", ctx_for("foo"));
+  REQUIRE_MESSAGE(on, on.error().message);
+  CHECK(on->response_cache_enabled);
+  auto off = parse_model_config(base_config + "response_cache { enable: false }\n",
+                                ctx_for("foo"));
+  REQUIRE_MESSAGE(off, off.error().message);
+  CHECK_FALSE(off->response_cache_enabled);
+  auto absent = parse_model_config(base_config, ctx_for("foo"));
+  REQUIRE_MESSAGE(absent, absent.error().message);
+  CHECK_FALSE(absent->response_cache_enabled);
+  auto typo = error_of(base_config + "response_cache { enabled: true }\n");
+  CHECK(contains(typo, "unknown field 'enabled' in ModelResponseCache"));
+}
