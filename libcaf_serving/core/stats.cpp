@@ -132,9 +132,11 @@ std::string stats_json(const std::vector<std::shared_ptr<model_stats>>& models) 
     append_duration(out, "compute_infer", m->compute_infer);
     out += ',';
     append_duration(out, "compute_output", m->compute_output);
-    // The engine has no response cache; the fields are present because
-    // perf_analyzer reads them.
-    out += ",\"cache_hit\":{\"count\":0,\"ns\":0},\"cache_miss\":{\"count\":0,\"ns\":0}}";
+    out += ',';
+    append_duration(out, "cache_hit", m->cache_hit);
+    out += ',';
+    append_duration(out, "cache_miss", m->cache_miss);
+    out += '}';
     out += ",\"batch_stats\":[]}";
   }
   out += "]}";
@@ -155,6 +157,19 @@ std::string prometheus_text(const std::vector<std::shared_ptr<model_stats>>& mod
           [](const model_stats& m) { return m.inference_count.load(); });
   counter("caf_serving_inference_exec_count", "Batches executed",
           [](const model_stats& m) { return m.execution_count.load(); });
+  // Triton's nv_cache_num_hits_per_model, nv_cache_num_misses_per_model,
+  // nv_cache_hit_duration_per_model and nv_cache_miss_duration_per_model.
+  counter("caf_serving_cache_hits", "Inference requests answered from the response cache",
+          [](const model_stats& m) { return m.cache_hit.count.load(); });
+  counter("caf_serving_cache_misses",
+          "Successful inference requests looked up in the response cache and not found",
+          [](const model_stats& m) { return m.cache_miss.count.load(); });
+  counter("caf_serving_cache_hit_duration_us",
+          "Time spent answering response cache hits, microseconds",
+          [](const model_stats& m) { return m.cache_hit.ns.load() / 1000; });
+  counter("caf_serving_cache_miss_duration_us",
+          "Time spent on response cache lookups and inserts of misses, microseconds",
+          [](const model_stats& m) { return m.cache_miss.ns.load() / 1000; });
   counter("caf_serving_executor_restarts", "Executors that stopped and were started again",
           [](const model_stats& m) { return m.executor_restarts.load(); });
   counter("caf_serving_stage_restarts", "Post-processors that stopped and were started again",

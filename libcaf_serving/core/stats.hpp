@@ -62,6 +62,13 @@ struct model_stats {
   duration_stat compute_input;  ///< batch formed -> compute start (gather, staging)
   duration_stat compute_infer;  ///< compute start -> compute end
   duration_stat compute_output; ///< compute end -> response built
+  /// Response cache (ingress/response_cache.hpp), as Triton counts it: a hit
+  /// is the lookup and the answer taken from the cache; a miss is the lookup
+  /// plus storing the answer, counted when the request succeeded. Hits count
+  /// in success (and in queue, with no time) but not in inference_count,
+  /// execution_count or compute_*.
+  duration_stat cache_hit;
+  duration_stat cache_miss;
   std::array<std::atomic<uint64_t>, failure_reason_count> failures{};
 
   // -- supervision (written by the scheduler actor) --------------------------

@@ -9,6 +9,9 @@ TEST_CASE("stats JSON carries every field perf_analyzer reads") {
   m->success.add(1000);
   m->success.add(500);
   m->queue.add(7);
+  m->cache_hit.add(300);
+  m->cache_miss.add(40);
+  m->cache_miss.add(60);
   m->inference_count = 5;
   m->execution_count = 2;
   auto json = stats_json({m});
@@ -16,6 +19,8 @@ TEST_CASE("stats JSON carries every field perf_analyzer reads") {
   CHECK(json.find("\"version\":\"3\"") != std::string::npos);
   CHECK(json.find("\"success\":{\"count\":2,\"ns\":1500}") != std::string::npos);
   CHECK(json.find("\"queue\":{\"count\":1,\"ns\":7}") != std::string::npos);
+  CHECK(json.find("\"cache_hit\":{\"count\":1,\"ns\":300}") != std::string::npos);
+  CHECK(json.find("\"cache_miss\":{\"count\":2,\"ns\":100}") != std::string::npos);
   CHECK(json.find("\"inference_count\":5") != std::string::npos);
   CHECK(json.find("\"execution_count\":2") != std::string::npos);
   for (auto key : {"fail", "compute_input", "compute_infer", "compute_output", "cache_hit",
@@ -46,4 +51,19 @@ TEST_CASE("failures are counted by reason on /metrics") {
                   "reason=\"queue_full\"} 2")
         != std::string::npos);
   CHECK(m->fail.count == 2);
+}
+
+TEST_CASE("response cache hits and misses are counted on /metrics") {
+  auto m = std::make_shared<model_stats>("m", 2);
+  m->cache_hit.add(5000);
+  m->cache_hit.add(7000);
+  m->cache_miss.add(3000);
+  auto text = prometheus_text({m});
+  CHECK(text.find("\ncaf_serving_cache_hits{model=\"m\",version=\"2\"} 2\n") != std::string::npos);
+  CHECK(text.find("\ncaf_serving_cache_misses{model=\"m\",version=\"2\"} 1\n")
+        != std::string::npos);
+  CHECK(text.find("\ncaf_serving_cache_hit_duration_us{model=\"m\",version=\"2\"} 12\n")
+        != std::string::npos);
+  CHECK(text.find("\ncaf_serving_cache_miss_duration_us{model=\"m\",version=\"2\"} 3\n")
+        != std::string::npos);
 }
