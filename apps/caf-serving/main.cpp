@@ -4,6 +4,7 @@
 #include "cluster/node_registry.hpp"
 #include "cluster/secret.hpp"
 #include "onnx/work_pool.hpp"
+#include "ingress/response_cache.hpp"
 #include "options.hpp"
 #include "server/model_manager.hpp"
 #include "server/print_plan.hpp"
@@ -131,6 +132,10 @@ int main(int argc, char** argv) {
                 << *port << std::endl;
     }
   }
+
+  // One response cache for the whole server (every event loop), as Triton's.
+  if (opts.cache.max_bytes > 0)
+    opts.http.cache = std::make_shared<ingress::response_cache>(opts.cache);
 
   ingress::stop_report stopped;
   try {

@@ -42,6 +42,13 @@ std::string usage() {
          "                             the batch sent once more (default 60000; 0: never)\n"
          "  --exit-timeout-secs N      after SIGINT or SIGTERM, how long accepted requests\n"
          "                             may still take; the rest are answered 503 (default 30)\n"
+         "  --cache-config local,size=N\n"
+         "                             the response cache (Triton's flag): answers of models\n"
+         "                             with response_cache { enable: true } are kept, up to\n"
+         "                             N bytes in all, least recently used dropped first;\n"
+         "                             identical requests are answered from it (default:\n"
+         "                             no cache; size=0: none). --response-cache-byte-size N\n"
+         "                             is the same\n"
          "\n"
          "Limits for clients (per port):\n"
          "  --max-connections N        connections served at once; one more is answered\n"
@@ -95,6 +102,36 @@ std::optional<uint64_t> parse_uint(const std::string& s, uint64_t max) {
   if (errno != 0 || *end != '\0' || v > max)
     return std::nullopt;
   return v;
+}
+
+/// Largest --cache-config size: far above any machine's memory, low enough
+/// that byte counts never overflow.
+constexpr uint64_t max_cache_bytes = uint64_t{1} << 50;
+
+/// Triton's --cache-config value, "<cache>,<key>=<value>": only the local
+/// cache, whose one key is size (bytes).
+std::optional<std::string> parse_cache_config(const std::string& value,
+                                              ingress::response_cache_config& cfg) {
+  auto comma = value.find(',');
+  std::string cache = value.substr(0, comma);
+  if (cache != "local")
+    return "flag --cache-config: cache '" + cache + "' is not supported; caf-serving has "
+           "only Triton's local cache: --cache-config local,size=BYTES";
+  std::string setting = comma == std::string::npos ? "" : value.substr(comma + 1);
+  auto eq = setting.find('=');
+  if (setting.empty() || eq == std::string::npos)
+    return std::string("flag --cache-config: '") + value + "' gives no setting; write "
+           "--cache-config local,size=BYTES";
+  auto key = setting.substr(0, eq);
+  if (key != "size")
+    return "flag --cache-config: the local cache has no setting '" + key
+           + "'; its one setting is size=BYTES";
+  auto n = parse_uint(setting.substr(eq + 1), max_cache_bytes);
+  if (!n)
+    return "flag --cache-config: size '" + setting.substr(eq + 1)
+           + "' is not a byte count from 0 (no cache) to 2^50";
+  cfg.max_bytes = *n;
+  return std::nullopt;
 }
 
 std::optional<bool> parse_bool(const std::string& s) {
@@ -183,6 +220,14 @@ std::variant<server_options, show_help, std::string> parse_options(int argc, cha
         o.threads.executor_threads = static_cast<unsigned>(*n);
       else
         o.executor_depth = static_cast<uint32_t>(*n);
+    } else if (flag == "--cache-config") {
+      if (auto problem = parse_cache_config(value, o.cache))
+        return *problem;
+    } else if (flag == "--response-cache-byte-size") {
+      auto n = number(max_cache_bytes);
+      if (!n)
+        return bad("a byte count from 0 (no cache) to 2^50");
+      o.cache.max_bytes = *n;
     } else if (flag == "--worker") {
       // The same parser main() uses to connect, so that what passes here connects.
       if (auto hp = cluster::parse_host_port(value); !hp)

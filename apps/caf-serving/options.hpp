@@ -4,6 +4,7 @@
 
 #include "core/thread_config.hpp"
 #include "ingress/http_server.hpp"
+#include "ingress/response_cache.hpp"
 #include "core/limits.hpp"
 
 #include <optional>
@@ -45,6 +46,9 @@ struct server_options {
   /// --max-batch-bytes: largest sum of tensor bytes in one batch.
   uint64_t max_batch_bytes = max_data_field_bytes;
   uint32_t executor_depth = 1;
+  /// --cache-config local,size=N (Triton's flag; also its older
+  /// --response-cache-byte-size N): the response cache; size 0: none.
+  ingress::response_cache_config cache;
   cluster_options cluster;
   /// --print-plan MODEL: print the model's optimized ONNX plan (at
   /// --print-plan-batch rows, split for --executor-threads) and exit.

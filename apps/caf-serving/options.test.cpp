@@ -122,3 +122,32 @@ TEST_CASE("client shared memory is off by default, as in Triton, and its region 
   REQUIRE(std::holds_alternative<std::string>(r));
   CHECK(std::get<std::string>(r).find("flag --shm-region-limit: '0'") != std::string::npos);
 }
+
+TEST_CASE("--cache-config local,size=N sizes the response cache, as in Triton") {
+  auto cache_bytes = [](std::vector<const char*> flags) {
+    flags.insert(flags.begin(), {"--model-repository", "/m"});
+    auto r = parse(flags);
+    auto* o = std::get_if<server_options>(&r);
+    REQUIRE_MESSAGE(o, std::get<std::string>(r));
+    return o->cache.max_bytes;
+  };
+  CHECK(cache_bytes({}) == 0); // no cache unless asked for, as in Triton
+  CHECK(cache_bytes({"--cache-config", "local,size=1048576"}) == 1048576);
+  CHECK(cache_bytes({"--cache-config=local,size=4096"}) == 4096);
+  CHECK(cache_bytes({"--cache-config", "local,size=0"}) == 0);
+  CHECK(cache_bytes({"--response-cache-byte-size", "65536"}) == 65536);
+
+  auto error = [](std::vector<const char*> flags) {
+    flags.insert(flags.begin(), {"--model-repository", "/m"});
+    auto r = parse(flags);
+    REQUIRE(std::holds_alternative<std::string>(r));
+    return std::get<std::string>(r);
+  };
+  CHECK(error({"--cache-config", "redis,host=localhost"})
+          .find("cache 'redis' is not supported") != std::string::npos);
+  CHECK(error({"--cache-config", "local"}).find("local,size=BYTES") != std::string::npos);
+  CHECK(error({"--cache-config", "local,bytes=10"}).find("no setting 'bytes'")
+        != std::string::npos);
+  CHECK(error({"--cache-config", "local,size=-1"}).find("size '-1' is not a byte count")
+        != std::string::npos);
+}

@@ -5,6 +5,7 @@
 #include "ingress/compression.hpp"
 #include "ingress/shm_api.hpp"
 #include "ingress/shm_tensors.hpp"
+#include "ingress/response_cache.hpp"
 #include "ingress/validate.hpp"
 #include "repository/config_json.hpp"
 
@@ -256,6 +257,10 @@ struct infer_context {
   /// The shared-memory regions the request reads and writes, mapped until
   /// it is answered.
   shared_memory_binding shared_memory;
+  /// After a response cache miss: the key to store the answer under.
+  std::optional<cache_key> cache_miss_key;
+  /// Time the response cache lookup took (and copying the key, on a miss).
+  int64_t cache_lookup_ns = 0;
 };
 
 class kserve_service final : public kj::HttpService {
@@ -688,6 +693,11 @@ private:
           ctx->request = std::move(*parsed);
           auto timing = ctx->request.parameters.find("timing");
           ctx->timing = timing != ctx->request.parameters.end() && timing->second == "true";
+          // Not for requests that use shared memory: their inputs may live in a
+          // client's region, which only copy_input_data reads safely.
+          if (cfg_.cache && model->config.response_cache_enabled && ctx->shared_memory.empty())
+            if (auto hit = probe_cache(*ctx))
+              return answer_cached(*ctx, *hit, response);
           auto msg = to_message(*ctx, checked->batch_size, received);
           if (!msg)
             return fail(msg.error());
@@ -775,7 +785,6 @@ private:
 
   kj::Promise<void> answer(infer_context& ctx, response_message msg, Response& response) {
     auto r = msg.reader();
-    auto& stats = *ctx.model->stats;
     if (r.getError().getStatus() != 0) {
       ctx.shared_memory = {};
       serving_error e{static_cast<status_code>(r.getError().getStatus()),
@@ -786,10 +795,6 @@ private:
       return send_error(response, e);
     }
     response_view view;
-    view.model_name = ctx.model->config.name;
-    auto version = std::to_string(ctx.model->version);
-    view.model_version = version;
-    view.id = ctx.request.id;
     for (auto t : r.getOutputs()) {
       output_view o;
       o.name = std::string_view(t.getName().cStr(), t.getName().size());
@@ -814,6 +819,51 @@ private:
         {"until_response_us", us(t.getReceivedNs(), now_ns())},
       };
     }
+    return send_answer(ctx, std::move(view), response);
+  }
+
+  // -- response cache (ingress/response_cache.hpp) ---------------------------
+
+  /// The cached answer to ctx's request, or null; on a miss ctx keeps the key
+  /// (owning its bytes: the body goes before the answer comes) for
+  /// send_answer to store the answer under.
+  std::shared_ptr<const cached_response> probe_cache(infer_context& ctx) {
+    int64_t start = now_ns();
+    auto key = cache_key::of(ctx.request, ctx.model);
+    auto hit = cfg_.cache->find(key);
+    if (!hit) {
+      key.own();
+      ctx.cache_miss_key = std::move(key);
+    }
+    ctx.cache_lookup_ns = now_ns() - start;
+    return hit;
+  }
+
+  /// Answers from the cache: the pipeline is skipped, and the hit counts in
+  /// success, queue (with no time) and cache_hit, as in Triton.
+  kj::Promise<void> answer_cached(infer_context& ctx, const cached_response& hit,
+                                  Response& response) {
+    auto& stats = *ctx.model->stats;
+    stats.cache_hit.add(static_cast<uint64_t>(ctx.cache_lookup_ns));
+    stats.queue.add(0);
+    response_view view;
+    view.outputs = hit.views();
+    if (ctx.timing)
+      view.parameters = {
+        {"cache_hit_us", static_cast<uint64_t>(ctx.cache_lookup_ns) / 1000},
+        {"until_response_us", static_cast<uint64_t>(now_ns() - ctx.received_ns) / 1000},
+      };
+    return send_answer(ctx, std::move(view), response);
+  }
+
+  /// Writes a successful answer (from the pipeline or the cache) out as the
+  /// request asked, counts it, and after a cache miss stores it.
+  kj::Promise<void> send_answer(infer_context& ctx, response_view view, Response& response) {
+    auto& stats = *ctx.model->stats;
+    view.model_name = ctx.model->config.name;
+    auto version = std::to_string(ctx.model->version);
+    view.model_version = version;
+    view.id = ctx.request.id;
     auto written = ctx.shared_memory.write_outputs(view);
     if (!written) {
       ctx.shared_memory = {};
@@ -831,6 +881,11 @@ private:
     if (!out) {
       finish_failure(*ctx.model, ctx.received_ns, out.error());
       return send_error(response, out.error());
+    }
+    if (ctx.cache_miss_key) {
+      int64_t start = now_ns();
+      cfg_.cache->insert(*ctx.cache_miss_key, cached_response::copy_of(view.outputs));
+      stats.cache_miss.add(static_cast<uint64_t>(ctx.cache_lookup_ns + (now_ns() - start)));
     }
     // Done with the regions: a region unregistered meanwhile goes now, before
     // the client can see the answer and ask for the status.

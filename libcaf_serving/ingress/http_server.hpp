@@ -15,10 +15,13 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 
 namespace caf_serving::ingress {
+
+class response_cache;
 
 struct http_server_config {
   std::string address = "0.0.0.0";
@@ -52,6 +55,10 @@ struct http_server_config {
   uint32_t exit_timeout_secs = 30;
   /// Client shared-memory regions (--allow-client-shm, --shm-region-limit).
   shared_memory_config shared_memory;
+  /// The server's response cache (--cache-config local,size=N), one for all
+  /// event loops; used for models with response_cache { enable: true }.
+  /// Null: no cache.
+  std::shared_ptr<response_cache> cache;
 };
 
 struct listening_ports {
