@@ -257,7 +257,10 @@ struct infer_context {
   /// The shared-memory regions the request reads and writes, mapped until
   /// it is answered.
   shared_memory_binding shared_memory;
-  /// After a response cache miss: the key to store the answer under.
+  /// Whether the response cache was asked and had no answer.
+  bool cache_missed = false;
+  /// After such a miss: the key to store the answer under (none when the
+  /// request is too large to be cached).
   std::optional<cache_key> cache_miss_key;
   /// Time the response cache lookup took (and copying the key, on a miss).
   int64_t cache_lookup_ns = 0;
@@ -459,7 +462,8 @@ private:
   kj::Promise<void> metrics(kj::HttpMethod method, Response& response) {
     return expect(method, kj::HttpMethod::GET, response, [&] {
       return send_body(response, 200,
-                       prometheus_text(models_.all_stats()) + models_.cluster_prometheus(),
+                       prometheus_text(models_.all_stats()) + models_.cluster_prometheus()
+                         + (cfg_.cache ? cfg_.cache->prometheus() : std::string()),
                        "text/plain; version=0.0.4");
     });
   }
@@ -831,7 +835,8 @@ private:
     int64_t start = now_ns();
     auto key = cache_key::of(ctx.request, ctx.model);
     auto hit = cfg_.cache->find(key);
-    if (!hit) {
+    ctx.cache_missed = !hit;
+    if (!hit && cfg_.cache->admits(key)) {
       key.own();
       ctx.cache_miss_key = std::move(key);
     }
@@ -882,9 +887,10 @@ private:
       finish_failure(*ctx.model, ctx.received_ns, out.error());
       return send_error(response, out.error());
     }
-    if (ctx.cache_miss_key) {
+    if (ctx.cache_missed) {
       int64_t start = now_ns();
-      cfg_.cache->insert(*ctx.cache_miss_key, cached_response::copy_of(view.outputs));
+      if (ctx.cache_miss_key)
+        cfg_.cache->insert(*ctx.cache_miss_key, cached_response::copy_of(view.outputs));
       stats.cache_miss.add(static_cast<uint64_t>(ctx.cache_lookup_ns + (now_ns() - start)));
     }
     // Done with the regions: a region unregistered meanwhile goes now, before

@@ -269,6 +269,14 @@ bool response_cache::insert(cache_key key, cached_response value) {
   return true;
 }
 
+bool response_cache::admits(const cache_key& key) {
+  if (key.size() + entry_overhead_bytes <= cfg_.max_bytes)
+    return true;
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++too_large_;
+  return false;
+}
+
 response_cache::usage response_cache::current() const {
   std::lock_guard<std::mutex> lock(mutex_);
   usage u;
@@ -278,6 +286,25 @@ response_cache::usage response_cache::current() const {
   u.evictions = evictions_;
   u.too_large = too_large_;
   return u;
+}
+
+std::string response_cache::prometheus() const {
+  auto u = current();
+  std::string out;
+  auto metric = [&](const char* name, const char* type, const char* help, uint64_t value) {
+    out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n"
+           + name + " " + std::to_string(value) + "\n";
+  };
+  metric("caf_serving_cache_entries", "gauge", "Answers held by the response cache", u.entries);
+  metric("caf_serving_cache_bytes", "gauge",
+         "Bytes the response cache holds (keys, answers, bookkeeping)", u.bytes);
+  metric("caf_serving_cache_max_bytes", "gauge", "The response cache's bound (--cache-config)",
+         u.max_bytes);
+  metric("caf_serving_cache_evictions", "counter",
+         "Answers dropped from the response cache to make room", u.evictions);
+  metric("caf_serving_cache_too_large", "counter",
+         "Answers not cached because they alone exceed the cache's bound", u.too_large);
+  return out;
 }
 
 } // namespace caf_serving::ingress

@@ -129,6 +129,11 @@ public:
   /// cached (two identical requests that missed at once) keeps its entry.
   bool insert(cache_key key, cached_response value);
 
+  /// Whether an answer to `key` could be cached at all: false (and counted as
+  /// too_large) when the key alone passes max_bytes, so that a miss need not
+  /// copy a request body that will never be kept.
+  bool admits(const cache_key& key);
+
   /// The cost of an entry in bytes, as insert counts it.
   static size_t charge(const cache_key& key, const cached_response& value);
 
@@ -142,6 +147,11 @@ public:
     uint64_t too_large = 0;
   };
   usage current() const;
+
+  /// Prometheus text for the cache as a whole: caf_serving_cache_entries,
+  /// caf_serving_cache_bytes, caf_serving_cache_max_bytes (gauges),
+  /// caf_serving_cache_evictions and caf_serving_cache_too_large (counters).
+  std::string prometheus() const;
 
 private:
   struct entry {

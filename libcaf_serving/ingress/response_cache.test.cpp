@@ -254,3 +254,29 @@ TEST_CASE("many threads finding and inserting keep the byte bound") {
   CHECK(cache.current().bytes <= 8 * cost);
   CHECK(cache.current().entries <= 8);
 }
+
+TEST_CASE("a key larger than the cache is not admitted, so a miss need not copy it") {
+  auto owner = new_owner();
+  infer_request big;
+  big.inputs.push_back(input("x", datatype::uint8, {1, 5000}, std::string(5000, 'x')));
+  response_cache cache({4096});
+  CHECK_FALSE(cache.admits(cache_key::of(big, owner)));
+  CHECK(cache.admits(key_of('a', owner)));
+  CHECK(cache.current().too_large == 1);
+}
+
+TEST_CASE("the cache's size and evictions are on /metrics") {
+  auto owner = new_owner();
+  auto cost = response_cache::charge(key_of('a', owner), answer_of(10));
+  response_cache cache({cost});
+  REQUIRE(cache.insert(key_of('a', owner), answer_of(10)));
+  REQUIRE(cache.insert(key_of('b', owner), answer_of(10)));
+  auto text = cache.prometheus();
+  CHECK(text.find("\ncaf_serving_cache_entries 1\n") != std::string::npos);
+  CHECK(text.find("\ncaf_serving_cache_bytes " + std::to_string(cost) + "\n")
+        != std::string::npos);
+  CHECK(text.find("\ncaf_serving_cache_max_bytes " + std::to_string(cost) + "\n")
+        != std::string::npos);
+  CHECK(text.find("\ncaf_serving_cache_evictions 1\n") != std::string::npos);
+  CHECK(text.find("# TYPE caf_serving_cache_too_large counter\n") != std::string::npos);
+}

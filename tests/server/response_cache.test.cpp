@@ -190,6 +190,9 @@ TEST_CASE("an answer larger than the whole cache is not cached; smaller ones are
   CHECK(stat(doc, "execution_count") == 2);
   CHECK(stat(doc, "inference_stats/cache_hit/count") == 0);
   CHECK(stat(doc, "inference_stats/cache_miss/count") == 2);
+  // Not kept, and counted as such on /metrics.
+  http_client m(server().process->metrics_port());
+  CHECK(metric_value(m.get("/metrics").body, "caf_serving_cache_too_large") >= 2);
 
   auto small = identity_body(1, 2.0f);
   for (int i = 0; i < 2; ++i)
@@ -233,4 +236,30 @@ TEST_CASE("a failed request is not cached: the same request later runs the model
   REQUIRE_MESSAGE(r.status == 200, r.body);
   CHECK(stat(stats_of("slow_cached"), "inference_stats/cache_hit/count") == 1);
   CHECK(stat(stats_of("slow_cached"), "execution_count") == 2);
+}
+
+TEST_CASE("a reloaded model starts with no cached answers") {
+  auto http = server().client();
+  auto body = identity_body(1, 40.0f);
+  for (int i = 0; i < 2; ++i)
+    REQUIRE(http.post("/v2/models/identity_cached/infer", body, json_content).status == 200);
+  auto before = stats_of("identity_cached");
+  REQUIRE(stat(before, "inference_stats/cache_hit/count") >= 1);
+
+  auto r = http.post("/v2/repository/models/identity_cached/load", "", json_content);
+  REQUIRE_MESSAGE(r.status == 200, r.body);
+  // The new load has its own statistics; its first request runs the model.
+  r = http.post("/v2/models/identity_cached/infer", body, json_content);
+  REQUIRE_MESSAGE(r.status == 200, r.body);
+  CHECK(fp32_output(json_document::parse(r.body)).front() == 40.0f);
+  auto after = stats_of("identity_cached");
+  CHECK(stat(after, "execution_count") == 1);
+  CHECK(stat(after, "inference_stats/cache_hit/count") == 0);
+  CHECK(stat(after, "inference_stats/cache_miss/count") == 1);
+  // The cache as a whole is on /metrics, within its bound.
+  http_client m(server().process->metrics_port());
+  auto text = m.get("/metrics").body;
+  CHECK(metric_value(text, "caf_serving_cache_max_bytes") == 6000);
+  CHECK(metric_value(text, "caf_serving_cache_entries") >= 1);
+  CHECK(metric_value(text, "caf_serving_cache_bytes") <= 6000);
 }
