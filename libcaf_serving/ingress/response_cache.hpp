@@ -174,7 +174,7 @@ private:
   uint64_t too_large_ = 0;
 };
 
-/// A fast non-cryptographic 64-bit hash of `bytes` (4 lanes of 8-byte words);
+/// A fast non-cryptographic 64-bit hash of `bytes` (3 lanes of 128-bit multiplies);
 /// collisions are harmless here because keys are compared in full.
 uint64_t hash_bytes(std::string_view bytes, uint64_t seed);
 
