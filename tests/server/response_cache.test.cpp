@@ -38,6 +38,8 @@ void add_cached_model(temp_repository& repo, const fs::path& from, const std::st
   repo.write_file(fs::path(name) / "config.pbtxt",
                   config + "\nresponse_cache { enable: true }\n");
   repo.write_file(fs::path(name) / "1" / "model.builtin", "");
+  if (fs::exists(from / "labels.txt"))
+    repo.write_file(fs::path(name) / "labels.txt", read_file(from / "labels.txt"));
 }
 
 struct cache_server {
@@ -48,6 +50,7 @@ struct cache_server {
     add_cached_model(repo, example_model("simple"), "simple");
     add_cached_model(repo, example_model("identity_fp32"), "identity_cached");
     add_cached_model(repo, test_model("slow_queue"), "slow_cached");
+    add_cached_model(repo, test_model("classifier"), "classifier_cached");
     repo.add_model(example_model("identity_fp32")); // no response_cache
     process = std::make_unique<server_process>(server_config{
       CAF_SERVING_BINARY, repo.path().string(), {"--cache-config", cache_size}});
@@ -262,4 +265,51 @@ TEST_CASE("a reloaded model starts with no cached answers") {
   CHECK(metric_value(text, "caf_serving_cache_max_bytes") == 6000);
   CHECK(metric_value(text, "caf_serving_cache_entries") >= 1);
   CHECK(metric_value(text, "caf_serving_cache_bytes") <= 6000);
+}
+
+TEST_CASE("JSON and binary input data for the same values share an answer") {
+  auto http = server().client();
+  auto before = stats_of("identity_cached");
+  std::vector<float> values(16);
+  for (size_t i = 0; i < values.size(); ++i)
+    values[i] = 0.25f * static_cast<float>(i) - 7.f;
+  auto r = http.post("/v2/models/identity_cached/infer", fp32_identity_body(values, 1),
+                     json_content);
+  REQUIRE_MESSAGE(r.status == 200, r.body);
+  auto header = infer_body({binary_input_json("INPUT0", "FP32", {1, 16}, 64)});
+  r = http.post("/v2/models/identity_cached/infer", header + to_bytes(values),
+                {{"Content-Type", "application/octet-stream"},
+                 {"Inference-Header-Content-Length", std::to_string(header.size())}});
+  REQUIRE_MESSAGE(r.status == 200, r.body);
+  CHECK(fp32_output(json_document::parse(r.body)) == values);
+  auto doc = stats_of("identity_cached");
+  CHECK(stat(doc, "inference_stats/cache_hit/count")
+        == stat(before, "inference_stats/cache_hit/count") + 1);
+  CHECK(stat(doc, "execution_count") == stat(before, "execution_count") + 1);
+}
+
+TEST_CASE("classification is part of the key: each count gets its own answer") {
+  auto http = server().client();
+  std::vector<float> scores{0.1f, 0.7f, 0.05f, 0.9f, 0.3f}; // fish, dog, ...
+  auto ask = [&](int k) {
+    return http.post("/v2/models/classifier_cached/infer",
+                     infer_body({input_json("INPUT0", "FP32", {1, 5}, json_list(scores))},
+                                ",\"outputs\":[{\"name\":\"OUTPUT0\",\"parameters\":"
+                                "{\"classification\":" + std::to_string(k) + "}}]"),
+                     json_content);
+  };
+  auto two = ask(2);
+  REQUIRE_MESSAGE(two.status == 200, two.body);
+  CHECK(json_strings(json_document::parse(two.body).at("/outputs/0/data"))
+        == std::vector<std::string>{"0.9:3:fish", "0.7:1:dog"});
+  auto three = ask(3);
+  REQUIRE_MESSAGE(three.status == 200, three.body);
+  CHECK(json_strings(json_document::parse(three.body).at("/outputs/0/data"))
+        == std::vector<std::string>{"0.9:3:fish", "0.7:1:dog", "0.3:4:horse"});
+  auto again = ask(2);
+  CHECK(again.body == two.body);
+  auto doc = stats_of("classifier_cached");
+  CHECK(stat(doc, "inference_stats/cache_miss/count") == 2);
+  CHECK(stat(doc, "inference_stats/cache_hit/count") == 1);
+  CHECK(stat(doc, "execution_count") == 2);
 }
