@@ -10,10 +10,15 @@
 ///   auto key = cache_key::of(request, pipeline);   // views into the request
 ///   if (auto hit = cache.find(key))
 ///     answer from hit->outputs;                     // the pipeline is skipped
-///   else
+///   else if (cache.admits(key))   // not when the key alone passes max_bytes
 ///     key.own();   // copies the viewed bytes: the request body is about to go
 ///     ... run the request; on success:
 ///     cache.insert(std::move(key), cached_response::copy_of(response_outputs));
+///
+/// Memory: max_bytes bounds what the cache holds. A request that missed also
+/// holds a copy of its inputs (its key) until it is answered; that copy, one
+/// per request in flight and bounded by --max-body-bytes, is not counted in
+/// max_bytes.
 ///
 /// What makes two requests identical: the same pipeline (model, version, and
 /// the load that serves it: a reloaded model starts with no entries), the same
