@@ -9,9 +9,14 @@
 
 #include <doctest/doctest.h>
 
+#include <cstring>
 #include <fstream>
 #include <future>
 #include <sstream>
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 using namespace caf_serving::server_test;
 
@@ -53,7 +58,8 @@ struct cache_server {
     add_cached_model(repo, test_model("classifier"), "classifier_cached");
     repo.add_model(example_model("identity_fp32")); // no response_cache
     process = std::make_unique<server_process>(server_config{
-      CAF_SERVING_BINARY, repo.path().string(), {"--cache-config", cache_size}});
+      CAF_SERVING_BINARY, repo.path().string(),
+      {"--cache-config", cache_size, "--allow-client-shm=true"}});
   }
   http_client client() const { return http_client(process->http_port()); }
 };
@@ -70,7 +76,7 @@ json_document stats_of(const std::string& model) {
   return json_document::parse(r.body);
 }
 
-uint64_t stat(const json_document& doc, const std::string& path) {
+uint64_t stat_at(const json_document& doc, const std::string& path) {
   return doc.uint_at("/model_stats/0/" + path);
 }
 
@@ -116,16 +122,16 @@ TEST_CASE("the same request twice: the second is answered from the cache, byte f
   CHECK(second.header("content-type") == first.header("content-type"));
 
   auto doc = stats_of("simple");
-  CHECK(stat(doc, "inference_stats/cache_miss/count") == 1);
-  CHECK(stat(doc, "inference_stats/cache_hit/count") == 1);
-  CHECK(stat(doc, "inference_stats/cache_hit/ns") > 0);
-  CHECK(stat(doc, "inference_stats/cache_miss/ns") > 0);
+  CHECK(stat_at(doc, "inference_stats/cache_miss/count") == 1);
+  CHECK(stat_at(doc, "inference_stats/cache_hit/count") == 1);
+  CHECK(stat_at(doc, "inference_stats/cache_hit/ns") > 0);
+  CHECK(stat_at(doc, "inference_stats/cache_miss/ns") > 0);
   // The model ran once; both requests succeeded (Triton's accounting).
-  CHECK(stat(doc, "execution_count") == 1);
-  CHECK(stat(doc, "inference_count") == 1);
-  CHECK(stat(doc, "inference_stats/compute_infer/count") == 1);
-  CHECK(stat(doc, "inference_stats/success/count") == 2);
-  CHECK(stat(doc, "inference_stats/queue/count") == 2);
+  CHECK(stat_at(doc, "execution_count") == 1);
+  CHECK(stat_at(doc, "inference_count") == 1);
+  CHECK(stat_at(doc, "inference_stats/compute_infer/count") == 1);
+  CHECK(stat_at(doc, "inference_stats/success/count") == 2);
+  CHECK(stat_at(doc, "inference_stats/queue/count") == 2);
   CHECK(metric("caf_serving_cache_hits", "simple") == 1);
   CHECK(metric("caf_serving_cache_misses", "simple") == 1);
 
@@ -147,8 +153,8 @@ TEST_CASE("the same request twice: the second is answered from the cache, byte f
       CHECK(sum == a[i] + b[i]);
     }
     doc = stats_of("simple");
-    CHECK(stat(doc, "inference_stats/cache_hit/count") == 2);
-    CHECK(stat(doc, "execution_count") == 1);
+    CHECK(stat_at(doc, "inference_stats/cache_hit/count") == 2);
+    CHECK(stat_at(doc, "execution_count") == 1);
   }
 
   // Other input bytes miss, run the model, and get their own answer.
@@ -162,9 +168,9 @@ TEST_CASE("the same request twice: the second is answered from the cache, byte f
     REQUIRE(sums.size() == 16);
     CHECK(sums[15] == a[15] + b2[15]);
     doc = stats_of("simple");
-    CHECK(stat(doc, "inference_stats/cache_miss/count") == 2);
-    CHECK(stat(doc, "inference_stats/cache_hit/count") == 2);
-    CHECK(stat(doc, "execution_count") == 2);
+    CHECK(stat_at(doc, "inference_stats/cache_miss/count") == 2);
+    CHECK(stat_at(doc, "inference_stats/cache_hit/count") == 2);
+    CHECK(stat_at(doc, "execution_count") == 2);
   }
 }
 
@@ -176,9 +182,9 @@ TEST_CASE("a model without response_cache never uses the cache") {
     REQUIRE_MESSAGE(r.status == 200, r.body);
   }
   auto doc = stats_of("identity_fp32");
-  CHECK(stat(doc, "execution_count") == 2);
-  CHECK(stat(doc, "inference_stats/cache_hit/count") == 0);
-  CHECK(stat(doc, "inference_stats/cache_miss/count") == 0);
+  CHECK(stat_at(doc, "execution_count") == 2);
+  CHECK(stat_at(doc, "inference_stats/cache_hit/count") == 0);
+  CHECK(stat_at(doc, "inference_stats/cache_miss/count") == 0);
 }
 
 TEST_CASE("an answer larger than the whole cache is not cached; smaller ones are") {
@@ -190,9 +196,9 @@ TEST_CASE("an answer larger than the whole cache is not cached; smaller ones are
     CHECK(fp32_output(json_document::parse(r.body)).size() == 64 * 16);
   }
   auto doc = stats_of("identity_cached");
-  CHECK(stat(doc, "execution_count") == 2);
-  CHECK(stat(doc, "inference_stats/cache_hit/count") == 0);
-  CHECK(stat(doc, "inference_stats/cache_miss/count") == 2);
+  CHECK(stat_at(doc, "execution_count") == 2);
+  CHECK(stat_at(doc, "inference_stats/cache_hit/count") == 0);
+  CHECK(stat_at(doc, "inference_stats/cache_miss/count") == 2);
   // Not kept, and counted as such on /metrics.
   http_client m(server().process->metrics_port());
   CHECK(metric_value(m.get("/metrics").body, "caf_serving_cache_too_large") >= 2);
@@ -201,8 +207,8 @@ TEST_CASE("an answer larger than the whole cache is not cached; smaller ones are
   for (int i = 0; i < 2; ++i)
     REQUIRE(http.post("/v2/models/identity_cached/infer", small, json_content).status == 200);
   doc = stats_of("identity_cached");
-  CHECK(stat(doc, "execution_count") == 3);
-  CHECK(stat(doc, "inference_stats/cache_hit/count") == 1);
+  CHECK(stat_at(doc, "execution_count") == 3);
+  CHECK(stat_at(doc, "inference_stats/cache_hit/count") == 1);
 }
 
 TEST_CASE("a failed request is not cached: the same request later runs the model") {
@@ -231,14 +237,14 @@ TEST_CASE("a failed request is not cached: the same request later runs the model
   REQUIRE_MESSAGE(r.status == 200, r.body);
   CHECK(fp32_output(json_document::parse(r.body)) == std::vector<float>{2, 2});
   auto doc = stats_of("slow_cached");
-  CHECK(stat(doc, "execution_count") == 2);
-  CHECK(stat(doc, "inference_stats/cache_hit/count") == 0);
-  CHECK(stat(doc, "inference_stats/fail/count") == 1);
+  CHECK(stat_at(doc, "execution_count") == 2);
+  CHECK(stat_at(doc, "inference_stats/cache_hit/count") == 0);
+  CHECK(stat_at(doc, "inference_stats/fail/count") == 1);
   // And from now on it is a hit.
   r = http.post("/v2/models/slow_cached/infer", body_of(2), json_content);
   REQUIRE_MESSAGE(r.status == 200, r.body);
-  CHECK(stat(stats_of("slow_cached"), "inference_stats/cache_hit/count") == 1);
-  CHECK(stat(stats_of("slow_cached"), "execution_count") == 2);
+  CHECK(stat_at(stats_of("slow_cached"), "inference_stats/cache_hit/count") == 1);
+  CHECK(stat_at(stats_of("slow_cached"), "execution_count") == 2);
 }
 
 TEST_CASE("a reloaded model starts with no cached answers") {
@@ -247,7 +253,7 @@ TEST_CASE("a reloaded model starts with no cached answers") {
   for (int i = 0; i < 2; ++i)
     REQUIRE(http.post("/v2/models/identity_cached/infer", body, json_content).status == 200);
   auto before = stats_of("identity_cached");
-  REQUIRE(stat(before, "inference_stats/cache_hit/count") >= 1);
+  REQUIRE(stat_at(before, "inference_stats/cache_hit/count") >= 1);
 
   auto r = http.post("/v2/repository/models/identity_cached/load", "", json_content);
   REQUIRE_MESSAGE(r.status == 200, r.body);
@@ -256,9 +262,9 @@ TEST_CASE("a reloaded model starts with no cached answers") {
   REQUIRE_MESSAGE(r.status == 200, r.body);
   CHECK(fp32_output(json_document::parse(r.body)).front() == 40.0f);
   auto after = stats_of("identity_cached");
-  CHECK(stat(after, "execution_count") == 1);
-  CHECK(stat(after, "inference_stats/cache_hit/count") == 0);
-  CHECK(stat(after, "inference_stats/cache_miss/count") == 1);
+  CHECK(stat_at(after, "execution_count") == 1);
+  CHECK(stat_at(after, "inference_stats/cache_hit/count") == 0);
+  CHECK(stat_at(after, "inference_stats/cache_miss/count") == 1);
   // The cache as a whole is on /metrics, within its bound.
   http_client m(server().process->metrics_port());
   auto text = m.get("/metrics").body;
@@ -283,9 +289,9 @@ TEST_CASE("JSON and binary input data for the same values share an answer") {
   REQUIRE_MESSAGE(r.status == 200, r.body);
   CHECK(fp32_output(json_document::parse(r.body)) == values);
   auto doc = stats_of("identity_cached");
-  CHECK(stat(doc, "inference_stats/cache_hit/count")
-        == stat(before, "inference_stats/cache_hit/count") + 1);
-  CHECK(stat(doc, "execution_count") == stat(before, "execution_count") + 1);
+  CHECK(stat_at(doc, "inference_stats/cache_hit/count")
+        == stat_at(before, "inference_stats/cache_hit/count") + 1);
+  CHECK(stat_at(doc, "execution_count") == stat_at(before, "execution_count") + 1);
 }
 
 TEST_CASE("classification is part of the key: each count gets its own answer") {
@@ -309,7 +315,54 @@ TEST_CASE("classification is part of the key: each count gets its own answer") {
   auto again = ask(2);
   CHECK(again.body == two.body);
   auto doc = stats_of("classifier_cached");
-  CHECK(stat(doc, "inference_stats/cache_miss/count") == 2);
-  CHECK(stat(doc, "inference_stats/cache_hit/count") == 1);
-  CHECK(stat(doc, "execution_count") == 2);
+  CHECK(stat_at(doc, "inference_stats/cache_miss/count") == 2);
+  CHECK(stat_at(doc, "inference_stats/cache_hit/count") == 1);
+  CHECK(stat_at(doc, "execution_count") == 2);
+}
+
+TEST_CASE("a request with inputs in shared memory is not cached") {
+  // A client's POSIX shared-memory object holding both inputs of simple.
+  std::string key = "/caf_serving_cache_test_" + std::to_string(getpid());
+  int fd = shm_open(key.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+  REQUIRE(fd >= 0);
+  REQUIRE(ftruncate(fd, 128) == 0);
+  void* mapped = mmap(nullptr, 128, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  REQUIRE(mapped != MAP_FAILED);
+  auto a = iota32(500, 16);
+  auto b = iota32(-500, 16);
+  std::memcpy(mapped, a.data(), 64);
+  std::memcpy(static_cast<char*>(mapped) + 64, b.data(), 64);
+
+  auto http = server().client();
+  auto r = http.post("/v2/systemsharedmemory/region/cache_in/register",
+                     "{\"key\":\"" + key + "\",\"offset\":0,\"byte_size\":128}",
+                     json_content);
+  REQUIRE_MESSAGE(r.status == 200, r.body);
+  auto input = [](const std::string& name, int offset) {
+    return "{\"name\":\"" + name + "\",\"datatype\":\"INT32\",\"shape\":[1,16],"
+           "\"parameters\":{\"shared_memory_region\":\"cache_in\",\"shared_memory_offset\":"
+           + std::to_string(offset) + ",\"shared_memory_byte_size\":64}}";
+  };
+  auto before = stats_of("simple");
+  for (int i = 0; i < 2; ++i) {
+    r = http.post("/v2/models/simple/infer", infer_body({input("INPUT0", 0), input("INPUT1", 64)}),
+                  json_content);
+    REQUIRE_MESSAGE(r.status == 200, r.body);
+    auto sums = json_ints(json_document::parse(r.body).at("/outputs/0/data"));
+    REQUIRE(sums.size() == 16);
+    CHECK(sums[3] == a[3] + b[3]);
+  }
+  // The region is read only by the copy that survives a client truncating
+  // it, so such requests go to the model every time.
+  auto after = stats_of("simple");
+  CHECK(stat_at(after, "execution_count") == stat_at(before, "execution_count") + 2);
+  CHECK(stat_at(after, "inference_stats/cache_hit/count")
+        == stat_at(before, "inference_stats/cache_hit/count"));
+  CHECK(stat_at(after, "inference_stats/cache_miss/count")
+        == stat_at(before, "inference_stats/cache_miss/count"));
+  CHECK(http.post("/v2/systemsharedmemory/region/cache_in/unregister", "", json_content).status
+        == 200);
+  munmap(mapped, 128);
+  close(fd);
+  shm_unlink(key.c_str());
 }
