@@ -270,6 +270,16 @@ std::variant<std::monostate, serving_error> model_manager::load(const std::strin
   if (cfg.platform.empty() && cfg.backend.empty() && !entry.version_dirs.empty()
       && std::filesystem::exists(model_file(cfg, entry.version_dirs.back())))
     cfg.platform = "onnxruntime_onnx";
+  // Triton completes an ONNX model's backend, platform and file name alike,
+  // and GET .../config shows them.
+  if (is_onnx(cfg)) {
+    if (cfg.backend.empty())
+      cfg.backend = "onnxruntime";
+    if (cfg.platform.empty())
+      cfg.platform = "onnxruntime_onnx";
+    if (cfg.default_model_filename.empty())
+      cfg.default_model_filename = "model.onnx";
+  }
   std::map<int64_t, std::pair<model_config, backend_factory>> backends;
   for (size_t i = 0; i < entry.versions.size(); ++i) {
     model_config version_cfg = cfg;

@@ -98,6 +98,7 @@ TEST_CASE("densenet_small: format and reshape as Triton's densenet_onnx, classif
   CHECK(json_ints(meta.at("/outputs/0/shape")) == std::vector<int64_t>{1000});
   auto config = json_document::parse(http.get("/v2/models/densenet_small/config").body);
   CHECK(config.int_at("/max_batch_size") == 0);
+  CHECK(config.string_at("/backend") == "onnxruntime");
   CHECK(config.string_at("/input/0/format") == "FORMAT_NCHW");
   CHECK(json_strings(config.at("/input/0/reshape/shape"))
         == std::vector<std::string>{"1", "3", "224", "224"});
@@ -186,6 +187,8 @@ TEST_CASE("an ONNX model without config.pbtxt is completed as Triton's auto-comp
   CHECK(config.int_at("/max_batch_size") == 4);
   CHECK(config.has("/dynamic_batching"));
   CHECK(config.string_at("/platform") == "onnxruntime_onnx");
+  CHECK(config.string_at("/backend") == "onnxruntime");
+  CHECK(config.string_at("/default_model_filename") == "model.onnx");
   CHECK(config.string_at("/input/0/name") == "x");
   CHECK(json_strings(config.at("/input/0/dims")) == std::vector<std::string>{"6"});
   CHECK(config.string_at("/output/0/name") == "y");
