@@ -1020,6 +1020,10 @@ result<onnx_model> load_onnx_graph(graph imported, const onnx_model_config& give
   auto client_given = *batching;
   mcfg.config = model_side(*batching);
   auto cfg = complete_config(imported, mcfg);
+  if (!cfg && has_reshape(client_given))
+    return serving_error{cfg.error().status,
+                         cfg.error().message + " (for a tensor with a reshape, the dims checked "
+                                               "against the graph are reshape.shape)"};
   if (!cfg)
     return cfg.error();
   auto client_cfg = client_side(*cfg, client_given);

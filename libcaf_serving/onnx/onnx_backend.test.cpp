@@ -597,4 +597,6 @@ TEST_CASE("a reshaped model runs on its reshape and answers in its dims") {
   auto bad = load_onnx_graph(gemm_graph(-1, rng), cfg);
   REQUIRE_FALSE(bad);
   CHECK(bad.error().message.find("[3,2]") != std::string::npos);
+  CHECK(bad.error().message.find("the dims checked against the graph are reshape.shape")
+        != std::string::npos);
 }
