@@ -105,6 +105,7 @@ result<backend_factory> make_backend(model_config& cfg, const std::filesystem::p
     oc.model_file = model_file(cfg, version_dir);
     oc.config = cfg;
     oc.auto_complete = !manager.strict_model_config;
+    oc.default_max_batch_size = manager.default_max_batch_size;
     // Every ONNX model shares the process's compute threads (the plans are
     // compiled for the pool's size); without one, the model's instances
     // share a pool of executor_threads.

@@ -70,6 +70,10 @@ struct model_manager_config {
   /// 2.51's default) completes a missing or partial one from the ONNX graph,
   /// max_batch_size and dynamic batching included.
   bool strict_model_config = false;
+  /// The max_batch_size auto-complete gives a model whose graph batches and
+  /// whose config says none (Triton's --backend-config=
+  /// onnxruntime,default-max-batch-size, 4 by default).
+  int default_max_batch_size = 4;
 };
 
 /// What the ingress shows about the cluster (/v2 and /metrics); both empty on a
