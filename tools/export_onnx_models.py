@@ -3,7 +3,8 @@
 with random weights, and writes ONNX Runtime's outputs on fixed random inputs as references.
 
     python3 tools/export_onnx_models.py fixtures   # small test fixtures -> tests/onnx/fixtures
-    python3 tools/export_onnx_models.py examples   # examples/models/resnet_small, bert_small
+    python3 tools/export_onnx_models.py examples   # examples/models/resnet_small, bert_small,
+                                                   # densenet_small (tools/densenet_small.py)
     python3 tools/export_onnx_models.py bench --out build-onnx/bench-models
                                                    # ResNet-18/50, BERT-base, MiniLM-L6 (never committed)
 
@@ -383,6 +384,9 @@ def main():
                 dst = root / "examples" / "models" / name
                 shutil.rmtree(dst, ignore_errors=True)
                 shutil.copytree(tmp / "models" / name, dst)
+            # Triton's densenet_onnx layout (format, reshape, labels), built with onnx alone.
+            import densenet_small
+            densenet_small.write(root / "examples" / "models")
         else:
             bench(pathlib.Path(args.out or root / "build-onnx" / "bench-models"),
                   [int(o) for o in args.opsets.split(",")])

@@ -9,17 +9,36 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
 namespace caf_serving {
+
+/// Triton's ModelInput.Format: how an image input's three dims are laid out.
+/// The engine checks it (three dims) and shows it; the model decides what the
+/// dims mean, as in Triton.
+enum class tensor_format { none, nhwc, nchw };
 
 /// One input or output. `dims` excludes the batch dimension when the model's
 /// max_batch_size > 0 (as in Triton); -1 marks a variable dimension.
 struct tensor_config {
   std::string name;
   datatype dtype = datatype::fp32;
+  /// The shape requests send and responses carry.
   std::vector<int64_t> dims;
+  /// Triton's `reshape`: the shape the model itself takes or computes, with
+  /// the same elements in the same order (the batch dimension, when there is
+  /// one, stays in front). Empty optional: the model sees `dims`. An empty
+  /// vector is a scalar per batch row (Triton's `reshape: { shape: [] }`).
+  std::optional<std::vector<int64_t>> reshape;
+  /// Inputs only.
+  tensor_format format = tensor_format::none;
+  /// Inputs only: a request may leave it out (Triton's `optional`).
+  bool optional = false;
+
+  /// The shape the model sees: `reshape` when there is one, else `dims`.
+  const std::vector<int64_t>& model_dims() const { return reshape ? *reshape : dims; }
 };
 
 enum class timeout_action { reject, delay };
@@ -106,6 +125,9 @@ struct model_config {
   std::vector<int64_t> specific_versions;
   /// Triton's model_warmup, in config order.
   std::vector<warmup_sample> warmup;
+  /// Triton's default_model_filename: the file in each version directory that
+  /// holds the model. Empty: the backend's default ("model.onnx").
+  std::string default_model_filename;
   /// Triton's `response_cache { enable: true }`: this model's successful
   /// responses may be answered from the server's response cache (used only
   /// when the server has one: --cache-config local,size=N).

@@ -186,6 +186,14 @@ result<validated_request> validate(const infer_request& request, const model_con
     bool present = false;
     for (const auto& input : request.inputs)
       present = present || input.name == cfg.name;
+    // Triton's `optional`: the config allows leaving the input out, but both of
+    // the engine's backends need every input (an ONNX graph input has no
+    // default here), so the request is refused with the reason.
+    if (!present && cfg.optional)
+      return bad_request("missing input " + single_quoted(cfg.name) + " for model "
+                         + single_quoted(model.name)
+                         + ": the model config marks it optional, but this engine runs the "
+                           "model only with every input (its graph takes this one); send it");
     if (!present)
       return bad_request("missing input " + single_quoted(cfg.name) + " for model " + single_quoted(model.name)
                          + "; the model's inputs are " + name_list(model.inputs));

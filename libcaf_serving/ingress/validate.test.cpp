@@ -263,3 +263,23 @@ TEST_CASE("a tensor past what a Cap'n Proto Data field holds is a 413 that says 
   CHECK(v.error().message.find("input 'x'") != std::string::npos);
   CHECK(v.error().message.find("512 MiB") != std::string::npos);
 }
+
+TEST_CASE("an optional input left out is refused with the reason, and validated when sent") {
+  auto model = make_model();
+  model.inputs[1].optional = true;
+  auto without = good_request();
+  without.inputs.pop_back();
+  check_error(validate(without, model),
+              "missing input 'x' for model 'resnet': the model config marks it optional, but "
+              "this engine runs the model only with every input");
+  CHECK(validate(good_request(), model).ok());
+}
+
+TEST_CASE("requests are checked against dims, not reshape") {
+  auto model = make_model();
+  model.inputs[0].reshape = std::vector<int64_t>{2, 2};
+  CHECK(validate(good_request(), model).ok());
+  auto model_shape = good_request();
+  model_shape.inputs[0] = make_input("INPUT0", datatype::int32, {2, 2, 2});
+  check_error(validate(model_shape, model), "but the model expects [-1,4]");
+}

@@ -1,4 +1,5 @@
 #include "onnx/onnx_backend.hpp"
+#include "onnx/reshape_backend.hpp"
 
 #include "engine_kernels.hpp"
 #include "onnx/importer.hpp"
@@ -16,6 +17,7 @@
 #include <chrono>
 #include <cstring>
 #include <fstream>
+#include <iostream>
 #include <map>
 #include <mutex>
 #include <random>
@@ -795,6 +797,63 @@ result<model_config> complete_config(const graph& g, const onnx_model_config& mc
   return cfg;
 }
 
+/// Triton's ONNX Runtime backend's AutoCompleteMaxBatch, for a config that
+/// lists no inputs or no outputs (Triton skips auto-complete otherwise).
+result<model_config> autofill_batching(const graph& g, const onnx_model_config& mcfg) {
+  model_config cfg = mcfg.config;
+  if (!mcfg.auto_complete || (!cfg.inputs.empty() && !cfg.outputs.empty()))
+    return cfg;
+  bool can_batch = !g.inputs.empty();
+  for (int v : g.inputs)
+    can_batch = can_batch && !g.values[v].shape.empty() && g.values[v].shape[0] == -1;
+  // An output declared without a shape says nothing either way.
+  for (int v : g.outputs)
+    can_batch = can_batch && (g.values[v].shape.empty() || g.values[v].shape[0] == -1);
+  if (!can_batch) {
+    if (cfg.max_batch_size != 0)
+      return load_error(mcfg, "autofill failed for model '" + cfg.name
+                                + "': model does not support batching while non-zero "
+                                  "max_batch_size is specified; set max_batch_size: 0, or "
+                                  "export the graph with a variable first dimension on every "
+                                  "input and output");
+    return cfg;
+  }
+  if (cfg.max_batch_size == 0) {
+    cfg.max_batch_size = std::max(mcfg.default_max_batch_size, 0);
+    std::cout << "model " << cfg.name << ": autofilled max_batch_size to "
+              << cfg.max_batch_size
+              << " since batching is supported but no max_batch_size is specified in the "
+                 "model configuration (as Triton does; set max_batch_size for a larger batch)"
+              << std::endl;
+  }
+  if (cfg.max_batch_size > 1 && !cfg.dynamic_batching_enabled)
+    cfg.dynamic_batching_enabled = true;
+  return cfg;
+}
+
+/// The client's view of a completed model-side config: tensors with a
+/// reshape get their config dims back. A tensor the graph completed that is a
+/// scalar per batch row becomes dims [1] with an empty reshape, as Triton's
+/// auto-complete writes it.
+model_config client_side(model_config completed, const model_config& given) {
+  auto restore = [&](std::vector<tensor_config>& tensors, const std::vector<tensor_config>& as_given) {
+    for (auto& t : tensors) {
+      auto it = std::find_if(as_given.begin(), as_given.end(),
+                             [&](const tensor_config& g) { return g.name == t.name; });
+      if (it != as_given.end() && it->reshape) {
+        t.dims = it->dims;
+        t.reshape = it->reshape;
+      } else if (it == as_given.end() && completed.max_batch_size > 0 && t.dims.empty()) {
+        t.dims = {1};
+        t.reshape = std::vector<int64_t>{};
+      }
+    }
+  };
+  restore(completed.inputs, given.inputs);
+  restore(completed.outputs, given.outputs);
+  return completed;
+}
+
 std::vector<dims_t> shapes_at(const model_config& cfg, int64_t batch) {
   std::vector<dims_t> shapes;
   for (const auto& t : cfg.inputs) {
@@ -953,9 +1012,21 @@ result<onnx_model> load_onnx_graph(graph imported, const onnx_model_config& give
   if (!with)
     return with.error();
   auto mcfg = *with;
+  auto batching = autofill_batching(imported, mcfg);
+  if (!batching)
+    return batching.error();
+  // The plans run on the model's shapes (reshape where given); clients see
+  // the config's dims.
+  auto client_given = *batching;
+  mcfg.config = model_side(*batching);
   auto cfg = complete_config(imported, mcfg);
+  if (!cfg && has_reshape(client_given))
+    return serving_error{cfg.error().status,
+                         cfg.error().message + " (for a tensor with a reshape, the dims checked "
+                                               "against the graph are reshape.shape)"};
   if (!cfg)
     return cfg.error();
+  auto client_cfg = client_side(*cfg, client_given);
   // The process's compute threads when given; else one pool for every
   // instance of this model.
   auto pool = mcfg.pool ? mcfg.pool : std::make_shared<work_pool>(std::max(1u, mcfg.threads));
@@ -999,11 +1070,11 @@ result<onnx_model> load_onnx_graph(graph imported, const onnx_model_config& give
   for (size_t t = 0; t < scratch->arenas.size(); ++t)
     scratch->arenas[t].assign((t == 0 ? largest_arena : largest_chunk_arena) + 64, 0);
   onnx_model m;
-  m.config = *cfg;
+  m.config = client_cfg;
   onnx_backend::shared_parts parts{g,      *cfg,     mcfg, profiled, weights,
                                    loaded, compiles, pool, scratch};
-  m.make_instance = [parts]() -> std::shared_ptr<executor::backend> {
-    return std::make_shared<onnx_backend>(parts);
+  m.make_instance = [parts, client_cfg]() -> std::shared_ptr<executor::backend> {
+    return with_reshape(std::make_shared<onnx_backend>(parts), client_cfg);
   };
   m.plans_compiled = [compiles] { return compiles->load(); };
   m.reordered_weight_bytes = [weights] { return weights->bytes(); };
@@ -1014,7 +1085,7 @@ result<onnx_model> load_onnx_graph(graph imported, const onnx_model_config& give
   if (!cfg->warmup.empty()) {
     auto instance = m.make_instance();
     for (const auto& w : cfg->warmup) {
-      auto batch = make_warmup_batch(w, *cfg, mcfg);
+      auto batch = make_warmup_batch(w, client_cfg, mcfg);
       if (!batch)
         return batch.error();
       for (uint32_t i = 0; i < std::max(w.count, 1u); ++i) {
@@ -1052,10 +1123,14 @@ result<std::string> describe_plan(const onnx_model_config& given, int64_t batch)
   auto with = with_parameters(given);
   if (!with)
     return with.error();
-  const auto& mcfg = *with;
+  auto mcfg = *with;
   auto imported = import_model(mcfg.model_file);
   if (!imported)
     return imported.error();
+  auto batching = autofill_batching(*imported, mcfg);
+  if (!batching)
+    return batching.error();
+  mcfg.config = model_side(*batching);
   auto cfg = complete_config(*imported, mcfg);
   if (!cfg)
     return cfg.error();

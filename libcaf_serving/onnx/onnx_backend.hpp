@@ -56,6 +56,14 @@ struct onnx_model_config {
   /// least recently used goes beyond this. Reordered weights are shared by all
   /// plans.
   size_t plan_cache_size = 8;
+  /// Triton's auto-complete (on unless --strict-model-config=true): for a
+  /// config that lists no inputs or no outputs, a graph whose every input and
+  /// output has a variable first dimension gets max_batch_size
+  /// default_max_batch_size when the config left it 0, and dynamic batching
+  /// when that is above 1 (as Triton's ONNX Runtime backend does).
+  bool auto_complete = true;
+  /// Triton's --backend-config=default-max-batch-size, 4 by default.
+  int default_max_batch_size = 4;
   /// The process's compute threads, shared by every instance of every model
   /// (thread_config::executor_threads of them); an instance holds the pool for
   /// one batch at a time. Null: the model makes one pool of `threads` for all
@@ -64,8 +72,10 @@ struct onnx_model_config {
 };
 
 struct onnx_model {
-  /// `config` completed from the graph (inputs, outputs, dims) as Triton's
-  /// auto-complete does.
+  /// `config` completed from the graph (inputs, outputs, dims, and with
+  /// auto_complete max_batch_size and dynamic batching) as Triton's
+  /// auto-complete does. Dims are the client's: a tensor with a reshape keeps
+  /// its config dims, and instances translate (reshape_backend.hpp).
   model_config config;
   /// One line: nodes before and after optimization, arena size at batch 1.
   std::string summary;

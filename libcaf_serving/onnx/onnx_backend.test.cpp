@@ -492,3 +492,111 @@ TEST_CASE("config.pbtxt's conv_bands turns bands of rows off, and only them") {
     CHECK((text.find("by channel") != std::string::npos) == !on);
   }
 }
+
+namespace {
+
+/// a [-1 or 1, 6] -> Gemm -> y: a graph that batches when `batch_dim` is -1.
+graph gemm_graph(int64_t batch_dim, std::mt19937& rng) {
+  graph g;
+  g.opset = 17;
+  int a = g.add_value("a", datatype::fp32, {batch_dim, 6}, true);
+  g.inputs.push_back(a);
+  int w = add_weights(g, "w", {6, 5}, rng, 0.1f);
+  int y = g.add_value("y", datatype::fp32, {batch_dim, 5}); // declared, as the importer keeps it
+  g.add_node("Gemm", "fc", {a, w}, {y});
+  g.outputs.push_back(y);
+  return g;
+}
+
+} // namespace
+
+TEST_CASE("auto-complete fills max_batch_size and dynamic batching as Triton's ONNX Runtime "
+          "backend does") {
+  std::mt19937 rng(21);
+  onnx_model_config cfg;
+  cfg.model_file = "built-in-test.onnx";
+  cfg.config.name = "auto";
+  SUBCASE("a graph with a variable first dimension everywhere batches up to 4") {
+    auto m = load_onnx_graph(gemm_graph(-1, rng), cfg);
+    REQUIRE_MESSAGE(m, (m ? "" : m.error().message));
+    CHECK(m->config.max_batch_size == 4);
+    CHECK(m->config.dynamic_batching_enabled);
+    REQUIRE(m->config.inputs.size() == 1);
+    CHECK(m->config.inputs[0].dims == std::vector<int64_t>{6});
+    CHECK(m->config.outputs[0].dims == std::vector<int64_t>{5});
+  }
+  SUBCASE("a config that lists inputs and outputs is not auto-completed") {
+    // Without a batch dimension: the variable one is fixed at 1 here.
+    cfg.config.inputs = {{"a", datatype::fp32, {1, 6}}};
+    cfg.config.outputs = {{"y", datatype::fp32, {1, 5}}};
+    auto m = load_onnx_graph(gemm_graph(-1, rng), cfg);
+    REQUIRE_MESSAGE(m, (m ? "" : m.error().message));
+    CHECK(m->config.max_batch_size == 0);
+    CHECK_FALSE(m->config.dynamic_batching_enabled);
+  }
+  SUBCASE("--strict-model-config (auto_complete off) leaves max_batch_size 0") {
+    // Without a batch dimension the graph's variable first dimension needs a
+    // size, so the load says so instead of batching.
+    cfg.auto_complete = false;
+    auto m = load_onnx_graph(gemm_graph(-1, rng), cfg);
+    REQUIRE_FALSE(m);
+    CHECK(m.error().message.find("has a variable dimension [-1,6] besides the batch")
+          != std::string::npos);
+  }
+  SUBCASE("a fixed first dimension does not batch, and asking for batches is Triton's error") {
+    auto m = load_onnx_graph(gemm_graph(1, rng), cfg);
+    REQUIRE_MESSAGE(m, (m ? "" : m.error().message));
+    CHECK(m->config.max_batch_size == 0);
+    cfg.config.max_batch_size = 8;
+    auto bad = load_onnx_graph(gemm_graph(1, rng), cfg);
+    REQUIRE_FALSE(bad);
+    CHECK(bad.error().message.find("autofill failed for model 'auto': model does not support "
+                                   "batching while non-zero max_batch_size is specified")
+          != std::string::npos);
+  }
+}
+
+TEST_CASE("a reshaped model runs on its reshape and answers in its dims") {
+  std::mt19937 rng(22);
+  onnx_model_config cfg;
+  cfg.model_file = "built-in-test.onnx";
+  cfg.config.name = "reshaped";
+  cfg.config.max_batch_size = 4;
+  tensor_config a{"a", datatype::fp32, {2, 3}};
+  a.reshape = std::vector<int64_t>{6};
+  tensor_config y{"y", datatype::fp32, {5, 1}};
+  y.reshape = std::vector<int64_t>{5};
+  cfg.config.inputs = {a};
+  cfg.config.outputs = {y};
+  auto m = load_onnx_graph(gemm_graph(-1, rng), cfg);
+  REQUIRE_MESSAGE(m, (m ? "" : m.error().message));
+  CHECK(m->config.inputs[0].dims == std::vector<int64_t>{2, 3});
+  CHECK(m->config.outputs[0].dims == std::vector<int64_t>{5, 1});
+  auto instance = m->make_instance();
+  std::vector<float> x(3 * 6, 0.25f);
+  executor::batch_view batch;
+  batch.rows = 3;
+  batch.inputs.push_back({"a", datatype::fp32, {3, 2, 3},
+                          reinterpret_cast<const uint8_t*>(x.data()), x.size() * 4});
+  struct shape_writer final : executor::output_writer {
+    std::vector<int64_t> shape;
+    std::vector<uint8_t> buffer;
+    uint8_t* allocate(std::string_view, datatype, const std::vector<int64_t>& s,
+                      size_t bytes) override {
+      shape = s;
+      buffer.resize(bytes);
+      return buffer.data();
+    }
+  } out;
+  auto r = instance->execute(batch, out);
+  REQUIRE(std::holds_alternative<std::monostate>(r));
+  CHECK(out.shape == std::vector<int64_t>{3, 5, 1});
+  CHECK(out.buffer.size() == 3 * 5 * 4);
+  // dims of another size than the graph's (after reshape) are a load error.
+  cfg.config.inputs[0].reshape = std::vector<int64_t>{3, 2};
+  auto bad = load_onnx_graph(gemm_graph(-1, rng), cfg);
+  REQUIRE_FALSE(bad);
+  CHECK(bad.error().message.find("[3,2]") != std::string::npos);
+  CHECK(bad.error().message.find("the dims checked against the graph are reshape.shape")
+        != std::string::npos);
+}

@@ -42,9 +42,45 @@ config::ModelInstanceGroup::Kind to_proto(instance_kind k) {
   }
 }
 
+config::ModelInput::Format to_proto(tensor_format f) {
+  switch (f) {
+    case tensor_format::nhwc:
+      return config::ModelInput::FORMAT_NHWC;
+    case tensor_format::nchw:
+      return config::ModelInput::FORMAT_NCHW;
+    default:
+      return config::ModelInput::FORMAT_NONE;
+  }
+}
+
+template <class Tensor>
+void set_shape(const tensor_config& t, Tensor& out) {
+  out.set_name(t.name);
+  out.set_data_type(to_proto(t.dtype));
+  for (auto d : t.dims)
+    out.add_dims(d);
+  if (t.reshape) {
+    auto* r = out.mutable_reshape(); // present even when empty (a scalar per row)
+    for (auto d : *t.reshape)
+      r->add_shape(d);
+  }
+}
+
 config::ModelConfig to_proto(const parsed_model_config& parsed) {
   const auto& in = parsed.config;
+  // Starts from the config as written, so that the fields the engine accepts
+  // and ignores show as Triton shows them; every field the engine carries
+  // out is then written from `in`, which holds what the loader completed.
   config::ModelConfig out;
+  if (!parsed.original.empty())
+    out.ParseFromString(parsed.original);
+  auto written_groups = out.instance_group();
+  out.clear_input();
+  out.clear_output();
+  out.clear_instance_group();
+  out.clear_dynamic_batching();
+  out.clear_parameters();
+  out.clear_model_warmup();
   out.set_name(in.name);
   out.set_platform(in.platform);
   out.set_backend(in.backend);
@@ -65,17 +101,13 @@ config::ModelConfig to_proto(const parsed_model_config& parsed) {
   out.set_max_batch_size(in.max_batch_size);
   for (const auto& t : in.inputs) {
     auto* i = out.add_input();
-    i->set_name(t.name);
-    i->set_data_type(to_proto(t.dtype));
-    for (auto d : t.dims)
-      i->add_dims(d);
+    set_shape(t, *i);
+    i->set_format(to_proto(t.format));
+    i->set_optional(t.optional);
   }
   for (const auto& t : in.outputs) {
     auto* o = out.add_output();
-    o->set_name(t.name);
-    o->set_data_type(to_proto(t.dtype));
-    for (auto d : t.dims)
-      o->add_dims(d);
+    set_shape(t, *o);
     if (auto it = parsed.label_filenames.find(t.name);
         it != parsed.label_filenames.end())
       o->set_label_filename(it->second);
@@ -93,8 +125,13 @@ config::ModelConfig to_proto(const parsed_model_config& parsed) {
     for (const auto& [level, policy] : db.priority_queue_policy)
       to_proto(policy, (*d->mutable_priority_queue_policy())[level]);
   }
-  for (const auto& g : in.instance_groups) {
+  for (size_t i = 0; i < in.instance_groups.size(); ++i) {
+    const auto& g = in.instance_groups[i];
     auto* o = out.add_instance_group();
+    // The ignored fields of the group as written (rate_limiter, ...).
+    if (i < static_cast<size_t>(written_groups.size()))
+      *o = written_groups[static_cast<int>(i)];
+    o->clear_gpus();
     o->set_name(g.name);
     o->set_kind(to_proto(g.kind));
     o->set_count(g.count);
@@ -103,6 +140,30 @@ config::ModelConfig to_proto(const parsed_model_config& parsed) {
   }
   for (const auto& [key, value] : in.parameters)
     (*out.mutable_parameters())[key].set_string_value(value);
+  for (const auto& w : in.warmup) {
+    auto* o = out.add_model_warmup();
+    o->set_name(w.name);
+    o->set_batch_size(w.batch_size);
+    o->set_count(w.count);
+    for (const auto& wi : w.inputs) {
+      auto& i = (*o->mutable_inputs())[wi.name];
+      i.set_data_type(to_proto(wi.dtype));
+      for (auto d : wi.dims)
+        i.add_dims(d);
+      switch (wi.data) {
+        case warmup_data::random:
+          i.set_random_data(true);
+          break;
+        case warmup_data::file:
+          i.set_input_data_file(wi.file);
+          break;
+        default:
+          i.set_zero_data(true);
+          break;
+      }
+    }
+  }
+  out.set_default_model_filename(in.default_model_filename);
   if (in.response_cache_enabled)
     out.mutable_response_cache()->set_enable(true);
   return out;

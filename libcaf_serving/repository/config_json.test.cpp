@@ -221,3 +221,40 @@ TEST_CASE("config JSON shows response_cache when the model enables it") {
   auto doc = parse(parser, model_config_json(c));
   CHECK(boolean(at(at(doc, "response_cache"), "enable")));
 }
+
+TEST_CASE("/config shows reshape, format, optional and the fields the engine ignores") {
+  auto parsed = parse_model_config_full(R"(
+name: "densenet"
+platform: "onnxruntime_onnx"
+max_batch_size: 0
+input [ { name: "data_0" data_type: TYPE_FP32 format: FORMAT_NCHW dims: [ 3, 224, 224 ]
+          reshape { shape: [ 1, 3, 224, 224 ] } optional: true } ]
+output [ { name: "fc6_1" data_type: TYPE_FP32 dims: [ 1000 ] reshape { shape: [ 1, 1000, 1, 1 ] }
+           label_filename: "labels.txt" } ]
+instance_group [ { kind: KIND_CPU count: 2 rate_limiter { priority: 3 } } ]
+optimization { execution_accelerators { cpu_execution_accelerator [ { name: "openvino" } ] } }
+default_model_filename: "net.onnx"
+response_cache { enable: true }
+)",
+                                        {"densenet", "config.pbtxt", false});
+  REQUIRE_MESSAGE(parsed.ok(), (parsed.ok() ? "" : parsed.error().message));
+  simdjson::dom::parser parser;
+  auto body = model_config_json(*parsed);
+  auto doc = parse(parser, body);
+  auto input = at(at(doc, "input"), 0);
+  CHECK(str(at(input, "format")) == "FORMAT_NCHW");
+  CHECK(boolean(at(input, "optional")));
+  CHECK(length(at(at(input, "reshape"), "shape")) == 4);
+  CHECK(str(at(at(at(input, "reshape"), "shape"), 0)) == "1");
+  auto output = at(at(doc, "output"), 0);
+  CHECK(str(at(at(at(output, "reshape"), "shape"), 1)) == "1000");
+  CHECK(str(at(output, "label_filename")) == "labels.txt");
+  CHECK(str(at(doc, "default_model_filename")) == "net.onnx");
+  CHECK(boolean(at(at(doc, "response_cache"), "enable")));
+  // Accepted and ignored, but shown as written, as Triton shows them.
+  CHECK(num(at(at(at(at(doc, "instance_group"), 0), "rate_limiter"), "priority")) == 3);
+  CHECK(num(at(at(at(doc, "instance_group"), 0), "count")) == 2);
+  auto accel = at(at(at(doc, "optimization"), "execution_accelerators"),
+                  "cpu_execution_accelerator");
+  CHECK(str(at(at(accel, 0), "name")) == "openvino");
+}

@@ -1,6 +1,6 @@
 #include "repository/config_parser.hpp"
 
-#include "repository/model_config.pb.h"
+#include "repository/config_proto.hpp"
 
 #include <google/protobuf/descriptor.h>
 #include <google/protobuf/descriptor.pb.h>
@@ -20,27 +20,6 @@ namespace {
 namespace pb = google::protobuf;
 
 // -- syntax errors -------------------------------------------------------------
-
-/// Triton fields that this engine deliberately does not carry out, per message.
-/// Naming them separately turns "unknown field" into "not supported", which
-/// tells the user the config is valid Triton but needs a change for us.
-const std::map<std::string, std::set<std::string>>& unsupported_triton_fields() {
-  static const std::map<std::string, std::set<std::string>> fields{
-    {"ModelConfig",
-     {"runtime", "batch_input", "batch_output", "optimization",
-      "sequence_batching", "ensemble_scheduling", "default_model_filename",
-      "cc_model_filenames", "metric_tags", "model_operations",
-      "model_transaction_policy", "model_repository_agents", "model_metrics"}},
-    {"ModelInput",
-     {"format", "reshape", "is_shape_tensor", "allow_ragged_batch", "optional",
-      "is_non_linear_format_io"}},
-    {"ModelOutput", {"reshape", "is_shape_tensor", "is_non_linear_format_io"}},
-    {"ModelInstanceGroup",
-     {"rate_limiter", "secondary_devices", "profile", "passive",
-      "host_policy"}},
-  };
-  return fields;
-}
 
 /// The quoted substrings of a protobuf parser message, in order.
 std::vector<std::string> quoted(const std::string& text) {
@@ -95,8 +74,8 @@ std::string short_type_name(const pb::Descriptor& type) {
 }
 
 /// Rewrites protobuf's "Message type "x.y.ModelConfig" has no field named
-/// "foo"" into a message that names the field, says whether it is a Triton
-/// feature we lack or a typo, and lists what is allowed there.
+/// "foo"" into a message that names the field, suggests the closest name, and
+/// lists what is allowed there.
 std::string explain_unknown_field(const std::string& full_type,
                                   const std::string& field) {
   const auto* pool = config::ModelConfig::descriptor()->file()->pool();
@@ -116,17 +95,11 @@ std::string explain_unknown_field(const std::string& full_type,
     }
   }
   auto where = short_type_name(*type);
-  std::string out;
-  auto& unsupported = unsupported_triton_fields();
-  auto it = unsupported.find(type->name());
-  if (it != unsupported.end() && it->second.count(field) > 0) {
-    out = "field '" + field + "' of Triton's " + where
-          + " is not supported by caf-serving; remove it";
-  } else {
-    out = "unknown field '" + field + "' in " + where;
-    if (!closest.empty())
-      out += "; did you mean '" + closest + "'?";
-  }
+  // Every field of Triton's ModelConfig is declared, so an unknown one is a
+  // misspelling (or a field newer than Triton 2.51).
+  std::string out = "unknown field '" + field + "' in " + where;
+  if (!closest.empty())
+    out += "; did you mean '" + closest + "'?";
   out += " (supported fields of " + where + ": " + join(names, ", ") + ")";
   return out;
 }
@@ -224,10 +197,86 @@ struct problems {
   bool empty() const { return items.empty(); }
 };
 
+/// The product of `dims` per run between -1 entries: [2,4,-1,6] gives
+/// {8, 6}. Triton accepts a reshape whose runs match those of `dims`.
+std::vector<int64_t> element_runs(const std::vector<int64_t>& dims) {
+  std::vector<int64_t> runs{1};
+  for (auto d : dims) {
+    if (d == -1)
+      runs.push_back(1);
+    else if (d > 0 && runs.back() <= std::numeric_limits<int64_t>::max() / d)
+      runs.back() *= d;
+    else
+      runs.back() = -1; // overflow: matches nothing
+  }
+  return runs;
+}
+
+std::string dims_text(const std::vector<int64_t>& dims) {
+  std::string out = "[";
+  for (size_t i = 0; i < dims.size(); ++i)
+    out += (i > 0 ? "," : "") + std::to_string(dims[i]);
+  return out + "]";
+}
+
+/// Triton's reshape rules: every entry >= 1 or -1; the same elements as
+/// `dims` (run by run between -1 entries); an empty shape (a scalar per row)
+/// only for a batching model, from dims [1].
+std::vector<int64_t> convert_reshape(const config::ModelTensorReshape& in,
+                                     const std::vector<int64_t>& dims, int max_batch_size,
+                                     const std::string& label, problems& out) {
+  std::vector<int64_t> shape(in.shape().begin(), in.shape().end());
+  if (shape.empty() && max_batch_size == 0) {
+    out.add(label + " cannot have empty reshape for non-batching model as scalar tensors are "
+                    "not supported; give reshape: { shape: [ 1 ] } or set max_batch_size");
+    return shape;
+  }
+  for (auto d : shape)
+    if (d < 1 && d != -1) {
+      out.add(label + " has reshape " + dims_text(shape)
+              + "; reshape dimensions must be integer >= 1, or -1 to indicate a "
+                "variable-size dimension");
+      return shape;
+    }
+  bool scalar_from_one = shape.empty() && element_runs(dims) == std::vector<int64_t>{1};
+  if (!scalar_from_one && element_runs(dims) != element_runs(shape))
+    out.add(label + " has different size for dims and reshape: dims " + dims_text(dims)
+            + " and reshape " + dims_text(shape)
+            + " must hold the same number of elements (between -1 entries too); fix one "
+              "of them");
+  return shape;
+}
+
+/// The input-only fields of Triton's ModelInput.
+void convert_input_fields(const config::ModelInput& in, tensor_config& tc, problems& out) {
+  auto label = "input '" + in.name() + "'";
+  switch (in.format()) {
+    case config::ModelInput::FORMAT_NHWC:
+      tc.format = tensor_format::nhwc;
+      break;
+    case config::ModelInput::FORMAT_NCHW:
+      tc.format = tensor_format::nchw;
+      break;
+    default:
+      tc.format = tensor_format::none;
+      break;
+  }
+  if (tc.format != tensor_format::none && in.dims_size() != 3)
+    out.add(label + " has format " + config::ModelInput::Format_Name(in.format())
+            + " and dims " + dims_text(tc.dims)
+            + ": model input NHWC/NCHW require 3 dims (batch dimension excluded); give "
+              "dims: [ C, H, W ] or [ H, W, C ], or remove format");
+  tc.optional = in.optional();
+  if (in.allow_ragged_batch())
+    out.add(label + " sets allow_ragged_batch, which is not supported by caf-serving (ragged "
+                    "batches need Triton's batch_input, which the engine does not have); "
+                    "remove it: requests of different shapes are then batched separately");
+}
+
 template <class Tensor>
 std::vector<tensor_config>
 convert_tensors(const pb::RepeatedPtrField<Tensor>& tensors,
-                std::string_view kind, problems& out) {
+                std::string_view kind, int max_batch_size, problems& out) {
   std::vector<tensor_config> result;
   std::set<std::string> seen;
   for (int i = 0; i < tensors.size(); ++i) {
@@ -269,6 +318,15 @@ convert_tensors(const pb::RepeatedPtrField<Tensor>& tensors,
       }
     }
     tc.dims.assign(t.dims().begin(), t.dims().end());
+    if (t.has_reshape())
+      tc.reshape = convert_reshape(t.reshape(), tc.dims, max_batch_size, label, out);
+    if (t.is_shape_tensor())
+      out.add(label + " sets is_shape_tensor: shape tensors are only supported for TensorRT "
+                      "platform (Triton's rule; this engine has no TensorRT backend); remove "
+                      "is_shape_tensor and send the shape as an ordinary tensor");
+    if (t.is_non_linear_format_io())
+      out.add(label + " sets is_non_linear_format_io: Non-linear IO format is only supported "
+                      "for the TensorRT platform (Triton's rule); remove it");
     result.push_back(std::move(tc));
   }
   return result;
@@ -506,6 +564,83 @@ version_policy convert_version_policy(const config::ModelVersionPolicy& in,
   return vp;
 }
 
+/// The names of the fields of `m` that are set (non-default scalars,
+/// present messages, non-empty repeated fields), in field-number order.
+std::vector<std::string> set_fields(const pb::Message& m) {
+  std::vector<const pb::FieldDescriptor*> fields;
+  m.GetReflection()->ListFields(m, &fields);
+  std::vector<std::string> names;
+  for (const auto* f : fields)
+    names.push_back(f->name());
+  return names;
+}
+
+/// Triton's fields that the engine cannot carry out: accepted and reported in
+/// `ignored` (logged once per model by the loader) when they only concern
+/// Triton's other backends, a load error in `out` when leaving them out would
+/// change results.
+void check_triton_only_fields(const config::ModelConfig& in, std::vector<std::string>& ignored,
+                              problems& out) {
+  auto refuse = [&](const std::string& field, const std::string& why) {
+    out.add("field '" + field + "' of Triton's ModelConfig is not supported by caf-serving ("
+            + why + "); remove it");
+  };
+  if (in.has_sequence_batching())
+    refuse("sequence_batching", "the engine keeps no per-sequence state, so a stateful model "
+                                "would answer wrongly; serve it with dynamic_batching only if it "
+                                "is stateless");
+  if (in.has_ensemble_scheduling())
+    refuse("ensemble_scheduling", "the engine does not chain models; call the models one "
+                                  "after another from the client");
+  if (in.batch_input_size() > 0)
+    refuse("batch_input", "the engine does not compute ragged-batch inputs for a model");
+  if (in.batch_output_size() > 0)
+    refuse("batch_output", "the engine does not scatter ragged-batch outputs");
+  if (in.model_transaction_policy().decoupled())
+    refuse("model_transaction_policy", "decoupled: true asks for any number of responses per "
+                                       "request; the engine sends exactly one, so use "
+                                       "decoupled: false or leave the policy out");
+
+  // Only Triton's backends read these; the answers do not depend on them.
+  for (const auto& field : set_fields(in.optimization()))
+    ignored.push_back("optimization." + field);
+  for (int i = 0; i < in.instance_group_size(); ++i)
+    for (const auto& field : set_fields(in.instance_group(i)))
+      if (field != "name" && field != "kind" && field != "count" && field != "gpus")
+        ignored.push_back("instance_group." + field);
+  if (!in.runtime().empty())
+    ignored.push_back("runtime");
+  if (in.cc_model_filenames_size() > 0)
+    ignored.push_back("cc_model_filenames");
+  if (in.metric_tags_size() > 0)
+    ignored.push_back("metric_tags");
+  if (in.has_model_operations())
+    ignored.push_back("model_operations");
+  if (in.has_model_repository_agents())
+    ignored.push_back("model_repository_agents");
+  if (in.has_model_metrics())
+    ignored.push_back("model_metrics");
+  // Several instance groups may set the same field: name it once.
+  std::sort(ignored.begin(), ignored.end());
+  ignored.erase(std::unique(ignored.begin(), ignored.end()), ignored.end());
+}
+
+/// A default_model_filename must name a file inside the version directory.
+void convert_model_filename(const config::ModelConfig& in, model_config& cfg, problems& out) {
+  const auto& name = in.default_model_filename();
+  cfg.default_model_filename = name;
+  if (name.empty())
+    return;
+  bool escapes = name.front() == '/' || name == "." || name == ".." || name.rfind("../", 0) == 0
+                 || name.find("/../") != std::string::npos
+                 || (name.size() >= 3 && name.compare(name.size() - 3, 3, "/..") == 0)
+                 || name.find('\0') != std::string::npos;
+  if (escapes)
+    out.add("default_model_filename '" + name
+            + "' does not name a file inside the version directory; give a file name such as "
+              "\"model.onnx\"");
+}
+
 } // namespace
 
 result<parsed_model_config>
@@ -525,8 +660,14 @@ parse_model_config_full(std::string_view text, const parse_context& ctx) {
     return bad_request(msg.str());
   }
 
+  return convert_model_config(proto, ctx);
+}
+
+result<parsed_model_config> convert_model_config(const config::ModelConfig& proto,
+                                                 const parse_context& ctx) {
   parsed_model_config parsed;
   auto& cfg = parsed.config;
+  parsed.original = proto.SerializeAsString();
   problems out;
 
   // Name: the directory decides; the file may repeat it but not contradict it.
@@ -555,8 +696,10 @@ parse_model_config_full(std::string_view text, const parse_context& ctx) {
               "batch it accepts");
   cfg.max_batch_size = std::max(0, proto.max_batch_size());
 
-  cfg.inputs = convert_tensors(proto.input(), "input", out);
-  cfg.outputs = convert_tensors(proto.output(), "output", out);
+  cfg.inputs = convert_tensors(proto.input(), "input", proto.max_batch_size(), out);
+  for (int i = 0; i < proto.input_size(); ++i)
+    convert_input_fields(proto.input(i), cfg.inputs[i], out);
+  cfg.outputs = convert_tensors(proto.output(), "output", proto.max_batch_size(), out);
   if (!ctx.allow_missing_io) {
     if (cfg.inputs.empty())
       out.add("no input is declared; add input [ { name: \"...\" data_type: "
@@ -575,7 +718,10 @@ parse_model_config_full(std::string_view text, const parse_context& ctx) {
   for (const auto& [key, value] : proto.parameters())
     cfg.parameters[key] = value.string_value();
   convert_warmup(proto, cfg, out);
+
+  convert_model_filename(proto, cfg, out);
   cfg.response_cache_enabled = proto.response_cache().enable();
+  check_triton_only_fields(proto, parsed.ignored_fields, out);
 
   parsed.versions = convert_version_policy(proto.version_policy(), out);
   if (parsed.versions.kind == version_policy_kind::specific)

@@ -15,8 +15,15 @@
 ///   line. The message names the field and the line, and lists the fields that
 ///   are supported at that place.
 /// - meaning: a value that parses but cannot work (negative max_batch_size,
-///   preferred_batch_size above max_batch_size, ...). All such problems of one
-///   file are reported together, one per line.
+///   preferred_batch_size above max_batch_size, a reshape of another size,
+///   ...) or a Triton feature the engine cannot carry out without changing
+///   results (sequence_batching, ensemble_scheduling, batch_input, decoupled
+///   transactions, shape tensors). All such problems of one file are reported
+///   together, one per line.
+///
+/// Triton fields that only Triton's other backends use (optimization,
+/// instance_group.rate_limiter, model_metrics, ...) parse and are listed in
+/// parsed_model_config::ignored_fields for the loader to log.
 
 #include "core/error.hpp"
 #include "core/model_config.hpp"
@@ -62,6 +69,14 @@ struct parsed_model_config {
   /// Output name → label_filename as written (relative to the model directory).
   /// Only outputs that name one appear.
   std::map<std::string, std::string> label_filenames;
+  /// Triton fields the config sets that only Triton's other backends use
+  /// ("optimization.execution_accelerators", "instance_group.rate_limiter",
+  /// ...): accepted, and for the loader to log once per model as ignored.
+  /// Sorted, each once.
+  std::vector<std::string> ignored_fields;
+  /// The config as parsed (Triton's ModelConfig, protobuf binary), so that
+  /// GET /v2/models/{m}/config shows the ignored fields too, as Triton does.
+  std::string original;
 };
 
 /// Parses and validates config.pbtxt text. `config.specific_versions` is filled

@@ -1,4 +1,7 @@
 #include "repository/config_parser.hpp"
+#include "repository/config_proto.hpp"
+
+#include <google/protobuf/util/json_util.h>
 
 #include <doctest/doctest.h>
 
@@ -162,16 +165,207 @@ input [ { name: "INPUT0" data_type: TYPE_FP32 dim: [ 16 ] } ]
   CHECK(contains(msg, "did you mean 'dims'?"));
 }
 
-TEST_CASE("a Triton field the engine lacks is named as unsupported") {
-  auto msg = error_of(base_config + "sequence_batching { }\n");
-  CHECK(contains(msg, "line 6"));
-  CHECK(contains(msg, "field 'sequence_batching' of Triton's ModelConfig is "
-                      "not supported by caf-serving; remove it"));
-  auto input_msg = error_of(R"(backend: "builtin"
-input [ { name: "x" data_type: TYPE_FP32 dims: [ 4 ] reshape: { shape: [ 2, 2 ] } } ]
+TEST_CASE("every field of Triton's ModelConfig parses; backend-only ones are listed as ignored") {
+  // Every message and field of Triton 2.51's model_config.proto that a model
+  // the engine can serve may carry, with a value set.
+  auto text = std::string{R"(
+name: "foo"
+platform: "onnxruntime_onnx"
+backend: "onnxruntime"
+runtime: "libtriton_onnxruntime.so"
+version_policy: { latest: { num_versions: 2 } }
+max_batch_size: 8
+input [ { name: "img" data_type: TYPE_FP32 format: FORMAT_NCHW dims: [ 3, 4, 4 ]
+          reshape: { shape: [ 3, 16 ] } is_shape_tensor: false allow_ragged_batch: false
+          optional: true is_non_linear_format_io: false } ]
+output [ { name: "probs" data_type: TYPE_FP32 dims: [ 10 ] reshape: { shape: [ 10, 1 ] }
+           label_filename: "labels.txt" is_shape_tensor: false is_non_linear_format_io: false } ]
+optimization {
+  graph { level: 1 }
+  priority: PRIORITY_MAX
+  cuda { graphs: true busy_wait_events: true output_copy_stream: true
+         graph_spec [ { batch_size: 4 input { key: "img" value: { dim: [ 3, 4, 4 ] } }
+                        graph_lower_bound { batch_size: 1
+                                            input { key: "img" value: { dim: [ 3, 4, 4 ] } } } } ] }
+  execution_accelerators {
+    gpu_execution_accelerator [ { name: "tensorrt" parameters { key: "precision_mode" value: "FP16" } } ]
+    cpu_execution_accelerator [ { name: "openvino" } ]
+  }
+  input_pinned_memory { enable: false }
+  output_pinned_memory { enable: false }
+  gather_kernel_buffer_threshold: 2
+  eager_batching: true
+}
+dynamic_batching { preferred_batch_size: [ 4 ] max_queue_delay_microseconds: 100 }
+instance_group [ { name: "g" kind: KIND_CPU count: 2
+                   rate_limiter { resources [ { name: "R1" global: true count: 2 } ] priority: 1 }
+                   secondary_devices [ { kind: KIND_NVDLA device_id: 0 } ]
+                   profile: [ "0" ] passive: true host_policy: "numa0" } ]
+default_model_filename: "classifier.onnx"
+cc_model_filenames { key: "7.5" value: "model_75.plan" }
+metric_tags { key: "team" value: "vision" }
+parameters { key: "winograd" value: { string_value: "false" } }
+model_warmup [ { name: "w" batch_size: 2 count: 3
+                 inputs { key: "img" value: { data_type: TYPE_FP32 dims: [ 3, 4, 4 ] random_data: true } } } ]
+model_operations { op_library_filename: [ "libcustom.so" ] }
+model_transaction_policy { decoupled: false }
+model_repository_agents { agents [ { name: "checksum" parameters { key: "MD5:1/model.onnx" value: "x" } } ] }
+response_cache { enable: true }
+model_metrics { metric_control [ { metric_identifier { family: "nv_inference_request_duration" }
+                                   histogram_options { buckets: [ 0.1, 1.0 ] } } ] }
+)"};
+  auto r = parse_model_config_full(text, ctx_for("foo"));
+  REQUIRE_MESSAGE(r.ok(), (r.ok() ? "" : r.error().message));
+  const auto& cfg = r->config;
+  REQUIRE(cfg.inputs.size() == 1);
+  CHECK(cfg.inputs[0].format == tensor_format::nchw);
+  CHECK(cfg.inputs[0].dims == std::vector<int64_t>{3, 4, 4});
+  REQUIRE(cfg.inputs[0].reshape.has_value());
+  CHECK(*cfg.inputs[0].reshape == std::vector<int64_t>{3, 16});
+  CHECK(cfg.inputs[0].model_dims() == std::vector<int64_t>{3, 16});
+  CHECK(cfg.inputs[0].optional);
+  REQUIRE(cfg.outputs[0].reshape.has_value());
+  CHECK(*cfg.outputs[0].reshape == std::vector<int64_t>{10, 1});
+  CHECK(cfg.default_model_filename == "classifier.onnx");
+  CHECK(cfg.response_cache_enabled);
+  CHECK(r->versions.num_versions == 2);
+  CHECK(cfg.warmup.at(0).count == 3);
+  CHECK(cfg.instance_groups.at(0).count == 2);
+  CHECK(r->ignored_fields
+        == std::vector<std::string>{"cc_model_filenames", "instance_group.host_policy",
+                                    "instance_group.passive", "instance_group.profile",
+                                    "instance_group.rate_limiter",
+                                    "instance_group.secondary_devices", "metric_tags",
+                                    "model_metrics", "model_operations",
+                                    "model_repository_agents", "optimization.cuda",
+                                    "optimization.eager_batching",
+                                    "optimization.execution_accelerators",
+                                    "optimization.gather_kernel_buffer_threshold",
+                                    "optimization.graph", "optimization.input_pinned_memory",
+                                    "optimization.output_pinned_memory",
+                                    "optimization.priority", "runtime"});
+}
+
+TEST_CASE("a config without backend-only fields ignores nothing") {
+  auto r = parse_model_config_full(base_config, ctx_for("foo"));
+  REQUIRE(r.ok());
+  CHECK(r->ignored_fields.empty());
+  CHECK_FALSE(r->config.response_cache_enabled);
+  CHECK(r->config.default_model_filename.empty());
+  CHECK_FALSE(r->config.inputs[0].reshape.has_value());
+  CHECK(r->config.inputs[0].format == tensor_format::none);
+}
+
+TEST_CASE("Triton fields that would change results are load errors naming the field") {
+  struct refused {
+    std::string text;
+    std::string expect;
+  };
+  std::vector<refused> cases{
+    {"sequence_batching { }\n",
+     "field 'sequence_batching' of Triton's ModelConfig is not supported by caf-serving"},
+    {"ensemble_scheduling { step [ { model_name: \"a\" model_version: -1 } ] }\n",
+     "field 'ensemble_scheduling' of Triton's ModelConfig is not supported by caf-serving"},
+    {"batch_input [ { kind: BATCH_ELEMENT_COUNT target_name: \"n\" data_type: TYPE_FP32 "
+     "source_input: \"INPUT0\" } ]\n",
+     "field 'batch_input' of Triton's ModelConfig is not supported by caf-serving"},
+    {"batch_output [ { target_name: \"OUTPUT0\" source_input: \"INPUT0\" } ]\n",
+     "field 'batch_output' of Triton's ModelConfig is not supported by caf-serving"},
+    {"model_transaction_policy { decoupled: true }\n",
+     "field 'model_transaction_policy' of Triton's ModelConfig is not supported by caf-serving "
+     "(decoupled: true"},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.text);
+    auto msg = error_of(base_config + c.text);
+    CHECK(contains(msg, c.expect));
+    CHECK(contains(msg, "remove it"));
+  }
+  auto shape_tensor = error_of(R"(backend: "builtin"
+input [ { name: "x" data_type: TYPE_INT32 dims: [ 2 ] is_shape_tensor: true } ]
+output [ { name: "y" data_type: TYPE_INT32 dims: [ 2 ] is_shape_tensor: true } ]
 )");
-  CHECK(contains(input_msg, "field 'reshape' of Triton's ModelInput is not "
-                            "supported"));
+  CHECK(contains(shape_tensor, "input 'x' sets is_shape_tensor: shape tensors are only "
+                               "supported for TensorRT platform"));
+  CHECK(contains(shape_tensor, "output 'y' sets is_shape_tensor"));
+  auto ragged = error_of(R"(backend: "builtin"
+input [ { name: "x" data_type: TYPE_FP32 dims: [ -1 ] allow_ragged_batch: true } ]
+output [ { name: "y" data_type: TYPE_FP32 dims: [ -1 ] } ]
+)");
+  CHECK(contains(ragged, "input 'x' sets allow_ragged_batch, which is not supported"));
+  auto non_linear = error_of(R"(backend: "builtin"
+input [ { name: "x" data_type: TYPE_FP32 dims: [ 3, 4, 4 ] is_non_linear_format_io: true } ]
+output [ { name: "y" data_type: TYPE_FP32 dims: [ 1 ] } ]
+)");
+  CHECK(contains(non_linear, "Non-linear IO format is only supported for the TensorRT platform"));
+  // decoupled: false is the engine's own behaviour.
+  CHECK(parse_model_config(base_config + "model_transaction_policy { decoupled: false }\n",
+                           ctx_for("foo")).ok());
+}
+
+TEST_CASE("reshape follows Triton's rules") {
+  auto with = [](const std::string& mbs, const std::string& input) {
+    return "backend: \"builtin\"\nmax_batch_size: " + mbs + "\ninput [ " + input
+           + " ]\noutput [ { name: \"y\" data_type: TYPE_FP32 dims: [ 1 ] } ]\n";
+  };
+  auto ok = [](const std::string& text) {
+    auto r = parse_model_config(text, ctx_for("foo"));
+    CHECK_MESSAGE(r.ok(), text << (r.ok() ? "" : r.error().message));
+    return r.ok() ? *r->inputs[0].reshape : std::vector<int64_t>{99};
+  };
+  CHECK(ok(with("0", R"({ name: "x" data_type: TYPE_FP32 dims: [ 3, 224, 224 ]
+                          reshape: { shape: [ 1, 3, 224, 224 ] } })"))
+        == std::vector<int64_t>{1, 3, 224, 224});
+  // Runs between variable dimensions match: 2*4 = 8 and 6 = 1*6.
+  CHECK(ok(with("4", R"({ name: "x" data_type: TYPE_FP32 dims: [ 2, 4, -1, 6 ]
+                          reshape: { shape: [ 8, -1, 1, 6 ] } })"))
+        == std::vector<int64_t>{8, -1, 1, 6});
+  // A scalar per batch row, as Triton's auto-complete writes it.
+  CHECK(ok(with("4", R"({ name: "x" data_type: TYPE_FP32 dims: [ 1 ] reshape: { shape: [ ] } })"))
+        .empty());
+
+  auto size = error_of(with("0", R"({ name: "x" data_type: TYPE_FP32 dims: [ 3, 4 ]
+                                      reshape: { shape: [ 13 ] } })"));
+  CHECK(contains(size, "input 'x' has different size for dims and reshape"));
+  auto runs = error_of(with("4", R"({ name: "x" data_type: TYPE_FP32 dims: [ 2, -1 ]
+                                      reshape: { shape: [ 4, -1 ] } })"));
+  CHECK(contains(runs, "has different size for dims and reshape"));
+  auto zero = error_of(with("4", R"({ name: "x" data_type: TYPE_FP32 dims: [ 4 ]
+                                      reshape: { shape: [ 0, 4 ] } })"));
+  CHECK(contains(zero, "reshape dimensions must be integer >= 1, or -1"));
+  auto scalar = error_of(with("0", R"({ name: "x" data_type: TYPE_FP32 dims: [ 1 ]
+                                        reshape: { shape: [ ] } })"));
+  CHECK(contains(scalar, "cannot have empty reshape for non-batching model as scalar tensors "
+                         "are not supported"));
+}
+
+TEST_CASE("format NCHW/NHWC needs three dims, as Triton checks") {
+  auto text = [](const std::string& format, const std::string& dims) {
+    return "backend: \"builtin\"\nmax_batch_size: 4\ninput [ { name: \"x\" data_type: TYPE_FP32 "
+           "format: " + format + " dims: " + dims
+           + " } ]\noutput [ { name: \"y\" data_type: TYPE_FP32 dims: [ 1 ] } ]\n";
+  };
+  auto nhwc = parse_model_config(text("FORMAT_NHWC", "[ 224, 224, 3 ]"), ctx_for("foo"));
+  REQUIRE(nhwc.ok());
+  CHECK(nhwc->inputs[0].format == tensor_format::nhwc);
+  CHECK(parse_model_config(text("FORMAT_NONE", "[ 5 ]"), ctx_for("foo")).ok());
+  auto msg = error_of(text("FORMAT_NCHW", "[ 3, 224 ]"));
+  CHECK(contains(msg, "model input NHWC/NCHW require 3 dims"));
+  auto bad = error_of(text("FORMAT_NCWH", "[ 3, 224, 224 ]"));
+  CHECK(contains(bad, "unknown value 'FORMAT_NCWH' for field 'format'"));
+  CHECK(contains(bad, "FORMAT_NCHW"));
+}
+
+TEST_CASE("default_model_filename stays inside the version directory") {
+  auto r = parse_model_config(base_config + "default_model_filename: \"net.onnx\"\n",
+                              ctx_for("foo"));
+  REQUIRE(r.ok());
+  CHECK(r->default_model_filename == "net.onnx");
+  for (std::string bad : {"../other/model.onnx", "/etc/passwd", "..", "a/../../b"}) {
+    CAPTURE(bad);
+    auto msg = error_of(base_config + "default_model_filename: \"" + bad + "\"\n");
+    CHECK(contains(msg, "does not name a file inside the version directory"));
+  }
 }
 
 TEST_CASE("an unknown TYPE_ name lists the valid ones") {
@@ -413,4 +607,43 @@ TEST_CASE("response_cache parses as Triton writes it; absent means off") {
   CHECK_FALSE(absent->response_cache_enabled);
   auto typo = error_of(base_config + "response_cache { enabled: true }\n");
   CHECK(contains(typo, "unknown field 'enabled' in ModelResponseCache"));
+}
+
+TEST_CASE("Triton's JSON form of a config converts through the same schema and checks") {
+  // As Triton prints it (GET .../config, int64 as strings) and as a load
+  // request's "config" parameter carries it.
+  auto json = std::string{R"({
+    "name": "foo", "platform": "onnxruntime_onnx", "max_batch_size": 16,
+    "input": [ { "name": "x", "data_type": "TYPE_FP32", "format": "FORMAT_NHWC",
+                 "dims": [ "4", "4", "3" ], "reshape": { "shape": [ "48" ] } } ],
+    "output": [ { "name": "y", "data_type": "TYPE_FP32", "dims": [ 10 ] } ],
+    "optimization": { "input_pinned_memory": { "enable": true } },
+    "response_cache": { "enable": true },
+    "model_transaction_policy": { "decoupled": false }
+  })"};
+  config::ModelConfig proto;
+  REQUIRE(google::protobuf::util::JsonStringToMessage(json, &proto).ok());
+  auto r = convert_model_config(proto, ctx_for("foo"));
+  REQUIRE_MESSAGE(r.ok(), (r.ok() ? "" : r.error().message));
+  CHECK(r->config.max_batch_size == 16);
+  CHECK(r->config.inputs[0].format == tensor_format::nhwc);
+  CHECK(*r->config.inputs[0].reshape == std::vector<int64_t>{48});
+  CHECK(r->config.response_cache_enabled);
+  CHECK(r->ignored_fields == std::vector<std::string>{"optimization.input_pinned_memory"});
+
+  config::ModelConfig decoupled;
+  REQUIRE(google::protobuf::util::JsonStringToMessage(
+            R"({"backend": "builtin", "input": [ { "name": "a", "data_type": "TYPE_FP32",
+                 "dims": [ 1 ] } ], "output": [ { "name": "b", "data_type": "TYPE_FP32",
+                 "dims": [ 1 ] } ], "model_transaction_policy": { "decoupled": true } })",
+            &decoupled)
+            .ok());
+  auto refused = convert_model_config(decoupled, ctx_for("foo"));
+  REQUIRE_FALSE(refused.ok());
+  CHECK(contains(refused.error().message, "decoupled: true"));
+  // A misspelled key is refused by the JSON parser itself, naming it.
+  config::ModelConfig typo;
+  auto status = google::protobuf::util::JsonStringToMessage(R"({"max_batch_sise": 4})", &typo);
+  CHECK_FALSE(status.ok());
+  CHECK(contains(status.ToString(), "max_batch_sise"));
 }

@@ -25,6 +25,14 @@ bool is_onnx(const model_config& cfg) {
   return cfg.platform == "onnxruntime_onnx" || cfg.backend == "onnxruntime";
 }
 
+/// The file of a version that holds the model: Triton's default_model_filename,
+/// or model.onnx.
+std::filesystem::path model_file(const model_config& cfg,
+                                 const std::filesystem::path& version_dir) {
+  return version_dir / (cfg.default_model_filename.empty() ? std::string("model.onnx")
+                                                           : cfg.default_model_filename);
+}
+
 /// Makes a backend for each executor instance of one model version.
 using backend_factory = std::function<std::shared_ptr<executor::backend>()>;
 
@@ -33,9 +41,17 @@ using backend_factory = std::function<std::shared_ptr<executor::backend>()>;
 /// then hands them out in the order model_manager::load asks.
 result<backend_factory> make_gpu_backend(model_config& cfg,
                                          const std::filesystem::path& version_dir) {
+  for (const auto* list : {&cfg.inputs, &cfg.outputs})
+    for (const auto& t : *list)
+      if (t.reshape)
+        return serving_error{status_code::bad_request,
+                             "model '" + cfg.name + "': '" + t.name
+                               + "' has a reshape, which KIND_GPU instances do not carry out "
+                                 "yet; use instance_group { kind: KIND_CPU } or drop the "
+                                 "reshape"};
 #ifdef CAF_SERVING_HAS_CUDA_BACKEND
   cuda::cuda_model_config cc;
-  cc.model_file = version_dir / "model.onnx";
+  cc.model_file = model_file(cfg, version_dir);
   cc.config = cfg;
   auto model = cuda::load_cuda_model(cc);
   if (!model)
@@ -86,8 +102,10 @@ result<backend_factory> make_backend(model_config& cfg, const std::filesystem::p
     return make_gpu_backend(cfg, version_dir);
   if (is_onnx(cfg)) {
     onnx::onnx_model_config oc;
-    oc.model_file = version_dir / "model.onnx";
+    oc.model_file = model_file(cfg, version_dir);
     oc.config = cfg;
+    oc.auto_complete = !manager.strict_model_config;
+    oc.default_max_batch_size = manager.default_max_batch_size;
     // Every ONNX model shares the process's compute threads (the plans are
     // compiled for the pool's size); without one, the model's instances
     // share a pool of executor_threads.
@@ -104,7 +122,7 @@ result<backend_factory> make_backend(model_config& cfg, const std::filesystem::p
   if (cfg.platform.empty() && cfg.backend.empty())
     return serving_error{status_code::bad_request,
                          "model '" + cfg.name + "': neither backend nor platform is set and "
-                         "there is no " + (version_dir / "model.onnx").string()
+                         "there is no " + model_file(cfg, version_dir).string()
                            + "; add backend: \"onnxruntime\" for an ONNX model or backend: "
                              "\"builtin\" for a built-in function"};
   return serving_error{status_code::bad_request,
@@ -226,7 +244,7 @@ std::variant<std::monostate, serving_error> model_manager::load_all() {
 std::variant<std::monostate, serving_error> model_manager::load(const std::string& name) {
   // Inputs and outputs may be left out for ONNX models: the graph completes them.
   repository::scan_config scan;
-  scan.allow_missing_io = true;
+  scan.allow_missing_io = !cfg_.strict_model_config;
   auto entry = repository::load_model_config(cfg_.repository, name, scan);
   auto fail = [&](const serving_error& e) -> std::variant<std::monostate, serving_error> {
     std::lock_guard<std::mutex> guard(mutex_);
@@ -240,10 +258,29 @@ std::variant<std::monostate, serving_error> model_manager::load(const std::strin
   if (!entry.config)
     return fail(entry.config.error());
   auto cfg = entry.config->config;
-  // A model directory without platform or backend that holds model.onnx is ONNX.
+  {
+    std::lock_guard<std::mutex> guard(mutex_);
+    for (const auto& field : entry.config->ignored_fields)
+      if (logged_ignored_.insert(name + "/" + field).second)
+        std::cout << "model " << name << ": config field '" << field
+                  << "' is accepted and ignored (it only concerns Triton's own backends)"
+                  << std::endl;
+  }
+  // A model directory without platform or backend that holds the model file
+  // (model.onnx, or default_model_filename) is ONNX.
   if (cfg.platform.empty() && cfg.backend.empty() && !entry.version_dirs.empty()
-      && std::filesystem::exists(entry.version_dirs.back() / "model.onnx"))
+      && std::filesystem::exists(model_file(cfg, entry.version_dirs.back())))
     cfg.platform = "onnxruntime_onnx";
+  // Triton completes an ONNX model's backend, platform and file name alike,
+  // and GET .../config shows them.
+  if (is_onnx(cfg)) {
+    if (cfg.backend.empty())
+      cfg.backend = "onnxruntime";
+    if (cfg.platform.empty())
+      cfg.platform = "onnxruntime_onnx";
+    if (cfg.default_model_filename.empty())
+      cfg.default_model_filename = "model.onnx";
+  }
   std::map<int64_t, std::pair<model_config, backend_factory>> backends;
   for (size_t i = 0; i < entry.versions.size(); ++i) {
     model_config version_cfg = cfg;

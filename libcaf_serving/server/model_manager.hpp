@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <set>
 #include <memory>
 #include <mutex>
 #include <condition_variable>
@@ -64,6 +65,15 @@ struct model_manager_config {
   /// Loads asked for over the API and not yet started; past it a load answers
   /// 503 at once.
   size_t max_pending_loads = 64;
+  /// Triton's --strict-model-config: true requires a complete config.pbtxt
+  /// (backend or platform, every input and output with dims); false (Triton
+  /// 2.51's default) completes a missing or partial one from the ONNX graph,
+  /// max_batch_size and dynamic batching included.
+  bool strict_model_config = false;
+  /// The max_batch_size auto-complete gives a model whose graph batches and
+  /// whose config says none (Triton's --backend-config=
+  /// onnxruntime,default-max-batch-size, 4 by default).
+  int default_max_batch_size = 4;
 };
 
 /// What the ingress shows about the cluster (/v2 and /metrics); both empty on a
@@ -162,6 +172,9 @@ private:
   model_manager_config cfg_;
   mutable std::mutex mutex_;
   std::map<std::string, record> models_;
+  /// "model/field" of every ignored config field already logged, so that each
+  /// is logged once per model however often it reloads.
+  std::set<std::string> logged_ignored_;
   cluster_view cluster_;
 
   /// The loader thread and its bounded queue (load_async).

@@ -53,11 +53,13 @@ struct running_manager {
   std::unique_ptr<caf::actor_system> sys;
   std::unique_ptr<server::model_manager> models;
 
-  running_manager() {
+  explicit running_manager(bool strict_model_config = false, int default_max_batch_size = 4) {
     cfg.set("scheduler.max-threads", size_t{2});
     sys = std::make_unique<caf::actor_system>(cfg);
     server::model_manager_config mc;
     mc.repository = repo.path;
+    mc.strict_model_config = strict_model_config;
+    mc.default_max_batch_size = default_max_batch_size;
     models = std::make_unique<server::model_manager>(*sys, mc);
   }
   ~running_manager() {
@@ -109,4 +111,36 @@ TEST_CASE("load_async reports on the loader thread; an unknown model is a 404") 
     REQUIRE(std::holds_alternative<serving_error>(r));
     CHECK(std::get<serving_error>(r).status == status_code::not_found);
   }
+}
+
+TEST_CASE("strict_model_config: an ONNX model without config.pbtxt loads only when it is off") {
+  for (bool strict : {false, true}) {
+    CAPTURE(strict);
+    running_manager running(strict);
+    fs::create_directories(running.repo.path / "auto" / "1");
+    fs::copy_file(fs::path(CAF_SERVING_ONNX_FIXTURES) / "models" / "op_gemm" / "1" / "model.onnx",
+                  running.repo.path / "auto" / "1" / "model.onnx");
+    auto r = running.models->load("auto");
+    if (!strict) {
+      REQUIRE(std::holds_alternative<std::monostate>(r));
+      auto p = running.models->find("auto");
+      REQUIRE(p.ok());
+      CHECK((*p)->config.max_batch_size == 4);
+      CHECK((*p)->config.dynamic_batching_enabled);
+    } else {
+      REQUIRE(std::holds_alternative<serving_error>(r));
+      CHECK(std::get<serving_error>(r).message.find("no config.pbtxt") != std::string::npos);
+    }
+  }
+}
+
+TEST_CASE("default_max_batch_size sets what auto-complete fills in") {
+  running_manager running(false, 16);
+  fs::create_directories(running.repo.path / "auto" / "1");
+  fs::copy_file(fs::path(CAF_SERVING_ONNX_FIXTURES) / "models" / "op_gemm" / "1" / "model.onnx",
+                running.repo.path / "auto" / "1" / "model.onnx");
+  REQUIRE(std::holds_alternative<std::monostate>(running.models->load("auto")));
+  auto p = running.models->find("auto");
+  REQUIRE(p.ok());
+  CHECK((*p)->config.max_batch_size == 16);
 }

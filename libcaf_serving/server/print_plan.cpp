@@ -16,7 +16,9 @@ result<std::string> describe_model_plan(const print_plan_request& req) {
                          "model '" + req.model + "' has no numeric version directory in "
                            + (req.repository / req.model).string()};
   const auto& cfg = entry.config->config;
-  auto file = entry.version_dirs.back() / "model.onnx";
+  auto file = entry.version_dirs.back()
+              / (cfg.default_model_filename.empty() ? std::string("model.onnx")
+                                                    : cfg.default_model_filename);
   if (!std::filesystem::exists(file))
     return serving_error{status_code::bad_request,
                          "model '" + req.model + "' is not an ONNX model: there is no "
