@@ -3,6 +3,7 @@
 #include "core/clock.hpp"
 #include "core/pipeline_messages.hpp"
 #include "ingress/compression.hpp"
+#include "ingress/repository_index.hpp"
 #include "ingress/shm_api.hpp"
 #include "ingress/shm_tensors.hpp"
 #include "ingress/response_cache.hpp"
@@ -353,7 +354,7 @@ public:
       });
     }
     if (parts[1] == "repository")
-      return repository(method, parts, response);
+      return repository(method, parts, body, response);
     if (is_shared_memory_path(parts))
       return shared_memory(method, std::move(parts), headers, body, response);
     if (parts[1] == "models")
@@ -469,28 +470,21 @@ private:
   }
 
   kj::Promise<void> repository(kj::HttpMethod method, const std::vector<std::string>& parts,
-                               Response& response) {
+                               kj::AsyncInputStream& body, Response& response) {
     if (parts.size() == 3 && parts[2] == "index")
       return expect(method, kj::HttpMethod::POST, response, [&] {
-        std::string out = "[";
-        for (const auto& row : models_.index()) {
-          if (out.size() > 1)
-            out += ',';
-          out += "{\"name\":";
-          append_json_string(out, row.name);
-          if (!row.version.empty()) {
-            out += ",\"version\":";
-            append_json_string(out, row.version);
-          }
-          out += ",\"state\":";
-          append_json_string(out, row.state);
-          if (!row.reason.empty()) {
-            out += ",\"reason\":";
-            append_json_string(out, row.reason);
-          }
-          out += '}';
-        }
-        return send_json(response, 200, out + "]");
+        return read_small_body(body).then([this, &response](body_read read) {
+          if (read.result != body_read::outcome::complete)
+            return send_body_read_error(response, read);
+          auto request = parse_index_request(read.bytes);
+          if (!request)
+            return send_error(response, request.error());
+          std::vector<index_entry> rows;
+          for (auto& row : models_.index())
+            rows.push_back({std::move(row.name), std::move(row.version), std::move(row.state),
+                            std::move(row.reason)});
+          return send_json(response, 200, serialize_index(rows, *request));
+        });
       });
     if (parts.size() == 5 && parts[2] == "models" && (parts[4] == "load" || parts[4] == "unload"))
       return expect(method, kj::HttpMethod::POST, response, [&]() -> kj::Promise<void> {
@@ -518,6 +512,42 @@ private:
     return send_error(response, 404,
                       "repository endpoints are POST /v2/repository/index and "
                       "/v2/repository/models/{model}/load or /unload");
+  }
+
+  /// Reads the body of a control request (not an inference), at most
+  /// --max-body-bytes, each read waiting at most --idle-timeout-ms.
+  kj::Promise<body_read> read_small_body(kj::AsyncInputStream& body) {
+    std::optional<uint64_t> expected;
+    KJ_IF_MAYBE (n, body.tryGetLength())
+      expected = *n;
+    auto reader = kj::heap<body_reader>(body, timer_, cfg_.idle_timeout_ms * kj::MILLISECONDS,
+                                        cfg_.limits.max_body_bytes, expected);
+    auto reading = reader->read();
+    return reading.attach(kj::mv(reader));
+  }
+
+  /// The answer to a control request whose body could not be read whole.
+  kj::Promise<void> send_body_read_error(Response& response, const body_read& read) {
+    switch (read.result) {
+      case body_read::outcome::disconnected:
+        return KJ_EXCEPTION(DISCONNECTED, "the client left inside the request body");
+      case body_read::outcome::too_large:
+        return send_error(response, 413,
+                          "request body is over the limit of "
+                            + std::to_string(cfg_.limits.max_body_bytes)
+                            + " bytes (--max-body-bytes)",
+                          close_connection::yes);
+      case body_read::outcome::stalled:
+        return send_error(response, 408,
+                          "no byte of the request body arrived for "
+                            + std::to_string(cfg_.idle_timeout_ms) + " ms (--idle-timeout-ms)",
+                          close_connection::yes);
+      case body_read::outcome::malformed:
+      case body_read::outcome::complete:
+        break;
+    }
+    return send_error(response, 400, "the request body could not be read",
+                      close_connection::yes);
   }
 
   kj::Promise<void> models(kj::HttpMethod method, kj::StringPtr url,
@@ -559,9 +589,16 @@ private:
           if (version == 0 || p->version == version)
             stats.push_back(p->stats);
         if (stats.empty()) {
+          // Triton's statistics answer 400 for a model or version it does
+          // not serve, with its own wording; find() says why.
           auto m = models_.find(name, version);
-          if (!m)
-            return send_error(response, m.error());
+          std::string why = m ? std::string("it is not served") : m.error().message;
+          bool model_served = version != 0 && !models_.versions(name).empty();
+          return send_error(response, 400,
+                            (model_served ? "requested model version is not available for model '"
+                                              + name + "'"
+                                          : "requested model '" + name + "' is not available")
+                              + ": " + why);
         }
         return send_json(response, 200, stats_json(stats));
       });
@@ -680,8 +717,10 @@ private:
             char* end = nullptr;
             auto n = std::strtoull(header_length_text.c_str(), &end, 10);
             if (*end != '\0')
-              return fail(bad_request("Inference-Header-Content-Length '" + header_length_text
-                                      + "' is not a number"));
+              return fail(bad_request("Unable to parse Inference-Header-Content-Length, got: "
+                                      + header_length_text + "; its value '" + header_length_text
+                                      + "' is not a number (the byte length of the JSON "
+                                        "header that starts the body)"));
             in.header_length = n;
           }
           auto parsed = parse_infer_request(in);

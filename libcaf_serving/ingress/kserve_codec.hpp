@@ -51,6 +51,11 @@ struct request_limits {
   size_t max_rank = 16;
   /// Most inputs, and most requested outputs, in one request.
   size_t max_tensors = 1024;
+  /// How deep a JSON tensor's "data" may nest, counting "data" itself as
+  /// depth 0: an element at this depth is refused. Triton's limit
+  /// (HTTP_MAX_JSON_NESTING_DEPTH), which its clients and tests rely on; the
+  /// nesting need not follow the shape, only the element count must.
+  size_t max_data_depth = 100;
 };
 
 // -- requests -----------------------------------------------------------------
@@ -92,8 +97,9 @@ struct infer_input {
 /// One output the client asked for by name.
 struct requested_output {
   std::string name;
-  /// Whether to send this output as binary data (the output's "binary_data"
-  /// parameter, else the request's "binary_data_output").
+  /// Whether to send this output as binary data: the output's own
+  /// "binary_data" parameter, false without one. As in Triton, the request's
+  /// "binary_data_output" does not apply to outputs listed in the request.
   bool binary = false;
   /// Classification extension: return the top `classification` classes
   /// instead of the tensor. 0: return the tensor itself.
@@ -109,7 +115,9 @@ struct infer_request {
   /// Empty: the client asked for every output, as JSON unless
   /// binary_data_output says otherwise.
   std::vector<requested_output> outputs;
-  /// The request's "binary_data_output" parameter.
+  /// The request's "binary_data_output" parameter: whether the outputs sent
+  /// because none were listed are binary. A raw binary request
+  /// (Inference-Header-Content-Length: 0) sets it, as Triton does.
   bool binary_data_output = false;
   /// The request's "priority" parameter; 0 means the model's default level.
   uint32_t priority = 0;
