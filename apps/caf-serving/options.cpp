@@ -70,6 +70,14 @@ std::string usage() {
          "  --shm-region-limit N       regions registered at once; one more is a 400\n"
          "                             (default 64)\n"
          "\n"
+         "Access control (Triton's flag):\n"
+         "  --http-restricted-api APIS:KEY=VALUE\n"
+         "                             the endpoints of APIS (comma-separated: health,\n"
+         "                             metadata, inference, shared-memory, model-config,\n"
+         "                             model-repository, statistics, trace, logging)\n"
+         "                             answer 403 unless the request has header KEY:\n"
+         "                             VALUE (repeatable; each API in one flag at most)\n"
+         "\n"
          "Cluster (docs/cluster.md):\n"
          "  --worker HOST:PORT         use the caf-serving-worker there (repeatable)\n"
          "  --cluster-port N           listen for workers that --join (0 picks a port)\n"
@@ -287,6 +295,10 @@ std::variant<server_options, show_help, std::string> parse_options(int argc, cha
         o.cluster.heartbeat_ms = v;
       else
         o.cluster.node_timeout_ms = v;
+    } else if (flag == "--http-restricted-api") {
+      // Triton's flag, repeatable: API[,API...]:KEY=VALUE.
+      if (auto err = o.http.restricted.add(value))
+        return *err;
     } else if (flag == "--print-plan") {
       if (value.empty() || value.find('/') != std::string::npos)
         return bad("a model name (a directory in --model-repository)");

@@ -7,6 +7,7 @@
 #include "ingress/shm_api.hpp"
 #include "ingress/shm_tensors.hpp"
 #include "ingress/response_cache.hpp"
+#include "ingress/restricted_api.hpp"
 #include "ingress/validate.hpp"
 #include "repository/config_json.hpp"
 
@@ -16,6 +17,7 @@
 #include <kj/compat/http.h>
 
 #include <atomic>
+#include <cctype>
 #include <cerrno>
 #include <csignal>
 #include <cstring>
@@ -57,6 +59,22 @@ std::string header_or_empty(const kj::HttpHeaders& h, kj::HttpHeaderId id) {
   return {};
 }
 
+/// The value of header `name` (any case), which need not be one the header
+/// table registered.
+std::optional<std::string> find_header(const kj::HttpHeaders& h, std::string_view name) {
+  std::optional<std::string> found;
+  h.forEach([&](kj::StringPtr key, kj::StringPtr value) {
+    if (found || key.size() != name.size())
+      return;
+    for (size_t i = 0; i < name.size(); ++i)
+      if (std::tolower(static_cast<unsigned char>(key[i]))
+          != std::tolower(static_cast<unsigned char>(name[i])))
+        return;
+    found = std::string(value.cStr(), value.size());
+  });
+  return found;
+}
+
 /// The path split at '/', without the query string.
 std::vector<std::string> split_path(kj::StringPtr url) {
   std::string_view path = view(url);
@@ -79,6 +97,7 @@ const char* status_text(int status) {
   switch (status) {
     case 200: return "OK";
     case 400: return "Bad Request";
+    case 403: return "Forbidden";
     case 404: return "Not Found";
     case 405: return "Method Not Allowed";
     case 408: return "Request Timeout";
@@ -321,6 +340,13 @@ public:
     }
     if (parts.size() == 1 && parts[0] == "metrics")
       return metrics(method, response);
+    // --http-restricted-api, checked before anything else about the request
+    // (its method included), as Triton does.
+    if (auto group = api_group_of(parts))
+      if (!cfg_.restricted.allows(*group, [&](const std::string& header) {
+            return find_header(headers, header);
+          }))
+        return send_error(response, 403, cfg_.restricted.refusal(*group));
     if (parts.empty() || parts[0] != "v2")
       return send_error(response, 404, "unknown path '" + std::string(view(url))
                                          + "'; KServe v2 endpoints start with /v2");

@@ -11,6 +11,7 @@
 
 #include "ingress/kserve_codec.hpp"
 #include "ingress/shared_memory.hpp"
+#include "ingress/restricted_api.hpp"
 #include "server/model_manager.hpp"
 
 #include <cstdint>
@@ -34,6 +35,8 @@ struct http_server_config {
   /// --strict-readiness, on by default there too).
   bool strict_readiness = true;
   request_limits limits;
+  /// --http-restricted-api: endpoint groups that need a header (403 without).
+  restricted_apis restricted;
 
   // -- Limits for clients (each a flag of caf-serving; see README) ------------
 
