@@ -856,10 +856,12 @@ private:
     auto r = msg.reader();
     if (r.getError().getStatus() != 0) {
       ctx.shared_memory = {};
+      auto reason = static_cast<failure_reason>(r.getError().getReason());
       serving_error e{static_cast<status_code>(r.getError().getStatus()),
-                      client_error_message(view(r.getError().getMessage()),
-                                           ctx.model->config.name),
-                      static_cast<failure_reason>(r.getError().getReason())};
+                      with_triton_phrase(reason,
+                                         client_error_message(view(r.getError().getMessage()),
+                                                              ctx.model->config.name)),
+                      reason};
       finish_failure(*ctx.model, ctx.received_ns, e);
       return send_error(response, e);
     }
@@ -1017,6 +1019,15 @@ void forward_stop_signals_to_this_thread() {
 }
 
 } // namespace
+
+std::string with_triton_phrase(failure_reason reason, std::string message) {
+  const char* phrase = reason == failure_reason::queue_full ? "Exceeds maximum queue size"
+                       : reason == failure_reason::timeout  ? "Request timeout expired"
+                                                            : nullptr;
+  if (phrase == nullptr || message.rfind(phrase, 0) == 0)
+    return message;
+  return std::string(phrase) + ": " + message;
+}
 
 std::string client_error_message(std::string_view message, std::string_view model) {
   // What CAF's render() and kj's exception text look like: "error(3, caf::sec

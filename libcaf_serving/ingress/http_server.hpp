@@ -86,6 +86,12 @@ struct stop_report {
 stop_report run_http_server(const http_server_config& cfg, server::model_manager& models,
                             const std::function<void(listening_ports)>& on_listening);
 
+/// `message` with Triton's words for the same refusal first, where Triton's
+/// clients match on them: "Exceeds maximum queue size" for a full queue,
+/// "Request timeout expired" for a request past its queue timeout (both 503
+/// in Triton too). Other reasons: `message` as it is.
+std::string with_triton_phrase(failure_reason reason, std::string message);
+
 /// The message a client may see for an error the pipeline reports: `message`
 /// itself, or, when it carries CAF or kj internals (rendered errors, source
 /// locations), a general one that points to the server log. The status stays.
