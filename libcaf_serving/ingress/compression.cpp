@@ -67,8 +67,12 @@ result<content_encoding> parse_content_encoding(std::string_view header) {
     return content_encoding::gzip;
   if (iequals(header, "deflate"))
     return content_encoding::deflate;
-  return bad_request("unsupported Content-Encoding '" + std::string{header}
-                     + "'; send the body as gzip, deflate or identity");
+  // Triton answers UNSUPPORTED (501) with these words.
+  return serving_error{static_cast<status_code>(501),
+                       "Unsupported compression type: Content-Encoding '" + std::string{header}
+                         + "' is not one this server reads; send the body as gzip, deflate or "
+                           "identity",
+                       failure_reason::bad_request};
 }
 
 result<std::string> decompress(std::string_view body, content_encoding encoding,

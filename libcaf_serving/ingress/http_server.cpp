@@ -336,7 +336,7 @@ public:
     if (metrics_only_) {
       if (parts.size() == 1 && parts[0] == "metrics")
         return metrics(method, response);
-      return send_error(response, 404, "the metrics port serves only GET /metrics");
+      return send_error(response, 404, "Not Found: the metrics port serves only GET /metrics");
     }
     if (parts.size() == 1 && parts[0] == "metrics")
       return metrics(method, response);
@@ -348,7 +348,7 @@ public:
           }))
         return send_error(response, 403, cfg_.restricted.refusal(*group));
     if (parts.empty() || parts[0] != "v2")
-      return send_error(response, 404, "unknown path '" + std::string(view(url))
+      return send_error(response, 404, "Not Found: unknown path '" + std::string(view(url))
                                          + "'; KServe v2 endpoints start with /v2");
     if (parts.size() == 1)
       return expect(method, kj::HttpMethod::GET, response, [&] {
@@ -375,7 +375,7 @@ public:
                     ? !draining && (!cfg_.strict_readiness || models_.all_ready())
                     : false;
         if (parts[2] != "live" && parts[2] != "ready")
-          return send_error(response, 404, "health endpoints are /v2/health/live and /ready");
+          return send_error(response, 404, "Not Found: health endpoints are /v2/health/live and /ready");
         return send_json(response, ok ? 200 : 503, "");
       });
     }
@@ -385,7 +385,7 @@ public:
       return shared_memory(method, std::move(parts), headers, body, response);
     if (parts[1] == "models")
       return models(method, url, headers, body, response, parts, received);
-    return send_error(response, 404, "unknown path '" + std::string(view(url)) + "'");
+    return send_error(response, 404, "Not Found: unknown path '" + std::string(view(url)) + "'");
   }
 
 private:
@@ -394,7 +394,8 @@ private:
                            F&& f) {
     if (method != wanted)
       return send_error(response, 405,
-                        std::string("this endpoint takes ") + (wanted == kj::HttpMethod::GET
+                        std::string("Method Not Allowed: this endpoint takes ")
+                          + (wanted == kj::HttpMethod::GET
                                                                  ? "GET"
                                                                  : "POST"));
     return f();
@@ -536,7 +537,7 @@ private:
         });
       });
     return send_error(response, 404,
-                      "repository endpoints are POST /v2/repository/index and "
+                      "Not Found: repository endpoints are POST /v2/repository/index and "
                       "/v2/repository/models/{model}/load or /unload");
   }
 
@@ -585,7 +586,7 @@ private:
         return send_json(response, 200, stats_json(models_.all_stats()));
       });
     if (parts.size() < 3)
-      return send_error(response, 404, "name a model: /v2/models/{model}");
+      return send_error(response, 404, "Not Found: name a model: /v2/models/{model}");
     const std::string& name = parts[2];
     size_t next = 3;
     int64_t version = 0;
@@ -600,7 +601,7 @@ private:
     }
     std::string action = parts.size() > next ? parts[next] : "";
     if (parts.size() > next + 1)
-      return send_error(response, 404, "unknown path '" + std::string(view(url)) + "'");
+      return send_error(response, 404, "Not Found: unknown path '" + std::string(view(url)) + "'");
     if (action == "ready")
       return expect(method, kj::HttpMethod::GET, response, [&] {
         auto m = models_.find(name, version);
@@ -637,14 +638,14 @@ private:
       });
     if (action == "infer") {
       if (method != kj::HttpMethod::POST)
-        return send_error(response, 405, "inference takes POST");
+        return send_error(response, 405, "Method Not Allowed: inference takes POST");
       auto m = models_.find(name, version);
       if (!m) {
         return send_error(response, m.error());
       }
       return infer(*m, headers, body, response, received);
     }
-    return send_error(response, 404, "unknown path '" + std::string(view(url)) + "'");
+    return send_error(response, 404, "Not Found: unknown path '" + std::string(view(url)) + "'");
   }
 
   kj::Promise<void> infer(std::shared_ptr<const server::model_pipeline> model,

@@ -636,7 +636,9 @@ pending_input parse_input_object(od::value v, size_t index, const parse_input& i
          "data with the binary_data_size parameter");
   if (has_data) {
     if (input.dtype == datatype::fp16 || input.dtype == datatype::bf16)
-      fail(prefix + " has datatype " + std::string{to_string(input.dtype)}
+      fail("receiving " + std::string{to_string(input.dtype)}
+           + " data via JSON is not supported. Please use the binary data format for input "
+           + input.name + ": " + prefix + " has datatype " + std::string{to_string(input.dtype)}
            + ", which JSON cannot carry; send it as binary data (binary_data_size "
              "parameter and Inference-Header-Content-Length)");
     // Never allocate from the shape alone: every JSON element but the last
@@ -908,6 +910,11 @@ void parse_json_header(simdjson::padded_string_view json, const parse_input& in,
   }
 }
 
+/// " for model 'm'" when the model is known, as Triton's messages say it.
+std::string for_model(const parse_input& in) {
+  return in.model ? " for model " + single_quoted(in.model->name) : std::string();
+}
+
 /// A body that is the raw bytes of the model's single input.
 infer_request parse_raw_binary(const parse_input& in) {
   if (!in.model)
@@ -1038,7 +1045,9 @@ infer_request parse(const parse_input& in) {
         fail(what + " has binary_data_size but the request has no "
                     "Inference-Header-Content-Length header giving the JSON's length");
       if (*p.binary_size > binary.size() - offset)
-        fail(what + " has binary_data_size " + std::to_string(*p.binary_size) + " but only "
+        fail("unexpected size for " + what + ", expecting "
+             + std::to_string(*p.binary_size - (binary.size() - offset))
+             + " additional bytes" + for_model(in) + ": " + what + " has binary_data_size " + std::to_string(*p.binary_size) + " but only "
              + std::to_string(binary.size() - offset)
              + " bytes of binary data remain after the JSON header");
       p.input.data = binary.substr(offset, static_cast<size_t>(*p.binary_size));
@@ -1047,7 +1056,7 @@ infer_request parse(const parse_input& in) {
     req.inputs.push_back(std::move(p.input));
   }
   if (offset != binary.size())
-    fail("the request has " + std::to_string(binary.size() - offset)
+    fail("unexpected additional input data" + for_model(in) + ": the request has " + std::to_string(binary.size() - offset)
          + " bytes of binary data after the JSON header that no input's binary_data_size "
            "accounts for");
   return req;

@@ -507,7 +507,9 @@ TEST_CASE("data that does not fit the shape or datatype") {
   check_error(parse_json(input_json("a", "BYTES", "[1]", "[1]")), status_code::bad_request,
               "is not a string");
   check_error(parse_json(input_json("a", "FP16", "[1]", "[1.0]")), status_code::bad_request,
-              "FP16, which JSON cannot carry; send it as binary data");
+              "receiving FP16 data via JSON is not supported. Please use the binary data format "
+              "for input a: input 'a' has datatype FP16, which JSON cannot carry; send it as "
+              "binary data");
 }
 
 TEST_CASE("nested data: any nesting up to Triton's depth limit of 100") {

@@ -205,7 +205,7 @@ TEST_CASE("a body over --max-body-bytes is a 413") {
                413, "inflates to more than the limit of 4096 bytes");
   expect_error(http.post("/v2/models/simple/infer", good_simple(),
                          {{"Content-Type", "application/json"}, {"Content-Encoding", "br"}}),
-               400, "unsupported Content-Encoding 'br'");
+               501, "Unsupported compression type: Content-Encoding 'br'");
 }
 
 TEST_CASE("a malformed body is a 400, not a 413") {

@@ -356,5 +356,32 @@ TEST_CASE("error texts begin with the phrases Triton's tests match on") {
                                 json_content),
                       400);
   CHECK(msg.find("has 1 data elements but its shape [2,1] needs 2") != std::string::npos);
+
+  // Binary data that does not add up (Triton's EVBufferToInput wording).
+  auto fp32 = to_bytes(std::vector<float>(16, 1.f));
+  auto header = infer_body({binary_input_json("INPUT0", "FP32", {1, 16}, 64)});
+  msg = error_of(http.post("/v2/models/identity_fp32/infer", header + fp32.substr(0, 32),
+                           {{"Inference-Header-Content-Length", std::to_string(header.size())}}),
+                 400);
+  CHECK_MESSAGE(starts_with(msg, "unexpected size for input 'INPUT0', expecting 32 additional "
+                                 "bytes for model 'identity_fp32'"),
+                msg);
+  msg = error_of(http.post("/v2/models/identity_fp32/infer", header + fp32 + "abcd",
+                           {{"Inference-Header-Content-Length", std::to_string(header.size())}}),
+                 400);
+  CHECK_MESSAGE(starts_with(msg, "unexpected additional input data for model 'identity_fp32'"),
+                msg);
+
+  // HTTP-level refusals: Triton's status and reason phrase first.
+  msg = error_of(http.get("/v2/models/simple/infer"), 405);
+  CHECK_MESSAGE(starts_with(msg, "Method Not Allowed"), msg);
+  msg = error_of(http.post("/v2/health/live", ""), 405);
+  CHECK_MESSAGE(starts_with(msg, "Method Not Allowed"), msg);
+  msg = error_of(http.get("/v2/frobnicate"), 404);
+  CHECK_MESSAGE(starts_with(msg, "Not Found"), msg);
+  msg = error_of(http.post("/v2/models/simple/infer", simple_body(),
+                           {{"Content-Type", "application/json"}, {"Content-Encoding", "br"}}),
+                 501);
+  CHECK_MESSAGE(starts_with(msg, "Unsupported compression type"), msg);
   CHECK(http.get("/v2/health/live").status == 200);
 }
