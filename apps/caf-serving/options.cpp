@@ -24,7 +24,8 @@ std::string usage() {
          "                             config.pbtxt says 0 (default 1024); a full queue\n"
          "                             answers 503\n"
          "  --max-body-bytes N         largest request body, also after decompression\n"
-         "                             (default 268435456); larger answers 413\n"
+         "                             (default 268435456); larger answers 400, as in\n"
+         "                             Triton (also --http-max-input-size, its name)\n"
          "  --max-batch-bytes N        largest sum of input tensor bytes in one batch\n"
          "                             (default and most 536870911, a Cap'n Proto Data\n"
          "                             field); a batch closes before it would pass it,\n"
@@ -202,7 +203,8 @@ std::variant<server_options, show_help, std::string> parse_options(int argc, cha
       if (!n || *n == 0)
         return bad("a queue size from 1 to 2^30");
       o.max_queue_size = static_cast<uint32_t>(*n);
-    } else if (flag == "--max-body-bytes") {
+    } else if (flag == "--max-body-bytes" || flag == "--http-max-input-size") {
+      // --http-max-input-size: Triton's name for the same limit.
       auto n = number(uint64_t{1} << 32);
       if (!n || *n < 1024)
         return bad("a byte count from 1024 to 2^32");

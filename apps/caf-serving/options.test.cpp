@@ -189,3 +189,10 @@ TEST_CASE("--http-restricted-api: Triton's format, repeatable, each API once") {
                   bad);
   }
 }
+
+TEST_CASE("--http-max-input-size is Triton's name for --max-body-bytes") {
+  auto r = parse({"--model-repository", "/m", "--http-max-input-size", "67108864"});
+  auto* o = std::get_if<server_options>(&r);
+  REQUIRE(o);
+  CHECK(o->http.limits.max_body_bytes == 67108864);
+}

@@ -77,11 +77,15 @@ result<content_encoding> parse_content_encoding(std::string_view header) {
 
 result<std::string> decompress(std::string_view body, content_encoding encoding,
                                size_t max_output) {
+  // Triton's 400 and words, then which body did it.
   auto too_large = [&] {
-    return serving_error{status_code::payload_too_large,
-                         "the " + std::string{to_string(encoding)}
-                           + " request body inflates to more than the limit of "
-                           + std::to_string(max_output) + " bytes"};
+    return bad_request("Decompressed data size exceeds the maximum allowed value of "
+                       + std::to_string(max_output)
+                       + " bytes. Use --http-max-input-size to increase the limit (this "
+                         "server's --max-body-bytes): the "
+                       + std::string{to_string(encoding)}
+                       + " request body inflates to more than the limit of "
+                       + std::to_string(max_output) + " bytes");
   };
   if (encoding == content_encoding::identity) {
     if (body.size() > max_output)

@@ -444,8 +444,9 @@ private:
                      std::nullopt, content_encoding::identity, close);
   }
 
-  kj::Promise<void> send_error(Response& response, const serving_error& e) {
-    return send_error(response, static_cast<int>(e.status), e.message);
+  kj::Promise<void> send_error(Response& response, const serving_error& e,
+                               close_connection close = close_connection::no) {
+    return send_error(response, static_cast<int>(e.status), e.message, close);
   }
 
   /// /v2/systemsharedmemory/... and /v2/cudasharedmemory/...: the body (a
@@ -559,10 +560,13 @@ private:
       case body_read::outcome::disconnected:
         return KJ_EXCEPTION(DISCONNECTED, "the client left inside the request body");
       case body_read::outcome::too_large:
-        return send_error(response, 413,
-                          "request body is over the limit of "
+        return send_error(response, 400,
+                          "request JSON size of more than "
                             + std::to_string(cfg_.limits.max_body_bytes)
-                            + " bytes (--max-body-bytes)",
+                            + " bytes exceeds the maximum allowed input size of "
+                            + std::to_string(cfg_.limits.max_body_bytes)
+                            + " bytes. Use --http-max-input-size to increase the limit (this "
+                              "server's --max-body-bytes)",
                           close_connection::yes);
       case body_read::outcome::stalled:
         return send_error(response, 408,
@@ -658,10 +662,13 @@ private:
     auto header_length_text = header_or_empty(headers, ids_.inference_header_length);
     auto length_text = header_or_empty(headers, kj::HttpHeaderId::CONTENT_LENGTH);
     const auto& limits = cfg_.limits;
+    // Triton's 400 for a body over the input size limit; the body stays
+    // unread, so the connection cannot go on.
+    bool raw_body = header_length_text == "0";
     if (!length_text.empty() && std::strtoull(length_text.c_str(), nullptr, 10) > limits.max_body_bytes)
-      return send_error(response, 413,
-                        "request body of " + length_text + " bytes is over the limit of "
-                          + std::to_string(limits.max_body_bytes) + " bytes (--max-body-bytes)",
+      return send_error(response,
+                        body_too_large(std::strtoull(length_text.c_str(), nullptr, 10),
+                                       limits.max_body_bytes, raw_body),
                         close_connection::yes);
     std::optional<uint64_t> expected;
     if (!length_text.empty())
@@ -681,7 +688,7 @@ private:
         [this, model, &response, received, chunked, content_type = std::move(content_type),
          encoding_header = std::move(encoding_header),
          accept_encoding = std::move(accept_encoding),
-         header_length_text = std::move(header_length_text)](body_read read) mutable
+         header_length_text = std::move(header_length_text), raw_body](body_read read) mutable
         -> kj::Promise<void> {
           auto fail = [&](const serving_error& e,
                           close_connection close = close_connection::no) {
@@ -709,10 +716,7 @@ private:
                           close_connection::yes);
             case body_read::outcome::too_large:
               // The rest of the body stays unread: the connection cannot go on.
-              return fail({status_code::payload_too_large,
-                           "request body is over the limit of "
-                             + std::to_string(cfg_.limits.max_body_bytes)
-                             + " bytes (--max-body-bytes)"},
+              return fail(body_too_large(std::nullopt, cfg_.limits.max_body_bytes, raw_body),
                           close_connection::yes);
           }
           auto ctx = std::make_shared<infer_context>();

@@ -998,13 +998,10 @@ infer_request parse_raw_binary(const parse_input& in) {
 }
 
 infer_request parse(const parse_input& in) {
-  if (in.body.size() > in.limits.max_body_bytes)
-    fail(serving_error{status_code::payload_too_large,
-                       "the request body has " + std::to_string(in.body.size())
-                         + " bytes, more than the limit of "
-                         + std::to_string(in.limits.max_body_bytes)});
   bool raw = (in.header_length && *in.header_length == 0)
              || (!in.header_length && is_octet_stream(in.content_type));
+  if (in.body.size() > in.limits.max_body_bytes)
+    fail(body_too_large(in.body.size(), in.limits.max_body_bytes, raw));
   if (raw) {
     auto req = parse_raw_binary(in);
     // Triton answers a raw request (Inference-Header-Content-Length: 0) with
@@ -1063,6 +1060,20 @@ infer_request parse(const parse_input& in) {
 }
 
 } // namespace
+
+serving_error body_too_large(std::optional<uint64_t> size, uint64_t limit, bool raw) {
+  std::string n = size ? std::to_string(*size) : "more than " + std::to_string(limit);
+  std::string m = std::to_string(limit);
+  std::string triton
+    = raw ? "Raw input has a byte_size (" + n + " bytes) that exceeds the maximum allowed value of "
+              + m + " bytes."
+          : "request JSON size of " + n + " bytes exceeds the maximum allowed input size of " + m
+              + " bytes.";
+  return bad_request(triton
+                     + " Use --http-max-input-size to increase the limit (this server's "
+                       "--max-body-bytes; the limit holds for the whole body, also after "
+                       "decompression)");
+}
 
 result<infer_request> parse_infer_request(const parse_input& in) {
   try {

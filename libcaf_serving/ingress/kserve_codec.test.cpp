@@ -571,12 +571,22 @@ TEST_CASE("bad parameters and outputs") {
               status_code::bad_request, "classification must be a non-negative integer");
 }
 
-TEST_CASE("limits: body size is 413, element count is 400") {
+TEST_CASE("limits: body size and element count are 400s, body size in Triton's words") {
   std::string body = input_json("a", "INT32", "[4]", "[1,2,3,4]");
   parse_input in;
   in.body = body;
   in.limits.max_body_bytes = body.size() - 1;
-  check_error(parse_infer_request(in), status_code::payload_too_large, "more than the limit of");
+  check_error(parse_infer_request(in), status_code::bad_request,
+              "request JSON size of " + std::to_string(body.size())
+                + " bytes exceeds the maximum allowed input size of "
+                + std::to_string(body.size() - 1)
+                + " bytes. Use --http-max-input-size to increase the limit");
+  in.header_length = 0; // raw
+  check_error(parse_infer_request(in), status_code::bad_request,
+              "Raw input has a byte_size (" + std::to_string(body.size())
+                + " bytes) that exceeds the maximum allowed value of "
+                + std::to_string(body.size() - 1) + " bytes.");
+  in.header_length.reset();
   in.limits.max_body_bytes = body.size();
   in.limits.max_elements = 3;
   check_error(parse_infer_request(in), status_code::bad_request,

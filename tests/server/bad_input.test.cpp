@@ -180,14 +180,21 @@ TEST_CASE("broken UTF-8 in JSON is a 400") {
   expect_error(post_json("identity_bytes", "{\"inp\xC3\":[]}"), 400, "not valid UTF-8");
 }
 
-TEST_CASE("a body over --max-body-bytes is a 413") {
+TEST_CASE("a body over --max-body-bytes is Triton's 400, in Triton's words") {
   std::vector<int32_t> big(16, 123456789);
   auto body = infer_body({int_input("INPUT0", {1, 16}, 16), int_input("INPUT1", {1, 16}, 16)},
                          ",\"id\":\"" + std::string(5000, 'x') + "\"");
   REQUIRE(body.size() > 4096);
   auto http = server().client();
-  expect_error(http.post("/v2/models/simple/infer", body, json_content), 413,
-               "over the limit of 4096 bytes (--max-body-bytes)");
+  expect_error(http.post("/v2/models/simple/infer", body, json_content), 400,
+               "request JSON size of " + std::to_string(body.size())
+                 + " bytes exceeds the maximum allowed input size of 4096 bytes. Use "
+                   "--http-max-input-size to increase the limit (this server's --max-body-bytes");
+  // A raw body (qa/L0_http/http_input_size_limit_test.py).
+  expect_error(http.post("/v2/models/simple/infer", std::string(5000, '\1'),
+                         {{"Inference-Header-Content-Length", "0"}}),
+               400, "Raw input has a byte_size (5000 bytes) that exceeds the maximum allowed value "
+                    "of 4096 bytes.");
   // Without a Content-Length: a chunked body is cut off at the limit.
   http_client chunked(server().port());
   char size_line[32];
@@ -196,21 +203,20 @@ TEST_CASE("a body over --max-body-bytes is a 413") {
                                "Content-Type: application/json\r\n"
                                "Transfer-Encoding: chunked\r\n\r\n"
                                + std::string(size_line) + body + "\r\n0\r\n\r\n");
-  expect_error(r, 413, "--max-body-bytes");
+  expect_error(r, 400, "exceeds the maximum allowed input size of 4096 bytes");
   // A small gzip body that inflates past the limit.
   auto bomb = gzip("{\"inputs\":[],\"id\":\"" + std::string(100000, 'y') + "\"}");
   REQUIRE(bomb.size() < 4096);
   expect_error(http.post("/v2/models/simple/infer", bomb,
                          {{"Content-Type", "application/json"}, {"Content-Encoding", "gzip"}}),
-               413, "inflates to more than the limit of 4096 bytes");
+               400, "Decompressed data size exceeds the maximum allowed value of 4096 bytes");
   expect_error(http.post("/v2/models/simple/infer", good_simple(),
                          {{"Content-Type", "application/json"}, {"Content-Encoding", "br"}}),
                501, "Unsupported compression type: Content-Encoding 'br'");
 }
 
-TEST_CASE("a malformed body is a 400, not a 413") {
-  // Only a body over --max-body-bytes is a 413; every failure to read the body
-  // used to be reported as one.
+TEST_CASE("a malformed body is a 400 that says so, not a body too large") {
+  // Every failure to read the body used to be reported as too large.
   auto body = good_simple();
   http_client chunked(server().port());
   auto r = chunked.raw_request("POST /v2/models/simple/infer HTTP/1.1\r\nHost: x\r\n"
