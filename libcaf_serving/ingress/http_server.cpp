@@ -597,10 +597,10 @@ private:
     if (parts.size() >= 5 && parts[3] == "versions") {
       char* end = nullptr;
       version = std::strtoll(parts[4].c_str(), &end, 10);
+      // Triton's routes take only digits there, so anything else is its 404.
       if (*end != '\0' || version <= 0)
-        return send_error(response, 400, "version '" + parts[4]
-                                           + "' of model '" + name
-                                           + "' is not a positive integer");
+        return send_error(response, 404, "Not Found: version '" + parts[4] + "' of model '"
+                                           + name + "' is not a positive integer");
       next = 5;
     }
     std::string action = parts.size() > next ? parts[next] : "";

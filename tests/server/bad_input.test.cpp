@@ -239,8 +239,8 @@ TEST_CASE("wrong methods are a 405, unknown models and paths a 404") {
                "Request for unknown model: 'no_such_model' is not found");
   expect_error(http.get("/v3/models"), 404, "unknown path");
   expect_error(http.get("/v2/models/simple/frobnicate"), 404, "unknown path");
-  expect_error(http.post("/v2/models/simple/versions/abc/infer", good_simple(), json_content), 400,
-               "is not a positive integer");
+  expect_error(http.post("/v2/models/simple/versions/abc/infer", good_simple(), json_content), 404,
+               "Not Found: version 'abc' of model 'simple' is not a positive integer");
 }
 
 TEST_CASE("after every bad request the server still answers good ones") {

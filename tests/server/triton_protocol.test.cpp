@@ -379,6 +379,8 @@ TEST_CASE("error texts begin with the phrases Triton's tests match on") {
   CHECK_MESSAGE(starts_with(msg, "Method Not Allowed"), msg);
   msg = error_of(http.get("/v2/frobnicate"), 404);
   CHECK_MESSAGE(starts_with(msg, "Not Found"), msg);
+  msg = error_of(http.get("/v2/models/simple/versions/abc"), 404);
+  CHECK_MESSAGE(starts_with(msg, "Not Found"), msg);
   msg = error_of(http.post("/v2/models/simple/infer", simple_body(),
                            {{"Content-Type", "application/json"}, {"Content-Encoding", "br"}}),
                  501);
