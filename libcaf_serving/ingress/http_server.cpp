@@ -608,9 +608,12 @@ private:
       return send_error(response, 404, "Not Found: unknown path '" + std::string(view(url)) + "'");
     if (action == "ready")
       return expect(method, kj::HttpMethod::GET, response, [&] {
+        // Triton 2.51 (the release /v2 names) answers every model or version
+        // that is not ready, known or not, 400 "Model version not ready";
+        // find() says which case it is, in later Triton's words.
         auto m = models_.find(name, version);
         if (!m)
-          return send_error(response, m.error());
+          return send_error(response, 400, "Model version not ready: " + m.error().message);
         return send_json(response, 200, "");
       });
     if (action == "stats")

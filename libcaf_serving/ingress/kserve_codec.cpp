@@ -356,7 +356,7 @@ struct data_writer {
   }
 
   [[noreturn, gnu::cold, gnu::noinline]] void too_many() const {
-    fail("Unable to parse 'data': shape does not match true shape of 'data' field: " + what()
+    fail("Unable to parse 'data': Shape does not match true shape of 'data' field: " + what()
          + " has more data elements than its shape " + format_shape(input.shape) + " holds ("
          + std::to_string(expected) + ")");
   }
@@ -658,7 +658,7 @@ pending_input parse_input_object(od::value v, size_t index, const parse_input& i
     }
     writer.write(data_value);
     if (writer.count != *count)
-      fail("Unable to parse 'data': shape does not match true shape of 'data' field: " + prefix
+      fail("Unable to parse 'data': Shape does not match true shape of 'data' field: " + prefix
            + " has " + std::to_string(writer.count) + " data elements but its shape "
            + format_shape(input.shape) + " needs " + std::to_string(*count));
     input.data = input.owned;

@@ -480,11 +480,11 @@ TEST_CASE("bad input fields") {
 
 TEST_CASE("data that does not fit the shape or datatype") {
   check_error(parse_json(input_json("a", "INT32", "[2,2]", "[1,2,3]")), status_code::bad_request,
-              "Unable to parse 'data': shape does not match true shape of 'data' field: input "
+              "Unable to parse 'data': Shape does not match true shape of 'data' field: input "
               "'a' has 3 data elements but its shape [2,2] needs 4");
   check_error(parse_json(input_json("a", "INT32", "[2,2]", "[1,2,3,4,5]")),
               status_code::bad_request,
-              "Unable to parse 'data': shape does not match true shape of 'data' field: input "
+              "Unable to parse 'data': Shape does not match true shape of 'data' field: input "
               "'a' has more data elements than its shape [2,2] holds (4)");
   check_error(parse_json(input_json("a", "INT32", "[2]", "[1,\"2\"]")), status_code::bad_request,
               "input 'a' has datatype INT32 but data element 1 is not an integer");

@@ -58,12 +58,13 @@ TEST_CASE("server metadata, health and model metadata") {
 
   CHECK(http.get("/v2/models/simple/ready").status == 200);
   CHECK(http.get("/v2/models/simple/versions/1/ready").status == 200);
+  // Triton 2.51's readiness answer: 400 "Model version not ready".
   r = http.get("/v2/models/simple/versions/2/ready");
-  CHECK(r.status == 404);
+  CHECK(r.status == 400);
   CHECK(error_message(r.body).find("Request for unknown model: 'simple' version 2 is not found")
         != std::string::npos);
   r = http.get("/v2/models/no_such_model/ready");
-  CHECK(r.status == 404);
+  CHECK(r.status == 400);
   CHECK(error_message(r.body).find("Request for unknown model: 'no_such_model' is not found")
         != std::string::npos);
 
@@ -187,9 +188,9 @@ TEST_CASE("the repository index lists a broken model with its reason") {
   CHECK(http.get("/v2/repository/index").status == 405);
 
   // The broken model is not ready and cannot serve; the others can. It has
-  // no version to serve: Triton's 404.
+  // no version to serve: Triton's 404 for inference, 400 for readiness.
   r = http.get("/v2/models/broken/ready");
-  CHECK(r.status == 404);
+  CHECK(r.status == 400);
   CHECK(error_message(r.body).find("no_such_function") != std::string::npos);
   std::vector<float> one{1.f};
   r = http.post("/v2/models/broken/infer",
@@ -211,5 +212,5 @@ TEST_CASE("--strict-readiness false: ready although a model failed to load") {
                      {"--strict-readiness", "false"});
   auto http = server.client();
   CHECK(http.get("/v2/health/ready").status == 200);
-  CHECK(http.get("/v2/models/broken/ready").status == 404);
+  CHECK(http.get("/v2/models/broken/ready").status == 400);
 }
