@@ -376,7 +376,9 @@ public:
                     : false;
         if (parts[2] != "live" && parts[2] != "ready")
           return send_error(response, 404, "Not Found: health endpoints are /v2/health/live and /ready");
-        return send_json(response, ok ? 200 : 503, "");
+        // Triton answers a server that is not ready (or not live) 400, with
+        // no body.
+        return send_json(response, ok ? 200 : 400, "");
       });
     }
     if (parts[1] == "repository")
