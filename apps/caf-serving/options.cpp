@@ -24,7 +24,8 @@ std::string usage() {
          "                             config.pbtxt says 0 (default 1024); a full queue\n"
          "                             answers 503\n"
          "  --max-body-bytes N         largest request body, also after decompression\n"
-         "                             (default 268435456); larger answers 413\n"
+         "                             (default 268435456); larger answers 400, as in\n"
+         "                             Triton (also --http-max-input-size, its name)\n"
          "  --max-batch-bytes N        largest sum of input tensor bytes in one batch\n"
          "                             (default and most 536870911, a Cap'n Proto Data\n"
          "                             field); a batch closes before it would pass it,\n"
@@ -69,6 +70,14 @@ std::string usage() {
          "                             user can open)\n"
          "  --shm-region-limit N       regions registered at once; one more is a 400\n"
          "                             (default 64)\n"
+         "\n"
+         "Access control (Triton's flag):\n"
+         "  --http-restricted-api APIS:KEY=VALUE\n"
+         "                             the endpoints of APIS (comma-separated: health,\n"
+         "                             metadata, inference, shared-memory, model-config,\n"
+         "                             model-repository, statistics, trace, logging)\n"
+         "                             answer 403 unless the request has header KEY:\n"
+         "                             VALUE (repeatable; each API in one flag at most)\n"
          "\n"
          "Cluster (docs/cluster.md):\n"
          "  --worker HOST:PORT         use the caf-serving-worker there (repeatable)\n"
@@ -194,7 +203,8 @@ std::variant<server_options, show_help, std::string> parse_options(int argc, cha
       if (!n || *n == 0)
         return bad("a queue size from 1 to 2^30");
       o.max_queue_size = static_cast<uint32_t>(*n);
-    } else if (flag == "--max-body-bytes") {
+    } else if (flag == "--max-body-bytes" || flag == "--http-max-input-size") {
+      // --http-max-input-size: Triton's name for the same limit.
       auto n = number(uint64_t{1} << 32);
       if (!n || *n < 1024)
         return bad("a byte count from 1024 to 2^32");
@@ -287,6 +297,10 @@ std::variant<server_options, show_help, std::string> parse_options(int argc, cha
         o.cluster.heartbeat_ms = v;
       else
         o.cluster.node_timeout_ms = v;
+    } else if (flag == "--http-restricted-api") {
+      // Triton's flag, repeatable: API[,API...]:KEY=VALUE.
+      if (auto err = o.http.restricted.add(value))
+        return *err;
     } else if (flag == "--print-plan") {
       if (value.empty() || value.find('/') != std::string::npos)
         return bad("a model name (a directory in --model-repository)");

@@ -151,3 +151,48 @@ TEST_CASE("--cache-config local,size=N sizes the response cache, as in Triton") 
   CHECK(error({"--cache-config", "local,size=-1"}).find("size '-1' is not a byte count")
         != std::string::npos);
 }
+
+TEST_CASE("--http-restricted-api: Triton's format, repeatable, each API once") {
+  using caf_serving::ingress::api_group;
+  auto r = parse({"--model-repository", "/m",
+                  "--http-restricted-api=model-repository:admin-key=admin-value",
+                  "--http-restricted-api", "inference,metadata:infer-key=infer-value"});
+  auto* o = std::get_if<server_options>(&r);
+  REQUIRE(o);
+  const auto& apis = o->http.restricted;
+  REQUIRE(apis.find(api_group::model_repository));
+  CHECK(apis.find(api_group::model_repository)->header == "admin-key");
+  CHECK(apis.find(api_group::model_repository)->value == "admin-value");
+  REQUIRE(apis.find(api_group::inference));
+  CHECK(apis.find(api_group::metadata)->value == "infer-value");
+  CHECK_FALSE(apis.find(api_group::health));
+  CHECK_FALSE(apis.find(api_group::statistics));
+  CHECK(std::get<server_options>(parse({"--model-repository", "/m"})).http.restricted.empty());
+
+  // Triton's own start-up checks (qa/L0_http/test.sh matches these phrases).
+  r = parse({"--model-repository", "/m", "--http-restricted-api=model-repository,health:k1=v1",
+             "--http-restricted-api=metadata,health:k2=v2"});
+  REQUIRE(std::holds_alternative<std::string>(r));
+  CHECK(std::get<std::string>(r).find("api 'health' can not be specified in multiple config "
+                                      "groups")
+        != std::string::npos);
+  r = parse({"--model-repository", "/m", "--http-restricted-api=model-reposit,health:k1=v1"});
+  REQUIRE(std::holds_alternative<std::string>(r));
+  CHECK(std::get<std::string>(r).find("unknown restricted api 'model-reposit'")
+        != std::string::npos);
+  for (const char* bad : {"--http-restricted-api=inference", "--http-restricted-api=inference:k",
+                          "--http-restricted-api=:k=v", "--http-restricted-api=inference:=v",
+                          "--http-restricted-api=inference:k="}) {
+    r = parse({"--model-repository", "/m", bad});
+    REQUIRE_MESSAGE(std::holds_alternative<std::string>(r), bad);
+    CHECK_MESSAGE(std::get<std::string>(r).find("API[,API...]:KEY=VALUE") != std::string::npos,
+                  bad);
+  }
+}
+
+TEST_CASE("--http-max-input-size is Triton's name for --max-body-bytes") {
+  auto r = parse({"--model-repository", "/m", "--http-max-input-size", "67108864"});
+  auto* o = std::get_if<server_options>(&r);
+  REQUIRE(o);
+  CHECK(o->http.limits.max_body_bytes == 67108864);
+}

@@ -67,17 +67,25 @@ result<content_encoding> parse_content_encoding(std::string_view header) {
     return content_encoding::gzip;
   if (iequals(header, "deflate"))
     return content_encoding::deflate;
-  return bad_request("unsupported Content-Encoding '" + std::string{header}
-                     + "'; send the body as gzip, deflate or identity");
+  // Triton answers UNSUPPORTED (501) with these words.
+  return serving_error{static_cast<status_code>(501),
+                       "Unsupported compression type: Content-Encoding '" + std::string{header}
+                         + "' is not one this server reads; send the body as gzip, deflate or "
+                           "identity",
+                       failure_reason::bad_request};
 }
 
 result<std::string> decompress(std::string_view body, content_encoding encoding,
                                size_t max_output) {
+  // Triton's 400 and words, then which body did it.
   auto too_large = [&] {
-    return serving_error{status_code::payload_too_large,
-                         "the " + std::string{to_string(encoding)}
-                           + " request body inflates to more than the limit of "
-                           + std::to_string(max_output) + " bytes"};
+    return bad_request("Decompressed data size exceeds the maximum allowed value of "
+                       + std::to_string(max_output)
+                       + " bytes. Use --http-max-input-size to increase the limit (this "
+                         "server's --max-body-bytes): the "
+                       + std::string{to_string(encoding)}
+                       + " request body inflates to more than the limit of "
+                       + std::to_string(max_output) + " bytes");
   };
   if (encoding == content_encoding::identity) {
     if (body.size() > max_output)

@@ -23,7 +23,7 @@ result<content_encoding> parse_content_encoding(std::string_view header);
 /// Inflates `body`. gzip: the gzip format. deflate: the zlib format, as HTTP
 /// defines "deflate", or raw deflate when the zlib header is missing (some
 /// clients send that). identity: a copy. `max_output` is enforced while
-/// inflating, so a decompression bomb stops at max_output bytes with a 413;
+/// inflating, so a decompression bomb stops at max_output bytes with a 400 (Triton's);
 /// corrupt or truncated data is a 400.
 result<std::string> decompress(std::string_view body, content_encoding encoding,
                                size_t max_output);

@@ -3,9 +3,11 @@
 #include "core/clock.hpp"
 #include "core/pipeline_messages.hpp"
 #include "ingress/compression.hpp"
+#include "ingress/repository_index.hpp"
 #include "ingress/shm_api.hpp"
 #include "ingress/shm_tensors.hpp"
 #include "ingress/response_cache.hpp"
+#include "ingress/restricted_api.hpp"
 #include "ingress/validate.hpp"
 #include "repository/config_json.hpp"
 
@@ -15,6 +17,7 @@
 #include <kj/compat/http.h>
 
 #include <atomic>
+#include <cctype>
 #include <cerrno>
 #include <csignal>
 #include <cstring>
@@ -56,6 +59,22 @@ std::string header_or_empty(const kj::HttpHeaders& h, kj::HttpHeaderId id) {
   return {};
 }
 
+/// The value of header `name` (any case), which need not be one the header
+/// table registered.
+std::optional<std::string> find_header(const kj::HttpHeaders& h, std::string_view name) {
+  std::optional<std::string> found;
+  h.forEach([&](kj::StringPtr key, kj::StringPtr value) {
+    if (found || key.size() != name.size())
+      return;
+    for (size_t i = 0; i < name.size(); ++i)
+      if (std::tolower(static_cast<unsigned char>(key[i]))
+          != std::tolower(static_cast<unsigned char>(name[i])))
+        return;
+    found = std::string(value.cStr(), value.size());
+  });
+  return found;
+}
+
 /// The path split at '/', without the query string.
 std::vector<std::string> split_path(kj::StringPtr url) {
   std::string_view path = view(url);
@@ -78,6 +97,7 @@ const char* status_text(int status) {
   switch (status) {
     case 200: return "OK";
     case 400: return "Bad Request";
+    case 403: return "Forbidden";
     case 404: return "Not Found";
     case 405: return "Method Not Allowed";
     case 408: return "Request Timeout";
@@ -316,12 +336,19 @@ public:
     if (metrics_only_) {
       if (parts.size() == 1 && parts[0] == "metrics")
         return metrics(method, response);
-      return send_error(response, 404, "the metrics port serves only GET /metrics");
+      return send_error(response, 404, "Not Found: the metrics port serves only GET /metrics");
     }
     if (parts.size() == 1 && parts[0] == "metrics")
       return metrics(method, response);
+    // --http-restricted-api, checked before anything else about the request
+    // (its method included), as Triton does.
+    if (auto group = api_group_of(parts))
+      if (!cfg_.restricted.allows(*group, [&](const std::string& header) {
+            return find_header(headers, header);
+          }))
+        return send_error(response, 403, cfg_.restricted.refusal(*group));
     if (parts.empty() || parts[0] != "v2")
-      return send_error(response, 404, "unknown path '" + std::string(view(url))
+      return send_error(response, 404, "Not Found: unknown path '" + std::string(view(url))
                                          + "'; KServe v2 endpoints start with /v2");
     if (parts.size() == 1)
       return expect(method, kj::HttpMethod::GET, response, [&] {
@@ -348,17 +375,19 @@ public:
                     ? !draining && (!cfg_.strict_readiness || models_.all_ready())
                     : false;
         if (parts[2] != "live" && parts[2] != "ready")
-          return send_error(response, 404, "health endpoints are /v2/health/live and /ready");
-        return send_json(response, ok ? 200 : 503, "");
+          return send_error(response, 404, "Not Found: health endpoints are /v2/health/live and /ready");
+        // Triton answers a server that is not ready (or not live) 400, with
+        // no body.
+        return send_json(response, ok ? 200 : 400, "");
       });
     }
     if (parts[1] == "repository")
-      return repository(method, parts, response);
+      return repository(method, parts, body, response);
     if (is_shared_memory_path(parts))
       return shared_memory(method, std::move(parts), headers, body, response);
     if (parts[1] == "models")
       return models(method, url, headers, body, response, parts, received);
-    return send_error(response, 404, "unknown path '" + std::string(view(url)) + "'");
+    return send_error(response, 404, "Not Found: unknown path '" + std::string(view(url)) + "'");
   }
 
 private:
@@ -367,7 +396,8 @@ private:
                            F&& f) {
     if (method != wanted)
       return send_error(response, 405,
-                        std::string("this endpoint takes ") + (wanted == kj::HttpMethod::GET
+                        std::string("Method Not Allowed: this endpoint takes ")
+                          + (wanted == kj::HttpMethod::GET
                                                                  ? "GET"
                                                                  : "POST"));
     return f();
@@ -416,8 +446,9 @@ private:
                      std::nullopt, content_encoding::identity, close);
   }
 
-  kj::Promise<void> send_error(Response& response, const serving_error& e) {
-    return send_error(response, static_cast<int>(e.status), e.message);
+  kj::Promise<void> send_error(Response& response, const serving_error& e,
+                               close_connection close = close_connection::no) {
+    return send_error(response, static_cast<int>(e.status), e.message, close);
   }
 
   /// /v2/systemsharedmemory/... and /v2/cudasharedmemory/...: the body (a
@@ -469,28 +500,21 @@ private:
   }
 
   kj::Promise<void> repository(kj::HttpMethod method, const std::vector<std::string>& parts,
-                               Response& response) {
+                               kj::AsyncInputStream& body, Response& response) {
     if (parts.size() == 3 && parts[2] == "index")
       return expect(method, kj::HttpMethod::POST, response, [&] {
-        std::string out = "[";
-        for (const auto& row : models_.index()) {
-          if (out.size() > 1)
-            out += ',';
-          out += "{\"name\":";
-          append_json_string(out, row.name);
-          if (!row.version.empty()) {
-            out += ",\"version\":";
-            append_json_string(out, row.version);
-          }
-          out += ",\"state\":";
-          append_json_string(out, row.state);
-          if (!row.reason.empty()) {
-            out += ",\"reason\":";
-            append_json_string(out, row.reason);
-          }
-          out += '}';
-        }
-        return send_json(response, 200, out + "]");
+        return read_small_body(body).then([this, &response](body_read read) {
+          if (read.result != body_read::outcome::complete)
+            return send_body_read_error(response, read);
+          auto request = parse_index_request(read.bytes);
+          if (!request)
+            return send_error(response, request.error());
+          std::vector<index_entry> rows;
+          for (auto& row : models_.index())
+            rows.push_back({std::move(row.name), std::move(row.version), std::move(row.state),
+                            std::move(row.reason)});
+          return send_json(response, 200, serialize_index(rows, *request));
+        });
       });
     if (parts.size() == 5 && parts[2] == "models" && (parts[4] == "load" || parts[4] == "unload"))
       return expect(method, kj::HttpMethod::POST, response, [&]() -> kj::Promise<void> {
@@ -516,8 +540,47 @@ private:
         });
       });
     return send_error(response, 404,
-                      "repository endpoints are POST /v2/repository/index and "
+                      "Not Found: repository endpoints are POST /v2/repository/index and "
                       "/v2/repository/models/{model}/load or /unload");
+  }
+
+  /// Reads the body of a control request (not an inference), at most
+  /// --max-body-bytes, each read waiting at most --idle-timeout-ms.
+  kj::Promise<body_read> read_small_body(kj::AsyncInputStream& body) {
+    std::optional<uint64_t> expected;
+    KJ_IF_MAYBE (n, body.tryGetLength())
+      expected = *n;
+    auto reader = kj::heap<body_reader>(body, timer_, cfg_.idle_timeout_ms * kj::MILLISECONDS,
+                                        cfg_.limits.max_body_bytes, expected);
+    auto reading = reader->read();
+    return reading.attach(kj::mv(reader));
+  }
+
+  /// The answer to a control request whose body could not be read whole.
+  kj::Promise<void> send_body_read_error(Response& response, const body_read& read) {
+    switch (read.result) {
+      case body_read::outcome::disconnected:
+        return KJ_EXCEPTION(DISCONNECTED, "the client left inside the request body");
+      case body_read::outcome::too_large:
+        return send_error(response, 400,
+                          "request JSON size of more than "
+                            + std::to_string(cfg_.limits.max_body_bytes)
+                            + " bytes exceeds the maximum allowed input size of "
+                            + std::to_string(cfg_.limits.max_body_bytes)
+                            + " bytes. Use --http-max-input-size to increase the limit (this "
+                              "server's --max-body-bytes)",
+                          close_connection::yes);
+      case body_read::outcome::stalled:
+        return send_error(response, 408,
+                          "no byte of the request body arrived for "
+                            + std::to_string(cfg_.idle_timeout_ms) + " ms (--idle-timeout-ms)",
+                          close_connection::yes);
+      case body_read::outcome::malformed:
+      case body_read::outcome::complete:
+        break;
+    }
+    return send_error(response, 400, "the request body could not be read",
+                      close_connection::yes);
   }
 
   kj::Promise<void> models(kj::HttpMethod method, kj::StringPtr url,
@@ -529,27 +592,30 @@ private:
         return send_json(response, 200, stats_json(models_.all_stats()));
       });
     if (parts.size() < 3)
-      return send_error(response, 404, "name a model: /v2/models/{model}");
+      return send_error(response, 404, "Not Found: name a model: /v2/models/{model}");
     const std::string& name = parts[2];
     size_t next = 3;
     int64_t version = 0;
     if (parts.size() >= 5 && parts[3] == "versions") {
       char* end = nullptr;
       version = std::strtoll(parts[4].c_str(), &end, 10);
+      // Triton's routes take only digits there, so anything else is its 404.
       if (*end != '\0' || version <= 0)
-        return send_error(response, 400, "version '" + parts[4]
-                                           + "' of model '" + name
-                                           + "' is not a positive integer");
+        return send_error(response, 404, "Not Found: version '" + parts[4] + "' of model '"
+                                           + name + "' is not a positive integer");
       next = 5;
     }
     std::string action = parts.size() > next ? parts[next] : "";
     if (parts.size() > next + 1)
-      return send_error(response, 404, "unknown path '" + std::string(view(url)) + "'");
+      return send_error(response, 404, "Not Found: unknown path '" + std::string(view(url)) + "'");
     if (action == "ready")
       return expect(method, kj::HttpMethod::GET, response, [&] {
+        // Triton 2.51 (the release /v2 names) answers every model or version
+        // that is not ready, known or not, 400 "Model version not ready";
+        // find() says which case it is, in later Triton's words.
         auto m = models_.find(name, version);
         if (!m)
-          return send_error(response, m.error());
+          return send_error(response, 400, "Model version not ready: " + m.error().message);
         return send_json(response, 200, "");
       });
     if (action == "stats")
@@ -559,9 +625,16 @@ private:
           if (version == 0 || p->version == version)
             stats.push_back(p->stats);
         if (stats.empty()) {
+          // Triton's statistics answer 400 for a model or version it does
+          // not serve, with its own wording; find() says why.
           auto m = models_.find(name, version);
-          if (!m)
-            return send_error(response, m.error());
+          std::string why = m ? std::string("it is not served") : m.error().message;
+          bool model_served = version != 0 && !models_.versions(name).empty();
+          return send_error(response, 400,
+                            (model_served ? "requested model version is not available for model '"
+                                              + name + "'"
+                                          : "requested model '" + name + "' is not available")
+                              + ": " + why);
         }
         return send_json(response, 200, stats_json(stats));
       });
@@ -574,14 +647,14 @@ private:
       });
     if (action == "infer") {
       if (method != kj::HttpMethod::POST)
-        return send_error(response, 405, "inference takes POST");
+        return send_error(response, 405, "Method Not Allowed: inference takes POST");
       auto m = models_.find(name, version);
       if (!m) {
         return send_error(response, m.error());
       }
       return infer(*m, headers, body, response, received);
     }
-    return send_error(response, 404, "unknown path '" + std::string(view(url)) + "'");
+    return send_error(response, 404, "Not Found: unknown path '" + std::string(view(url)) + "'");
   }
 
   kj::Promise<void> infer(std::shared_ptr<const server::model_pipeline> model,
@@ -594,10 +667,13 @@ private:
     auto header_length_text = header_or_empty(headers, ids_.inference_header_length);
     auto length_text = header_or_empty(headers, kj::HttpHeaderId::CONTENT_LENGTH);
     const auto& limits = cfg_.limits;
+    // Triton's 400 for a body over the input size limit; the body stays
+    // unread, so the connection cannot go on.
+    bool raw_body = header_length_text == "0";
     if (!length_text.empty() && std::strtoull(length_text.c_str(), nullptr, 10) > limits.max_body_bytes)
-      return send_error(response, 413,
-                        "request body of " + length_text + " bytes is over the limit of "
-                          + std::to_string(limits.max_body_bytes) + " bytes (--max-body-bytes)",
+      return send_error(response,
+                        body_too_large(std::strtoull(length_text.c_str(), nullptr, 10),
+                                       limits.max_body_bytes, raw_body),
                         close_connection::yes);
     std::optional<uint64_t> expected;
     if (!length_text.empty())
@@ -617,7 +693,7 @@ private:
         [this, model, &response, received, chunked, content_type = std::move(content_type),
          encoding_header = std::move(encoding_header),
          accept_encoding = std::move(accept_encoding),
-         header_length_text = std::move(header_length_text)](body_read read) mutable
+         header_length_text = std::move(header_length_text), raw_body](body_read read) mutable
         -> kj::Promise<void> {
           auto fail = [&](const serving_error& e,
                           close_connection close = close_connection::no) {
@@ -645,10 +721,7 @@ private:
                           close_connection::yes);
             case body_read::outcome::too_large:
               // The rest of the body stays unread: the connection cannot go on.
-              return fail({status_code::payload_too_large,
-                           "request body is over the limit of "
-                             + std::to_string(cfg_.limits.max_body_bytes)
-                             + " bytes (--max-body-bytes)"},
+              return fail(body_too_large(std::nullopt, cfg_.limits.max_body_bytes, raw_body),
                           close_connection::yes);
           }
           auto ctx = std::make_shared<infer_context>();
@@ -680,8 +753,10 @@ private:
             char* end = nullptr;
             auto n = std::strtoull(header_length_text.c_str(), &end, 10);
             if (*end != '\0')
-              return fail(bad_request("Inference-Header-Content-Length '" + header_length_text
-                                      + "' is not a number"));
+              return fail(bad_request("Unable to parse Inference-Header-Content-Length, got: "
+                                      + header_length_text + "; its value '" + header_length_text
+                                      + "' is not a number (the byte length of the JSON "
+                                        "header that starts the body)"));
             in.header_length = n;
           }
           auto parsed = parse_infer_request(in);
@@ -791,10 +866,12 @@ private:
     auto r = msg.reader();
     if (r.getError().getStatus() != 0) {
       ctx.shared_memory = {};
+      auto reason = static_cast<failure_reason>(r.getError().getReason());
       serving_error e{static_cast<status_code>(r.getError().getStatus()),
-                      client_error_message(view(r.getError().getMessage()),
-                                           ctx.model->config.name),
-                      static_cast<failure_reason>(r.getError().getReason())};
+                      with_triton_phrase(reason,
+                                         client_error_message(view(r.getError().getMessage()),
+                                                              ctx.model->config.name)),
+                      reason};
       finish_failure(*ctx.model, ctx.received_ns, e);
       return send_error(response, e);
     }
@@ -952,6 +1029,15 @@ void forward_stop_signals_to_this_thread() {
 }
 
 } // namespace
+
+std::string with_triton_phrase(failure_reason reason, std::string message) {
+  const char* phrase = reason == failure_reason::queue_full ? "Exceeds maximum queue size"
+                       : reason == failure_reason::timeout  ? "Request timeout expired"
+                                                            : nullptr;
+  if (phrase == nullptr || message.rfind(phrase, 0) == 0)
+    return message;
+  return std::string(phrase) + ": " + message;
+}
 
 std::string client_error_message(std::string_view message, std::string_view model) {
   // What CAF's render() and kj's exception text look like: "error(3, caf::sec

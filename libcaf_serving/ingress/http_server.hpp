@@ -11,6 +11,7 @@
 
 #include "ingress/kserve_codec.hpp"
 #include "ingress/shared_memory.hpp"
+#include "ingress/restricted_api.hpp"
 #include "server/model_manager.hpp"
 
 #include <cstdint>
@@ -34,6 +35,8 @@ struct http_server_config {
   /// --strict-readiness, on by default there too).
   bool strict_readiness = true;
   request_limits limits;
+  /// --http-restricted-api: endpoint groups that need a header (403 without).
+  restricted_apis restricted;
 
   // -- Limits for clients (each a flag of caf-serving; see README) ------------
 
@@ -82,6 +85,12 @@ struct stop_report {
 /// and its flag, when a port cannot be bound.
 stop_report run_http_server(const http_server_config& cfg, server::model_manager& models,
                             const std::function<void(listening_ports)>& on_listening);
+
+/// `message` with Triton's words for the same refusal first, where Triton's
+/// clients match on them: "Exceeds maximum queue size" for a full queue,
+/// "Request timeout expired" for a request past its queue timeout (both 503
+/// in Triton too). Other reasons: `message` as it is.
+std::string with_triton_phrase(failure_reason reason, std::string message);
 
 /// The message a client may see for an error the pipeline reports: `message`
 /// itself, or, when it carries CAF or kj internals (rendered errors, source

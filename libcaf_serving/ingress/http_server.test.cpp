@@ -2,7 +2,20 @@
 
 #include <doctest/doctest.h>
 
+using caf_serving::failure_reason;
 using caf_serving::ingress::client_error_message;
+using caf_serving::ingress::with_triton_phrase;
+
+TEST_CASE("a full queue and a queue timeout begin with Triton's words") {
+  CHECK(with_triton_phrase(failure_reason::queue_full, "the queue is full (4 requests)")
+        == "Exceeds maximum queue size: the queue is full (4 requests)");
+  CHECK(with_triton_phrase(failure_reason::timeout, "request waited 50 us")
+        == "Request timeout expired: request waited 50 us");
+  CHECK(with_triton_phrase(failure_reason::timeout, "Request timeout expired: x")
+        == "Request timeout expired: x");
+  CHECK(with_triton_phrase(failure_reason::internal, "boom") == "boom");
+  CHECK(with_triton_phrase(failure_reason::unavailable, "unloaded") == "unloaded");
+}
 
 TEST_CASE("a pipeline error a client may read passes as it is") {
   std::string m = "input 'x' has shape [1,3] but the model expects [-1,4]";

@@ -341,9 +341,13 @@ struct data_writer {
   [[gnu::noinline]] void write_other(od::value v, size_t depth, element_status status,
                                      Read& read) {
     if (status == element_status::wrong_type && v.type().value() == od::json_type::array) {
-      if (depth >= max_depth)
-        fail(what() + " has data nested deeper than its shape " + format_shape(input.shape)
-             + " allows");
+      // Triton counts the "data" value as depth 0 and refuses an element at
+      // depth max_depth; the nesting need not follow the shape.
+      if (depth + 1 >= max_depth)
+        fail("JSON nesting depth exceeds maximum allowed limit (" + std::to_string(max_depth)
+             + "): " + what() + " has \"data\" nested in " + std::to_string(depth + 1)
+             + " or more arrays; send its elements flat, or nested at most "
+             + std::to_string(max_depth - 1) + " arrays deep");
       write_array(v.get_array().value(), depth, read);
       return;
     }
@@ -352,8 +356,9 @@ struct data_writer {
   }
 
   [[noreturn, gnu::cold, gnu::noinline]] void too_many() const {
-    fail(what() + " has more data elements than its shape " + format_shape(input.shape)
-         + " holds (" + std::to_string(expected) + ")");
+    fail("Unable to parse 'data': Shape does not match true shape of 'data' field: " + what()
+         + " has more data elements than its shape " + format_shape(input.shape) + " holds ("
+         + std::to_string(expected) + ")");
   }
 
   static element_status status_of(simdjson::error_code err) {
@@ -571,6 +576,15 @@ pending_input parse_input_object(od::value v, size_t index, const parse_input& i
 
   ctx.where = prefix + " shape";
   input.shape = parse_shape(required("shape"), ctx, in.limits.max_rank);
+  // Triton's overflow checks (element count, then byte size, past INT64_MAX)
+  // come before this server's own element limit, so that a client matching
+  // Triton's messages finds them.
+  auto unlimited = checked_element_count(input.shape, std::numeric_limits<uint64_t>::max(), prefix);
+  if (!unlimited)
+    fail(unlimited.error());
+  if (uint64_t esize = element_size(input.dtype);
+      esize > 1 && *unlimited > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) / esize)
+    fail(byte_size_overflow(prefix, *unlimited, esize));
   auto count = checked_element_count(input.shape, in.limits.max_elements, prefix);
   if (!count)
     fail(count.error());
@@ -622,7 +636,9 @@ pending_input parse_input_object(od::value v, size_t index, const parse_input& i
          "data with the binary_data_size parameter");
   if (has_data) {
     if (input.dtype == datatype::fp16 || input.dtype == datatype::bf16)
-      fail(prefix + " has datatype " + std::string{to_string(input.dtype)}
+      fail("receiving " + std::string{to_string(input.dtype)}
+           + " data via JSON is not supported. Please use the binary data format for input "
+           + input.name + ": " + prefix + " has datatype " + std::string{to_string(input.dtype)}
            + ", which JSON cannot carry; send it as binary data (binary_data_size "
              "parameter and Inference-Header-Content-Length)");
     // Never allocate from the shape alone: every JSON element but the last
@@ -633,7 +649,7 @@ pending_input parse_input_object(od::value v, size_t index, const parse_input& i
            + " elements, more than its \"data\" can hold; send as many elements as the shape "
              "says");
     size_t esize = element_size(input.dtype);
-    data_writer writer{input, *count, input.shape.size() + 1, input.owned};
+    data_writer writer{input, *count, in.limits.max_data_depth, input.owned};
     if (esize == 0) {
       input.owned.reserve(static_cast<size_t>(*count) * 5);
     } else {
@@ -642,7 +658,8 @@ pending_input parse_input_object(od::value v, size_t index, const parse_input& i
     }
     writer.write(data_value);
     if (writer.count != *count)
-      fail(prefix + " has " + std::to_string(writer.count) + " data elements but its shape "
+      fail("Unable to parse 'data': Shape does not match true shape of 'data' field: " + prefix
+           + " has " + std::to_string(writer.count) + " data elements but its shape "
            + format_shape(input.shape) + " needs " + std::to_string(*count));
     input.data = input.owned;
   }
@@ -779,6 +796,9 @@ std::string simdjson_message(simdjson::error_code code) {
              "as BYTES binary data instead)";
     case simdjson::EMPTY:
       return "the request body is empty; send a JSON inference request";
+    case simdjson::DEPTH_ERROR:
+      return "JSON nesting depth exceeds maximum allowed limit (1024 for the whole request "
+             "body; 100 for a tensor's \"data\"); send tensor data flat";
     case simdjson::INCOMPLETE_ARRAY_OR_OBJECT:
       return "the request body is not valid JSON: an object or array is not closed, or "
              "something follows the JSON object (if binary data follows, set "
@@ -875,8 +895,11 @@ void parse_json_header(simdjson::padded_string_view json, const parse_input& in,
            "set Inference-Header-Content-Length to the JSON's length");
     if (!has_inputs)
       fail("the request has no \"inputs\"");
+    // Triton's rule: a listed output is binary only when its own
+    // "binary_data" says so; the request's "binary_data_output" is the
+    // default only for the outputs sent because none were listed.
     for (auto& p : outputs) {
-      p.output.binary = p.binary.value_or(req.binary_data_output);
+      p.output.binary = p.binary.value_or(false);
       req.outputs.push_back(std::move(p.output));
     }
   } catch (const simdjson::simdjson_error& e) {
@@ -887,6 +910,11 @@ void parse_json_header(simdjson::padded_string_view json, const parse_input& in,
   }
 }
 
+/// " for model 'm'" when the model is known, as Triton's messages say it.
+std::string for_model(const parse_input& in) {
+  return in.model ? " for model " + single_quoted(in.model->name) : std::string();
+}
+
 /// A body that is the raw bytes of the model's single input.
 infer_request parse_raw_binary(const parse_input& in) {
   if (!in.model)
@@ -895,9 +923,10 @@ infer_request parse_raw_binary(const parse_input& in) {
          "JSON inference request instead");
   const model_config& model = *in.model;
   if (model.inputs.size() != 1)
-    fail("a raw binary request body is the data of a model's single input, but model '"
-         + model.name + "' has " + std::to_string(model.inputs.size())
-         + " inputs; send a JSON inference request with Inference-Header-Content-Length");
+    fail("Raw request must only have 1 input (found 1) to be deduced but got "
+         + std::to_string(model.inputs.size()) + " inputs in '" + model.name
+         + "' model configuration: a raw binary request body is the data of a model's "
+           "single input; send a JSON inference request with Inference-Header-Content-Length");
   const tensor_config& cfg = model.inputs.front();
   bool batched = model.max_batch_size > 0;
   infer_request req;
@@ -906,11 +935,14 @@ infer_request parse_raw_binary(const parse_input& in) {
   input.dtype = cfg.dtype;
   std::string what = "raw binary input " + single_quoted(cfg.name);
   if (cfg.dtype == datatype::bytes) {
-    // The body is one BYTES element.
+    // The body is one BYTES element, so the model's dims must hold exactly
+    // one: Triton refuses variable dimensions here too.
     for (auto d : cfg.dims)
-      if (d != 1 && d != -1)
-        fail(what + " is BYTES with dims " + format_shape(cfg.dims)
-             + "; a raw binary body holds exactly one element");
+      if (d != 1)
+        fail("For BYTE datatype raw input " + single_quoted(cfg.name)
+             + ", the model must have input shape [1]: its dims are " + format_shape(cfg.dims)
+             + " and a raw binary body holds exactly one BYTES element; send a JSON "
+               "inference request for more elements");
     if (batched)
       input.shape.push_back(1);
     input.shape.insert(input.shape.end(), cfg.dims.size(), 1);
@@ -930,9 +962,10 @@ infer_request parse_raw_binary(const parse_input& in) {
     for (size_t i = 0; i < cfg.dims.size(); ++i) {
       if (cfg.dims[i] < 0) {
         if (variable >= 0)
-          fail(what + ": the model's dims " + format_shape(cfg.dims)
-               + " have more than one variable dimension, so the shape of a raw binary body "
-                 "cannot be inferred; send a JSON inference request");
+          fail("The shape of the raw input " + single_quoted(cfg.name)
+               + " can not be deduced because there are more than one variable-sized "
+                 "dimension (the model's dims are " + format_shape(cfg.dims)
+               + "); send a JSON inference request that gives the shape");
         variable = static_cast<int>(i);
       } else if (cfg.dims[i] == 0) {
         known = 0;
@@ -965,19 +998,24 @@ infer_request parse_raw_binary(const parse_input& in) {
 }
 
 infer_request parse(const parse_input& in) {
-  if (in.body.size() > in.limits.max_body_bytes)
-    fail(serving_error{status_code::payload_too_large,
-                       "the request body has " + std::to_string(in.body.size())
-                         + " bytes, more than the limit of "
-                         + std::to_string(in.limits.max_body_bytes)});
   bool raw = (in.header_length && *in.header_length == 0)
              || (!in.header_length && is_octet_stream(in.content_type));
-  if (raw)
-    return parse_raw_binary(in);
+  if (in.body.size() > in.limits.max_body_bytes)
+    fail(body_too_large(in.body.size(), in.limits.max_body_bytes, raw));
+  if (raw) {
+    auto req = parse_raw_binary(in);
+    // Triton answers a raw request (Inference-Header-Content-Length: 0) with
+    // binary outputs; a body sent only as application/octet-stream (this
+    // server's extension) keeps the JSON answer.
+    req.binary_data_output = in.header_length.has_value();
+    return req;
+  }
   size_t json_size = in.body.size();
   if (in.header_length) {
     if (*in.header_length > in.body.size())
-      fail("Inference-Header-Content-Length is " + std::to_string(*in.header_length)
+      fail("inference header size should be in range (0, " + std::to_string(in.body.size())
+           + "), got: " + std::to_string(*in.header_length)
+           + ": Inference-Header-Content-Length is " + std::to_string(*in.header_length)
            + " but the body has only " + std::to_string(in.body.size()) + " bytes");
     json_size = static_cast<size_t>(*in.header_length);
   }
@@ -1004,7 +1042,9 @@ infer_request parse(const parse_input& in) {
         fail(what + " has binary_data_size but the request has no "
                     "Inference-Header-Content-Length header giving the JSON's length");
       if (*p.binary_size > binary.size() - offset)
-        fail(what + " has binary_data_size " + std::to_string(*p.binary_size) + " but only "
+        fail("unexpected size for " + what + ", expecting "
+             + std::to_string(*p.binary_size - (binary.size() - offset))
+             + " additional bytes" + for_model(in) + ": " + what + " has binary_data_size " + std::to_string(*p.binary_size) + " but only "
              + std::to_string(binary.size() - offset)
              + " bytes of binary data remain after the JSON header");
       p.input.data = binary.substr(offset, static_cast<size_t>(*p.binary_size));
@@ -1013,13 +1053,27 @@ infer_request parse(const parse_input& in) {
     req.inputs.push_back(std::move(p.input));
   }
   if (offset != binary.size())
-    fail("the request has " + std::to_string(binary.size() - offset)
+    fail("unexpected additional input data" + for_model(in) + ": the request has " + std::to_string(binary.size() - offset)
          + " bytes of binary data after the JSON header that no input's binary_data_size "
            "accounts for");
   return req;
 }
 
 } // namespace
+
+serving_error body_too_large(std::optional<uint64_t> size, uint64_t limit, bool raw) {
+  std::string n = size ? std::to_string(*size) : "more than " + std::to_string(limit);
+  std::string m = std::to_string(limit);
+  std::string triton
+    = raw ? "Raw input has a byte_size (" + n + " bytes) that exceeds the maximum allowed value of "
+              + m + " bytes."
+          : "request JSON size of " + n + " bytes exceeds the maximum allowed input size of " + m
+              + " bytes.";
+  return bad_request(triton
+                     + " Use --http-max-input-size to increase the limit (this server's "
+                       "--max-body-bytes; the limit holds for the whole body, also after "
+                       "decompression)");
+}
 
 result<infer_request> parse_infer_request(const parse_input& in) {
   try {

@@ -39,11 +39,12 @@ namespace caf_serving::ingress {
 
 // -- limits -------------------------------------------------------------------
 
-/// What one request may ask for. The HTTP server enforces max_body_bytes (413)
+/// What one request may ask for. The HTTP server enforces max_body_bytes (400)
 /// before it reads the body; the parser enforces the rest (400), and checks the
 /// body length again so that it never trusts a caller that forgot.
 struct request_limits {
-  /// Largest request body, after decompression.
+  /// Largest request body, after decompression; a larger one is Triton's 400
+  /// (body_too_large).
   size_t max_body_bytes = size_t{256} << 20;
   /// Most elements in one tensor (the product of its shape).
   uint64_t max_elements = uint64_t{1} << 28;
@@ -51,6 +52,11 @@ struct request_limits {
   size_t max_rank = 16;
   /// Most inputs, and most requested outputs, in one request.
   size_t max_tensors = 1024;
+  /// How deep a JSON tensor's "data" may nest, counting "data" itself as
+  /// depth 0: an element at this depth is refused. Triton's limit
+  /// (HTTP_MAX_JSON_NESTING_DEPTH), which its clients and tests rely on; the
+  /// nesting need not follow the shape, only the element count must.
+  size_t max_data_depth = 100;
 };
 
 // -- requests -----------------------------------------------------------------
@@ -92,8 +98,9 @@ struct infer_input {
 /// One output the client asked for by name.
 struct requested_output {
   std::string name;
-  /// Whether to send this output as binary data (the output's "binary_data"
-  /// parameter, else the request's "binary_data_output").
+  /// Whether to send this output as binary data: the output's own
+  /// "binary_data" parameter, false without one. As in Triton, the request's
+  /// "binary_data_output" does not apply to outputs listed in the request.
   bool binary = false;
   /// Classification extension: return the top `classification` classes
   /// instead of the tensor. 0: return the tensor itself.
@@ -109,7 +116,9 @@ struct infer_request {
   /// Empty: the client asked for every output, as JSON unless
   /// binary_data_output says otherwise.
   std::vector<requested_output> outputs;
-  /// The request's "binary_data_output" parameter.
+  /// The request's "binary_data_output" parameter: whether the outputs sent
+  /// because none were listed are binary. A raw binary request
+  /// (Inference-Header-Content-Length: 0) sets it, as Triton does.
   bool binary_data_output = false;
   /// The request's "priority" parameter; 0 means the model's default level.
   uint32_t priority = 0;
@@ -141,9 +150,18 @@ struct parse_input {
   const model_config* model = nullptr;
 };
 
+/// Triton's 400 for a request body over the input size limit (Triton's
+/// --http-max-input-size; this server's --max-body-bytes, which also takes
+/// Triton's name), in Triton's words: "Raw input has a byte_size (N bytes) that
+/// exceeds the maximum allowed value of M bytes. Use --http-max-input-size to
+/// increase the limit." for a raw request, else "request JSON size of N bytes
+/// exceeds the maximum allowed input size of M bytes. Use ...". `size` is
+/// empty when only "more than the limit" is known (a chunked body cut off).
+serving_error body_too_large(std::optional<uint64_t> size, uint64_t limit, bool raw);
+
 /// Parses a KServe v2 inference request. Every failure is a 400 with a message
-/// that names the field at fault, except a body over limits.max_body_bytes
-/// (413). Checks what the JSON alone can tell (types, shapes against data
+/// that names the field at fault (a body over limits.max_body_bytes too, as
+/// in Triton). Checks what the JSON alone can tell (types, shapes against data
 /// counts, binary sizes against the body); validate() checks it against the
 /// model.
 result<infer_request> parse_infer_request(const parse_input& in);

@@ -199,9 +199,31 @@ TEST_CASE("request parameters and requested outputs") {
   REQUIRE(r->outputs.size() == 2);
   CHECK(r->outputs[0].name == "p");
   CHECK(r->outputs[0].classification == 3);
-  CHECK(r->outputs[0].binary); // from binary_data_output
+  // Triton's rule: a listed output without its own binary_data parameter is
+  // JSON, whatever binary_data_output says (that is the default only for
+  // outputs sent because none were listed).
+  CHECK_FALSE(r->outputs[0].binary);
   CHECK(r->outputs[1].name == "q");
-  CHECK_FALSE(r->outputs[1].binary); // its own parameter wins
+  CHECK_FALSE(r->outputs[1].binary);
+}
+
+TEST_CASE("binary_data_output and listed outputs follow Triton's rule") {
+  std::string in = "\"inputs\":[{\"name\":\"a\",\"datatype\":\"UINT32\",\"shape\":[1],"
+                   "\"data\":[1]}]";
+  auto r = parse_json("{" + in + ",\"parameters\":{\"binary_data_output\":true},"
+                      "\"outputs\":[{\"name\":\"p\"},{\"name\":\"q\",\"parameters\":"
+                      "{\"binary_data\":true}},{\"name\":\"r\",\"parameters\":{}}]}");
+  REQUIRE(r.ok());
+  REQUIRE(r->outputs.size() == 3);
+  CHECK_FALSE(r->outputs[0].binary);
+  CHECK(r->outputs[1].binary);
+  CHECK_FALSE(r->outputs[2].binary);
+  CHECK(r->binary_data_output);
+  // No outputs listed: every output follows the request's default.
+  r = parse_json("{" + in + ",\"parameters\":{\"binary_data_output\":true}}");
+  REQUIRE(r.ok());
+  CHECK(r->outputs.empty());
+  CHECK(r->binary_data_output);
 }
 
 TEST_CASE("a JSON body with readable padding is parsed in place") {
@@ -317,12 +339,20 @@ TEST_CASE("raw binary body: the bytes of the model's single input") {
     CHECK(r->inputs[0].shape == std::vector<int64_t>{2, 4});
     CHECK(r->inputs[0].data.data() == body.data());
   }
-  SUBCASE("Inference-Header-Content-Length: 0 also means raw") {
+  SUBCASE("Inference-Header-Content-Length: 0 also means raw, answered in binary") {
     in.content_type = "";
     in.header_length = 0;
     auto r = parse_infer_request(in);
     REQUIRE(r.ok());
     CHECK(r->inputs[0].shape == std::vector<int64_t>{2, 4});
+    // Triton answers a raw request with binary outputs.
+    CHECK(r->binary_data_output);
+    CHECK(r->outputs.empty());
+  }
+  SUBCASE("application/octet-stream alone (this server's extension) keeps JSON outputs") {
+    auto r = parse_infer_request(in);
+    REQUIRE(r.ok());
+    CHECK_FALSE(r->binary_data_output);
   }
   SUBCASE("one variable dimension is inferred") {
     m.max_batch_size = 0;
@@ -330,6 +360,13 @@ TEST_CASE("raw binary body: the bytes of the model's single input") {
     auto r = parse_infer_request(in);
     REQUIRE(r.ok());
     CHECK(r->inputs[0].shape == std::vector<int64_t>{2, 4});
+  }
+  SUBCASE("two variable dimensions: Triton's message") {
+    m.max_batch_size = 0;
+    m.inputs[0].dims = {-1, -1};
+    check_error(parse_infer_request(in), status_code::bad_request,
+                "The shape of the raw input 'x' can not be deduced because there are more than "
+                "one variable-sized dimension");
   }
   SUBCASE("fixed dims must hold exactly the body") {
     m.max_batch_size = 0;
@@ -352,9 +389,23 @@ TEST_CASE("raw binary body: the bytes of the model's single input") {
     CHECK(r->inputs[0].shape == std::vector<int64_t>{1, 1});
     CHECK(split_bytes(r->inputs[0].data) == std::vector<std::string>{text});
   }
+  SUBCASE("BYTES input whose dims hold more than one element: Triton refuses") {
+    std::string text = "427";
+    in.body = text;
+    in.header_length = 0;
+    for (std::vector<int64_t> dims : {std::vector<int64_t>{-1}, {2}, {1, -1}}) {
+      m.inputs[0] = {"INPUT0", datatype::bytes, dims};
+      check_error(parse_infer_request(in), status_code::bad_request,
+                  "For BYTE datatype raw input 'INPUT0', the model must have input shape [1]");
+    }
+    m.inputs[0] = {"INPUT0", datatype::bytes, {1, 1}};
+    CHECK(parse_infer_request(in).ok());
+  }
   SUBCASE("a model with two inputs cannot take a raw body") {
     m.inputs.push_back({"y", datatype::fp32, {4}});
-    check_error(parse_infer_request(in), status_code::bad_request, "has 2 inputs");
+    check_error(parse_infer_request(in), status_code::bad_request,
+                "Raw request must only have 1 input (found 1) to be deduced but got 2 inputs in "
+                "'raw' model configuration");
   }
   SUBCASE("without a model a raw body is refused") {
     in.model = nullptr;
@@ -408,7 +459,19 @@ TEST_CASE("bad input fields") {
   check_error(parse_json(input_json("a", "FP32", "[2,-1]", "[1]")), status_code::bad_request,
               "input 'a' has shape [2,-1] with a negative dimension");
   check_error(parse_json(input_json("a", "FP32", "[4294967296,4294967296]", "[1]")),
+              status_code::bad_request,
+              "causes total element count to exceed maximum size of 9223372036854775807");
+  check_error(parse_json(input_json("a", "FP32", "[65536,65536]", "[1]")),
               status_code::bad_request, "more than the limit of");
+  // Triton's two overflow messages (qa/L0_http/http_test.py matches them).
+  check_error(parse_json(input_json("a", "FP32", "[16,1152921504606846978]", "[1.0]")),
+              status_code::bad_request,
+              "invalid shape for input 'a': shape [16,1152921504606846978] causes total element "
+              "count to exceed maximum size of 9223372036854775807");
+  check_error(parse_json(input_json("a", "FP32", "[4,1152921504606846978]", "[1.0]")),
+              status_code::bad_request,
+              "byte size overflow for input 'a': element count (4611686018427387912) * data "
+              "type size (4) exceeds maximum allowed size (9223372036854775807)");
   check_error(parse_json(input_json("a", "FP32", "[1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1]", "[1]")),
               status_code::bad_request, "more than 16 dimensions");
   check_error(parse_json("{\"inputs\":[{\"name\":\"a\",\"datatype\":\"FP32\",\"shape\":[1]}]}"),
@@ -417,11 +480,12 @@ TEST_CASE("bad input fields") {
 
 TEST_CASE("data that does not fit the shape or datatype") {
   check_error(parse_json(input_json("a", "INT32", "[2,2]", "[1,2,3]")), status_code::bad_request,
-              "input 'a' has 3 data elements but its shape [2,2] needs 4");
+              "Unable to parse 'data': Shape does not match true shape of 'data' field: input "
+              "'a' has 3 data elements but its shape [2,2] needs 4");
   check_error(parse_json(input_json("a", "INT32", "[2,2]", "[1,2,3,4,5]")),
-              status_code::bad_request, "more data elements than its shape [2,2] holds (4)");
-  check_error(parse_json(input_json("a", "INT32", "[2]", "[[[1]],[[2]]]")),
-              status_code::bad_request, "nested deeper than its shape [2] allows");
+              status_code::bad_request,
+              "Unable to parse 'data': Shape does not match true shape of 'data' field: input "
+              "'a' has more data elements than its shape [2,2] holds (4)");
   check_error(parse_json(input_json("a", "INT32", "[2]", "[1,\"2\"]")), status_code::bad_request,
               "input 'a' has datatype INT32 but data element 1 is not an integer");
   check_error(parse_json(input_json("a", "INT32", "[2]", "[1,2.5]")), status_code::bad_request,
@@ -443,7 +507,53 @@ TEST_CASE("data that does not fit the shape or datatype") {
   check_error(parse_json(input_json("a", "BYTES", "[1]", "[1]")), status_code::bad_request,
               "is not a string");
   check_error(parse_json(input_json("a", "FP16", "[1]", "[1.0]")), status_code::bad_request,
-              "FP16, which JSON cannot carry; send it as binary data");
+              "receiving FP16 data via JSON is not supported. Please use the binary data format "
+              "for input a: input 'a' has datatype FP16, which JSON cannot carry; send it as "
+              "binary data");
+}
+
+TEST_CASE("nested data: any nesting up to Triton's depth limit of 100") {
+  auto nested = [](size_t depth, const std::string& scalar) {
+    return std::string(depth, '[') + scalar + std::string(depth, ']');
+  };
+  // Nesting that follows the shape, and nesting that does not (Triton only
+  // counts the elements).
+  for (auto data : {std::string("[[1,2],[3,4]]"), std::string("[1,2,3,4]"),
+                    std::string("[[[1]],[[2]],[3,4]]"), std::string("[[[[1,2,3,4]]]]")}) {
+    auto r = parse_json(input_json("a", "INT32", "[2,2]", data));
+    REQUIRE_MESSAGE(r.ok(), data);
+    CHECK(values_of<int32_t>(r->inputs[0].data) == std::vector<int32_t>{1, 2, 3, 4});
+  }
+  // Triton's test: 50 arrays around one element pass, 120 fail; the element
+  // may sit at depth 99, not 100.
+  for (size_t depth : {size_t{1}, size_t{50}, size_t{99}}) {
+    auto r = parse_json(input_json("a", "INT64", "[1,1]", nested(depth, "123")));
+    REQUIRE_MESSAGE(r.ok(), depth);
+    CHECK(values_of<int64_t>(r->inputs[0].data) == std::vector<int64_t>{123});
+    r = parse_json(input_json("s", "BYTES", "[1,1]", nested(depth, "\"hello\"")));
+    REQUIRE_MESSAGE(r.ok(), depth);
+    CHECK(split_bytes(r->inputs[0].data) == std::vector<std::string>{"hello"});
+  }
+  for (size_t depth : {size_t{100}, size_t{120}}) {
+    check_error(parse_json(input_json("a", "INT64", "[1,1]", nested(depth, "123"))),
+                status_code::bad_request,
+                "JSON nesting depth exceeds maximum allowed limit (100): input 'a' has \"data\" "
+                "nested in 100 or more arrays");
+    check_error(parse_json(input_json("s", "BYTES", "[1,1]", nested(depth, "\"hello\""))),
+                status_code::bad_request, "JSON nesting depth exceeds maximum allowed limit (100)");
+  }
+  // Deeper than simdjson's whole-document limit: still a clear 400.
+  check_error(parse_json(input_json("a", "INT64", "[1]", nested(2000, "1"))),
+              status_code::bad_request, "JSON nesting depth exceeds maximum allowed limit");
+  // The limit is a request limit like the others.
+  parse_input in;
+  std::string body = input_json("a", "INT64", "[1]", nested(5, "1"));
+  in.body = body;
+  in.limits.max_data_depth = 5;
+  check_error(parse_infer_request(in), status_code::bad_request,
+              "JSON nesting depth exceeds maximum allowed limit (5)");
+  in.limits.max_data_depth = 6;
+  CHECK(parse_infer_request(in).ok());
 }
 
 TEST_CASE("bad parameters and outputs") {
@@ -461,12 +571,22 @@ TEST_CASE("bad parameters and outputs") {
               status_code::bad_request, "classification must be a non-negative integer");
 }
 
-TEST_CASE("limits: body size is 413, element count is 400") {
+TEST_CASE("limits: body size and element count are 400s, body size in Triton's words") {
   std::string body = input_json("a", "INT32", "[4]", "[1,2,3,4]");
   parse_input in;
   in.body = body;
   in.limits.max_body_bytes = body.size() - 1;
-  check_error(parse_infer_request(in), status_code::payload_too_large, "more than the limit of");
+  check_error(parse_infer_request(in), status_code::bad_request,
+              "request JSON size of " + std::to_string(body.size())
+                + " bytes exceeds the maximum allowed input size of "
+                + std::to_string(body.size() - 1)
+                + " bytes. Use --http-max-input-size to increase the limit");
+  in.header_length = 0; // raw
+  check_error(parse_infer_request(in), status_code::bad_request,
+              "Raw input has a byte_size (" + std::to_string(body.size())
+                + " bytes) that exceeds the maximum allowed value of "
+                + std::to_string(body.size() - 1) + " bytes.");
+  in.header_length.reset();
   in.limits.max_body_bytes = body.size();
   in.limits.max_elements = 3;
   check_error(parse_infer_request(in), status_code::bad_request,

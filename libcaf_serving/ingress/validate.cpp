@@ -34,11 +34,27 @@ result<uint64_t> checked_element_count(const std::vector<int64_t>& shape, uint64
   }
   if (count == 0)
     return uint64_t{0};
-  if (overflow || count > max_elements)
+  if (overflow || count > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+    return bad_request("invalid shape for " + std::string{what} + ": shape "
+                       + format_shape(shape)
+                       + " causes total element count to exceed maximum size of "
+                       + std::to_string(std::numeric_limits<int64_t>::max())
+                       + (max_elements < std::numeric_limits<uint64_t>::max()
+                            ? "; this server takes at most " + std::to_string(max_elements)
+                                + " elements per tensor"
+                            : std::string()));
+  if (count > max_elements)
     return bad_request(std::string{what} + " has shape " + format_shape(shape)
                        + ", more than the limit of " + std::to_string(max_elements)
                        + " elements per tensor");
   return count;
+}
+
+std::string byte_size_overflow(std::string_view what, uint64_t count, uint64_t element_bytes) {
+  return "byte size overflow for " + std::string{what} + ": element count ("
+         + std::to_string(count) + ") * data type size (" + std::to_string(element_bytes)
+         + ") exceeds maximum allowed size ("
+         + std::to_string(std::numeric_limits<int64_t>::max()) + ")";
 }
 
 result<uint64_t> count_bytes_elements(std::string_view data, std::string_view what) {
@@ -105,14 +121,19 @@ result<validated_request> validate(const infer_request& request, const model_con
     std::string what = "input " + single_quoted(input.name);
     for (size_t j = 0; j < i; ++j)
       if (request.inputs[j].name == input.name)
-        return bad_request(what + " appears more than once in the request");
+        return bad_request(what + " already exists in request: it appears more than once; "
+                                  "send each input once");
     const tensor_config* cfg = find_tensor(model.inputs, input.name);
     if (!cfg)
-      return bad_request("unknown " + what + " for model " + single_quoted(model.name)
-                         + "; the model's inputs are " + name_list(model.inputs));
+      return bad_request("unexpected inference " + what + " for model "
+                         + single_quoted(model.name) + "; the model's inputs are "
+                         + name_list(model.inputs));
     if (input.dtype != cfg->dtype)
-      return bad_request(what + " has datatype " + std::string{to_string(input.dtype)}
-                         + " but the model expects " + std::string{to_string(cfg->dtype)});
+      return bad_request("inference " + what + " data-type is '"
+                         + std::string{to_string(input.dtype)} + "', but model "
+                         + single_quoted(model.name) + " expects '"
+                         + std::string{to_string(cfg->dtype)} + "'; send it as "
+                         + std::string{to_string(cfg->dtype)});
 
     std::vector<int64_t> expected;
     if (batched)
@@ -122,8 +143,14 @@ result<validated_request> validate(const infer_request& request, const model_con
     for (size_t d = 0; shape_ok && d < expected.size(); ++d)
       shape_ok = expected[d] < 0 || expected[d] == input.shape[d];
     if (!shape_ok)
-      return bad_request(what + " has shape " + format_shape(input.shape)
-                         + " but the model expects " + format_shape(expected));
+      return bad_request("unexpected shape for " + what + " for model "
+                         + single_quoted(model.name) + ". Expected " + format_shape(expected)
+                         + ", got " + format_shape(input.shape) + ". "
+                         + (batched ? "The model batches (max_batch_size "
+                                        + std::to_string(model.max_batch_size)
+                                        + "), so the first dimension is the batch size "
+                                          "and -1 marks any size."
+                                    : "-1 marks a dimension of any size."));
 
     auto count = checked_element_count(input.shape, limits.max_elements, what);
     if (!count)
@@ -136,11 +163,14 @@ result<validated_request> validate(const infer_request& request, const model_con
                            + " (shape " + format_shape(input.shape)
                            + "); the first dimension is the batch size and must be at least 1");
       if (b > model.max_batch_size)
-        return bad_request(what + " has batch size " + std::to_string(b) + " (shape "
-                           + format_shape(input.shape) + ") but model " + single_quoted(model.name)
-                           + " allows at most " + std::to_string(model.max_batch_size));
+        return bad_request("inference request batch-size must be <= "
+                           + std::to_string(model.max_batch_size) + " for "
+                           + single_quoted(model.name) + ": " + what + " has batch size "
+                           + std::to_string(b) + " (shape " + format_shape(input.shape)
+                           + "); split the request");
       if (batch && *batch != b)
-        return bad_request("inputs disagree on the batch size: " + batch_source + " has "
+        return bad_request(what + " batch size does not match other inputs for "
+                           + single_quoted(model.name) + ": " + batch_source + " has "
                            + std::to_string(*batch) + " but " + what + " has "
                            + std::to_string(b) + "; the first dimension of every input is the "
                              "batch size");
@@ -166,22 +196,27 @@ result<validated_request> validate(const infer_request& request, const model_con
       if (!n)
         return n.error();
       if (*n != *count)
-        return bad_request(what + " has " + std::to_string(*n) + " BYTES elements but shape "
-                           + format_shape(input.shape) + " needs " + std::to_string(*count));
+        return bad_request("expected " + std::to_string(*count)
+                           + " string elements for inference " + what + " for model "
+                           + single_quoted(model.name) + ", got " + std::to_string(*n)
+                           + ": shape " + format_shape(input.shape) + " needs "
+                           + std::to_string(*count) + " BYTES elements");
     } else {
       uint64_t esize = element_size(input.dtype);
-      if (*count > std::numeric_limits<uint64_t>::max() / esize)
-        return bad_request(what + " has shape " + format_shape(input.shape)
-                           + ", whose byte size overflows");
+      if (*count > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) / esize)
+        return bad_request(byte_size_overflow(what, *count, esize));
       uint64_t need = *count * esize;
       if (input.data.size() != need)
-        return bad_request(what + " has " + std::to_string(input.data.size())
-                           + " bytes of data but shape " + format_shape(input.shape) + " of "
+        return bad_request("input byte size mismatch for " + what + " for model "
+                           + single_quoted(model.name) + ". Expected " + std::to_string(need)
+                           + ", got " + std::to_string(input.data.size()) + ": shape "
+                           + format_shape(input.shape) + " of "
                            + std::string{to_string(input.dtype)} + " needs "
                            + std::to_string(need) + " bytes");
     }
   }
 
+  std::string missing;
   for (const auto& cfg : model.inputs) {
     bool present = false;
     for (const auto& input : request.inputs)
@@ -195,8 +230,17 @@ result<validated_request> validate(const infer_request& request, const model_con
                          + ": the model config marks it optional, but this engine runs the "
                            "model only with every input (its graph takes this one); send it");
     if (!present)
-      return bad_request("missing input " + single_quoted(cfg.name) + " for model " + single_quoted(model.name)
-                         + "; the model's inputs are " + name_list(model.inputs));
+      missing += (missing.empty() ? "" : ",") + single_quoted(cfg.name);
+  }
+  if (!missing.empty()) {
+    std::string got;
+    for (const auto& input : request.inputs)
+      got += (got.empty() ? "" : ",") + single_quoted(input.name);
+    return bad_request("expected " + std::to_string(model.inputs.size()) + " inputs but got "
+                       + std::to_string(request.inputs.size()) + " inputs for model "
+                       + single_quoted(model.name) + ". Got input(s) [" + got
+                       + "], but missing required input(s) [" + missing
+                       + "]. Please provide all required input(s).");
   }
 
   for (size_t i = 0; i < request.outputs.size(); ++i) {
@@ -204,10 +248,13 @@ result<validated_request> validate(const infer_request& request, const model_con
     std::string what = "requested output " + single_quoted(output.name);
     for (size_t j = 0; j < i; ++j)
       if (request.outputs[j].name == output.name)
-        return bad_request(what + " appears more than once in the request");
+        return bad_request("output " + single_quoted(output.name)
+                           + " already exists in request: it is listed more than once in "
+                             "\"outputs\"; list each output once");
     const tensor_config* cfg = find_tensor(model.outputs, output.name);
     if (!cfg)
-      return bad_request("unknown " + what + " for model " + single_quoted(model.name)
+      return bad_request("unexpected inference output " + single_quoted(output.name)
+                         + " for model " + single_quoted(model.name)
                          + "; the model's outputs are " + name_list(model.outputs));
     if (output.classification > 0 && !is_numeric(cfg->dtype))
       return bad_request(what + " asks for classification, but its datatype "

@@ -35,6 +35,10 @@ result<validated_request> validate(const infer_request& request, const model_con
 result<uint64_t> checked_element_count(const std::vector<int64_t>& shape, uint64_t max_elements,
                                        std::string_view what);
 
+/// Triton's message for a tensor whose byte size passes INT64_MAX ("byte size
+/// overflow for input 'x': ..."), which its tests match on.
+std::string byte_size_overflow(std::string_view what, uint64_t count, uint64_t element_bytes);
+
 /// How many elements a BYTES tensor's data holds, checking that every 4-byte
 /// length stays within the data. `what` names the tensor in the message.
 result<uint64_t> count_bytes_elements(std::string_view data, std::string_view what);

@@ -74,23 +74,26 @@ TEST_CASE("missing, unknown and repeated inputs") {
   auto missing = good_request();
   missing.inputs.pop_back();
   check_error(validate(missing, model),
-              "missing input 'x' for model 'resnet'; the model's inputs are 'INPUT0', 'x'");
+              "expected 2 inputs but got 1 inputs for model 'resnet'. Got input(s) ['INPUT0'], "
+              "but missing required input(s) ['x']. Please provide all required input(s).");
 
   auto unknown = good_request();
   unknown.inputs.push_back(make_input("y", datatype::fp32, {2, 3}));
   check_error(validate(unknown, model),
-              "unknown input 'y' for model 'resnet'; the model's inputs are 'INPUT0', 'x'");
+              "unexpected inference input 'y' for model 'resnet'; the model's inputs are "
+              "'INPUT0', 'x'");
 
   auto twice = good_request();
   twice.inputs.push_back(make_input("x", datatype::fp32, {2, 3, 5}));
-  check_error(validate(twice, model), "input 'x' appears more than once");
+  check_error(validate(twice, model), "input 'x' already exists in request");
 }
 
 TEST_CASE("wrong datatype names both types") {
   auto r = good_request();
   r.inputs[0] = make_input("INPUT0", datatype::fp32, {2, 4});
   check_error(validate(r, make_model()),
-              "input 'INPUT0' has datatype FP32 but the model expects INT32");
+              "inference input 'INPUT0' data-type is 'FP32', but model 'resnet' expects "
+              "'INT32'");
 }
 
 TEST_CASE("wrong rank or fixed dimension names both shapes") {
@@ -100,10 +103,12 @@ TEST_CASE("wrong rank or fixed dimension names both shapes") {
   m.inputs = {{"x", datatype::fp32, {3, 224, 224}}};
   infer_request r;
   r.inputs.push_back(make_input("x", datatype::fp32, {1, 3, 224}));
-  check_error(validate(r, m), "input 'x' has shape [1,3,224] but the model expects [-1,3,224,224]");
+  check_error(validate(r, m), "unexpected shape for input 'x' for model 'img'. Expected "
+                              "[-1,3,224,224], got [1,3,224]. The model batches");
 
   r.inputs[0] = make_input("x", datatype::fp32, {1, 3, 224, 225});
-  check_error(validate(r, m), "input 'x' has shape [1,3,224,225] but the model expects [-1,3,224,224]");
+  check_error(validate(r, m), "unexpected shape for input 'x' for model 'img'. Expected "
+                              "[-1,3,224,224], got [1,3,224,225].");
 }
 
 TEST_CASE("batch dimension: within max_batch_size, at least 1, equal across inputs") {
@@ -112,7 +117,8 @@ TEST_CASE("batch dimension: within max_batch_size, at least 1, equal across inpu
   big.inputs[0] = make_input("INPUT0", datatype::int32, {9, 4});
   big.inputs[1] = make_input("x", datatype::fp32, {9, 3, 5});
   check_error(validate(big, model),
-              "input 'INPUT0' has batch size 9 (shape [9,4]) but model 'resnet' allows at most 8");
+              "inference request batch-size must be <= 8 for 'resnet': input 'INPUT0' has "
+              "batch size 9 (shape [9,4])");
 
   auto zero = good_request();
   zero.inputs[0] = make_input("INPUT0", datatype::int32, {0, 4});
@@ -121,7 +127,8 @@ TEST_CASE("batch dimension: within max_batch_size, at least 1, equal across inpu
   auto disagree = good_request();
   disagree.inputs[1] = make_input("x", datatype::fp32, {3, 3, 5});
   check_error(validate(disagree, model),
-              "inputs disagree on the batch size: input 'INPUT0' has 2 but input 'x' has 3");
+              "input 'x' batch size does not match other inputs for 'resnet': input 'INPUT0' "
+              "has 2 but input 'x' has 3");
 }
 
 TEST_CASE("a model without batching takes its dims exactly") {
@@ -135,7 +142,8 @@ TEST_CASE("a model without batching takes its dims exactly") {
   REQUIRE(ok.ok());
   CHECK(ok->batch_size == 1);
   r.inputs[0] = make_input("a", datatype::int64, {1, 2, 2});
-  check_error(validate(r, m), "input 'a' has shape [1,2,2] but the model expects [2,2]");
+  check_error(validate(r, m), "unexpected shape for input 'a' for model 'plain'. Expected "
+                              "[2,2], got [1,2,2].");
 }
 
 TEST_CASE("byte size must match the element count") {
@@ -143,7 +151,8 @@ TEST_CASE("byte size must match the element count") {
   r.inputs[0].owned.resize(31);
   r.inputs[0].data = r.inputs[0].owned;
   check_error(validate(r, make_model()),
-              "input 'INPUT0' has 31 bytes of data but shape [2,4] of INT32 needs 32 bytes");
+              "input byte size mismatch for input 'INPUT0' for model 'resnet'. Expected 32, got "
+              "31: shape [2,4] of INT32 needs 32 bytes");
 }
 
 TEST_CASE("absurd shapes: negative, overflowing, over the limit") {
@@ -159,6 +168,9 @@ TEST_CASE("absurd shapes: negative, overflowing, over the limit") {
   check_error(validate(r, m), "input 'v' has shape [2,-3,4] with a negative dimension");
 
   r.inputs[0].shape = {INT64_MAX, INT64_MAX, 4};
+  check_error(validate(r, m), "causes total element count to exceed maximum size of "
+                              "9223372036854775807");
+  r.inputs[0].shape = {1LL << 40, 1LL << 20, 1};
   check_error(validate(r, m), "more than the limit of");
 
   r.inputs[0].shape = {1 << 20, 1 << 20, 1};
@@ -197,7 +209,8 @@ TEST_CASE("BYTES inputs: well-formed elements, count matching the shape") {
 
   r.inputs[0].owned = bytes_elements({"hello"});
   r.inputs[0].data = r.inputs[0].owned;
-  check_error(validate(r, m), "input 's' has 1 BYTES elements but shape [1,2] needs 2");
+  check_error(validate(r, m), "expected 2 string elements for inference input 's' for model "
+                              "'text', got 1");
 
   r.inputs[0].owned = bytes_elements({"hello", "world"});
   r.inputs[0].owned.pop_back();
@@ -214,12 +227,12 @@ TEST_CASE("requested outputs: known, not repeated, classification only on number
   auto unknown = good_request();
   unknown.outputs.push_back({"PROBS", false, 0});
   check_error(validate(unknown, model),
-              "unknown requested output 'PROBS' for model 'resnet'; the model's outputs are "
+              "unexpected inference output 'PROBS' for model 'resnet'; the model's outputs are "
               "'OUTPUT0', 'NAMES'");
 
   auto twice = good_request();
   twice.outputs.push_back({"OUTPUT0", true, 0});
-  check_error(validate(twice, model), "requested output 'OUTPUT0' appears more than once");
+  check_error(validate(twice, model), "output 'OUTPUT0' already exists in request");
 
   auto classify_bytes = good_request();
   classify_bytes.outputs.push_back({"NAMES", false, 2});

@@ -417,25 +417,42 @@ std::variant<std::monostate, serving_error> model_manager::unload(const std::str
 
 result<std::shared_ptr<const model_pipeline>> model_manager::find(const std::string& name,
                                                                   int64_t version) const {
+  // Each message begins with Triton's text for the same case (its model
+  // repository manager's "Request for unknown model: ..."), which Triton's
+  // clients and tests match on, and goes on with this server's explanation.
   std::lock_guard<std::mutex> guard(mutex_);
+  const std::string quoted = "'" + name + "'";
   auto it = models_.find(name);
   if (it == models_.end())
-    return not_found("unknown model '" + name
-                     + "'; POST /v2/repository/index lists the models this server knows");
+    return not_found("Request for unknown model: " + quoted + " is not found; POST "
+                     "/v2/repository/index lists the models this server knows");
   const auto& r = it->second;
-  if (r.served.empty())
-    return serving_error{status_code::unavailable,
-                         "model '" + name + "' is not ready: "
-                           + (r.reason.empty() ? std::string("not loaded") : r.reason),
+  if (r.served.empty()) {
+    std::string why = "model " + quoted + " is not ready: "
+                      + (r.reason.empty() ? std::string("not loaded") : r.reason);
+    if (version != 0)
+      return serving_error{status_code::unavailable,
+                           "Request for unknown model: " + quoted + " version "
+                             + std::to_string(version) + " is not at ready state; " + why,
+                           failure_reason::unavailable};
+    return serving_error{status_code::not_found,
+                         "Request for unknown model: " + quoted + " has no available versions; "
+                           + why,
                          failure_reason::unavailable};
+  }
   auto chosen = version == 0 ? std::prev(r.served.end()) : r.served.find(version);
-  if (chosen == r.served.end())
-    return not_found("model '" + name + "' has no version " + std::to_string(version)
-                     + " being served; served: " + std::to_string(r.served.begin()->first)
-                     + (r.served.size() > 1 ? "..." : ""));
+  if (chosen == r.served.end()) {
+    std::string served;
+    for (const auto& [v, p] : r.served)
+      served += (served.empty() ? "" : ", ") + std::to_string(v);
+    return not_found("Request for unknown model: " + quoted + " version "
+                     + std::to_string(version) + " is not found; versions served: " + served);
+  }
   if (auto why = not_ready_reason(*chosen->second))
     return serving_error{status_code::unavailable,
-                         "model '" + name + "' version " + std::to_string(chosen->first)
+                         "Request for unknown model: " + quoted + " version "
+                           + std::to_string(chosen->first) + " is not at ready state; model "
+                           + quoted + " version " + std::to_string(chosen->first)
                            + " is not ready: " + *why,
                          failure_reason::unavailable};
   return chosen->second;

@@ -121,10 +121,14 @@ public:
   /// Stops serving `name`: new requests get 503, queued ones are answered.
   std::variant<std::monostate, serving_error> unload(const std::string& name);
 
-  /// The pipeline for `name` at `version` (0: the newest served). 404 for a
-  /// model the repository does not know, 503 for one that is not ready: not
-  /// loaded, its scheduler stopped, or no live and healthy executor (DESIGN.md,
-  /// Supervision), with the reason.
+  /// The pipeline for `name` at `version` (0: the newest served), with
+  /// Triton's statuses and wording first: 404 "Request for unknown model: 'm'
+  /// is not found" for a model the repository does not know, 404 "... has no
+  /// available versions" when none is served (not loaded, unloaded, failed),
+  /// 404 "... version N is not found" for a version not served, and 503 "...
+  /// version N is not at ready state" for one that cannot run now (its
+  /// scheduler stopped, or no live and healthy executor: DESIGN.md,
+  /// Supervision). The reason follows.
   result<std::shared_ptr<const model_pipeline>> find(const std::string& name,
                                                      int64_t version = 0) const;
 

@@ -64,7 +64,8 @@ TEST_CASE("wrong and unknown datatypes are a 400") {
   expect_error(post_json("simple", infer_body({input_json("INPUT0", "FP32", {1, 16},
                                                           json_list(std::vector<float>(16, 1.5f))),
                                                int_input("INPUT1", {1, 16}, 16)})),
-               400, "input 'INPUT0' has datatype FP32 but the model expects INT32");
+               400, "inference input 'INPUT0' data-type is 'FP32', but model 'simple' expects "
+                    "'INT32'");
   expect_error(post_json("simple", infer_body({input_json("INPUT0", "FLOAT", {1, 16},
                                                           json_list(ints(16))),
                                                int_input("INPUT1", {1, 16}, 16)})),
@@ -78,10 +79,11 @@ TEST_CASE("wrong and unknown datatypes are a 400") {
 TEST_CASE("wrong shapes and element counts are a 400") {
   expect_error(post_json("simple", infer_body({int_input("INPUT0", {1, 8}, 8),
                                                int_input("INPUT1", {1, 16}, 16)})),
-               400, "input 'INPUT0' has shape [1,8] but the model expects [-1,16]");
+               400, "unexpected shape for input 'INPUT0' for model 'simple'. Expected [-1,16], "
+                    "got [1,8].");
   expect_error(post_json("simple", infer_body({int_input("INPUT0", {16}, 16),
                                                int_input("INPUT1", {16}, 16)})),
-               400, "has shape [16] but the model expects [-1,16]");
+               400, "Expected [-1,16], got [16]. The model batches (max_batch_size 8)");
   expect_error(post_json("simple", infer_body({int_input("INPUT0", {1, 16}, 15),
                                                int_input("INPUT1", {1, 16}, 16)})),
                400, "has 15 data elements but its shape [1,16] needs 16");
@@ -90,23 +92,24 @@ TEST_CASE("wrong shapes and element counts are a 400") {
                400, "more data elements than its shape [1,16] holds");
   expect_error(post_json("simple", infer_body({int_input("INPUT0", {1, 16}, 16),
                                                int_input("INPUT1", {2, 16}, 32)})),
-               400, "inputs disagree on the batch size");
+               400, "input 'INPUT1' batch size does not match other inputs for 'simple'");
 }
 
 TEST_CASE("missing, unknown and repeated inputs and unknown outputs are a 400") {
   expect_error(post_json("simple", infer_body({int_input("INPUT0", {1, 16}, 16)})), 400,
-               "missing input 'INPUT1' for model 'simple'");
+               "expected 2 inputs but got 1 inputs for model 'simple'. Got input(s) ['INPUT0'], "
+               "but missing required input(s) ['INPUT1']");
   expect_error(post_json("simple", infer_body({int_input("INPUT0", {1, 16}, 16),
                                                int_input("INPUT1", {1, 16}, 16),
                                                int_input("INPUT7", {1, 16}, 16)})),
-               400, "unknown input 'INPUT7' for model 'simple'");
+               400, "unexpected inference input 'INPUT7' for model 'simple'");
   expect_error(post_json("simple", infer_body({int_input("INPUT0", {1, 16}, 16),
                                                int_input("INPUT0", {1, 16}, 16)})),
-               400, "input 'INPUT0' appears more than once");
+               400, "input 'INPUT0' already exists in request");
   expect_error(post_json("simple", infer_body({int_input("INPUT0", {1, 16}, 16),
                                                int_input("INPUT1", {1, 16}, 16)},
                                               ",\"outputs\":[{\"name\":\"OUTPUT9\"}]")),
-               400, "unknown requested output 'OUTPUT9' for model 'simple'");
+               400, "unexpected inference output 'OUTPUT9' for model 'simple'");
   expect_error(post_json("identity_bytes",
                          infer_body({input_json("INPUT0", "BYTES", {1, 1}, "[\"a\"]")},
                                     ",\"outputs\":[{\"name\":\"OUTPUT0\",\"parameters\":"
@@ -117,7 +120,8 @@ TEST_CASE("missing, unknown and repeated inputs and unknown outputs are a 400") 
 TEST_CASE("a batch over max_batch_size is a 400") {
   expect_error(post_json("simple", infer_body({int_input("INPUT0", {9, 16}, 144),
                                                int_input("INPUT1", {9, 16}, 144)})),
-               400, "has batch size 9 (shape [9,16]) but model 'simple' allows at most 8");
+               400, "inference request batch-size must be <= 8 for 'simple': input 'INPUT0' has "
+                    "batch size 9 (shape [9,16])");
   expect_error(post_json("simple", infer_body({int_input("INPUT0", {0, 16}, 0),
                                                int_input("INPUT1", {0, 16}, 0)})),
                400, "batch size 0");
@@ -144,7 +148,8 @@ TEST_CASE("binary sizes that do not fit the body are a 400") {
   auto small = infer_body({binary_input_json("INPUT0", "FP32", {1, 16}, 32)});
   expect_error(http.post("/v2/models/identity_fp32/infer", small + raw,
                          {{"Inference-Header-Content-Length", std::to_string(small.size())}}),
-               400, "has 32 bytes of data but shape [1,16] of FP32 needs 64 bytes");
+               400, "input byte size mismatch for input 'INPUT0' for model 'identity_fp32'. "
+                    "Expected 64, got 32");
   // BYTES elements whose length runs past the data.
   std::string bad_bytes("\x10\x00\x00\x00" "abc", 7);
   auto b = infer_body({binary_input_json("INPUT0", "BYTES", {1, 1}, bad_bytes.size())});
@@ -175,14 +180,21 @@ TEST_CASE("broken UTF-8 in JSON is a 400") {
   expect_error(post_json("identity_bytes", "{\"inp\xC3\":[]}"), 400, "not valid UTF-8");
 }
 
-TEST_CASE("a body over --max-body-bytes is a 413") {
+TEST_CASE("a body over --max-body-bytes is Triton's 400, in Triton's words") {
   std::vector<int32_t> big(16, 123456789);
   auto body = infer_body({int_input("INPUT0", {1, 16}, 16), int_input("INPUT1", {1, 16}, 16)},
                          ",\"id\":\"" + std::string(5000, 'x') + "\"");
   REQUIRE(body.size() > 4096);
   auto http = server().client();
-  expect_error(http.post("/v2/models/simple/infer", body, json_content), 413,
-               "over the limit of 4096 bytes (--max-body-bytes)");
+  expect_error(http.post("/v2/models/simple/infer", body, json_content), 400,
+               "request JSON size of " + std::to_string(body.size())
+                 + " bytes exceeds the maximum allowed input size of 4096 bytes. Use "
+                   "--http-max-input-size to increase the limit (this server's --max-body-bytes");
+  // A raw body (qa/L0_http/http_input_size_limit_test.py).
+  expect_error(http.post("/v2/models/simple/infer", std::string(5000, '\1'),
+                         {{"Inference-Header-Content-Length", "0"}}),
+               400, "Raw input has a byte_size (5000 bytes) that exceeds the maximum allowed value "
+                    "of 4096 bytes.");
   // Without a Content-Length: a chunked body is cut off at the limit.
   http_client chunked(server().port());
   char size_line[32];
@@ -191,21 +203,20 @@ TEST_CASE("a body over --max-body-bytes is a 413") {
                                "Content-Type: application/json\r\n"
                                "Transfer-Encoding: chunked\r\n\r\n"
                                + std::string(size_line) + body + "\r\n0\r\n\r\n");
-  expect_error(r, 413, "--max-body-bytes");
+  expect_error(r, 400, "exceeds the maximum allowed input size of 4096 bytes");
   // A small gzip body that inflates past the limit.
   auto bomb = gzip("{\"inputs\":[],\"id\":\"" + std::string(100000, 'y') + "\"}");
   REQUIRE(bomb.size() < 4096);
   expect_error(http.post("/v2/models/simple/infer", bomb,
                          {{"Content-Type", "application/json"}, {"Content-Encoding", "gzip"}}),
-               413, "inflates to more than the limit of 4096 bytes");
+               400, "Decompressed data size exceeds the maximum allowed value of 4096 bytes");
   expect_error(http.post("/v2/models/simple/infer", good_simple(),
                          {{"Content-Type", "application/json"}, {"Content-Encoding", "br"}}),
-               400, "unsupported Content-Encoding 'br'");
+               501, "Unsupported compression type: Content-Encoding 'br'");
 }
 
-TEST_CASE("a malformed body is a 400, not a 413") {
-  // Only a body over --max-body-bytes is a 413; every failure to read the body
-  // used to be reported as one.
+TEST_CASE("a malformed body is a 400 that says so, not a body too large") {
+  // Every failure to read the body used to be reported as too large.
   auto body = good_simple();
   http_client chunked(server().port());
   auto r = chunked.raw_request("POST /v2/models/simple/infer HTTP/1.1\r\nHost: x\r\n"
@@ -223,12 +234,13 @@ TEST_CASE("wrong methods are a 405, unknown models and paths a 404") {
   expect_error(http.post("/v2/models/simple/config", ""), 405, "this endpoint takes GET");
   expect_error(http.get("/v2/repository/index"), 405, "this endpoint takes POST");
   expect_error(http.post("/v2/models/no_such_model/infer", good_simple(), json_content), 404,
-               "unknown model 'no_such_model'");
-  expect_error(http.get("/v2/models/no_such_model"), 404, "unknown model 'no_such_model'");
+               "Request for unknown model: 'no_such_model' is not found");
+  expect_error(http.get("/v2/models/no_such_model"), 404,
+               "Request for unknown model: 'no_such_model' is not found");
   expect_error(http.get("/v3/models"), 404, "unknown path");
   expect_error(http.get("/v2/models/simple/frobnicate"), 404, "unknown path");
-  expect_error(http.post("/v2/models/simple/versions/abc/infer", good_simple(), json_content), 400,
-               "is not a positive integer");
+  expect_error(http.post("/v2/models/simple/versions/abc/infer", good_simple(), json_content), 404,
+               "Not Found: version 'abc' of model 'simple' is not a positive integer");
 }
 
 TEST_CASE("after every bad request the server still answers good ones") {

@@ -79,7 +79,8 @@ TEST_CASE("simple adds and subtracts INT32 tensors sent as JSON, one and several
     check_simple_response(json_document::parse(r.body), a, b, 1);
     r = http.post("/v2/models/simple/versions/7/infer", simple_body(a, b, 1), json_content);
     CHECK(r.status == 404);
-    CHECK(error_message(r.body).find("no version 7") != std::string::npos);
+    CHECK(error_message(r.body).find("Request for unknown model: 'simple' version 7 is not found")
+          != std::string::npos);
   }
 }
 

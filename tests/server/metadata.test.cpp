@@ -58,12 +58,15 @@ TEST_CASE("server metadata, health and model metadata") {
 
   CHECK(http.get("/v2/models/simple/ready").status == 200);
   CHECK(http.get("/v2/models/simple/versions/1/ready").status == 200);
+  // Triton 2.51's readiness answer: 400 "Model version not ready".
   r = http.get("/v2/models/simple/versions/2/ready");
-  CHECK(r.status == 404);
-  CHECK(error_message(r.body).find("no version 2") != std::string::npos);
+  CHECK(r.status == 400);
+  CHECK(error_message(r.body).find("Request for unknown model: 'simple' version 2 is not found")
+        != std::string::npos);
   r = http.get("/v2/models/no_such_model/ready");
-  CHECK(r.status == 404);
-  CHECK(error_message(r.body).find("unknown model 'no_such_model'") != std::string::npos);
+  CHECK(r.status == 400);
+  CHECK(error_message(r.body).find("Request for unknown model: 'no_such_model' is not found")
+        != std::string::npos);
 
   r = http.get("/v2/models/simple/config");
   REQUIRE(r.status == 200);
@@ -115,7 +118,7 @@ TEST_CASE("statistics and metrics count what was served") {
   r = http.get("/v2/models/simple/versions/1/stats");
   REQUIRE(r.status == 200);
   CHECK(json_document::parse(r.body).uint_at("/model_stats/0/inference_count") == 5);
-  CHECK(http.get("/v2/models/nope/stats").status == 404);
+  CHECK(http.get("/v2/models/nope/stats").status == 400); // Triton's status for statistics
 
   r = http.get("/v2/models/stats");
   REQUIRE(r.status == 200);
@@ -184,14 +187,15 @@ TEST_CASE("the repository index lists a broken model with its reason") {
   CHECK(seen == 3);
   CHECK(http.get("/v2/repository/index").status == 405);
 
-  // The broken model is not ready and cannot serve; the others can.
+  // The broken model is not ready and cannot serve; the others can. It has
+  // no version to serve: Triton's 404 for inference, 400 for readiness.
   r = http.get("/v2/models/broken/ready");
-  CHECK(r.status == 503);
+  CHECK(r.status == 400);
   CHECK(error_message(r.body).find("no_such_function") != std::string::npos);
   std::vector<float> one{1.f};
   r = http.post("/v2/models/broken/infer",
                 infer_body({input_json("INPUT0", "FP32", {1, 1}, json_list(one))}), json_content);
-  CHECK(r.status == 503);
+  CHECK(r.status == 404);
   r = http.post("/v2/models/identity_bytes/infer",
                 infer_body({input_json("INPUT0", "BYTES", {1, 1}, "[\"ok\"]")}), json_content);
   REQUIRE(r.status == 200);
@@ -199,7 +203,10 @@ TEST_CASE("the repository index lists a broken model with its reason") {
         == std::vector<std::string>{"ok"});
 
   // Strict readiness (the default): not every model is ready.
-  CHECK(http.get("/v2/health/ready").status == 503);
+  // Triton answers "not ready" 400 with no body.
+  auto not_ready = http.get("/v2/health/ready");
+  CHECK(not_ready.status == 400);
+  CHECK(not_ready.body.empty());
   CHECK(http.get("/v2/health/live").status == 200);
 }
 
@@ -208,5 +215,5 @@ TEST_CASE("--strict-readiness false: ready although a model failed to load") {
                      {"--strict-readiness", "false"});
   auto http = server.client();
   CHECK(http.get("/v2/health/ready").status == 200);
-  CHECK(http.get("/v2/models/broken/ready").status == 503);
+  CHECK(http.get("/v2/models/broken/ready").status == 400);
 }

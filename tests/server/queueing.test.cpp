@@ -59,6 +59,8 @@ TEST_CASE("a full queue is answered 503 with a KServe error at once") {
   CHECK(r.status == 503);
   CHECK(r.header("content-type") == "application/json");
   CHECK(error_message(r.body).find("is full") != std::string::npos);
+  // Triton's words first (its clients match on them).
+  CHECK(error_message(r.body).rfind("Exceeds maximum queue size: ", 0) == 0);
   // At once: well before the running request (300 ms) finishes.
   CHECK(took < milliseconds(200));
 
@@ -85,6 +87,7 @@ TEST_CASE("a request past its own queue timeout is answered 503") {
   auto took = steady_clock::now() - start;
   CHECK(r.status == 503);
   CHECK(error_message(r.body).find("past its queue timeout of 40000 us") != std::string::npos);
+  CHECK(error_message(r.body).rfind("Request timeout expired: ", 0) == 0);
   // Answered when the timeout passed, not when the running request ended.
   CHECK(took >= milliseconds(35));
   CHECK(took < milliseconds(250));
