@@ -414,3 +414,58 @@ TEST_CASE("response_cache parses as Triton writes it; absent means off") {
   auto typo = error_of(base_config + "response_cache { enabled: true }\n");
   CHECK(contains(typo, "unknown field 'enabled' in ModelResponseCache"));
 }
+
+TEST_CASE("a JSON config (Triton's load parameter) converts as config.pbtxt does") {
+  parse_context ctx{"foo", "the 'config' load parameter", true};
+  // int64 and int32 fields may be quoted in protobuf's JSON mapping; enum
+  // names in any case, as Triton parses them.
+  auto parsed = parse_model_config_json(
+    R"({"backend":"builtin","max_batch_size":"16",
+        "input":[{"name":"INPUT0","data_type":"type_fp32","dims":["4"]}],
+        "output":[{"name":"OUTPUT0","data_type":"TYPE_FP32","dims":[4]}],
+        "dynamic_batching":{"preferred_batch_size":[4,8]},
+        "version_policy":{"specific":{"versions":[2]}},
+        "parameters":{"function":{"string_value":"identity"}}})",
+    ctx);
+  REQUIRE_MESSAGE(parsed, (parsed ? "" : parsed.error().message));
+  const auto& cfg = parsed->config;
+  CHECK(cfg.name == "foo");
+  CHECK(cfg.max_batch_size == 16);
+  REQUIRE(cfg.inputs.size() == 1);
+  CHECK(cfg.inputs[0].dtype == datatype::fp32);
+  CHECK(cfg.inputs[0].dims == std::vector<int64_t>{4});
+  CHECK(cfg.dynamic_batching.preferred_batch_sizes == std::vector<int>{4, 8});
+  CHECK(parsed->versions.kind == version_policy_kind::specific);
+  CHECK(parsed->versions.versions == std::vector<int64_t>{2});
+  CHECK(cfg.parameters.at("function") == "identity");
+
+  // Only max_batch_size (the client example's override), for a model whose
+  // loader completes the rest from its file.
+  auto small = parse_model_config_json(R"({"max_batch_size":"16"})", ctx);
+  REQUIRE(small);
+  CHECK(small->config.max_batch_size == 16);
+}
+
+TEST_CASE("a JSON config that does not fit the schema is Triton's 'Invalid config override'") {
+  parse_context ctx{"foo", "the 'config' load parameter", true};
+  for (const char* json : {R"("parameters": {"config": {{"max_batch_size": "16"}}})",
+                           R"({"max_batch_sise": 16})", R"({"max_batch_size": "many"})",
+                           R"([1, 2])"}) {
+    auto r = parse_model_config_json(json, ctx);
+    REQUIRE_MESSAGE(!r, json);
+    CHECK(r.error().status == status_code::bad_request);
+    CHECK_MESSAGE(contains(r.error().message, "Invalid config override: "), r.error().message);
+    CHECK(contains(r.error().message, "the 'config' load parameter"));
+  }
+  // What parses but cannot work is refused with the same message as in a file.
+  auto r = parse_model_config_json(
+    R"({"backend":"builtin","max_batch_size":4,"dynamic_batching":{"preferred_batch_size":[8]}})",
+    ctx);
+  REQUIRE(!r);
+  CHECK_MESSAGE(contains(r.error().message, "preferred_batch_size 8 is larger than max_batch_size 4"),
+                r.error().message);
+  // A name that contradicts the model being loaded.
+  r = parse_model_config_json(R"({"name":"bar","backend":"builtin"})", ctx);
+  REQUIRE(!r);
+  CHECK(contains(r.error().message, "name is 'bar' but the model directory is 'foo'"));
+}
