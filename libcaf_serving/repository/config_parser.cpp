@@ -627,4 +627,39 @@ parse_model_config_json(std::string_view json, const parse_context& ctx) {
   return parse_model_config_full(text, ctx);
 }
 
+result<parsed_model_config>
+parse_model_config_json_over(std::string_view json, std::string_view base_text,
+                             const parse_context& ctx) {
+  config::ModelConfig base;
+  bool builtin_base = false;
+  if (!base_text.empty()) {
+    pb::TextFormat::Parser parser;
+    first_error_collector quiet; // a broken file is simply not used
+    parser.RecordErrorsTo(&quiet);
+    builtin_base = parser.ParseFromString(std::string{base_text}, &base)
+                   && base.backend() == "builtin";
+  }
+  if (!builtin_base)
+    return parse_model_config_json(json, ctx);
+  config::ModelConfig override_config;
+  pb::util::JsonParseOptions options;
+  options.case_insensitive_enum_parsing = true;
+  options.ignore_unknown_fields = false;
+  auto status = pb::util::JsonStringToMessage(std::string{json}, &override_config, options);
+  if (!status.ok() || !override_config.backend().empty() || !override_config.platform().empty())
+    return parse_model_config_json(json, ctx);
+  // Field by field: a field the JSON sets replaces the file's whole field
+  // (a list is not appended to).
+  std::vector<const pb::FieldDescriptor*> set;
+  override_config.GetReflection()->ListFields(override_config, &set);
+  for (const auto* field : set)
+    base.GetReflection()->ClearField(&base, field);
+  base.MergeFrom(override_config);
+  std::string text;
+  if (!pb::TextFormat::PrintToString(base, &text))
+    return bad_request(prefix(ctx.model_name, ctx) + ": the configuration could not be "
+                                                     "converted to config.pbtxt form");
+  return parse_model_config_full(text, ctx);
+}
+
 } // namespace caf_serving::repository

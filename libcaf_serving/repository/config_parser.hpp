@@ -80,6 +80,18 @@ parse_model_config_full(std::string_view text, const parse_context& ctx);
 result<parsed_model_config>
 parse_model_config_json(std::string_view json, const parse_context& ctx);
 
+/// parse_model_config_json() for a model whose config.pbtxt text is
+/// `base_text` (empty: none). As in Triton the JSON replaces the file, and
+/// what it leaves out is completed from the model itself; a builtin model has
+/// no model file, its config.pbtxt is its definition, so when `base_text`
+/// declares backend "builtin" and the JSON names no other backend or platform,
+/// each top-level field the JSON sets replaces the file's and the rest is kept
+/// (e.g. {"max_batch_size": 16} changes only that). A `base_text` that does not
+/// parse is left out.
+result<parsed_model_config>
+parse_model_config_json_over(std::string_view json, std::string_view base_text,
+                             const parse_context& ctx);
+
 /// parse_model_config_full(), keeping only the model_config.
 result<model_config>
 parse_model_config(std::string_view text, const parse_context& ctx);

@@ -469,3 +469,39 @@ TEST_CASE("a JSON config that does not fit the schema is Triton's 'Invalid confi
   REQUIRE(!r);
   CHECK(contains(r.error().message, "name is 'bar' but the model directory is 'foo'"));
 }
+
+TEST_CASE("a JSON config over a builtin model's config.pbtxt keeps what it leaves out") {
+  parse_context ctx{"foo", "the 'config' load parameter", true};
+  auto with_params = base_config
+                     + "parameters { key: \"function\" value: { string_value: \"identity\" } }\n";
+  auto over = parse_model_config_json_over(R"({"max_batch_size":"16"})", with_params, ctx);
+  REQUIRE_MESSAGE(over, over.error().message);
+  CHECK(over->config.max_batch_size == 16);
+  CHECK(over->config.backend == "builtin");
+  REQUIRE(over->config.inputs.size() == 1);
+  CHECK(over->config.inputs[0].name == "INPUT0");
+  CHECK(over->config.parameters.at("function") == "identity");
+
+  // A list the JSON sets replaces the file's list.
+  over = parse_model_config_json_over(
+    R"({"input":[{"name":"X","data_type":"TYPE_INT32","dims":[2]}]})", with_params, ctx);
+  REQUIRE(over);
+  REQUIRE(over->config.inputs.size() == 1);
+  CHECK(over->config.inputs[0].name == "X");
+
+  // Naming a backend, or a file that is not builtin: the JSON alone (Triton's rule).
+  over = parse_model_config_json_over(R"({"backend":"onnxruntime","max_batch_size":4})",
+                                      with_params, ctx);
+  REQUIRE(over);
+  CHECK(over->config.inputs.empty());
+  auto onnx_file = std::string("platform: \"onnxruntime_onnx\"\nmax_batch_size: 8\n"
+                               "dynamic_batching { }\n");
+  over = parse_model_config_json_over(R"({"max_batch_size":4})", onnx_file, ctx);
+  REQUIRE(over);
+  CHECK(over->config.platform.empty());
+  CHECK_FALSE(over->config.dynamic_batching_enabled);
+  // Errors are those of the JSON.
+  auto bad = parse_model_config_json_over(R"({"max_batch_sise":4})", with_params, ctx);
+  REQUIRE(!bad);
+  CHECK(contains(bad.error().message, "Invalid config override: "));
+}

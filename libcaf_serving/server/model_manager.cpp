@@ -18,6 +18,7 @@
 #include <optional>
 #include <functional>
 #include <iostream>
+#include <iterator>
 #include <set>
 
 namespace caf_serving::server {
@@ -487,7 +488,14 @@ auto model_manager::load_model(const std::string& name, const load_parameters* p
                               "parameters"),
                   load_stage::repository);
     repository::parse_context ctx{name, "the 'config' load parameter", true};
-    auto parsed = repository::parse_model_config_json(*config_json, ctx);
+    // A builtin model's config.pbtxt completes what the override leaves out
+    // (parse_model_config_json_over); sent files come without one.
+    std::string base_text;
+    if (!files) {
+      std::ifstream in(repository_dir / "config.pbtxt", std::ios::binary);
+      base_text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    }
+    auto parsed = repository::parse_model_config_json_over(*config_json, base_text, ctx);
     if (!parsed)
       return fail(parsed.error(), load_stage::repository);
     given = repository::load_model_with_config(files ? files->path() : repository_dir, name,

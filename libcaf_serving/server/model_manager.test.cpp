@@ -226,6 +226,17 @@ TEST_CASE("a config override replaces config.pbtxt and stays while the repositor
   REQUIRE(std::holds_alternative<std::monostate>(models.request_unload("echo", {})));
   REQUIRE(std::holds_alternative<std::monostate>(request_load(models, "echo")));
   CHECK((*models.find("echo"))->config.max_batch_size == 4);
+
+  // tritonclient's example sends only max_batch_size: a builtin model keeps
+  // the rest of its config.pbtxt (it has no model file to complete it from).
+  server::load_parameters only_batch;
+  only_batch.config = R"({"max_batch_size":"16"})";
+  r = request_load(models, "echo", only_batch);
+  REQUIRE_MESSAGE(std::holds_alternative<std::monostate>(r), error_text(r));
+  served = models.find("echo");
+  REQUIRE(served.ok());
+  CHECK((*served)->config.max_batch_size == 16);
+  CHECK((*served)->config.parameters.at("function") == "identity");
 }
 
 TEST_CASE("failed loads answer in Triton's words and status; served versions keep serving") {

@@ -286,3 +286,28 @@ TEST_CASE("poll mode: added, changed and removed models are picked up; other mod
   CHECK(clients.ok() > 10);
   MESSAGE("identity_fp32 answered " << clients.ok() << " requests while the repository changed");
 }
+
+TEST_CASE("tritonclient's model control example, step by step") {
+  // simple_http_model_control.py against a server in explicit mode.
+  test_server server({example_model("simple")}, {"--model-control-mode", "explicit"});
+  auto http = server.client();
+  REQUIRE(http.post("/v2/repository/models/simple/load", "").status == 200);
+  CHECK(http.get("/v2/models/simple/ready").status == 200);
+  auto r = http.post("/v2/repository/models/simple/load",
+                     load_body(R"("parameters": {"config": {{"max_batch_size": "16"}}})"),
+                     json_content);
+  CHECK(r.status != 200);
+  CHECK(error_message(r.body).find("failed to load") != std::string::npos);
+  // Only max_batch_size: the builtin model keeps the rest of its config.pbtxt.
+  r = http.post("/v2/repository/models/simple/load", load_body(R"({"max_batch_size":"16"})"),
+                json_content);
+  REQUIRE_MESSAGE(r.status == 200, r.body);
+  CHECK(json_document::parse(http.get("/v2/models/simple/config").body).int_at("/max_batch_size")
+        == 16);
+  CHECK(http.post("/v2/models/simple/infer", simple_body(16), json_content).status == 200);
+  REQUIRE(http.post("/v2/repository/models/simple/unload", "").status == 200);
+  CHECK(http.get("/v2/models/simple/ready").status != 200);
+  r = http.post("/v2/repository/models/wrong_model_name/load", "");
+  CHECK(r.status != 200);
+  CHECK(error_message(r.body).find("failed to load") != std::string::npos);
+}
