@@ -505,28 +505,28 @@ private:
         std::optional<uint64_t> expected;
         if (!length_text.empty())
           expected = std::strtoull(length_text.c_str(), nullptr, 10);
+        // Triton's phrase first (its tests match on it).
+        auto too_large = [this](const std::string& size) {
+          return "request JSON size of " + size + " bytes exceeds the maximum allowed input "
+                 "size of " + std::to_string(cfg_.limits.max_body_bytes)
+                 + " bytes; raise --max-body-bytes to send larger model files";
+        };
         if (expected && *expected > cfg_.limits.max_body_bytes)
-          return send_error(response, 413,
-                            "request body of " + length_text + " bytes is over the limit of "
-                              + std::to_string(cfg_.limits.max_body_bytes)
-                              + " bytes (--max-body-bytes)",
-                            close_connection::yes);
+          return send_error(response, 413, too_large(length_text), close_connection::yes);
         auto reader = kj::heap<body_reader>(body, timer_, cfg_.idle_timeout_ms * kj::MILLISECONDS,
                                             cfg_.limits.max_body_bytes, expected);
         auto reading = reader->read();
         return reading.attach(kj::mv(reader))
-          .then([this, &response, name = parts[3],
-                 unload = parts[4] == "unload"](body_read read) -> kj::Promise<void> {
+          .then([this, &response, name = parts[3], unload = parts[4] == "unload",
+                 too_large](body_read read) -> kj::Promise<void> {
             switch (read.result) {
               case body_read::outcome::complete:
                 break;
               case body_read::outcome::disconnected:
                 return KJ_EXCEPTION(DISCONNECTED, "the client left inside the request body");
               case body_read::outcome::too_large:
-                return send_error(response, 413,
-                                  "request body is over the limit of "
-                                    + std::to_string(cfg_.limits.max_body_bytes)
-                                    + " bytes (--max-body-bytes)",
+                return send_error(response, 413, too_large("more than " + std::to_string(
+                                                             cfg_.limits.max_body_bytes)),
                                   close_connection::yes);
               default:
                 return send_error(response, 400, "the request body could not be read",

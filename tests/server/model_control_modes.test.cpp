@@ -311,3 +311,15 @@ TEST_CASE("tritonclient's model control example, step by step") {
   CHECK(r.status != 200);
   CHECK(error_message(r.body).find("failed to load") != std::string::npos);
 }
+
+TEST_CASE("a load body over --max-body-bytes is refused with Triton's phrase; the server goes on") {
+  test_server server({}, model_control_api({"--max-body-bytes", "4096"}));
+  std::string big(8192, 'A');
+  auto r = server.client().post("/v2/repository/models/m/load",
+                                load_body(identity_json, "\"file:1/model.builtin\":\"" + big + "\""),
+                                json_content);
+  CHECK(r.status == 413);
+  CHECK(error_message(r.body).find("request JSON size of ") == 0);
+  CHECK(error_message(r.body).find(" exceeds the maximum allowed input size") != std::string::npos);
+  CHECK(server.client().get("/v2/health/live").status == 200);
+}
