@@ -552,18 +552,17 @@ private:
         return send_error(response, *e);
       return send_json(response, 200, "");
     }
-    auto params = parse_load_request(body);
-    if (!params)
-      return send_error(response, params.error());
-    // A load (files, ONNX import, compile, warm-up) runs on the model
-    // manager's loader thread; this loop keeps serving meanwhile.
+    // A load (its body parsed, files written, ONNX import, compile, warm-up)
+    // runs on the model manager's loader thread; this loop keeps serving.
     using load_result = std::variant<std::monostate, serving_error>;
     auto paf = kj::newPromiseAndCrossThreadFulfiller<load_result>();
     // std::function copies its callable: the fulfiller goes behind a shared_ptr.
     auto fulfiller = std::make_shared<kj::Own<kj::CrossThreadPromiseFulfiller<load_result>>>(
       kj::mv(paf.fulfiller));
-    models_.request_load(name, std::move(*params),
-                         [fulfiller](load_result r) { (*fulfiller)->fulfill(kj::mv(r)); });
+    auto shared_body = std::make_shared<std::string>(std::move(body));
+    models_.request_load(
+      name, [shared_body] { return parse_load_request(*shared_body); },
+      [fulfiller](load_result r) { (*fulfiller)->fulfill(kj::mv(r)); });
     return paf.promise.then([this, &response](load_result r) {
       if (auto* e = std::get_if<serving_error>(&r))
         return send_error(response, *e);

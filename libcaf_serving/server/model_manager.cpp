@@ -223,7 +223,7 @@ model_manager::~model_manager() {
 }
 
 void model_manager::load_async(const std::string& name, load_done done) {
-  enqueue({name, std::nullopt, [done = std::move(done)](const load_outcome& r) {
+  enqueue({name, nullptr, [done = std::move(done)](const load_outcome& r) {
              if (auto* f = std::get_if<load_failure>(&r))
                done(f->error);
              else
@@ -233,14 +233,19 @@ void model_manager::load_async(const std::string& name, load_done done) {
 
 void model_manager::request_load(const std::string& name, load_parameters params,
                                  load_done done) {
+  auto shared = std::make_shared<load_parameters>(std::move(params));
+  request_load(
+    name, [shared]() -> result<load_parameters> { return std::move(*shared); },
+    std::move(done));
+}
+
+void model_manager::request_load(const std::string& name, read_load_parameters read,
+                                 load_done done) {
   if (cfg_.control_mode != model_control_mode::explicit_control) {
     done(control_refused(cfg_.control_mode));
     return;
   }
-  std::optional<load_parameters> given;
-  if (params.config || !params.files.empty())
-    given = std::move(params);
-  enqueue({name, std::move(given), [name, done = std::move(done)](const load_outcome& r) {
+  enqueue({name, std::move(read), [name, done = std::move(done)](const load_outcome& r) {
              auto* f = std::get_if<load_failure>(&r);
              if (!f) {
                done(std::monostate{});
@@ -248,6 +253,9 @@ void model_manager::request_load(const std::string& name, load_parameters params
              }
              // Triton's wording first (clients match on it), the engine's reason after.
              switch (f->stage) {
+               case load_stage::parameters:
+                 done(f->error);
+                 break;
                case load_stage::request:
                  done(serving_error{f->error.status,
                                     "failed to load '" + name + "': " + f->error.message});
@@ -322,7 +330,17 @@ void model_manager::loader_loop() {
                              load_stage::request});
       continue;
     }
-    next.done(load_model(next.name, next.params ? &*next.params : nullptr));
+    std::optional<load_parameters> params;
+    if (next.params) {
+      auto read = next.params();
+      if (!read) {
+        next.done(load_failure{read.error(), load_stage::parameters});
+        continue;
+      }
+      if (read->config || !read->files.empty())
+        params = std::move(*read);
+    }
+    next.done(load_model(next.name, params ? &*params : nullptr));
   }
 }
 

@@ -185,6 +185,14 @@ public:
   /// versions served before a failed load keep serving.
   void request_load(const std::string& name, load_parameters params, load_done done);
 
+  /// Reads a load request's parameters (parses its body); run on the loader
+  /// thread, so that a body of large model files is not parsed on the event
+  /// loop. Its error reaches `done` unchanged.
+  using read_load_parameters = std::function<result<load_parameters>()>;
+
+  /// request_load() with parameters read on the loader thread.
+  void request_load(const std::string& name, read_load_parameters read, load_done done);
+
   /// An unload asked for by a client: refused (503) unless the mode is
   /// explicit; a model that is not loaded is no error (as in Triton).
   std::variant<std::monostate, serving_error> request_unload(const std::string& name,
@@ -245,10 +253,11 @@ private:
     std::optional<override_state> override_config;
   };
 
-  /// Where a load failed: in the request itself (bad base64, too large), in
+  /// Where a load failed: in its parameters (answered as they are), in the
+  /// files sent (bad base64, too large), in
   /// reading the model and its configuration (Triton's "failed to poll"), or
   /// in loading it (Triton's "load failed").
-  enum class load_stage { request, repository, backend };
+  enum class load_stage { parameters, request, repository, backend };
   struct load_failure {
     serving_error error;
     load_stage stage = load_stage::backend;
@@ -257,7 +266,8 @@ private:
 
   struct load_job {
     std::string name;
-    std::optional<load_parameters> params;
+    /// Empty: a load without parameters.
+    read_load_parameters params;
     std::function<void(const load_outcome&)> done;
   };
 
