@@ -11,6 +11,7 @@
 #include "repository/model_repository.hpp"
 
 #include <caf/scoped_actor.hpp>
+#include <caf/send.hpp>
 
 #include <algorithm>
 #include <cctype>
@@ -617,7 +618,7 @@ auto model_manager::load_model(const std::string& name, const load_parameters* p
   }
   std::lock_guard<std::mutex> guard(mutex_);
   auto& r = models_[name];
-  stop(r);
+  retire(r);
   r.served = std::move(served);
   r.state = "READY";
   r.reason.clear();
@@ -646,6 +647,22 @@ void model_manager::scheduler_stopped(const std::string& name, int64_t version,
     else
       std::cerr << "caf-serving: model '" << name << "' was loaded again" << std::endl;
   });
+}
+
+void model_manager::retire(record& r) {
+  if (cfg_.reload_grace.count() <= 0) {
+    stop(r);
+    return;
+  }
+  auto now = std::chrono::steady_clock::now();
+  retiring_.erase(std::remove_if(retiring_.begin(), retiring_.end(),
+                                 [&](const auto& entry) { return entry.second <= now; }),
+                  retiring_.end());
+  for (auto& [version, p] : r.served) {
+    caf::delayed_anon_send(p->scheduler, cfg_.reload_grace, drain_atom::value);
+    retiring_.emplace_back(p->scheduler, now + cfg_.reload_grace);
+  }
+  r.served.clear();
 }
 
 void model_manager::stop(record& r) {
@@ -792,6 +809,9 @@ void model_manager::shutdown() {
   std::lock_guard<std::mutex> guard(mutex_);
   for (auto& [name, r] : models_)
     stop(r);
+  for (auto& [scheduler, when] : retiring_)
+    caf::anon_send(scheduler, drain_atom::value);
+  retiring_.clear();
 }
 
 } // namespace caf_serving::server

@@ -122,6 +122,11 @@ struct model_manager_config {
   bool strict_model_config = false;
   /// Where files sent with a load request are written, and their size limit.
   load_files_config load_files;
+  /// A reload replaces a model's pipelines at once, but the old ones keep
+  /// taking requests this long before they drain: a request that found the
+  /// old pipeline just before the swap (its body still arriving, or parsed)
+  /// is served by it instead of refused. 0: drain at once.
+  std::chrono::milliseconds reload_grace{5000};
 };
 
 /// What the ingress shows about the cluster (/v2 and /metrics); both empty on a
@@ -272,6 +277,9 @@ private:
   };
 
   load_outcome load_model(const std::string& name, const load_parameters* params);
+  /// Takes a record's pipelines out of service after a reload: they drain
+  /// after reload_grace (at once on shutdown). Called with mutex_ held.
+  void retire(record& r);
   void enqueue(load_job job);
   void stop(record& r);
   void loader_loop();
@@ -292,6 +300,9 @@ private:
   model_manager_config cfg_;
   mutable std::mutex mutex_;
   std::map<std::string, record> models_;
+  /// Pipelines replaced by a reload and not yet drained, with when they drain.
+  std::vector<std::pair<scheduler::scheduler_actor, std::chrono::steady_clock::time_point>>
+    retiring_;
   cluster_view cluster_;
 
   /// The loader thread and its bounded queue (load_async).

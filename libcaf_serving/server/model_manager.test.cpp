@@ -11,6 +11,7 @@
 #include <future>
 #include <memory>
 #include <fstream>
+#include <cstring>
 #include <thread>
 
 #include <unistd.h>
@@ -362,4 +363,61 @@ TEST_CASE("poll mode picks up added, changed and removed models") {
   for (const auto& row : models.index())
     CHECK(row.name != "echo2");
   CHECK((*models.find("echo"))->scheduler == echo_before);
+}
+
+namespace {
+
+/// Collects one response.
+struct promised_sink : response_sink {
+  std::promise<response_message> answer;
+  void deliver(response_message r) override { answer.set_value(std::move(r)); }
+};
+
+/// An echo request of [1, 2] FP32.
+infer_job echo_job(const std::shared_ptr<promised_sink>& sink) {
+  auto msg = request_message::create();
+  auto b = msg.builder();
+  b.setId("late");
+  b.setModelName("echo");
+  b.setModelVersion(1);
+  b.setRows(1);
+  auto in = b.initInputs(1)[0];
+  in.setName("INPUT0");
+  in.setDatatype(wire::DataType::FP32);
+  auto shape = in.initShape(2);
+  shape.set(0, 1);
+  shape.set(1, 2);
+  float values[2] = {3.5f, -1.0f};
+  auto data = in.initData(sizeof(values));
+  std::memcpy(data.begin(), values, sizeof(values));
+  return {msg, sink};
+}
+
+} // namespace
+
+TEST_CASE("after a reload the replaced pipeline serves requests that found it, then drains") {
+  running_manager running([](auto& mc) {
+    explicit_mode(mc);
+    mc.reload_grace = std::chrono::milliseconds(300);
+  });
+  auto& models = *running.models;
+  REQUIRE(std::holds_alternative<std::monostate>(request_load(models, "echo")));
+  auto old = models.find("echo");
+  REQUIRE(old.ok());
+  REQUIRE(std::holds_alternative<std::monostate>(request_load(models, "echo")));
+  auto fresh = models.find("echo");
+  REQUIRE(fresh.ok());
+  CHECK((*fresh)->scheduler != (*old)->scheduler);
+
+  // A request that found the old pipeline before the swap reaches it after.
+  auto sink = std::make_shared<promised_sink>();
+  auto answer = sink->answer.get_future();
+  caf::anon_send((*old)->scheduler, echo_job(sink));
+  REQUIRE(answer.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
+  auto r = answer.get();
+  CHECK(r.reader().getError().getStatus() == 0);
+  CHECK(r.reader().getOutputs().size() == 1);
+  // Then it drains; the new one serves on.
+  CHECK(eventually([&] { return !(*old)->stats->scheduler_running.load(); }));
+  CHECK((*fresh)->stats->scheduler_running.load());
 }

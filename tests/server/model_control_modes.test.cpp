@@ -73,18 +73,18 @@ const char* identity_json =
 /// correct 200 is a problem.
 class steady_clients {
 public:
-  steady_clients(uint16_t port, std::string model) {
+  steady_clients(uint16_t port, std::string model, size_t width = 16) {
     for (int c = 0; c < 2; ++c)
-      threads_.emplace_back([this, port, model, c] {
+      threads_.emplace_back([this, port, model, c, width] {
         http_client http(port);
         for (int k = 0; !stop_; ++k) {
-          std::vector<float> v(16, static_cast<float>(c * 100000 + k));
+          std::vector<float> v(width, static_cast<float>(c * 100000 + k));
           auto r = http.post("/v2/models/" + model + "/infer", fp32_identity_body(v, 1),
                              json_content);
           if (r.status == 200 && fp32_output(json_document::parse(r.body)) == v)
             ++ok_;
           else
-            ++problems_;
+            problems_.fetch_add(1), last_problem_ = r.body.substr(0, 300);
         }
       });
   }
@@ -97,8 +97,11 @@ public:
   }
   int ok() const { return ok_; }
   int problems() const { return problems_; }
+  /// Only read after stop().
+  const std::string& last_problem() const { return last_problem_; }
 
 private:
+  std::string last_problem_;
   std::atomic<bool> stop_{false};
   std::atomic<int> ok_{0}, problems_{0};
   std::vector<std::thread> threads_;
@@ -265,7 +268,10 @@ TEST_CASE("poll mode: added, changed and removed models are picked up; other mod
   CHECK(http.post("/v2/models/polled/infer", fp32_identity_body(v, 1), json_content).status
         == 200);
 
-  // Changed: another max_batch_size, and a second version.
+  // Changed: another max_batch_size, and a second version. The model serves
+  // its requests all along, the old version until the new one is ready.
+  steady_clients on_polled(server.port(), "polled", 4);
+  REQUIRE(eventually([&] { return on_polled.ok() > 10; }));
   std::string changed = identity_config;
   changed.replace(changed.find("max_batch_size: 8"), 17, "max_batch_size: 4");
   server.repo.write_file("polled/2/model.builtin", "builtin\n");
@@ -276,13 +282,18 @@ TEST_CASE("poll mode: added, changed and removed models are picked up; other mod
            && http.get("/v2/models/polled/versions/2/ready").status == 200;
   }));
 
+  int before_change = on_polled.ok();
+  REQUIRE(eventually([&] { return on_polled.ok() > before_change + 10; }));
+  on_polled.stop();
+  CHECK_MESSAGE(on_polled.problems() == 0, on_polled.last_problem());
+
   // Removed.
   fs::remove_all(server.repo.path() / "polled");
   REQUIRE(eventually([&] { return http.get("/v2/models/polled/ready").status == 404; }));
   CHECK(http.post("/v2/repository/index", "").body.find("polled") == std::string::npos);
 
   clients.stop();
-  CHECK(clients.problems() == 0);
+  CHECK_MESSAGE(clients.problems() == 0, clients.last_problem());
   CHECK(clients.ok() > 10);
   MESSAGE("identity_fp32 answered " << clients.ok() << " requests while the repository changed");
 }
