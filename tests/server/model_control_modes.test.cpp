@@ -334,3 +334,26 @@ TEST_CASE("a load body over --max-body-bytes is refused with Triton's phrase; th
   CHECK(error_message(r.body).find(" exceeds the maximum allowed input size") != std::string::npos);
   CHECK(server.client().get("/v2/health/live").status == 200);
 }
+
+TEST_CASE("an ONNX model's override replaces config.pbtxt; the graph completes what it leaves out") {
+  // As Triton's lifecycle test_config_override: {"backend": ..., "version_policy": ...}.
+  test_server server({example_model("resnet_small")},
+                     {"--model-control-mode", "explicit", "--load-model", "resnet_small"});
+  auto http = server.client();
+  auto before = json_document::parse(http.get("/v2/models/resnet_small/config").body);
+  REQUIRE(before.int_at("/max_batch_size") == 16);
+  REQUIRE(before.has("/dynamic_batching"));
+  REQUIRE(before.string_at("/output/0/label_filename") == "labels.txt");
+  auto r = http.post("/v2/repository/models/resnet_small/load",
+                     load_body(R"({"backend":"onnxruntime","max_batch_size":4})"), json_content);
+  REQUIRE_MESSAGE(r.status == 200, r.body);
+  auto after = json_document::parse(http.get("/v2/models/resnet_small/config").body);
+  CHECK(after.int_at("/max_batch_size") == 4);
+  // Inputs and outputs come from the graph; what only config.pbtxt said
+  // (dynamic_batching, the label file) is gone, as in Triton.
+  CHECK(after.string_at("/input/0/name") == "input");
+  CHECK(after.string_at("/output/0/name") == "logits");
+  CHECK(after.string_at("/output/0/label_filename").empty());
+  CHECK_FALSE(after.has("/dynamic_batching"));
+  CHECK(http.get("/v2/models/resnet_small/ready").status == 200);
+}
