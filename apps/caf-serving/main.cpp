@@ -90,8 +90,13 @@ int main(int argc, char** argv) {
   // One budget of compute threads, shared by every CPU executor of every model.
   manager_cfg.compute_pool = std::make_shared<onnx::work_pool>(opts.threads.executor_threads);
   manager_cfg.local_executors = opts.cluster.local_executors;
+  manager_cfg.control_mode = opts.model_control_mode;
+  manager_cfg.startup_models = opts.load_models;
+  manager_cfg.poll_interval = std::chrono::seconds(opts.repository_poll_secs);
+  manager_cfg.strict_model_config = opts.strict_model_config;
+  manager_cfg.load_files.max_total_bytes = opts.model_load_max_file_bytes;
   server::model_manager models(sys, manager_cfg);
-  auto loaded = models.load_all();
+  auto loaded = models.start();
   if (auto* err = std::get_if<serving_error>(&loaded)) {
     std::cerr << "caf-serving: " << err->message << "\n";
     return 1;
@@ -99,6 +104,8 @@ int main(int argc, char** argv) {
   for (const auto& row : models.index()) {
     if (row.state == "READY")
       std::cout << "model " << row.name << " version " << row.version << " READY\n";
+    else if (row.state.empty())
+      std::cout << "model " << row.name << " not loaded (--model-control-mode explicit)\n";
     else
       std::cout << "model " << row.name << " " << row.state << ": " << row.reason << "\n";
   }

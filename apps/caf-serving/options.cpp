@@ -2,6 +2,7 @@
 
 #include "cluster/worker_host.hpp"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <thread>
@@ -50,6 +51,22 @@ std::string usage() {
          "                             identical requests are answered from it (default:\n"
          "                             no cache; size=0: none). --response-cache-byte-size N\n"
          "                             is the same\n"
+         "\n"
+         "Model control (Triton's flags):\n"
+         "  --model-control-mode MODE  none: load every model at start, refuse the load and\n"
+         "                             unload API (default); explicit: load only the\n"
+         "                             --load-model models at start, then load and unload\n"
+         "                             over the API; poll: load every model, then rescan\n"
+         "                             the repository every --repository-poll-secs\n"
+         "  --load-model NAME          a model explicit mode loads at start (repeatable;\n"
+         "                             '*' alone: every model)\n"
+         "  --repository-poll-secs N   seconds between two scans in poll mode (default 15;\n"
+         "                             0: scan only at start)\n"
+         "  --strict-model-config BOOL config.pbtxt must be complete; false lets the loader\n"
+         "                             complete it from the model file (default false)\n"
+         "  --model-load-max-file-bytes N  most bytes of model files (file: parameters)\n"
+         "                             one load request may write (default 268435456);\n"
+         "                             more answers 413\n"
          "\n"
          "Limits for clients (per port):\n"
          "  --max-connections N        connections served at once; one more is answered\n"
@@ -301,6 +318,30 @@ std::variant<server_options, show_help, std::string> parse_options(int argc, cha
       // Triton's flag, repeatable: API[,API...]:KEY=VALUE.
       if (auto err = o.http.restricted.add(value))
         return *err;
+    } else if (flag == "--model-control-mode") {
+      auto mode = server::parse_model_control_mode(value);
+      if (!mode)
+        return bad("a model control mode (none, explicit or poll)");
+      o.model_control_mode = *mode;
+    } else if (flag == "--load-model") {
+      if (value.empty() || (value != "*" && (value.find('/') != std::string::npos || value[0] == '.')))
+        return bad("a model name (a directory in --model-repository) or '*'");
+      o.load_models.push_back(value);
+    } else if (flag == "--repository-poll-secs") {
+      auto n = number(86400);
+      if (!n)
+        return bad("a number of seconds from 0 (scan only at start) to 86400");
+      o.repository_poll_secs = static_cast<uint32_t>(*n);
+    } else if (flag == "--strict-model-config") {
+      auto b = parse_bool(value);
+      if (!b)
+        return bad("true or false");
+      o.strict_model_config = *b;
+    } else if (flag == "--model-load-max-file-bytes") {
+      auto n = number(uint64_t{1} << 40);
+      if (!n)
+        return bad("a byte count from 0 to 2^40");
+      o.model_load_max_file_bytes = *n;
     } else if (flag == "--print-plan") {
       if (value.empty() || value.find('/') != std::string::npos)
         return bad("a model name (a directory in --model-repository)");
@@ -316,6 +357,14 @@ std::variant<server_options, show_help, std::string> parse_options(int argc, cha
   }
   if (o.model_repository.empty())
     return std::string("--model-repository DIR is required; see --help");
+  // Triton's checks and wording.
+  if (!o.load_models.empty() && o.model_control_mode != server::model_control_mode::explicit_control)
+    return std::string("Error: Use of '--load-model' requires setting "
+                       "'--model-control-mode=explicit' as well.");
+  if (o.load_models.size() > 1
+      && std::find(o.load_models.begin(), o.load_models.end(), "*") != o.load_models.end())
+    return std::string("Wildcard model name '*' must be the ONLY startup model if specified at "
+                       "all; give --load-model '*' alone, or name each model");
   if (!o.cluster.local_executors && !o.cluster.enabled())
     return std::string("--local-executors false needs workers: give --worker HOST:PORT or "
                        "--cluster-port N");

@@ -6,6 +6,7 @@
 #include "ingress/http_server.hpp"
 #include "ingress/response_cache.hpp"
 #include "core/limits.hpp"
+#include "server/model_manager.hpp"
 
 #include <optional>
 #include <string>
@@ -50,6 +51,15 @@ struct server_options {
   /// --response-cache-byte-size N): the response cache; size 0: none.
   ingress::response_cache_config cache;
   cluster_options cluster;
+  /// Model control (Triton's flags): --model-control-mode, --load-model
+  /// (repeatable; "*" alone for all), --repository-poll-secs,
+  /// --strict-model-config, and --model-load-max-file-bytes (the engine's: the
+  /// most bytes of file: parameters one load may write).
+  server::model_control_mode model_control_mode = server::model_control_mode::none;
+  std::vector<std::string> load_models;
+  uint32_t repository_poll_secs = 15;
+  bool strict_model_config = false;
+  uint64_t model_load_max_file_bytes = uint64_t{256} << 20;
   /// --print-plan MODEL: print the model's optimized ONNX plan (at
   /// --print-plan-batch rows, split for --executor-threads) and exit.
   std::optional<std::string> print_plan;

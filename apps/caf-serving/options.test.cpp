@@ -196,3 +196,50 @@ TEST_CASE("--http-max-input-size is Triton's name for --max-body-bytes") {
   REQUIRE(o);
   CHECK(o->http.limits.max_body_bytes == 67108864);
 }
+
+TEST_CASE("model control flags: Triton's names, defaults and checks") {
+  using caf_serving::server::model_control_mode;
+  auto d = parse({"--model-repository", "/m"});
+  auto* o = std::get_if<server_options>(&d);
+  REQUIRE(o);
+  CHECK(o->model_control_mode == model_control_mode::none);
+  CHECK(o->load_models.empty());
+  CHECK(o->repository_poll_secs == 15);
+  CHECK_FALSE(o->strict_model_config);
+  CHECK(o->model_load_max_file_bytes == (uint64_t{256} << 20));
+
+  auto r = parse({"--model-repository", "/m", "--model-control-mode", "explicit", "--load-model",
+                  "a", "--load-model=b", "--strict-model-config", "true",
+                  "--model-load-max-file-bytes", "1024"});
+  o = std::get_if<server_options>(&r);
+  REQUIRE(o);
+  CHECK(o->model_control_mode == model_control_mode::explicit_control);
+  CHECK(o->load_models == std::vector<std::string>{"a", "b"});
+  CHECK(o->strict_model_config);
+  CHECK(o->model_load_max_file_bytes == 1024);
+
+  r = parse({"--model-repository", "/m", "--model-control-mode=POLL", "--repository-poll-secs",
+             "2"});
+  o = std::get_if<server_options>(&r);
+  REQUIRE(o);
+  CHECK(o->model_control_mode == model_control_mode::poll);
+  CHECK(o->repository_poll_secs == 2);
+
+  auto error = [](std::vector<const char*> args) {
+    auto p = parse(args);
+    auto* e = std::get_if<std::string>(&p);
+    REQUIRE(e);
+    return *e;
+  };
+  CHECK(error({"--model-repository", "/m", "--model-control-mode", "manual"}).find("none, explicit or poll")
+        != std::string::npos);
+  CHECK(error({"--model-repository", "/m", "--load-model", "a"})
+        == "Error: Use of '--load-model' requires setting '--model-control-mode=explicit' as well.");
+  CHECK(error({"--model-repository", "/m", "--model-control-mode", "explicit", "--load-model", "*",
+               "--load-model", "a"})
+          .find("Wildcard model name '*' must be the ONLY startup model") == 0);
+  CHECK(error({"--model-repository", "/m", "--repository-poll-secs", "-1"}).find("seconds")
+        != std::string::npos);
+  CHECK(error({"--model-repository", "/m", "--strict-model-config", "maybe"}).find("true or false")
+        != std::string::npos);
+}

@@ -4,6 +4,7 @@
 #include "core/pipeline_messages.hpp"
 #include "ingress/compression.hpp"
 #include "ingress/repository_index.hpp"
+#include "ingress/repository_api.hpp"
 #include "ingress/shm_api.hpp"
 #include "ingress/shm_tensors.hpp"
 #include "ingress/response_cache.hpp"
@@ -382,7 +383,7 @@ public:
       });
     }
     if (parts[1] == "repository")
-      return repository(method, parts, body, response);
+      return repository(method, headers, body, parts, response);
     if (is_shared_memory_path(parts))
       return shared_memory(method, std::move(parts), headers, body, response);
     if (parts[1] == "models")
@@ -499,8 +500,9 @@ private:
     });
   }
 
-  kj::Promise<void> repository(kj::HttpMethod method, const std::vector<std::string>& parts,
-                               kj::AsyncInputStream& body, Response& response) {
+  kj::Promise<void> repository(kj::HttpMethod method, const kj::HttpHeaders& headers,
+                               kj::AsyncInputStream& body, const std::vector<std::string>& parts,
+                               Response& response) {
     if (parts.size() == 3 && parts[2] == "index")
       return expect(method, kj::HttpMethod::POST, response, [&] {
         return read_small_body(body).then([this, &response](body_read read) {
@@ -518,26 +520,41 @@ private:
       });
     if (parts.size() == 5 && parts[2] == "models" && (parts[4] == "load" || parts[4] == "unload"))
       return expect(method, kj::HttpMethod::POST, response, [&]() -> kj::Promise<void> {
-        if (parts[4] == "unload") {
-          auto r = models_.unload(parts[3]);
-          if (auto* e = std::get_if<serving_error>(&r))
-            return send_error(response, *e);
-          return send_json(response, 200, "");
-        }
-        // A load (ONNX import, compile, warm-up) runs on the model manager's
-        // loader thread; this loop keeps serving meanwhile.
-        using load_result = std::variant<std::monostate, serving_error>;
-        auto paf = kj::newPromiseAndCrossThreadFulfiller<load_result>();
-        // std::function copies its callable: the fulfiller goes behind a shared_ptr.
-        auto fulfiller = std::make_shared<kj::Own<kj::CrossThreadPromiseFulfiller<load_result>>>(
-          kj::mv(paf.fulfiller));
-        models_.load_async(parts[3],
-                           [fulfiller](load_result r) { (*fulfiller)->fulfill(kj::mv(r)); });
-        return paf.promise.then([this, &response](load_result r) {
-          if (auto* e = std::get_if<serving_error>(&r))
-            return send_error(response, *e);
-          return send_json(response, 200, "");
-        });
+        // The body (parameters; model files for a load) is read whole, within
+        // --max-body-bytes, then parsed by repository_api.
+        auto length_text = header_or_empty(headers, kj::HttpHeaderId::CONTENT_LENGTH);
+        std::optional<uint64_t> expected;
+        if (!length_text.empty())
+          expected = std::strtoull(length_text.c_str(), nullptr, 10);
+        // Triton's phrase first (its tests match on it).
+        auto too_large = [this](const std::string& size) {
+          return "request JSON size of " + size + " bytes exceeds the maximum allowed input "
+                 "size of " + std::to_string(cfg_.limits.max_body_bytes)
+                 + " bytes; raise --max-body-bytes to send larger model files";
+        };
+        if (expected && *expected > cfg_.limits.max_body_bytes)
+          return send_error(response, 413, too_large(length_text), close_connection::yes);
+        auto reader = kj::heap<body_reader>(body, timer_, cfg_.idle_timeout_ms * kj::MILLISECONDS,
+                                            cfg_.limits.max_body_bytes, expected);
+        auto reading = reader->read();
+        return reading.attach(kj::mv(reader))
+          .then([this, &response, name = parts[3], unload = parts[4] == "unload",
+                 too_large](body_read read) -> kj::Promise<void> {
+            switch (read.result) {
+              case body_read::outcome::complete:
+                break;
+              case body_read::outcome::disconnected:
+                return KJ_EXCEPTION(DISCONNECTED, "the client left inside the request body");
+              case body_read::outcome::too_large:
+                return send_error(response, 413, too_large("more than " + std::to_string(
+                                                             cfg_.limits.max_body_bytes)),
+                                  close_connection::yes);
+              default:
+                return send_error(response, 400, "the request body could not be read",
+                                  close_connection::yes);
+            }
+            return control(response, name, unload, std::move(read.bytes));
+          });
       });
     return send_error(response, 404,
                       "Not Found: repository endpoints are POST /v2/repository/index and "
@@ -581,6 +598,36 @@ private:
     }
     return send_error(response, 400, "the request body could not be read",
                       close_connection::yes);
+  }
+
+  /// A load or unload with its body (repository_api).
+  kj::Promise<void> control(Response& response, const std::string& name, bool unload,
+                            std::string body) {
+    if (unload) {
+      auto params = parse_unload_request(body);
+      if (!params)
+        return send_error(response, params.error());
+      auto r = models_.request_unload(name, *params);
+      if (auto* e = std::get_if<serving_error>(&r))
+        return send_error(response, *e);
+      return send_json(response, 200, "");
+    }
+    // A load (its body parsed, files written, ONNX import, compile, warm-up)
+    // runs on the model manager's loader thread; this loop keeps serving.
+    using load_result = std::variant<std::monostate, serving_error>;
+    auto paf = kj::newPromiseAndCrossThreadFulfiller<load_result>();
+    // std::function copies its callable: the fulfiller goes behind a shared_ptr.
+    auto fulfiller = std::make_shared<kj::Own<kj::CrossThreadPromiseFulfiller<load_result>>>(
+      kj::mv(paf.fulfiller));
+    auto shared_body = std::make_shared<std::string>(std::move(body));
+    models_.request_load(
+      name, [shared_body] { return parse_load_request(*shared_body); },
+      [fulfiller](load_result r) { (*fulfiller)->fulfill(kj::mv(r)); });
+    return paf.promise.then([this, &response](load_result r) {
+      if (auto* e = std::get_if<serving_error>(&r))
+        return send_error(response, *e);
+      return send_json(response, 200, "");
+    });
   }
 
   kj::Promise<void> models(kj::HttpMethod method, kj::StringPtr url,

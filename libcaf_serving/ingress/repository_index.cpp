@@ -92,8 +92,11 @@ std::string serialize_index(const std::vector<index_entry>& rows, const index_re
       out += ",\"version\":";
       append_json_string(out, row.version);
     }
-    out += ",\"state\":";
-    append_json_string(out, row.state);
+    // A model never loaded is listed by name only, as Triton lists it.
+    if (!row.state.empty()) {
+      out += ",\"state\":";
+      append_json_string(out, row.state);
+    }
     if (!row.reason.empty()) {
       out += ",\"reason\":";
       append_json_string(out, row.reason);

@@ -294,5 +294,5 @@ TEST_CASE("requests are checked against dims, not reshape") {
   CHECK(validate(good_request(), model).ok());
   auto model_shape = good_request();
   model_shape.inputs[0] = make_input("INPUT0", datatype::int32, {2, 2, 2});
-  check_error(validate(model_shape, model), "but the model expects [-1,4]");
+  check_error(validate(model_shape, model), "Expected [-1,4], got [2,2,2]");
 }

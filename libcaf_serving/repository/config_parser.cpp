@@ -6,6 +6,7 @@
 #include <google/protobuf/descriptor.pb.h>
 #include <google/protobuf/io/tokenizer.h>
 #include <google/protobuf/text_format.h>
+#include <google/protobuf/util/json_util.h>
 
 #include <algorithm>
 #include <limits>
@@ -747,6 +748,64 @@ parse_model_config(std::string_view text, const parse_context& ctx) {
   if (!parsed)
     return parsed.error();
   return std::move(parsed->config);
+}
+
+result<parsed_model_config>
+parse_model_config_json(std::string_view json, const parse_context& ctx) {
+  config::ModelConfig proto;
+  pb::util::JsonParseOptions options;
+  // As Triton: enum names in any case ("type_fp32"), and no unknown field
+  // passes silently.
+  options.case_insensitive_enum_parsing = true;
+  options.ignore_unknown_fields = false;
+  auto status = pb::util::JsonStringToMessage(std::string{json}, &proto, options);
+  if (!status.ok())
+    return bad_request("Invalid config override: " + std::string{status.message()} + " ("
+                       + prefix(ctx.model_name, ctx)
+                       + "); send a ModelConfig in protobuf's JSON mapping with the field "
+                         "names of config.pbtxt, e.g. {\"max_batch_size\": 16}");
+  // The same checks and conversion as config.pbtxt, through its text form:
+  // one path, so that a config means the same whichever way it arrives.
+  std::string text;
+  if (!pb::TextFormat::PrintToString(proto, &text))
+    return bad_request(prefix(ctx.model_name, ctx) + ": the configuration could not be "
+                                                     "converted to config.pbtxt form");
+  return parse_model_config_full(text, ctx);
+}
+
+result<parsed_model_config>
+parse_model_config_json_over(std::string_view json, std::string_view base_text,
+                             const parse_context& ctx) {
+  config::ModelConfig base;
+  bool builtin_base = false;
+  if (!base_text.empty()) {
+    pb::TextFormat::Parser parser;
+    first_error_collector quiet; // a broken file is simply not used
+    parser.RecordErrorsTo(&quiet);
+    builtin_base = parser.ParseFromString(std::string{base_text}, &base)
+                   && base.backend() == "builtin";
+  }
+  if (!builtin_base)
+    return parse_model_config_json(json, ctx);
+  config::ModelConfig override_config;
+  pb::util::JsonParseOptions options;
+  options.case_insensitive_enum_parsing = true;
+  options.ignore_unknown_fields = false;
+  auto status = pb::util::JsonStringToMessage(std::string{json}, &override_config, options);
+  if (!status.ok() || !override_config.backend().empty() || !override_config.platform().empty())
+    return parse_model_config_json(json, ctx);
+  // Field by field: a field the JSON sets replaces the file's whole field
+  // (a list is not appended to).
+  std::vector<const pb::FieldDescriptor*> set;
+  override_config.GetReflection()->ListFields(override_config, &set);
+  for (const auto* field : set)
+    base.GetReflection()->ClearField(&base, field);
+  base.MergeFrom(override_config);
+  std::string text;
+  if (!pb::TextFormat::PrintToString(base, &text))
+    return bad_request(prefix(ctx.model_name, ctx) + ": the configuration could not be "
+                                                     "converted to config.pbtxt form");
+  return parse_model_config_full(text, ctx);
 }
 
 } // namespace caf_serving::repository

@@ -85,6 +85,28 @@ struct parsed_model_config {
 result<parsed_model_config>
 parse_model_config_full(std::string_view text, const parse_context& ctx);
 
+/// A model configuration sent as JSON (Triton's "config" load parameter: a
+/// ModelConfig in protobuf's JSON mapping, e.g. {"max_batch_size": 16}),
+/// checked and converted exactly as config.pbtxt is. A JSON that does not map
+/// onto the schema (bad syntax, an unknown field, a wrong type) is a
+/// `bad_request` starting with Triton's "Invalid config override: ".
+/// `ctx.config_path` names the source in messages (e.g. "the 'config' load
+/// parameter").
+result<parsed_model_config>
+parse_model_config_json(std::string_view json, const parse_context& ctx);
+
+/// parse_model_config_json() for a model whose config.pbtxt text is
+/// `base_text` (empty: none). As in Triton the JSON replaces the file, and
+/// what it leaves out is completed from the model itself; a builtin model has
+/// no model file, its config.pbtxt is its definition, so when `base_text`
+/// declares backend "builtin" and the JSON names no other backend or platform,
+/// each top-level field the JSON sets replaces the file's and the rest is kept
+/// (e.g. {"max_batch_size": 16} changes only that). A `base_text` that does not
+/// parse is left out.
+result<parsed_model_config>
+parse_model_config_json_over(std::string_view json, std::string_view base_text,
+                             const parse_context& ctx);
+
 /// parse_model_config_full(), keeping only the model_config.
 result<model_config>
 parse_model_config(std::string_view text, const parse_context& ctx);

@@ -647,3 +647,94 @@ TEST_CASE("Triton's JSON form of a config converts through the same schema and c
   CHECK_FALSE(status.ok());
   CHECK(contains(status.ToString(), "max_batch_sise"));
 }
+
+TEST_CASE("a JSON config (Triton's load parameter) converts as config.pbtxt does") {
+  parse_context ctx{"foo", "the 'config' load parameter", true};
+  // int64 and int32 fields may be quoted in protobuf's JSON mapping; enum
+  // names in any case, as Triton parses them.
+  auto parsed = parse_model_config_json(
+    R"({"backend":"builtin","max_batch_size":"16",
+        "input":[{"name":"INPUT0","data_type":"type_fp32","dims":["4"]}],
+        "output":[{"name":"OUTPUT0","data_type":"TYPE_FP32","dims":[4]}],
+        "dynamic_batching":{"preferred_batch_size":[4,8]},
+        "version_policy":{"specific":{"versions":[2]}},
+        "parameters":{"function":{"string_value":"identity"}}})",
+    ctx);
+  REQUIRE_MESSAGE(parsed, (parsed ? "" : parsed.error().message));
+  const auto& cfg = parsed->config;
+  CHECK(cfg.name == "foo");
+  CHECK(cfg.max_batch_size == 16);
+  REQUIRE(cfg.inputs.size() == 1);
+  CHECK(cfg.inputs[0].dtype == datatype::fp32);
+  CHECK(cfg.inputs[0].dims == std::vector<int64_t>{4});
+  CHECK(cfg.dynamic_batching.preferred_batch_sizes == std::vector<int>{4, 8});
+  CHECK(parsed->versions.kind == version_policy_kind::specific);
+  CHECK(parsed->versions.versions == std::vector<int64_t>{2});
+  CHECK(cfg.parameters.at("function") == "identity");
+
+  // Only max_batch_size (the client example's override), for a model whose
+  // loader completes the rest from its file.
+  auto small = parse_model_config_json(R"({"max_batch_size":"16"})", ctx);
+  REQUIRE(small);
+  CHECK(small->config.max_batch_size == 16);
+}
+
+TEST_CASE("a JSON config that does not fit the schema is Triton's 'Invalid config override'") {
+  parse_context ctx{"foo", "the 'config' load parameter", true};
+  for (const char* json : {R"("parameters": {"config": {{"max_batch_size": "16"}}})",
+                           R"({"max_batch_sise": 16})", R"({"max_batch_size": "many"})",
+                           R"([1, 2])"}) {
+    auto r = parse_model_config_json(json, ctx);
+    REQUIRE_MESSAGE(!r, json);
+    CHECK(r.error().status == status_code::bad_request);
+    CHECK_MESSAGE(contains(r.error().message, "Invalid config override: "), r.error().message);
+    CHECK(contains(r.error().message, "the 'config' load parameter"));
+  }
+  // What parses but cannot work is refused with the same message as in a file.
+  auto r = parse_model_config_json(
+    R"({"backend":"builtin","max_batch_size":4,"dynamic_batching":{"preferred_batch_size":[8]}})",
+    ctx);
+  REQUIRE(!r);
+  CHECK_MESSAGE(contains(r.error().message, "preferred_batch_size 8 is larger than max_batch_size 4"),
+                r.error().message);
+  // A name that contradicts the model being loaded.
+  r = parse_model_config_json(R"({"name":"bar","backend":"builtin"})", ctx);
+  REQUIRE(!r);
+  CHECK(contains(r.error().message, "name is 'bar' but the model directory is 'foo'"));
+}
+
+TEST_CASE("a JSON config over a builtin model's config.pbtxt keeps what it leaves out") {
+  parse_context ctx{"foo", "the 'config' load parameter", true};
+  auto with_params = base_config
+                     + "parameters { key: \"function\" value: { string_value: \"identity\" } }\n";
+  auto over = parse_model_config_json_over(R"({"max_batch_size":"16"})", with_params, ctx);
+  REQUIRE_MESSAGE(over, over.error().message);
+  CHECK(over->config.max_batch_size == 16);
+  CHECK(over->config.backend == "builtin");
+  REQUIRE(over->config.inputs.size() == 1);
+  CHECK(over->config.inputs[0].name == "INPUT0");
+  CHECK(over->config.parameters.at("function") == "identity");
+
+  // A list the JSON sets replaces the file's list.
+  over = parse_model_config_json_over(
+    R"({"input":[{"name":"X","data_type":"TYPE_INT32","dims":[2]}]})", with_params, ctx);
+  REQUIRE(over);
+  REQUIRE(over->config.inputs.size() == 1);
+  CHECK(over->config.inputs[0].name == "X");
+
+  // Naming a backend, or a file that is not builtin: the JSON alone (Triton's rule).
+  over = parse_model_config_json_over(R"({"backend":"onnxruntime","max_batch_size":4})",
+                                      with_params, ctx);
+  REQUIRE(over);
+  CHECK(over->config.inputs.empty());
+  auto onnx_file = std::string("platform: \"onnxruntime_onnx\"\nmax_batch_size: 8\n"
+                               "dynamic_batching { }\n");
+  over = parse_model_config_json_over(R"({"max_batch_size":4})", onnx_file, ctx);
+  REQUIRE(over);
+  CHECK(over->config.platform.empty());
+  CHECK_FALSE(over->config.dynamic_batching_enabled);
+  // Errors are those of the JSON.
+  auto bad = parse_model_config_json_over(R"({"max_batch_sise":4})", with_params, ctx);
+  REQUIRE(!bad);
+  CHECK(contains(bad.error().message, "Invalid config override: "));
+}

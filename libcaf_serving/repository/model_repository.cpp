@@ -209,4 +209,77 @@ scan_repository(const fs::path& repo, const scan_config& cfg) {
   return entries;
 }
 
+// -- model control -------------------------------------------------------------
+
+model_entry load_model_with_config(const fs::path& model_dir, std::string_view name,
+                                   parsed_model_config config) {
+  std::string model{name};
+  model_entry entry{model, model_dir, {}, {},
+                    bad_request("model '" + model + "' was not loaded")};
+  std::error_code ec;
+  for (const auto& [output, file] : config.label_filenames)
+    if (!fs::is_regular_file(model_dir / file, ec))
+      return failed(std::move(entry),
+                    bad_request("model '" + model + "': output '" + output
+                                + "' names label_filename '" + file + "', but "
+                                + (model_dir / file).string()
+                                + " is no file; send it as a file: parameter or remove "
+                                  "label_filename"));
+  auto available = list_versions(model_dir);
+  if (available.empty())
+    return failed(std::move(entry),
+                  bad_request("model '" + model + "': no version directory in "
+                              + model_dir.string()
+                              + "; send the model file as file:1/<name>"));
+  auto chosen = select_versions(config.versions, available, model);
+  if (!chosen)
+    return failed(std::move(entry), chosen.error());
+  entry.versions = std::move(*chosen);
+  for (auto v : entry.versions)
+    entry.version_dirs.push_back(model_dir / std::to_string(v));
+  entry.config = std::move(config);
+  return entry;
+}
+
+std::vector<std::string> list_model_names(const fs::path& repo) {
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (fs::directory_iterator it{repo, ec}, end; !ec && it != end; it.increment(ec)) {
+    auto name = it->path().filename().string();
+    if (is_plain_name(name) && it->is_directory(ec))
+      names.push_back(std::move(name));
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+uint64_t model_fingerprint(const fs::path& model_dir) {
+  std::error_code ec;
+  if (!fs::is_directory(model_dir, ec))
+    return 0;
+  // FNV-1a over the sorted entries, so that the order of readdir does not matter.
+  std::vector<std::string> rows;
+  for (fs::recursive_directory_iterator it{model_dir, ec}, end; !ec && it != end;
+       it.increment(ec)) {
+    auto status = it->symlink_status(ec);
+    if (ec)
+      break;
+    auto row = fs::relative(it->path(), model_dir, ec).string();
+    row += '|' + std::to_string(static_cast<int>(status.type()));
+    if (fs::is_regular_file(status))
+      row += '|' + std::to_string(it->file_size(ec));
+    auto written = it->last_write_time(ec);
+    row += '|' + std::to_string(written.time_since_epoch().count());
+    rows.push_back(std::move(row));
+  }
+  std::sort(rows.begin(), rows.end());
+  uint64_t hash = 1469598103934665603ull;
+  for (const auto& row : rows)
+    for (char c : row + '\n') {
+      hash ^= static_cast<unsigned char>(c);
+      hash *= 1099511628211ull;
+    }
+  return hash == 0 ? 1 : hash;
+}
+
 } // namespace caf_serving::repository

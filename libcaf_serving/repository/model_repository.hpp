@@ -72,4 +72,22 @@ result<std::vector<int64_t>>
 select_versions(const version_policy& policy,
                 const std::vector<int64_t>& available, std::string_view model);
 
+// -- model control (load parameters, polling) ----------------------------------
+
+/// One model from `model_dir` with a configuration given by the caller (a load
+/// request's "config" parameter) instead of the directory's config.pbtxt. The
+/// versions and label files are checked as for config.pbtxt.
+model_entry load_model_with_config(const std::filesystem::path& model_dir,
+                                   std::string_view name, parsed_model_config config);
+
+/// The plain model directory names in `repo`, sorted (what scan_repository
+/// would load), without reading any of them; empty when `repo` is unreadable.
+std::vector<std::string> list_model_names(const std::filesystem::path& repo);
+
+/// A digest of everything under `model_dir` (each file's and directory's
+/// relative path, type, size and modification time): it changes when a file
+/// or version is added, removed, rewritten or touched. Polling compares it to
+/// tell which models changed. 0 when `model_dir` is no directory.
+uint64_t model_fingerprint(const std::filesystem::path& model_dir);
+
 } // namespace caf_serving::repository

@@ -270,3 +270,54 @@ TEST_CASE("the example repository loads") {
   CHECK(fp32.config->config.inputs[0].dtype == datatype::fp32);
   CHECK(fp32.config->config.dynamic_batching.max_queue_delay_us == 100);
 }
+
+TEST_CASE("a model with a configuration from a load request: versions from its directory") {
+  temp_repo repo;
+  repo.add_model("m", {1, 2, 3}, "max_batch_size: 8\n");
+  parse_context ctx{"m", "the 'config' load parameter", true};
+  auto parsed = parse_model_config_json(
+    R"({"backend":"builtin","max_batch_size":16,"version_policy":{"specific":{"versions":[2]}}})",
+    ctx);
+  REQUIRE(parsed);
+  auto entry = load_model_with_config(repo.path() / "m", "m", *parsed);
+  REQUIRE_MESSAGE(entry.config, entry.config.error().message);
+  CHECK(entry.config->config.max_batch_size == 16); // not config.pbtxt's 8
+  CHECK(entry.versions == std::vector<int64_t>{2});
+  CHECK(entry.version_dirs == std::vector<fs::path>{repo.path() / "m" / "2"});
+
+  auto asks_missing = parse_model_config_json(
+    R"({"backend":"builtin","version_policy":{"specific":{"versions":[7]}}})", ctx);
+  REQUIRE(asks_missing);
+  auto missing = load_model_with_config(repo.path() / "m", "m", *asks_missing);
+  REQUIRE(!missing.config);
+  CHECK(contains(missing.config.error().message, "asks for version 7"));
+  auto no_dir = load_model_with_config(repo.path() / "absent", "absent", *parsed);
+  REQUIRE(!no_dir.config);
+  CHECK(contains(no_dir.config.error().message, "no version directory"));
+}
+
+TEST_CASE("model names are listed without reading them; the fingerprint follows changes") {
+  temp_repo repo;
+  repo.add_model("b", {1});
+  repo.add_model("a", {1});
+  repo.write(".hidden/config.pbtxt", "");
+  repo.write("file.txt", "");
+  CHECK(list_model_names(repo.path()) == std::vector<std::string>{"a", "b"});
+  CHECK(list_model_names(repo.path() / "absent").empty());
+
+  auto dir = repo.path() / "a";
+  auto first = model_fingerprint(dir);
+  CHECK(first != 0);
+  CHECK(model_fingerprint(dir) == first);
+  CHECK(model_fingerprint(repo.path() / "absent") == 0);
+
+  // A new version directory, a rewritten file, a removed one: each a change.
+  repo.write("a/2/model.builtin", "test\n");
+  auto with_v2 = model_fingerprint(dir);
+  CHECK(with_v2 != first);
+  repo.write("a/config.pbtxt", "backend: \"builtin\"\nmax_batch_size: 4\n");
+  auto rewritten = model_fingerprint(dir);
+  CHECK(rewritten != with_v2);
+  fs::remove_all(dir / "2");
+  CHECK(model_fingerprint(dir) != rewritten);
+}

@@ -11,11 +11,16 @@
 #include "repository/model_repository.hpp"
 
 #include <caf/scoped_actor.hpp>
+#include <caf/send.hpp>
 
+#include <algorithm>
+#include <cctype>
 #include <fstream>
 #include <optional>
 #include <functional>
 #include <iostream>
+#include <iterator>
+#include <set>
 
 namespace caf_serving::server {
 
@@ -164,7 +169,50 @@ std::optional<std::string> not_ready_reason(const model_pipeline& p) {
          "no worker that serves it has joined)";
 }
 
+/// A name that may be joined onto the repository path (no '/', no leading '.').
+bool plain_model_name(const std::string& name) {
+  return !name.empty() && name.front() != '.' && name.find_first_of("/\\") == std::string::npos
+         && name.find('\0') == std::string::npos;
+}
+
+/// Triton's refusal of the model control API outside explicit mode, and how
+/// to get what the client wanted.
+serving_error control_refused(model_control_mode mode) {
+  std::string how = mode == model_control_mode::poll
+                      ? "this server polls its repository (--model-control-mode poll): add, "
+                        "change or remove the model's directory there instead, or start it "
+                        "with --model-control-mode explicit"
+                      : "this server loads its repository once at start (--model-control-mode "
+                        "none, the default): start it with --model-control-mode explicit "
+                        "(and --load-model NAME or '*' for what to load at start) to load "
+                        "and unload models over the API";
+  return {status_code::unavailable,
+          "explicit model load / unload is not allowed if polling is enabled; " + how,
+          failure_reason::unavailable};
+}
+
 } // namespace
+
+std::optional<model_control_mode> parse_model_control_mode(std::string_view text) {
+  std::string lower(text);
+  std::transform(lower.begin(), lower.end(), lower.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  if (lower == "none")
+    return model_control_mode::none;
+  if (lower == "explicit")
+    return model_control_mode::explicit_control;
+  if (lower == "poll")
+    return model_control_mode::poll;
+  return std::nullopt;
+}
+
+std::string_view to_string(model_control_mode mode) {
+  switch (mode) {
+    case model_control_mode::explicit_control: return "explicit";
+    case model_control_mode::poll: return "poll";
+    default: return "none";
+  }
+}
 
 model_manager::model_manager(caf::actor_system& sys, model_manager_config cfg)
     : sys_(sys), cfg_(std::move(cfg)) {
@@ -172,6 +220,13 @@ model_manager::model_manager(caf::actor_system& sys, model_manager_config cfg)
 }
 
 model_manager::~model_manager() {
+  {
+    std::lock_guard<std::mutex> guard(poll_mutex_);
+    poll_stopping_ = true;
+  }
+  poll_cv_.notify_all();
+  if (poller_.joinable())
+    poller_.join();
   {
     std::lock_guard<std::mutex> guard(restart_hook_->mutex);
     restart_hook_->manager = nullptr;
@@ -187,19 +242,75 @@ model_manager::~model_manager() {
 }
 
 void model_manager::load_async(const std::string& name, load_done done) {
+  enqueue({name, nullptr, [done = std::move(done)](const load_outcome& r) {
+             if (auto* f = std::get_if<load_failure>(&r))
+               done(f->error);
+             else
+               done(std::monostate{});
+           }});
+}
+
+void model_manager::request_load(const std::string& name, load_parameters params,
+                                 load_done done) {
+  auto shared = std::make_shared<load_parameters>(std::move(params));
+  request_load(
+    name, [shared]() -> result<load_parameters> { return std::move(*shared); },
+    std::move(done));
+}
+
+void model_manager::request_load(const std::string& name, read_load_parameters read,
+                                 load_done done) {
+  if (cfg_.control_mode != model_control_mode::explicit_control) {
+    done(control_refused(cfg_.control_mode));
+    return;
+  }
+  enqueue({name, std::move(read), [name, done = std::move(done)](const load_outcome& r) {
+             auto* f = std::get_if<load_failure>(&r);
+             if (!f) {
+               done(std::monostate{});
+               return;
+             }
+             // Triton's wording first (clients match on it), the engine's reason after.
+             switch (f->stage) {
+               case load_stage::parameters:
+                 done(f->error);
+                 break;
+               case load_stage::request:
+                 done(serving_error{f->error.status,
+                                    "failed to load '" + name + "': " + f->error.message});
+                 break;
+               case load_stage::repository:
+                 done(serving_error{status_code::internal,
+                                    "failed to load '" + name
+                                      + "', failed to poll from model repository: "
+                                      + f->error.message});
+                 break;
+               case load_stage::backend:
+                 done(bad_request("load failed for model '" + name + "': " + f->error.message));
+                 break;
+             }
+           }});
+}
+
+void model_manager::enqueue(load_job job) {
+  std::string name;
   {
     std::lock_guard<std::mutex> guard(load_mutex_);
     if (loader_stopping_ || load_queue_.size() >= cfg_.max_pending_loads) {
-      done(serving_error{status_code::unavailable,
-                         loader_stopping_
-                           ? "the server is shutting down; model '" + name + "' was not loaded"
-                           : std::to_string(load_queue_.size())
-                               + " model loads are already waiting; retry the load of '"
-                               + name + "' later",
-                         failure_reason::unavailable});
+      name = job.name;
+      job.done(load_failure{
+        serving_error{status_code::unavailable,
+                      loader_stopping_
+                        ? "the server is shutting down; model '" + name + "' was not loaded"
+                        : std::to_string(load_queue_.size())
+                            + " model loads are already waiting; retry the load of '" + name
+                            + "' later",
+                      failure_reason::unavailable},
+        load_stage::request});
       return;
     }
-    load_queue_.emplace_back(name, std::move(done));
+    name = job.name;
+    load_queue_.push_back(std::move(job));
     if (!loader_.joinable())
       loader_ = std::thread([this] { loader_loop(); });
   }
@@ -208,28 +319,6 @@ void model_manager::load_async(const std::string& name, load_done done) {
   auto it = models_.find(name);
   if (it != models_.end())
     it->second.state = "LOADING";
-}
-
-void model_manager::loader_loop() {
-  for (;;) {
-    std::pair<std::string, load_done> next;
-    {
-      std::unique_lock<std::mutex> lock(load_mutex_);
-      load_cv_.wait(lock, [&] { return loader_stopping_ || !load_queue_.empty(); });
-      if (load_queue_.empty())
-        return;
-      next = std::move(load_queue_.front());
-      load_queue_.pop_front();
-    }
-    if (loader_stopping_) {
-      next.second(serving_error{status_code::unavailable,
-                                "the server is shutting down; model '" + next.first
-                                  + "' was not loaded",
-                                failure_reason::unavailable});
-      continue;
-    }
-    next.second(load(next.first));
-  }
 }
 
 std::variant<std::monostate, serving_error> model_manager::load_all() {
@@ -241,22 +330,219 @@ std::variant<std::monostate, serving_error> model_manager::load_all() {
   return {};
 }
 
+void model_manager::loader_loop() {
+  for (;;) {
+    load_job next;
+    {
+      std::unique_lock<std::mutex> lock(load_mutex_);
+      load_cv_.wait(lock, [&] { return loader_stopping_ || !load_queue_.empty(); });
+      if (load_queue_.empty())
+        return;
+      next = std::move(load_queue_.front());
+      load_queue_.pop_front();
+    }
+    if (loader_stopping_) {
+      next.done(load_failure{serving_error{status_code::unavailable,
+                                           "the server is shutting down; model '" + next.name
+                                             + "' was not loaded",
+                                           failure_reason::unavailable},
+                             load_stage::request});
+      continue;
+    }
+    std::optional<load_parameters> params;
+    if (next.params) {
+      auto read = next.params();
+      if (!read) {
+        next.done(load_failure{read.error(), load_stage::parameters});
+        continue;
+      }
+      if (read->config || !read->files.empty())
+        params = std::move(*read);
+    }
+    next.done(load_model(next.name, params ? &*params : nullptr));
+  }
+}
+
+std::variant<std::monostate, serving_error> model_manager::start() {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(cfg_.repository, ec))
+    return not_found("model repository " + cfg_.repository.string()
+                     + " is no directory; pass the directory that holds one subdirectory "
+                       "per model");
+  if (cfg_.control_mode == model_control_mode::explicit_control) {
+    auto all = std::find(cfg_.startup_models.begin(), cfg_.startup_models.end(), "*");
+    if (all != cfg_.startup_models.end())
+      return load_all();
+    for (const auto& name : cfg_.startup_models)
+      if (auto r = load(name); std::holds_alternative<serving_error>(r))
+        std::cerr << "caf-serving: --load-model " << name << ": "
+                  << std::get<serving_error>(r).message << std::endl;
+    return {};
+  }
+  if (cfg_.control_mode == model_control_mode::poll) {
+    // Taken before the loads, so that a change made while they run is seen
+    // by the next scan.
+    std::lock_guard<std::mutex> guard(poll_mutex_);
+    for (const auto& name : repository::list_model_names(cfg_.repository))
+      polled_[name] = repository::model_fingerprint(cfg_.repository / name);
+  }
+  auto loaded = load_all();
+  if (cfg_.control_mode == model_control_mode::poll && cfg_.poll_interval.count() > 0)
+    poller_ = std::thread([this] { poll_loop(); });
+  return loaded;
+}
+
+void model_manager::poll_loop() {
+  std::unique_lock<std::mutex> lock(poll_mutex_);
+  while (!poll_cv_.wait_for(lock, cfg_.poll_interval, [&] { return poll_stopping_; })) {
+    lock.unlock();
+    poll_repository();
+    lock.lock();
+  }
+}
+
+void model_manager::poll_repository() {
+  std::error_code ec;
+  // A repository that cannot be read now (unmounted, renamed) is not a
+  // repository whose models were all removed: nothing changes until it is back.
+  if (!std::filesystem::is_directory(cfg_.repository, ec)) {
+    std::cerr << "caf-serving: cannot read the model repository " << cfg_.repository.string()
+              << "; the served models stay as they are" << std::endl;
+    return;
+  }
+  auto names = repository::list_model_names(cfg_.repository);
+  std::vector<std::string> changed, removed;
+  {
+    std::lock_guard<std::mutex> guard(poll_mutex_);
+    std::set<std::string> present(names.begin(), names.end());
+    for (const auto& name : names) {
+      auto fingerprint = repository::model_fingerprint(cfg_.repository / name);
+      auto [it, added] = polled_.emplace(name, fingerprint);
+      if (added || it->second != fingerprint) {
+        it->second = fingerprint;
+        changed.push_back(name);
+      }
+    }
+    for (auto it = polled_.begin(); it != polled_.end();) {
+      if (present.count(it->first) == 0) {
+        removed.push_back(it->first);
+        it = polled_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (const auto& name : removed) {
+    {
+      std::lock_guard<std::mutex> guard(mutex_);
+      auto it = models_.find(name);
+      if (it == models_.end())
+        continue;
+      stop(it->second);
+      models_.erase(it);
+    }
+    std::cout << "model " << name << " was removed from the repository: unloaded" << std::endl;
+  }
+  for (const auto& name : changed)
+    load_async(name, [name](std::variant<std::monostate, serving_error> r) {
+      if (auto* e = std::get_if<serving_error>(&r))
+        std::cerr << "caf-serving: model '" << name << "' changed in the repository and could "
+                  << "not be loaded: " << e->message << std::endl;
+      else
+        std::cout << "model " << name << " (re)loaded from the repository" << std::endl;
+    });
+}
+
 std::variant<std::monostate, serving_error> model_manager::load(const std::string& name) {
+  auto r = load_model(name, nullptr);
+  if (auto* f = std::get_if<load_failure>(&r))
+    return f->error;
+  return {};
+}
+
+auto model_manager::load_model(const std::string& name, const load_parameters* params)
+  -> load_outcome {
+  auto fail = [&](const serving_error& e, load_stage stage) -> load_outcome {
+    std::lock_guard<std::mutex> guard(mutex_);
+    if (stage != load_stage::backend && e.status == status_code::not_found
+        && !models_.count(name))
+      return load_failure{e, stage};
+    auto& r = models_[name];
+    if (r.served.empty()) {
+      r.state = "UNAVAILABLE";
+      r.reason = e.message;
+    } else {
+      // The versions served before keep serving (Triton's explicit mode).
+      r.state = "READY";
+      r.reason.clear();
+    }
+    return load_failure{e, stage};
+  };
+  if (!plain_model_name(name))
+    return fail(bad_request("'" + name + "' is not a model name; a model is named by its "
+                            "directory in the repository, without '/' or a leading '.'"),
+                load_stage::repository);
+  auto repository_dir = cfg_.repository / name;
+  auto fingerprint = repository::model_fingerprint(repository_dir);
+  // A load without parameters keeps a config override while the repository
+  // directory has not changed since (Triton's behaviour).
+  std::optional<override_state> kept;
+  if (params == nullptr) {
+    std::lock_guard<std::mutex> guard(mutex_);
+    auto it = models_.find(name);
+    if (it != models_.end() && it->second.override_config
+        && it->second.override_config->repository_fingerprint == fingerprint)
+      kept = it->second.override_config;
+  }
+  const std::string* config_json = params != nullptr && params->config ? &*params->config
+                                   : kept                            ? &kept->config
+                                                                     : nullptr;
+  std::shared_ptr<const load_directory> files = kept ? kept->files : nullptr;
+  if (params != nullptr && !params->files.empty()) {
+    if (!params->config)
+      return fail(bad_request("file: parameters replace the model's directory, so a \"config\" "
+                              "parameter must come with them; add \"config\": the model's "
+                              "configuration as a JSON string, e.g. {\"backend\": \"onnxruntime\"}"),
+                  load_stage::repository);
+    auto written = write_load_files(params->files, cfg_.load_files);
+    if (!written)
+      return fail(written.error(), written.error().status == status_code::internal
+                                     ? load_stage::repository
+                                     : load_stage::request);
+    files = *written;
+  }
   // Inputs and outputs may be left out for ONNX models: the graph completes them.
   repository::scan_config scan;
   scan.allow_missing_io = !cfg_.strict_model_config;
-  auto entry = repository::load_model_config(cfg_.repository, name, scan);
-  auto fail = [&](const serving_error& e) -> std::variant<std::monostate, serving_error> {
-    std::lock_guard<std::mutex> guard(mutex_);
-    if (e.status == status_code::not_found && !models_.count(name))
-      return e;
-    auto& r = models_[name];
-    r.state = "UNAVAILABLE";
-    r.reason = e.message;
-    return e;
-  };
+  std::optional<override_state> override_now;
+  std::optional<repository::model_entry> given;
+  if (config_json != nullptr) {
+    std::error_code ec;
+    if (!files && !std::filesystem::is_directory(repository_dir, ec))
+      return fail(not_found("model '" + name + "' is not in the repository "
+                            + cfg_.repository.string() + "; create " + repository_dir.string()
+                            + "/ with its version directories, or send its files as file: "
+                              "parameters"),
+                  load_stage::repository);
+    repository::parse_context ctx{name, "the 'config' load parameter", true};
+    // A builtin model's config.pbtxt completes what the override leaves out
+    // (parse_model_config_json_over); sent files come without one.
+    std::string base_text;
+    if (!files) {
+      std::ifstream in(repository_dir / "config.pbtxt", std::ios::binary);
+      base_text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    }
+    auto parsed = repository::parse_model_config_json_over(*config_json, base_text, ctx);
+    if (!parsed)
+      return fail(parsed.error(), load_stage::repository);
+    given = repository::load_model_with_config(files ? files->path() : repository_dir, name,
+                                               std::move(*parsed));
+    override_now = override_state{*config_json, files, fingerprint};
+  }
+  auto entry = given ? std::move(*given)
+                     : repository::load_model_config(cfg_.repository, name, scan);
   if (!entry.config)
-    return fail(entry.config.error());
+    return fail(entry.config.error(), load_stage::repository);
   auto cfg = entry.config->config;
   {
     std::lock_guard<std::mutex> guard(mutex_);
@@ -286,14 +572,14 @@ std::variant<std::monostate, serving_error> model_manager::load(const std::strin
     model_config version_cfg = cfg;
     auto factory = make_backend(version_cfg, entry.version_dirs[i], cfg_);
     if (!factory)
-      return fail(factory.error());
+      return fail(factory.error(), load_stage::backend);
     backends[entry.versions[i]] = {version_cfg, *factory};
   }
   if (!backends.empty())
     cfg = backends.rbegin()->second.first;
   auto labels = read_labels(entry);
   if (!labels)
-    return fail(labels.error());
+    return fail(labels.error(), load_stage::backend);
   auto policy = scheduler::make_policy_config(cfg, cfg_.max_queue_size, cfg_.max_batch_bytes);
   // GPU instances replay one captured graph per bucket: the policy may pad a
   // batch up to the next bucket instead of waiting for more requests.
@@ -301,7 +587,7 @@ std::variant<std::monostate, serving_error> model_manager::load(const std::strin
     if (auto gpu = cuda::read_gpu_options(cfg))
       policy.captured_batch_sizes = gpu->buckets;
   if (auto problem = scheduler::batching_policy::validate(policy))
-    return fail(*problem);
+    return fail(*problem, load_stage::backend);
 
   std::map<int64_t, std::shared_ptr<const model_pipeline>> served;
   for (auto version : entry.versions) {
@@ -314,6 +600,7 @@ std::variant<std::monostate, serving_error> model_manager::load(const std::strin
     auto completed = *entry.config;
     completed.config = version_cfg;
     p->config_json = repository::model_config_json(completed);
+    p->files = files;
     scheduler::scheduler_config sc;
     sc.model = version_cfg;
     sc.policy = policy;
@@ -368,10 +655,11 @@ std::variant<std::monostate, serving_error> model_manager::load(const std::strin
   }
   std::lock_guard<std::mutex> guard(mutex_);
   auto& r = models_[name];
-  stop(r);
+  retire(r);
   r.served = std::move(served);
   r.state = "READY";
   r.reason.clear();
+  r.override_config = std::move(override_now);
   return {};
 }
 
@@ -398,6 +686,22 @@ void model_manager::scheduler_stopped(const std::string& name, int64_t version,
   });
 }
 
+void model_manager::retire(record& r) {
+  if (cfg_.reload_grace.count() <= 0) {
+    stop(r);
+    return;
+  }
+  auto now = std::chrono::steady_clock::now();
+  retiring_.erase(std::remove_if(retiring_.begin(), retiring_.end(),
+                                 [&](const auto& entry) { return entry.second <= now; }),
+                  retiring_.end());
+  for (auto& [version, p] : r.served) {
+    caf::delayed_anon_send(p->scheduler, cfg_.reload_grace, drain_atom::value);
+    retiring_.emplace_back(p->scheduler, now + cfg_.reload_grace);
+  }
+  r.served.clear();
+}
+
 void model_manager::stop(record& r) {
   for (auto& [version, p] : r.served)
     caf::anon_send(p->scheduler, drain_atom::value);
@@ -412,7 +716,22 @@ std::variant<std::monostate, serving_error> model_manager::unload(const std::str
   stop(it->second);
   it->second.state = "UNAVAILABLE";
   it->second.reason = "unloaded";
+  it->second.override_config.reset();
   return {};
+}
+
+std::variant<std::monostate, serving_error>
+model_manager::request_unload(const std::string& name, const unload_parameters& params) {
+  // unload_dependents asks for the ensembles that use the model to go too;
+  // the engine has none, so there is nothing more to unload.
+  (void)params.unload_dependents;
+  if (cfg_.control_mode != model_control_mode::explicit_control)
+    return control_refused(cfg_.control_mode);
+  auto r = unload(name);
+  // As Triton: a model that is not loaded is already unloaded.
+  if (auto* e = std::get_if<serving_error>(&r); e && e->status == status_code::not_found)
+    return {};
+  return r;
 }
 
 result<std::shared_ptr<const model_pipeline>> model_manager::find(const std::string& name,
@@ -470,8 +789,14 @@ model_manager::versions(const std::string& name) const {
 }
 
 std::vector<index_row> model_manager::index() const {
+  // Every model of the repository is listed, as Triton lists them: one never
+  // loaded (explicit mode) by its name only.
+  auto in_repository = repository::list_model_names(cfg_.repository);
   std::lock_guard<std::mutex> guard(mutex_);
   std::vector<index_row> rows;
+  for (const auto& name : in_repository)
+    if (models_.count(name) == 0)
+      rows.push_back({name, "", "", ""});
   for (const auto& [name, r] : models_) {
     if (r.served.empty()) {
       rows.push_back({name, "", r.state, r.reason});
@@ -482,6 +807,8 @@ std::vector<index_row> model_manager::index() const {
       rows.push_back({name, std::to_string(v), why ? "UNAVAILABLE" : r.state, why ? *why : ""});
     }
   }
+  std::stable_sort(rows.begin(), rows.end(),
+                   [](const index_row& a, const index_row& b) { return a.name < b.name; });
   return rows;
 }
 
@@ -497,6 +824,9 @@ std::vector<std::shared_ptr<model_stats>> model_manager::all_stats() const {
 bool model_manager::all_ready() const {
   std::lock_guard<std::mutex> guard(mutex_);
   for (const auto& [name, r] : models_) {
+    // Unloaded on purpose: not a model that should be ready (Triton's rule).
+    if (r.served.empty() && r.reason == "unloaded")
+      continue;
     if (r.served.empty())
       return false;
     for (const auto& [v, p] : r.served)
@@ -533,6 +863,9 @@ void model_manager::shutdown() {
   std::lock_guard<std::mutex> guard(mutex_);
   for (auto& [name, r] : models_)
     stop(r);
+  for (auto& [scheduler, when] : retiring_)
+    caf::anon_send(scheduler, drain_atom::value);
+  retiring_.clear();
 }
 
 } // namespace caf_serving::server

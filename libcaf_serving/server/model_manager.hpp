@@ -7,6 +7,7 @@
 #include "core/model_config.hpp"
 #include "core/stats.hpp"
 #include "scheduler/scheduler_actor.hpp"
+#include "server/load_files.hpp"
 
 #include <caf/actor_system.hpp>
 
@@ -18,6 +19,8 @@
 #include <set>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <string_view>
 #include <condition_variable>
 #include <deque>
 #include <thread>
@@ -39,6 +42,47 @@ struct model_pipeline {
   /// Bodies of GET /v2/models/{m} and /config, built once at load.
   std::string metadata_json;
   std::string config_json;
+  /// The directory of files sent with the load request it came from, if any:
+  /// removed once no pipeline needs it.
+  std::shared_ptr<const load_directory> files;
+};
+
+/// Triton's --model-control-mode: who decides which models are served.
+enum class model_control_mode {
+  /// Every model of the repository is loaded at start and stays; the load and
+  /// unload API is refused (Triton's default).
+  none,
+  /// The --load-model models ("*": all) are loaded at start; then models are
+  /// loaded and unloaded only over the API.
+  explicit_control,
+  /// Every model is loaded at start; then the repository is scanned every
+  /// poll_interval, and added, changed and removed models are loaded,
+  /// reloaded and unloaded. The API is refused.
+  poll,
+};
+
+/// "none", "explicit" or "poll" (any case, as Triton reads them).
+std::optional<model_control_mode> parse_model_control_mode(std::string_view text);
+std::string_view to_string(model_control_mode mode);
+
+/// The parameters of POST /v2/repository/models/{m}/load, as Triton's.
+struct load_parameters {
+  /// "config": the model's whole configuration as JSON (protobuf's mapping of
+  /// ModelConfig), used instead of config.pbtxt. As in Triton it replaces the
+  /// file rather than amending it: what it leaves out is completed from the
+  /// model file (ONNX) or is a load error.
+  std::optional<std::string> config;
+  /// "file:<path>" parameters: the model's files (base64). With them, the
+  /// model loads from a directory of its own holding only these files, not
+  /// from the repository; a "config" must come with them.
+  std::vector<load_file> files;
+};
+
+/// The parameters of POST /v2/repository/models/{m}/unload.
+struct unload_parameters {
+  /// Triton's "unload_dependents": also unload the ensembles that use the
+  /// model. The engine has no ensembles, so it changes nothing.
+  bool unload_dependents = false;
 };
 
 struct model_manager_config {
@@ -74,6 +118,21 @@ struct model_manager_config {
   /// whose config says none (Triton's --backend-config=
   /// onnxruntime,default-max-batch-size, 4 by default).
   int default_max_batch_size = 4;
+  /// --model-control-mode.
+  model_control_mode control_mode = model_control_mode::none;
+  /// --load-model: the models that explicit mode loads at start; "*" alone
+  /// means all of them.
+  std::vector<std::string> startup_models;
+  /// --repository-poll-secs: how often poll mode scans the repository; 0
+  /// scans only at start.
+  std::chrono::seconds poll_interval{15};
+  /// Where files sent with a load request are written, and their size limit.
+  load_files_config load_files;
+  /// A reload replaces a model's pipelines at once, but the old ones keep
+  /// taking requests this long before they drain: a request that found the
+  /// old pipeline just before the swap (its body still arriving, or parsed)
+  /// is served by it instead of refused. 0: drain at once.
+  std::chrono::milliseconds reload_grace{5000};
 };
 
 /// What the ingress shows about the cluster (/v2 and /metrics); both empty on a
@@ -90,7 +149,9 @@ struct cluster_view {
 struct index_row {
   std::string name;
   std::string version; ///< empty when nothing is served
-  std::string state;   ///< READY, UNAVAILABLE or LOADING
+  /// READY, UNAVAILABLE or LOADING; empty for a model of the repository that
+  /// was never loaded (Triton lists those by name only).
+  std::string state;
   std::string reason;  ///< why it is not READY
 };
 
@@ -98,6 +159,12 @@ class model_manager {
 public:
   model_manager(caf::actor_system& sys, model_manager_config cfg);
   ~model_manager();
+
+  /// Loads what the control mode serves at start (every model, or the
+  /// --load-model ones), and in poll mode starts scanning the repository. A
+  /// broken model is recorded with its reason and the others load. Fails only
+  /// when the repository is unreadable.
+  std::variant<std::monostate, serving_error> start();
 
   /// Loads every model of the repository; a broken one is recorded with its
   /// reason and the others load. Fails only when the repository is unreadable.
@@ -117,6 +184,38 @@ public:
   /// time in the order asked; with max_pending_loads waiting, `done` gets a 503
   /// at once.
   void load_async(const std::string& name, load_done done);
+
+  // -- The model control API (POST /v2/repository/models/{m}/load, /unload) ---
+
+  /// A load asked for by a client, with its parameters, run on the loader
+  /// thread as load_async. Refused (503, Triton's message) unless the mode is
+  /// explicit. Failures in Triton's wording and status: "failed to load 'm',
+  /// failed to poll from model repository: ..." (500) when the model or its
+  /// configuration cannot be read, "load failed for model 'm': ..." (400) when
+  /// the model itself cannot be loaded; the engine's reason follows. The
+  /// versions served before a failed load keep serving.
+  void request_load(const std::string& name, load_parameters params, load_done done);
+
+  /// Reads a load request's parameters (parses its body); run on the loader
+  /// thread, so that a body of large model files is not parsed on the event
+  /// loop. Its error reaches `done` unchanged.
+  using read_load_parameters = std::function<result<load_parameters>()>;
+
+  /// request_load() with parameters read on the loader thread.
+  void request_load(const std::string& name, read_load_parameters read, load_done done);
+
+  /// An unload asked for by a client: refused (503) unless the mode is
+  /// explicit; a model that is not loaded is no error (as in Triton).
+  std::variant<std::monostate, serving_error> request_unload(const std::string& name,
+                                                             const unload_parameters& params);
+
+  model_control_mode control_mode() const { return cfg_.control_mode; }
+
+  /// One scan of the repository (poll mode does it every poll_interval): a
+  /// model directory that appeared or changed is loaded on the loader thread,
+  /// the served version answering until the new one is ready; one that
+  /// disappeared is unloaded (its queued requests answered) and forgotten.
+  void poll_repository();
 
   /// Stops serving `name`: new requests get 503, queued ones are answered.
   std::variant<std::monostate, serving_error> unload(const std::string& name);
@@ -140,7 +239,8 @@ public:
   /// Statistics of every served model version.
   std::vector<std::shared_ptr<model_stats>> all_stats() const;
 
-  /// True when every model the repository holds is served.
+  /// True when every model that was loaded is served and ready; a model
+  /// unloaded over the API does not count (Triton's strict readiness).
   bool all_ready() const;
 
   /// Drains every pipeline: answers what is queued and in flight, then stops.
@@ -152,14 +252,48 @@ public:
   std::string cluster_prometheus() const;
 
 private:
+  /// A config override (and its files) that the served versions came from.
+  /// A later load without parameters keeps it while the repository directory
+  /// is unchanged, as Triton does; an unload forgets it.
+  struct override_state {
+    std::string config;
+    std::shared_ptr<const load_directory> files;
+    uint64_t repository_fingerprint = 0;
+  };
+
   struct record {
     std::map<int64_t, std::shared_ptr<const model_pipeline>> served;
     std::string state = "UNAVAILABLE";
     std::string reason;
+    std::optional<override_state> override_config;
   };
 
+  /// Where a load failed: in its parameters (answered as they are), in the
+  /// files sent (bad base64, too large), in
+  /// reading the model and its configuration (Triton's "failed to poll"), or
+  /// in loading it (Triton's "load failed").
+  enum class load_stage { parameters, request, repository, backend };
+  struct load_failure {
+    serving_error error;
+    load_stage stage = load_stage::backend;
+  };
+  using load_outcome = std::variant<std::monostate, load_failure>;
+
+  struct load_job {
+    std::string name;
+    /// Empty: a load without parameters.
+    read_load_parameters params;
+    std::function<void(const load_outcome&)> done;
+  };
+
+  load_outcome load_model(const std::string& name, const load_parameters* params);
+  /// Takes a record's pipelines out of service after a reload: they drain
+  /// after reload_grace (at once on shutdown). Called with mutex_ held.
+  void retire(record& r);
+  void enqueue(load_job job);
   void stop(record& r);
   void loader_loop();
+  void poll_loop();
   /// A scheduler stopped abnormally: when it still serves `name` at `version`,
   /// the model is loaded again (on the loader thread) with a fresh pipeline.
   void scheduler_stopped(const std::string& name, int64_t version, const caf::actor_addr& addr,
@@ -179,14 +313,25 @@ private:
   /// "model/field" of every ignored config field already logged, so that each
   /// is logged once per model however often it reloads.
   std::set<std::string> logged_ignored_;
+  /// Pipelines replaced by a reload and not yet drained, with when they drain.
+  std::vector<std::pair<scheduler::scheduler_actor, std::chrono::steady_clock::time_point>>
+    retiring_;
   cluster_view cluster_;
 
   /// The loader thread and its bounded queue (load_async).
   std::mutex load_mutex_;
   std::condition_variable load_cv_;
-  std::deque<std::pair<std::string, load_done>> load_queue_;
+  std::deque<load_job> load_queue_;
   bool loader_stopping_ = false;
   std::thread loader_;
+
+  /// Poll mode: each model directory's fingerprint at its last scan, and the
+  /// thread that scans.
+  std::mutex poll_mutex_;
+  std::condition_variable poll_cv_;
+  std::map<std::string, uint64_t> polled_;
+  bool poll_stopping_ = false;
+  std::thread poller_;
   std::shared_ptr<restart_hook> restart_hook_ = std::make_shared<restart_hook>();
 };
 

@@ -218,7 +218,7 @@ output [ { name: "y" data_type: TYPE_FP32 dims: [ 5 ] } ]
 )");
   staged.write("named_file", "1/gemm.onnx",
                read_binary(onnx_fixtures() / "models" / "op_gemm" / "1" / "model.onnx"));
-  test_server server(staged.models);
+  test_server server(staged.models, model_control_api());
   auto http = server.client();
   auto config = json_document::parse(http.get("/v2/models/named_file/config").body);
   CHECK(config.string_at("/default_model_filename") == "gemm.onnx");
@@ -255,7 +255,7 @@ output [ { name: "y" data_type: TYPE_FP32 dims: [ 5 ] } ]
 sequence_batching { max_sequence_idle_microseconds: 5000000 }
 )");
   staged.write("sequence", "1/model.onnx", gemm);
-  test_server server(staged.models);
+  test_server server(staged.models, model_control_api());
   auto http = server.client();
 
   const std::string accelerators =
@@ -277,8 +277,11 @@ sequence_batching { max_sequence_idle_microseconds: 5000000 }
   CHECK(index.body.find("field 'sequence_batching' of Triton's ModelConfig is not supported by "
                         "caf-serving")
         != std::string::npos);
+  // A config the engine cannot serve fails where Triton's does, before the
+  // model is read: 500 "failed to load ..." (tritonclient matches on it).
   auto refused = http.post("/v2/repository/models/sequence/load", "");
-  CHECK(refused.status == 400);
+  CHECK(refused.status == 500);
+  CHECK(refused.body.find("failed to load 'sequence'") != std::string::npos);
   CHECK(refused.body.find("sequence_batching") != std::string::npos);
 }
 

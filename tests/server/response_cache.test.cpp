@@ -59,7 +59,7 @@ struct cache_server {
     repo.add_model(example_model("identity_fp32")); // no response_cache
     process = std::make_unique<server_process>(server_config{
       CAF_SERVING_BINARY, repo.path().string(),
-      {"--cache-config", cache_size, "--allow-client-shm=true"}});
+      model_control_api({"--cache-config", cache_size, "--allow-client-shm=true"})});
   }
   http_client client() const { return http_client(process->http_port()); }
 };

@@ -60,7 +60,7 @@ std::string check_identity(uint16_t port, const std::string& model, int tag, int
 } // namespace
 
 TEST_CASE("requests of different shapes queued together each get their own answer") {
-  test_server server({});
+  test_server server({}, model_control_api());
   // A batch takes 1 s, so that all eight requests below queue while the first
   // runs; the other model batches concurrent clients every few milliseconds.
   add_model(server.repo, "ragged", variable_identity_config("ragged", 1000000));
@@ -106,7 +106,7 @@ TEST_CASE("requests of different shapes queued together each get their own answe
 }
 
 TEST_CASE("a batch closes before it would pass --max-batch-bytes; a request over it is 413") {
-  test_server server({}, {"--max-batch-bytes", "1048576"});
+  test_server server({}, model_control_api({"--max-batch-bytes", "1048576"}));
   add_model(server.repo, "wide", variable_identity_config("wide", 1000000));
   REQUIRE(server.client().post("/v2/repository/models/wide/load", "").status == 200);
 
@@ -138,7 +138,7 @@ TEST_CASE("three 200 MB requests queued together pass a Data field's 512 MiB and
   // The issue's reproduction: gathered into one 600 MB batch they made kj throw
   // inside the scheduler, which killed the model. With the default cap they go
   // out in batches of at most two.
-  test_server server({}, {"--max-body-bytes", "268435456"});
+  test_server server({}, model_control_api({"--max-body-bytes", "268435456"}));
   // The first (small) request holds the executor for 3 s, while the three big
   // ones arrive and queue together behind it.
   add_model(server.repo, "huge", variable_identity_config("huge", 3000000, 4));

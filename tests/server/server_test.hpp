@@ -50,6 +50,14 @@ struct test_server {
 
 inline const header_list json_content = {{"Content-Type", "application/json"}};
 
+/// `extra` plus the flags under which the model control API is open and every
+/// model loads at start (what the engine did before Triton's default mode,
+/// none, refused the API): --model-control-mode explicit --load-model '*'.
+inline std::vector<std::string> model_control_api(std::vector<std::string> extra = {}) {
+  extra.insert(extra.end(), {"--model-control-mode", "explicit", "--load-model", "*"});
+  return extra;
+}
+
 template <class T>
 std::string json_list(const std::vector<T>& values) {
   std::string out = "[";

@@ -58,7 +58,7 @@ TEST_CASE("SIGINT on an idle server with an open keep-alive connection: exit 0")
 TEST_CASE("SIGTERM with a request stuck past --exit-timeout-secs: a 503, and exit 0 soon") {
   // A model whose one batch takes a minute: without a deadline the drain waits
   // for it, and a SIGTERM never ends the process.
-  test_server server({}, {"--exit-timeout-secs", "1"});
+  test_server server({}, model_control_api({"--exit-timeout-secs", "1"}));
   server.repo.write_file("stuck/config.pbtxt",
                          "name: \"stuck\"\n"
                          "backend: \"builtin\"\n"

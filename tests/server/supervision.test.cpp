@@ -118,7 +118,7 @@ double metric(const test_server& server, const std::string& name, const std::str
 /// The faulty model under load beside a healthy one: every request answered
 /// once, the healthy model untouched, the faulty one serving afterwards.
 void check_fault_under_load(const std::string& fault, const std::string& counter) {
-  test_server server({example_model("identity_fp32")});
+  test_server server({example_model("identity_fp32")}, model_control_api());
   add_model(server.repo, "faulty", faulty_config("faulty", fault));
   load(server, "faulty");
 
@@ -167,7 +167,7 @@ TEST_CASE("an executor that breaks is restarted; its batch is retried once, then
   check_fault_under_load("crash", "caf_serving_executor_restarts");
   // A lone poisoned request: it breaks the executor twice (the retry too), and
   // its answer says the request was not tried again.
-  test_server server({});
+  test_server server({}, model_control_api());
   add_model(server.repo, "breaks", faulty_config("breaks", "crash"));
   load(server, "breaks");
   std::vector<float> v{1, 2, 3, marker};
@@ -187,7 +187,8 @@ TEST_CASE("an executor that breaks is restarted; its batch is retried once, then
 }
 
 TEST_CASE("a hung executor is replaced after --executor-timeout-ms; others are served meanwhile") {
-  test_server server({example_model("identity_fp32")}, {"--executor-timeout-ms", "400"});
+  test_server server({example_model("identity_fp32")},
+                     model_control_api({"--executor-timeout-ms", "400"}));
   add_model(server.repo, "hangs", faulty_config("hangs", "hang"));
   load(server, "hangs");
   // The poisoned request hangs its executor, and the one that replaces it;
@@ -217,7 +218,7 @@ TEST_CASE("a hung executor is replaced after --executor-timeout-ms; others are s
 }
 
 TEST_CASE("an executor failing batch after batch is quarantined: not ready, then back") {
-  test_server server({example_model("identity_fp32")});
+  test_server server({example_model("identity_fp32")}, model_control_api());
   add_model(server.repo, "failing", faulty_config("failing", "error"));
   load(server, "failing");
   std::vector<float> bad{1, 2, 3, marker};

@@ -136,7 +136,7 @@ TEST_CASE("a raw binary request (Inference-Header-Content-Length: 0) is answered
 }
 
 TEST_CASE("raw BYTES bodies need a model input of shape [1] (Triton's test_byte_too_many_elements)") {
-  test_server s({test_model("identity_bytes")});
+  test_server s({test_model("identity_bytes")}, model_control_api());
   // identity_bytes with dims [-1]: a raw body cannot say how many elements.
   s.repo.write_file("identity_bytes_any/config.pbtxt",
                     "name: \"identity_bytes_any\"\n"
