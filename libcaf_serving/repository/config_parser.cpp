@@ -311,10 +311,11 @@ convert_tensors(const pb::RepeatedPtrField<Tensor>& tensors,
                       "dimension");
     }
     for (auto d : t.dims()) {
-      if (d < -1) {
-        out.add(label + " has dims " + dims_text(t.dims()) + " with "
-                + std::to_string(d)
-                + "; a dimension is a size >= 0, or -1 for a variable size");
+      if (d < 1 && d != -1) {
+        // Triton's phrase (model_config_utils.cc), then what to do.
+        out.add(label + " has dims " + dims_text(t.dims()) + ": dimension must be integer >= 1, "
+                + "or -1 to indicate a variable-size dimension; " + std::to_string(d)
+                + " is neither");
         break;
       }
     }

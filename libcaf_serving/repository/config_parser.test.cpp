@@ -339,6 +339,21 @@ TEST_CASE("reshape follows Triton's rules") {
                          "are not supported"));
 }
 
+TEST_CASE("a dimension of 0 or below -1 is Triton's error") {
+  for (const char* dims : {"[ 0 ]", "[ 4, 0 ]", "[ -2 ]"}) {
+    CAPTURE(dims);
+    auto msg = error_of(std::string(R"(name: "foo"
+backend: "builtin"
+max_batch_size: 8
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: )") + dims + R"( } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 16 ] } ]
+)");
+    CHECK(contains(msg, "dimension must be integer >= 1, or -1 to indicate a variable-size "
+                        "dimension"));
+    CHECK(contains(msg, "INPUT0"));
+  }
+}
+
 TEST_CASE("format NCHW/NHWC needs three dims, as Triton checks") {
   auto text = [](const std::string& format, const std::string& dims) {
     return "backend: \"builtin\"\nmax_batch_size: 4\ninput [ { name: \"x\" data_type: TYPE_FP32 "
@@ -417,7 +432,7 @@ output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 16 ] } ]
     {"dims below -1",
      "backend: \"b\" input [ { name: \"i\" data_type: TYPE_FP32 dims: [4, -2] } ]"
      " output [ { name: \"o\" data_type: TYPE_FP32 dims: [1] } ]",
-     "input 'i' has dims [4,-2] with -2"},
+     "input 'i' has dims [4,-2]: dimension must be integer >= 1, or -1"},
     {"duplicate input names",
      "backend: \"b\" input [ { name: \"i\" data_type: TYPE_FP32 dims: [1] },"
      " { name: \"i\" data_type: TYPE_FP32 dims: [1] } ]"
