@@ -64,6 +64,8 @@ std::string usage() {
          "                             0: scan only at start)\n"
          "  --strict-model-config BOOL config.pbtxt must be complete; false lets the loader\n"
          "                             complete it from the model file (default false)\n"
+         "  --disable-auto-complete-config  Triton's flag (no value): the same as\n"
+         "                             --strict-model-config true\n"
          "  --model-load-max-file-bytes N  most bytes of model files (file: parameters)\n"
          "                             one load request may write (default 268435456);\n"
          "                             more answers 413\n"
@@ -179,6 +181,11 @@ std::variant<server_options, show_help, std::string> parse_options(int argc, cha
     std::string value;
     if (flag == "--help" || flag == "-h")
       return show_help{};
+    // Triton's one flag without a value.
+    if (flag == "--disable-auto-complete-config") {
+      o.strict_model_config = true;
+      continue;
+    }
     if (auto eq = flag.find('='); eq != std::string::npos) {
       value = flag.substr(eq + 1);
       flag = flag.substr(0, eq);

@@ -197,6 +197,14 @@ TEST_CASE("--http-max-input-size is Triton's name for --max-body-bytes") {
   CHECK(o->http.limits.max_body_bytes == 67108864);
 }
 
+TEST_CASE("--disable-auto-complete-config takes no value and means a strict model config") {
+  auto r = parse({"--disable-auto-complete-config", "--model-repository", "/m"});
+  auto* o = std::get_if<server_options>(&r);
+  REQUIRE(o);
+  CHECK(o->strict_model_config);
+  CHECK(o->model_repository == "/m");
+}
+
 TEST_CASE("model control flags: Triton's names, defaults and checks") {
   using caf_serving::server::model_control_mode;
   auto d = parse({"--model-repository", "/m"});
