@@ -383,9 +383,9 @@ public:
       });
     }
     if (parts[1] == "repository")
-      return repository(method, headers, body, parts, response);
+      return repository(method, body, parts, response);
     if (is_shared_memory_path(parts))
-      return shared_memory(method, std::move(parts), headers, body, response);
+      return shared_memory(method, std::move(parts), body, response);
     if (parts[1] == "models")
       return models(method, url, headers, body, response, parts, received);
     return send_error(response, 404, "Not Found: unknown path '" + std::string(view(url)) + "'");
@@ -456,35 +456,18 @@ private:
   /// register request, at most max_shm_request_bytes) is read, then
   /// shm_api.hpp answers.
   kj::Promise<void> shared_memory(kj::HttpMethod method, std::vector<std::string> parts,
-                                  const kj::HttpHeaders& headers, kj::AsyncInputStream& body,
-                                  Response& response) {
+                                  kj::AsyncInputStream& body, Response& response) {
     shm_method m = method == kj::HttpMethod::GET    ? shm_method::get
                    : method == kj::HttpMethod::POST ? shm_method::post
                                                     : shm_method::other;
-    auto length_text = header_or_empty(headers, kj::HttpHeaderId::CONTENT_LENGTH);
-    std::optional<uint64_t> expected;
-    if (!length_text.empty())
-      expected = std::strtoull(length_text.c_str(), nullptr, 10);
-    auto reader = kj::heap<body_reader>(body, timer_, cfg_.idle_timeout_ms * kj::MILLISECONDS,
-                                        max_shm_request_bytes, expected);
-    auto reading = reader->read();
-    return reading.attach(kj::mv(reader))
-      .then([this, &response, m, parts = std::move(parts)](body_read read) -> kj::Promise<void> {
-        switch (read.result) {
-          case body_read::outcome::complete:
-            break;
-          case body_read::outcome::disconnected:
-            return KJ_EXCEPTION(DISCONNECTED, "the client left inside the request body");
-          case body_read::outcome::too_large:
-            return send_error(response, 413,
-                              "a shared-memory request body may have at most "
-                                + std::to_string(max_shm_request_bytes) + " bytes",
-                              close_connection::yes);
-          case body_read::outcome::stalled:
-          case body_read::outcome::malformed:
-            return send_error(response, 400, "the request body could not be read",
-                              close_connection::yes);
-        }
+    control_body_limit limit{max_shm_request_bytes, 413,
+                             "a shared-memory request body may have at most "
+                               + std::to_string(max_shm_request_bytes) + " bytes"};
+    return read_control_body(body, limit.max_bytes)
+      .then([this, &response, m, parts = std::move(parts),
+             limit = std::move(limit)](body_read read) -> kj::Promise<void> {
+        if (read.result != body_read::outcome::complete)
+          return send_body_read_error(response, read, limit);
         auto r = handle_shared_memory_request(
           shm_, {m, parts, std::string_view(read.bytes.data(), read.bytes.size())});
         return send_body(response, r.status, std::move(r.body), "application/json");
@@ -500,14 +483,15 @@ private:
     });
   }
 
-  kj::Promise<void> repository(kj::HttpMethod method, const kj::HttpHeaders& headers,
-                               kj::AsyncInputStream& body, const std::vector<std::string>& parts,
-                               Response& response) {
+  kj::Promise<void> repository(kj::HttpMethod method, kj::AsyncInputStream& body,
+                               const std::vector<std::string>& parts, Response& response) {
     if (parts.size() == 3 && parts[2] == "index")
       return expect(method, kj::HttpMethod::POST, response, [&] {
-        return read_small_body(body).then([this, &response](body_read read) {
+        auto limit = input_size_limit();
+        return read_control_body(body, limit.max_bytes)
+          .then([this, &response, limit = std::move(limit)](body_read read) {
           if (read.result != body_read::outcome::complete)
-            return send_body_read_error(response, read);
+            return send_body_read_error(response, read, limit);
           auto request = parse_index_request(read.bytes);
           if (!request)
             return send_error(response, request.error());
@@ -521,38 +505,25 @@ private:
     if (parts.size() == 5 && parts[2] == "models" && (parts[4] == "load" || parts[4] == "unload"))
       return expect(method, kj::HttpMethod::POST, response, [&]() -> kj::Promise<void> {
         // The body (parameters; model files for a load) is read whole, within
-        // --max-body-bytes, then parsed by repository_api.
-        auto length_text = header_or_empty(headers, kj::HttpHeaderId::CONTENT_LENGTH);
-        std::optional<uint64_t> expected;
-        if (!length_text.empty())
-          expected = std::strtoull(length_text.c_str(), nullptr, 10);
-        // Triton's phrase first (its tests match on it).
+        // --max-body-bytes, then parsed by repository_api. Triton's phrase
+        // first (its tests match on it).
         auto too_large = [this](const std::string& size) {
           return "request JSON size of " + size + " bytes exceeds the maximum allowed input "
                  "size of " + std::to_string(cfg_.limits.max_body_bytes)
                  + " bytes; raise --max-body-bytes to send larger model files";
         };
-        if (expected && *expected > cfg_.limits.max_body_bytes)
-          return send_error(response, 413, too_large(length_text), close_connection::yes);
-        auto reader = kj::heap<body_reader>(body, timer_, cfg_.idle_timeout_ms * kj::MILLISECONDS,
-                                            cfg_.limits.max_body_bytes, expected);
-        auto reading = reader->read();
-        return reading.attach(kj::mv(reader))
+        control_body_limit limit{
+          cfg_.limits.max_body_bytes, 413,
+          too_large("more than " + std::to_string(cfg_.limits.max_body_bytes))};
+        KJ_IF_MAYBE (n, body.tryGetLength())
+          if (*n > limit.max_bytes)
+            return send_error(response, 413, too_large(std::to_string(*n)),
+                              close_connection::yes);
+        return read_control_body(body, limit.max_bytes)
           .then([this, &response, name = parts[3], unload = parts[4] == "unload",
-                 too_large](body_read read) -> kj::Promise<void> {
-            switch (read.result) {
-              case body_read::outcome::complete:
-                break;
-              case body_read::outcome::disconnected:
-                return KJ_EXCEPTION(DISCONNECTED, "the client left inside the request body");
-              case body_read::outcome::too_large:
-                return send_error(response, 413, too_large("more than " + std::to_string(
-                                                             cfg_.limits.max_body_bytes)),
-                                  close_connection::yes);
-              default:
-                return send_error(response, 400, "the request body could not be read",
-                                  close_connection::yes);
-            }
+                 limit = std::move(limit)](body_read read) -> kj::Promise<void> {
+            if (read.result != body_read::outcome::complete)
+              return send_body_read_error(response, read, limit);
             return control(response, name, unload, std::move(read.bytes));
           });
       });
@@ -561,31 +532,45 @@ private:
                       "/v2/repository/models/{model}/load or /unload");
   }
 
-  /// Reads the body of a control request (not an inference), at most
-  /// --max-body-bytes, each read waiting at most --idle-timeout-ms.
-  kj::Promise<body_read> read_small_body(kj::AsyncInputStream& body) {
+  /// How much a control request's body (not an inference's) may hold, and
+  /// the answer to one that holds more.
+  struct control_body_limit {
+    uint64_t max_bytes = 0;
+    int too_large_status = 400;
+    std::string too_large_message;
+  };
+
+  /// The repository index's limit: --max-body-bytes,
+  /// answered as Triton answers an oversized body.
+  control_body_limit input_size_limit() const {
+    auto max = std::to_string(cfg_.limits.max_body_bytes);
+    return {cfg_.limits.max_body_bytes, 400,
+            "request JSON size of more than " + max
+              + " bytes exceeds the maximum allowed input size of " + max
+              + " bytes. Use --http-max-input-size to increase the limit (this server's "
+                "--max-body-bytes)"};
+  }
+
+  /// Reads the body of a control request, at most `max_bytes`, each read
+  /// waiting at most --idle-timeout-ms.
+  kj::Promise<body_read> read_control_body(kj::AsyncInputStream& body, uint64_t max_bytes) {
     std::optional<uint64_t> expected;
     KJ_IF_MAYBE (n, body.tryGetLength())
       expected = *n;
     auto reader = kj::heap<body_reader>(body, timer_, cfg_.idle_timeout_ms * kj::MILLISECONDS,
-                                        cfg_.limits.max_body_bytes, expected);
+                                        max_bytes, expected);
     auto reading = reader->read();
     return reading.attach(kj::mv(reader));
   }
 
   /// The answer to a control request whose body could not be read whole.
-  kj::Promise<void> send_body_read_error(Response& response, const body_read& read) {
+  kj::Promise<void> send_body_read_error(Response& response, const body_read& read,
+                                         const control_body_limit& limit) {
     switch (read.result) {
       case body_read::outcome::disconnected:
         return KJ_EXCEPTION(DISCONNECTED, "the client left inside the request body");
       case body_read::outcome::too_large:
-        return send_error(response, 400,
-                          "request JSON size of more than "
-                            + std::to_string(cfg_.limits.max_body_bytes)
-                            + " bytes exceeds the maximum allowed input size of "
-                            + std::to_string(cfg_.limits.max_body_bytes)
-                            + " bytes. Use --http-max-input-size to increase the limit (this "
-                              "server's --max-body-bytes)",
+        return send_error(response, limit.too_large_status, limit.too_large_message,
                           close_connection::yes);
       case body_read::outcome::stalled:
         return send_error(response, 408,
