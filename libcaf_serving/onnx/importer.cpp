@@ -1,5 +1,7 @@
 #include "onnx/importer.hpp"
 
+#include "onnx/ops_simple.hpp"
+
 #include <onnx/onnx_pb.h>
 
 #include <algorithm>
@@ -14,6 +16,7 @@ namespace {
 
 namespace pb = ::onnx;
 
+/// The operators of ops.cpp; ops_simple.cpp's table lists its own.
 const std::vector<std::string> operators = {
   "Add", "And", "AveragePool", "BatchNormalization", "Cast", "Clip", "Concat", "Constant",
   "ConstantOfShape", "Conv", "Div", "Equal", "Erf", "Expand", "Flatten", "Gather", "Gemm",
@@ -110,7 +113,14 @@ result<constant_ptr> convert_tensor(const pb::TensorProto& t, const std::string&
 } // namespace
 
 const std::vector<std::string>& supported_operators() {
-  return operators;
+  static const std::vector<std::string> all = [] {
+    auto v = operators;
+    const auto& more = simple_operators();
+    v.insert(v.end(), more.begin(), more.end());
+    std::sort(v.begin(), v.end());
+    return v;
+  }();
+  return all;
 }
 
 result<graph> import_model(const std::filesystem::path& path) {
