@@ -8,6 +8,7 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <sstream>
 
 namespace caf_serving::onnx {
@@ -110,6 +111,72 @@ result<constant_ptr> convert_tensor(const pb::TensorProto& t, const std::string&
   return constant_ptr(out);
 }
 
+
+/// Every node whose operator the engine cannot run, grouped by operator (with
+/// its domain when that is not ONNX's), most used first: one error that lists
+/// them all, so that a user sees the whole gap at once instead of one operator
+/// per attempt.
+std::optional<serving_error> refuse_unsupported(const pb::GraphProto& pg, int64_t opset,
+                                                const std::string& origin) {
+  struct use {
+    size_t first = 0; ///< node index of the first use, to break ties in file order
+    std::vector<std::string> nodes;
+  };
+  const auto& ops = supported_operators();
+  std::map<std::string, use> missing;
+  bool foreign_domain = false;
+  for (int i = 0; i < pg.node_size(); ++i) {
+    const auto& pn = pg.node(i);
+    bool default_domain = pn.domain().empty() || pn.domain() == "ai.onnx";
+    if (default_domain && std::binary_search(ops.begin(), ops.end(), pn.op_type()))
+      continue;
+    foreign_domain = foreign_domain || !default_domain;
+    std::string key = default_domain ? pn.op_type() : pn.domain() + "." + pn.op_type();
+    auto [it, fresh] = missing.try_emplace(key);
+    if (fresh)
+      it->second.first = static_cast<size_t>(i);
+    // Nodes are numbered as the graph IR names unnamed ones.
+    it->second.nodes.push_back(pn.name().empty() ? pn.op_type() + "_" + std::to_string(i)
+                                                 : pn.name());
+  }
+  if (missing.empty())
+    return std::nullopt;
+  std::vector<std::pair<std::string, const use*>> order;
+  size_t nodes = 0;
+  for (const auto& [op, u] : missing) {
+    order.emplace_back(op, &u);
+    nodes += u.nodes.size();
+  }
+  std::sort(order.begin(), order.end(), [](const auto& a, const auto& b) {
+    return a.second->nodes.size() != b.second->nodes.size()
+             ? a.second->nodes.size() > b.second->nodes.size()
+             : a.second->first < b.second->first;
+  });
+  constexpr size_t names_shown = 3;
+  std::string list;
+  for (const auto& [op, u] : order) {
+    size_t count = u->nodes.size();
+    list += (list.empty() ? "'" : ", '") + op + "' in " + std::to_string(count)
+            + (count == 1 ? " node (" : " nodes (");
+    for (size_t k = 0; k < u->nodes.size() && k < names_shown; ++k)
+      list += (k ? ", '" : "'") + u->nodes[k] + "'";
+    if (u->nodes.size() > names_shown)
+      list += ", ...";
+    list += ")";
+  }
+  std::string supported;
+  for (const auto& o : ops)
+    supported += (supported.empty() ? "" : ", ") + o;
+  std::string what = std::to_string(nodes) + (nodes == 1 ? " node uses " : " nodes use ")
+                     + std::to_string(order.size())
+                     + (order.size() == 1 ? " operator" : " operators") + " that the engine "
+                     "does not support at opset " + std::to_string(opset) + ": " + list;
+  if (foreign_domain)
+    what += "; the engine runs only the default ONNX domain (a model saved after onnxruntime's "
+            "transformer optimizer uses com.microsoft operators: serve the model before "
+            "optimization)";
+  return fail(origin, what + "; supported operators: " + supported);
+}
 } // namespace
 
 const std::vector<std::string>& supported_operators() {
@@ -156,6 +223,8 @@ result<graph> import_model_bytes(const std::string& bytes, const std::string& or
                           + "; re-export it, e.g. torch.onnx.export(..., opset_version=17)");
 
   const auto& pg = model.graph();
+  if (auto refused = refuse_unsupported(pg, g.opset, origin))
+    return *refused;
   std::map<std::string, int> by_name;
   auto value_of = [&](const std::string& name) -> int {
     auto it = by_name.find(name);
@@ -187,24 +256,9 @@ result<graph> import_model_bytes(const std::string& bytes, const std::string& or
     g.inputs.push_back(v);
   }
 
-  const auto& ops = supported_operators();
   for (const auto& pn : pg.node()) {
     std::string node_name = pn.name().empty() ? pn.op_type() + "_" + std::to_string(g.nodes.size())
                                               : pn.name();
-    if (!pn.domain().empty() && pn.domain() != "ai.onnx")
-      return fail(origin, "node '" + node_name + "' uses operator '" + pn.op_type()
-                            + "' of domain '" + pn.domain() + "' (opset "
-                            + std::to_string(g.opset) + "); the engine runs only the default "
-                              "ONNX domain");
-    if (!std::binary_search(ops.begin(), ops.end(), pn.op_type())) {
-      std::string list;
-      for (const auto& o : ops)
-        list += (list.empty() ? "" : ", ") + o;
-      return fail(origin, "node '" + node_name + "' uses operator '" + pn.op_type()
-                            + "' (opset " + std::to_string(g.opset)
-                            + "), which the engine does not support; supported operators: "
-                            + list);
-    }
     std::vector<int> ins, outs;
     for (const auto& i : pn.input()) {
       if (i.empty()) {
