@@ -60,7 +60,7 @@ const std::map<std::string, op_entry>& table() {
     {"Log", {op_kind::unary, {1, 6, 13}, float_only}},
     {"Max", {op_kind::variadic, {1, 6, 8, 12, 13}, numbers}}, // 8: broadcasting; 12: integers
     {"Min", {op_kind::variadic, {1, 6, 8, 12, 13}, numbers}},
-    {"Mod", {op_kind::binary, {10, 13}, numbers}},
+    {"Mod", {op_kind::binary, {10, 13, 28}, numbers}}, // 28: fmod=0 on floats
     {"Neg", {op_kind::unary, {1, 6, 13}, signed_numbers}},
     {"Reciprocal", {op_kind::unary, {1, 6, 13}, float_only}},
   };
@@ -128,15 +128,22 @@ T min_of(T a, T b) {
   return b < a ? b : a;
 }
 
-/// ONNX's Mod. fmod 1: C's fmod / %, the result has the dividend's sign. fmod 0
-/// (integers only): Python's %, the result has the divisor's sign. A zero
-/// divisor, which ONNX leaves undefined (ONNX Runtime's integer kernel
-/// traps), gives 0, as the engine's integer Div does.
+/// ONNX's Mod. fmod 1: C's fmod / %, the result has the dividend's sign. fmod 0:
+/// Python's % (numpy.mod), the result has the divisor's sign; for floats only
+/// from Mod-28 on, which inference checks. An integer zero divisor, which ONNX
+/// leaves undefined (ONNX Runtime's kernel traps), gives 0, as the engine's
+/// integer Div does.
 template <class T>
 T mod_of(T a, T b, bool fmod) {
   if constexpr (std::is_floating_point_v<T>) {
-    (void)fmod; // inference refuses fmod 0 on floats
-    return std::fmod(a, b);
+    T r = std::fmod(a, b);
+    if (fmod)
+      return r;
+    // Mod-28's special cases: a zero takes the divisor's sign, a finite x with
+    // an infinite y of the other sign gives y (x + y).
+    if (r == 0)
+      return std::copysign(T(0), b);
+    return std::signbit(r) != std::signbit(b) ? r + b : r;
   } else {
     if (b == 0)
       return 0;
@@ -266,7 +273,8 @@ void run_cumsum(const node& n, const tensor_ref& x, int64_t axis, const tensor_r
     }
 }
 
-/// ArgMax; NaN counts as the largest value, as in numpy and torch.
+/// ArgMax. A NaN compares false, so it is chosen only where it comes first, as
+/// in ONNX Runtime (numpy and torch would choose the first NaN).
 template <class T>
 void run_argmax(const node& n, const tensor_ref& x, const tensor_ref& y) {
   const auto& s = x.shape;
@@ -277,15 +285,7 @@ void run_argmax(const node& n, const tensor_ref& x, const tensor_ref& y) {
   int64_t outer = d * inner == 0 ? 0 : x.elements() / (d * inner);
   const T* in = x.as<T>();
   int64_t* o = y.as<int64_t>();
-  auto better = [last](T v, T best) {
-    if constexpr (std::is_floating_point_v<T>) {
-      if (std::isnan(best))
-        return last && std::isnan(v);
-      if (std::isnan(v))
-        return true;
-    }
-    return last ? v >= best : v > best;
-  };
+  auto better = [last](T v, T best) { return last ? v >= best : v > best; };
   for (int64_t a = 0; a < outer; ++a)
     for (int64_t j = 0; j < inner; ++j) {
       const T* p = in + a * d * inner + j;
@@ -349,9 +349,11 @@ infer_result infer_simple_op(const graph& g, const node& n) {
                  + " do not broadcast";
         s = *b;
       }
-      if (n.op == "Mod" && x.dtype == datatype::fp32 && n.get_i("fmod", 0) == 0)
-        return "Mod of FLOAT needs fmod=1 (ONNX leaves fmod=0 undefined for floating point); "
-               "re-export, or compute a - floor(a / b) * b for Python's %";
+      if (n.op == "Mod" && x.dtype == datatype::fp32 && n.get_i("fmod", 0) == 0
+          && g.opset != 0 && g.opset < 28)
+        return "Mod of FLOAT needs fmod=1 before opset 28 (ONNX defines fmod=0 on floating "
+               "point from Mod-28 on, as ONNX Runtime does); re-export with fmod=1, or compute "
+               "a - floor(a / b) * b for Python's %";
       return one(x.dtype, s);
     }
     case op_kind::gather_elements: return infer_gather_elements(g, n);
