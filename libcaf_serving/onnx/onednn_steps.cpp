@@ -21,6 +21,8 @@ dnnl::algorithm eltwise_of(const std::string& act) {
   if (act == "Gelu") return dnnl::algorithm::eltwise_gelu_erf;
   if (act == "Tanh") return dnnl::algorithm::eltwise_tanh;
   if (act == "Sigmoid") return dnnl::algorithm::eltwise_logistic;
+  // oneDNN 2.x fixes alpha 1/6 and beta 1/2, as ONNX's HardSwish does; 3.x reads them.
+  if (act == "HardSwish") return dnnl::algorithm::eltwise_hardswish;
   return dnnl::algorithm::eltwise_clip;
 }
 

@@ -322,6 +322,57 @@ TEST_CASE("the plan uses Winograd, channel splits and nChw16c where it should") 
   CHECK(text.find("by image") != std::string::npos);
 }
 
+TEST_CASE("HardSwish after a convolution or a matmul runs as its fused epilogue") {
+  // MobileNetV3's block: 3x3 convolution (Winograd where asked) -> HardSwish ->
+  // 1x1 convolution -> HardSwish, and a classifier's MatMul + bias -> HardSwish.
+  std::mt19937 rng(31);
+  graph g;
+  g.opset = 17;
+  int x = g.add_value("x", datatype::fp32, {-1, 16, 9, 9}, true);
+  g.inputs.push_back(x);
+  auto conv_hswish = [&](int in, int64_t ic, int64_t oc, int64_t k, const std::string& name) {
+    int w = add_weights(g, name + ".w", {oc, ic, k, k}, rng, 1.0f / std::sqrt(ic * k * k));
+    int b = add_weights(g, name + ".b", {oc}, rng, 0.5f);
+    int c = g.add_value(name + ".conv");
+    auto& n = g.add_node("Conv", name, {in, w, b}, {c});
+    n.set_ints("kernel_shape", {k, k});
+    n.set_ints("pads", {k / 2, k / 2, k / 2, k / 2});
+    int y = g.add_value(name + ".y");
+    g.add_node("HardSwish", name + ".hswish", {c}, {y});
+    return y;
+  };
+  int y = conv_hswish(conv_hswish(x, 16, 32, 3, "conv1"), 32, 32, 1, "conv2");
+  g.values[y].name = "y";
+  g.outputs.push_back(y);
+  for (int64_t batch : {1, 3}) {
+    auto ref = reference(g, batch, rng);
+    for (bool wino : {false, true}) {
+      CAPTURE(batch);
+      CAPTURE(wino);
+      std::string text;
+      CHECK(plan_error(g, ref, 2, wino, &text) < 1e-5);
+      CHECK(text.find("FusedConv+HardSwish") != std::string::npos);
+      CHECK(text.find("reference") == std::string::npos);
+    }
+  }
+
+  graph m;
+  m.opset = 17;
+  int a = m.add_value("a", datatype::fp32, {-1, 24}, true);
+  m.inputs.push_back(a);
+  int w = add_weights(m, "w", {24, 40}, rng, 0.3f);
+  int b = add_weights(m, "b", {40}, rng, 1.0f);
+  int mm = m.add_value("mm"), biased = m.add_value("biased"), out = m.add_value("out");
+  m.add_node("MatMul", "matmul", {a, w}, {mm});
+  m.add_node("Add", "bias", {mm, b}, {biased});
+  m.add_node("HardSwish", "hswish", {biased}, {out});
+  m.outputs.push_back(out);
+  std::string text;
+  CHECK(plan_error(m, 5, 2, false, rng, &text) < 1e-5);
+  CHECK(text.find("FusedMatMul+HardSwish") != std::string::npos);
+  CHECK(text.find("reference") == std::string::npos);
+}
+
 TEST_CASE("Gemm with transposed constant weights runs as a split oneDNN matmul") {
   std::mt19937 rng(13);
   for (bool trans_b : {true, false}) {

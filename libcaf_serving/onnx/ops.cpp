@@ -341,6 +341,7 @@ float apply_activation(const std::string& act, float x, float alpha, float beta)
   if (act == "Tanh") return std::tanh(x);
   if (act == "Sigmoid") return 1.0f / (1.0f + std::exp(-x));
   if (act == "Clip") return std::min(std::max(x, alpha), beta);
+  if (act == "HardSwish") return x * std::min(std::max(alpha * x + beta, 0.0f), 1.0f);
   assert(!"unknown activation");
   return x;
 }

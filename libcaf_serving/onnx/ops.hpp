@@ -18,7 +18,7 @@
 ///   [B, H, S, S] (typically [B, 1, 1, S]).
 ///
 /// Activations: "" (none), "Relu", "Gelu" (erf), "Tanh", "Sigmoid", "Clip" (alpha=min,
-/// beta=max).
+/// beta=max), "HardSwish" (x * clip(alpha * x + beta, 0, 1); alpha 1/6, beta 1/2).
 
 #include "onnx/ir.hpp"
 

@@ -534,7 +534,8 @@ void fuse_epilogues(graph& g) {
         }
       } else if (!has_act && !(mm && has_res)
                  && (next.op == "Relu" || next.op == "Tanh" || next.op == "Sigmoid"
-                     || next.op == "FusedGelu" || next.op == "Clip")) {
+                     || next.op == "FusedGelu" || next.op == "Clip"
+                     || next.op == "HardSwish")) {
         if (next.op == "FusedGelu") {
           if (next.inputs.size() > 1) continue;
           n.set_s("activation", "Gelu");
@@ -545,6 +546,12 @@ void fuse_epilogues(graph& g) {
           n.set_s("activation", "Clip");
           n.set_f("act_alpha", *lo);
           n.set_f("act_beta", *hi);
+        } else if (next.op == "HardSwish") {
+          // MobileNetV3's activation: kept in the convolution's layout, not a
+          // reorder to NCHW and back around a separate step.
+          n.set_s("activation", "HardSwish");
+          n.set_f("act_alpha", 1.0f / 6);
+          n.set_f("act_beta", 0.5f);
         } else {
           n.set_s("activation", next.op);
         }
