@@ -10,6 +10,7 @@
 #include "onnx/importer.hpp"
 #include "onnx/onnx_backend.hpp"
 #include "onnx/ops.hpp"
+#include "onnx/passes.hpp"
 
 #include <doctest/doctest.h>
 #include <onnx/onnx_pb.h>
@@ -358,6 +359,47 @@ TEST_CASE("ArgMax: first or last of equal maxima, keepdims, NaN as ONNX Runtime 
         == std::vector<int64_t>{1});
   CHECK(refused(run_op("ArgMax", {x}, {{"axis", int_attr(2)}})).find("out of range")
         != std::string::npos);
+}
+
+TEST_CASE("shape arithmetic through the new operators folds to constants before the model runs") {
+  // torch's exports compute target shapes from Shape(x) with Max, Min, Abs and Mod,
+  // then Reshape: the folded value must be a constant for Reshape's shape inference.
+  // Here x [5,6] becomes [-1, 1, 3] = [10, 1, 3].
+  graph g;
+  g.opset = 17;
+  int x = g.add_value("x", datatype::fp32, {-1, 6}, true);
+  g.inputs.push_back(x);
+  auto bounds = make_tensor(datatype::int64, {2});
+  bounds->as_mut<int64_t>()[0] = 1;
+  bounds->as_mut<int64_t>()[1] = -3;
+  int c = g.add_constant("bounds", bounds);
+  int shape = g.add_value("shape"), mx = g.add_value("max"), target = g.add_value("target");
+  int y = g.add_value("y");
+  g.add_node("Shape", "shape", {x}, {shape});
+  g.add_node("Min", "min", {shape, c}, {mx}); // {min(b,1), min(6,-3)} = {1, -3}
+  g.add_node("Abs", "abs", {mx}, {target});   // {1, 3}
+  int four = g.add_value("four_target");
+  auto four_t = make_tensor(datatype::int64, {});
+  four_t->as_mut<int64_t>()[0] = 4;
+  int four_c = g.add_constant("four", four_t);
+  g.add_node("Mod", "mod", {target, four_c}, {four}); // {1, 3}
+  int wide = g.add_value("wide");
+  auto minus1 = make_tensor(datatype::int64, {1});
+  minus1->as_mut<int64_t>()[0] = -1;
+  int m1 = g.add_constant("minus1", minus1);
+  int full = g.add_value("full");
+  g.add_node("Concat", "concat", {m1, four}, {full}); // {-1, 1, 3}
+  g.nodes.back().set_i("axis", 0);
+  g.add_node("Reshape", "reshape", {x, full}, {wide});
+  g.add_node("Neg", "neg", {wide}, {y});
+  g.outputs.push_back(y);
+  auto s = specialize(g, {{5, 6}});
+  REQUIRE_MESSAGE(s, (s ? "" : s.error().message));
+  const auto& out = s->values[s->outputs[0]];
+  CHECK(out.shape == std::vector<int64_t>{10, 1, 3});
+  // Only the data path is left to run: the shape arithmetic folded away.
+  for (const auto& n : s->nodes)
+    CHECK_MESSAGE((n.op == "Reshape" || n.op == "Neg"), n.op);
 }
 
 namespace {
