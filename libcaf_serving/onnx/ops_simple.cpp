@@ -423,8 +423,16 @@ void run_simple_op(const node& n, const std::vector<tensor_ref>& in,
         }
         case op_kind::cumsum:
           if constexpr (std::is_same_v<T, float> || std::is_same_v<T, int64_t>
-                        || std::is_same_v<T, int32_t>)
-            run_cumsum<T>(n, in[0], norm_axis(ref_ints(in[1]).at(0), in[0].shape.size()), y);
+                        || std::is_same_v<T, int32_t>) {
+            int64_t rank = static_cast<int64_t>(in[0].shape.size());
+            int64_t axis = norm_axis(ref_ints(in[1]).at(0), rank);
+            // Inference checks a constant axis (exporters write one); one computed
+            // while the model runs and out of range gives zeros, as a kernel cannot fail.
+            if (axis < 0 || axis >= rank)
+              std::memset(y.data, 0, y.elements() * sizeof(T));
+            else
+              run_cumsum<T>(n, in[0], axis, y);
+          }
           break;
         case op_kind::arg_reduce:
           run_argmax<T>(n, in[0], y);
