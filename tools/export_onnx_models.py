@@ -341,6 +341,54 @@ def export_patterns(out, seed):
                 {"x": x})
 
 
+def export_mobilenetv3_block(out, seed):
+    """torchvision's MobileNetV3 inverted residual with squeeze-and-excitation and its
+    classifier, written as the TorchScript exporter leaves them (BatchNorm folded into the
+    convolutions): Conv -> HardSwish, depthwise Conv -> HardSwish, SE (GlobalAveragePool,
+    Conv, Relu, Conv, HardSigmoid, Mul), projection Conv + residual, then
+    GlobalAveragePool, Flatten, Gemm -> HardSwish -> Gemm."""
+    rng = np.random.default_rng(seed)
+    F = TensorProto.FLOAT
+
+    def w(name, *shape, scale=1.0):
+        return const(name, (rng.standard_normal(shape, dtype=np.float32) * np.float32(scale)))
+
+    N = helper.make_node
+    nodes = [
+        N("Conv", ["x", "c1.w", "c1.b"], ["c1"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        N("HardSwish", ["c1"], ["a1"]),
+        N("Conv", ["a1", "dw.w", "dw.b"], ["dw"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], group=16),
+        N("HardSwish", ["dw"], ["a2"]),
+        N("GlobalAveragePool", ["a2"], ["pooled"]),
+        N("Conv", ["pooled", "se1.w", "se1.b"], ["se1"], kernel_shape=[1, 1]),
+        N("Relu", ["se1"], ["se1r"]),
+        N("Conv", ["se1r", "se2.w", "se2.b"], ["se2"], kernel_shape=[1, 1]),
+        N("HardSigmoid", ["se2"], ["scale"], alpha=1.0 / 6, beta=0.5),
+        N("Mul", ["a2", "scale"], ["excited"]),
+        N("Conv", ["excited", "pj.w", "pj.b"], ["pj"], kernel_shape=[1, 1]),
+        N("Add", ["pj", "a1"], ["block"]),
+        N("GlobalAveragePool", ["block"], ["gap"]),
+        N("Flatten", ["gap"], ["flat"], axis=1),
+        N("Gemm", ["flat", "fc1.w", "fc1.b"], ["fc1"], transB=1),
+        N("HardSwish", ["fc1"], ["fc1a"]),
+        N("Gemm", ["fc1a", "fc2.w", "fc2.b"], ["logits"], transB=1),
+    ]
+    inits = [w("c1.w", 16, 16, 3, 3, scale=1 / 12), w("c1.b", 16, scale=0.5),
+             w("dw.w", 16, 1, 3, 3, scale=1 / 3), w("dw.b", 16, scale=0.5),
+             w("se1.w", 8, 16, 1, 1, scale=0.25), w("se1.b", 8, scale=0.5),
+             w("se2.w", 16, 8, 1, 1, scale=0.35), w("se2.b", 16, scale=0.5),
+             w("pj.w", 16, 16, 1, 1, scale=0.25), w("pj.b", 16, scale=0.5),
+             w("fc1.w", 32, 16, scale=0.25), w("fc1.b", 32, scale=0.5),
+             w("fc2.w", 10, 32, scale=0.18), w("fc2.b", 10, scale=0.5)]
+    g = helper.make_graph(nodes, "mobilenetv3_block",
+                          [helper.make_tensor_value_info("x", F, ["batch", 16, 12, 12])],
+                          [helper.make_tensor_value_info("logits", F, ["batch", 10])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    x = rng.standard_normal((2, 16, 12, 12), dtype=np.float32)
+    write_model(out, "pattern_mobilenetv3_block_opset17", lambda p: onnx.save(m, str(p)), {"x": x})
+
+
 # --------------------------------------------------------------------------- sets
 
 
@@ -370,6 +418,7 @@ def fixtures(out):
     export_bert(out, "distilbert_2layer_opset13", distil, 13, 2, 16, 512, 50, token_types=False)
     export_single_ops(out, 60)
     export_patterns(out, 70)
+    export_mobilenetv3_block(out, 80)
 
 
 def examples(out):
