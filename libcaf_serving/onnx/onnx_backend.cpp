@@ -6,6 +6,7 @@
 #include "onnx/memory_plan.hpp"
 #include "onnx/onednn_steps.hpp"
 #include "onnx/ops.hpp"
+#include "onnx/ops_simple.hpp"
 #include "onnx/work_pool.hpp"
 
 #include <cblas.h>
@@ -20,6 +21,7 @@
 #include <iostream>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <sstream>
 
@@ -146,6 +148,45 @@ std::vector<int64_t> row_bands(int64_t rows, unsigned threads) {
   return split_range(rows, pieces_for(rows, threads), 1, threads);
 }
 
+/// An element-wise operator of ops_simple.cpp (IsNaN, HardSwish, Max, Mod, ...)
+/// whose inputs all have its output's shape, as bands of elements over the
+/// threads; each band runs the operator's own kernel on its slice. Nothing
+/// for a broadcast or an empty output (the reference step runs those).
+std::optional<step> elementwise_step(const graph& g, const node& n, unsigned threads) {
+  if (!is_elementwise_simple_op(n.op) || n.outputs.size() != 1)
+    return std::nullopt;
+  const auto& y = g.values[n.outputs[0]];
+  int64_t total = element_count(y.shape);
+  if (total == 0)
+    return std::nullopt;
+  for (int v : n.inputs)
+    if (v < 0 || g.values[v].shape != y.shape)
+      return std::nullopt;
+  // Blocks of elements small enough to spread a 64 KB tensor, large enough that
+  // a band's bookkeeping stays negligible.
+  constexpr int64_t block = 2048;
+  auto cuts = split_range(total, pieces_for((total + block - 1) / block, threads), block, threads);
+  std::vector<std::pair<int, datatype>> ins;
+  for (int v : n.inputs)
+    ins.emplace_back(v, g.values[v].dtype);
+  step s;
+  s.kernel = "engine.elementwise";
+  s.items = static_cast<int64_t>(cuts.size()) - 1;
+  s.run = [copy = n, ins, out = std::make_pair(n.outputs[0], y.dtype), cuts](void** p,
+                                                                             int64_t item) {
+    int64_t begin = cuts[item], count = cuts[item + 1] - begin;
+    auto slice = [&](int v, datatype t) {
+      return tensor_ref{t, {count},
+                        static_cast<uint8_t*>(p[v]) + begin * static_cast<int64_t>(element_size(t))};
+    };
+    std::vector<tensor_ref> in;
+    for (const auto& [v, t] : ins)
+      in.push_back(slice(v, t));
+    run_simple_op(copy, in, {slice(out.first, out.second)});
+  };
+  return s;
+}
+
 /// Whether FusedGemm `n` is a product with constant weights that matmul_step
 /// runs: A not transposed, alpha 1, and C (if any) a constant row of biases
 /// added with beta 1.
@@ -238,6 +279,10 @@ step compile_node(const dnnl_ctx& ctx, const graph& g, int idx, unsigned threads
   }
   if (n.op == "FusedAttention")
     return finish(attention_step(ctx, g, n, threads));
+  if (auto split = elementwise_step(g, n, threads)) {
+    split->node = idx;
+    return *split;
+  }
   // Reference kernel: shapes are fixed, pointers come from the table.
   s.kernel = "reference";
   std::vector<tensor_ref> ins, outs;

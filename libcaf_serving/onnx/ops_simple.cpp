@@ -313,6 +313,15 @@ bool is_simple_op(const std::string& op) {
   return table().count(op) > 0;
 }
 
+bool is_elementwise_simple_op(const std::string& op) {
+  auto it = table().find(op);
+  if (it == table().end())
+    return false;
+  auto k = it->second.kind;
+  return k == op_kind::unary || k == op_kind::unary_to_bool || k == op_kind::variadic
+         || k == op_kind::binary;
+}
+
 infer_result infer_simple_op(const graph& g, const node& n) {
   const auto& e = table().at(n.op);
   if (g.opset != 0 && g.opset < e.versions.front())

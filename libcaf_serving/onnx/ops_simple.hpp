@@ -26,6 +26,11 @@ const std::vector<std::string>& simple_operators();
 
 bool is_simple_op(const std::string& op);
 
+/// Whether `op` computes each output element from the input elements at the
+/// same index alone (with inputs of the output's shape, any slice of them runs
+/// on its own): the unary operators, Max, Min and Mod.
+bool is_elementwise_simple_op(const std::string& op);
+
 /// Output types and shapes of `n`, an operator of simple_operators(); the
 /// error names an input datatype the kernel does not take, an attribute out of
 /// range, or an opset before the operator's first version.
