@@ -116,7 +116,8 @@ TEST_CASE("a model's unsupported operators are all named at once, with their cou
   auto one = caf_serving::onnx::import_model_bytes(model_with_nodes({{"Pad", "", ""}}), "m.onnx");
   REQUIRE_FALSE(one.ok());
   CHECK(one.error().message.find("m.onnx: 1 node uses 1 operator that the engine does not "
-                                 "support at opset 17: 'Pad' in 1 node ('Pad_0'); supported operators:")
+                                 "support at opset 17: 'Pad' in 1 node ('Pad_0'); "
+                                 "supported operators:")
         == 0);
 
   // The operators added for current exporters import.

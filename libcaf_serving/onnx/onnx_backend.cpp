@@ -176,8 +176,8 @@ std::optional<step> elementwise_step(const graph& g, const node& n, unsigned thr
                                                                              int64_t item) {
     int64_t begin = cuts[item], count = cuts[item + 1] - begin;
     auto slice = [&](int v, datatype t) {
-      return tensor_ref{t, {count},
-                        static_cast<uint8_t*>(p[v]) + begin * static_cast<int64_t>(element_size(t))};
+      auto* base = static_cast<uint8_t*>(p[v]);
+      return tensor_ref{t, {count}, base + begin * static_cast<int64_t>(element_size(t))};
     };
     std::vector<tensor_ref> in;
     for (const auto& [v, t] : ins)

@@ -82,7 +82,8 @@ std::variant<tensor, std::string> run_op(const std::string& op, const std::vecto
   if (auto* e = std::get_if<std::string>(&inf))
     return *e;
   const auto& o = std::get<std::vector<inferred>>(inf).at(0);
-  tensor out{o.dtype, o.shape, std::vector<uint8_t>(element_count(o.shape) * element_size(o.dtype))};
+  tensor out{o.dtype, o.shape,
+             std::vector<uint8_t>(element_count(o.shape) * element_size(o.dtype))};
   std::vector<tensor_ref> in_refs;
   for (const auto& t : inputs)
     in_refs.push_back({t.dtype, t.shape, const_cast<uint8_t*>(t.bytes.data())});
