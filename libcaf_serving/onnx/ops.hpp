@@ -1,6 +1,8 @@
 #pragma once
 /// Shape inference and reference kernels for every operator the engine runs,
-/// ONNX's and its own fused ones.
+/// ONNX's and its own fused ones. The simple element-wise and indexing
+/// operators live in ops_simple.cpp, each in one table entry; these functions
+/// hand them there.
 ///
 /// The reference kernels are plain, single-threaded C++ (MatMul and Gemm call
 /// OpenBLAS). They fold constants at compile time, run the operators that have no

@@ -1,6 +1,6 @@
 #pragma once
-/// The element-wise, comparison-free and indexing operators that current
-/// exporters emit around a model's main work: torch's attention masks (IsNaN,
+/// The element-wise and indexing operators that current exporters emit around
+/// a model's main work: torch's attention masks (IsNaN,
 /// Max/Min), transformers' embeddings (GatherElements, CumSum), MobileNetV3's
 /// activations (HardSigmoid, HardSwish), index arithmetic (Mod, Abs on INT64).
 /// Each is registered once, in ops_simple.cpp's table: its ONNX versions,
