@@ -152,7 +152,8 @@ std::optional<serving_error> refuse_unsupported(const pb::GraphProto& pg, int64_
              ? a.second->nodes.size() > b.second->nodes.size()
              : a.second->first < b.second->first;
   });
-  constexpr size_t names_shown = 3;
+  // A 12-layer encoder repeats each node 12 times or more: the first few name it.
+  constexpr size_t names_shown = 8;
   std::string list;
   for (const auto& [op, u] : order) {
     size_t count = u->nodes.size();
@@ -160,8 +161,8 @@ std::optional<serving_error> refuse_unsupported(const pb::GraphProto& pg, int64_
             + (count == 1 ? " node (" : " nodes (");
     for (size_t k = 0; k < u->nodes.size() && k < names_shown; ++k)
       list += (k ? ", '" : "'") + u->nodes[k] + "'";
-    if (u->nodes.size() > names_shown)
-      list += ", ...";
+    if (count > names_shown)
+      list += " and " + std::to_string(count - names_shown) + " more";
     list += ")";
   }
   std::string supported;
