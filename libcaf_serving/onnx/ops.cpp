@@ -83,6 +83,70 @@ T binary_apply(binary_op op, T a, T b) {
   }
 }
 
+/// How an input of a binary operator is read when it is broadcast in one of
+/// the two common ways: one value per row of `inner` output elements (SE
+/// blocks' channel scale, [N,C,1,1] against [N,C,H,W]), or one vector of
+/// `inner` values repeated in every row (a bias, [C] against [N,S,C]).
+struct row_broadcast {
+  bool per_row = false;
+  int64_t inner = 1;
+};
+
+std::optional<row_broadcast> row_broadcast_of(const shape_t& in, const shape_t& out) {
+  if (in.size() > out.size())
+    return std::nullopt;
+  size_t r = out.size();
+  shape_t p(r - in.size(), 1);
+  p.insert(p.end(), in.begin(), in.end());
+  size_t head = 0; // dims equal to the output's from the front
+  while (head < r && p[head] == out[head]) ++head;
+  bool ones_after = std::all_of(p.begin() + head, p.end(), [](int64_t d) { return d == 1; });
+  if (ones_after)
+    return row_broadcast{true, element_count(shape_t(out.begin() + head, out.end()))};
+  size_t tail = r; // dims equal to the output's from the back start here
+  while (tail > 0 && p[tail - 1] == out[tail - 1]) --tail;
+  bool ones_before = std::all_of(p.begin(), p.begin() + tail, [](int64_t d) { return d == 1; });
+  if (ones_before)
+    return row_broadcast{false, element_count(shape_t(out.begin() + tail, out.end()))};
+  return std::nullopt;
+}
+
+/// y = op(a, b) where one of a and b has y's shape and the other is broadcast
+/// as row_broadcast_of() found; false (nothing written) for other shapes.
+template <class T>
+bool binary_rows(binary_op bop, const tensor_ref& ta, const tensor_ref& tb, const tensor_ref& y) {
+  bool a_full = ta.shape == y.shape;
+  if (!a_full && tb.shape != y.shape)
+    return false;
+  auto rb = row_broadcast_of(a_full ? tb.shape : ta.shape, y.shape);
+  if (!rb || rb->inner == 0)
+    return false;
+  const T* full = (a_full ? ta : tb).as<T>();
+  const T* part = (a_full ? tb : ta).as<T>();
+  T* o = y.as<T>();
+  int64_t m = rb->inner, rows = y.elements() / m;
+  // The operator resolved outside the loops, so that they vectorize.
+  auto run = [&](auto f) {
+    for (int64_t row = 0; row < rows; ++row) {
+      const T* x = full + row * m;
+      T* out = o + row * m;
+      if (rb->per_row) {
+        T s = part[row];
+        for (int64_t j = 0; j < m; ++j) out[j] = a_full ? f(x[j], s) : f(s, x[j]);
+      } else {
+        for (int64_t j = 0; j < m; ++j) out[j] = a_full ? f(x[j], part[j]) : f(part[j], x[j]);
+      }
+    }
+  };
+  switch (bop) {
+    case binary_op::add: run([](T p, T q) { return static_cast<T>(p + q); }); break;
+    case binary_op::sub: run([](T p, T q) { return static_cast<T>(p - q); }); break;
+    case binary_op::mul: run([](T p, T q) { return static_cast<T>(p * q); }); break;
+    default: run([bop](T p, T q) { return binary_apply<T>(bop, p, q); }); break;
+  }
+  return true;
+}
+
 float gelu(float x) {
   return 0.5f * x * (1.0f + std::erf(x * 0.70710678118654752f));
 }
@@ -677,6 +741,8 @@ void run_reference(const node& n, const std::vector<tensor_ref>& in,
           T* o = y.as<T>(); // no broadcast: BERT's embedding sums
           for (int64_t i = 0, n = y.elements(); i < n; ++i)
             o[i] = static_cast<T>(a[i] + b[i]);
+        } else if (binary_rows<T>(bop, in[0], in[1], y)) {
+          // a scale per channel or a bias per column: rows, not the index walk below
         } else {
           T* o = y.as<T>();
           broadcast_loop<2>(y.shape, st2, [&](int64_t i, const std::array<int64_t, 2>& off) {

@@ -1,0 +1,92 @@
+/// ops.cpp's reference kernels where they take shortcuts: the element-wise
+/// binary operators on a broadcast input that is one value per row (SE blocks'
+/// channel scale) or one vector per row (a bias), in either operand order,
+/// against values worked out by hand, and the general broadcast beside them.
+
+#include "onnx/ops.hpp"
+
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+using namespace caf_serving;
+using namespace caf_serving::onnx;
+
+namespace {
+
+template <class T>
+struct tensor {
+  datatype dtype;
+  std::vector<int64_t> shape;
+  std::vector<T> values;
+};
+
+/// y = op(a, b) through shape inference and the reference kernel.
+template <class T>
+std::vector<T> binary(const std::string& op, const tensor<T>& a, const tensor<T>& b,
+                      const std::vector<int64_t>& want_shape) {
+  graph g;
+  g.opset = 17;
+  int va = g.add_value("a", a.dtype, a.shape, true);
+  int vb = g.add_value("b", b.dtype, b.shape, true);
+  int vy = g.add_value("y");
+  auto& n = g.add_node(op, op, {va, vb}, {vy});
+  auto inf = infer_shapes(g, n);
+  REQUIRE(std::holds_alternative<std::vector<inferred>>(inf));
+  const auto& o = std::get<std::vector<inferred>>(inf).at(0);
+  CHECK(o.shape == want_shape);
+  std::vector<T> y(static_cast<size_t>(element_count(o.shape)));
+  run_reference(n,
+                {{a.dtype, a.shape, const_cast<T*>(a.values.data())},
+                 {b.dtype, b.shape, const_cast<T*>(b.values.data())}},
+                {{o.dtype, o.shape, y.data()}});
+  return y;
+}
+
+using f = std::vector<float>;
+
+} // namespace
+
+TEST_CASE("binary operators with a value per row: the SE scale, in either order") {
+  tensor<float> x{datatype::fp32, {2, 2, 2}, {1, 2, 3, 4, 5, 6, 7, 8}};
+  tensor<float> per_row{datatype::fp32, {2, 1, 1}, {10, 100}};
+  CHECK(binary("Sub", x, per_row, {2, 2, 2}) == f{-9, -8, -7, -6, -95, -94, -93, -92});
+  CHECK(binary("Sub", per_row, x, {2, 2, 2}) == f{9, 8, 7, 6, 95, 94, 93, 92});
+  CHECK(binary("Mul", x, per_row, {2, 2, 2}) == f{10, 20, 30, 40, 500, 600, 700, 800});
+  // [N,C,1,1] against [N,C,H,W]: rows of H*W.
+  tensor<float> image{datatype::fp32, {1, 2, 2, 2}, {1, 2, 3, 4, 5, 6, 7, 8}};
+  tensor<float> scale{datatype::fp32, {1, 2, 1, 1}, {0.5f, 2}};
+  CHECK(binary("Mul", scale, image, {1, 2, 2, 2}) == f{0.5f, 1, 1.5f, 2, 10, 12, 14, 16});
+  // A scalar is one row.
+  tensor<float> two{datatype::fp32, {}, {2}};
+  CHECK(binary("Div", two, x, {2, 2, 2})
+        == f{2, 1, 2.0f / 3, 0.5f, 0.4f, 2.0f / 6, 2.0f / 7, 0.25f});
+}
+
+TEST_CASE("binary operators with a vector per row: a bias, in either order, integers") {
+  tensor<float> x{datatype::fp32, {2, 2, 2}, {1, 2, 3, 4, 5, 6, 7, 8}};
+  tensor<float> cols{datatype::fp32, {2}, {1, 2}};
+  CHECK(binary("Div", x, cols, {2, 2, 2}) == f{1, 1, 3, 2, 5, 3, 7, 4});
+  CHECK(binary("Div", cols, x, {2, 2, 2})
+        == f{1, 1, 1.0f / 3, 0.5f, 0.2f, 2.0f / 6, 1.0f / 7, 0.25f});
+  tensor<float> plane{datatype::fp32, {1, 2, 2}, {10, 20, 30, 40}};
+  CHECK(binary("Add", x, plane, {2, 2, 2}) == f{11, 22, 33, 44, 15, 26, 37, 48});
+  // The engine's integer division by zero gives 0.
+  tensor<int64_t> ints{datatype::int64, {2, 2}, {1, 2, 3, 4}};
+  tensor<int64_t> divisors{datatype::int64, {2}, {0, 2}};
+  CHECK(binary("Div", ints, divisors, {2, 2}) == std::vector<int64_t>{0, 1, 0, 2});
+  CHECK(binary("Pow", ints, divisors, {2, 2}) == std::vector<int64_t>{1, 4, 1, 16});
+}
+
+TEST_CASE("other broadcasts take the general path with the same results") {
+  tensor<float> x{datatype::fp32, {2, 2, 2}, {1, 2, 3, 4, 5, 6, 7, 8}};
+  tensor<float> middle{datatype::fp32, {2, 1, 2}, {10, 20, 30, 40}};
+  CHECK(binary("Add", x, middle, {2, 2, 2}) == f{11, 22, 13, 24, 35, 46, 37, 48});
+  tensor<float> column{datatype::fp32, {2, 1}, {1, 2}};
+  tensor<float> row{datatype::fp32, {1, 3}, {10, 20, 30}};
+  CHECK(binary("Sub", column, row, {2, 3}) == f{-9, -19, -29, -8, -18, -28});
+  tensor<float> empty{datatype::fp32, {2, 0}, {}};
+  CHECK(binary("Mul", empty, column, {2, 0}).empty());
+}
