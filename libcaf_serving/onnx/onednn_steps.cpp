@@ -644,6 +644,45 @@ step pool_step(const dnnl_ctx& ctx, const graph& g, const node& n, const layout_
                      std::move(calls));
 }
 
+/// A channel scale (is_channel_scale: Mul of [N,C,H,W] by [N or 1,C,1,1]) as
+/// oneDNN's binary multiply in the tensor's layout, split by image.
+step channel_scale_step(const dnnl_ctx& ctx, const graph& g, const node& n, unsigned threads) {
+  const auto& xs = g.values[n.inputs[0]].shape;
+  const auto& ss = g.values[n.inputs[1]].shape;
+  layout l = src_layout(n);
+  bool by_image = threads > 1 && xs[0] > 1;
+  auto cuts = by_image ? split_range(xs[0], pieces_for(xs[0], threads), 1, threads)
+                       : std::vector<int64_t>{0, xs[0]};
+  std::vector<dnnl_call> calls;
+  std::string note;
+  for (size_t c = 0; c + 1 < cuts.size(); ++c) {
+    int64_t images = cuts[c + 1] - cuts[c];
+    dims_t xsub{images, xs[1], xs[2], xs[3]};
+    dims_t ssub{ss[0] == 1 ? 1 : images, ss[1], 1, 1};
+    int64_t xoff = cuts[c] * xs[1] * xs[2] * xs[3] * 4;
+    int64_t soff = ss[0] == 1 ? 0 : cuts[c] * ss[1] * 4;
+    auto x = desc_4d(xsub, l);
+    // [n,C,1,1] has the same bytes in every layout (C a multiple of 16 where
+    // the tensor is nChw16c); described in the tensor's, oneDNN 2.6 takes its
+    // fast kernel (in NCHW against nChw16c, its reference one).
+    auto s = desc_4d(ssub, l);
+    dnnl::binary::desc d(dnnl::algorithm::binary_mul, x, s, x);
+    dnnl::binary::primitive_desc pdesc(d, user_scratchpad_attr(), ctx.eng);
+    dnnl_call call;
+    call.prim = dnnl::binary(pdesc);
+    note = reference_note(pdesc);
+    call.scratch = pdesc.scratchpad_desc();
+    call.args.push_back({DNNL_ARG_SRC_0, x, n.inputs[0], xoff, {}});
+    call.args.push_back({DNNL_ARG_SRC_1, s, n.inputs[1], soff, {}});
+    call.args.push_back({DNNL_ARG_DST, x, n.outputs[0], xoff, {}});
+    calls.push_back(std::move(call));
+  }
+  return onednn_step(ctx,
+                     std::string("onednn.channel_scale ") + layout_name(l)
+                       + (by_image ? " by image" : "") + note,
+                     std::move(calls));
+}
+
 /// ToNHWC / ToNChw16c / ToNCHW: a oneDNN reorder between two layouts of one 4-D tensor.
 step reorder_step(const dnnl_ctx& ctx, const graph& g, const node& n, const layout_map& lay) {
   const auto& shape = g.values[n.inputs[0]].shape;
@@ -662,9 +701,25 @@ step reorder_step(const dnnl_ctx& ctx, const graph& g, const node& n, const layo
 
 namespace {
 
+/// Whether `n` multiplies a 4-D tensor (input 0) by one value per image and
+/// channel ([N,C,1,1] or [1,C,1,1]): squeeze-and-excitation's scale, which then
+/// runs in the tensor's layout instead of between two reorders to NCHW.
+bool is_channel_scale(const graph& g, const node& n) {
+  if (n.op != "Mul" || n.inputs.size() != 2 || n.inputs[0] < 0 || n.inputs[1] < 0)
+    return false;
+  const auto& x = g.values[n.inputs[0]];
+  const auto& s = g.values[n.inputs[1]];
+  const auto& y = g.values[n.outputs[0]];
+  return x.shape.size() == 4 && s.shape.size() == 4 && !x.constant && x.dtype == datatype::fp32
+         && s.dtype == datatype::fp32 && y.shape == x.shape
+         && (s.shape[0] == x.shape[0] || s.shape[0] == 1) && s.shape[1] == x.shape[1]
+         && s.shape[2] == 1 && s.shape[3] == 1;
+}
+
 bool runs_on_onednn_4d(const graph& g, const node& n) {
   bool spatial = (n.op == "FusedConv" && g.values[n.inputs[1]].constant) || n.op == "MaxPool"
-                 || n.op == "AveragePool" || n.op == "GlobalAveragePool";
+                 || n.op == "AveragePool" || n.op == "GlobalAveragePool"
+                 || is_channel_scale(g, n);
   return spatial && g.values[n.inputs[0]].shape.size() == 4;
 }
 
@@ -677,6 +732,8 @@ std::pair<layout, layout> node_layouts(const graph& g, const layout_map& lay, co
   const auto& in = g.values[n.inputs[0]].shape;
   const auto& out = g.values[n.outputs[0]].shape;
   layout stored = lay[n.inputs[0]];
+  if (n.op == "Mul") // a channel scale reads and writes the tensor as it is stored
+    return {stored, stored};
   if (n.op == "FusedConv") {
     bool blocked_out = out[1] % 16 == 0 && n.get_i("group", 1) == 1;
     if (blocked_out && in[1] % 16 == 0)
@@ -735,6 +792,13 @@ layout_map assign_layouts(graph& g) {
     return nv;
   };
   for (auto n : g.nodes) {
+    // torchvision's SE writes scale * x: the tensor first, as the step reads it.
+    if (n.op == "Mul" && n.inputs.size() == 2 && n.inputs[0] >= 0 && n.inputs[1] >= 0) {
+      node swapped = n;
+      std::swap(swapped.inputs[0], swapped.inputs[1]);
+      if (!is_channel_scale(g, n) && is_channel_scale(g, swapped))
+        n = swapped;
+    }
     bool dn = runs_on_onednn_4d(g, n);
     layout src = layout::nchw, out = layout::nchw;
     if (dn) {

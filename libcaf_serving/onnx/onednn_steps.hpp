@@ -183,6 +183,9 @@ step conv_step(const dnnl_ctx& ctx, const graph& g, const node& n, unsigned thre
 step pool_step(const dnnl_ctx& ctx, const graph& g, const node& n, const layout_map& lay,
                unsigned threads);
 step reorder_step(const dnnl_ctx& ctx, const graph& g, const node& n, const layout_map& lay);
+/// Mul of a 4-D tensor by one value per image and channel, which assign_layouts()
+/// left in the tensor's layout (the node has src_layout).
+step channel_scale_step(const dnnl_ctx& ctx, const graph& g, const node& n, unsigned threads);
 step matmul_step(const dnnl_ctx& ctx, const graph& g, const node& n, unsigned threads,
                  bool trans_w);
 

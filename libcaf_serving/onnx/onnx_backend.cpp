@@ -218,6 +218,8 @@ step compile_node(const dnnl_ctx& ctx, const graph& g, int idx, unsigned threads
     return finish(pool_step(ctx, g, n, lay, threads));
   if (n.op == "ToNHWC" || n.op == "ToNCHW" || n.op == "ToNChw16c")
     return finish(reorder_step(ctx, g, n, lay));
+  if (n.op == "Mul" && n.has("src_layout"))
+    return finish(channel_scale_step(ctx, g, n, threads));
   if (n.op == "FusedMatMul")
     return finish(matmul_step(ctx, g, n, threads, false));
   if (n.op == "FusedGemm" && gemm_as_matmul(g, n))

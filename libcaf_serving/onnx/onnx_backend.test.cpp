@@ -402,6 +402,62 @@ TEST_CASE("the new element-wise operators split into bands over the threads") {
   }
 }
 
+TEST_CASE("squeeze-and-excitation's channel scale runs in the convolutions' layout") {
+  // Conv -> Relu -> [GlobalAveragePool -> Conv -> Relu -> Conv -> Sigmoid] -> Mul -> Conv:
+  // 32 channels keep nChw16c, 24 NHWC; torchvision writes scale * x, others x * scale.
+  std::mt19937 rng(51);
+  for (int64_t c : {32, 24})
+    for (bool scale_first : {true, false}) {
+      graph g;
+      g.opset = 17;
+      int x = g.add_value("x", datatype::fp32, {-1, c, 10, 9}, true);
+      g.inputs.push_back(x);
+      auto conv = [&](int in, int64_t ic, int64_t oc, int64_t k, const std::string& name,
+                      const char* act) {
+        int w = add_weights(g, name + ".w", {oc, ic, k, k}, rng, 1.0f / std::sqrt(ic * k * k));
+        int b = add_weights(g, name + ".b", {oc}, rng, 0.2f);
+        int y = g.add_value(name + ".y");
+        auto& n = g.add_node("Conv", name, {in, w, b}, {y});
+        n.set_ints("kernel_shape", {k, k});
+        n.set_ints("pads", {k / 2, k / 2, k / 2, k / 2});
+        if (!act)
+          return y;
+        int a = g.add_value(name + ".act");
+        g.add_node(act, name + ".act", {y}, {a});
+        return a;
+      };
+      int a = conv(x, c, c, 3, "conv1", "Relu");
+      int pooled = g.add_value("pooled");
+      g.add_node("GlobalAveragePool", "pool", {a}, {pooled});
+      int scale = conv(conv(pooled, c, 8, 1, "se1", "Relu"), 8, c, 1, "se2", "Sigmoid");
+      int excited = g.add_value("excited");
+      auto operands = scale_first ? std::vector<int>{scale, a} : std::vector<int>{a, scale};
+      g.add_node("Mul", "excite", operands, {excited});
+      int y = conv(excited, c, 16, 1, "project", nullptr);
+      g.values[y].name = "y";
+      g.outputs.push_back(y);
+      for (int64_t batch : {1, 3}) {
+        auto ref = reference(g, batch, rng);
+        for (unsigned threads : {1u, 2u}) {
+          CAPTURE(c);
+          CAPTURE(scale_first);
+          CAPTURE(batch);
+          CAPTURE(threads);
+          std::string text;
+          CHECK(plan_error(g, ref, threads, false, &text) < 1e-5);
+          CHECK(text.find(c == 32 ? "onednn.channel_scale nChw16c" : "onednn.channel_scale nhwc")
+                != std::string::npos);
+          CHECK(text.find("reference") == std::string::npos);
+          // One reorder in (the NCHW image) and one out (the graph output, written NCHW).
+          CHECK(text.find("ToNCHW [onednn.reorder]  x1") != std::string::npos);
+          auto in_reorder = c == 32 ? "ToNChw16c [onednn.reorder]  x1"
+                                    : "ToNHWC [onednn.reorder]  x1";
+          CHECK(text.find(in_reorder) != std::string::npos);
+        }
+      }
+    }
+}
+
 TEST_CASE("Gemm with transposed constant weights runs as a split oneDNN matmul") {
   std::mt19937 rng(13);
   for (bool trans_b : {true, false}) {
