@@ -80,6 +80,14 @@ TEST_CASE("binary operators with a vector per row: a bias, in either order, inte
   CHECK(binary("Pow", ints, divisors, {2, 2}) == std::vector<int64_t>{1, 4, 1, 16});
 }
 
+TEST_CASE("binary operators on equal shapes, in order") {
+  tensor<float> x{datatype::fp32, {2, 3}, {1, 2, 3, 4, 5, 6}};
+  tensor<float> y{datatype::fp32, {2, 3}, {6, 5, 4, 3, 2, 1}};
+  CHECK(binary("Sub", x, y, {2, 3}) == f{-5, -3, -1, 1, 3, 5});
+  CHECK(binary("Div", y, x, {2, 3}) == f{6, 2.5f, 4.0f / 3, 0.75f, 0.4f, 1.0f / 6});
+  CHECK(binary("Mul", x, y, {2, 3}) == f{6, 10, 12, 12, 10, 6});
+}
+
 TEST_CASE("other broadcasts take the general path with the same results") {
   tensor<float> x{datatype::fp32, {2, 2, 2}, {1, 2, 3, 4, 5, 6, 7, 8}};
   tensor<float> middle{datatype::fp32, {2, 1, 2}, {10, 20, 30, 40}};
