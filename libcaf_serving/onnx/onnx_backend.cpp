@@ -148,12 +148,20 @@ std::vector<int64_t> row_bands(int64_t rows, unsigned threads) {
   return split_range(rows, pieces_for(rows, threads), 1, threads);
 }
 
-/// An element-wise operator of ops_simple.cpp (IsNaN, HardSwish, Max, Mod, ...)
-/// whose inputs all have its output's shape, as bands of elements over the
-/// threads; each band runs the operator's own kernel on its slice. Nothing
-/// for a broadcast or an empty output (the reference step runs those).
+/// Whether each output element of `op` depends only on the input elements at
+/// its index, so that any slice of equally shaped inputs runs on its own.
+bool sliceable(const std::string& op) {
+  static const std::vector<std::string> ops{"Add", "Div", "Erf", "Mul", "Pow", "Relu",
+                                            "Sigmoid", "Sqrt", "Sub", "Tanh"};
+  return is_elementwise_simple_op(op) || std::find(ops.begin(), ops.end(), op) != ops.end();
+}
+
+/// An element-wise operator (sliceable()) whose inputs all have its output's
+/// shape, as bands of elements over the threads; each band runs the
+/// operator's reference kernel on its slice. Nothing for a broadcast or an
+/// empty output (the whole reference step runs those).
 std::optional<step> elementwise_step(const graph& g, const node& n, unsigned threads) {
-  if (!is_elementwise_simple_op(n.op) || n.outputs.size() != 1)
+  if (!sliceable(n.op) || n.outputs.size() != 1)
     return std::nullopt;
   const auto& y = g.values[n.outputs[0]];
   int64_t total = element_count(y.shape);
@@ -182,7 +190,7 @@ std::optional<step> elementwise_step(const graph& g, const node& n, unsigned thr
     std::vector<tensor_ref> in;
     for (const auto& [v, t] : ins)
       in.push_back(slice(v, t));
-    run_simple_op(copy, in, {slice(out.first, out.second)});
+    run_reference(copy, in, {slice(out.first, out.second)});
   };
   return s;
 }

@@ -373,21 +373,26 @@ TEST_CASE("HardSwish after a convolution or a matmul runs as its fused epilogue"
   CHECK(text.find("reference") == std::string::npos);
 }
 
-TEST_CASE("the new element-wise operators split into bands over the threads") {
-  // x [-1, 50, 100]: Abs -> Log -> Max(., x) -> Mod(., x, fmod 1) -> HardSigmoid; at 3 rows
-  // 15000 elements, bands of whole 2048-element blocks and a short last one.
+TEST_CASE("element-wise operators split into bands over the threads") {
+  // x [-1, 50, 100]: Abs -> Log -> Max(., x) -> Mod(., x, fmod 1) -> HardSigmoid -> Sigmoid
+  // -> Mul(., x); at 3 rows 15000 elements, bands of whole 2048-element blocks and a short
+  // last one.
   std::mt19937 rng(41);
   graph g;
   g.opset = 17;
   int x = g.add_value("x", datatype::fp32, {-1, 50, 100}, true);
   g.inputs.push_back(x);
-  int a = g.add_value("abs"), l = g.add_value("log"), m = g.add_value("max"), r = g.add_value("mod");
+  int a = g.add_value("abs"), l = g.add_value("log"), m = g.add_value("max");
+  int r = g.add_value("mod");
   int y = g.add_value("y");
   g.add_node("Abs", "abs", {x}, {a});
   g.add_node("Log", "log", {a}, {l});
   g.add_node("Max", "max", {l, x}, {m});
   g.add_node("Mod", "mod", {m, x}, {r}).set_i("fmod", 1);
-  g.add_node("HardSigmoid", "hsigmoid", {r}, {y});
+  int h = g.add_value("hsigmoid"), sg = g.add_value("sigmoid");
+  g.add_node("HardSigmoid", "hsigmoid", {r}, {h});
+  g.add_node("Sigmoid", "sigmoid", {h}, {sg});
+  g.add_node("Mul", "silu", {sg, x}, {y}); // EfficientNet's x * sigmoid(x)
   g.outputs.push_back(y);
   for (int64_t batch : {1, 3}) {
     auto ref = reference(g, batch, rng);
