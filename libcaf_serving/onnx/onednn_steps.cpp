@@ -23,6 +23,7 @@ dnnl::algorithm eltwise_of(const std::string& act) {
   if (act == "Sigmoid") return dnnl::algorithm::eltwise_logistic;
   // oneDNN 2.x fixes alpha 1/6 and beta 1/2, as ONNX's HardSwish does; 3.x reads them.
   if (act == "HardSwish") return dnnl::algorithm::eltwise_hardswish;
+  if (act == "Swish") return dnnl::algorithm::eltwise_swish; // x * sigmoid(alpha * x)
   return dnnl::algorithm::eltwise_clip;
 }
 

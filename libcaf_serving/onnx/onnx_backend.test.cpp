@@ -407,6 +407,69 @@ TEST_CASE("element-wise operators split into bands over the threads") {
   }
 }
 
+TEST_CASE("SiLU (x * sigmoid(x)) after a convolution or a matmul runs as its fused epilogue") {
+  // EfficientNet's activation as torch exports it: Sigmoid(y) and Mul(y, sigmoid), in
+  // either order, after a convolution (with a residual Add before it), and after a
+  // MatMul + bias.
+  std::mt19937 rng(61);
+  graph g;
+  g.opset = 17;
+  int x = g.add_value("x", datatype::fp32, {-1, 32, 9, 9}, true);
+  g.inputs.push_back(x);
+  auto silu = [&](int v, const std::string& name, bool sigmoid_first) {
+    int s = g.add_value(name + ".sigmoid"), y = g.add_value(name + ".silu");
+    g.add_node("Sigmoid", name + ".sigmoid", {v}, {s});
+    auto operands = sigmoid_first ? std::vector<int>{s, v} : std::vector<int>{v, s};
+    g.add_node("Mul", name + ".mul", operands, {y});
+    return y;
+  };
+  auto conv = [&](int in, int64_t k, const std::string& name) {
+    int w = add_weights(g, name + ".w", {32, 32, k, k}, rng, 1.0f / std::sqrt(32.0f * k * k));
+    int b = add_weights(g, name + ".b", {32}, rng, 0.3f);
+    int y = g.add_value(name + ".y");
+    auto& n = g.add_node("Conv", name, {in, w, b}, {y});
+    n.set_ints("kernel_shape", {k, k});
+    n.set_ints("pads", {k / 2, k / 2, k / 2, k / 2});
+    return y;
+  };
+  int a = silu(conv(x, 3, "conv1"), "act1", true);
+  int sum = g.add_value("sum");
+  g.add_node("Add", "residual", {conv(a, 1, "conv2"), x}, {sum});
+  int y = silu(sum, "act2", false);
+  g.values[y].name = "y";
+  g.outputs.push_back(y);
+  for (int64_t batch : {1, 3})
+    for (bool wino : {false, true}) {
+      CAPTURE(batch);
+      CAPTURE(wino);
+      std::string text;
+      CHECK(plan_error(g, batch, 2, wino, rng, &text) < 1e-5);
+      CHECK(text.find("FusedConv+Swish") != std::string::npos);
+      CHECK(text.find("FusedConv+Swish+residual") != std::string::npos);
+      CHECK(text.find("Sigmoid") == std::string::npos);
+      CHECK(text.find("Mul") == std::string::npos);
+      CHECK(text.find("reference") == std::string::npos);
+    }
+
+  graph m;
+  m.opset = 17;
+  int in = m.add_value("a", datatype::fp32, {-1, 24}, true);
+  m.inputs.push_back(in);
+  int w = add_weights(m, "w", {24, 40}, rng, 0.3f);
+  int b = add_weights(m, "b", {40}, rng, 1.0f);
+  int mm = m.add_value("mm"), biased = m.add_value("biased"), s = m.add_value("s");
+  int out = m.add_value("out");
+  m.add_node("MatMul", "matmul", {in, w}, {mm});
+  m.add_node("Add", "bias", {mm, b}, {biased});
+  m.add_node("Sigmoid", "sigmoid", {biased}, {s});
+  m.add_node("Mul", "silu", {biased, s}, {out});
+  m.outputs.push_back(out);
+  std::string text;
+  CHECK(plan_error(m, 5, 2, false, rng, &text) < 1e-5);
+  CHECK(text.find("FusedMatMul+Swish") != std::string::npos);
+  CHECK(text.find("reference") == std::string::npos);
+}
+
 TEST_CASE("squeeze-and-excitation's channel scale runs in the convolutions' layout") {
   // Conv -> Relu -> [GlobalAveragePool -> Conv -> Relu -> Conv -> Sigmoid] -> Mul -> Conv:
   // 32 channels keep nChw16c, 24 NHWC; torchvision writes scale * x, others x * scale.

@@ -408,6 +408,7 @@ float apply_activation(const std::string& act, float x, float alpha, float beta)
   if (act == "Sigmoid") return 1.0f / (1.0f + std::exp(-x));
   if (act == "Clip") return std::min(std::max(x, alpha), beta);
   if (act == "HardSwish") return x * std::min(std::max(alpha * x + beta, 0.0f), 1.0f);
+  if (act == "Swish") return x / (1.0f + std::exp(-alpha * x));
   assert(!"unknown activation");
   return x;
 }

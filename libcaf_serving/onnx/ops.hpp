@@ -20,7 +20,8 @@
 ///   [B, H, S, S] (typically [B, 1, 1, S]).
 ///
 /// Activations: "" (none), "Relu", "Gelu" (erf), "Tanh", "Sigmoid", "Clip" (alpha=min,
-/// beta=max), "HardSwish" (x * clip(alpha * x + beta, 0, 1); alpha 1/6, beta 1/2).
+/// beta=max), "HardSwish" (x * clip(alpha * x + beta, 0, 1); alpha 1/6, beta 1/2),
+/// "Swish" (x * sigmoid(alpha * x); alpha 1 is SiLU).
 
 #include "onnx/ir.hpp"
 

@@ -489,6 +489,34 @@ void fuse_attention(graph& g) {
   drop_dead(g);
 }
 
+/// A fused node's output `y` read by exactly Sigmoid(y) and Mul(y, Sigmoid(y))
+/// (either order): SiLU, EfficientNet's activation as torch exports it.
+/// The node takes the Mul's place with activation "Swish".
+bool fuse_silu(graph& g, const consumers& cons, node& n) {
+  int out = n.outputs[0];
+  if (out < 0 || cons.is_output[out] || cons.readers[out].size() != 2)
+    return false;
+  int si = cons.readers[out][0], mi = cons.readers[out][1];
+  if (g.nodes[si].op != "Sigmoid")
+    std::swap(si, mi);
+  node& sig = g.nodes[si];
+  node& mul = g.nodes[mi];
+  if (sig.op != "Sigmoid" || mul.op != "Mul" || mul.inputs.size() != 2)
+    return false;
+  int s = sig.outputs[0];
+  bool pair = (mul.inputs[0] == out && mul.inputs[1] == s)
+              || (mul.inputs[0] == s && mul.inputs[1] == out);
+  if (!pair || cons.single(s) != mi)
+    return false;
+  n.set_s("activation", "Swish");
+  n.set_f("act_alpha", 1.0f);
+  n.outputs[0] = mul.outputs[0];
+  mul = n;
+  kill(n);
+  kill(sig);
+  return true;
+}
+
 void fuse_epilogues(graph& g) {
   // Conv / MatMul (constant 2-D weights) / Gemm become their fused forms.
   for (auto& n : g.nodes) {
@@ -507,6 +535,12 @@ void fuse_epilogues(graph& g) {
       bool conv = n.op == "FusedConv", mm = n.op == "FusedMatMul", gm = n.op == "FusedGemm";
       if (!conv && !mm && !gm)
         continue;
+      // A matmul adds its residual after the activation, so SiLU would come too early.
+      bool matmul_residual = mm && n.inputs.size() > 3 && n.inputs[3] >= 0;
+      if (!n.has("activation") && !matmul_residual && fuse_silu(g, cons, n)) {
+        changed = true;
+        break; // consumers changed
+      }
       int out = n.outputs[0];
       int r = cons.single(out);
       if (r < 0)
