@@ -2,15 +2,103 @@
 
 #include "repository/model_config.pb.h"
 
+#include "core/json.hpp"
+
 #include <google/protobuf/util/json_util.h>
+#include <simdjson.h>
 
 #include <cstdio>
+#include <string_view>
 
 namespace caf_serving::repository {
 
 namespace {
 
 namespace pb = google::protobuf;
+
+// -- Triton's numbers ----------------------------------------------------------
+
+/// The 64-bit fields that Triton prints as JSON numbers although protobuf's
+/// JSON printer quotes them (Triton's core fixes them up after printing, in
+/// model_config_utils.cc): dims, reshape shapes, specific versions and the
+/// batchers' microseconds and priority levels. Clients read them as numbers
+/// (tritonclient's image_client takes dims from the config).
+bool triton_prints_as_number(std::string_view key) {
+  return key == "dims" || key == "shape" || key == "versions"
+         || key == "max_queue_delay_microseconds" || key == "priority_levels"
+         || key == "default_priority_level" || key == "default_timeout_microseconds"
+         || key == "max_sequence_idle_microseconds";
+}
+
+bool is_integer_text(std::string_view s) {
+  size_t i = !s.empty() && s[0] == '-' ? 1 : 0;
+  if (i == s.size() || s.size() - i > 20)
+    return false;
+  for (; i < s.size(); ++i)
+    if (s[i] < '0' || s[i] > '9')
+      return false;
+  return true;
+}
+
+/// Writes `e` as compact JSON; below a key that Triton prints as a number, a
+/// quoted integer is written as the number.
+void write_fixed(simdjson::dom::element e, bool as_number, std::string& out) {
+  switch (e.type()) {
+    case simdjson::dom::element_type::ARRAY: {
+      // Named: value_unsafe() refers into its temporary result, which a
+      // range-for would outlive.
+      simdjson::dom::array array = e.get_array().value_unsafe();
+      out += '[';
+      bool first = true;
+      for (auto v : array) {
+        if (!first)
+          out += ',';
+        first = false;
+        write_fixed(v, as_number, out);
+      }
+      out += ']';
+      break;
+    }
+    case simdjson::dom::element_type::OBJECT: {
+      simdjson::dom::object object = e.get_object().value_unsafe();
+      out += '{';
+      bool first = true;
+      for (auto field : object) {
+        if (!first)
+          out += ',';
+        first = false;
+        append_json_string(out, field.key);
+        out += ':';
+        write_fixed(field.value, triton_prints_as_number(field.key), out);
+      }
+      out += '}';
+      break;
+    }
+    case simdjson::dom::element_type::STRING: {
+      std::string_view s = e.get_string().value_unsafe();
+      if (as_number && is_integer_text(s))
+        out += s;
+      else
+        append_json_string(out, s);
+      break;
+    }
+    default:
+      out += simdjson::minify(e);
+  }
+}
+
+/// protobuf's JSON of a config, with Triton's numbers (above); unchanged if it
+/// does not parse (it always does: it is the printer's own output).
+std::string with_triton_numbers(const std::string& json) {
+  simdjson::dom::parser parser;
+  simdjson::dom::element root;
+  if (parser.parse(json).get(root) != simdjson::SUCCESS)
+    return json;
+  std::string out;
+  out.reserve(json.size());
+  write_fixed(root, false, out);
+  return out;
+}
 
 config::DataType to_proto(datatype t) {
   config::DataType out = config::TYPE_INVALID;
@@ -174,7 +262,8 @@ config::ModelConfig to_proto(const parsed_model_config& parsed) {
 
 std::string model_config_json(const parsed_model_config& parsed) {
   // Triton prints its config with exactly these options, which is where the
-  // quoted int64 dims and the always-present default fields come from.
+  // always-present default fields come from; then it writes its int64 fields
+  // back as numbers (with_triton_numbers).
   pb::util::JsonPrintOptions options;
   options.always_print_primitive_fields = true;
   options.preserve_proto_field_names = true;
@@ -184,6 +273,8 @@ std::string model_config_json(const parsed_model_config& parsed) {
   // is not UTF-8 (a "\xff" escape in config.pbtxt, a tensor name from an ONNX
   // file) would make the body invalid JSON.
   out = repair_utf8(out);
+  if (status.ok())
+    out = with_triton_numbers(out);
   if (!status.ok()) {
     // Only invalid UTF-8 in a name or parameter gets here; say so in JSON
     // rather than sending a half-written body.

@@ -100,11 +100,12 @@ TEST_CASE("config JSON has Triton's shape") {
   REQUIRE(length(inputs) == 2);
   CHECK(str(at(at(inputs, 0), "name")) == "INPUT0");
   CHECK(str(at(at(inputs, 0), "data_type")) == "TYPE_INT32");
-  // int64 prints as a string in proto JSON, and so in Triton's output.
-  CHECK(str(at(at(at(inputs, 0), "dims"), 0)) == "16");
+  // int64 prints as a string in proto JSON; Triton writes dims back as
+  // numbers, and so does the engine.
+  CHECK(num(at(at(at(inputs, 0), "dims"), 0)) == 16);
   CHECK(str(at(at(inputs, 1), "data_type")) == "TYPE_STRING");
-  CHECK(str(at(at(at(inputs, 1), "dims"), 0)) == "-1");
-  CHECK(str(at(at(at(inputs, 1), "dims"), 1)) == "3");
+  CHECK(num(at(at(at(inputs, 1), "dims"), 0)) == -1);
+  CHECK(num(at(at(at(inputs, 1), "dims"), 1)) == 3);
 
   auto output = at(at(doc, "output"), 0);
   CHECK(str(at(output, "data_type")) == "TYPE_FP32");
@@ -112,16 +113,16 @@ TEST_CASE("config JSON has Triton's shape") {
 
   auto db = at(doc, "dynamic_batching");
   CHECK(num(at(at(db, "preferred_batch_size"), 1)) == 8);
-  CHECK(str(at(db, "max_queue_delay_microseconds")) == "100");
+  CHECK(num(at(db, "max_queue_delay_microseconds")) == 100);
   CHECK_FALSE(boolean(at(db, "preserve_ordering")));
-  CHECK(str(at(db, "priority_levels")) == "2");
-  CHECK(str(at(db, "default_priority_level")) == "1");
+  CHECK(num(at(db, "priority_levels")) == 2);
+  CHECK(num(at(db, "default_priority_level")) == 1);
   auto dq = at(db, "default_queue_policy");
   CHECK(str(at(dq, "timeout_action")) == "REJECT");
   CHECK(num(at(dq, "max_queue_size")) == 32);
   auto level2 = at(at(db, "priority_queue_policy"), "2");
   CHECK(str(at(level2, "timeout_action")) == "DELAY");
-  CHECK(str(at(level2, "default_timeout_microseconds")) == "7000");
+  CHECK(num(at(level2, "default_timeout_microseconds")) == 7000);
 
   auto group = at(at(doc, "instance_group"), 0);
   CHECK(str(at(group, "name")) == "simple_0");
@@ -143,7 +144,7 @@ TEST_CASE("config JSON without dynamic batching omits the block") {
   CHECK(doc["dynamic_batching"].get(ignored) == simdjson::NO_SUCH_FIELD);
   auto versions = at(at(at(doc, "version_policy"), "specific"), "versions");
   REQUIRE(length(versions) == 2);
-  CHECK(str(at(versions, 1)) == "3");
+  CHECK(num(at(versions, 1)) == 3);
 }
 
 TEST_CASE("metadata JSON has KServe's shape with the batch dimension first") {
@@ -245,9 +246,9 @@ response_cache { enable: true }
   CHECK(str(at(input, "format")) == "FORMAT_NCHW");
   CHECK(boolean(at(input, "optional")));
   CHECK(length(at(at(input, "reshape"), "shape")) == 4);
-  CHECK(str(at(at(at(input, "reshape"), "shape"), 0)) == "1");
+  CHECK(num(at(at(at(input, "reshape"), "shape"), 0)) == 1);
   auto output = at(at(doc, "output"), 0);
-  CHECK(str(at(at(at(output, "reshape"), "shape"), 1)) == "1000");
+  CHECK(num(at(at(at(output, "reshape"), "shape"), 1)) == 1000);
   CHECK(str(at(output, "label_filename")) == "labels.txt");
   CHECK(str(at(doc, "default_model_filename")) == "net.onnx");
   CHECK(boolean(at(at(doc, "response_cache"), "enable")));

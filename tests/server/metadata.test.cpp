@@ -75,7 +75,7 @@ TEST_CASE("server metadata, health and model metadata") {
   CHECK(doc.string_at("/backend") == "builtin");
   CHECK(doc.int_at("/max_batch_size") == 8);
   CHECK(doc.string_at("/input/0/data_type") == "TYPE_INT32");
-  CHECK(json_strings(doc.at("/input/0/dims")) == std::vector<std::string>{"16"});
+  CHECK(json_ints(doc.at("/input/0/dims")) == std::vector<int64_t>{16});
   r = http.get("/v2/models/identity_fp32/versions/1/config");
   REQUIRE(r.status == 200);
   CHECK(json_document::parse(r.body).int_at("/max_batch_size") == 64);

@@ -100,10 +100,8 @@ TEST_CASE("densenet_small: format and reshape as Triton's densenet_onnx, classif
   CHECK(config.int_at("/max_batch_size") == 0);
   CHECK(config.string_at("/backend") == "onnxruntime");
   CHECK(config.string_at("/input/0/format") == "FORMAT_NCHW");
-  CHECK(json_strings(config.at("/input/0/reshape/shape"))
-        == std::vector<std::string>{"1", "3", "224", "224"});
-  CHECK(json_strings(config.at("/output/0/reshape/shape"))
-        == std::vector<std::string>{"1", "1000", "1", "1"});
+  CHECK(json_ints(config.at("/input/0/reshape/shape")) == std::vector<int64_t>{1, 3, 224, 224});
+  CHECK(json_ints(config.at("/output/0/reshape/shape")) == std::vector<int64_t>{1, 1000, 1, 1});
   CHECK(config.string_at("/output/0/label_filename") == "densenet_labels.txt");
 
   auto image = test_image();
@@ -190,9 +188,9 @@ TEST_CASE("an ONNX model without config.pbtxt is completed as Triton's auto-comp
   CHECK(config.string_at("/backend") == "onnxruntime");
   CHECK(config.string_at("/default_model_filename") == "model.onnx");
   CHECK(config.string_at("/input/0/name") == "x");
-  CHECK(json_strings(config.at("/input/0/dims")) == std::vector<std::string>{"6"});
+  CHECK(json_ints(config.at("/input/0/dims")) == std::vector<int64_t>{6});
   CHECK(config.string_at("/output/0/name") == "y");
-  CHECK(json_strings(config.at("/output/0/dims")) == std::vector<std::string>{"5"});
+  CHECK(json_ints(config.at("/output/0/dims")) == std::vector<int64_t>{5});
   auto meta = json_document::parse(http.get("/v2/models/auto_gemm").body);
   CHECK(json_ints(meta.at("/inputs/0/shape")) == std::vector<int64_t>{-1, 6});
 
