@@ -18,6 +18,7 @@
 /// The output of every request is compared with its input, outside the timing.
 
 #include "support/http_client.hpp"
+#include "support/shm_object.hpp"
 #include "support/tensor_bytes.hpp"
 
 #include <algorithm>
@@ -29,37 +30,12 @@
 #include <string>
 #include <vector>
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 using namespace caf_serving::support;
 using clock_type = std::chrono::steady_clock;
 
 namespace {
 
-struct shm_object {
-  std::string key;
-  size_t size;
-  char* data = nullptr;
-  int fd = -1;
-
-  shm_object(std::string k, size_t bytes) : key(std::move(k)), size(bytes) {
-    shm_unlink(key.c_str());
-    fd = shm_open(key.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
-    if (fd < 0 || ftruncate(fd, static_cast<off_t>(bytes)) != 0)
-      throw std::runtime_error("cannot create shared-memory object " + key);
-    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (p == MAP_FAILED)
-      throw std::runtime_error("cannot map " + key);
-    data = static_cast<char*>(p);
-  }
-  ~shm_object() {
-    munmap(data, size);
-    close(fd);
-    shm_unlink(key.c_str());
-  }
-};
 
 void expect(const http_response& r, const char* what) {
   if (r.status != 200)
@@ -95,7 +71,7 @@ int main(int argc, char** argv) {
 
   http_client http(port);
   http.timeout = std::chrono::milliseconds(60000);
-  shm_object in("/caf_serving_bench_in", bytes), out("/caf_serving_bench_out", bytes);
+  shm_object in(bytes, "bench_in"), out(bytes, "bench_out");
   http.post("/v2/systemsharedmemory/unregister", "");
   expect(http.post("/v2/systemsharedmemory/region/bench_in/register",
                    "{\"key\":\"" + in.key + "\",\"offset\":0,\"byte_size\":" + std::to_string(bytes)

@@ -1,4 +1,5 @@
 #include "ingress/shared_memory.hpp"
+#include "support/shm_object.hpp"
 
 #include "ingress/kserve_codec.hpp"
 #include "ingress/shm_api.hpp"
@@ -21,30 +22,7 @@ using namespace caf_serving::ingress;
 
 namespace {
 
-/// A POSIX shared-memory object created as a client creates one, mapped here
-/// too so the test can read and write what the server sees.
-struct shm_object {
-  std::string key;
-  size_t size;
-  char* data = nullptr;
-  int fd = -1;
-
-  explicit shm_object(size_t bytes, const std::string& tag = "t") : size(bytes) {
-    static int serial = 0;
-    key = "/caf_serving_test_" + std::to_string(getpid()) + "_" + tag + std::to_string(serial++);
-    fd = shm_open(key.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
-    REQUIRE(fd >= 0);
-    REQUIRE(ftruncate(fd, static_cast<off_t>(bytes)) == 0);
-    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    REQUIRE(p != MAP_FAILED);
-    data = static_cast<char*>(p);
-  }
-  ~shm_object() {
-    munmap(data, size);
-    close(fd);
-    shm_unlink(key.c_str());
-  }
-};
+using caf_serving::support::shm_object;
 
 shared_memory_config allowed(size_t max_regions = 64) {
   shared_memory_config c;

@@ -7,6 +7,7 @@
 /// request uses it stays (listed and mapped) until that request is answered.
 
 #include "server_test.hpp"
+#include "support/shm_object.hpp"
 
 #include <doctest/doctest.h>
 
@@ -21,39 +22,6 @@ using namespace caf_serving::server_test;
 
 namespace {
 
-/// A client's shared-memory object, mapped in the test.
-struct shm_object {
-  std::string key;
-  size_t size;
-  char* data = nullptr;
-  int fd = -1;
-
-  explicit shm_object(size_t bytes) : size(bytes) {
-    static int serial = 0;
-    key = "/caf_serving_server_test_" + std::to_string(getpid()) + "_" + std::to_string(serial++);
-    fd = shm_open(key.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
-    REQUIRE(fd >= 0);
-    REQUIRE(ftruncate(fd, static_cast<off_t>(bytes)) == 0);
-    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    REQUIRE(p != MAP_FAILED);
-    data = static_cast<char*>(p);
-  }
-  ~shm_object() {
-    munmap(data, size);
-    close(fd);
-    shm_unlink(key.c_str());
-  }
-  template <class T>
-  void put(size_t offset, const std::vector<T>& values) {
-    std::memcpy(data + offset, values.data(), values.size() * sizeof(T));
-  }
-  template <class T>
-  std::vector<T> get(size_t offset, size_t count) const {
-    std::vector<T> out(count);
-    std::memcpy(out.data(), data + offset, count * sizeof(T));
-    return out;
-  }
-};
 
 test_server& server() {
   static test_server s({example_model("simple"), test_model("slow_queue")},
