@@ -99,6 +99,24 @@ def layernorm_stats_opset21(rng):
     return model(nodes, [("x", F, ["batch", 3, 4])], outs, inits, 21), {"x": x}
 
 
+def layernorm_pattern_opset18(rng):
+    """LayerNorm written out with ReduceMean-18 (axes as an input), as an
+    exporter decomposes it at opset 18: the fusion must still find it."""
+    x = rng.standard_normal((2, 5, 16), dtype=np.float32)
+    n = helper.make_node
+    nodes = [
+        n("ReduceMean", ["x", "last"], ["mean"]), n("Sub", ["x", "mean"], ["d"]),
+        n("Pow", ["d", "two"], ["sq"]), n("ReduceMean", ["sq", "last"], ["var"]),
+        n("Add", ["var", "eps"], ["ve"]), n("Sqrt", ["ve"], ["std"]), n("Div", ["d", "std"], ["nrm"]),
+        n("Mul", ["nrm", "gamma"], ["scaled"]), n("Add", ["scaled", "beta"], ["y"]),
+    ]
+    inits = [const("last", np.array([-1], np.int64)), const("two", np.float32(2)),
+             const("eps", np.float32(1e-5)),
+             const("gamma", 1 + 0.1 * rng.standard_normal(16, dtype=np.float32)),
+             const("beta", 0.1 * rng.standard_normal(16, dtype=np.float32))]
+    return model(nodes, [("x", F, ["batch", 5, 16])], [("y", F, ["batch", 5, 16])], inits, 18), {"x": x}
+
+
 def cnn_opset21(rng):
     """A small CNN as exporters write it at opset 21: Conv, BatchNormalization,
     Relu, MaxPool (ceil_mode), a residual Add, GlobalAveragePool, Flatten, Gemm."""
@@ -181,6 +199,7 @@ CASES = {
     "opset21_cnn": cnn_opset21,
     "opset21_transformer": transformer_opset21,
     "opset21_layernorm_stats": layernorm_stats_opset21,
+    "pattern_layernorm_opset18": layernorm_pattern_opset18,
 }
 
 
