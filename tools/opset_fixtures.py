@@ -117,6 +117,25 @@ def layernorm_pattern_opset18(rng):
     return model(nodes, [("x", F, ["batch", 5, 16])], [("y", F, ["batch", 5, 16])], inits, 18), {"x": x}
 
 
+def auto_pad_opset22(rng):
+    """auto_pad SAME_UPPER and SAME_LOWER (odd total padding) and VALID on
+    Conv-22, MaxPool-22 and AveragePool-22."""
+    x = rng.standard_normal((2, 3, 8, 7), dtype=np.float32)
+    w = (rng.standard_normal((4, 3, 3, 2)) * 0.3).astype(np.float32)
+    n = helper.make_node
+    nodes = [
+        n("Conv", ["x", "w"], ["conv_upper"], auto_pad="SAME_UPPER", strides=[2, 2]),
+        n("Conv", ["x", "w"], ["conv_lower"], auto_pad="SAME_LOWER", strides=[1, 2]),
+        n("MaxPool", ["x"], ["max_lower"], kernel_shape=[2, 3], auto_pad="SAME_LOWER", strides=[3, 2]),
+        n("AveragePool", ["x"], ["avg_upper"], kernel_shape=[3, 2], auto_pad="SAME_UPPER"),
+        n("AveragePool", ["x"], ["avg_valid"], kernel_shape=[3, 3], auto_pad="VALID", strides=[2, 2]),
+    ]
+    outs = [("conv_upper", F, ["batch", 4, 4, 4]), ("conv_lower", F, ["batch", 4, 8, 4]),
+            ("max_lower", F, ["batch", 3, 3, 4]), ("avg_upper", F, ["batch", 3, 8, 7]),
+            ("avg_valid", F, ["batch", 3, 3, 3])]
+    return model(nodes, [("x", F, ["batch", 3, 8, 7])], outs, [const("w", w)], 22), {"x": x}
+
+
 def cnn_opset21(rng):
     """A small CNN as exporters write it at opset 21: Conv, BatchNormalization,
     Relu, MaxPool (ceil_mode), a residual Add, GlobalAveragePool, Flatten, Gemm."""
@@ -200,6 +219,7 @@ CASES = {
     "opset21_transformer": transformer_opset21,
     "opset21_layernorm_stats": layernorm_stats_opset21,
     "pattern_layernorm_opset18": layernorm_pattern_opset18,
+    "opset22_auto_pad": auto_pad_opset22,
 }
 
 

@@ -161,13 +161,39 @@ struct conv_geometry {
   int64_t ph1, pw1; ///< bottom and right padding
 };
 
+/// The pads ONNX's auto_pad gives a 2-D Conv or pool over NCHW input `x`
+/// with kernel `ks` (SAME_*: output ceil(in / stride), the odd pad at the end
+/// for SAME_UPPER, at the beginning for SAME_LOWER; VALID: none); the `pads`
+/// attribute for NOTSET; nothing for another auto_pad value.
+std::optional<shape_t> effective_pads(const node& nd, const shape_t& x, const shape_t& ks) {
+  auto mode = nd.get_s("auto_pad", "NOTSET");
+  if (mode == "NOTSET")
+    return nd.get_ints("pads", {0, 0, 0, 0});
+  if (mode == "VALID")
+    return shape_t{0, 0, 0, 0};
+  if (mode != "SAME_UPPER" && mode != "SAME_LOWER")
+    return std::nullopt;
+  auto st = nd.get_ints("strides", {1, 1});
+  auto dl = nd.get_ints("dilations", {1, 1});
+  if (x.size() != 4 || ks.size() != 2 || st.size() != 2 || dl.size() != 2)
+    return nd.get_ints("pads", {0, 0, 0, 0}); // conv_geom() names what is wrong
+  shape_t pads(4);
+  for (int i = 0; i < 2; ++i) {
+    int64_t in = x[2 + i], out = (in + st[i] - 1) / st[i];
+    int64_t total = std::max<int64_t>(0, (out - 1) * st[i] + (ks[i] - 1) * dl[i] + 1 - in);
+    int64_t small = total / 2, large = total - small;
+    pads[i] = mode == "SAME_UPPER" ? small : large;
+    pads[2 + i] = mode == "SAME_UPPER" ? large : small;
+  }
+  return pads;
+}
+
 std::variant<conv_geometry, std::string> conv_geom(const node& nd, const shape_t& x,
                                                    const shape_t& wshape, bool pool) {
   if (x.size() != 4)
     return std::string("expects a 4-D NCHW input, got ") + shape_string(x);
-  if (nd.get_s("auto_pad", "NOTSET") != "NOTSET" && nd.get_s("auto_pad", "") != "VALID")
-    return std::string("auto_pad ") + nd.get_s("auto_pad", "") + " is not supported; "
-           "re-export with explicit pads";
+  if (!pool && wshape.size() != 4)
+    return "expects 4-D weights, got " + shape_string(wshape);
   conv_geometry g{};
   g.n = x[0]; g.c = x[1]; g.h = x[2]; g.w = x[3];
   auto ks = pool ? nd.get_ints("kernel_shape") : shape_t{wshape[2], wshape[3]};
@@ -175,7 +201,11 @@ std::variant<conv_geometry, std::string> conv_geom(const node& nd, const shape_t
     return std::string("only 2-D kernels are supported");
   g.kh = ks[0]; g.kw = ks[1];
   auto st = nd.get_ints("strides", {1, 1});
-  auto pd = nd.get_ints("pads", {0, 0, 0, 0});
+  auto pads = effective_pads(nd, x, ks);
+  if (!pads)
+    return "auto_pad " + nd.get_s("auto_pad", "") + " is not one of NOTSET, SAME_UPPER, "
+           "SAME_LOWER and VALID; re-export the model";
+  auto pd = *pads;
   auto dl = nd.get_ints("dilations", {1, 1});
   if (st.size() != 2 || pd.size() != 4 || dl.size() != 2)
     return std::string("strides, pads and dilations of a 2-D ") + (pool ? "pool" : "convolution")
@@ -458,6 +488,23 @@ std::vector<std::vector<uint8_t>> run_reference_graph(const graph& g,
     outs.emplace_back(b, b + element_count(g.values[o].shape) * element_size(g.values[o].dtype));
   }
   return outs;
+}
+
+void explicit_pads(const graph& g, node& n) {
+  if (n.op != "Conv" && n.op != "MaxPool" && n.op != "AveragePool")
+    return;
+  if (n.get_s("auto_pad", "NOTSET") == "NOTSET" || n.inputs.empty() || n.inputs[0] < 0)
+    return;
+  // Conv's kernel size is its weights'.
+  shape_t ks = n.get_ints("kernel_shape");
+  if (n.op == "Conv" && ks.empty() && n.inputs.size() > 1 && n.inputs[1] >= 0
+      && g.values[n.inputs[1]].shape.size() == 4)
+    ks = {g.values[n.inputs[1]].shape[2], g.values[n.inputs[1]].shape[3]};
+  auto pads = effective_pads(n, g.values[n.inputs[0]].shape, ks);
+  if (!pads)
+    return;
+  n.set_ints("pads", *pads);
+  n.set_s("auto_pad", "NOTSET");
 }
 
 bool foldable(const std::string& op) {

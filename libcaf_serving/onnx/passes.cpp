@@ -107,6 +107,7 @@ result<graph> specialize(const graph& src, const std::vector<std::vector<int64_t
     for (int i : n.inputs)
       if (i >= 0 && !g.values[i].shape_known)
         return node_error(g, n, "input '" + g.values[i].name + "' has no known shape");
+    explicit_pads(g, n);
     auto inf = infer_shapes(g, n);
     if (auto* e = std::get_if<std::string>(&inf))
       return node_error(g, n, *e);
