@@ -68,7 +68,7 @@ def pools_opset19(rng):
 
 def integers_opset22(rng):
     """Relu-14 on INT32 (ONNX Runtime has no INT64 Relu), CastLike-15, Pow with
-    an INT64 exponent (Pow-12/15)."""
+    an INT64 exponent (Pow-12/15), Clip-13 and ReduceSum-13 on INT32."""
     x = (4 * rng.standard_normal((2, 6))).astype(np.float32)
     nodes = [
         helper.make_node("Cast", ["x"], ["xi"], to=TensorProto.INT32),
@@ -76,9 +76,13 @@ def integers_opset22(rng):
         helper.make_node("CastLike", ["ri", "x"], ["rf"]),
         helper.make_node("Pow", ["x", "two"], ["sq"]),
         helper.make_node("Add", ["rf", "sq"], ["y"]),
+        helper.make_node("Clip", ["xi", "lo", "hi"], ["clipped"]),
+        helper.make_node("ReduceSum", ["xi", "last"], ["total"]),
     ]
-    inits = [const("two", np.array(2, np.int64))]
-    outs = [("y", F, ["batch", 6]), ("ri", TensorProto.INT32, ["batch", 6])]
+    inits = [const("two", np.array(2, np.int64)), const("lo", np.array(-2, np.int32)),
+             const("hi", np.array(3, np.int32)), const("last", np.array([1], np.int64))]
+    outs = [("y", F, ["batch", 6]), ("ri", TensorProto.INT32, ["batch", 6]),
+            ("clipped", TensorProto.INT32, ["batch", 6]), ("total", TensorProto.INT32, ["batch", 1])]
     return model(nodes, [("x", F, ["batch", 6])], outs, inits, 22), {"x": x}
 
 

@@ -396,3 +396,22 @@ TEST_CASE("ceil_mode drops a pooling window that would start in the right paddin
   // Windows [-1,0], [1,2], [3,4], [5,6], padding excluded.
   CHECK(values_of<float>(r.outputs[0]) == std::vector<float>{0, 1.5f, 3.5f, 5.5f});
 }
+
+TEST_CASE("ReduceSum and ReduceMean on integers, Clip on integers (Clip-12 on)") {
+  // 2^53 + 1 does not survive a sum in double; an INT64 sum keeps it.
+  std::vector<int64_t> x{(int64_t{1} << 53), 1, -7, 2};
+  auto r = ran(run_node(13, "ReduceSum", {{datatype::int64, {2, 2}}, {datatype::int64, {1}}},
+                        {bytes_of(x), {}}, {{1, {1}}}, 1, {{"keepdims", int_attr(0)}}));
+  CHECK(r.shapes[0].dtype == datatype::int64);
+  CHECK(values_of<int64_t>(r.outputs[0]) == std::vector<int64_t>{(int64_t{1} << 53) + 1, -5});
+  // The mean truncates toward zero: -5 / 2 = -2.
+  r = ran(run_node(18, "ReduceMean", {{datatype::int64, {2, 2}}, {datatype::int64, {1}}},
+                   {bytes_of(x), {}}, {{1, {1}}}, 1, {{"keepdims", int_attr(0)}}));
+  CHECK(values_of<int64_t>(r.outputs[0])[1] == -2);
+  std::vector<int64_t> c{-9, 0, 5, 12};
+  r = ran(run_node(13, "Clip", {{datatype::int64, {4}}}, {bytes_of(c)}, {}, 1));
+  CHECK(values_of<int64_t>(r.outputs[0]) == c); // no bounds: unchanged
+  r = ran(run_node(13, "Clip", {{datatype::int64, {4}}, {datatype::int64, {1}}, {datatype::int64, {1}}},
+                   {bytes_of(c), {}, {}}, {{1, {-2}}, {2, {6}}}, 1));
+  CHECK(values_of<int64_t>(r.outputs[0]) == std::vector<int64_t>{-2, 0, 5, 6});
+}

@@ -570,7 +570,14 @@ infer_result infer_shapes(const graph& g, const node& n) {
       // Relu takes signed integers from Relu-14 on; the other kernels run on FLOAT.
       bool int_relu = op == "Relu" && (g.opset == 0 || g.opset >= 14)
                       && (t == datatype::int64 || t == datatype::int32 || t == datatype::int8);
-      if (!int_relu)
+      // Clip takes every number type; its min and max have the input's.
+      bool int_clip = op == "Clip" && t != datatype::bool_;
+      if (int_clip)
+        for (size_t i = 1; i < 3; ++i)
+          if (has(i) && in(i).dtype != t)
+            return "min or max '" + in(i).name + "' is " + std::string(to_string(in(i).dtype))
+                   + ", not the input's " + std::string(to_string(t)) + "; ONNX's Clip takes one type";
+      if (!int_relu && !int_clip)
         return "input '" + in(0).name + "' is " + std::string(to_string(t)) + "; the engine runs "
                + op + " on FP32" + (op == "Relu" ? " (and on INT8, INT32, INT64 from Relu-14)" : "");
     }
@@ -754,6 +761,8 @@ infer_result infer_shapes(const graph& g, const node& n) {
   if (op == "ReduceMean" || op == "ReduceSum") {
     if (auto e = need_const(1, "the axes")) return *e;
     const auto& s = in(0).shape;
+    if (in(0).dtype == datatype::bool_)
+      return "input '" + in(0).name + "' is BOOL; the engine reduces numbers (Cast it first)";
     auto axes = reduce_axes(n, &g, nullptr, s.size());
     for (auto a : axes)
       if (a < 0 || a >= static_cast<int64_t>(s.size()))
@@ -924,6 +933,18 @@ void run_reference(const node& n, const std::vector<tensor_ref>& in,
         B* d = y.as<B>();
         for (int64_t i = 0; i < y.elements(); ++i) d[i] = static_cast<B>(s[i]);
       });
+    });
+    return;
+  }
+  if (op == "Clip" && y.dtype != datatype::fp32) { // Clip-12 on: integers
+    dispatch(y.dtype, [&](auto tag) {
+      using T = decltype(tag);
+      if constexpr (!std::is_same_v<T, bool>) {
+        T lo = has(1) ? *in[1].as<T>() : std::numeric_limits<T>::lowest();
+        T hi = has(2) ? *in[2].as<T>() : std::numeric_limits<T>::max();
+        for (int64_t i = 0; i < y.elements(); ++i)
+          y.as<T>()[i] = std::min(std::max(in[0].as<T>()[i], lo), hi);
+      }
     });
     return;
   }
@@ -1106,14 +1127,21 @@ void run_reference(const node& n, const std::vector<tensor_ref>& in,
     for (auto a : axes) ost[a] = 0;
     int64_t count = 1;
     for (auto a : axes) count *= s[a];
-    std::vector<double> acc(y.elements(), 0.0);
     std::array<shape_t, 1> st{ost};
-    const float* x = in[0].as<float>();
-    broadcast_loop<1>(s, st, [&](int64_t i, const std::array<int64_t, 1>& off) {
-      acc[off[0]] += x[i];
+    dispatch(y.dtype, [&](auto tag) {
+      using T = decltype(tag);
+      if constexpr (!std::is_same_v<T, bool>) {
+        // Integers sum exactly in int64 (a mean truncates, as ONNX Runtime's).
+        using A = std::conditional_t<std::is_integral_v<T>, int64_t, double>;
+        std::vector<A> acc(y.elements(), A{0});
+        const T* x = in[0].as<T>();
+        broadcast_loop<1>(s, st, [&](int64_t i, const std::array<int64_t, 1>& off) {
+          acc[off[0]] += x[i];
+        });
+        for (int64_t i = 0; i < y.elements(); ++i)
+          y.as<T>()[i] = static_cast<T>(op == "ReduceMean" && count ? acc[i] / count : acc[i]);
+      }
     });
-    for (int64_t i = 0; i < y.elements(); ++i)
-      y.as<float>()[i] = static_cast<float>(op == "ReduceMean" ? acc[i] / count : acc[i]);
     return;
   }
   if (op == "Softmax") {
