@@ -9,14 +9,16 @@ namespace caf_serving::onnx {
 
 const op_table& core_operator_table() {
   // Every version ONNX 1.23.2 defines (onnx.defs.get_all_schemas_with_history()),
-  // from the first up to opset 28. Where a version changed what the operator
-  // means, the comment says so and check_node_version() or the kernel
-  // (ops.cpp) follows the version the model selects. The versions without a
-  // comment changed only the spec's type lists: bfloat16 (13), float8 (19),
-  // int4/uint4 (21), float4 (23), float8e8m0 (24), int2/uint2 (25), float6 (28),
-  // string (Equal-19), sequences and optionals (Identity-14, 16), which the
-  // engine refuses by datatype when inference meets them; and integer types
-  // the kernels run: int8/uint8 of Add, Sub, Mul, Div (14), integers of Relu (14).
+  // from the first up to opset 28. Where a version from 13 on changed what the
+  // operator means, the comment says so and check_node_version() or the kernel
+  // (ops.cpp) follows the version the model selects. Every other version from
+  // 13 on changed only the spec's type lists, which the engine checks by
+  // datatype when inference meets them: bfloat16 (13 for most; Where,
+  // GreaterOrEqual, LessOrEqual 16; ConstantOfShape 20; Conv, the pools 22),
+  // float8 (19, 20), int4/uint4 (21), float4 (23), float8e8m0 (24), int2/uint2
+  // (25), float6 (Cast-28), string (Equal-19), sequences and optionals
+  // (Identity-14, 16); int8/uint8/int16/uint16 of Add, Sub, Mul, Div (14),
+  // bfloat16 exponents of Pow (15), Range's float16/bfloat16 (27).
   static const op_table ops{
     {"Add", {1, 6, 7, 13, 14}},
     {"And", {1, 7}},

@@ -415,3 +415,13 @@ TEST_CASE("ReduceSum and ReduceMean on integers, Clip on integers (Clip-12 on)")
                    {bytes_of(c), {}, {}}, {{1, {-2}}, {2, {6}}}, 1));
   CHECK(values_of<int64_t>(r.outputs[0]) == std::vector<int64_t>{-2, 0, 5, 6});
 }
+
+TEST_CASE("a pool's zero stride or oversized kernel is refused, not divided by") {
+  std::vector<float> x(7, 1.0f);
+  auto e = refused(run_node(22, "MaxPool", {{datatype::fp32, {1, 1, 1, 7}}}, {bytes_of(x)}, {}, 1,
+                            {{"kernel_shape", ints_attr({1, 2})}, {"strides", ints_attr({1, 0})}}));
+  CHECK(e.find("must be positive") != std::string::npos);
+  e = refused(run_node(22, "MaxPool", {{datatype::fp32, {1, 1, 1, 7}}}, {bytes_of(x)}, {}, 1,
+                       {{"kernel_shape", ints_attr({2, 2})}}));
+  CHECK(e == "the (dilated) kernel [2,2] is larger than the padded input [1,1,1,7]");
+}

@@ -175,7 +175,8 @@ std::optional<shape_t> effective_pads(const node& nd, const shape_t& x, const sh
     return std::nullopt;
   auto st = nd.get_ints("strides", {1, 1});
   auto dl = nd.get_ints("dilations", {1, 1});
-  if (x.size() != 4 || ks.size() != 2 || st.size() != 2 || dl.size() != 2)
+  if (x.size() != 4 || ks.size() != 2 || st.size() != 2 || dl.size() != 2 || st[0] < 1
+      || st[1] < 1)
     return nd.get_ints("pads", {0, 0, 0, 0}); // conv_geom() names what is wrong
   shape_t pads(4);
   for (int i = 0; i < 2; ++i) {
@@ -210,6 +211,11 @@ std::variant<conv_geometry, std::string> conv_geom(const node& nd, const shape_t
   if (st.size() != 2 || pd.size() != 4 || dl.size() != 2)
     return std::string("strides, pads and dilations of a 2-D ") + (pool ? "pool" : "convolution")
            + " need 2, 4 and 2 values";
+  for (int i = 0; i < 2; ++i)
+    if (ks[i] < 1 || st[i] < 1 || dl[i] < 1 || pd[i] < 0 || pd[2 + i] < 0)
+      return "kernel " + shape_string(ks) + ", strides " + shape_string(st) + ", dilations "
+             + shape_string(dl) + " must be positive and pads " + shape_string(pd)
+             + " not negative";
   g.sh = st[0]; g.sw = st[1]; g.ph0 = pd[0]; g.pw0 = pd[1];
   g.ph1 = pd[2]; g.pw1 = pd[3]; g.dh = dl[0]; g.dw = dl[1];
   g.group = pool ? 1 : nd.get_i("group", 1);
@@ -227,6 +233,9 @@ std::variant<conv_geometry, std::string> conv_geom(const node& nd, const shape_t
       --out;
     return out;
   };
+  if (g.h + pd[0] + pd[2] < g.dh * (g.kh - 1) + 1 || g.w + pd[1] + pd[3] < g.dw * (g.kw - 1) + 1)
+    return "the (dilated) kernel " + shape_string(ks) + " is larger than the padded input "
+           + shape_string(x);
   g.oh = out_dim(g.h, g.kh, g.sh, pd[0], pd[2], g.dh);
   g.ow = out_dim(g.w, g.kw, g.sw, pd[1], pd[3], g.dw);
   return g;
