@@ -181,6 +181,8 @@ std::optional<std::string> check_node_version(const graph& g, const node& n) {
     if (n.has("axes"))
       return "attribute 'axes' was replaced by the second input 'axes' in " + n.op + "-13" + at
              + "; pass the axes as a constant input";
+    if (n.op == "Unsqueeze" && !has_input(n, 1)) // optional only for Squeeze
+      return "the second input 'axes' is missing" + at + "; Unsqueeze needs it";
   }
   if (n.op == "BatchNormalization") {
     if (n.get_i("training_mode", 0) != 0)

@@ -213,6 +213,15 @@ TEST_CASE("attributes that the selected operator version does not define are ref
         != std::string::npos);
   loads(make_model(15, {{"Shape", {"X"}, {"Y"}, {{"start", 1}}}}));
 
+  // Squeeze/Unsqueeze-13 take their axes as an input, which Unsqueeze needs.
+  msg = refusal(make_model(13, {{"Unsqueeze", {"X"}, {"Y"}, {{"axes", std::vector<int64_t>{0}}}}}));
+  CHECK(msg.find("attribute 'axes' was replaced by the second input 'axes' in Unsqueeze-13 "
+                 "(opset 13 selects Unsqueeze-13)") != std::string::npos);
+  msg = refusal(make_model(21, {{"Unsqueeze", {"X"}, {"Y"}, {}}}));
+  CHECK(msg.find("the second input 'axes' is missing (opset 21 selects Unsqueeze-21)")
+        != std::string::npos);
+  loads(make_model(21, {{"Unsqueeze", {"X", "ax"}, {"Y"}, {}}}, {{"ax", {0}}}));
+
   // A string constant is not silently dropped.
   msg = refusal(make_model(17, {{"Constant", {}, {"Y"}, {{"value_string", std::string("hi")}}}}));
   CHECK(msg.find("attribute 'value_string' (opset 17 selects Constant-13) is a kind of constant")
