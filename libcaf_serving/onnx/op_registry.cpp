@@ -116,6 +116,13 @@ const op_table& registered_operators() {
   return all;
 }
 
+size_t table_entries() {
+  size_t n = 0;
+  for (auto table : tables())
+    n += table().size();
+  return n;
+}
+
 const op_versions* find_operator(const std::string& op) {
   auto it = by_name().find(op);
   return it == by_name().end() ? nullptr : it->second;

@@ -40,6 +40,11 @@ const op_table& core_operator_table();
 /// Every registered operator from every table, sorted by name.
 const op_table& registered_operators();
 
+/// How many entries the tables hold together: registered_operators().size()
+/// unless two tables register one operator (the first table's entry wins),
+/// which the registry's test refuses.
+size_t table_entries();
+
 /// The entry of `op`, or nullptr when the engine does not run it.
 const op_versions* find_operator(const std::string& op);
 
