@@ -29,6 +29,8 @@ import torchvision
 from onnx import TensorProto, helper
 from torchvision.models.resnet import BasicBlock, Bottleneck
 
+import opset_fixtures
+
 # By dtype name: ONNX Runtime answers INT64 as numpy.longlong, another type than numpy.int64.
 TRITON_TYPE = {"float32": "TYPE_FP32", "int64": "TYPE_INT64", "int32": "TYPE_INT32",
                "bool": "TYPE_BOOL"}
@@ -419,6 +421,7 @@ def fixtures(out):
     export_single_ops(out, 60)
     export_patterns(out, 70)
     export_mobilenetv3_block(out, 80)
+    opset_fixtures.export(out, write_model)
 
 
 def examples(out):

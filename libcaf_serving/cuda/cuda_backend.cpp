@@ -477,7 +477,7 @@ exec_result cuda_backend::execute(const executor::batch_view& batch, executor::o
 
 bool step_builder::all_fp32(const onnx::node& n) const {
   for (int v : n.inputs) if (v >= 0 && g.values[v].dtype != datatype::fp32) return false;
-  for (int v : n.outputs) if (g.values[v].dtype != datatype::fp32) return false;
+  for (int v : n.outputs) if (v >= 0 && g.values[v].dtype != datatype::fp32) return false;
   return true;
 }
 
@@ -512,6 +512,12 @@ void step_builder::host(const onnx::node& n) {
     f->ins.push_back(r);
   }
   for (int v : n.outputs) {
+    if (v < 0) { // an omitted output (LayerNormalization's Mean) keeps its place, unwritten
+      f->outs.push_back(onnx::tensor_ref{});
+      f->device_out.push_back(nullptr);
+      f->out_bytes.push_back(0);
+      continue;
+    }
     const auto& val = g.values[v];
     f->pinned.emplace_back(pinned_alloc(value_bytes(val)), pinned_free);
     f->outs.push_back({val.dtype, val.shape, f->pinned.back().get()});
@@ -526,8 +532,9 @@ void step_builder::host(const onnx::node& n) {
                                        cudaMemcpyDeviceToHost, s));
     CAF_CUDA_CHECK(cudaLaunchHostFunc(s, &host_fallback::run, f));
     for (size_t i = 0; i < f->outs.size(); ++i)
-      CAF_CUDA_CHECK(cudaMemcpyAsync(f->device_out[i], f->outs[i].data, f->out_bytes[i],
-                                     cudaMemcpyHostToDevice, s));
+      if (f->device_out[i])
+        CAF_CUDA_CHECK(cudaMemcpyAsync(f->device_out[i], f->outs[i].data, f->out_bytes[i],
+                                       cudaMemcpyHostToDevice, s));
   }});
 }
 

@@ -1,6 +1,6 @@
 #include "onnx/importer.hpp"
 
-#include "onnx/ops_simple.hpp"
+#include "onnx/op_registry.hpp"
 
 #include <onnx/onnx_pb.h>
 
@@ -16,15 +16,6 @@ namespace caf_serving::onnx {
 namespace {
 
 namespace pb = ::onnx;
-
-/// The operators of ops.cpp; ops_simple.cpp's table lists its own.
-const std::vector<std::string> operators = {
-  "Add", "And", "AveragePool", "BatchNormalization", "Cast", "Clip", "Concat", "Constant",
-  "ConstantOfShape", "Conv", "Div", "Equal", "Erf", "Expand", "Flatten", "Gather", "Gemm",
-  "GlobalAveragePool", "Greater", "GreaterOrEqual", "Identity", "LayerNormalization", "Less", "LessOrEqual", "MatMul", "MaxPool", "Mul",
-  "Not", "Or", "Pow", "Range", "ReduceMean", "ReduceSum", "Relu", "Reshape", "Shape", "Sigmoid", "Slice", "Softmax",
-  "Split", "Sqrt", "Squeeze", "Sub", "Tanh", "Transpose", "Unsqueeze", "Where",
-};
 
 serving_error fail(const std::string& origin, const std::string& what) {
   return {status_code::bad_request, origin + ": " + what};
@@ -122,13 +113,12 @@ std::optional<serving_error> refuse_unsupported(const pb::GraphProto& pg, int64_
     size_t first = 0; ///< node index of the first use, to break ties in file order
     std::vector<std::string> nodes;
   };
-  const auto& ops = supported_operators();
   std::map<std::string, use> missing;
   bool foreign_domain = false;
   for (int i = 0; i < pg.node_size(); ++i) {
     const auto& pn = pg.node(i);
     bool default_domain = pn.domain().empty() || pn.domain() == "ai.onnx";
-    if (default_domain && std::binary_search(ops.begin(), ops.end(), pn.op_type()))
+    if (default_domain && operator_version(pn.op_type(), opset))
       continue;
     foreign_domain = foreign_domain || !default_domain;
     std::string key = default_domain ? pn.op_type() : pn.domain() + "." + pn.op_type();
@@ -164,9 +154,12 @@ std::optional<serving_error> refuse_unsupported(const pb::GraphProto& pg, int64_
     if (count > names_shown)
       list += " and " + std::to_string(count - names_shown) + " more";
     list += ")";
+    // An operator the engine runs, but that ONNX defines only after this opset.
+    if (const auto* e = find_operator(op))
+      list += " (ONNX defines it from opset " + std::to_string(e->since.front()) + ")";
   }
   std::string supported;
-  for (const auto& o : ops)
+  for (const auto& o : supported_operators())
     supported += (supported.empty() ? "" : ", ") + o;
   std::string what = std::to_string(nodes) + (nodes == 1 ? " node uses " : " nodes use ")
                      + std::to_string(order.size())
@@ -182,10 +175,9 @@ std::optional<serving_error> refuse_unsupported(const pb::GraphProto& pg, int64_
 
 const std::vector<std::string>& supported_operators() {
   static const std::vector<std::string> all = [] {
-    auto v = operators;
-    const auto& more = simple_operators();
-    v.insert(v.end(), more.begin(), more.end());
-    std::sort(v.begin(), v.end());
+    std::vector<std::string> v;
+    for (const auto& e : registered_operators())
+      v.push_back(e.op);
     return v;
   }();
   return all;
@@ -221,7 +213,8 @@ result<graph> import_model_bytes(const std::string& bytes, const std::string& or
     return fail(origin, "the model uses opset " + std::to_string(g.opset)
                           + ", but the engine supports opsets " + std::to_string(min_opset)
                           + " to " + std::to_string(max_opset)
-                          + "; re-export it, e.g. torch.onnx.export(..., opset_version=17)");
+                          + "; re-export it with an opset in that range, e.g. "
+                            "torch.onnx.export(..., opset_version=18)");
 
   const auto& pg = model.graph();
   if (auto refused = refuse_unsupported(pg, g.opset, origin))
@@ -305,6 +298,11 @@ result<graph> import_model_bytes(const std::string& bytes, const std::string& or
       n.attrs[a.name()] = std::move(at);
     }
   }
+  // Each node against the version of its operator that the opset selects.
+  for (const auto& n : g.nodes)
+    if (auto why = check_node_version(g, n))
+      return fail(origin, "node '" + n.name + "' (" + n.op + ", opset " + std::to_string(g.opset)
+                            + "): " + *why);
   for (const auto& out : pg.output()) {
     if (!by_name.count(out.name()))
       return fail(origin, "graph output '" + out.name() + "' is produced by no node");

@@ -577,6 +577,24 @@ step conv_step(const dnnl_ctx& ctx, const graph& g, const node& n, unsigned thre
                      std::move(calls));
 }
 
+bool pool_runs_on_onednn(const graph& g, const node& n) {
+  if (n.op != "AveragePool" || !n.get_i("count_include_pad", 0))
+    return true;
+  const auto& xs = g.values[n.inputs[0]].shape;
+  const auto& ys = g.values[n.outputs[0]].shape;
+  auto k = n.get_ints("kernel_shape");
+  auto st = n.get_ints("strides", {1, 1});
+  auto pads = n.get_ints("pads", {0, 0, 0, 0});
+  auto d = n.get_ints("dilations", {1, 1});
+  if (xs.size() != 4 || ys.size() != 4 || k.size() != 2 || st.size() != 2 || pads.size() != 4
+      || d.size() != 2)
+    return true; // pool_step() is not reached: inference refused these shapes
+  for (int i = 0; i < 2; ++i)
+    if ((ys[2 + i] - 1) * st[i] + (k[i] - 1) * d[i] + 1 - xs[2 + i] - pads[i] > pads[2 + i])
+      return false;
+  return true;
+}
+
 /// Pooling as oneDNN calls: by image when there are several, by blocks of 16
 /// channels (dense in nChw16c) for one image, else one call.
 step pool_step(const dnnl_ctx& ctx, const graph& g, const node& n, const layout_map& lay,
@@ -718,9 +736,9 @@ bool is_channel_scale(const graph& g, const node& n) {
 }
 
 bool runs_on_onednn_4d(const graph& g, const node& n) {
-  bool spatial = (n.op == "FusedConv" && g.values[n.inputs[1]].constant) || n.op == "MaxPool"
-                 || n.op == "AveragePool" || n.op == "GlobalAveragePool"
-                 || is_channel_scale(g, n);
+  bool spatial = (n.op == "FusedConv" && g.values[n.inputs[1]].constant)
+                 || ((n.op == "MaxPool" || n.op == "AveragePool") && pool_runs_on_onednn(g, n))
+                 || n.op == "GlobalAveragePool" || is_channel_scale(g, n);
   return spatial && g.values[n.inputs[0]].shape.size() == 4;
 }
 

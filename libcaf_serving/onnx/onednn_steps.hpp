@@ -182,6 +182,11 @@ step conv_step(const dnnl_ctx& ctx, const graph& g, const node& n, unsigned thre
                const layout_map& lay, const onnx_model_config& mcfg);
 step pool_step(const dnnl_ctx& ctx, const graph& g, const node& n, const layout_map& lay,
                unsigned threads);
+/// Whether pool_step() computes pooling node `n` as ONNX does. Not an
+/// AveragePool with count_include_pad whose ceil_mode windows reach past its
+/// end padding: ONNX counts padding only up to the padded edge, oneDNN all of
+/// it; the reference kernel runs those.
+bool pool_runs_on_onednn(const graph& g, const node& n);
 step reorder_step(const dnnl_ctx& ctx, const graph& g, const node& n, const layout_map& lay);
 /// Mul of a 4-D tensor by one value per image and channel, which assign_layouts()
 /// left in the tensor's layout (the node has src_layout).

@@ -222,7 +222,8 @@ step compile_node(const dnnl_ctx& ctx, const graph& g, int idx, unsigned threads
   };
   if (n.op == "FusedConv" && g.values[n.inputs[1]].constant)
     return finish(conv_step(ctx, g, n, threads, lay, mcfg));
-  if (n.op == "MaxPool" || n.op == "AveragePool" || n.op == "GlobalAveragePool")
+  if (((n.op == "MaxPool" || n.op == "AveragePool") && pool_runs_on_onednn(g, n))
+      || n.op == "GlobalAveragePool")
     return finish(pool_step(ctx, g, n, lay, threads));
   if (n.op == "ToNHWC" || n.op == "ToNCHW" || n.op == "ToNChw16c")
     return finish(reorder_step(ctx, g, n, lay));
@@ -299,8 +300,9 @@ step compile_node(const dnnl_ctx& ctx, const graph& g, int idx, unsigned threads
   for (int i : n.inputs)
     ins.push_back(i >= 0 ? tensor_ref{g.values[i].dtype, g.values[i].shape, nullptr}
                          : tensor_ref{});
-  for (int o : n.outputs)
-    outs.push_back({g.values[o].dtype, g.values[o].shape, nullptr});
+  for (int o : n.outputs) // an omitted output (-1) keeps its place, without memory
+    outs.push_back(o >= 0 ? tensor_ref{g.values[o].dtype, g.values[o].shape, nullptr}
+                          : tensor_ref{});
   s.run = [copy = n, ins, outs](void** p, int64_t) {
     // Copies, so that plans running on several threads do not share them.
     auto in = ins;
@@ -308,7 +310,7 @@ step compile_node(const dnnl_ctx& ctx, const graph& g, int idx, unsigned threads
     for (size_t i = 0; i < in.size(); ++i)
       in[i].data = copy.inputs[i] >= 0 ? p[copy.inputs[i]] : nullptr;
     for (size_t i = 0; i < out.size(); ++i)
-      out[i].data = p[copy.outputs[i]];
+      out[i].data = copy.outputs[i] >= 0 ? p[copy.outputs[i]] : nullptr;
     run_reference(copy, in, out);
   };
   return s;
@@ -417,7 +419,8 @@ std::string step_shapes(const compiled_plan& p, const step& s) {
   }
   out += ") -> ";
   for (size_t o = 0; o < n.outputs.size(); ++o)
-    out += (o ? ", " : "") + shape_string(p.g.values[n.outputs[o]].shape);
+    out += (o ? ", " : "")
+           + (n.outputs[o] >= 0 ? shape_string(p.g.values[n.outputs[o]].shape) : "-");
   return out;
 }
 
@@ -1204,6 +1207,7 @@ result<std::string> describe_plan(const onnx_model_config& given, int64_t batch)
     os << "  " << step_label(p, s) << "  [" << s.kernel << "]  " << n.name << "  "
        << step_shapes(p, s);
     for (int o : n.outputs) {
+      if (o < 0) continue;
       if (p.memory.offsets[o] >= 0) os << " @" << p.memory.offsets[o];
       else os << " (output)";
     }

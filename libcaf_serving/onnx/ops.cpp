@@ -61,7 +61,8 @@ bool compare_apply(binary_op op, T a, T b) {
 
 bool is_unary(const std::string& op) {
   return op == "Relu" || op == "Sqrt" || op == "Erf" || op == "Tanh" || op == "Sigmoid"
-         || op == "Identity" || op == "Cast" || op == "Clip" || op == "FusedGelu";
+         || op == "Identity" || op == "Cast" || op == "CastLike" || op == "Clip"
+         || op == "FusedGelu";
 }
 
 template <class T>
@@ -157,15 +158,43 @@ float gelu(float x) {
 
 struct conv_geometry {
   int64_t n, c, h, w, k, oh, ow, kh, kw, sh, sw, ph0, pw0, dh, dw, group;
+  int64_t ph1, pw1; ///< bottom and right padding
 };
+
+/// The pads ONNX's auto_pad gives a 2-D Conv or pool over NCHW input `x`
+/// with kernel `ks` (SAME_*: output ceil(in / stride), the odd pad at the end
+/// for SAME_UPPER, at the beginning for SAME_LOWER; VALID: none); the `pads`
+/// attribute for NOTSET; nothing for another auto_pad value.
+std::optional<shape_t> effective_pads(const node& nd, const shape_t& x, const shape_t& ks) {
+  auto mode = nd.get_s("auto_pad", "NOTSET");
+  if (mode == "NOTSET")
+    return nd.get_ints("pads", {0, 0, 0, 0});
+  if (mode == "VALID")
+    return shape_t{0, 0, 0, 0};
+  if (mode != "SAME_UPPER" && mode != "SAME_LOWER")
+    return std::nullopt;
+  auto st = nd.get_ints("strides", {1, 1});
+  auto dl = nd.get_ints("dilations", {1, 1});
+  if (x.size() != 4 || ks.size() != 2 || st.size() != 2 || dl.size() != 2 || st[0] < 1
+      || st[1] < 1)
+    return nd.get_ints("pads", {0, 0, 0, 0}); // conv_geom() names what is wrong
+  shape_t pads(4);
+  for (int i = 0; i < 2; ++i) {
+    int64_t in = x[2 + i], out = (in + st[i] - 1) / st[i];
+    int64_t total = std::max<int64_t>(0, (out - 1) * st[i] + (ks[i] - 1) * dl[i] + 1 - in);
+    int64_t small = total / 2, large = total - small;
+    pads[i] = mode == "SAME_UPPER" ? small : large;
+    pads[2 + i] = mode == "SAME_UPPER" ? large : small;
+  }
+  return pads;
+}
 
 std::variant<conv_geometry, std::string> conv_geom(const node& nd, const shape_t& x,
                                                    const shape_t& wshape, bool pool) {
   if (x.size() != 4)
     return std::string("expects a 4-D NCHW input, got ") + shape_string(x);
-  if (nd.get_s("auto_pad", "NOTSET") != "NOTSET" && nd.get_s("auto_pad", "") != "VALID")
-    return std::string("auto_pad ") + nd.get_s("auto_pad", "") + " is not supported; "
-           "re-export with explicit pads";
+  if (!pool && wshape.size() != 4)
+    return "expects 4-D weights, got " + shape_string(wshape);
   conv_geometry g{};
   g.n = x[0]; g.c = x[1]; g.h = x[2]; g.w = x[3];
   auto ks = pool ? nd.get_ints("kernel_shape") : shape_t{wshape[2], wshape[3]};
@@ -173,9 +202,22 @@ std::variant<conv_geometry, std::string> conv_geom(const node& nd, const shape_t
     return std::string("only 2-D kernels are supported");
   g.kh = ks[0]; g.kw = ks[1];
   auto st = nd.get_ints("strides", {1, 1});
-  auto pd = nd.get_ints("pads", {0, 0, 0, 0});
+  auto pads = effective_pads(nd, x, ks);
+  if (!pads)
+    return "auto_pad " + nd.get_s("auto_pad", "") + " is not one of NOTSET, SAME_UPPER, "
+           "SAME_LOWER and VALID; re-export the model";
+  auto pd = *pads;
   auto dl = nd.get_ints("dilations", {1, 1});
-  g.sh = st[0]; g.sw = st[1]; g.ph0 = pd[0]; g.pw0 = pd[1]; g.dh = dl[0]; g.dw = dl[1];
+  if (st.size() != 2 || pd.size() != 4 || dl.size() != 2)
+    return std::string("strides, pads and dilations of a 2-D ") + (pool ? "pool" : "convolution")
+           + " need 2, 4 and 2 values";
+  for (int i = 0; i < 2; ++i)
+    if (ks[i] < 1 || st[i] < 1 || dl[i] < 1 || pd[i] < 0 || pd[2 + i] < 0)
+      return "kernel " + shape_string(ks) + ", strides " + shape_string(st) + ", dilations "
+             + shape_string(dl) + " must be positive and pads " + shape_string(pd)
+             + " not negative";
+  g.sh = st[0]; g.sw = st[1]; g.ph0 = pd[0]; g.pw0 = pd[1];
+  g.ph1 = pd[2]; g.pw1 = pd[3]; g.dh = dl[0]; g.dw = dl[1];
   g.group = pool ? 1 : nd.get_i("group", 1);
   g.k = pool ? g.c : wshape[0];
   if (!pool && wshape[1] * g.group != g.c)
@@ -184,8 +226,16 @@ std::variant<conv_geometry, std::string> conv_geom(const node& nd, const shape_t
   auto out_dim = [&](int64_t in, int64_t k, int64_t s, int64_t p0, int64_t p1, int64_t d) {
     int64_t span = in + p0 + p1 - (d * (k - 1) + 1);
     bool ceil = pool && nd.get_i("ceil_mode", 0) != 0;
-    return (ceil ? (span + s - 1) / s : span / s) + 1;
+    int64_t out = (ceil ? (span + s - 1) / s : span / s) + 1;
+    // ceil_mode: "sliding windows that would start in the right padded region
+    // are ignored" (the pools' spec since MaxPool-10; torch and ONNX Runtime agree).
+    if (ceil && out > 1 && (out - 1) * s >= in + p0)
+      --out;
+    return out;
   };
+  if (g.h + pd[0] + pd[2] < g.dh * (g.kh - 1) + 1 || g.w + pd[1] + pd[3] < g.dw * (g.kw - 1) + 1)
+    return "the (dilated) kernel " + shape_string(ks) + " is larger than the padded input "
+           + shape_string(x);
   g.oh = out_dim(g.h, g.kh, g.sh, pd[0], pd[2], g.dh);
   g.ow = out_dim(g.w, g.kw, g.sw, pd[1], pd[3], g.dw);
   return g;
@@ -230,7 +280,7 @@ void pool_reference(const node& nd, const conv_geometry& g, const float* x, floa
             bool inside = iy >= 0 && iy < g.h && ix >= 0 && ix < g.w;
             if (!inside) {
               // Padding counts for count_include_pad, but not past the padded edge.
-              if (include_pad && iy < g.h + g.ph0 && ix < g.w + g.pw0)
+              if (include_pad && iy < g.h + g.ph1 && ix < g.w + g.pw1)
                 ++count;
               continue;
             }
@@ -323,11 +373,15 @@ void layernorm_rows(const float* x, const float* gamma, const float* beta, float
   }
 }
 
+/// The axes of a Reduce* node: its second input from ReduceSum-13 and
+/// ReduceMean-18 on, its attribute before (the importer refuses the other
+/// form for the version the opset selects). Empty axes reduce every axis,
+/// unless noop_with_empty_axes (from the same versions) makes the node a copy.
 std::vector<int64_t> reduce_axes(const node& n, const graph* g, const tensor_ref* axes_in,
                                  size_t rank) {
   std::vector<int64_t> axes;
-  if (n.op == "ReduceSum") {
-    if (g && n.inputs.size() > 1 && n.inputs[1] >= 0)
+  if (n.inputs.size() > 1 && n.inputs[1] >= 0) {
+    if (g)
       axes = const_ints(*g, n.inputs[1]);
     else if (axes_in)
       axes = ref_ints(*axes_in);
@@ -336,7 +390,7 @@ std::vector<int64_t> reduce_axes(const node& n, const graph* g, const tensor_ref
   }
   for (auto& a : axes)
     a = norm_axis(a, rank);
-  if (axes.empty() && !(n.op == "ReduceSum" && n.get_i("noop_with_empty_axes", 0))) {
+  if (axes.empty() && !n.get_i("noop_with_empty_axes", 0)) {
     axes.resize(rank);
     std::iota(axes.begin(), axes.end(), 0);
   }
@@ -433,7 +487,8 @@ std::vector<std::vector<uint8_t>> run_reference_graph(const graph& g,
     for (int i : n.inputs)
       in.push_back(i >= 0 ? tensor_ref{g.values[i].dtype, g.values[i].shape, ptr[i]} : tensor_ref{});
     for (int o : n.outputs)
-      out.push_back({g.values[o].dtype, g.values[o].shape, ptr[o]});
+      out.push_back(o >= 0 ? tensor_ref{g.values[o].dtype, g.values[o].shape, ptr[o]}
+                           : tensor_ref{});
     run_reference(n, in, out);
   }
   std::vector<std::vector<uint8_t>> outs;
@@ -442,6 +497,23 @@ std::vector<std::vector<uint8_t>> run_reference_graph(const graph& g,
     outs.emplace_back(b, b + element_count(g.values[o].shape) * element_size(g.values[o].dtype));
   }
   return outs;
+}
+
+void explicit_pads(const graph& g, node& n) {
+  if (n.op != "Conv" && n.op != "MaxPool" && n.op != "AveragePool")
+    return;
+  if (n.get_s("auto_pad", "NOTSET") == "NOTSET" || n.inputs.empty() || n.inputs[0] < 0)
+    return;
+  // Conv's kernel size is its weights'.
+  shape_t ks = n.get_ints("kernel_shape");
+  if (n.op == "Conv" && ks.empty() && n.inputs.size() > 1 && n.inputs[1] >= 0
+      && g.values[n.inputs[1]].shape.size() == 4)
+    ks = {g.values[n.inputs[1]].shape[2], g.values[n.inputs[1]].shape[3]};
+  auto pads = effective_pads(n, g.values[n.inputs[0]].shape, ks);
+  if (!pads)
+    return;
+  n.set_ints("pads", *pads);
+  n.set_s("auto_pad", "NOTSET");
 }
 
 bool foldable(const std::string& op) {
@@ -474,6 +546,13 @@ infer_result infer_shapes(const graph& g, const node& n) {
                + " do not broadcast";
       s = *b;
     }
+    // Pow's exponent may differ in type (T1, from Pow-12); ONNX's other binary
+    // operators and Where's branches take one type.
+    size_t first = op == "Where" ? 1 : 0;
+    if (op != "Pow" && n.inputs.size() > first + 1 && in(first).dtype != in(first + 1).dtype)
+      return "inputs '" + in(first).name + "' (" + std::string(to_string(in(first).dtype))
+             + ") and '" + in(first + 1).name + "' (" + std::string(to_string(in(first + 1).dtype))
+             + ") differ in type; ONNX's " + op + " takes one type (insert a Cast)";
     datatype t = is_compare(op) ? datatype::bool_ : op == "Where" ? in(1).dtype : in(0).dtype;
     return one(t, s);
   }
@@ -482,13 +561,34 @@ infer_result infer_shapes(const graph& g, const node& n) {
     if (op == "Cast") {
       switch (n.get_i("to", 1)) {
         case 1: t = datatype::fp32; break;
+        case 2: t = datatype::uint8; break;
+        case 3: t = datatype::int8; break;
         case 6: t = datatype::int32; break;
         case 7: t = datatype::int64; break;
         case 9: t = datatype::bool_; break;
         case 11: t = datatype::fp32; break; // double computed as float
         default: return "Cast to ONNX type " + std::to_string(n.get_i("to", 0))
-                        + " is not supported (FLOAT, INT32, INT64, BOOL are)";
+                        + " is not supported (FLOAT, UINT8, INT8, INT32, INT64, BOOL, DOUBLE "
+                          "are)";
       }
+    } else if (op == "CastLike") {
+      if (!has(1))
+        return std::string("CastLike needs its second input (target_type)");
+      t = in(1).dtype;
+    } else if (op != "Identity" && t != datatype::fp32) {
+      // Relu takes signed integers from Relu-14 on; the other kernels run on FLOAT.
+      bool int_relu = op == "Relu" && (g.opset == 0 || g.opset >= 14)
+                      && (t == datatype::int64 || t == datatype::int32 || t == datatype::int8);
+      // Clip takes every number type; its min and max have the input's.
+      bool int_clip = op == "Clip" && t != datatype::bool_;
+      if (int_clip)
+        for (size_t i = 1; i < 3; ++i)
+          if (has(i) && in(i).dtype != t)
+            return "min or max '" + in(i).name + "' is " + std::string(to_string(in(i).dtype))
+                   + ", not the input's " + std::string(to_string(t)) + "; ONNX's Clip takes one type";
+      if (!int_relu && !int_clip)
+        return "input '" + in(0).name + "' is " + std::string(to_string(t)) + "; the engine runs "
+               + op + " on FP32" + (op == "Relu" ? " (and on INT8, INT32, INT64 from Relu-14)" : "");
     }
     if (op == "Clip")
       for (size_t i = 1; i < 3; ++i)
@@ -622,12 +722,34 @@ infer_result infer_shapes(const graph& g, const node& n) {
     if (auto e = need_const(1, "the split sizes")) return *e;
     const auto& s = in(0).shape;
     int64_t axis = norm_axis(n.get_i("axis", 0), s.size());
-    auto sizes = has(1) ? const_ints(g, n.inputs[1]) : n.get_ints("split");
+    auto sizes = has(1) ? const_ints(g, n.inputs[1]) : shape_t{};
+    if (axis < 0 || axis >= static_cast<int64_t>(s.size()))
+      return "axis " + std::to_string(n.get_i("axis", 0)) + " is out of range for "
+             + shape_string(s);
     if (sizes.empty()) {
-      int64_t k = static_cast<int64_t>(n.outputs.size());
-      sizes.assign(k, (s[axis] + k - 1) / k);
-      sizes.back() = s[axis] - sizes[0] * (k - 1);
+      // Equal parts, one per output (num_outputs, which the importer checked
+      // against the outputs, from Split-18). Split-18 makes the last part
+      // smaller when they do not divide evenly; Split-13 must divide evenly.
+      int64_t k = static_cast<int64_t>(n.outputs.size()), d = s[axis];
+      if (d % k != 0 && g.opset != 0 && g.opset < 18)
+        return "Split-13 divides axis " + std::to_string(axis) + " of " + shape_string(s)
+               + " into " + std::to_string(k) + " equal parts, which it cannot; give the sizes "
+               "as the 'split' input, or re-export at opset 18 or newer (num_outputs)";
+      sizes.assign(k, (d + k - 1) / k);
+      sizes.back() = d - sizes[0] * (k - 1);
+      if (sizes.back() < 0)
+        return "axis " + std::to_string(axis) + " of " + shape_string(s) + " cannot be split "
+               "into " + std::to_string(k) + " parts of " + std::to_string(sizes[0])
+               + " with a smaller last one (ONNX's rule); give the sizes as the 'split' input";
     }
+    if (sizes.size() != n.outputs.size())
+      return std::to_string(sizes.size()) + " split sizes for " + std::to_string(n.outputs.size())
+             + " outputs";
+    int64_t total = 0;
+    for (auto sz : sizes) total += sz;
+    if (total != s[axis])
+      return "split sizes add up to " + std::to_string(total) + ", not to axis "
+             + std::to_string(axis) + " of " + shape_string(s);
     std::vector<inferred> out;
     for (auto sz : sizes) {
       shape_t o = s;
@@ -646,10 +768,14 @@ infer_result infer_shapes(const graph& g, const node& n) {
     return one(in(0).dtype, o);
   }
   if (op == "ReduceMean" || op == "ReduceSum") {
-    if (op == "ReduceSum")
-      if (auto e = need_const(1, "the axes")) return *e;
+    if (auto e = need_const(1, "the axes")) return *e;
     const auto& s = in(0).shape;
+    if (in(0).dtype == datatype::bool_)
+      return "input '" + in(0).name + "' is BOOL; the engine reduces numbers (Cast it first)";
     auto axes = reduce_axes(n, &g, nullptr, s.size());
+    for (auto a : axes)
+      if (a < 0 || a >= static_cast<int64_t>(s.size()))
+        return "axis out of range for input shape " + shape_string(s);
     bool keep = n.get_i("keepdims", 1) != 0;
     shape_t o;
     for (size_t i = 0; i < s.size(); ++i) {
@@ -661,10 +787,19 @@ infer_result infer_shapes(const graph& g, const node& n) {
   }
   if (op == "Softmax" || op == "LayerNormalization" || op == "FusedLayerNorm"
       || op == "BatchNormalization") {
-    if (op == "LayerNormalization" && n.outputs.size() > 1)
-      for (size_t i = 1; i < n.outputs.size(); ++i)
-        if (n.outputs[i] >= 0)
-          return std::string("LayerNormalization's Mean and InvStdDev outputs are not supported");
+    if (op == "LayerNormalization" && n.outputs.size() > 1) {
+      // Mean and InvStdDev: X's shape with the normalized axes 1 (FLOAT, stash_type 1).
+      const auto& s = in(0).shape;
+      int64_t axis = norm_axis(n.get_i("axis", -1), s.size());
+      if (axis < 0 || axis >= static_cast<int64_t>(s.size()))
+        return "axis " + std::to_string(n.get_i("axis", -1)) + " is out of range for "
+               + shape_string(s);
+      shape_t stat = s;
+      for (size_t i = axis; i < s.size(); ++i) stat[i] = 1;
+      std::vector<inferred> out{{in(0).dtype, s}};
+      for (size_t i = 1; i < n.outputs.size(); ++i) out.push_back({datatype::fp32, stat});
+      return out;
+    }
     return one(in(0).dtype, in(0).shape);
   }
   if (op == "MatMul" || op == "FusedMatMul") {
@@ -729,6 +864,26 @@ void run_reference(const node& n, const std::vector<tensor_ref>& in,
       return;
     }
     std::array<shape_t, 2> st2{st[0], st[1]};
+    if (op == "Pow" && in[1].dtype != in[0].dtype) {
+      // From Pow-12 on the exponent may have another type than the base
+      // (x ** 2 with an INT64 2): computed in double, stored as the base's type.
+      std::vector<double> e(in[1].elements());
+      dispatch(in[1].dtype, [&](auto tag) {
+        using E = decltype(tag);
+        for (size_t i = 0; i < e.size(); ++i) e[i] = static_cast<double>(in[1].as<E>()[i]);
+      });
+      dispatch(y.dtype, [&](auto tag) {
+        using T = decltype(tag);
+        if constexpr (!std::is_same_v<T, bool>) {
+          const T* a = in[0].as<T>();
+          T* o = y.as<T>();
+          broadcast_loop<2>(y.shape, st2, [&](int64_t i, const std::array<int64_t, 2>& off) {
+            o[i] = static_cast<T>(std::pow(static_cast<double>(a[off[0]]), e[off[1]]));
+          });
+        }
+      });
+      return;
+    }
     const binary_op bop = binary_op_of(op);
     dispatch(in[0].dtype, [&](auto tag) {
       using T = decltype(tag);
@@ -769,7 +924,16 @@ void run_reference(const node& n, const std::vector<tensor_ref>& in,
     std::memcpy(y.data, in[0].data, y.elements() * element_size(y.dtype));
     return;
   }
-  if (op == "Cast") {
+  if (op == "Relu" && y.dtype != datatype::fp32) { // Relu-14's integers
+    dispatch(y.dtype, [&](auto tag) {
+      using T = decltype(tag);
+      if constexpr (std::is_signed_v<T>)
+        for (int64_t i = 0; i < y.elements(); ++i)
+          y.as<T>()[i] = in[0].as<T>()[i] > 0 ? in[0].as<T>()[i] : T{0};
+    });
+    return;
+  }
+  if (op == "Cast" || op == "CastLike") {
     dispatch(in[0].dtype, [&](auto a) {
       using A = decltype(a);
       dispatch(y.dtype, [&](auto b) {
@@ -778,6 +942,18 @@ void run_reference(const node& n, const std::vector<tensor_ref>& in,
         B* d = y.as<B>();
         for (int64_t i = 0; i < y.elements(); ++i) d[i] = static_cast<B>(s[i]);
       });
+    });
+    return;
+  }
+  if (op == "Clip" && y.dtype != datatype::fp32) { // Clip-12 on: integers
+    dispatch(y.dtype, [&](auto tag) {
+      using T = decltype(tag);
+      if constexpr (!std::is_same_v<T, bool>) {
+        T lo = has(1) ? *in[1].as<T>() : std::numeric_limits<T>::lowest();
+        T hi = has(2) ? *in[2].as<T>() : std::numeric_limits<T>::max();
+        for (int64_t i = 0; i < y.elements(); ++i)
+          y.as<T>()[i] = std::min(std::max(in[0].as<T>()[i], lo), hi);
+      }
     });
     return;
   }
@@ -960,14 +1136,21 @@ void run_reference(const node& n, const std::vector<tensor_ref>& in,
     for (auto a : axes) ost[a] = 0;
     int64_t count = 1;
     for (auto a : axes) count *= s[a];
-    std::vector<double> acc(y.elements(), 0.0);
     std::array<shape_t, 1> st{ost};
-    const float* x = in[0].as<float>();
-    broadcast_loop<1>(s, st, [&](int64_t i, const std::array<int64_t, 1>& off) {
-      acc[off[0]] += x[i];
+    dispatch(y.dtype, [&](auto tag) {
+      using T = decltype(tag);
+      if constexpr (!std::is_same_v<T, bool>) {
+        // Integers sum exactly in int64 (a mean truncates, as ONNX Runtime's).
+        using A = std::conditional_t<std::is_integral_v<T>, int64_t, double>;
+        std::vector<A> acc(y.elements(), A{0});
+        const T* x = in[0].as<T>();
+        broadcast_loop<1>(s, st, [&](int64_t i, const std::array<int64_t, 1>& off) {
+          acc[off[0]] += x[i];
+        });
+        for (int64_t i = 0; i < y.elements(); ++i)
+          y.as<T>()[i] = static_cast<T>(op == "ReduceMean" && count ? acc[i] / count : acc[i]);
+      }
     });
-    for (int64_t i = 0; i < y.elements(); ++i)
-      y.as<float>()[i] = static_cast<float>(op == "ReduceMean" ? acc[i] / count : acc[i]);
     return;
   }
   if (op == "Softmax") {
@@ -1001,8 +1184,22 @@ void run_reference(const node& n, const std::vector<tensor_ref>& in,
       gamma[i] = in[1].as<float>()[i % in[1].elements()];
       beta[i] = has(2) ? in[2].as<float>()[i % in[2].elements()] : 0.f;
     }
-    layernorm_rows(in[0].as<float>(), gamma.data(), beta.data(), n.get_f("epsilon", 1e-5f),
-                   in[0].elements() / inner, inner, y.as<float>());
+    float eps = n.get_f("epsilon", 1e-5f);
+    int64_t rows = in[0].elements() / inner;
+    layernorm_rows(in[0].as<float>(), gamma.data(), beta.data(), eps, rows, inner, y.as<float>());
+    // The optional Mean and InvStdDev outputs, computed as layernorm_rows does.
+    bool mean_out = out.size() > 1 && out[1].data, inv_out = out.size() > 2 && out[2].data;
+    if (mean_out || inv_out)
+      for (int64_t r = 0; r < rows; ++r) {
+        const float* p = in[0].as<float>() + r * inner;
+        double mean = 0, var = 0;
+        for (int64_t i = 0; i < inner; ++i) mean += p[i];
+        mean /= inner;
+        for (int64_t i = 0; i < inner; ++i) var += (p[i] - mean) * (p[i] - mean);
+        var /= inner;
+        if (mean_out) out[1].as<float>()[r] = static_cast<float>(mean);
+        if (inv_out) out[2].as<float>()[r] = static_cast<float>(1.0 / std::sqrt(var + eps));
+      }
     return;
   }
   if (op == "BatchNormalization") {

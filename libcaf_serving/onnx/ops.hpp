@@ -65,6 +65,12 @@ void run_reference(const node& n, const std::vector<tensor_ref>& inputs,
 std::vector<std::vector<uint8_t>> run_reference_graph(const graph& g,
                                                       const std::vector<std::string>& inputs);
 
+/// Rewrites a Conv's, MaxPool's or AveragePool's auto_pad (SAME_UPPER,
+/// SAME_LOWER, VALID) into explicit pads for its input's known shape, as ONNX
+/// defines them, so that every kernel reads `pads` alone. Other nodes, other
+/// auto_pad values and unknown shapes are left for inference to judge.
+void explicit_pads(const graph& g, node& n);
+
 /// Whether folding `op` on constants is worth it (every op but those that
 /// materialise large tensors from tiny ones).
 bool foldable(const std::string& op);

@@ -309,6 +309,16 @@ const std::vector<std::string>& simple_operators() {
   return names;
 }
 
+const op_table& simple_operator_table() {
+  static const op_table versions = [] {
+    op_table v;
+    for (const auto& [name, entry] : table())
+      v.push_back({name, entry.versions});
+    return v;
+  }();
+  return versions;
+}
+
 bool is_simple_op(const std::string& op) {
   return table().count(op) > 0;
 }

@@ -13,6 +13,7 @@
 ///     if (is_simple_op(n.op)) run_simple_op(n, inputs, outputs);
 
 #include "onnx/ir.hpp"
+#include "onnx/op_registry.hpp"
 #include "onnx/ops.hpp"
 
 #include <string>
@@ -23,6 +24,9 @@ namespace caf_serving::onnx {
 
 /// The operators of ops_simple.cpp, sorted.
 const std::vector<std::string>& simple_operators();
+
+/// The operators of ops_simple.cpp with their ONNX versions, for op_registry.cpp.
+const op_table& simple_operator_table();
 
 bool is_simple_op(const std::string& op);
 

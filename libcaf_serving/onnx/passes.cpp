@@ -1,6 +1,7 @@
 #include "onnx/passes.hpp"
 
 #include "onnx/ops.hpp"
+#include "onnx/ops_internal.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -106,6 +107,7 @@ result<graph> specialize(const graph& src, const std::vector<std::vector<int64_t
     for (int i : n.inputs)
       if (i >= 0 && !g.values[i].shape_known)
         return node_error(g, n, "input '" + g.values[i].name + "' has no known shape");
+    explicit_pads(g, n);
     auto inf = infer_shapes(g, n);
     if (auto* e = std::get_if<std::string>(&inf))
       return node_error(g, n, *e);
@@ -120,8 +122,11 @@ result<graph> specialize(const graph& src, const std::vector<std::vector<int64_t
     std::vector<tensor_ref> in_refs, out_refs;
     std::vector<std::shared_ptr<tensor_data>> results;
     for (size_t k = 0; k < n.outputs.size(); ++k) {
-      if (n.outputs[k] < 0)
+      if (n.outputs[k] < 0) {
+        if (fold) // an omitted output keeps its place, without memory
+          out_refs.push_back(tensor_ref{});
         continue;
+      }
       auto& v = g.values[n.outputs[k]];
       v.dtype = outs[k].dtype;
       v.shape = outs[k].shape;
@@ -201,16 +206,23 @@ void fold_batchnorm(graph& g) {
 }
 
 void fuse_layernorm(graph& g) {
-  for (auto& n : g.nodes)
-    if (n.op == "LayerNormalization" && n.get_i("axis", -1) == -1
-        || (n.op == "LayerNormalization"
-            && n.get_i("axis", -1) == static_cast<int64_t>(g.values[n.inputs[0]].shape.size()) - 1))
+  for (auto& n : g.nodes) {
+    // FusedLayerNorm writes Y only: a node whose Mean or InvStdDev is read stays.
+    bool stats = std::any_of(n.outputs.begin() + std::min<size_t>(1, n.outputs.size()),
+                             n.outputs.end(), [](int v) { return v >= 0; });
+    if (n.op == "LayerNormalization" && !stats
+        && (n.get_i("axis", -1) == -1
+            || n.get_i("axis", -1)
+                 == static_cast<int64_t>(g.values[n.inputs[0]].shape.size()) - 1))
       n.op = "FusedLayerNorm";
+  }
   consumers cons(g);
   auto prod = g.producers();
   auto is = [&](int node, const char* op) { return node >= 0 && g.nodes[node].op == op; };
   auto last_axis = [&](const node& n) {
-    auto axes = n.get_ints("axes");
+    // The axes attribute before ReduceMean-18, a constant input from 18 on.
+    auto axes = n.inputs.size() > 1 && n.inputs[1] >= 0 ? ops_internal::const_ints(g, n.inputs[1])
+                                                         : n.get_ints("axes");
     int64_t r = static_cast<int64_t>(g.values[n.inputs[0]].shape.size());
     return axes.size() == 1 && (axes[0] == -1 || axes[0] == r - 1)
            && n.get_i("keepdims", 1) == 1;

@@ -103,6 +103,19 @@ TEST_CASE("LayerNorm: the decomposed pattern and LayerNormalization become Fused
   CHECK(count_ops(g17, "FusedLayerNorm") == 1);
 }
 
+TEST_CASE("opset 18 and 21 patterns fuse: ReduceMean-18's axes input, a transformer block") {
+  // The LayerNorm written out with ReduceMean-18, which takes its axes as an input.
+  auto g18 = check_fusion("pattern_layernorm_opset18");
+  CHECK(count_ops(g18, "FusedLayerNorm") == 1);
+  CHECK(count_ops(g18, "ReduceMean") == 0);
+  // tools/opset_fixtures.py's encoder block at opset 21: attention, both LayerNorms, GELU.
+  auto g21 = check_fusion("opset21_transformer");
+  CHECK(count_ops(g21, "FusedAttention") == 1);
+  CHECK(count_ops(g21, "FusedLayerNorm") == 2);
+  CHECK(count_ops(g21, "Softmax") == 0);
+  CHECK(count_ops(g21, "Erf") == 0);
+}
+
 TEST_CASE("erf-GELU becomes FusedGelu") {
   auto g = check_fusion("pattern_gelu_opset13");
   CHECK(count_ops(g, "FusedGelu") == 1);
