@@ -249,12 +249,18 @@ def write_report(args: argparse.Namespace) -> int:
     w("")
     w("## Operators the engine supports")
     w("")
-    w("| operator | passed / cases | failed | refused | crashed |")
-    w("|---|---:|---:|---:|---:|")
+    def opset_note(case: str) -> str:
+        m = manifest.get(case, [])
+        return f" (opset {m[2]} run as {m[3]})" if len(m) > 3 and m[2] != m[3] else ""
+
+    w("| operator | passed / cases | failed | refused | crashed | opset rewritten |")
+    w("|---|---:|---:|---:|---:|---:|")
     for op in sorted(supported):
         rows = by_op.get(op, [])
         c = collections.Counter(r[2] for r in rows)
-        w(f"| {op} | {c['pass']} / {len(rows)} | {c['fail']} | {c['refused']} | {c['crashed']} |")
+        rewritten = sum(1 for r in rows if opset_note(r[0]))
+        w(f"| {op} | {c['pass']} / {len(rows)} | {c['fail']} | {c['refused']} | {c['crashed']} "
+          f"| {rewritten} |")
     w("")
     w("### Cases of supported operators that do not pass")
     w("")
@@ -263,7 +269,7 @@ def write_report(args: argparse.Namespace) -> int:
     failures = sorted((r for r in sup_rows if r[2] != "pass"),
                       key=lambda r: ({"fail": 0, "crashed": 1, "refused": 2}.get(r[2], 3), r[1], r[0]))
     for r in failures:
-        w(f"| {r[1]} | {r[0]} | {r[2]} | {short_reason(r[3])} |")
+        w(f"| {r[1]} | {r[0]}{opset_note(r[0])} | {r[2]} | {short_reason(r[3])} |")
     w("")
     if constant_passes:
         w("### Cases that pass with inputs made constants")
@@ -271,7 +277,7 @@ def write_report(args: argparse.Namespace) -> int:
         w("| operator | case | constants |")
         w("|---|---|---|")
         for r in sorted(constant_passes, key=lambda r: (r[1], r[0])):
-            w(f"| {r[1]} | {r[0]} | {short_reason(r[3])} |")
+            w(f"| {r[1]} | {r[0]}{opset_note(r[0])} | {short_reason(r[3])} |")
         w("")
     w("## Operators the engine does not support")
     w("")
