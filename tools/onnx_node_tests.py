@@ -190,6 +190,22 @@ def short_reason(detail: str) -> str:
     return text if len(text) <= 220 else text[:217] + "..."
 
 
+def refusal_kind(detail: str) -> str:
+    """A refusal's reason in a few words, for the summary of why cases are refused."""
+    kinds = (
+        (r"the model uses opset (\d+)", lambda m: f"opset {m.group(1)} outside the engine's range"),
+        (r"element type|is [A-Z]+[0-9]*; the engine runs", lambda m: "element type the engine does not run"),
+        (r"does not support at opset", lambda m: "function expansion uses an unsupported operator"),
+        (r"must be known before the model runs", lambda m: "needs an input's value at load"),
+        (r"the engine runs tensors only", lambda m: "sequence, map or optional value"),
+    )
+    for pattern, name in kinds:
+        m = re.search(pattern, detail)
+        if m:
+            return name(m)
+    return "attribute, input form or output the engine does not run"
+
+
 def write_report(args: argparse.Namespace) -> int:
     manifest = {row[0]: row for row in _read_tsv(os.path.join(args.cases_dir, "manifest.tsv"))}
     results = _read_tsv(args.results)
@@ -247,6 +263,13 @@ def write_report(args: argparse.Namespace) -> int:
       "expansion (`_expanded` cases) uses other operators; the reason is the engine's own load "
       "error.")
     w("")
+    refused_kinds = collections.Counter(refusal_kind(r[3]) for r in sup_rows if r[2] == "refused")
+    if refused_kinds:
+        w("| why cases of supported operators are refused | cases |")
+        w("|---|---:|")
+        for kind, n in sorted(refused_kinds.items(), key=lambda kv: (-kv[1], kv[0])):
+            w(f"| {kind} | {n} |")
+        w("")
     w("## Operators the engine supports")
     w("")
     def opset_note(case: str) -> str:
