@@ -363,26 +363,31 @@ case_result run_case(const case_config& cfg) {
     return fail(case_status::refused, "the case has no test_data_set_N folder");
 
   // Inputs and outputs by position: input_K.pb is the graph's K-th input.
-  auto read_set = [&](const fs::path& set, const char* prefix, int count,
-                      std::vector<loaded_tensor>& out) -> std::optional<std::string> {
+  auto read_set = [](const fs::path& set, const char* prefix,
+                     int count) -> result<std::vector<loaded_tensor>> {
+    std::vector<loaded_tensor> out;
     for (int k = 0; k < count; ++k) {
       auto t = read_tensor_file(set / (prefix + std::to_string(k) + ".pb"));
       if (!t)
-        return set.filename().string() + "/" + t.error().message;
+        return bad_request(set.filename().string() + "/" + t.error().message);
       out.push_back(std::move(*t));
     }
-    return std::nullopt;
+    return out;
   };
-  std::vector<loaded_tensor> first_inputs;
-  if (auto e = read_set(sets[0], "input_", proto.graph().input_size(), first_inputs))
-    return fail(case_status::refused, *e);
+  auto first_read = read_set(sets[0], "input_", proto.graph().input_size());
+  if (!first_read)
+    return fail(case_status::refused, first_read.error().message);
+  auto first_inputs = std::move(*first_read);
 
   // The original inputs, by position; those made constants leave the graph.
   std::vector<std::string> input_names;
   for (const auto& in : proto.graph().input())
     input_names.push_back(in.name());
   std::vector<bool> constant(input_names.size(), false);
-  std::string constants_note;
+  std::string constant_names;
+  auto constants_note = [&] {
+    return constant_names.empty() ? std::string() : " (with " + constant_names + " as constants)";
+  };
   onnx::onnx_model_config mcfg;
   mcfg.model_file = model_file;
   mcfg.config.name = cfg.dir.filename().string();
@@ -414,7 +419,7 @@ case_result run_case(const case_config& cfg) {
     auto k = cfg.constant_inputs && sets.size() == 1 ? constant_input_named(message, input_names)
                                                       : -1;
     if (k < 0 || constant[k])
-      return fail(case_status::refused, message + constants_note);
+      return fail(case_status::refused, message + constants_note());
     auto bytes = read_file(sets[0] / ("input_" + std::to_string(k) + ".pb"));
     auto* init = proto.mutable_graph()->add_initializer();
     if (!bytes || !init->ParseFromString(*bytes))
@@ -427,25 +432,22 @@ case_result run_case(const case_config& cfg) {
         break;
       }
     constant[k] = true;
-    constants_note += std::string(constants_note.empty() ? " (with " : ", ") + "'"
-                      + input_names[k] + "'";
+    constant_names += (constant_names.empty() ? "'" : ", '") + input_names[k] + "'";
   }
-  if (!constants_note.empty())
-    constants_note += " as constants)";
   auto instance = model->make_instance();
 
   for (size_t s = 0; s < sets.size(); ++s) {
-    std::vector<loaded_tensor> inputs, expected;
-    if (s == 0)
-      inputs = std::move(first_inputs);
-    else if (auto e = read_set(sets[s], "input_", static_cast<int>(input_names.size()), inputs))
-      return fail(case_status::refused, *e);
-    if (auto e = read_set(sets[s], "output_", proto.graph().output_size(), expected))
-      return fail(case_status::refused, *e);
+    auto inputs = s == 0 ? result<std::vector<loaded_tensor>>(std::move(first_inputs))
+                         : read_set(sets[s], "input_", static_cast<int>(input_names.size()));
+    if (!inputs)
+      return fail(case_status::refused, inputs.error().message);
+    auto expected = read_set(sets[s], "output_", proto.graph().output_size());
+    if (!expected)
+      return fail(case_status::refused, expected.error().message);
     executor::batch_view batch;
     batch.rows = 1;
     for (size_t k = 0; k < input_names.size(); ++k) {
-      const auto& t = inputs[k];
+      const auto& t = (*inputs)[k];
       if (constant[k])
         continue;
       batch.inputs.push_back({input_names[k], t.dtype, t.shape,
@@ -456,20 +458,20 @@ case_result run_case(const case_config& cfg) {
     std::string where = sets.size() > 1 ? sets[s].filename().string() + ": " : "";
     if (auto* e = std::get_if<serving_error>(&run))
       return fail(case_status::fail, where + "the run failed: "
-                                       + without_path(e->message, model_file) + constants_note);
+                                       + without_path(e->message, model_file) + constants_note());
     for (int k = 0; k < proto.graph().output_size(); ++k) {
       const auto& name = proto.graph().output(k).name();
       auto it = out.outputs.find(name);
       if (it == out.outputs.end())
         return fail(case_status::fail, where + "output " + std::to_string(k) + " '" + name
                                          + "' was not produced");
-      auto c = compare(expected[k], it->second, cfg.tol);
+      auto c = compare((*expected)[k], it->second, cfg.tol);
       if (!c.equal)
         return fail(case_status::fail, where + "output " + std::to_string(k) + " '" + name
-                                         + "': " + c.detail + constants_note);
+                                         + "': " + c.detail + constants_note());
     }
   }
-  return {case_status::pass, constants_note.empty() ? "" : constants_note.substr(1)};
+  return {case_status::pass, constant_names.empty() ? "" : constants_note().substr(1)};
 }
 
 case_result run_case_isolated(const case_config& cfg, const isolation_config& iso) {
