@@ -241,6 +241,13 @@ def write_report(args: argparse.Namespace) -> int:
          "and are refused for it." if args.fitted else
          "Cases at other opsets are run as written (refused for their opset)."))
     w("")
+    w("To run it again: build the runner (`cmake --build build --target "
+      "caf-serving-onnx-conformance`), then `scripts/onnx-conformance` (it needs PyPI for "
+      "onnx 1.23.2; `--help` lists its options). One case by hand: `tools/onnx_node_tests.py "
+      "write /tmp/cases --fit-opset 13:17 --cases test_relu` and `caf-serving-onnx-conformance "
+      "/tmp/cases --constant-inputs --verbose`. CI runs a sample of passing cases "
+      "(tests/onnx/node_cases, `ctest -R onnx.node_cases`).")
+    w("")
     constant_passes = [r for r in results if r[2] == "pass" and r[3]]
     if args.constant_inputs:
         w("The runner ran with `--constant-inputs`: where the engine refused a case because a "
