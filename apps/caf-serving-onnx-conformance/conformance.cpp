@@ -18,6 +18,7 @@
 #include <cstring>
 #include <fcntl.h>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <optional>
 #include <sstream>
@@ -178,21 +179,37 @@ std::string without_path(std::string text, const fs::path& model) {
 }
 
 /// The graph input a load error says must be known before the run: the
-/// engine words it "(it depends on 'NAME', which is computed from the
-/// inputs...)". -1 when the error is about something else.
-int constant_input_named(const std::string& message, const std::vector<std::string>& inputs) {
-  const std::string marker = "it depends on '";
-  auto at = message.find(marker);
-  if (at == std::string::npos)
+/// engine words it "Clip's min and max must be known before the model runs
+/// (it depends on 'min', ...)" or "Tile's repeats ('y') must be known before
+/// the model runs"; the quoted input name that comes first, among those not
+/// yet constants. -1 when the error is about something else.
+int constant_input_named(const std::string& message, const std::vector<std::string>& inputs,
+                         const std::vector<bool>& constant) {
+  if (message.find("must be known before the model runs") == std::string::npos)
     return -1;
-  auto end = message.find('\'', at + marker.size());
-  if (end == std::string::npos)
-    return -1;
-  auto name = message.substr(at + marker.size(), end - at - marker.size());
-  for (size_t k = 0; k < inputs.size(); ++k)
-    if (inputs[k] == name)
-      return static_cast<int>(k);
-  return -1;
+  int first = -1;
+  size_t first_at = std::string::npos;
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    auto at = message.find("'" + inputs[k] + "'");
+    if (!constant[k] && at < first_at) {
+      first = static_cast<int>(k);
+      first_at = at;
+    }
+  }
+  return first;
+}
+
+/// Names of the element types newer than Debian's protobuf classes.
+std::string element_type_name(int32_t t) {
+  static const char* const newer[] = {"FLOAT8E4M3FN", "FLOAT8E4M3FNUZ", "FLOAT8E5M2",
+                                      "FLOAT8E5M2FNUZ", "UINT4", "INT4", "FLOAT4E2M1",
+                                      "FLOAT8E8M0", "UINT2", "INT2", "FLOAT6E2M3",
+                                      "FLOAT6E3M2"};
+  if (pb::TensorProto::DataType_IsValid(t))
+    return pb::TensorProto::DataType_Name(static_cast<pb::TensorProto::DataType>(t));
+  if (t >= 17 && t < 17 + static_cast<int32_t>(std::size(newer)))
+    return newer[t - 17];
+  return "";
 }
 
 } // namespace
@@ -216,11 +233,7 @@ result<loaded_tensor> parse_tensor(const std::string& bytes, const std::string& 
   loaded_tensor out;
   out.name = t.name();
   if (!engine_type(t.data_type(), out.dtype)) {
-    // Types newer than the protobuf classes (FLOAT8*, INT4, ...) have no name here.
-    auto name = pb::TensorProto::DataType_IsValid(t.data_type())
-                  ? pb::TensorProto::DataType_Name(
-                      static_cast<pb::TensorProto::DataType>(t.data_type()))
-                  : std::string();
+    auto name = element_type_name(t.data_type());
     return bad_request(origin + " has ONNX element type " + std::to_string(t.data_type())
                        + (name.empty() ? "" : " (" + name + ")")
                        + ", which the engine has no datatype for");
@@ -416,9 +429,10 @@ case_result run_case(const case_config& cfg) {
     // With one data set, an input the engine needs before the run (Clip's
     // min, Reshape's shape) becomes an initializer holding the case's value,
     // as an exported model has it.
-    auto k = cfg.constant_inputs && sets.size() == 1 ? constant_input_named(message, input_names)
-                                                      : -1;
-    if (k < 0 || constant[k])
+    auto k = cfg.constant_inputs && sets.size() == 1
+               ? constant_input_named(message, input_names, constant)
+               : -1;
+    if (k < 0)
       return fail(case_status::refused, message + constants_note());
     auto bytes = read_file(sets[0] / ("input_" + std::to_string(k) + ".pb"));
     auto* init = proto.mutable_graph()->add_initializer();

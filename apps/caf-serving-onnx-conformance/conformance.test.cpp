@@ -113,7 +113,7 @@ TEST_CASE("parse_tensor names what it cannot read") {
   f8.set_raw_data("x");
   auto e = parse_tensor(f8.SerializeAsString(), "output_0.pb");
   REQUIRE_FALSE(e);
-  CHECK(e.error().message.find("element type 17") != std::string::npos);
+  CHECK(e.error().message.find("element type 17 (FLOAT8E4M3FN)") != std::string::npos);
 
   ::onnx::TensorProto short_data;
   short_data.set_data_type(::onnx::TensorProto::FLOAT);
