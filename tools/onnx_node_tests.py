@@ -294,12 +294,17 @@ def write_report(args: argparse.Namespace) -> int:
     w("")
     w("### Cases of supported operators that do not pass")
     w("")
-    w("| operator | case | result | reason |")
+    w("Cases of one operator with the same result and reason share a row.")
+    w("")
+    w("| operator | cases | result | reason |")
     w("|---|---|---|---|")
     failures = sorted((r for r in sup_rows if r[2] != "pass"),
                       key=lambda r: ({"fail": 0, "crashed": 1, "refused": 2}.get(r[2], 3), r[1], r[0]))
+    grouped: dict[tuple[str, str, str], list[str]] = {}
     for r in failures:
-        w(f"| {r[1]} | {r[0]}{opset_note(r[0])} | {r[2]} | {short_reason(r[3])} |")
+        grouped.setdefault((r[1], r[2], short_reason(r[3])), []).append(r[0] + opset_note(r[0]))
+    for (op, status, reason), names in grouped.items():
+        w(f"| {op} | {', '.join(names)} | {status} | {reason} |")
     w("")
     if constant_passes:
         w("### Cases that pass with inputs made constants")
