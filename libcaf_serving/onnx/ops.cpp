@@ -1147,8 +1147,10 @@ void run_reference(const node& n, const std::vector<tensor_ref>& in,
         broadcast_loop<1>(s, st, [&](int64_t i, const std::array<int64_t, 1>& off) {
           acc[off[0]] += x[i];
         });
+        // An empty reduction's mean is NaN for floats (0 / 0), 0 for integers.
+        A div = std::is_integral_v<T> && count == 0 ? A{1} : static_cast<A>(count);
         for (int64_t i = 0; i < y.elements(); ++i)
-          y.as<T>()[i] = static_cast<T>(op == "ReduceMean" && count ? acc[i] / count : acc[i]);
+          y.as<T>()[i] = static_cast<T>(op == "ReduceMean" ? acc[i] / div : acc[i]);
       }
     });
     return;
