@@ -436,3 +436,16 @@ TEST_CASE("a pool's zero stride or oversized kernel is refused, not divided by")
                        {{"kernel_shape", ints_attr({2, 2})}}));
   CHECK(e == "the (dilated) kernel [2,2] is larger than the padded input [1,1,1,7]");
 }
+
+TEST_CASE("types the kernels do not take are refused, not read as another type") {
+  // ONNX's node tests: Cast from DOUBLE gave zeros, MaxPool-12 on UINT8 floats.
+  std::vector<double> d{0.5, 1.5};
+  CHECK(refused(run_node(19, "Cast", {{datatype::fp64, {2}}}, {bytes_of(d)}, {}, 1,
+                         {{"to", int_attr(1)}}))
+        == "Cast from FP64 to FP32 is not supported (FLOAT, INT64, INT32, BOOL, UINT8 and INT8 "
+           "are)");
+  std::vector<uint8_t> u(16, 3);
+  CHECK(refused(run_node(22, "MaxPool", {{datatype::uint8, {1, 1, 4, 4}}}, {u}, {}, 1,
+                         {{"kernel_shape", ints_attr({2, 2})}}))
+        == "input 'in0' is UINT8; the engine runs MaxPool on FP32 (Cast it to FLOAT first)");
+}

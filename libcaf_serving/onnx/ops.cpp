@@ -575,7 +575,13 @@ infer_result infer_shapes(const graph& g, const node& n) {
       if (!has(1))
         return std::string("CastLike needs its second input (target_type)");
       t = in(1).dtype;
-    } else if (op != "Identity" && t != datatype::fp32) {
+    }
+    bool cast = op == "Cast" || op == "CastLike";
+    if (cast && (!dispatchable(in(0).dtype) || !dispatchable(t)))
+      return op + " from " + std::string(to_string(in(0).dtype)) + " to "
+             + std::string(to_string(t)) + " is not supported (FLOAT, INT64, INT32, BOOL, UINT8 "
+             "and INT8 are)";
+    if (!cast && op != "Identity" && t != datatype::fp32) {
       // Relu takes signed integers from Relu-14 on; the other kernels run on FLOAT.
       bool int_relu = op == "Relu" && (g.opset == 0 || g.opset >= 14)
                       && (t == datatype::int64 || t == datatype::int32 || t == datatype::int8);
@@ -816,6 +822,13 @@ infer_result infer_shapes(const graph& g, const node& n) {
     if (ka != kb)
       return "inner dimensions differ: " + shape_string(a) + " x " + shape_string(b);
     return one(datatype::fp32, {m, nn});
+  }
+  if (op == "Conv" || op == "FusedConv" || op == "MaxPool" || op == "AveragePool"
+      || op == "GlobalAveragePool") {
+    // MaxPool-12 takes INT8 and UINT8 too; the engine's kernels pool and convolve FP32.
+    if (in(0).dtype != datatype::fp32)
+      return "input '" + in(0).name + "' is " + std::string(to_string(in(0).dtype))
+             + "; the engine runs " + op + " on FP32 (Cast it to FLOAT first)";
   }
   if (op == "Conv" || op == "FusedConv" || op == "MaxPool" || op == "AveragePool") {
     bool pool = op == "MaxPool" || op == "AveragePool";
@@ -1147,8 +1160,10 @@ void run_reference(const node& n, const std::vector<tensor_ref>& in,
         broadcast_loop<1>(s, st, [&](int64_t i, const std::array<int64_t, 1>& off) {
           acc[off[0]] += x[i];
         });
+        // An empty reduction's mean is NaN for floats (0 / 0), 0 for integers.
+        A div = std::is_integral_v<T> && count == 0 ? A{1} : static_cast<A>(count);
         for (int64_t i = 0; i < y.elements(); ++i)
-          y.as<T>()[i] = static_cast<T>(op == "ReduceMean" && count ? acc[i] / count : acc[i]);
+          y.as<T>()[i] = static_cast<T>(op == "ReduceMean" ? acc[i] / div : acc[i]);
       }
     });
     return;

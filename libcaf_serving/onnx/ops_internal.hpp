@@ -78,6 +78,13 @@ void broadcast_loop(const shape_t& out, const std::array<shape_t, N>& st, F f) {
   }
 }
 
+/// Whether dispatch() has an element type for `t`: what the reference kernels
+/// that dispatch on their input's type take.
+inline bool dispatchable(datatype t) {
+  return t == datatype::fp32 || t == datatype::int64 || t == datatype::int32
+         || t == datatype::bool_ || t == datatype::uint8 || t == datatype::int8;
+}
+
 template <class F>
 void dispatch(datatype t, F f) {
   switch (t) {
