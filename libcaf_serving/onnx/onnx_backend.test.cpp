@@ -1043,3 +1043,32 @@ TEST_CASE("expected_shapes errors are load errors that say what to write") {
                                    "least 1048576")
         != std::string::npos);
 }
+
+TEST_CASE("model_warmup's shapes of a variable input compile at load and run") {
+  std::mt19937 rng(35);
+  auto g = seq_graph(rng);
+  auto cfg = test_config();
+  cfg.config.max_batch_size = 2;
+  warmup_sample w;
+  w.name = "len6";
+  w.batch_size = 2;
+  w.inputs.push_back({"x", datatype::fp32, {6, 8}, warmup_data::random, ""});
+  cfg.config.warmup = {w};
+  auto m = load_onnx_graph(g, cfg);
+  REQUIRE_MESSAGE(m, (m ? "" : m.error().message));
+  CHECK(m->summary.find("warmup: 1 sample(s), 1 run(s)") != std::string::npos);
+  size_t at_load = m->plans_compiled();
+  CHECK(at_load == 2); // batch 1 and 2 at length 6
+  CHECK(m->cached_plans() == 0); // warmup ran on the pinned plans
+  auto instance = m->make_instance();
+  CHECK(error_at(*instance, g, {1, 6, 8}, rng) < 1e-5);
+  CHECK(m->plans_compiled() == at_load);
+  // A sample must give concrete dims that fit the model's.
+  cfg.config.warmup[0].inputs[0].dims = {-1, 8};
+  auto bad = load_onnx_graph(g, cfg);
+  REQUIRE_FALSE(bad);
+  CHECK(bad.error().message.find("model_warmup 'len6' input 'x' has dims [-1,8], but the "
+                                 "model's are [-1,8] (batch dimension excluded, -1 takes any "
+                                 "size)")
+        != std::string::npos);
+}

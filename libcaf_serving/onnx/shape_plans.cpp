@@ -96,11 +96,12 @@ result<shape_set> check_shape_set(const shape_set& set, const input_dims& inputs
                          + "); name every input in each set");
     bool ok = it->second.size() == want.size();
     for (size_t i = 0; ok && i < want.size(); ++i)
-      ok = want[i] < 0 || want[i] == it->second[i];
+      ok = it->second[i] >= 1 && (want[i] < 0 || want[i] == it->second[i]);
     if (!ok)
       return bad_request("gives input '" + name + "' dims " + dims_string(it->second)
                          + ", but the model's are " + dims_string(want)
-                         + " (batch dimension excluded, -1 any size)");
+                         + " (batch dimension excluded, -1 any size; a shape set's dims are "
+                           "sizes of at least 1)");
   }
   return set;
 }

@@ -59,6 +59,9 @@ TEST_CASE("a shape set must name every input with its rank and fixed dims") {
   CHECK(fixed.error().message.find("gives input 'image' dims [4,8,9], but the model's are "
                                    "[3,-1,-1]")
         != std::string::npos);
+  auto open = check_shape_set({{"ids", {-1}}, {"image", {3, 8, 9}}}, inputs);
+  REQUIRE_FALSE(open);
+  CHECK(open.error().message.find("'ids' dims [-1]") != std::string::npos);
   auto rank = check_shape_set({{"ids", {5, 1}}, {"image", {3, 8, 9}}}, inputs);
   REQUIRE_FALSE(rank);
   CHECK(rank.error().message.find("'ids' dims [5,1]") != std::string::npos);
