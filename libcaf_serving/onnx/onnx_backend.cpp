@@ -746,8 +746,7 @@ private:
     if (!plan)
       return fail(plan.error().message);
     // Shapes of a variable dimension can shrink a tensor to nothing (a Slice
-    // past the end, a window of the whole input); the engine's kernels need
-    // at least one element.
+    // past its end); the engine's kernels need at least one element.
     for (const auto& n : (*plan)->g.nodes)
       for (int o : n.outputs) {
         if (o < 0)
@@ -789,133 +788,6 @@ private:
 
 std::string dims_text(const std::vector<int64_t>& d) {
   return shape_string(d);
-}
-
-/// The inputs' non-batch dims in `cfg` (completed), for check_shape_set().
-input_dims dims_of_inputs(const model_config& cfg) {
-  input_dims out;
-  for (const auto& t : cfg.inputs)
-    out.emplace_back(t.name, t.dims);
-  return out;
-}
-
-bool has_variable_dims(const model_config& cfg) {
-  for (const auto& t : cfg.inputs)
-    for (auto d : t.dims)
-      if (d < 0)
-        return true;
-  return false;
-}
-
-/// The shape sets of parameters "expected_shapes" and of model_warmup's
-/// samples, checked against the inputs; compiled at load (pinned).
-result<std::vector<shape_set>> known_shape_sets(const model_config& cfg,
-                                                const onnx_model_config& mcfg) {
-  std::vector<shape_set> sets;
-  auto inputs = dims_of_inputs(cfg);
-  for (size_t i = 0; i < mcfg.expected_shapes.size(); ++i) {
-    auto s = check_shape_set(mcfg.expected_shapes[i], inputs);
-    if (!s)
-      return load_error(mcfg, "parameters \"expected_shapes\" set " + std::to_string(i + 1)
-                                + " " + s.error().message);
-    sets.push_back(*s);
-  }
-  for (const auto& w : cfg.warmup) {
-    shape_set s;
-    for (const auto& in : w.inputs)
-      s[in.name] = in.dims;
-    // A sample that does not fit fails the load later, with its own message.
-    if (auto checked = check_shape_set(s, inputs))
-      sets.push_back(*checked);
-  }
-  return sets;
-}
-
-/// Input shapes (graph input order, batch `batch` in front when batching)
-/// with every variable dimension from `set` when given, else `fill`.
-std::vector<dims_t> shapes_with(const graph& g, const model_config& cfg, int64_t batch,
-                                const shape_set* set, int64_t fill) {
-  std::vector<dims_t> shapes;
-  for (int v : g.inputs) {
-    const auto& name = g.values[v].name;
-    const auto& in = *std::find_if(cfg.inputs.begin(), cfg.inputs.end(),
-                                   [&](const tensor_config& t) { return t.name == name; });
-    dims_t s = in.dims;
-    for (size_t d = 0; d < s.size(); ++d)
-      if (s[d] < 0)
-        s[d] = set ? set->at(name)[d] : fill;
-    if (cfg.max_batch_size > 0) s.insert(s.begin(), batch);
-    shapes.push_back(s);
-  }
-  return shapes;
-}
-
-/// Sizes a variable dimension takes in shape inference when no listed shape
-/// serves: moderate ones first (a text model's position table, an image
-/// model's downsampling), distinct so that what follows them shows.
-constexpr int64_t probe_sizes[] = {32, 64, 16, 48, 8, 128};
-
-/// The graph specialized at batch 1 for the config's input dims; with
-/// variable dims, a second specialization at other sizes for every variable
-/// dimension (first the listed shapes, then probe_sizes). The error says
-/// which input varies and why no probe worked.
-result<std::pair<graph, std::optional<graph>>> probe_shapes(const graph& g,
-                                                             const model_config& cfg,
-                                                             const onnx_model_config& mcfg) {
-  if (!has_variable_dims(cfg)) {
-    auto spec = specialize(g, shapes_with(g, cfg, 1, nullptr, 1));
-    if (!spec)
-      return load_error(mcfg, spec.error().message);
-    return std::make_pair(std::move(*spec), std::optional<graph>());
-  }
-  auto sets = known_shape_sets(cfg, mcfg);
-  if (!sets)
-    return sets.error();
-  std::vector<std::vector<dims_t>> candidates;
-  for (const auto& s : *sets)
-    candidates.push_back(shapes_with(g, cfg, 1, &s, 0));
-  for (auto size : probe_sizes)
-    candidates.push_back(shapes_with(g, cfg, 1, nullptr, size));
-  // Every variable dimension must differ between the two probes.
-  auto all_differ = [&](const std::vector<dims_t>& a, const std::vector<dims_t>& b) {
-    auto variable = shapes_with(g, cfg, 1, nullptr, -1);
-    for (size_t i = 0; i < a.size(); ++i)
-      for (size_t d = 0; d < a[i].size(); ++d)
-        if (variable[i][d] < 0 && a[i][d] == b[i][d])
-          return false;
-    return true;
-  };
-  std::optional<graph> first;
-  std::vector<dims_t> first_shapes;
-  std::string first_error;
-  for (const auto& shapes : candidates) {
-    if (first && !all_differ(first_shapes, shapes))
-      continue;
-    auto spec = specialize(g, shapes);
-    if (!spec) {
-      if (first_error.empty())
-        first_error = spec.error().message;
-      continue;
-    }
-    if (!first) {
-      first = std::move(*spec);
-      first_shapes = shapes;
-      continue;
-    }
-    return std::make_pair(std::move(*first), std::optional<graph>(std::move(*spec)));
-  }
-  std::string which;
-  for (const auto& t : cfg.inputs)
-    if (std::any_of(t.dims.begin(), t.dims.end(), [](int64_t d) { return d < 0; }))
-      which += (which.empty() ? "'" : ", '") + t.name + "' " + dims_text(t.dims);
-  return load_error(mcfg, "input " + which + " has variable dimensions besides the batch, and "
-                            "shape inference failed at "
-                            + (first ? std::string("all but one of the") : std::string("all"))
-                            + " sizes tried for them (the listed shapes, then 32, 64, 16, 48, 8, "
-                              "128): "
-                            + first_error + "; give the dimension a fixed size in config.pbtxt "
-                                            "dims, or list shapes the model takes in parameters "
-                                            "\"expected_shapes\"");
 }
 
 /// Completes `cfg` from the graph, or names the contradiction.
@@ -991,9 +863,9 @@ result<model_config> complete_config(const graph& g, const onnx_model_config& mc
   // Output shapes come from shape inference at batch 1; with variable input
   // dimensions, at two probes, and an output dimension that differs between
   // them is variable too.
-  auto probes = probe_shapes(g, cfg, mcfg);
+  auto probes = probe_shapes(g, cfg, mcfg.expected_shapes);
   if (!probes)
-    return probes.error();
+    return load_error(mcfg, probes.error().message);
   const graph* spec = &probes->first;
   for (const auto& t : cfg.outputs)
     if (find_value(*spec, spec->outputs, t.name) < 0) {
@@ -1303,9 +1175,9 @@ result<onnx_model> load_onnx_graph(graph imported, const onnx_model_config& give
   bool variable = has_variable_dims(*cfg);
   std::vector<shape_set> known;
   if (variable) {
-    auto sets = known_shape_sets(*cfg, mcfg);
+    auto sets = known_shape_sets(*cfg, mcfg.expected_shapes);
     if (!sets)
-      return sets.error();
+      return load_error(mcfg, sets.error().message);
     for (const auto& s : *sets)
       if (std::find(known.begin(), known.end(), s) == known.end())
         known.push_back(s);
@@ -1436,9 +1308,9 @@ result<std::string> describe_plan(const onnx_model_config& given, int64_t batch)
   // With variable dims: the first shape listed in expected_shapes or model_warmup.
   std::optional<shape_set> set;
   if (has_variable_dims(*cfg)) {
-    auto sets = known_shape_sets(*cfg, mcfg);
+    auto sets = known_shape_sets(*cfg, mcfg.expected_shapes);
     if (!sets)
-      return sets.error();
+      return load_error(mcfg, sets.error().message);
     if (sets->empty())
       return load_error(mcfg, "inputs have variable dimensions besides the batch; list the "
                               "shapes to show in parameters \"expected_shapes\"");

@@ -1072,3 +1072,36 @@ TEST_CASE("model_warmup's shapes of a variable input compile at load and run") {
                                  "size)")
         != std::string::npos);
 }
+
+TEST_CASE("a variable dimension that only one size fits is a load error that says what to give") {
+  // gemm_graph's rows as a variable dimension besides the batch: only 6 fits the weights.
+  std::mt19937 rng(36);
+  graph g;
+  g.opset = 17;
+  int a = g.add_value("a", datatype::fp32, {-1, -1}, true);
+  g.inputs.push_back(a);
+  int w = add_weights(g, "w", {6, 5}, rng, 0.1f);
+  int y = g.add_value("y");
+  g.add_node("MatMul", "fc", {a, w}, {y});
+  g.outputs.push_back(y);
+  auto cfg = test_config();
+  auto m = load_onnx_graph(g, cfg);
+  REQUIRE_FALSE(m);
+  CAPTURE(m.error().message);
+  CHECK(m.error().message.find("input 'a' [-1] has variable dimensions besides the batch, and "
+                               "shape inference failed at all sizes tried")
+        != std::string::npos);
+  CHECK(m.error().message.find("node 'fc' (operator 'MatMul', opset 17)") != std::string::npos);
+  CHECK(m.error().message.find("give the dimension a fixed size in config.pbtxt dims")
+        != std::string::npos);
+  cfg.config.parameters["expected_shapes"] = "a:6";
+  auto one = load_onnx_graph(g, cfg);
+  REQUIRE_FALSE(one);
+  CHECK(one.error().message.find("failed at all but one of the sizes tried") != std::string::npos);
+  // Fixed in config.pbtxt, it loads.
+  cfg.config.parameters.erase("expected_shapes");
+  cfg.config.inputs = {{"a", datatype::fp32, {6}}};
+  auto fixed = load_onnx_graph(g, cfg);
+  REQUIRE_MESSAGE(fixed, (fixed ? "" : fixed.error().message));
+  CHECK(fixed->config.outputs[0].dims == std::vector<int64_t>{5});
+}

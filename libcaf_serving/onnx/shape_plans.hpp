@@ -23,12 +23,15 @@
 /// Each set is compiled for every batch size 1..max_batch_size.
 
 #include "core/error.hpp"
+#include "core/model_config.hpp"
+#include "onnx/ir.hpp"
 
 #include <cstdint>
 #include <list>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -49,6 +52,32 @@ using input_dims = std::vector<std::pair<std::string, std::vector<int64_t>>>;
 /// Checks that `set` names every input of `inputs` once, with its rank and
 /// its fixed dims. The error names the input and both shapes.
 result<shape_set> check_shape_set(const shape_set& set, const input_dims& inputs);
+
+/// Whether any input of `cfg` has a variable dimension besides the batch.
+bool has_variable_dims(const model_config& cfg);
+
+/// The shape sets of parameters "expected_shapes" (`expected`) and of
+/// cfg.warmup's samples that fit cfg's (completed) inputs: the shapes
+/// compiled at load and pinned. The error names the expected_shapes set that
+/// does not fit (a warmup sample that does not fails the load later, with
+/// its own message).
+result<std::vector<shape_set>> known_shape_sets(const model_config& cfg,
+                                                const std::vector<shape_set>& expected);
+
+/// Input shapes in `g`'s input order (which names cfg's inputs), `batch` in
+/// front when cfg batches, every variable dimension from `set` when given,
+/// else `fill`.
+std::vector<std::vector<int64_t>> shapes_with(const graph& g, const model_config& cfg,
+                                              int64_t batch, const shape_set* set, int64_t fill);
+
+/// `g` specialized (passes.hpp) at batch 1 for cfg's input dims; with
+/// variable dims, a second specialization with every variable dimension at
+/// another size (the listed shapes first, then 32, 64, 16, 48, 8, 128), so
+/// that the caller marks -1 the output dimensions that differ. The error
+/// names the node that failed, or which inputs vary and that no two probes
+/// worked.
+result<std::pair<graph, std::optional<graph>>> probe_shapes(
+  const graph& g, const model_config& cfg, const std::vector<shape_set>& expected);
 
 /// "input_ids [2,7], attention_mask [2,7]": the shapes of a request, for errors.
 std::string shapes_text(const std::vector<std::string>& names,
