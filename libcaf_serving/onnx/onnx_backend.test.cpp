@@ -1105,3 +1105,41 @@ TEST_CASE("a variable dimension that only one size fits is a load error that say
   REQUIRE_MESSAGE(fixed, (fixed ? "" : fixed.error().message));
   CHECK(fixed->config.outputs[0].dims == std::vector<int64_t>{5});
 }
+
+TEST_CASE("a variable dimension carries through a config reshape") {
+  std::mt19937 rng(37);
+  auto g = seq_graph(rng);
+  auto cfg = test_config();
+  // Clients send [batch, seq, 2, 4]; the graph runs [batch, seq, 8].
+  tensor_config x{"x", datatype::fp32, {-1, 2, 4}};
+  x.reshape = std::vector<int64_t>{-1, 8};
+  cfg.config.inputs = {x};
+  cfg.config.outputs = {{"y", datatype::fp32, {-1, 8}}};
+  auto m = load_onnx_graph(g, cfg);
+  REQUIRE_MESSAGE(m, (m ? "" : m.error().message));
+  CHECK(m->config.inputs[0].dims == std::vector<int64_t>{-1, 2, 4});
+  auto instance = m->make_instance();
+  auto data = random_floats(3 * 5 * 8, rng);
+  executor::batch_view view;
+  view.rows = 3;
+  view.inputs.push_back({"x", datatype::fp32, {3, 5, 2, 4},
+                         reinterpret_cast<const uint8_t*>(data.data()), data.size() * 4});
+  struct shape_writer final : executor::output_writer {
+    std::vector<int64_t> shape;
+    std::vector<uint8_t> buffer;
+    uint8_t* allocate(std::string_view, datatype, const std::vector<int64_t>& s,
+                      size_t bytes) override {
+      shape = s;
+      buffer.resize(bytes);
+      return buffer.data();
+    }
+  } out;
+  auto r = instance->execute(view, out);
+  if (auto* e = std::get_if<serving_error>(&r))
+    FAIL(e->message);
+  CHECK(out.shape == std::vector<int64_t>{3, 5, 8});
+  auto plain = specialize(g, {{3, 5, 8}});
+  REQUIRE(plain);
+  auto want = run_reference_graph(*plain, {as_bytes(data)});
+  CHECK(relative_error(as_floats(out.buffer), as_floats(want.at(0))) < 1e-5);
+}
