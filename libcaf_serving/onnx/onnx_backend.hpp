@@ -62,7 +62,9 @@ struct onnx_model_config {
   size_t plan_cache_size = 8;
   /// The same cache's bound in bytes: each plan counts its arena and the
   /// constants it owns (folded for its shapes). A request whose plan alone
-  /// exceeds it is refused with a 400 naming both sizes.
+  /// exceeds it is refused with a 400 naming both sizes. (The compute
+  /// threads' scratch arenas, shared by the model's instances, grow to the
+  /// largest plan each has run: up to one such plan's arena per thread.)
   /// config.pbtxt: parameters "plan_cache_bytes" (a byte count, at least 1 MiB).
   size_t plan_cache_bytes = size_t{1} << 30;
   /// Shapes of inputs with variable dimensions to compile at load, each for
@@ -112,11 +114,11 @@ struct onnx_model {
 /// max_batch_size rows runs on the pool's threads, so no request waits for a
 /// compile (for variable dimensions: at the shapes of expected_shapes and
 /// model_warmup; other shapes compile on first use); then runs
-/// config.model_warmup's samples. A variable input dimension makes the config's
-/// output dims -1 where they follow it (shape inference at two probe sizes). Errors name the file and
-/// what is wrong: the node, operator and opset that cannot run, the config
-/// entry that contradicts the graph, with both shapes, or the warmup sample
-/// that failed and why.
+/// config.model_warmup's samples. A variable input dimension makes the
+/// config's output dims -1 where they follow it (shape inference at two probe
+/// sizes). Errors name the file and what is wrong: the node, operator and
+/// opset that cannot run, the config entry that contradicts the graph, with
+/// both shapes, or the warmup sample that failed and why.
 result<onnx_model> load_onnx_model(const onnx_model_config& cfg);
 
 /// load_onnx_model() for a graph already imported (or built in code);
