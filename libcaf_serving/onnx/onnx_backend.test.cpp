@@ -7,6 +7,7 @@
 
 #include "onnx/ops.hpp"
 #include "onnx/testing.hpp"
+#include "onnx/work_pool.hpp"
 
 #include <doctest/doctest.h>
 
@@ -15,6 +16,7 @@
 #include <sys/resource.h>
 
 #include <chrono>
+#include <future>
 #include <random>
 #include <thread>
 
@@ -1142,4 +1144,40 @@ TEST_CASE("a variable dimension carries through a config reshape") {
   REQUIRE(plain);
   auto want = run_reference_graph(*plain, {as_bytes(data)});
   CHECK(relative_error(as_floats(out.buffer), as_floats(want.at(0))) < 1e-5);
+}
+
+TEST_CASE("a new shape compiles before its instance takes the compute pool") {
+  // While another instance (of any model) holds the shared pool for its
+  // batch, an instance that meets a new shape compiles it meanwhile; it waits
+  // only to compute.
+  std::mt19937 rng(38);
+  auto g = seq_graph(rng);
+  auto cfg = test_config();
+  cfg.pool = std::make_shared<work_pool>(1);
+  auto m = load_onnx_graph(g, cfg);
+  REQUIRE_MESSAGE(m, (m ? "" : m.error().message));
+  auto instance = m->make_instance();
+  auto busy = cfg.pool->hold(); // another instance's batch
+  auto x = random_floats(11 * 8, rng);
+  using exec_outcome = std::variant<std::monostate, serving_error>;
+  std::promise<exec_outcome> done;
+  auto answer = done.get_future();
+  std::thread client([&] {
+    executor::batch_view view;
+    view.rows = 1;
+    view.inputs.push_back({"x", datatype::fp32, {1, 11, 8},
+                           reinterpret_cast<const uint8_t*>(x.data()), x.size() * 4});
+    writer out;
+    done.set_value(instance->execute(view, out));
+  });
+  // The compile finishes while the pool is still held; the batch cannot.
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (m->cached_plans() == 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::yield();
+  CHECK(m->cached_plans() == 1);
+  CHECK(answer.wait_for(std::chrono::seconds(0)) == std::future_status::timeout);
+  busy.unlock();
+  auto r = answer.get();
+  client.join();
+  CHECK(std::holds_alternative<std::monostate>(r));
 }
