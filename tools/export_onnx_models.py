@@ -422,6 +422,9 @@ def fixtures(out):
     export_patterns(out, 70)
     export_mobilenetv3_block(out, 80)
     opset_fixtures.export(out, write_model)
+    # Variable dimensions besides the batch (onnx.helper only; several reference sizes).
+    import onnx_dynamic_fixtures
+    onnx_dynamic_fixtures.write(out)
 
 
 def examples(out):

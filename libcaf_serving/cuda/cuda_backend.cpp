@@ -802,6 +802,15 @@ result<cuda_model> load_cuda_model(const cuda_model_config& mcfg) {
   oc.passes = mcfg.passes;
   auto cpu = onnx::load_onnx_model(oc);
   if (!cpu) return cpu.error();
+  // The GPU plans run fixed shapes besides the batch; the CPU backend takes
+  // variable ones (onnx_backend.hpp).
+  for (const auto& t : cpu->config.inputs)
+    for (auto d : t.dims)
+      if (d < 0)
+        return bad("input '" + t.name + "' has a variable dimension besides the batch ("
+                   + onnx::shape_string(t.dims) + "), which KIND_GPU instances do not run; give "
+                   "it a fixed size in config.pbtxt dims, or use instance_group { kind: "
+                   "KIND_CPU }");
   auto imported = onnx::import_model(mcfg.model_file);
   if (!imported) return bad(imported.error().message);
   onnx::graph g = std::move(*imported);

@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <fstream>
@@ -24,6 +25,7 @@
 #include <optional>
 #include <random>
 #include <sstream>
+#include <unordered_set>
 
 extern "C" void openblas_set_num_threads(int);
 
@@ -55,6 +57,14 @@ struct compiled_plan {
   std::vector<void*> constant_ptrs; ///< per value: constant data, else null
   std::vector<int> input_values;    ///< per config input
   std::vector<int> output_values;   ///< per config output
+  /// Bytes of the constants this plan alone holds (folded for its shapes),
+  /// not shared with the imported graph.
+  size_t owned_bytes = 0;
+
+  /// What the plan costs in the shape-plan cache: its arena and owned constants.
+  size_t cache_bytes() const {
+    return memory.arena_bytes + owned_bytes;
+  }
 };
 
 // ------------------------------------------------------------------ compile
@@ -342,6 +352,8 @@ private:
 
 /// `threads`: how many threads run the plan's steps (each step is split into
 /// work items for them); 1 for a plan that one thread runs on part of a batch.
+/// The error names the node that cannot run at `shapes` (callers say which
+/// model and request).
 result<std::shared_ptr<compiled_plan>> compile(const graph& src, const model_config& cfg,
                                                const onnx_model_config& mcfg,
                                                const std::vector<dims_t>& shapes,
@@ -357,7 +369,7 @@ result<std::shared_ptr<compiled_plan>> compile(const graph& src, const model_con
   omp_threads_scope one_thread(1);
   auto opt = optimize(src, shapes, mcfg.passes);
   if (!opt)
-    return load_error(mcfg, opt.error().message);
+    return opt.error();
   auto plan = std::make_shared<compiled_plan>();
   plan->g = std::move(*opt);
   plan->batch = shapes.empty() || shapes[0].empty() ? 1 : shapes[0][0];
@@ -375,9 +387,18 @@ result<std::shared_ptr<compiled_plan>> compile(const graph& src, const model_con
   mc.external = [&](int v) { return external[v]; };
   plan->memory = plan_memory(g, mc);
   plan->constant_ptrs.assign(g.values.size(), nullptr);
+  std::unordered_set<const tensor_data*> imported;
+  for (const auto& v : src.values)
+    if (v.constant)
+      imported.insert(v.constant.get());
+  std::unordered_set<const tensor_data*> owned;
   for (size_t v = 0; v < g.values.size(); ++v)
-    if (g.values[v].constant)
+    if (g.values[v].constant) {
       plan->constant_ptrs[v] = const_cast<uint8_t*>(g.values[v].constant->bytes.data());
+      if (!imported.count(g.values[v].constant.get())
+          && owned.insert(g.values[v].constant.get()).second)
+        plan->owned_bytes += g.values[v].constant->bytes.size();
+    }
   static const dnnl::engine eng(dnnl::engine::kind::cpu, 0);
   const dnnl_ctx ctx{eng, &weights};
   try {
@@ -385,7 +406,7 @@ result<std::shared_ptr<compiled_plan>> compile(const graph& src, const model_con
       plan->steps.push_back(
         compile_node(ctx, g, static_cast<int>(i), threads, lay, mcfg));
   } catch (const dnnl::error& e) {
-    return load_error(mcfg, std::string("oneDNN cannot build a kernel: ") + e.what());
+    return bad_request(std::string("oneDNN cannot build a kernel: ") + e.what());
   }
   return plan;
 }
@@ -462,9 +483,6 @@ std::string profile_text(profiled_plans& pp) {
   return os.str();
 }
 
-/// A plan is compiled for its input shapes and the threads its steps are split for.
-using plan_key = std::pair<std::vector<dims_t>, unsigned>;
-
 /// Plans compiled at load, read-only and shared by every instance of the model.
 using plan_set = std::map<plan_key, std::shared_ptr<compiled_plan>>;
 
@@ -496,6 +514,8 @@ struct scratch_space {
   std::vector<std::vector<void*>> ptrs;
 };
 
+using plan_cache = shape_plan_cache<compiled_plan>;
+
 /// The threads of one instance run a batch one of two ways. A batch of at
 /// least as many rows as threads is cut into row chunks, and each chunk runs a
 /// whole plan on one thread (no synchronisation between steps at all). Smaller
@@ -511,8 +531,12 @@ public:
     onnx_model_config mcfg;
     std::shared_ptr<profiled_plans> profiled; ///< null unless profiling
     std::shared_ptr<weight_store> weights;
-    /// Every plan the batch sizes 1..max_batch_size need, compiled at load.
+    /// Every plan the batch sizes 1..max_batch_size need at the shapes known
+    /// at load, compiled then and pinned.
     std::shared_ptr<const plan_set> loaded;
+    /// Plans of other shapes, compiled on first use by whichever instance
+    /// needs them, shared by all.
+    std::shared_ptr<plan_cache> cache;
     std::shared_ptr<std::atomic<size_t>> compiles;
     std::shared_ptr<work_pool> pool;
     std::shared_ptr<scratch_space> scratch; ///< sized for the pool's threads
@@ -520,8 +544,10 @@ public:
 
   explicit onnx_backend(const shared_parts& parts)
       : graph_(parts.g), cfg_(parts.cfg), mcfg_(parts.mcfg), profiled_(parts.profiled),
-        weights_(parts.weights), loaded_(parts.loaded), compiles_(parts.compiles),
-        pool_(parts.pool), scratch_(parts.scratch) {
+        weights_(parts.weights), loaded_(parts.loaded), cache_(parts.cache),
+        compiles_(parts.compiles), pool_(parts.pool), scratch_(parts.scratch) {
+    for (int v : graph_->inputs)
+      input_names_.push_back(graph_->values[v].name);
   }
 
   bool blocks() const override { return true; }
@@ -541,6 +567,14 @@ public:
       shapes[pos] = t.shape;
       data[pos] = t.data;
     }
+    // The engine's kernels take no empty tensors; only a variable dimension
+    // can be 0 here (the ingress refuses batch 0, configs fixed 0 dims).
+    for (const auto& shape : shapes)
+      if (std::find(shape.begin(), shape.end(), 0) != shape.end())
+        return bad_request("model '" + cfg_.name + "' cannot run inputs "
+                           + shapes_text(input_names_, shapes)
+                           + ": a dimension of size 0; send at least one element per "
+                             "dimension");
     for (size_t i = 0; i < shapes.size(); ++i)
       if (!data[i])
         return serving_error{status_code::bad_request,
@@ -550,15 +584,23 @@ public:
     omp_set_num_threads(1);
     int64_t rows = cfg_.max_batch_size > 0 && !shapes.empty() && !shapes[0].empty()
                      ? shapes[0][0] : 1;
-    // Other instances (of this and other models) wait here, asleep, while this
-    // one computes: one budget of compute threads for the process.
-    auto turn = pool_->hold();
     unsigned threads = pool_->size();
-    if (threads > 1 && rows >= threads)
-      return run_row_chunks(shapes, data, rows, out);
-    auto plan = plan_for(shapes, threads);
+    // A shape new to the model compiles here, on this instance's own thread
+    // and before it takes the compute pool: the batch that brought the shape
+    // waits for it, while other instances keep running theirs.
+    if (threads > 1 && rows >= threads) {
+      auto chunked = chunk_plans(shapes, rows);
+      if (!chunked)
+        return chunked.error();
+      // Other instances (of this and other models) wait here, asleep, while
+      // this one computes: one budget of compute threads for the process.
+      auto turn = pool_->hold();
+      return run_row_chunks(*chunked, data, rows, out);
+    }
+    auto plan = plan_for(shapes, threads, shapes);
     if (!plan)
       return plan.error();
+    auto turn = pool_->hold();
     auto& p = **plan;
     std::vector<void*> outputs;
     for (size_t i = 0; i < p.output_values.size(); ++i) {
@@ -596,31 +638,40 @@ private:
     ++p.times->runs;
   }
 
-  exec_result run_row_chunks(const std::vector<dims_t>& shapes,
-                             const std::vector<const void*>& data, int64_t rows,
-                             executor::output_writer& out) {
+  /// The plans of a batch of `rows` cut into row chunks: the full chunks'
+  /// and the last one's (the same when `rows` divides evenly).
+  using chunk_pair = std::pair<std::shared_ptr<compiled_plan>, std::shared_ptr<compiled_plan>>;
+
+  result<chunk_pair> chunk_plans(const std::vector<dims_t>& shapes, int64_t rows) {
     int64_t per = chunk_rows(rows, pool_->size());
-    int64_t chunks = (rows + per - 1) / per;
     auto shapes_of = [&](int64_t n) {
       auto s = shapes;
       for (auto& d : s) d[0] = n;
       return s;
     };
-    // Plans are compiled here, on the caller, before any thread uses them.
-    auto full = plan_for(shapes_of(per), 1);
+    auto full = plan_for(shapes_of(per), 1, shapes);
     if (!full)
       return full.error();
     std::shared_ptr<compiled_plan> last = *full;
     if (rows % per != 0) {
-      auto l = plan_for(shapes_of(rows % per), 1);
+      auto l = plan_for(shapes_of(rows % per), 1, shapes);
       if (!l)
         return l.error();
       last = *l;
     }
+    return chunk_pair{*full, last};
+  }
+
+  exec_result run_row_chunks(const chunk_pair& plans, const std::vector<const void*>& data,
+                             int64_t rows, executor::output_writer& out) {
+    int64_t per = chunk_rows(rows, pool_->size());
+    int64_t chunks = (rows + per - 1) / per;
+    const auto& full = plans.first;
+    const auto& last = plans.second;
     std::vector<uint8_t*> outputs;
     std::vector<size_t> out_row_bytes;
-    for (size_t i = 0; i < (*full)->output_values.size(); ++i) {
-      const auto& val = (*full)->g.values[(*full)->output_values[i]];
+    for (size_t i = 0; i < full->output_values.size(); ++i) {
+      const auto& val = full->g.values[full->output_values[i]];
       dims_t shape = val.shape;
       shape[0] = rows;
       size_t row_bytes = static_cast<size_t>(element_count(val.shape) / per)
@@ -629,11 +680,13 @@ private:
       out_row_bytes.push_back(row_bytes);
     }
     std::vector<size_t> in_row_bytes;
-    for (size_t i = 0; i < shapes.size(); ++i)
-      in_row_bytes.push_back(static_cast<size_t>(element_count(shapes[i]) / rows)
-                             * element_size(graph_->values[graph_->inputs[i]].dtype));
+    for (size_t i = 0; i < full->g.inputs.size(); ++i) {
+      const auto& in = full->g.values[full->g.inputs[i]];
+      in_row_bytes.push_back(static_cast<size_t>(element_count(in.shape) / per)
+                             * element_size(in.dtype));
+    }
     pool_->run(chunks, [&](int64_t chunk, unsigned thread) {
-      const auto& p = chunk + 1 == chunks ? *last : **full;
+      const auto& p = chunk + 1 == chunks ? *last : *full;
       int64_t r0 = chunk * per;
       std::vector<const void*> in(data.size());
       for (size_t i = 0; i < data.size(); ++i)
@@ -671,37 +724,53 @@ private:
       ptrs[p.output_values[i]] = outputs[i];
   }
 
+  /// The plan for `shapes` split for `threads`: pinned at load, cached, or
+  /// compiled now and cached. `request_shapes` (the whole batch's) name the
+  /// request in errors: a shape the graph cannot take answers 400 with the
+  /// shapes and the node, and the model keeps serving.
   result<std::shared_ptr<compiled_plan>> plan_for(const std::vector<dims_t>& shapes,
-                                                  unsigned threads) {
+                                                  unsigned threads,
+                                                  const std::vector<dims_t>& request_shapes) {
     auto key = std::make_pair(shapes, threads);
     if (auto at_load = loaded_->find(key); at_load != loaded_->end())
       return at_load->second;
-    auto it = plans_.find(key);
-    if (it != plans_.end()) {
-      it->second.last_use = ++uses_;
-      return it->second.plan;
-    }
-    // Shapes outside the batch sizes compiled at load: at most plan_cache_size
-    // such plans, the least recently used one goes (a plan holds its
-    // primitives and any constants folded for it; the reordered weights stay
-    // in the shared store).
-    while (plans_.size() >= std::max<size_t>(1, mcfg_.plan_cache_size)) {
-      auto oldest = plans_.begin();
-      for (auto p = plans_.begin(); p != plans_.end(); ++p)
-        if (p->second.last_use < oldest->second.last_use)
-          oldest = p;
-      plans_.erase(oldest);
-    }
+    if (auto cached = cache_->find(key))
+      return cached;
+    auto fail = [&](const std::string& why) {
+      return bad_request("model '" + cfg_.name + "' cannot run inputs "
+                         + shapes_text(input_names_, request_shapes) + ": " + why);
+    };
+    // Not under any lock: two instances that meet the same new shape at once
+    // both compile it, and the cache keeps the first.
     auto plan = compile(*graph_, cfg_, mcfg_, shapes, threads, *weights_, compiles_.get());
     if (!plan)
-      return serving_error{status_code::bad_request, plan.error().message};
+      return fail(plan.error().message);
+    // Shapes of a variable dimension can shrink a tensor to nothing (a Slice
+    // past its end); the engine's kernels need at least one element.
+    for (const auto& n : (*plan)->g.nodes)
+      for (int o : n.outputs) {
+        if (o < 0)
+          continue;
+        const auto& v = (*plan)->g.values[o];
+        if (!v.constant
+            && std::any_of(v.shape.begin(), v.shape.end(), [](int64_t d) { return d < 1; }))
+          return fail("node '" + n.name + "' (operator '" + n.op + "') computes '" + v.name
+                      + "' of shape " + shape_string(v.shape)
+                      + ", an empty tensor, which the engine does not run; send larger inputs");
+      }
+    size_t bytes = (*plan)->cache_bytes();
+    if (!cache_->fits(bytes))
+      return fail("its plan needs " + std::to_string(bytes) + " bytes (arena and folded "
+                  "constants), more than the whole plan cache's " + std::to_string(
+                    cache_->config().max_bytes)
+                  + " bytes; send smaller inputs, or raise parameters \"plan_cache_bytes\" in "
+                    "config.pbtxt");
     if (profiled_) {
       (*plan)->times = std::make_shared<step_times>((*plan)->steps.size());
       std::lock_guard<std::mutex> guard(profiled_->mu);
       profiled_->plans.push_back(*plan);
     }
-    plans_.emplace(key, cached_plan{*plan, ++uses_});
-    return *plan;
+    return cache_->insert(key, *plan, bytes);
   }
 
   std::shared_ptr<const graph> graph_;
@@ -710,14 +779,10 @@ private:
   std::shared_ptr<profiled_plans> profiled_; ///< null unless profiling
   std::shared_ptr<weight_store> weights_;    ///< shared by the model's instances
   std::shared_ptr<const plan_set> loaded_;   ///< shared by the model's instances
+  std::shared_ptr<plan_cache> cache_;        ///< shared by the model's instances
+  std::vector<std::string> input_names_;     ///< in the graph's input order
   std::shared_ptr<std::atomic<size_t>> compiles_;
   std::shared_ptr<work_pool> pool_;          ///< shared by every CPU executor
-  struct cached_plan {
-    std::shared_ptr<compiled_plan> plan;
-    uint64_t last_use = 0;
-  };
-  std::map<plan_key, cached_plan> plans_; ///< compiled after load
-  uint64_t uses_ = 0;
   std::shared_ptr<scratch_space> scratch_;   ///< shared by the model's instances
 };
 
@@ -795,23 +860,13 @@ result<model_config> complete_config(const graph& g, const onnx_model_config& mc
   }
   cfg.inputs = inputs;
 
-  // Output shapes come from shape inference at batch 1.
-  std::vector<dims_t> shapes;
-  for (int v : g.inputs) {
-    const auto& in = *std::find_if(cfg.inputs.begin(), cfg.inputs.end(),
-                                   [&](const tensor_config& t) { return t.name == g.values[v].name; });
-    dims_t s = in.dims;
-    for (auto& d : s)
-      if (d < 0)
-        return load_error(mcfg, "input '" + in.name + "' has a variable dimension " + dims_text(s)
-                                  + " besides the batch; give it a fixed size in config.pbtxt "
-                                    "dims or export with static shapes");
-    if (batched) s.insert(s.begin(), 1);
-    shapes.push_back(s);
-  }
-  auto spec = specialize(g, shapes);
-  if (!spec)
-    return load_error(mcfg, spec.error().message);
+  // Output shapes come from shape inference at batch 1; with variable input
+  // dimensions, at two probes, and an output dimension that differs between
+  // them is variable too.
+  auto probes = probe_shapes(g, cfg, mcfg.expected_shapes);
+  if (!probes)
+    return load_error(mcfg, probes.error().message);
+  const graph* spec = &probes->first;
   for (const auto& t : cfg.outputs)
     if (find_value(*spec, spec->outputs, t.name) < 0) {
       std::string names;
@@ -822,9 +877,19 @@ result<model_config> complete_config(const graph& g, const onnx_model_config& mc
                                 + names);
     }
   std::vector<tensor_config> outputs;
-  for (int v : spec->outputs) {
-    const auto& val = spec->values[v];
+  for (size_t o = 0; o < spec->outputs.size(); ++o) {
+    const auto& val = spec->values[spec->outputs[o]];
     dims_t dims = val.shape;
+    if (probes->second) {
+      const auto& other = probes->second->values[probes->second->outputs[o]].shape;
+      if (other.size() != dims.size())
+        return load_error(mcfg, "output '" + val.name + "' has rank " + std::to_string(dims.size())
+                                  + " at one input size and " + std::to_string(other.size())
+                                  + " at another; the server needs outputs of one rank");
+      for (size_t d = 0; d < dims.size(); ++d)
+        if (other[d] != dims[d])
+          dims[d] = -1;
+    }
     if (batched) dims.erase(dims.begin());
     auto it = std::find_if(cfg.outputs.begin(), cfg.outputs.end(),
                            [&](const tensor_config& t) { return t.name == val.name; });
@@ -912,16 +977,6 @@ model_config client_side(model_config completed, const model_config& given) {
   return completed;
 }
 
-std::vector<dims_t> shapes_at(const model_config& cfg, int64_t batch) {
-  std::vector<dims_t> shapes;
-  for (const auto& t : cfg.inputs) {
-    dims_t s = t.dims;
-    if (cfg.max_batch_size > 0) s.insert(s.begin(), batch);
-    shapes.push_back(s);
-  }
-  return shapes;
-}
-
 /// The graph's inputs reordered as cfg.inputs lists them (compile() expects that order).
 graph inputs_in_config_order(graph g, const model_config& cfg) {
   std::vector<int> ordered;
@@ -942,8 +997,9 @@ result<onnx_model> load_onnx_model(const onnx_model_config& mcfg) {
 }
 
 /// config.pbtxt's `parameters` for the ONNX backend: "winograd",
-/// "engine_conv" and "conv_bands" ("true" or "false") and
-/// "plan_cache_size" (1 to 1024).
+/// "engine_conv" and "conv_bands" ("true" or "false"), "plan_cache_size"
+/// (1 to 1024), "plan_cache_bytes" (at least 1 MiB) and "expected_shapes"
+/// (shape_plans.hpp).
 result<onnx_model_config> with_parameters(onnx_model_config mcfg) {
   for (const auto& [key, value] : mcfg.config.parameters) {
     if (key == "winograd" || key == "engine_conv" || key == "conv_bands") {
@@ -960,6 +1016,21 @@ result<onnx_model_config> with_parameters(onnx_model_config mcfg) {
         return load_error(mcfg, "parameters \"plan_cache_size\" is '" + value
                                   + "'; give a count from 1 to 1024 as string_value");
       mcfg.plan_cache_size = static_cast<size_t>(n);
+    } else if (key == "plan_cache_bytes") {
+      char* end = nullptr;
+      errno = 0;
+      unsigned long long n = std::strtoull(value.c_str(), &end, 10);
+      if (value.empty() || value[0] == '-' || *end != '\0' || errno == ERANGE
+          || n < (1u << 20))
+        return load_error(mcfg, "parameters \"plan_cache_bytes\" is '" + value
+                                  + "'; give a byte count of at least 1048576 (1 MiB) as "
+                                    "string_value");
+      mcfg.plan_cache_bytes = static_cast<size_t>(n);
+    } else if (key == "expected_shapes") {
+      auto sets = parse_expected_shapes(value);
+      if (!sets)
+        return load_error(mcfg, sets.error().message);
+      mcfg.expected_shapes = *sets;
     }
   }
   return mcfg;
@@ -1015,14 +1086,17 @@ result<warmup_batch> make_warmup_batch(const warmup_sample& w, const model_confi
     if (in->dtype != t.dtype)
       return fail(label + "has data_type " + std::string(to_config_string(in->dtype))
                   + ", but the model's is " + std::string(to_config_string(t.dtype)));
-    if (in->dims != t.dims)
+    bool dims_fit = in->dims.size() == t.dims.size();
+    for (size_t d = 0; dims_fit && d < t.dims.size(); ++d)
+      dims_fit = in->dims[d] >= 0 && (t.dims[d] < 0 || in->dims[d] == t.dims[d]);
+    if (!dims_fit)
       return fail(label + "has dims " + shape_string(in->dims) + ", but the model's are "
-                  + shape_string(t.dims) + " (batch dimension excluded)");
+                  + shape_string(t.dims) + " (batch dimension excluded, -1 takes any size)");
     size_t elem = element_size(t.dtype);
     if (elem == 0)
       return fail(label + "is " + std::string(to_config_string(t.dtype))
                   + ", which warmup does not support; remove the sample");
-    size_t row_bytes = static_cast<size_t>(element_count(t.dims)) * elem;
+    size_t row_bytes = static_cast<size_t>(element_count(in->dims)) * elem;
     auto& data = b.data.emplace_back(row_bytes * static_cast<size_t>(rows), 0);
     if (in->data == warmup_data::random) {
       bool floating = t.dtype == datatype::fp32 || t.dtype == datatype::fp64
@@ -1049,13 +1123,13 @@ result<warmup_batch> make_warmup_batch(const warmup_sample& w, const model_confi
       if (bytes.size() != row_bytes)
         return fail(label + "reads " + path.string() + ", which holds "
                     + std::to_string(bytes.size()) + " bytes, but one request of dims "
-                    + shape_string(t.dims) + " " + std::string(to_config_string(t.dtype))
+                    + shape_string(in->dims) + " " + std::string(to_config_string(t.dtype))
                     + " is " + std::to_string(row_bytes)
                     + " bytes (Triton repeats it for each of the batch_size rows)");
       for (int64_t r = 0; r < rows; ++r)
         std::memcpy(data.data() + r * row_bytes, bytes.data(), row_bytes);
     }
-    dims_t shape = t.dims;
+    dims_t shape = in->dims;
     if (cfg.max_batch_size > 0)
       shape.insert(shape.begin(), rows);
     b.view.inputs.push_back({t.name, t.dtype, shape, data.data(), data.size()});
@@ -1095,17 +1169,43 @@ result<onnx_model> load_onnx_graph(graph imported, const onnx_model_config& give
   auto compiles = std::make_shared<std::atomic<size_t>>(0);
   auto profiled = mcfg.profile ? std::make_shared<profiled_plans>() : nullptr;
   // Every plan that a batch of 1..max_batch_size rows runs, so that no request
-  // waits for a compile and no batch size the scheduler forms is evicted.
+  // waits for a compile and no batch size the scheduler forms is evicted: at
+  // the config's dims, or with variable dims at each shape known now
+  // (expected_shapes, model_warmup); other shapes compile on first use.
+  bool variable = has_variable_dims(*cfg);
+  std::vector<shape_set> known;
+  if (variable) {
+    auto sets = known_shape_sets(*cfg, mcfg.expected_shapes);
+    if (!sets)
+      return load_error(mcfg, sets.error().message);
+    for (const auto& s : *sets)
+      if (std::find(known.begin(), known.end(), s) == known.end())
+        known.push_back(s);
+  }
+  std::vector<const shape_set*> pinned_sets;
+  if (!variable)
+    pinned_sets.push_back(nullptr);
+  for (const auto& s : known)
+    pinned_sets.push_back(&s);
   auto loaded = std::make_shared<plan_set>();
   auto started = std::chrono::steady_clock::now();
+  for (const shape_set* set : pinned_sets)
   for (int64_t rows = 1; rows <= std::max(1, cfg->max_batch_size); ++rows)
     for (auto [n, threads] : plans_for_batch(rows, mcfg.threads)) {
-      plan_key key{shapes_at(*cfg, n), threads};
+      plan_key key{shapes_with(*g, *cfg, n, set, 0), threads};
       if (loaded->count(key))
         continue;
       auto plan = compile(*g, *cfg, mcfg, key.first, threads, *weights, compiles.get());
-      if (!plan)
-        return plan.error();
+      if (!plan) {
+        if (!set)
+          return load_error(mcfg, plan.error().message);
+        std::vector<std::string> names;
+        for (int v : g->inputs)
+          names.push_back(g->values[v].name);
+        return load_error(mcfg, "the listed input shapes " + shapes_text(names, key.first)
+                                  + " (expected_shapes or model_warmup) cannot run: "
+                                  + plan.error().message);
+      }
       if (profiled) {
         (*plan)->times = std::make_shared<step_times>((*plan)->steps.size());
         profiled->plans.push_back(*plan);
@@ -1114,7 +1214,6 @@ result<onnx_model> load_onnx_graph(graph imported, const onnx_model_config& give
     }
   auto compile_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now()
                                                               - started).count();
-  const auto& first = *loaded->begin()->second;
   // The arenas, sized now for the largest plan each thread runs (the caller's
   // runs every plan; the others, 1-thread chunk plans), so that no batch
   // allocates them.
@@ -1129,12 +1228,16 @@ result<onnx_model> load_onnx_graph(graph imported, const onnx_model_config& give
     scratch->arenas[t].assign((t == 0 ? largest_arena : largest_chunk_arena) + 64, 0);
   onnx_model m;
   m.config = client_cfg;
-  onnx_backend::shared_parts parts{g,      *cfg,     mcfg, profiled, weights,
-                                   loaded, compiles, pool, scratch};
+  auto cache = std::make_shared<plan_cache>(
+    shape_plan_cache_config{std::max<size_t>(1, mcfg.plan_cache_size), mcfg.plan_cache_bytes});
+  onnx_backend::shared_parts parts{g,      *cfg,  mcfg,     profiled, weights,
+                                   loaded, cache, compiles, pool,     scratch};
   m.make_instance = [parts, client_cfg]() -> std::shared_ptr<executor::backend> {
     return with_reshape(std::make_shared<onnx_backend>(parts), client_cfg);
   };
   m.plans_compiled = [compiles] { return compiles->load(); };
+  m.cached_plans = [cache] { return cache->size(); };
+  m.cached_plan_bytes = [cache] { return cache->bytes(); };
   m.reordered_weight_bytes = [weights] { return weights->bytes(); };
   m.profile_report = [profiled] { return profiled ? profile_text(*profiled) : std::string(); };
   // Triton's model_warmup: each sample runs on an instance of its own before
@@ -1163,14 +1266,23 @@ result<onnx_model> load_onnx_graph(graph imported, const onnx_model_config& give
   std::ostringstream os;
   os.setf(std::ios::fixed);
   os.precision(0);
-  os << "ONNX opset " << g->opset << ", " << g->nodes.size() << " nodes -> "
-     << first.g.nodes.size() << " steps, arena " << first.memory.arena_bytes
-     << " bytes at batch 1 (" << first.memory.unshared_bytes << " without reuse), "
-     << mcfg.threads << " compute thread(s), " << weights->bytes() / (1 << 20)
+  os << "ONNX opset " << g->opset << ", " << g->nodes.size() << " nodes";
+  if (!loaded->empty()) {
+    const auto& first = *loaded->begin()->second;
+    os << " -> " << first.g.nodes.size() << " steps, arena " << first.memory.arena_bytes
+       << " bytes at batch 1 (" << first.memory.unshared_bytes << " without reuse)";
+  }
+  os << ", " << mcfg.threads << " compute thread(s), " << weights->bytes() / (1 << 20)
      << " MiB of reordered weights; " << loaded->size() << " plan(s) for batch sizes 1-"
-     << std::max(1, cfg->max_batch_size) << " compiled in " << compile_ms
-     << " ms, arenas " << (largest_arena + (pool->size() - 1) * largest_chunk_arena)
+     << std::max(1, cfg->max_batch_size);
+  if (variable)
+    os << " at " << known.size() << " listed input shape(s)";
+  os << " compiled in " << compile_ms << " ms, arenas "
+     << (largest_arena + (pool->size() - 1) * largest_chunk_arena)
      << " bytes for all instances";
+  if (variable)
+    os << "; other input shapes compile on first use (cache: " << mcfg.plan_cache_size
+       << " plan(s), " << mcfg.plan_cache_bytes << " bytes)";
   if (!cfg->warmup.empty())
     os << "; warmup: " << cfg->warmup.size() << " sample(s), " << warmup_runs << " run(s)";
   m.summary = os.str();
@@ -1193,10 +1305,22 @@ result<std::string> describe_plan(const onnx_model_config& given, int64_t batch)
   if (!cfg)
     return cfg.error();
   auto g = inputs_in_config_order(std::move(*imported), *cfg);
+  // With variable dims: the first shape listed in expected_shapes or model_warmup.
+  std::optional<shape_set> set;
+  if (has_variable_dims(*cfg)) {
+    auto sets = known_shape_sets(*cfg, mcfg.expected_shapes);
+    if (!sets)
+      return load_error(mcfg, sets.error().message);
+    if (sets->empty())
+      return load_error(mcfg, "inputs have variable dimensions besides the batch; list the "
+                              "shapes to show in parameters \"expected_shapes\"");
+    set = sets->front();
+  }
   weight_store weights;
-  auto plan = compile(g, *cfg, mcfg, shapes_at(*cfg, batch), std::max(1u, mcfg.threads), weights);
+  auto plan = compile(g, *cfg, mcfg, shapes_with(g, *cfg, batch, set ? &*set : nullptr, 0),
+                      std::max(1u, mcfg.threads), weights);
   if (!plan)
-    return plan.error();
+    return load_error(mcfg, plan.error().message);
   const auto& p = **plan;
   std::ostringstream os;
   os << "plan for " << mcfg.model_file.string() << " at batch " << batch << ", "

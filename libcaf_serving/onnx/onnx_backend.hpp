@@ -2,6 +2,9 @@
 /// The engine's CPU backend for ONNX models: import, complete and check the
 /// model's configuration against the graph, and run batches through plans
 /// compiled per input shape (every batch size up to max_batch_size, at load).
+/// Inputs may have variable dimensions besides the batch (shape_plans.hpp):
+/// their plans are compiled for the shapes listed at load and on first use
+/// for the others.
 ///
 /// Usage:
 ///
@@ -20,6 +23,7 @@
 #include "executor/backend.hpp"
 #include "onnx/ir.hpp"
 #include "onnx/passes.hpp"
+#include "onnx/shape_plans.hpp"
 
 #include <filesystem>
 #include <functional>
@@ -51,11 +55,22 @@ struct onnx_model_config {
   /// Splits other convolutions of one nChw16c image whose input outweighs
   /// its weights into bands of output rows, run by oneDNN on dense copies.
   bool conv_bands = true;
-  /// Plans for shapes outside those compiled at load (batch sizes 1 to
-  /// max_batch_size, which are never evicted) that each instance keeps; the
-  /// least recently used goes beyond this. Reordered weights are shared by all
-  /// plans.
+  /// Plans for shapes outside those compiled at load (which are pinned) that
+  /// the model keeps for all its instances; the least recently used goes
+  /// beyond this. Reordered weights are shared by all plans.
+  /// config.pbtxt: parameters "plan_cache_size" (1 to 1024).
   size_t plan_cache_size = 8;
+  /// The same cache's bound in bytes: each plan counts its arena and the
+  /// constants it owns (folded for its shapes). A request whose plan alone
+  /// exceeds it is refused with a 400 naming both sizes. (The compute
+  /// threads' scratch arenas, shared by the model's instances, grow to the
+  /// largest plan each has run: up to one such plan's arena per thread.)
+  /// config.pbtxt: parameters "plan_cache_bytes" (a byte count, at least 1 MiB).
+  size_t plan_cache_bytes = size_t{1} << 30;
+  /// Shapes of inputs with variable dimensions to compile at load, each for
+  /// every batch size 1..max_batch_size, pinned (with model_warmup's shapes).
+  /// config.pbtxt: parameters "expected_shapes" (syntax in shape_plans.hpp).
+  std::vector<shape_set> expected_shapes;
   /// Triton's auto-complete (on unless --strict-model-config=true): for a
   /// config that lists no inputs or no outputs, a graph whose every input and
   /// output has a variable first dimension gets max_batch_size
@@ -89,14 +104,21 @@ struct onnx_model {
   std::function<size_t()> reordered_weight_bytes;
   /// Plans compiled so far, at load and by every instance since.
   std::function<size_t()> plans_compiled;
+  /// Plans compiled after load that the shape-plan cache holds now, and
+  /// their bytes (arena plus owned constants).
+  std::function<size_t()> cached_plans;
+  std::function<size_t()> cached_plan_bytes;
 };
 
 /// Imports, checks and compiles the model: every plan that a batch of 1 to
 /// max_batch_size rows runs on the pool's threads, so no request waits for a
-/// compile; then runs config.model_warmup's samples. Errors name the file and
-/// what is wrong: the node, operator and opset that cannot run, the config
-/// entry that contradicts the graph, with both shapes, or the warmup sample
-/// that failed and why.
+/// compile (for variable dimensions: at the shapes of expected_shapes and
+/// model_warmup; other shapes compile on first use); then runs
+/// config.model_warmup's samples. A variable input dimension makes the
+/// config's output dims -1 where they follow it (shape inference at two probe
+/// sizes). Errors name the file and what is wrong: the node, operator and
+/// opset that cannot run, the config entry that contradicts the graph, with
+/// both shapes, or the warmup sample that failed and why.
 result<onnx_model> load_onnx_model(const onnx_model_config& cfg);
 
 /// load_onnx_model() for a graph already imported (or built in code);

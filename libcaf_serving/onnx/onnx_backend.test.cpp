@@ -7,6 +7,7 @@
 
 #include "onnx/ops.hpp"
 #include "onnx/testing.hpp"
+#include "onnx/work_pool.hpp"
 
 #include <doctest/doctest.h>
 
@@ -15,6 +16,7 @@
 #include <sys/resource.h>
 
 #include <chrono>
+#include <future>
 #include <random>
 #include <thread>
 
@@ -739,13 +741,28 @@ TEST_CASE("auto-complete fills max_batch_size and dynamic batching as Triton's O
     CHECK_FALSE(m->config.dynamic_batching_enabled);
   }
   SUBCASE("--strict-model-config (auto_complete off) leaves max_batch_size 0") {
-    // Without a batch dimension the graph's variable first dimension needs a
-    // size, so the load says so instead of batching.
+    // Without a batch dimension the graph's variable first dimension is a
+    // variable dimension like any other: dims [-1,6], and the output follows.
     cfg.auto_complete = false;
-    auto m = load_onnx_graph(gemm_graph(-1, rng), cfg);
-    REQUIRE_FALSE(m);
-    CHECK(m.error().message.find("has a variable dimension [-1,6] besides the batch")
-          != std::string::npos);
+    auto g = gemm_graph(-1, rng);
+    auto m = load_onnx_graph(g, cfg);
+    REQUIRE_MESSAGE(m, (m ? "" : m.error().message));
+    CHECK(m->config.max_batch_size == 0);
+    CHECK(m->config.inputs[0].dims == std::vector<int64_t>{-1, 6});
+    CHECK(m->config.outputs[0].dims == std::vector<int64_t>{-1, 5});
+    auto x = random_floats(3 * 6, rng);
+    auto plain = specialize(g, {{3, 6}});
+    REQUIRE(plain);
+    auto want = run_reference_graph(*plain, {as_bytes(x)});
+    executor::batch_view view;
+    view.rows = 1;
+    view.inputs.push_back({"a", datatype::fp32, {3, 6},
+                           reinterpret_cast<const uint8_t*>(x.data()), x.size() * 4});
+    writer out;
+    auto r = m->make_instance()->execute(view, out);
+    REQUIRE(std::holds_alternative<std::monostate>(r));
+    CHECK(relative_error(as_floats(out.buffers.at(0)), as_floats(want.at(0))) < 1e-5);
+    CHECK(out.buffers.at(0).size() == 3 * 5 * 4);
   }
   SUBCASE("a fixed first dimension does not batch, and asking for batches is Triton's error") {
     auto m = load_onnx_graph(gemm_graph(1, rng), cfg);
@@ -803,4 +820,364 @@ TEST_CASE("a reshaped model runs on its reshape and answers in its dims") {
   CHECK(bad.error().message.find("[3,2]") != std::string::npos);
   CHECK(bad.error().message.find("the dims checked against the graph are reshape.shape")
         != std::string::npos);
+}
+
+namespace {
+
+/// x [batch, seq, 8] -> MatMul [8, 8] -> Softmax -> y [batch, seq, 8]: a
+/// graph with a variable sequence axis.
+graph seq_graph(std::mt19937& rng) {
+  graph g;
+  g.opset = 17;
+  int x = g.add_value("x", datatype::fp32, {-1, -1, 8}, true);
+  g.inputs.push_back(x);
+  int w = add_weights(g, "w", {8, 8}, rng, 0.5f);
+  int h = g.add_value("h");
+  g.add_node("MatMul", "proj", {x, w}, {h});
+  int y = g.add_value("y", datatype::fp32, {-1, -1, 8});
+  g.add_node("Softmax", "soft", {h}, {y});
+  g.outputs.push_back(y);
+  return g;
+}
+
+/// x [batch, n] -> Reshape [0, -1, 4] -> Neg -> y: runs only where 4 divides n.
+graph reshape4_graph() {
+  graph g;
+  g.opset = 17;
+  int x = g.add_value("x", datatype::fp32, {-1, -1}, true);
+  g.inputs.push_back(x);
+  auto target = make_tensor(datatype::int64, {3});
+  target->as_mut<int64_t>()[0] = 0;
+  target->as_mut<int64_t>()[1] = -1;
+  target->as_mut<int64_t>()[2] = 4;
+  int t = g.add_constant("target", target);
+  int r = g.add_value("r");
+  g.add_node("Reshape", "by_four", {x, t}, {r});
+  int y = g.add_value("y");
+  g.add_node("Neg", "neg", {r}, {y});
+  g.outputs.push_back(y);
+  return g;
+}
+
+/// Runs `instance` on `x` at `shape`; the error, or the output's relative
+/// error against the reference interpreter on `g`.
+std::variant<double, serving_error> run_at(executor::backend& instance, const graph& g,
+                                           const std::vector<int64_t>& shape, std::mt19937& rng,
+                                           std::vector<int64_t>* out_shape = nullptr) {
+  auto x = random_floats(static_cast<size_t>(element_count(shape)), rng);
+  executor::batch_view view;
+  view.rows = static_cast<uint32_t>(shape[0]);
+  view.inputs.push_back({"x", datatype::fp32, shape, reinterpret_cast<const uint8_t*>(x.data()),
+                         x.size() * 4});
+  struct shape_writer final : executor::output_writer {
+    std::vector<int64_t> shape;
+    std::vector<uint8_t> buffer;
+    uint8_t* allocate(std::string_view, datatype, const std::vector<int64_t>& s,
+                      size_t bytes) override {
+      shape = s;
+      buffer.resize(bytes);
+      return buffer.data();
+    }
+  } out;
+  auto r = instance.execute(view, out);
+  if (auto* e = std::get_if<serving_error>(&r))
+    return *e;
+  if (out_shape)
+    *out_shape = out.shape;
+  auto plain = specialize(g, {shape});
+  REQUIRE_MESSAGE(plain, plain.error().message);
+  auto want = run_reference_graph(*plain, {as_bytes(x)});
+  return relative_error(as_floats(out.buffer), as_floats(want.at(0)));
+}
+
+double error_at(executor::backend& instance, const graph& g, const std::vector<int64_t>& shape,
+                std::mt19937& rng) {
+  CAPTURE(shape);
+  auto r = run_at(instance, g, shape, rng);
+  if (auto* e = std::get_if<serving_error>(&r))
+    FAIL(e->message);
+  return std::get<double>(r);
+}
+
+} // namespace
+
+TEST_CASE("a variable sequence axis: listed shapes compile at load, others on first use") {
+  std::mt19937 rng(31);
+  auto g = seq_graph(rng);
+  for (unsigned threads : {1u, 2u}) {
+    CAPTURE(threads);
+    auto cfg = test_config();
+    cfg.config.max_batch_size = 4;
+    cfg.threads = threads;
+    cfg.config.parameters["expected_shapes"] = "x:5x8|x:9x8";
+    auto m = load_onnx_graph(g, cfg);
+    REQUIRE_MESSAGE(m, (m ? "" : m.error().message));
+    // The output follows the sequence axis.
+    CHECK(m->config.inputs[0].dims == std::vector<int64_t>{-1, 8});
+    CHECK(m->config.outputs[0].dims == std::vector<int64_t>{-1, 8});
+    CHECK(m->summary.find("at 2 listed input shape(s)") != std::string::npos);
+    size_t at_load = m->plans_compiled();
+    // 1..4 rows at both lengths; on 2 threads, rows 2..4 run 1-row chunk plans.
+    CHECK(at_load == (threads == 1 ? 8u : 4u));
+    auto instance = m->make_instance();
+    for (int64_t rows : {1, 2, 3, 4})
+      for (int64_t seq : {5, 9})
+        CHECK(error_at(*instance, g, {rows, seq, 8}, rng) < 1e-5);
+    CHECK(m->plans_compiled() == at_load);
+    CHECK(m->cached_plans() == 0);
+    // A new length compiles once, then runs from the cache.
+    std::vector<int64_t> shape;
+    auto r = run_at(*instance, g, {1, 13, 8}, rng, &shape);
+    REQUIRE(std::holds_alternative<double>(r));
+    CHECK(std::get<double>(r) < 1e-5);
+    CHECK(shape == std::vector<int64_t>{1, 13, 8});
+    CHECK(m->plans_compiled() == at_load + 1);
+    CHECK(m->cached_plans() == 1);
+    CHECK(m->cached_plan_bytes() > 0);
+    CHECK(error_at(*instance, g, {1, 13, 8}, rng) < 1e-5);
+    // Another instance finds the plan the first compiled.
+    auto other = m->make_instance();
+    CHECK(error_at(*other, g, {1, 13, 8}, rng) < 1e-5);
+    CHECK(m->plans_compiled() == at_load + 1);
+  }
+}
+
+TEST_CASE("the shape-plan cache keeps to plan_cache_bytes and refuses a plan larger than it") {
+  std::mt19937 rng(32);
+  auto g = seq_graph(rng);
+  auto cfg = test_config();
+  cfg.config.max_batch_size = 1;
+  cfg.config.parameters["plan_cache_bytes"] = std::to_string(1 << 20);
+  auto m = load_onnx_graph(g, cfg);
+  REQUIRE_MESSAGE(m, (m ? "" : m.error().message));
+  CHECK(m->plans_compiled() == 0); // nothing listed: nothing to compile at load
+  auto instance = m->make_instance();
+  // Arenas of 32 bytes per position (the MatMul's output): 256, 384 and
+  // 512 KiB do not fit in 1 MiB together.
+  for (int64_t seq : {8192, 12288, 16384}) {
+    CHECK(error_at(*instance, g, {1, seq, 8}, rng) < 1e-5);
+    CHECK(m->cached_plan_bytes() <= size_t{1} << 20);
+  }
+  CHECK(m->cached_plans() == 2);
+  CHECK(m->plans_compiled() == 3);
+  // The first was evicted: it compiles again.
+  CHECK(error_at(*instance, g, {1, 8192, 8}, rng) < 1e-5);
+  CHECK(m->plans_compiled() == 4);
+  // A plan that alone needs more than the bound is refused, and the model keeps serving.
+  auto big = run_at(*instance, g, {1, 40000, 8}, rng);
+  REQUIRE(std::holds_alternative<serving_error>(big));
+  const auto& e = std::get<serving_error>(big);
+  CHECK(e.status == status_code::bad_request);
+  CHECK(e.message.find("cannot run inputs x [1,40000,8]") != std::string::npos);
+  CHECK(e.message.find("raise parameters \"plan_cache_bytes\"") != std::string::npos);
+  CHECK(error_at(*instance, g, {1, 8192, 8}, rng) < 1e-5);
+  CHECK(m->cached_plan_bytes() <= size_t{1} << 20);
+}
+
+TEST_CASE("a shape the graph cannot take answers 400 naming the shapes and the node") {
+  std::mt19937 rng(33);
+  auto g = reshape4_graph();
+  for (unsigned threads : {1u, 2u}) {
+    CAPTURE(threads);
+    auto cfg = test_config();
+    cfg.threads = threads;
+    auto m = load_onnx_graph(g, cfg);
+    REQUIRE_MESSAGE(m, (m ? "" : m.error().message));
+    CHECK(m->config.outputs[0].dims == std::vector<int64_t>{-1, 4});
+    auto instance = m->make_instance();
+    CHECK(error_at(*instance, g, {2, 12}, rng) < 1e-6);
+    auto bad = run_at(*instance, g, {2, 6}, rng);
+    REQUIRE(std::holds_alternative<serving_error>(bad));
+    const auto& e = std::get<serving_error>(bad);
+    CHECK(e.status == status_code::bad_request);
+    CAPTURE(e.message);
+    CHECK(e.message.find("model 't' cannot run inputs x [2,6]: node 'by_four' (operator "
+                         "'Reshape', opset 17): cannot reshape")
+          != std::string::npos);
+    // Size 0 in a variable dimension is refused before any kernel sees it.
+    auto empty = run_at(*instance, g, {1, 0}, rng);
+    REQUIRE(std::holds_alternative<serving_error>(empty));
+    CAPTURE(std::get<serving_error>(empty).message);
+    CHECK(std::get<serving_error>(empty).message.find("a dimension of size 0")
+          != std::string::npos);
+    // The instance keeps serving.
+    std::vector<int64_t> shape;
+    auto ok = run_at(*instance, g, {3, 8}, rng, &shape);
+    REQUIRE(std::holds_alternative<double>(ok));
+    CHECK(std::get<double>(ok) < 1e-6);
+    CHECK(shape == std::vector<int64_t>{3, 2, 4});
+  }
+}
+
+TEST_CASE("expected_shapes errors are load errors that say what to write") {
+  std::mt19937 rng(34);
+  auto g = seq_graph(rng);
+  struct bad_case {
+    const char *value, *says;
+  };
+  for (auto c : {bad_case{"x:5x8|", "parameters \"expected_shapes\" set 2 ('') is empty"},
+                 bad_case{"y:5x8", "set 1 names input 'y', but the model's inputs are 'x'"},
+                 bad_case{"x:5x7", "set 1 gives input 'x' dims [5,7], but the model's are "
+                                   "[-1,8]"},
+                 bad_case{"x:5", "set 1 gives input 'x' dims [5]"}}) {
+    CAPTURE(c.value);
+    auto cfg = test_config();
+    cfg.config.parameters["expected_shapes"] = c.value;
+    auto m = load_onnx_graph(g, cfg);
+    REQUIRE_FALSE(m);
+    CHECK(m.error().message.find("model 't': built-in-test.onnx: ") == 0);
+    CHECK(m.error().message.find(c.says) != std::string::npos);
+  }
+  // A listed shape that the graph cannot take fails the load and says so.
+  auto cfg = test_config();
+  cfg.config.parameters["expected_shapes"] = "x:6";
+  auto r = load_onnx_graph(reshape4_graph(), cfg);
+  REQUIRE_FALSE(r);
+  CHECK(r.error().message.find("the listed input shapes x [1,6] (expected_shapes or "
+                               "model_warmup) cannot run: node 'by_four'")
+        != std::string::npos);
+  cfg.config.parameters["expected_shapes"] = "x:8";
+  CHECK(load_onnx_graph(reshape4_graph(), cfg));
+  cfg.config.parameters["plan_cache_bytes"] = "1000";
+  auto small = load_onnx_graph(reshape4_graph(), cfg);
+  REQUIRE_FALSE(small);
+  CHECK(small.error().message.find("\"plan_cache_bytes\" is '1000'; give a byte count of at "
+                                   "least 1048576")
+        != std::string::npos);
+}
+
+TEST_CASE("model_warmup's shapes of a variable input compile at load and run") {
+  std::mt19937 rng(35);
+  auto g = seq_graph(rng);
+  auto cfg = test_config();
+  cfg.config.max_batch_size = 2;
+  warmup_sample w;
+  w.name = "len6";
+  w.batch_size = 2;
+  w.inputs.push_back({"x", datatype::fp32, {6, 8}, warmup_data::random, ""});
+  cfg.config.warmup = {w};
+  auto m = load_onnx_graph(g, cfg);
+  REQUIRE_MESSAGE(m, (m ? "" : m.error().message));
+  CHECK(m->summary.find("warmup: 1 sample(s), 1 run(s)") != std::string::npos);
+  size_t at_load = m->plans_compiled();
+  CHECK(at_load == 2); // batch 1 and 2 at length 6
+  CHECK(m->cached_plans() == 0); // warmup ran on the pinned plans
+  auto instance = m->make_instance();
+  CHECK(error_at(*instance, g, {1, 6, 8}, rng) < 1e-5);
+  CHECK(m->plans_compiled() == at_load);
+  // A sample must give concrete dims that fit the model's.
+  cfg.config.warmup[0].inputs[0].dims = {-1, 8};
+  auto bad = load_onnx_graph(g, cfg);
+  REQUIRE_FALSE(bad);
+  CHECK(bad.error().message.find("model_warmup 'len6' input 'x' has dims [-1,8], but the "
+                                 "model's are [-1,8] (batch dimension excluded, -1 takes any "
+                                 "size)")
+        != std::string::npos);
+}
+
+TEST_CASE("a variable dimension that only one size fits is a load error that says what to give") {
+  // gemm_graph's rows as a variable dimension besides the batch: only 6 fits the weights.
+  std::mt19937 rng(36);
+  graph g;
+  g.opset = 17;
+  int a = g.add_value("a", datatype::fp32, {-1, -1}, true);
+  g.inputs.push_back(a);
+  int w = add_weights(g, "w", {6, 5}, rng, 0.1f);
+  int y = g.add_value("y");
+  g.add_node("MatMul", "fc", {a, w}, {y});
+  g.outputs.push_back(y);
+  auto cfg = test_config();
+  auto m = load_onnx_graph(g, cfg);
+  REQUIRE_FALSE(m);
+  CAPTURE(m.error().message);
+  CHECK(m.error().message.find("input 'a' [-1] has variable dimensions besides the batch, and "
+                               "shape inference failed at all sizes tried")
+        != std::string::npos);
+  CHECK(m.error().message.find("node 'fc' (operator 'MatMul', opset 17)") != std::string::npos);
+  CHECK(m.error().message.find("give the dimension a fixed size in config.pbtxt dims")
+        != std::string::npos);
+  cfg.config.parameters["expected_shapes"] = "a:6";
+  auto one = load_onnx_graph(g, cfg);
+  REQUIRE_FALSE(one);
+  CHECK(one.error().message.find("failed at all but one of the sizes tried") != std::string::npos);
+  // Fixed in config.pbtxt, it loads.
+  cfg.config.parameters.erase("expected_shapes");
+  cfg.config.inputs = {{"a", datatype::fp32, {6}}};
+  auto fixed = load_onnx_graph(g, cfg);
+  REQUIRE_MESSAGE(fixed, (fixed ? "" : fixed.error().message));
+  CHECK(fixed->config.outputs[0].dims == std::vector<int64_t>{5});
+}
+
+TEST_CASE("a variable dimension carries through a config reshape") {
+  std::mt19937 rng(37);
+  auto g = seq_graph(rng);
+  auto cfg = test_config();
+  // Clients send [batch, seq, 2, 4]; the graph runs [batch, seq, 8].
+  tensor_config x{"x", datatype::fp32, {-1, 2, 4}};
+  x.reshape = std::vector<int64_t>{-1, 8};
+  cfg.config.inputs = {x};
+  cfg.config.outputs = {{"y", datatype::fp32, {-1, 8}}};
+  auto m = load_onnx_graph(g, cfg);
+  REQUIRE_MESSAGE(m, (m ? "" : m.error().message));
+  CHECK(m->config.inputs[0].dims == std::vector<int64_t>{-1, 2, 4});
+  auto instance = m->make_instance();
+  auto data = random_floats(3 * 5 * 8, rng);
+  executor::batch_view view;
+  view.rows = 3;
+  view.inputs.push_back({"x", datatype::fp32, {3, 5, 2, 4},
+                         reinterpret_cast<const uint8_t*>(data.data()), data.size() * 4});
+  struct shape_writer final : executor::output_writer {
+    std::vector<int64_t> shape;
+    std::vector<uint8_t> buffer;
+    uint8_t* allocate(std::string_view, datatype, const std::vector<int64_t>& s,
+                      size_t bytes) override {
+      shape = s;
+      buffer.resize(bytes);
+      return buffer.data();
+    }
+  } out;
+  auto r = instance->execute(view, out);
+  if (auto* e = std::get_if<serving_error>(&r))
+    FAIL(e->message);
+  CHECK(out.shape == std::vector<int64_t>{3, 5, 8});
+  auto plain = specialize(g, {{3, 5, 8}});
+  REQUIRE(plain);
+  auto want = run_reference_graph(*plain, {as_bytes(data)});
+  CHECK(relative_error(as_floats(out.buffer), as_floats(want.at(0))) < 1e-5);
+}
+
+TEST_CASE("a new shape compiles before its instance takes the compute pool") {
+  // While another instance (of any model) holds the shared pool for its
+  // batch, an instance that meets a new shape compiles it meanwhile; it waits
+  // only to compute.
+  std::mt19937 rng(38);
+  auto g = seq_graph(rng);
+  auto cfg = test_config();
+  cfg.pool = std::make_shared<work_pool>(1);
+  auto m = load_onnx_graph(g, cfg);
+  REQUIRE_MESSAGE(m, (m ? "" : m.error().message));
+  auto instance = m->make_instance();
+  auto busy = cfg.pool->hold(); // another instance's batch
+  auto x = random_floats(11 * 8, rng);
+  using exec_outcome = std::variant<std::monostate, serving_error>;
+  std::promise<exec_outcome> done;
+  auto answer = done.get_future();
+  std::thread client([&] {
+    executor::batch_view view;
+    view.rows = 1;
+    view.inputs.push_back({"x", datatype::fp32, {1, 11, 8},
+                           reinterpret_cast<const uint8_t*>(x.data()), x.size() * 4});
+    writer out;
+    done.set_value(instance->execute(view, out));
+  });
+  // The compile finishes while the pool is still held; the batch cannot.
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (m->cached_plans() == 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::yield();
+  CHECK(m->cached_plans() == 1);
+  CHECK(answer.wait_for(std::chrono::seconds(0)) == std::future_status::timeout);
+  busy.unlock();
+  auto r = answer.get();
+  client.join();
+  CHECK(std::holds_alternative<std::monostate>(r));
 }
