@@ -435,6 +435,14 @@ TEST_CASE("a pool's zero stride or oversized kernel is refused, not divided by")
   e = refused(run_node(22, "MaxPool", {{datatype::fp32, {1, 1, 1, 7}}}, {bytes_of(x)}, {}, 1,
                        {{"kernel_shape", ints_attr({2, 2})}}));
   CHECK(e == "the (dilated) kernel [2,2] is larger than the padded input [1,1,1,7]");
+  // A ceil_mode window over a smaller input still has an output, as in ONNX
+  // Runtime and torch: the maximum of what the window covers.
+  std::vector<float> one{3.5f};
+  auto r = ran(run_node(22, "MaxPool", {{datatype::fp32, {1, 1, 1, 1}}}, {bytes_of(one)}, {}, 1,
+                        {{"kernel_shape", ints_attr({2, 2})}, {"strides", ints_attr({2, 2})},
+                         {"ceil_mode", int_attr(1)}}));
+  CHECK(r.shapes[0].shape == std::vector<int64_t>{1, 1, 1, 1});
+  CHECK(values_of<float>(r.outputs[0]) == std::vector<float>{3.5f});
 }
 
 TEST_CASE("types the kernels do not take are refused, not read as another type") {

@@ -233,11 +233,17 @@ std::variant<conv_geometry, std::string> conv_geom(const node& nd, const shape_t
       --out;
     return out;
   };
-  if (g.h + pd[0] + pd[2] < g.dh * (g.kh - 1) + 1 || g.w + pd[1] + pd[3] < g.dw * (g.kw - 1) + 1)
-    return "the (dilated) kernel " + shape_string(ks) + " is larger than the padded input "
-           + shape_string(x);
+  bool oversized = g.h + pd[0] + pd[2] < g.dh * (g.kh - 1) + 1
+                   || g.w + pd[1] + pd[3] < g.dw * (g.kw - 1) + 1;
   g.oh = out_dim(g.h, g.kh, g.sh, pd[0], pd[2], g.dh);
   g.ow = out_dim(g.w, g.kw, g.sw, pd[1], pd[3], g.dw);
+  // A pool's window may overhang a small input (torchvision's ceil_mode pools
+  // on 32x32 images; ONNX Runtime computes the output size with C++'s truncating
+  // division, and so does out_dim): that serves one window over what there is.
+  // Only an empty output, or a convolution's oversized kernel, is refused.
+  if (oversized && (!pool || g.oh < 1 || g.ow < 1))
+    return "the (dilated) kernel " + shape_string(ks) + " is larger than the padded input "
+           + shape_string(x);
   return g;
 }
 
