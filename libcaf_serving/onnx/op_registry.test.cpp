@@ -450,8 +450,8 @@ TEST_CASE("types the kernels do not take are refused, not read as another type")
   std::vector<double> d{0.5, 1.5};
   CHECK(refused(run_node(19, "Cast", {{datatype::fp64, {2}}}, {bytes_of(d)}, {}, 1,
                          {{"to", int_attr(1)}}))
-        == "Cast from FP64 to FP32 is not supported (FLOAT, INT64, INT32, BOOL, UINT8 and INT8 "
-           "are)");
+        == "Cast from FP64 to FP32 is not supported (FLOAT, FLOAT16, BFLOAT16, INT64, INT32, "
+           "INT16, INT8, UINT64, UINT32, UINT16, UINT8 and BOOL are)");
   std::vector<uint8_t> u(16, 3);
   CHECK(refused(run_node(22, "MaxPool", {{datatype::uint8, {1, 1, 4, 4}}}, {u}, {}, 1,
                          {{"kernel_shape", ints_attr({2, 2})}}))
