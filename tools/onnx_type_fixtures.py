@@ -50,6 +50,27 @@ def graph_model(name, nodes, inputs, outputs, inits=(), opset=17):
     return m
 
 
+def run_bf16(sess, feeds, types, out_names):
+    """ONNX Runtime on BFLOAT16 tensors, which numpy lacks: their bits travel as uint16
+    arrays in OrtValues typed BFLOAT16."""
+    def ort_value(a, t):
+        return (ort.OrtValue.ortvalue_from_numpy_with_onnx_type(a, t) if t == TensorProto.BFLOAT16
+                else ort.OrtValue.ortvalue_from_numpy(a))
+    ins = {n: ort_value(a, types[n]) for n, a in feeds.items()}
+    shapes = [v.shape() for v in sess.run_with_ort_values(out_names, ins)]
+    io = sess.io_binding()
+    for n, v in ins.items():
+        io.bind_ortvalue_input(n, v)
+    results = []
+    for n, shape in zip(out_names, shapes):
+        bf16 = types[n] == TensorProto.BFLOAT16
+        host = np.empty(shape, dtype=np.uint16 if bf16 else helper.tensor_dtype_to_np_dtype(types[n]))
+        io.bind_ortvalue_output(n, ort_value(host, types[n]))
+        results.append(host)
+    sess.run_with_iobinding(io)
+    return results
+
+
 def write(out, name, model, feeds, save=None):
     """Writes <out>/models/<name> (through `save(model, path)`, default onnx.save) and
     ONNX Runtime's outputs on `feeds` as the reference."""
@@ -61,12 +82,14 @@ def write(out, name, model, feeds, save=None):
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = 1
     sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
-    results = sess.run(None, {k: v for k, v in feeds.items()})
     types = {i.name: i.type.tensor_type.elem_type for i in list(model.graph.input) + list(model.graph.output)}
-    outs = list(zip([o.name for o in model.graph.output], results))
+    out_names = [o.name for o in model.graph.output]
+    if any(t == TensorProto.BFLOAT16 for t in types.values()):
+        results = run_bf16(sess, feeds, types, out_names)
+    else:
+        results = sess.run(None, {k: v for k, v in feeds.items()})
+    outs = list(zip(out_names, results))
     ins = [(i.name, feeds[i.name]) for i in model.graph.input]
-    if any(types[n] == TensorProto.BFLOAT16 for n, _ in outs):
-        raise SystemExit(f"{name}: ONNX Runtime's python API returns no BFLOAT16 outputs")
 
     def io(kind, pairs):
         rows = [f'  {{ name: "{n}" data_type: {TRITON[types[n]]} dims: [ '
@@ -115,6 +138,21 @@ def fixtures(out):
         [("x", F, [8])], [("y_fp16", F, [8]), ("y_bf16", F, [8])])
     write(out, "type_half_casts", m, {"x": x})
 
+    # BFLOAT16 inputs, outputs and an initializer (inputs as their bits, uint16).
+    # (A generator of its own, so that the fixtures after it keep their values.)
+    rng_bf = np.random.default_rng(91)
+    rnd_bf = lambda *s: rng_bf.standard_normal(s).astype(np.float32)
+    to_bf16 = lambda a: (a.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    b = helper.make_tensor("b", BF, [4], to_bf16(rnd_bf(4)).tolist())
+    m = graph_model("type_bf16_io", [
+        helper.make_node("Cast", ["x"], ["xf"], to=F),
+        helper.make_node("Cast", ["b"], ["bf"], to=F),
+        helper.make_node("MatMul", ["xf", "w"], ["xw"]),
+        helper.make_node("Add", ["xw", "bf"], ["yf"]),
+        helper.make_node("Cast", ["yf"], ["y"], to=BF)],
+        [("x", BF, [3])], [("y", BF, [4])], [numpy_helper.from_array(rnd_bf(3, 4), "w"), b])
+    write(out, "type_bf16_io", m, {"x": to_bf16(rnd_bf(B, 3))})
+
     # Small integer types through data movement and a Cast chain.
     I16, U16, U32, U64, I64 = (TensorProto.INT16, TensorProto.UINT16, TensorProto.UINT32,
                                TensorProto.UINT64, TensorProto.INT64)
@@ -157,9 +195,11 @@ def fixtures(out):
     m = graph_model("type_external_data", [helper.make_node("MatMul", ["x", "w"], ["xw"]),
                                            helper.make_node("Add", ["xw", "b"], ["y"])],
                     [("x", F, [6])], [("y", F, [5])], [w, b])
-    save = lambda model, p: onnx.save_model(model, str(p), save_as_external_data=True,
-                                            all_tensors_to_one_file=True,
-                                            location="model.onnx.data", size_threshold=0)
+    def save(model, p):
+        # onnx appends to an existing data file: start from none.
+        (p.parent / "model.onnx.data").unlink(missing_ok=True)
+        onnx.save_model(model, str(p), save_as_external_data=True, all_tensors_to_one_file=True,
+                        location="model.onnx.data", size_threshold=0)
     write(out, "type_external_data", m, {"x": rnd(B, 6)}, save)
 
 

@@ -315,6 +315,12 @@ TEST_CASE("broken ONNX models fail to load with clear errors; the others serve")
   repo.write_file("escape/1/model.onnx", escape.SerializeAsString());
   repo.write_file("escape/model.onnx.data",
                   read_all(fixtures / "models" / "type_external_data" / "1" / "model.onnx.data"));
+  // A STRING input that config.pbtxt declares as another type.
+  repo.write_file("string_as_fp32/config.pbtxt",
+                  std::string(minimal_config)
+                    + "input [ { name: \"s\" data_type: TYPE_FP32 dims: [ 2 ] } ]\n");
+  repo.write_file("string_as_fp32/1/model.onnx",
+                  read_all(fixtures / "models" / "type_string_identity" / "1" / "model.onnx"));
   server_process server({CAF_SERVING_BINARY, repo.path().string(), {}});
   http_client http(server.http_port());
   auto index = http.post("/v2/repository/index", "{}").body;
@@ -339,6 +345,8 @@ TEST_CASE("broken ONNX models fail to load with clear errors; the others serve")
   CHECK(dims.find("[5]") != std::string::npos);
   CHECK(dims.find("[4]") != std::string::npos);
   CHECK(reason("string_relu").find("computes on the STRING tensor 'x'") != std::string::npos);
+  CHECK(reason("string_as_fp32").find("input 's' data_type TYPE_FP32, but the ONNX graph has "
+                                      "STRING") != std::string::npos);
   auto escaped = reason("escape");
   CHECK(escaped.find("'../model.onnx.data'") != std::string::npos);
   CHECK(escaped.find("leads out of the model's directory") != std::string::npos);
