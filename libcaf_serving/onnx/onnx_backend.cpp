@@ -1342,6 +1342,14 @@ result<std::string> describe_plan(const onnx_model_config& given, int64_t batch)
   auto imported = import_model(mcfg.model_file);
   if (!imported)
     return imported.error();
+  if (!imported->strings.inputs.empty()) {
+    // The plan is the numeric graph's; STRING tensors are copied around it.
+    if (imported->outputs.empty())
+      return "plan for " + mcfg.model_file.string()
+             + ": STRING tensors passed through, nothing computed\n";
+    mcfg.config = without_strings(mcfg.config, *imported);
+    imported->strings = {};
+  }
   auto batching = autofill_batching(*imported, mcfg);
   if (!batching)
     return batching.error();
