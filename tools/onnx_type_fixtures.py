@@ -24,7 +24,7 @@ TRITON = {TensorProto.FLOAT: "TYPE_FP32", TensorProto.FLOAT16: "TYPE_FP16",
           TensorProto.UINT64: "TYPE_UINT64", TensorProto.INT8: "TYPE_INT8",
           TensorProto.UINT8: "TYPE_UINT8", TensorProto.INT64: "TYPE_INT64",
           TensorProto.INT32: "TYPE_INT32", TensorProto.BOOL: "TYPE_BOOL",
-          TensorProto.STRING: "TYPE_STRING"}
+          TensorProto.STRING: "TYPE_STRING", TensorProto.DOUBLE: "TYPE_FP64"}
 B = 2  # rows in every reference
 
 
@@ -152,6 +152,15 @@ def fixtures(out):
         helper.make_node("Cast", ["yf"], ["y"], to=BF)],
         [("x", BF, [3])], [("y", BF, [4])], [numpy_helper.from_array(rnd_bf(3, 4), "w"), b])
     write(out, "type_bf16_io", m, {"x": to_bf16(rnd_bf(B, 3))})
+
+    # DOUBLE inputs, outputs and weights, computed as fp32 (own generator, as above).
+    rng_d = np.random.default_rng(92)
+    D = TensorProto.DOUBLE
+    m = graph_model("type_fp64_io", [helper.make_node("Mul", ["x", "c"], ["xc"]),
+                                     helper.make_node("Relu", ["xc"], ["y"])],
+                    [("x", D, [4])], [("y", D, [4])],
+                    [numpy_helper.from_array(rng_d.standard_normal(4), "c")])
+    write(out, "type_fp64_io", m, {"x": rng_d.standard_normal((B, 4))})
 
     # Small integer types through data movement and a Cast chain.
     I16, U16, U32, U64, I64 = (TensorProto.INT16, TensorProto.UINT16, TensorProto.UINT32,

@@ -314,8 +314,8 @@ result<graph> import_model_from(const std::string& bytes, const std::string& ori
       continue;
     }
     g.inputs.push_back(v);
-    if (*dt == datatype::fp16 || *dt == datatype::bf16) {
-      // Clients send half; the graph computes on its fp32 copy.
+    if (computed_as_fp32(*dt)) {
+      // Clients send half (or double); the graph computes on its fp32 copy.
       int wide = g.add_value(in.name() + "/fp32");
       auto& cast = g.add_node("Cast", in.name() + "/to_fp32", {v}, {wide});
       cast.set_i("to", pb::TensorProto::FLOAT);
@@ -402,19 +402,21 @@ result<graph> import_model_from(const std::string& bytes, const std::string& ori
     }
     const auto& tt = out.type().tensor_type();
     auto declared = convert_type(tt.elem_type(), origin, "graph output '" + out.name() + "'");
-    if (declared && (*declared == datatype::fp16 || *declared == datatype::bf16)) {
+    if (declared && computed_as_fp32(*declared)) {
       // The graph computes the fp32 value; a last Cast stores it as the model
-      // declares, so that clients receive half.
+      // declares, so that clients receive half (or double).
       g.values[v].name = out.name() + "/fp32";
       std::vector<int64_t> shape;
       for (const auto& d : tt.shape().dim())
         shape.push_back(d.has_dim_value() ? d.dim_value() : -1);
-      int half = g.add_value(out.name(), *declared, shape);
-      auto& cast = g.add_node("Cast", out.name() + "/to_half", {v}, {half});
-      cast.set_i("to", *declared == datatype::fp16 ? pb::TensorProto::FLOAT16
-                                                   : pb::TensorProto::BFLOAT16);
+      int stored = g.add_value(out.name(), *declared, shape);
+      auto& cast = g.add_node("Cast", out.name() + "/to_" + std::string(to_string(*declared)),
+                              {v}, {stored});
+      cast.set_i("to", *declared == datatype::fp16   ? pb::TensorProto::FLOAT16
+                       : *declared == datatype::bf16 ? pb::TensorProto::BFLOAT16
+                                                     : pb::TensorProto::DOUBLE);
       cast.set_i("storage", 1);
-      g.outputs.push_back(half);
+      g.outputs.push_back(stored);
       continue;
     }
     if (tt.has_shape() && !g.values[v].shape_known) {

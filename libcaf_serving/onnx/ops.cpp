@@ -529,9 +529,9 @@ bool foldable(const std::string& op) {
   return !op.empty();
 }
 
-/// The type Cast `n` computes. FLOAT16 and BFLOAT16 (and DOUBLE) are held as
-/// fp32 inside the graph; only the importer's casts at the graph's edges
-/// ("storage") hold half bits.
+/// The type Cast `n` computes. FLOAT16, BFLOAT16 and DOUBLE are held as fp32
+/// inside the graph; only the importer's casts at the graph's edges
+/// ("storage") write them as they are.
 std::optional<datatype> cast_target(const node& n) {
   bool storage = n.get_i("storage", 0) != 0;
   switch (n.get_i("to", 1)) {
@@ -544,7 +544,7 @@ std::optional<datatype> cast_target(const node& n) {
     case 7: return datatype::int64;
     case 9: return datatype::bool_;
     case 10: return storage ? datatype::fp16 : datatype::fp32;
-    case 11: return datatype::fp32;
+    case 11: return storage ? datatype::fp64 : datatype::fp32;
     case 12: return datatype::uint32;
     case 13: return datatype::uint64;
     case 16: return storage ? datatype::bf16 : datatype::fp32;
@@ -552,33 +552,42 @@ std::optional<datatype> cast_target(const node& n) {
   }
 }
 
-/// Cast `x` to `y`. Half bits are read (graph inputs) or written (graph
-/// outputs) only at the edges; a Cast to FLOAT16 or BFLOAT16 inside the graph
-/// rounds its fp32 result to the half's precision, so that what follows sees
-/// the values a half tensor would hold. Rounding is to nearest, ties to even.
+/// Cast `x` to `y`. Half bits and doubles are read (graph inputs) or written
+/// (graph outputs) only at the edges; a Cast to FLOAT16 or BFLOAT16 inside the
+/// graph rounds its fp32 result to the half's precision, so that what follows
+/// sees the values a half tensor would hold. Rounding is to nearest, ties to
+/// even.
 void run_cast(const node& n, const tensor_ref& x, const tensor_ref& y) {
   int64_t count = y.elements();
-  auto is_half = [](datatype t) { return t == datatype::fp16 || t == datatype::bf16; };
-  if (is_half(x.dtype)) {
-    const uint16_t* s = x.as<uint16_t>();
-    bool fp16 = x.dtype == datatype::fp16;
+  auto at_edge = [](datatype t) {
+    return t == datatype::fp16 || t == datatype::bf16 || t == datatype::fp64;
+  };
+  if (at_edge(x.dtype)) {
+    auto read = [&](int64_t i) {
+      switch (x.dtype) {
+        case datatype::fp16: return fp16_to_float(x.as<uint16_t>()[i]);
+        case datatype::bf16: return bf16_to_float(x.as<uint16_t>()[i]);
+        default: return static_cast<float>(x.as<double>()[i]);
+      }
+    };
     dispatch(y.dtype, [&](auto tag) {
       using B = decltype(tag);
       B* d = y.as<B>();
-      for (int64_t i = 0; i < count; ++i)
-        d[i] = static_cast<B>(fp16 ? fp16_to_float(s[i]) : bf16_to_float(s[i]));
+      for (int64_t i = 0; i < count; ++i) d[i] = static_cast<B>(read(i));
     });
     return;
   }
-  if (is_half(y.dtype)) {
-    uint16_t* d = y.as<uint16_t>();
-    bool fp16 = y.dtype == datatype::fp16;
+  if (at_edge(y.dtype)) {
     dispatch(x.dtype, [&](auto tag) {
       using A = decltype(tag);
       const A* s = x.as<A>();
       for (int64_t i = 0; i < count; ++i) {
         auto f = static_cast<float>(s[i]);
-        d[i] = fp16 ? fp16_from_float(f) : bf16_from_float(f);
+        switch (y.dtype) {
+          case datatype::fp16: y.as<uint16_t>()[i] = fp16_from_float(f); break;
+          case datatype::bf16: y.as<uint16_t>()[i] = bf16_from_float(f); break;
+          default: y.as<double>()[i] = f;
+        }
       }
     });
     return;
@@ -652,11 +661,11 @@ infer_result infer_shapes(const graph& g, const node& n) {
     bool cast = op == "Cast" || op == "CastLike";
     // run_cast also reads and writes the types held only at the graph's edges.
     auto castable = [](datatype d) {
-      return dispatchable(d) || d == datatype::fp16 || d == datatype::bf16;
+      return dispatchable(d) || d == datatype::fp16 || d == datatype::bf16 || d == datatype::fp64;
     };
     if (cast && (!castable(in(0).dtype) || !castable(t)))
       return op + " from " + std::string(to_string(in(0).dtype)) + " to "
-             + std::string(to_string(t)) + " is not supported (FLOAT, FLOAT16, BFLOAT16, "
+             + std::string(to_string(t)) + " is not supported (FLOAT, FLOAT16, BFLOAT16, DOUBLE, "
              "INT64, INT32, INT16, INT8, UINT64, UINT32, UINT16, UINT8 and BOOL are)";
     if (!cast && op != "Identity" && t != datatype::fp32) {
       // Relu takes signed integers from Relu-14 on; the other kernels run on FLOAT.

@@ -151,3 +151,19 @@ TEST_CASE("Cast to FLOAT16 and BFLOAT16 rounds to nearest, ties to even") {
   auto bf_rounded = cast_floats<float>(x, 16, false, datatype::fp32);
   CHECK(bf_rounded[8] == 1 + 0x1p-6f);
 }
+
+TEST_CASE("Relu refuses INT16 (a type its integer kernel does not take); Identity moves it") {
+  graph g;
+  g.opset = 17;
+  int x = g.add_value("x", datatype::int16, {4}, true);
+  auto& relu = g.add_node("Relu", "relu", {x}, {g.add_value("y")});
+  auto inf = infer_shapes(g, relu);
+  REQUIRE(std::holds_alternative<std::string>(inf));
+  CHECK(std::get<std::string>(inf).find("input 'x' is INT16; the engine runs Relu on FP32")
+        != std::string::npos);
+  // Identity and Cast move any type.
+  auto& id = g.add_node("Identity", "id", {x}, {g.add_value("z")});
+  auto copied = infer_shapes(g, id);
+  REQUIRE(std::holds_alternative<std::vector<inferred>>(copied));
+  CHECK(std::get<std::vector<inferred>>(copied).at(0).dtype == datatype::int16);
+}
