@@ -63,7 +63,8 @@ external_files::open(const std::string& location, const std::string& tensor) {
                   "(a symbolic link); copy the file into the model's directory");
   if (auto it = files_.find(file); it != files_.end())
     return it->second;
-  int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NOFOLLOW: a link swapped in after the check above is not followed.
+  int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
   if (fd < 0)
     return refuse("which cannot be opened (" + std::string(std::strerror(errno)) + ")");
   struct stat st{};
