@@ -425,6 +425,8 @@ def fixtures(out):
     # Variable dimensions besides the batch (onnx.helper only; several reference sizes).
     import onnx_dynamic_fixtures
     onnx_dynamic_fixtures.write(out)
+    import onnx_type_fixtures  # FP16/BF16, small integers, STRING, external data
+    onnx_type_fixtures.fixtures(out)
 
 
 def examples(out):

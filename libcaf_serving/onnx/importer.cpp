@@ -1,5 +1,7 @@
 #include "onnx/importer.hpp"
 
+#include "onnx/external_data.hpp"
+#include "onnx/half.hpp"
 #include "onnx/op_registry.hpp"
 
 #include <onnx/onnx_pb.h>
@@ -30,29 +32,91 @@ result<datatype> convert_type(int32_t t, const std::string& origin, const std::s
     case pb::TensorProto::UINT8: return datatype::uint8;
     case pb::TensorProto::INT8: return datatype::int8;
     case pb::TensorProto::DOUBLE: return datatype::fp64;
+    case pb::TensorProto::FLOAT16: return datatype::fp16;
+    case pb::TensorProto::BFLOAT16: return datatype::bf16;
+    case pb::TensorProto::INT16: return datatype::int16;
+    case pb::TensorProto::UINT16: return datatype::uint16;
+    case pb::TensorProto::UINT32: return datatype::uint32;
+    case pb::TensorProto::UINT64: return datatype::uint64;
+    case pb::TensorProto::STRING: return datatype::bytes;
     default:
       return fail(origin, what + " has ONNX element type " + std::to_string(t)
-                            + ", which the engine does not support (FLOAT, INT64, INT32, BOOL, "
-                              "UINT8, INT8, DOUBLE are)");
+                            + ", which the engine does not support (FLOAT, FLOAT16, BFLOAT16, "
+                              "DOUBLE, INT64, INT32, INT16, INT8, UINT64, UINT32, UINT16, "
+                              "UINT8, BOOL and STRING are)");
   }
+}
+
+/// Whether the engine holds `t` only at the graph's edges and computes it as fp32.
+bool computed_as_fp32(datatype t) {
+  return t == datatype::fp16 || t == datatype::bf16 || t == datatype::fp64;
 }
 
 template <class Field>
-void copy_field(const Field& f, std::vector<uint8_t>& out, size_t elem) {
-  out.resize(static_cast<size_t>(f.size()) * elem);
+void copy_field(const Field& f, tensor_bytes& out, size_t elem) {
+  out.assign(static_cast<size_t>(f.size()) * elem, 0);
   for (int i = 0; i < f.size(); ++i) {
     auto v = f.Get(i);
-    std::memcpy(out.data() + i * elem, &v, elem);
+    std::memcpy(out.data() + i * elem, &v, elem); // little-endian: the low bytes
   }
 }
 
-result<constant_ptr> convert_tensor(const pb::TensorProto& t, const std::string& origin) {
+/// The external_data entries of `t`; errors name what is malformed.
+result<external_location> external_location_of(const pb::TensorProto& t,
+                                               const std::string& origin) {
+  external_location where;
+  for (const auto& e : t.external_data()) {
+    if (e.key() == "location") {
+      where.location = e.value();
+      continue;
+    }
+    if (e.key() != "offset" && e.key() != "length")
+      continue; // "checksum" and others carry nothing the engine needs
+    const auto& text = e.value();
+    uint64_t n = 0;
+    bool digits = !text.empty() && text.size() <= 19;
+    for (char c : text) {
+      digits = digits && c >= '0' && c <= '9';
+      n = n * 10 + static_cast<uint64_t>(c - '0');
+    }
+    if (!digits)
+      return fail(origin, "tensor '" + t.name() + "' has external_data " + e.key() + " '" + text
+                            + "', which is not a byte count; the file is damaged");
+    if (e.key() == "offset")
+      where.offset = n;
+    else
+      where.length = n;
+  }
+  return where;
+}
+
+/// Half and double tensors in the file become fp32 constants: the engine
+/// computes those types in fp32 (half only at the graph's edges, see
+/// import_model_from).
+constant_ptr widen_to_fp32(const tensor_data& t) {
+  auto f = make_tensor(datatype::fp32, t.shape);
+  auto n = static_cast<size_t>(t.elements());
+  float* to = f->as_mut<float>();
+  for (size_t i = 0; i < n; ++i) {
+    switch (t.dtype) {
+      case datatype::fp64: to[i] = static_cast<float>(t.as<double>()[i]); break;
+      case datatype::fp16: to[i] = fp16_to_float(t.as<uint16_t>()[i]); break;
+      default: to[i] = bf16_to_float(t.as<uint16_t>()[i]); break;
+    }
+  }
+  return f;
+}
+
+/// `files` resolves external data; null when the model was read from memory.
+result<constant_ptr> convert_tensor(const pb::TensorProto& t, const std::string& origin,
+                                    external_files* files) {
   auto dt = convert_type(t.data_type(), origin, "tensor '" + t.name() + "'");
   if (!dt)
     return dt.error();
-  if (t.data_location() == pb::TensorProto::EXTERNAL)
-    return fail(origin, "tensor '" + t.name() + "' keeps its data in an external file; "
-                        "save the model with all tensors inside the .onnx file");
+  if (*dt == datatype::bytes)
+    return fail(origin, "tensor '" + t.name() + "' is a STRING constant; the engine passes "
+                        "STRING inputs through to outputs but does not compute on strings: "
+                        "do the string processing before or after the model");
   auto out = std::make_shared<tensor_data>();
   out->dtype = *dt;
   out->shape.assign(t.dims().begin(), t.dims().end());
@@ -68,40 +132,40 @@ result<constant_ptr> convert_tensor(const pb::TensorProto& t, const std::string&
   }
   size_t elem = element_size(*dt);
   size_t n = static_cast<size_t>(checked);
-  if (t.has_raw_data()) {
+  if (t.data_location() == pb::TensorProto::EXTERNAL) {
+    if (!files)
+      return fail(origin, "tensor '" + t.name() + "' keeps its data in an external file, but "
+                          "the model was read from memory; load it from its model.onnx file");
+    auto where = external_location_of(t, origin);
+    if (!where)
+      return where.error();
+    auto bytes = files->read(*where, n * elem, elem, t.name());
+    if (!bytes)
+      return fail(origin, bytes.error().message);
+    out->bytes = std::move(*bytes);
+  } else if (t.has_raw_data()) {
     out->bytes.assign(t.raw_data().begin(), t.raw_data().end());
   } else {
     switch (*dt) {
       case datatype::fp32: copy_field(t.float_data(), out->bytes, 4); break;
       case datatype::fp64: copy_field(t.double_data(), out->bytes, 8); break;
       case datatype::int64: copy_field(t.int64_data(), out->bytes, 8); break;
-      default: {
-        // INT32, BOOL, UINT8, INT8 are stored widened in int32_data.
-        out->bytes.resize(t.int32_data_size() * elem);
-        for (int i = 0; i < t.int32_data_size(); ++i) {
-          int32_t v = t.int32_data(i);
-          if (elem == 4)
-            std::memcpy(out->bytes.data() + i * 4, &v, 4);
-          else
-            out->bytes[i] = static_cast<uint8_t>(v);
-        }
-      }
+      case datatype::uint32: copy_field(t.uint64_data(), out->bytes, 4); break;
+      case datatype::uint64: copy_field(t.uint64_data(), out->bytes, 8); break;
+      default:
+        // INT32, INT16, UINT16, INT8, UINT8, BOOL, and FLOAT16/BFLOAT16 as
+        // their bits, are stored widened in int32_data.
+        copy_field(t.int32_data(), out->bytes, elem);
     }
   }
   if (out->bytes.size() != n * elem)
     return fail(origin, "tensor '" + t.name() + "' has shape " + shape_string(out->shape)
                           + " but holds " + std::to_string(out->bytes.size()) + " bytes, not "
                           + std::to_string(n * elem) + "; the file is damaged");
-  // Doubles are used only as constants; the engine computes in fp32.
-  if (*dt == datatype::fp64) {
-    auto f = make_tensor(datatype::fp32, out->shape);
-    for (size_t i = 0; i < n; ++i)
-      f->as_mut<float>()[i] = static_cast<float>(out->as<double>()[i]);
-    return constant_ptr(f);
-  }
+  if (computed_as_fp32(*dt))
+    return widen_to_fp32(*out);
   return constant_ptr(out);
 }
-
 
 /// Every node whose operator the engine cannot run, grouped by operator (with
 /// its domain when that is not ONNX's), most used first: one error that lists
@@ -183,17 +247,11 @@ const std::vector<std::string>& supported_operators() {
   return all;
 }
 
-result<graph> import_model(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in)
-    return fail(path.string(), "cannot open the ONNX file; put the model at <model>/<version>/"
-                               "model.onnx");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return import_model_bytes(ss.str(), path.string());
-}
+namespace {
 
-result<graph> import_model_bytes(const std::string& bytes, const std::string& origin) {
+/// The importer; `files` resolves external data (null: the model came from memory).
+result<graph> import_model_from(const std::string& bytes, const std::string& origin,
+                                external_files* files) {
   pb::ModelProto model;
   if (bytes.empty() || !model.ParseFromString(bytes))
     return fail(origin, "not a valid ONNX file (the protobuf does not parse: truncated or not "
@@ -220,6 +278,8 @@ result<graph> import_model_bytes(const std::string& bytes, const std::string& or
   if (auto refused = refuse_unsupported(pg, g.opset, origin))
     return *refused;
   std::map<std::string, int> by_name;
+  /// STRING values (graph inputs and Identity copies of them): the input each copies.
+  std::map<int, std::string> string_source;
   auto value_of = [&](const std::string& name) -> int {
     auto it = by_name.find(name);
     if (it != by_name.end())
@@ -230,7 +290,7 @@ result<graph> import_model_bytes(const std::string& bytes, const std::string& or
   };
 
   for (const auto& init : pg.initializer()) {
-    auto t = convert_tensor(init, origin);
+    auto t = convert_tensor(init, origin, files);
     if (!t)
       return t.error();
     by_name[init.name()] = g.add_constant(init.name(), *t);
@@ -247,11 +307,25 @@ result<graph> import_model_bytes(const std::string& bytes, const std::string& or
       shape.push_back(d.has_dim_value() ? d.dim_value() : -1);
     int v = g.add_value(in.name(), *dt, shape, tt.has_shape());
     by_name[in.name()] = v;
+    if (*dt == datatype::bytes) {
+      // Served as Triton's BYTES beside the computation, never inside it.
+      g.strings.inputs.push_back({in.name(), shape});
+      string_source[v] = in.name();
+      continue;
+    }
     g.inputs.push_back(v);
+    if (computed_as_fp32(*dt)) {
+      // Clients send half (or double); the graph computes on its fp32 copy.
+      int wide = g.add_value(in.name() + "/fp32");
+      auto& cast = g.add_node("Cast", in.name() + "/to_fp32", {v}, {wide});
+      cast.set_i("to", pb::TensorProto::FLOAT);
+      by_name[in.name()] = wide;
+    }
   }
 
-  for (const auto& pn : pg.node()) {
-    std::string node_name = pn.name().empty() ? pn.op_type() + "_" + std::to_string(g.nodes.size())
+  for (int index = 0; index < pg.node_size(); ++index) {
+    const auto& pn = pg.node(index);
+    std::string node_name = pn.name().empty() ? pn.op_type() + "_" + std::to_string(index)
                                               : pn.name();
     std::vector<int> ins, outs;
     for (const auto& i : pn.input()) {
@@ -264,6 +338,21 @@ result<graph> import_model_bytes(const std::string& bytes, const std::string& or
                               + "', which no earlier node, input or initializer produces; the "
                                 "graph is not in topological order or is damaged");
       ins.push_back(by_name[i]);
+    }
+    if (auto reads_string = std::find_if(ins.begin(), ins.end(), [&](int v) {
+          return v >= 0 && string_source.count(v) > 0;
+        });
+        reads_string != ins.end()) {
+      if (pn.op_type() != "Identity" || pn.output_size() != 1 || pn.output(0).empty())
+        return fail(origin, "node '" + node_name + "' (" + pn.op_type() + ") computes on the "
+                              "STRING tensor '" + g.values[*reads_string].name
+                              + "'; the engine passes STRING inputs through to outputs "
+                                "(Identity) but does not compute on strings: do the string "
+                                "processing before or after the model");
+      int out = value_of(pn.output(0));
+      g.values[out].dtype = datatype::bytes;
+      string_source[out] = string_source[*reads_string];
+      continue;
     }
     for (const auto& o : pn.output())
       outs.push_back(o.empty() ? -1 : value_of(o));
@@ -284,7 +373,7 @@ result<graph> import_model_bytes(const std::string& bytes, const std::string& or
           break;
         case pb::AttributeProto::TENSOR: {
           at.kind = attribute::kind_t::tensor;
-          auto t = convert_tensor(a.t(), origin);
+          auto t = convert_tensor(a.t(), origin, files);
           if (!t)
             return t.error();
           at.t = *t;
@@ -307,17 +396,56 @@ result<graph> import_model_bytes(const std::string& bytes, const std::string& or
     if (!by_name.count(out.name()))
       return fail(origin, "graph output '" + out.name() + "' is produced by no node");
     int v = by_name[out.name()];
+    if (auto s = string_source.find(v); s != string_source.end()) {
+      g.strings.outputs.push_back({out.name(), s->second});
+      continue;
+    }
     const auto& tt = out.type().tensor_type();
+    auto declared = convert_type(tt.elem_type(), origin, "graph output '" + out.name() + "'");
+    if (declared && computed_as_fp32(*declared)) {
+      // The graph computes the fp32 value; a last Cast stores it as the model
+      // declares, so that clients receive half (or double).
+      g.values[v].name = out.name() + "/fp32";
+      std::vector<int64_t> shape;
+      for (const auto& d : tt.shape().dim())
+        shape.push_back(d.has_dim_value() ? d.dim_value() : -1);
+      int stored = g.add_value(out.name(), *declared, shape);
+      auto& cast = g.add_node("Cast", out.name() + "/to_" + std::string(to_string(*declared)),
+                              {v}, {stored});
+      cast.set_i("to", *declared == datatype::fp16   ? pb::TensorProto::FLOAT16
+                       : *declared == datatype::bf16 ? pb::TensorProto::BFLOAT16
+                                                     : pb::TensorProto::DOUBLE);
+      cast.set_i("storage", 1);
+      g.outputs.push_back(stored);
+      continue;
+    }
     if (tt.has_shape() && !g.values[v].shape_known) {
       auto& val = g.values[v];
       for (const auto& d : tt.shape().dim())
         val.shape.push_back(d.has_dim_value() ? d.dim_value() : -1);
-      if (auto dt = convert_type(tt.elem_type(), origin, "graph output '" + out.name() + "'"))
-        val.dtype = *dt;
+      if (declared)
+        val.dtype = *declared;
     }
     g.outputs.push_back(v);
   }
   return g;
+}
+
+} // namespace
+
+result<graph> import_model(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    return fail(path.string(), "cannot open the ONNX file; put the model at <model>/<version>/"
+                               "model.onnx");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  external_files files(path.parent_path());
+  return import_model_from(ss.str(), path.string(), &files);
+}
+
+result<graph> import_model_bytes(const std::string& bytes, const std::string& origin) {
+  return import_model_from(bytes, origin, nullptr);
 }
 
 } // namespace caf_serving::onnx

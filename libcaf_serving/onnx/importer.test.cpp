@@ -131,3 +131,115 @@ TEST_CASE("a model's unsupported operators are all named at once, with their cou
     model_with_nodes({{"IsNaN", "a", ""}, {"Not", "b", ""}}), "m.onnx");
   CHECK_MESSAGE(fine.ok(), (fine.ok() ? "" : fine.error().message));
 }
+
+namespace {
+
+struct io {
+  std::string name;
+  int32_t type;
+};
+
+/// One node `op` from `inputs` to `outputs` (all of shape [batch, 2]), with
+/// FP16 initializer "H" = {1.5, -0.25} when `with_half_weight`.
+std::string typed_model(const std::string& op, const std::vector<io>& inputs,
+                        const std::vector<io>& outputs, bool with_half_weight = false) {
+  ::onnx::ModelProto m;
+  m.set_ir_version(8);
+  m.add_opset_import()->set_version(17);
+  auto* g = m.mutable_graph();
+  auto* n = g->add_node();
+  n->set_op_type(op);
+  n->set_name("the_node");
+  for (const auto& i : inputs)
+    n->add_input(i.name);
+  if (with_half_weight) {
+    auto* w = g->add_initializer();
+    w->set_name("H");
+    w->set_data_type(::onnx::TensorProto::FLOAT16);
+    w->add_dims(2);
+    w->add_int32_data(0x3e00); // 1.5
+    w->add_int32_data(0xb400); // -0.25
+    n->add_input("H");
+  }
+  for (const auto& o : outputs)
+    n->add_output(o.name);
+  auto declare = [](::onnx::ValueInfoProto* vi, const io& t) {
+    vi->set_name(t.name);
+    auto* tt = vi->mutable_type()->mutable_tensor_type();
+    tt->set_elem_type(t.type);
+    tt->mutable_shape()->add_dim()->set_dim_param("batch");
+    tt->mutable_shape()->add_dim()->set_dim_value(2);
+  };
+  for (const auto& i : inputs)
+    declare(g->add_input(), i);
+  for (const auto& o : outputs)
+    declare(g->add_output(), o);
+  return m.SerializeAsString();
+}
+
+constexpr int32_t fp16 = ::onnx::TensorProto::FLOAT16;
+
+} // namespace
+
+TEST_CASE("FP16 inputs, outputs and weights: stored half at the edges, computed as fp32") {
+  auto g = caf_serving::onnx::import_model_bytes(
+    typed_model("Add", {{"x", fp16}}, {{"y", fp16}}, true), "m.onnx");
+  REQUIRE_MESSAGE(g.ok(), g.error().message);
+  REQUIRE(g->inputs.size() == 1);
+  CHECK(g->values[g->inputs[0]].dtype == datatype::fp16);
+  CHECK(g->values[g->inputs[0]].name == "x");
+  REQUIRE(g->outputs.size() == 1);
+  CHECK(g->values[g->outputs[0]].dtype == datatype::fp16);
+  CHECK(g->values[g->outputs[0]].name == "y");
+  // Cast in, the model's Add, Cast out.
+  REQUIRE(g->nodes.size() == 3);
+  CHECK(g->nodes[0].op == "Cast");
+  CHECK(g->nodes[0].get_i("to", 0) == ::onnx::TensorProto::FLOAT);
+  CHECK(g->nodes[1].op == "Add");
+  CHECK(g->nodes[2].op == "Cast");
+  CHECK(g->nodes[2].get_i("to", 0) == fp16);
+  const auto& w = *g->values[g->nodes[1].inputs[1]].constant;
+  CHECK(w.dtype == datatype::fp32);
+  CHECK(w.as<float>()[0] == 1.5f);
+  CHECK(w.as<float>()[1] == -0.25f);
+}
+
+TEST_CASE("INT16, UINT16, UINT32, UINT64 and BFLOAT16 tensors are accepted") {
+  for (int32_t t : {::onnx::TensorProto::INT16, ::onnx::TensorProto::UINT16,
+                    ::onnx::TensorProto::UINT32, ::onnx::TensorProto::UINT64,
+                    ::onnx::TensorProto::BFLOAT16}) {
+    CAPTURE(t);
+    auto g = caf_serving::onnx::import_model_bytes(
+      typed_model("Identity", {{"x", t}}, {{"y", t}}), "m.onnx");
+    CHECK_MESSAGE(g.ok(), g.error().message);
+  }
+  auto complex = caf_serving::onnx::import_model_bytes(
+    typed_model("Identity", {{"x", ::onnx::TensorProto::COMPLEX64}},
+                {{"y", ::onnx::TensorProto::COMPLEX64}}),
+    "m.onnx");
+  REQUIRE_FALSE(complex.ok());
+  CHECK(complex.error().message.find("graph input 'x' has ONNX element type 14") !=
+        std::string::npos);
+}
+
+TEST_CASE("a STRING input passed through Identity is served beside the graph; computing on it is refused") {
+  constexpr int32_t str = ::onnx::TensorProto::STRING;
+  auto g = caf_serving::onnx::import_model_bytes(
+    typed_model("Identity", {{"s", str}}, {{"t", str}}), "m.onnx");
+  REQUIRE_MESSAGE(g.ok(), g.error().message);
+  CHECK(g->nodes.empty());
+  CHECK(g->inputs.empty());
+  REQUIRE(g->strings.inputs.size() == 1);
+  CHECK(g->strings.inputs[0].name == "s");
+  CHECK(g->strings.inputs[0].shape == std::vector<int64_t>{-1, 2});
+  REQUIRE(g->strings.outputs.size() == 1);
+  CHECK(g->strings.outputs[0].name == "t");
+  CHECK(g->strings.outputs[0].input == "s");
+
+  auto computed = caf_serving::onnx::import_model_bytes(
+    typed_model("Equal", {{"s", str}, {"u", str}}, {{"t", ::onnx::TensorProto::BOOL}}),
+    "m.onnx");
+  REQUIRE_FALSE(computed.ok());
+  CHECK(computed.error().message.find("node 'the_node' (Equal) computes on the STRING tensor 's'")
+        != std::string::npos);
+}

@@ -14,6 +14,7 @@
 
 #include "core/datatype.hpp"
 
+#include <cassert>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -22,11 +23,60 @@
 
 namespace caf_serving::onnx {
 
+/// A tensor's bytes: owned, or a read-only view of a region that `keeper`
+/// holds alive (a memory-mapped external data file, shared by every constant
+/// read from it). Reads look like a std::vector<uint8_t>'s; writes (`assign`,
+/// `resize`, the mutable `data()`) are for owned bytes only.
+class tensor_bytes {
+public:
+  tensor_bytes() = default;
+  /// A view of `[data, data + size)`, valid while `keeper` lives.
+  static tensor_bytes view(std::shared_ptr<const void> keeper, const uint8_t* data,
+                           size_t size) {
+    tensor_bytes b;
+    b.keeper_ = std::move(keeper);
+    b.view_ = data;
+    b.view_size_ = size;
+    return b;
+  }
+
+  bool is_view() const { return keeper_ != nullptr; }
+  const uint8_t* data() const { return is_view() ? view_ : owned_.data(); }
+  /// Writable only when owned: a mapped file is read-only.
+  uint8_t* data() {
+    assert(!is_view() && "a constant viewing a mapped file is read-only");
+    return owned_.data();
+  }
+  size_t size() const { return is_view() ? view_size_ : owned_.size(); }
+  bool empty() const { return size() == 0; }
+  const uint8_t* begin() const { return data(); }
+  const uint8_t* end() const { return data() + size(); }
+  uint8_t operator[](size_t i) const { return data()[i]; }
+  uint8_t& operator[](size_t i) { return data()[i]; }
+
+  void assign(size_t n, uint8_t v) { drop_view(); owned_.assign(n, v); }
+  template <class It>
+  void assign(It first, It last) { drop_view(); owned_.assign(first, last); }
+  void resize(size_t n) { drop_view(); owned_.resize(n); }
+
+private:
+  void drop_view() {
+    keeper_.reset();
+    view_ = nullptr;
+    view_size_ = 0;
+  }
+
+  std::vector<uint8_t> owned_;
+  std::shared_ptr<const void> keeper_;
+  const uint8_t* view_ = nullptr;
+  size_t view_size_ = 0;
+};
+
 /// Immutable tensor contents (weights, folded constants).
 struct tensor_data {
   datatype dtype = datatype::fp32;
   std::vector<int64_t> shape;
-  std::vector<uint8_t> bytes;
+  tensor_bytes bytes;
 
   int64_t elements() const;
   template <class T>
@@ -79,11 +129,27 @@ struct node {
   void set_ints(const std::string& a, std::vector<int64_t> v);
 };
 
+/// STRING tensors (Triton's BYTES), which the engine passes through but never
+/// computes on: they are not among the graph's inputs, outputs or nodes.
+struct string_passthrough {
+  struct input {
+    std::string name;
+    std::vector<int64_t> shape; ///< as the graph declares it; -1 where variable
+  };
+  struct output {
+    std::string name;
+    std::string input; ///< the STRING input it copies unchanged (through Identity nodes)
+  };
+  std::vector<input> inputs;
+  std::vector<output> outputs;
+};
+
 struct graph {
   std::vector<value> values;
   std::vector<node> nodes;
   std::vector<int> inputs;  ///< graph inputs that are not initializers, in order
   std::vector<int> outputs;
+  string_passthrough strings;
   int64_t opset = 0;
   std::string producer;
 

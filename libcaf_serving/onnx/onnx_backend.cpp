@@ -7,6 +7,7 @@
 #include "onnx/onednn_steps.hpp"
 #include "onnx/ops.hpp"
 #include "onnx/ops_simple.hpp"
+#include "onnx/string_passthrough.hpp"
 #include "onnx/work_pool.hpp"
 
 #include <cblas.h>
@@ -1139,7 +1140,51 @@ result<warmup_batch> make_warmup_batch(const warmup_sample& w, const model_confi
 
 } // namespace
 
+namespace {
+
+/// A graph with STRING tensors: its numeric part loads as any graph does, and
+/// the STRING tensors are served around it (string_passthrough.hpp).
+result<onnx_model> load_with_strings(graph imported, const onnx_model_config& given) {
+  auto passthrough = imported.strings;
+  onnx_model m;
+  if (!imported.outputs.empty()) {
+    auto numeric = given;
+    numeric.config = without_strings(given.config, imported);
+    imported.strings = {};
+    auto loaded = load_onnx_graph(std::move(imported), numeric);
+    if (!loaded)
+      return loaded.error();
+    m = std::move(*loaded);
+  } else {
+    m.config = given.config;
+    m.config.inputs.clear();
+    m.config.outputs.clear();
+    if (m.config.max_batch_size > 1)
+      m.config.dynamic_batching_enabled = true;
+    m.summary = "ONNX opset " + std::to_string(imported.opset)
+                + ": STRING tensors passed through, nothing computed";
+    m.profile_report = [] { return std::string(); };
+    m.reordered_weight_bytes = [] { return size_t{0}; };
+    m.plans_compiled = [] { return size_t{0}; };
+  }
+  auto strings = string_tensors(passthrough, given.config, m.config.max_batch_size);
+  if (!strings)
+    return load_error(given, strings.error().message);
+  m.config.inputs.insert(m.config.inputs.end(), strings->inputs.begin(), strings->inputs.end());
+  m.config.outputs.insert(m.config.outputs.end(), strings->outputs.begin(),
+                          strings->outputs.end());
+  auto numeric_instance = m.make_instance;
+  m.make_instance = [numeric_instance, passthrough]() {
+    return with_strings(numeric_instance ? numeric_instance() : nullptr, passthrough);
+  };
+  return m;
+}
+
+} // namespace
+
 result<onnx_model> load_onnx_graph(graph imported, const onnx_model_config& given) {
+  if (!imported.strings.inputs.empty())
+    return load_with_strings(std::move(imported), given);
   auto with = with_parameters(given);
   if (!with)
     return with.error();
@@ -1297,6 +1342,14 @@ result<std::string> describe_plan(const onnx_model_config& given, int64_t batch)
   auto imported = import_model(mcfg.model_file);
   if (!imported)
     return imported.error();
+  if (!imported->strings.inputs.empty()) {
+    // The plan is the numeric graph's; STRING tensors are copied around it.
+    if (imported->outputs.empty())
+      return "plan for " + mcfg.model_file.string()
+             + ": STRING tensors passed through, nothing computed\n";
+    mcfg.config = without_strings(mcfg.config, *imported);
+    imported->strings = {};
+  }
   auto batching = autofill_batching(*imported, mcfg);
   if (!batching)
     return batching.error();

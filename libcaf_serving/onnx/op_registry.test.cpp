@@ -446,12 +446,17 @@ TEST_CASE("a pool's zero stride or oversized kernel is refused, not divided by")
 }
 
 TEST_CASE("types the kernels do not take are refused, not read as another type") {
-  // ONNX's node tests: Cast from DOUBLE gave zeros, MaxPool-12 on UINT8 floats.
+  // ONNX's node tests: Cast from DOUBLE gave zeros (it converts now), MaxPool-12
+  // on UINT8 floats.
   std::vector<double> d{0.5, 1.5};
-  CHECK(refused(run_node(19, "Cast", {{datatype::fp64, {2}}}, {bytes_of(d)}, {}, 1,
+  auto r = ran(run_node(19, "Cast", {{datatype::fp64, {2}}}, {bytes_of(d)}, {}, 1,
+                        {{"to", int_attr(1)}}));
+  CHECK(values_of<float>(r.outputs[0]) == std::vector<float>{0.5f, 1.5f});
+  std::vector<uint8_t> s(8, 0);
+  CHECK(refused(run_node(19, "Cast", {{datatype::bytes, {2}}}, {s}, {}, 1,
                          {{"to", int_attr(1)}}))
-        == "Cast from FP64 to FP32 is not supported (FLOAT, INT64, INT32, BOOL, UINT8 and INT8 "
-           "are)");
+        == "Cast from BYTES to FP32 is not supported (FLOAT, FLOAT16, BFLOAT16, DOUBLE, INT64, "
+           "INT32, INT16, INT8, UINT64, UINT32, UINT16, UINT8 and BOOL are)");
   std::vector<uint8_t> u(16, 3);
   CHECK(refused(run_node(22, "MaxPool", {{datatype::uint8, {1, 1, 4, 4}}}, {u}, {}, 1,
                          {{"kernel_shape", ints_attr({2, 2})}}))

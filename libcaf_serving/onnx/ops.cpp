@@ -1,5 +1,6 @@
 #include "onnx/ops.hpp"
 
+#include "onnx/half.hpp"
 #include "onnx/ops_internal.hpp"
 #include "onnx/ops_simple.hpp"
 
@@ -528,6 +529,86 @@ bool foldable(const std::string& op) {
   return !op.empty();
 }
 
+/// The type Cast `n` computes. FLOAT16, BFLOAT16 and DOUBLE are held as fp32
+/// inside the graph; only the importer's casts at the graph's edges
+/// ("storage") write them as they are.
+std::optional<datatype> cast_target(const node& n) {
+  bool storage = n.get_i("storage", 0) != 0;
+  switch (n.get_i("to", 1)) {
+    case 1: return datatype::fp32;
+    case 2: return datatype::uint8;
+    case 3: return datatype::int8;
+    case 4: return datatype::uint16;
+    case 5: return datatype::int16;
+    case 6: return datatype::int32;
+    case 7: return datatype::int64;
+    case 9: return datatype::bool_;
+    case 10: return storage ? datatype::fp16 : datatype::fp32;
+    case 11: return storage ? datatype::fp64 : datatype::fp32;
+    case 12: return datatype::uint32;
+    case 13: return datatype::uint64;
+    case 16: return storage ? datatype::bf16 : datatype::fp32;
+    default: return std::nullopt;
+  }
+}
+
+/// Cast `x` to `y`. Half bits and doubles are read (graph inputs) or written
+/// (graph outputs) only at the edges; a Cast to FLOAT16 or BFLOAT16 inside the
+/// graph rounds its fp32 result to the half's precision, so that what follows
+/// sees the values a half tensor would hold. Rounding is to nearest, ties to
+/// even.
+void run_cast(const node& n, const tensor_ref& x, const tensor_ref& y) {
+  int64_t count = y.elements();
+  auto at_edge = [](datatype t) {
+    return t == datatype::fp16 || t == datatype::bf16 || t == datatype::fp64;
+  };
+  if (at_edge(x.dtype)) {
+    auto read = [&](int64_t i) {
+      switch (x.dtype) {
+        case datatype::fp16: return fp16_to_float(x.as<uint16_t>()[i]);
+        case datatype::bf16: return bf16_to_float(x.as<uint16_t>()[i]);
+        default: return static_cast<float>(x.as<double>()[i]);
+      }
+    };
+    dispatch(y.dtype, [&](auto tag) {
+      using B = decltype(tag);
+      B* d = y.as<B>();
+      for (int64_t i = 0; i < count; ++i) d[i] = static_cast<B>(read(i));
+    });
+    return;
+  }
+  if (at_edge(y.dtype)) {
+    dispatch(x.dtype, [&](auto tag) {
+      using A = decltype(tag);
+      const A* s = x.as<A>();
+      for (int64_t i = 0; i < count; ++i) {
+        auto f = static_cast<float>(s[i]);
+        switch (y.dtype) {
+          case datatype::fp16: y.as<uint16_t>()[i] = fp16_from_float(f); break;
+          case datatype::bf16: y.as<uint16_t>()[i] = bf16_from_float(f); break;
+          default: y.as<double>()[i] = f;
+        }
+      }
+    });
+    return;
+  }
+  dispatch(x.dtype, [&](auto a) {
+    using A = decltype(a);
+    dispatch(y.dtype, [&](auto b) {
+      using B = decltype(b);
+      const A* s = x.as<A>();
+      B* d = y.as<B>();
+      for (int64_t i = 0; i < count; ++i) d[i] = static_cast<B>(s[i]);
+    });
+  });
+  int64_t to = n.get_i("to", 1);
+  if (y.dtype == datatype::fp32 && (to == 10 || to == 16)) {
+    float* d = y.as<float>();
+    for (int64_t i = 0; i < count; ++i)
+      d[i] = to == 10 ? fp16_to_float(fp16_from_float(d[i])) : bf16_to_float(bf16_from_float(d[i]));
+  }
+}
+
 infer_result infer_shapes(const graph& g, const node& n) {
   auto in = [&](size_t i) -> const value& { return g.values[n.inputs[i]]; };
   auto has = [&](size_t i) { return n.inputs.size() > i && n.inputs[i] >= 0; };
@@ -565,28 +646,27 @@ infer_result infer_shapes(const graph& g, const node& n) {
   if (is_unary(op)) {
     datatype t = in(0).dtype;
     if (op == "Cast") {
-      switch (n.get_i("to", 1)) {
-        case 1: t = datatype::fp32; break;
-        case 2: t = datatype::uint8; break;
-        case 3: t = datatype::int8; break;
-        case 6: t = datatype::int32; break;
-        case 7: t = datatype::int64; break;
-        case 9: t = datatype::bool_; break;
-        case 11: t = datatype::fp32; break; // double computed as float
-        default: return "Cast to ONNX type " + std::to_string(n.get_i("to", 0))
-                        + " is not supported (FLOAT, UINT8, INT8, INT32, INT64, BOOL, DOUBLE "
-                          "are)";
-      }
+      auto to = cast_target(n);
+      if (!to)
+        return "Cast to ONNX type " + std::to_string(n.get_i("to", 0))
+               + " is not supported (FLOAT, FLOAT16, BFLOAT16, DOUBLE, INT64, INT32, INT16, "
+                 "INT8, UINT64, UINT32, UINT16, UINT8 and BOOL are; the engine does not "
+                 "compute on STRING)";
+      t = *to;
     } else if (op == "CastLike") {
       if (!has(1))
         return std::string("CastLike needs its second input (target_type)");
       t = in(1).dtype;
     }
     bool cast = op == "Cast" || op == "CastLike";
-    if (cast && (!dispatchable(in(0).dtype) || !dispatchable(t)))
+    // run_cast also reads and writes the types held only at the graph's edges.
+    auto castable = [](datatype d) {
+      return dispatchable(d) || d == datatype::fp16 || d == datatype::bf16 || d == datatype::fp64;
+    };
+    if (cast && (!castable(in(0).dtype) || !castable(t)))
       return op + " from " + std::string(to_string(in(0).dtype)) + " to "
-             + std::string(to_string(t)) + " is not supported (FLOAT, INT64, INT32, BOOL, UINT8 "
-             "and INT8 are)";
+             + std::string(to_string(t)) + " is not supported (FLOAT, FLOAT16, BFLOAT16, DOUBLE, "
+             "INT64, INT32, INT16, INT8, UINT64, UINT32, UINT16, UINT8 and BOOL are)";
     if (!cast && op != "Identity" && t != datatype::fp32) {
       // Relu takes signed integers from Relu-14 on; the other kernels run on FLOAT.
       bool int_relu = op == "Relu" && (g.opset == 0 || g.opset >= 14)
@@ -953,15 +1033,7 @@ void run_reference(const node& n, const std::vector<tensor_ref>& in,
     return;
   }
   if (op == "Cast" || op == "CastLike") {
-    dispatch(in[0].dtype, [&](auto a) {
-      using A = decltype(a);
-      dispatch(y.dtype, [&](auto b) {
-        using B = decltype(b);
-        const A* s = in[0].as<A>();
-        B* d = y.as<B>();
-        for (int64_t i = 0; i < y.elements(); ++i) d[i] = static_cast<B>(s[i]);
-      });
-    });
+    run_cast(n, in[0], y);
     return;
   }
   if (op == "Clip" && y.dtype != datatype::fp32) { // Clip-12 on: integers

@@ -7,6 +7,7 @@
 
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -97,4 +98,72 @@ TEST_CASE("other broadcasts take the general path with the same results") {
   CHECK(binary("Sub", column, row, {2, 3}) == f{-9, -19, -29, -8, -18, -28});
   tensor<float> empty{datatype::fp32, {2, 0}, {}};
   CHECK(binary("Mul", empty, column, {2, 0}).empty());
+}
+
+namespace {
+
+/// Cast `x` (fp32) with attribute `to` (and the importer's "storage" mark),
+/// output of `out` type, through shape inference and the reference kernel.
+template <class Out>
+std::vector<Out> cast_floats(const std::vector<float>& x, int64_t to, bool storage,
+                             datatype out) {
+  graph g;
+  g.opset = 17;
+  int vx = g.add_value("x", datatype::fp32, {static_cast<int64_t>(x.size())}, true);
+  int vy = g.add_value("y");
+  auto& n = g.add_node("Cast", "cast", {vx}, {vy});
+  n.set_i("to", to);
+  if (storage)
+    n.set_i("storage", 1);
+  auto inf = infer_shapes(g, n);
+  REQUIRE(std::holds_alternative<std::vector<inferred>>(inf));
+  const auto& o = std::get<std::vector<inferred>>(inf).at(0);
+  CHECK(o.dtype == out);
+  std::vector<Out> y(x.size());
+  auto xs = x;
+  run_reference(n, {{datatype::fp32, {static_cast<int64_t>(x.size())}, xs.data()}},
+                {{o.dtype, o.shape, y.data()}});
+  return y;
+}
+
+} // namespace
+
+TEST_CASE("Cast to FLOAT16 and BFLOAT16 rounds to nearest, ties to even") {
+  // Ties between two halves go to the even one; past FP16's largest finite
+  // value is infinity; below half its smallest subnormal is zero.
+  std::vector<float> x{1 + 0x1p-11f, 1 + 3 * 0x1p-11f, 65519.0f, 65520.0f, 1e-8f, 3e-8f,
+                       -2.5f, 1 + 0x1p-8f, 1 + 3 * 0x1p-8f};
+  auto bits = cast_floats<uint16_t>(x, 10, true, datatype::fp16);
+  CHECK(bits == std::vector<uint16_t>{0x3c00, 0x3c02, 0x7bff, 0x7c00, 0x0000, 0x0001, 0xc100,
+                                      0x3c04, 0x3c0c});
+  // Inside the graph the half is held as fp32: the same values, rounded.
+  auto rounded = cast_floats<float>(x, 10, false, datatype::fp32);
+  CHECK(rounded[0] == 1.0f);
+  CHECK(rounded[1] == 1 + 0x1p-9f);
+  CHECK(rounded[2] == 65504.0f);
+  CHECK(std::isinf(rounded[3]));
+  CHECK(rounded[4] == 0.0f);
+  CHECK(rounded[5] == 0x1p-24f);
+  auto bf = cast_floats<uint16_t>(x, 16, true, datatype::bf16);
+  CHECK(bf[6] == 0xc020);            // -2.5 exactly
+  CHECK(bf[7] == 0x3f80);            // 1 + 2^-8: a tie, to even (1.0)
+  CHECK(bf[8] == 0x3f82);            // 1 + 3 * 2^-8: a tie, to even (1 + 2^-6)
+  auto bf_rounded = cast_floats<float>(x, 16, false, datatype::fp32);
+  CHECK(bf_rounded[8] == 1 + 0x1p-6f);
+}
+
+TEST_CASE("Relu refuses INT16 (a type its integer kernel does not take); Identity moves it") {
+  graph g;
+  g.opset = 17;
+  int x = g.add_value("x", datatype::int16, {4}, true);
+  auto& relu = g.add_node("Relu", "relu", {x}, {g.add_value("y")});
+  auto inf = infer_shapes(g, relu);
+  REQUIRE(std::holds_alternative<std::string>(inf));
+  CHECK(std::get<std::string>(inf).find("input 'x' is INT16; the engine runs Relu on FP32")
+        != std::string::npos);
+  // Identity and Cast move any type.
+  auto& id = g.add_node("Identity", "id", {x}, {g.add_value("z")});
+  auto copied = infer_shapes(g, id);
+  REQUIRE(std::holds_alternative<std::vector<inferred>>(copied));
+  CHECK(std::get<std::vector<inferred>>(copied).at(0).dtype == datatype::int16);
 }

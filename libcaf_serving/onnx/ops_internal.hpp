@@ -82,7 +82,9 @@ void broadcast_loop(const shape_t& out, const std::array<shape_t, N>& st, F f) {
 /// that dispatch on their input's type take.
 inline bool dispatchable(datatype t) {
   return t == datatype::fp32 || t == datatype::int64 || t == datatype::int32
-         || t == datatype::bool_ || t == datatype::uint8 || t == datatype::int8;
+         || t == datatype::bool_ || t == datatype::uint8 || t == datatype::int8
+         || t == datatype::int16 || t == datatype::uint16 || t == datatype::uint32
+         || t == datatype::uint64;
 }
 
 template <class F>
@@ -94,6 +96,10 @@ void dispatch(datatype t, F f) {
     case datatype::bool_: f(bool{}); break;
     case datatype::uint8: f(uint8_t{}); break;
     case datatype::int8: f(int8_t{}); break;
+    case datatype::int16: f(int16_t{}); break;
+    case datatype::uint16: f(uint16_t{}); break;
+    case datatype::uint32: f(uint32_t{}); break;
+    case datatype::uint64: f(uint64_t{}); break;
     default: assert(!"unsupported datatype in a reference kernel");
   }
 }

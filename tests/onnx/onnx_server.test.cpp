@@ -10,10 +10,13 @@
 #include "support/server_process.hpp"
 #include "support/tensor_bytes.hpp"
 
+#include "onnx/half.hpp"
+
 #include <doctest/doctest.h>
 #include <onnx/onnx_pb.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <future>
@@ -53,7 +56,7 @@ reference read_reference(const std::string& model) {
   while (lines >> kind >> name >> type >> dims >> file) {
     ref_tensor t;
     t.name = name;
-    t.datatype = type.substr(5); // TYPE_FP32 -> FP32
+    t.datatype = type == "TYPE_STRING" ? "BYTES" : type.substr(5); // TYPE_FP32 -> FP32
     std::stringstream ds(dims);
     for (std::string d; std::getline(ds, d, ',');)
       t.shape.push_back(std::stoll(d));
@@ -121,6 +124,22 @@ std::vector<std::string> fixture_models() {
   return names;
 }
 
+/// The bytes of the first row of BYTES tensor `t`: its elements are each a
+/// 4-byte length and that many bytes.
+size_t first_row_bytes(const ref_tensor& t) {
+  int64_t per_row = 1;
+  for (size_t i = 1; i < t.shape.size(); ++i)
+    per_row *= t.shape[i];
+  size_t at = 0;
+  for (int64_t e = 0; e < per_row; ++e) {
+    uint32_t len = 0;
+    REQUIRE(at + 4 <= t.bytes.size());
+    std::memcpy(&len, t.bytes.data() + at, 4);
+    at += 4 + len;
+  }
+  return at;
+}
+
 /// The first row of every reference tensor (all fixtures batch their first
 /// dimension, max_batch_size 8): row 0 of the outputs is what ONNX Runtime
 /// computed for row 0 of the inputs.
@@ -129,10 +148,21 @@ reference first_row(reference r) {
     for (auto& t : *list) {
       REQUIRE(!t.shape.empty());
       REQUIRE(t.shape[0] > 0);
-      t.bytes.resize(t.bytes.size() / static_cast<size_t>(t.shape[0]));
+      t.bytes.resize(t.datatype == "BYTES" ? first_row_bytes(t)
+                                           : t.bytes.size() / static_cast<size_t>(t.shape[0]));
       t.shape[0] = 1;
     }
   return r;
+}
+
+/// FP16 or BF16 elements as floats.
+std::vector<float> half_floats(const std::string& bytes, const std::string& type) {
+  auto bits = from_bytes<uint16_t>(bytes);
+  std::vector<float> out;
+  for (auto b : bits)
+    out.push_back(type == "FP16" ? caf_serving::onnx::fp16_to_float(b)
+                                 : caf_serving::onnx::bf16_to_float(b));
+  return out;
 }
 
 void check_model_matches(http_client& http, const std::string& model, const reference& ref) {
@@ -154,8 +184,26 @@ void check_model_matches(http_client& http, const std::string& model, const refe
     at += size;
     CAPTURE(want.name);
     CHECK(doc.string_at(p + "/datatype") == want.datatype);
+    if (want.datatype == "FP16" || want.datatype == "BF16") {
+      // The engine computes in fp32 and rounds once at the output; ONNX
+      // Runtime rounds after each half operator: an output ulp apart
+      // (2^-11 relative for FP16, 2^-8 for BF16).
+      double err = relative_error(half_floats(got, want.datatype),
+                                  half_floats(want.bytes, want.datatype));
+      CHECK(err < (want.datatype == "FP16" ? 2e-3 : 1e-2));
+      continue;
+    }
+    if (want.datatype == "FP64") {
+      // Computed in fp32.
+      auto a = from_bytes<double>(got);
+      auto b = from_bytes<double>(want.bytes);
+      CHECK(relative_error(std::vector<float>(a.begin(), a.end()),
+                           std::vector<float>(b.begin(), b.end()))
+            < 1e-5);
+      continue;
+    }
     if (want.datatype != "FP32") {
-      CHECK(got == want.bytes); // BOOL, INT64: exactly ONNX Runtime's
+      CHECK(got == want.bytes); // BOOL, INT*, UINT*, BYTES: exactly ONNX Runtime's
       continue;
     }
     auto a = from_bytes<float>(got);
@@ -165,8 +213,10 @@ void check_model_matches(http_client& http, const std::string& model, const refe
   }
 }
 
-/// A one-node model, written with the ONNX protobuf classes.
-std::string one_node_model(const std::string& op, int64_t opset) {
+/// A one-node model, written with the ONNX protobuf classes; input and output
+/// of ONNX element type `elem`.
+std::string one_node_model(const std::string& op, int64_t opset,
+                           int32_t elem = onnx::TensorProto::FLOAT) {
   onnx::ModelProto m;
   m.set_ir_version(8);
   auto* imp = m.add_opset_import();
@@ -182,7 +232,7 @@ std::string one_node_model(const std::string& op, int64_t opset) {
   for (auto* vi : {g->add_input(), g->add_output()}) {
     vi->set_name(vi == &g->input(0) ? "x" : "y");
     auto* tt = vi->mutable_type()->mutable_tensor_type();
-    tt->set_elem_type(onnx::TensorProto::FLOAT);
+    tt->set_elem_type(elem);
     tt->mutable_shape()->add_dim()->set_dim_param("batch");
     tt->mutable_shape()->add_dim()->set_dim_value(4);
   }
@@ -259,6 +309,27 @@ TEST_CASE("broken ONNX models fail to load with clear errors; the others serve")
                   std::string(minimal_config)
                     + "input [ { name: \"x\" data_type: TYPE_FP32 dims: [ 5 ] } ]\n");
   repo.write_file("bad_dims/1/model.onnx", one_node_model("Tanh", 17));
+  repo.write_file("string_relu/config.pbtxt", minimal_config);
+  repo.write_file("string_relu/1/model.onnx",
+                  one_node_model("Relu", 17, onnx::TensorProto::STRING));
+  // External data that leads out of the model's version directory.
+  onnx::ModelProto escape;
+  REQUIRE(escape.ParseFromString(
+    read_all(fixtures / "models" / "type_external_data" / "1" / "model.onnx")));
+  for (auto& init : *escape.mutable_graph()->mutable_initializer())
+    for (auto& e : *init.mutable_external_data())
+      if (e.key() == "location")
+        e.set_value("../model.onnx.data");
+  repo.write_file("escape/config.pbtxt", minimal_config);
+  repo.write_file("escape/1/model.onnx", escape.SerializeAsString());
+  repo.write_file("escape/model.onnx.data",
+                  read_all(fixtures / "models" / "type_external_data" / "1" / "model.onnx.data"));
+  // A STRING input that config.pbtxt declares as another type.
+  repo.write_file("string_as_fp32/config.pbtxt",
+                  std::string(minimal_config)
+                    + "input [ { name: \"s\" data_type: TYPE_FP32 dims: [ 2 ] } ]\n");
+  repo.write_file("string_as_fp32/1/model.onnx",
+                  read_all(fixtures / "models" / "type_string_identity" / "1" / "model.onnx"));
   server_process server({CAF_SERVING_BINARY, repo.path().string(), {}});
   http_client http(server.http_port());
   auto index = http.post("/v2/repository/index", "{}").body;
@@ -282,6 +353,12 @@ TEST_CASE("broken ONNX models fail to load with clear errors; the others serve")
   auto dims = reason("bad_dims");
   CHECK(dims.find("[5]") != std::string::npos);
   CHECK(dims.find("[4]") != std::string::npos);
+  CHECK(reason("string_relu").find("computes on the STRING tensor 'x'") != std::string::npos);
+  CHECK(reason("string_as_fp32").find("input 's' data_type TYPE_FP32, but the ONNX graph has "
+                                      "STRING") != std::string::npos);
+  auto escaped = reason("escape");
+  CHECK(escaped.find("'../model.onnx.data'") != std::string::npos);
+  CHECK(escaped.find("leads out of the model's directory") != std::string::npos);
   // The good model still serves.
   check_model_matches(http, "op_tanh", read_reference("op_tanh"));
 }
