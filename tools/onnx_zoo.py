@@ -566,7 +566,7 @@ def subset_models():
 
 
 def export_subset(out, exporters=None):
-    variants = exporter_variants(exporters or ["dynamo18"])
+    variants = exporter_variants(exporters or ["dynamo18", "dynamo"])
     written = 0
     for base, build in subset_models().items():
         m = build()
