@@ -18,8 +18,8 @@ people also serve them.
 DIR/models/<family>_<exporter>_opset<N>/{config.pbtxt,1/model.onnx} is Triton's layout;
 DIR/reference/<same>/ has manifest.txt (one line per tensor:
 input|output <name> <TYPE_...> <dims comma-separated> <file.bin>), the raw little-endian
-.bin files, and info.txt: what the model uses (opset, operators by domain and count, tensor
-element types, symbolic dimensions), so that the check can say what blocks a model beyond
+.bin files, and info.txt: what the model uses (opset, operators by domain with their count
+and the version of their schema in effect, tensor element types, symbolic dimensions), so that the check can say what blocks a model beyond
 the first error the server reports. An export that torch itself fails on is skipped with a
 line saying why (and listed in DIR/skipped.txt).
 
@@ -321,8 +321,16 @@ def model_info(model):
                 types[onnx.TensorProto.DataType.Name(v.type.tensor_type.elem_type)] += 1
 
     walk(model.graph)
+    opsets = {o.domain or "ai.onnx": o.version for o in model.opset_import}
     for (dom, op), n in sorted(ops.items()):
-        lines.append(f"op {dom} {op} {n}")
+        # The version of the operator's schema in effect at the model's opset: an operator
+        # whose schema changed after the engine's newest opset needs the new version's rules.
+        try:
+            since = onnx.defs.get_schema(op, opsets.get(dom, 1),
+                                         "" if dom == "ai.onnx" else dom).since_version
+        except Exception:
+            since = 0
+        lines.append(f"op {dom} {op} {n} {since}")
     for t, n in sorted(types.items()):
         lines.append(f"type {t} {n}")
     for kind, vs in (("input", model.graph.input), ("output", model.graph.output)):
