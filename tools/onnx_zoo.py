@@ -467,6 +467,7 @@ def export_zoo(out, families=None, exporters=None, with_ort_optimized=False, fix
             seen.add(key)
             uniq.append((exp, opset))
     skipped = []
+    attempted = set()
     total = len(families) * len(uniq)
     k = 0
     for fam in families:
@@ -478,6 +479,7 @@ def export_zoo(out, families=None, exporters=None, with_ort_optimized=False, fix
             for exp, opset in uniq:
                 k += 1
                 name = f"{fam}_{exp}_opset{opset or default_opset}"
+                attempted.add(name)
                 skipped.append(f"{name}: building the model failed: {first_line(e)}")
                 print(f"[{k}/{total}] {name}: SKIPPED (building the model failed: {first_line(e)})",
                       flush=True)
@@ -489,10 +491,13 @@ def export_zoo(out, families=None, exporters=None, with_ort_optimized=False, fix
             t0 = time.time()
             writer = ((lambda p, m=m, o=opset: export_torchscript(m, p, o)) if exp == "torchscript"
                       else (lambda p, m=m, o=opset: export_dynamo(m, p, o)))
+            attempted.add(label)
             try:
-                with torch.no_grad():
-                    name, size, outs = write_model(out, lambda got: f"{fam}_{exp}_opset{got}",
-                                                   writer, m.inputs, fixed)
+                # Not under torch.no_grad(): in eval mode without gradients nn.MultiheadAttention
+                # takes its fused fast path (aten::_native_multi_head_attention), which the
+                # TorchScript exporter cannot export (ViT-B/16); people export without it.
+                name, size, outs = write_model(out, lambda got: f"{fam}_{exp}_opset{got}",
+                                               writer, m.inputs, fixed)
             except Exception as e:
                 why = first_line(e)
                 skipped.append(f"{label}: {exp} export failed: {why}")
@@ -514,7 +519,11 @@ def export_zoo(out, families=None, exporters=None, with_ort_optimized=False, fix
                     skipped.append(f"{oname}: onnxruntime's optimizer failed: {first_line(e)}")
                     print(f"        {oname}: SKIPPED ({first_line(e)})", flush=True)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "skipped.txt").write_text("".join(s + "\n" for s in skipped))
+    # skipped.txt keeps the failures of earlier runs into the same directory (--families).
+    old = (out / "skipped.txt").read_text().split("\n") if (out / "skipped.txt").exists() else []
+    kept = [l for l in old if l.strip() and l.split(":")[0] not in attempted
+            and not l.split(":")[0].replace("_ortopt", "") in attempted]
+    (out / "skipped.txt").write_text("".join(s + "\n" for s in kept + skipped))
     print(f"zoo: {k - len(skipped)} of {k} exports written to {out}/models, "
           f"{len(skipped)} skipped (listed in {out}/skipped.txt)")
 
@@ -583,9 +592,8 @@ def export_subset(out, exporters=None):
             writer = ((lambda p, m=m, o=opset: export_torchscript(m, p, o)) if exp == "torchscript"
                       else (lambda p, m=m, o=opset: export_dynamo(m, p, o)))
             try:
-                with torch.no_grad():
-                    name, size, outs = write_model(out, lambda got: f"{base}_{exp}_opset{got}",
-                                                   writer, m.inputs)
+                name, size, outs = write_model(out, lambda got: f"{base}_{exp}_opset{got}",
+                                               writer, m.inputs)
             except Exception as e:
                 print(f"{label}: SKIPPED ({exp} export failed: {first_line(e)})", flush=True)
                 continue
