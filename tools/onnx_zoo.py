@@ -158,7 +158,8 @@ def clip_vision(seed):
 
 
 # name -> builder. Vision inputs are 64x64 where the model's structure allows it (Inception v3
-# needs 75x75 at least; ViT-B/16 is built for 32x32 with its 16x16 patches: 4 tokens).
+# needs 75x75 at least; ViT-B/16 is built for 32x32 with its 16x16 patches: 4 tokens; VGG-11's
+# AdaptiveAvgPool2d(7) exports with TorchScript only where 7 divides the 1/32 feature map: 224).
 FAMILIES = {
     "resnet18": lambda: vision("resnet18", 64, 101),
     "mobilenet_v2": lambda: vision("mobilenet_v2", 64, 102),
@@ -171,7 +172,7 @@ FAMILIES = {
     "inception_v3": lambda: vision("inception_v3", 96, 109, aux_logits=False, init_weights=True),
     "shufflenet_v2_x0_5": lambda: vision("shufflenet_v2_x0_5", 64, 110),
     "squeezenet1_0": lambda: vision("squeezenet1_0", 64, 111),
-    "vgg11": lambda: vision("vgg11", 32, 112),
+    "vgg11": lambda: vision("vgg11", 224, 112),
     "vit_b_16": lambda: vision("vit_b_16", 32, 113, image_size=32),
     "swin_t": lambda: vision("swin_t", 64, 114),
     "bert": lambda: text("BertModel", "BertConfig", 201, *BERT_IO, **BERT_SHAPE),
