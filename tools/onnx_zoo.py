@@ -403,7 +403,7 @@ def default_opset_of(model):
     return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
 
 
-def write_model(out, name, write_onnx, inputs, fixed=None):
+def write_model(out, name, write_onnx, inputs, fixed=None, check=True):
     """<out>/models/<name>/{config.pbtxt,1/model.onnx} and <out>/reference/<name>/. `name`
     may be a function of the opset the exported model imports (the dynamo exporter raises it
     above the one asked for where an operator needs a newer one, e.g. Gelu to 20); returns
@@ -415,7 +415,8 @@ def write_model(out, name, write_onnx, inputs, fixed=None):
     try:
         write_onnx(tmp / "1" / "model.onnx")
         model = onnx.load(str(tmp / "1" / "model.onnx"))
-        onnx.checker.check_model(model)
+        if check:  # onnxruntime's optimizer leaves ai.onnx operators ONNX's checker refuses
+            onnx.checker.check_model(model)
         if callable(name):
             name = name(default_opset_of(model))
         model_dir = out / "models" / name
@@ -514,7 +515,7 @@ def export_zoo(out, families=None, exporters=None, with_ort_optimized=False, fix
                 src = out / "models" / name / "1" / "model.onnx"
                 try:
                     _, size, _ = write_model(out, oname, lambda p: ort_optimized(src, p, fam),
-                                             m.inputs, fixed)
+                                             m.inputs, fixed, check=False)
                     print(f"        {oname}: {size / 1e6:.2f} MB", flush=True)
                 except Exception as e:
                     skipped.append(f"{oname}: onnxruntime's optimizer failed: {first_line(e)}")
@@ -604,6 +605,40 @@ def export_subset(out, exporters=None):
     print(f"subset: {written} models written to {out}/models")
 
 
+def optimize_existing(out, families, fixed=None):
+    """--ort-optimized-only: each text model already in <out>/models after onnxruntime's
+    transformer optimizer, on the inputs of its reference (no export again)."""
+    out = pathlib.Path(out)
+    attempted, skipped = set(), []
+    for model_dir in sorted((out / "models").iterdir()):
+        name = model_dir.name
+        fam = re.sub(r"_(torchscript|dynamo)_opset\d+$", "", name)
+        if fam not in TEXT_MODEL_TYPE or (families and fam not in families):
+            continue
+        inputs = {}
+        for line in (out / "reference" / name / "manifest.txt").read_text().split("\n"):
+            f = line.split()
+            if f and f[0] == "input":
+                dtype = {v: k for k, v in TRITON_TYPE.items()}[f[2]]
+                inputs[f[1]] = np.fromfile(out / "reference" / name / f[4], dtype=dtype).reshape(
+                    [int(d) for d in f[3].split(",")])
+        oname = f"{name}_ortopt"
+        attempted.add(oname)
+        src = model_dir / "1" / "model.onnx"
+        try:
+            _, size, _ = write_model(out, oname, lambda p: ort_optimized(src, p, fam), inputs,
+                                     fixed, check=False)
+            print(f"{oname}: {size / 1e6:.2f} MB", flush=True)
+        except Exception as e:
+            skipped.append(f"{oname}: onnxruntime's optimizer failed: {first_line(e)}")
+            print(f"{oname}: SKIPPED (onnxruntime's optimizer failed: {first_line(e)})",
+                  flush=True)
+    sp = out / "skipped.txt"
+    old = sp.read_text().split("\n") if sp.exists() else []
+    kept = [l for l in old if l.strip() and l.split(":")[0] not in attempted]
+    sp.write_text("".join(l + "\n" for l in kept + skipped))
+
+
 def main(argv=None):
     import argparse
     ap = argparse.ArgumentParser(prog="export_onnx_models.py zoo", description=__doc__,
@@ -617,6 +652,8 @@ def main(argv=None):
                     + ",".join(DEFAULT_EXPORTERS))
     ap.add_argument("--ort-optimized", action="store_true",
                     help="also each text model after onnxruntime's transformer optimizer")
+    ap.add_argument("--ort-optimized-only", action="store_true",
+                    help="only add the optimized text models to those already in --out")
     ap.add_argument("--config-sequence", action="store_true",
                     help="config.pbtxt gives the sequence axis the references' length (8) "
                     "instead of -1, as for an engine without variable dimensions; the ONNX "
@@ -627,6 +664,10 @@ def main(argv=None):
     torch.set_num_threads(max(1, (__import__("os").cpu_count() or 1) // 2))
     exporters = [e for e in args.exporters.split(",") if e] or None
     out = pathlib.Path(args.out)
+    fixed = {"sequence": TEXT_SEQUENCE} if args.config_sequence else None
+    if args.ort_optimized_only:
+        optimize_existing(out, [f for f in args.families.split(",") if f], fixed)
+        return
     if args.subset:
         export_subset(out, exporters)
         return
