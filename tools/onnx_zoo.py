@@ -26,6 +26,7 @@ line saying why (and listed in DIR/skipped.txt).
 --subset writes the small models meant for tests/onnx/fixtures (see SUBSET below).
 """
 import collections
+import os
 import pathlib
 import re
 import time
@@ -409,7 +410,7 @@ def write_model(out, name, write_onnx, inputs, fixed=None, check=True):
     above the one asked for where an operator needs a newer one, e.g. Gelu to 20); returns
     (name, bytes, ONNX Runtime's outputs)."""
     import shutil
-    tmp = out / "models" / ".export-tmp"
+    tmp = out / "models" / f".export-tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     (tmp / "1").mkdir(parents=True)
     try:
