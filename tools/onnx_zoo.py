@@ -77,6 +77,19 @@ def randomize_batchnorm(model, gen):
     return model
 
 
+def randomize_constant_parameters(model, gen):
+    """Parameters a fresh model holds at one value (ViT-B/16's zero classifier head, ConvNeXt's
+    layer scales of 1e-6, zero biases, unit norm weights) get random values around it, so that
+    every path of the graph changes the outputs the check compares (with a zero head every
+    output is 0 and any engine matches)."""
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.numel() > 1 and bool((p == p.flatten()[0]).all()):
+                scale = max(float(p.flatten()[0].abs()), 0.1)
+                p.add_(torch.randn(p.shape, generator=gen) * scale * 0.5)
+    return model
+
+
 class first_output(nn.Module):
     """torchvision's GoogLeNet and Inception v3 return named tuples in training mode only,
     but keep them out of the exported graph's signature in any case."""
@@ -95,6 +108,7 @@ def vision(name, hw, seed, **kw):
     torch.manual_seed(seed)
     model = getattr(torchvision.models, name)(weights=None, num_classes=10, **kw)
     randomize_batchnorm(model, torch.Generator().manual_seed(seed + 1))
+    randomize_constant_parameters(model, torch.Generator().manual_seed(seed + 2))
     x = np.random.default_rng(seed).standard_normal((2, 3, hw, hw), dtype=np.float32)
     return zoo_model(first_output(model), {"input": x}, ["logits"], {"input": {0: "batch"}},
                      "vision")
@@ -565,6 +579,7 @@ def subset_models():
         torch.manual_seed(303)
         model = VisionTransformer(image_size=16, patch_size=8, num_layers=1, num_heads=2,
                                   hidden_dim=32, mlp_dim=64, num_classes=10)
+        randomize_constant_parameters(model, torch.Generator().manual_seed(305))
         x = np.random.default_rng(303).standard_normal((2, 3, 16, 16), dtype=np.float32)
         return zoo_model(model, {"input": x}, ["logits"], {"input": {0: "batch"}}, "vision")
 
