@@ -590,20 +590,17 @@ def subset_models():
                                               ["last_hidden_state"], vocab_size=128, n_embd=32,
                                               n_layer=1, n_head=2, n_positions=32,
                                               use_cache=False),
-        "zoo_t5_encoder_1layer": lambda: text_small("T5EncoderModel", "T5Config", 313,
-                                                    ["input_ids", "attention_mask"],
-                                                    ["last_hidden_state"], vocab_size=128,
-                                                    d_model=32, d_kv=16, d_ff=64, num_layers=1,
-                                                    num_heads=2, use_cache=False),
         "zoo_mobilenet_v3_block": mobilenet_v3_block,
         "zoo_vit_tiny": vit_tiny,
     }
 
 
-def export_subset(out, exporters=None):
+def export_subset(out, exporters=None, only=None):
     variants = exporter_variants(exporters or ["dynamo18", "dynamo"])
     written = 0
     for base, build in subset_models().items():
+        if only and base not in only:
+            continue
         m = build()
         for exp, opset in variants:
             label = f"{base}_{exp}_opset{opset or dynamo_default_opset()}"
@@ -685,7 +682,7 @@ def main(argv=None):
         optimize_existing(out, [f for f in args.families.split(",") if f], fixed)
         return
     if args.subset:
-        export_subset(out, exporters)
+        export_subset(out, exporters, [f for f in args.families.split(",") if f])
         return
     export_zoo(out, [f for f in args.families.split(",") if f] or None, exporters,
                args.ort_optimized, {"sequence": TEXT_SEQUENCE} if args.config_sequence else None)
