@@ -8,8 +8,9 @@ with random weights, and writes ONNX Runtime's outputs on fixed random inputs as
     python3 tools/export_onnx_models.py bench --out build-onnx/bench-models
                                                    # ResNet-18/50, BERT-base, MiniLM-L6 (never committed)
     python3 tools/export_onnx_models.py zoo --out build-onnx/zoo
-                                                   # the model zoo (tools/onnx_zoo.py; checked
-                                                   # by scripts/onnx-zoo-check, never committed)
+                                                   # the model zoo (tools/onnx_zoo.py, whose
+                                                   # --help has its options; checked by
+                                                   # scripts/onnx-zoo-check, never committed)
 
 Needs torch, torchvision, transformers, onnx and onnxruntime (tools/requirements-onnx.txt).
 The server, its build and its tests never need them: the fixtures are committed.

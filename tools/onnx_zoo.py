@@ -23,7 +23,12 @@ and the version of their schema in effect, tensor element types, symbolic dimens
 the first error the server reports. An export that torch itself fails on is skipped with a
 line saying why (and listed in DIR/skipped.txt).
 
---subset writes the small models meant for tests/onnx/fixtures (see SUBSET below).
+--subset writes small models (KBs) with the dynamo exporter's patterns at opsets 18 and 20
+(subset_models()) instead; the ones main serves are committed in tests/onnx/fixtures:
+    export_onnx_models.py zoo --subset --families zoo_mobilenet_v3_block --out tests/onnx/fixtures
+    export_onnx_models.py zoo --subset --families zoo_vit_tiny --exporters dynamo18 \
+        --out tests/onnx/fixtures
+(zoo_bert_1layer and zoo_gpt2_1layer wait for GatherND, and at opset 20 for Gelu).
 """
 import collections
 import os
