@@ -285,7 +285,10 @@ def export_dynamo(m, path, opset):
               dynamic_shapes=shapes, dynamo=True, external_data=False)
     if opset:
         kw["opset_version"] = opset
-    prog = torch.onnx.export(m.module, args, **kw)
+    # Under torch.no_grad(), as the TorchScript export is not: with gradients on torch.export
+    # fails on T5's attention (it cannot view the transposed key states).
+    with torch.no_grad():
+        prog = torch.onnx.export(m.module, args, **kw)
     prog.save(str(path))
 
 
@@ -515,9 +518,10 @@ def export_zoo(out, families=None, exporters=None, with_ort_optimized=False, fix
                       else (lambda p, m=m, o=opset: export_dynamo(m, p, o)))
             attempted.add(label)
             try:
-                # Not under torch.no_grad(): in eval mode without gradients nn.MultiheadAttention
-                # takes its fused fast path (aten::_native_multi_head_attention), which the
-                # TorchScript exporter cannot export (ViT-B/16); people export without it.
+                # Not under torch.no_grad() (export_dynamo sets it for itself): in eval mode
+                # without gradients nn.MultiheadAttention takes its fused fast path
+                # (aten::_native_multi_head_attention), which the TorchScript exporter cannot
+                # export (ViT-B/16); people export without it.
                 name, size, outs = write_model(out, lambda got: f"{fam}_{exp}_opset{got}",
                                                writer, m.inputs, fixed)
             except Exception as e:
