@@ -7,6 +7,10 @@ with random weights, and writes ONNX Runtime's outputs on fixed random inputs as
                                                    # densenet_small (tools/densenet_small.py)
     python3 tools/export_onnx_models.py bench --out build-onnx/bench-models
                                                    # ResNet-18/50, BERT-base, MiniLM-L6 (never committed)
+    python3 tools/export_onnx_models.py zoo --out build-onnx/zoo
+                                                   # the model zoo (tools/onnx_zoo.py, whose
+                                                   # --help has its options; checked by
+                                                   # scripts/onnx-zoo-check, never committed)
 
 Needs torch, torchvision, transformers, onnx and onnxruntime (tools/requirements-onnx.txt).
 The server, its build and its tests never need them: the fixtures are committed.
@@ -459,10 +463,15 @@ def bench(out, opsets):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("what", choices=["fixtures", "examples", "bench"])
+    ap.add_argument("what", choices=["fixtures", "examples", "bench", "zoo"])
     ap.add_argument("--out", help="output directory (default depends on `what`)")
     ap.add_argument("--opsets", default="17,13", help="bench only: opsets to export")
-    args = ap.parse_args()
+    args, rest = ap.parse_known_args()
+    if args.what == "zoo":  # its own options: tools/onnx_zoo.py
+        import onnx_zoo
+        return onnx_zoo.main(rest + (["--out", args.out] if args.out else []))
+    if rest:
+        ap.error(f"unrecognized arguments: {' '.join(rest)}")
     root = pathlib.Path(__file__).resolve().parent.parent
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // 2))
     with torch.no_grad():
