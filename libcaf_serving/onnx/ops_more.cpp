@@ -41,6 +41,8 @@ struct op_entry {
 const std::vector<datatype> float_only{datatype::fp32};
 const std::vector<datatype> numbers{datatype::fp32, datatype::int64, datatype::int32,
                                     datatype::int8, datatype::uint8};
+const std::vector<datatype> numbers_and_bool{datatype::fp32, datatype::int64, datatype::int32,
+                                             datatype::int8, datatype::uint8, datatype::bool_};
 const std::vector<datatype> quantized{datatype::int8, datatype::uint8, datatype::int32};
 
 const std::map<std::string, op_entry>& table() {
@@ -61,8 +63,8 @@ const std::map<std::string, op_entry>& table() {
                infer_prelu}}, // 7: broadcasting
     {"QuantizeLinear", {{10, 13, 19, 21, 23, 24, 25, 28}, float_only, infer_quantize}},
     // 18: axes as an input, noop_with_empty_axes; 20: BOOL
-    {"ReduceMax", {{1, 11, 12, 13, 18, 20}, numbers, infer_reduce}},
-    {"ReduceMin", {{1, 11, 12, 13, 18, 20}, numbers, infer_reduce}},
+    {"ReduceMax", {{1, 11, 12, 13, 18, 20}, numbers_and_bool, infer_reduce}},
+    {"ReduceMin", {{1, 11, 12, 13, 18, 20}, numbers_and_bool, infer_reduce}},
     {"ReduceProd", {{1, 11, 13, 18}, numbers, infer_reduce}},
     {"RMSNormalization", {{23}, float_only, infer_rms_norm}},
     {"Round", {{11, 22}, float_only, infer_unary}},
@@ -341,6 +343,9 @@ shape_t reduced_shape(const shape_t& in, const reduction& r, bool keepdims) {
 
 infer_result infer_reduce(const graph& g, const node& n) {
   const auto& x = g.values[n.inputs[0]];
+  if (x.dtype == datatype::bool_ && g.opset != 0 && g.opset < 20)
+    return n.op + " of BOOL exists from opset 20, but the model imports opset "
+           + std::to_string(g.opset);
   std::vector<int64_t> axes;
   bool from_input = has_input(n, 1);
   if (from_input) {
@@ -375,7 +380,9 @@ void run_reduce(const node& n, const std::vector<tensor_ref>& in, const tensor_r
     axes = ref_ints(in[1]);
   auto red = std::get<reduction>(reduction_of(n, from_input ? &axes : nullptr, x.shape.size()));
   T init;
-  if (n.op == "ReduceProd")
+  if constexpr (std::is_same_v<T, bool>)
+    init = n.op == "ReduceMin"; // any for ReduceMax, all for ReduceMin
+  else if (n.op == "ReduceProd")
     init = T(1);
   else if constexpr (std::is_floating_point_v<T>)
     init = n.op == "ReduceMax" ? -std::numeric_limits<T>::infinity()
@@ -392,7 +399,9 @@ void run_reduce(const node& n, const std::vector<tensor_ref>& in, const tensor_r
   broadcast_loop<1>(x.shape, st, [&](int64_t i, const std::array<int64_t, 1>& off) {
     T& o = out[off[0]];
     T v = a[i];
-    if (kind == 2) {
+    if constexpr (std::is_same_v<T, bool>) {
+      o = kind == 0 ? (o || v) : (o && v);
+    } else if (kind == 2) {
       o = static_cast<T>(o * v);
     } else if constexpr (std::is_floating_point_v<T>) {
       if (std::isnan(v) || std::isnan(o))
@@ -758,11 +767,7 @@ void run_more_op(const node& n, const std::vector<tensor_ref>& in,
   } else if (op == "Attention") {
     run_attention(n, in, out);
   } else if (op == "ReduceMax" || op == "ReduceMin" || op == "ReduceProd") {
-    dispatch(in[0].dtype, [&](auto tag) {
-      using T = decltype(tag);
-      if constexpr (!std::is_same_v<T, bool>)
-        run_reduce<T>(n, in, y);
-    });
+    dispatch(in[0].dtype, [&](auto tag) { run_reduce<decltype(tag)>(n, in, y); });
   } else if (op == "QuantizeLinear") {
     auto w = walk_of(n, in[0], in[1]);
     bool zp = in.size() > 2 && in[2].data;

@@ -247,6 +247,13 @@ TEST_CASE("ReduceMax, ReduceMin, ReduceProd: axes as attribute and input, keepdi
   CHECK(has(refused({"ReduceMax", {empty}, attrs({{"axes", ints_attr({1})}})}), "undefined"));
   CHECK(has(refused({"ReduceMax", {x, i64({1}, {0})}, {}, 18}), "known before the model runs"));
   CHECK(ok1({"ReduceMax", {i64({3}, {-5, 7, 2})}}).values<int64_t>() == std::vector<int64_t>{7});
+  // BOOL from opset 20: ReduceMax is any, ReduceMin all.
+  auto flags = make<uint8_t>(datatype::bool_, {2, 2}, {1, 0, 0, 0});
+  auto axis1 = constant(i64({1}, {1}));
+  CHECK(ok1({"ReduceMax", {flags, axis1}, {}, 20}).values<uint8_t>() == std::vector<uint8_t>{1, 0});
+  CHECK(ok1({"ReduceMin", {flags}, {}, 20}).values<uint8_t>() == std::vector<uint8_t>{0});
+  CHECK(has(refused({"ReduceMax", {flags, axis1}, {}, 18}), "BOOL exists from opset 20"));
+  CHECK(has(refused({"ReduceProd", {flags}, {}, 20}), "is BOOL"));
 }
 
 TEST_CASE("the unary functions and PRelu at their edges") {
