@@ -140,6 +140,11 @@ infer_result infer_gather_nd(const graph& g, const node& n) {
     return "the last dimension of indices " + shape_string(idx.shape) + " must be in [1, "
            + std::to_string(r - b) + "] for data " + shape_string(data.shape) + " and batch_dims "
            + std::to_string(b);
+  if (element_count(idx.shape) > 0)
+    for (int64_t d = b; d < b + k; ++d)
+      if (data.shape[d] == 0)
+        return "indices " + shape_string(idx.shape) + " index dimension " + std::to_string(d)
+               + " of data " + shape_string(data.shape) + ", which is empty";
   shape_t s(idx.shape.begin(), idx.shape.end() - 1);
   s.insert(s.end(), data.shape.begin() + b + k, data.shape.end());
   return one(data.dtype, s);
@@ -202,6 +207,11 @@ infer_result infer_scatter_nd(const graph& g, const node& n) {
   if (k < 1 || k > r)
     return "the last dimension of indices " + shape_string(idx.shape) + " must be in [1, "
            + std::to_string(r) + "] for data " + shape_string(data.shape);
+  if (element_count(idx.shape) > 0)
+    for (int64_t d = 0; d < k; ++d)
+      if (data.shape[d] == 0)
+        return "indices " + shape_string(idx.shape) + " index dimension " + std::to_string(d)
+               + " of data " + shape_string(data.shape) + ", which is empty";
   shape_t want(idx.shape.begin(), idx.shape.end() - 1);
   want.insert(want.end(), data.shape.begin() + k, data.shape.end());
   if (upd.shape != want)
@@ -927,6 +937,8 @@ std::variant<einsum_plan, std::string> plan_einsum(const std::string& equation,
   if (arrow != std::string::npos) {
     auto labels = labels_of(eq.substr(arrow + 2));
     for (char c : labels) {
+      if (std::count(labels.begin(), labels.end(), c) > 1)
+        return "the output of '" + equation + "' names '" + std::string(1, c) + "' twice";
       if (c == '.') {
         p.output_vars.insert(p.output_vars.end(), ellipsis_vars.begin(), ellipsis_vars.end());
         continue;

@@ -60,6 +60,9 @@ TEST_CASE("GatherND: tuples of indices, negative ones, batch_dims") {
             "batch_dims 2"));
   CHECK(has(refused({"GatherND", {x, make<int32_t>(datatype::int32, {1, 1}, {0})}}),
             "INT64 indices"));
+  // An empty dimension has no row to read; a kernel must not guess one.
+  CHECK(has(refused({"GatherND", {f32({0, 2}, {}), i64({1, 1}, {0})}}), "which is empty"));
+  CHECK(ok1({"GatherND", {f32({0, 2}, {}), i64({0, 1}, {})}}).shape == std::vector<int64_t>{0, 2});
 }
 
 TEST_CASE("ScatterND: later updates win, reductions combine, max and min from opset 18") {
@@ -84,6 +87,8 @@ TEST_CASE("ScatterND: later updates win, reductions combine, max and min from op
   CHECK(has(refused({"ScatterND", {ones, idx, upd}, {{"reduction", string_attr("avg")}}}),
             "reduction='avg'"));
   CHECK(has(refused({"ScatterND", {ones, idx, f32({3, 1}, {1, 2, 3})}}), "updates [3,1]"));
+  CHECK(has(refused({"ScatterND", {f32({0, 2}, {}), i64({1, 1}, {0}), f32({1, 2}, {1, 2})}}),
+            "which is empty"));
 }
 
 TEST_CASE("Pad: constant, reflect, edge and wrap, negative pads, axes") {
@@ -230,4 +235,5 @@ TEST_CASE("Einsum: explicit and implicit output, ellipsis, diagonal, errors") {
   CHECK(has(refused({"Einsum", {a, f32({3, 2}, {1, 2, 3, 4, 5, 6})}, eq("ij,jk->ik")}),
             "same label"));
   CHECK(has(refused({"Einsum", {a, b}, eq("ij,jk->iz")}), "names 'z'"));
+  CHECK(has(refused({"Einsum", {a}, eq("ij->ii")}), "names 'i' twice"));
 }
