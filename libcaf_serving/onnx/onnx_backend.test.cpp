@@ -409,6 +409,38 @@ TEST_CASE("element-wise operators split into bands over the threads") {
   }
 }
 
+TEST_CASE("the unary functions of ops_more.cpp and PRelu split into bands over the threads") {
+  // x [-1, 40, 100] -> Sin -> Softplus -> Mish -> Gelu (tanh) -> PRelu (slope of x's shape)
+  // -> Selu; at 2 rows 8000 elements, four 2048-element blocks.
+  std::mt19937 rng(43);
+  graph g;
+  g.opset = 20;
+  int x = g.add_value("x", datatype::fp32, {-1, 40, 100}, true);
+  g.inputs.push_back(x);
+  int v = x;
+  for (const char* op : {"Sin", "Softplus", "Mish", "Gelu"}) {
+    int next = g.add_value(std::string(op) + ".y");
+    auto& n = g.add_node(op, op, {v}, {next});
+    if (std::string(op) == "Gelu")
+      n.set_s("approximate", "tanh");
+    v = next;
+  }
+  int slope = add_weights(g, "slope", {40, 100}, rng, 1.0f);
+  int p = g.add_value("prelu"), y = g.add_value("y");
+  g.add_node("PRelu", "prelu", {v, slope}, {p});
+  g.add_node("Selu", "selu", {p}, {y});
+  g.outputs.push_back(y);
+  auto ref = reference(g, 2, rng);
+  for (unsigned threads : {1u, 2u, 4u}) {
+    CAPTURE(threads);
+    std::string text;
+    CHECK(plan_error(g, ref, threads, false, &text) == 0); // the same kernel on slices
+    CHECK(text.find("engine.elementwise") != std::string::npos);
+    // PRelu's slope [40, 100] broadcasts to [2, 40, 100]: a whole reference step.
+    CHECK(text.find("reference") != std::string::npos);
+  }
+}
+
 TEST_CASE("SiLU (x * sigmoid(x)) after a convolution or a matmul runs as its fused epilogue") {
   // EfficientNet's activation as torch exports it: Sigmoid(y) and Mul(y, sigmoid), in
   // either order, after a convolution (with a residual Add before it), and after a

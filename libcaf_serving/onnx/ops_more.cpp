@@ -735,6 +735,15 @@ bool is_more_op(const std::string& op) {
   return table().count(op) > 0;
 }
 
+bool is_elementwise_more_op(const std::string& op) {
+  auto it = table().find(op);
+  if (it == table().end())
+    return false;
+  using infer_fn = infer_result (*)(const graph&, const node&);
+  const auto* f = it->second.infer.target<infer_fn>();
+  return op == "PRelu" || (f && *f == infer_unary);
+}
+
 infer_result infer_more_op(const graph& g, const node& n) {
   const auto& e = table().at(n.op);
   if (g.opset != 0 && g.opset < e.versions.front())

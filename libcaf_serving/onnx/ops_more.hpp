@@ -32,6 +32,11 @@ const op_table& more_operator_table();
 
 bool is_more_op(const std::string& op);
 
+/// Whether `op` computes each output element from the input elements at the
+/// same index alone (the unary functions, and PRelu with a slope of X's
+/// shape): any slice of equally shaped inputs runs on its own.
+bool is_elementwise_more_op(const std::string& op);
+
 /// Output types and shapes of `n`, an operator of more_operators(); the error
 /// names the input, attribute or mode that the engine does not take, and the
 /// opset when the operator does not exist in it.
