@@ -2,6 +2,8 @@
 
 #include "onnx/ops_internal.hpp"
 
+#include <cblas.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -784,8 +786,8 @@ std::vector<float> kernel_scales(const node& n, const std::vector<tensor_ref>& i
 }
 
 /// Each output position of each dimension reads one (nearest) or two (linear)
-/// input positions with weights; the output element is the sum over the
-/// product of its dimensions' choices.
+/// input positions with weights: nearest gathers, linear interpolates one
+/// dimension after the other.
 void run_resize(const node& n, const std::vector<tensor_ref>& in, const tensor_ref& y) {
   const auto& x = in[0];
   size_t rank = x.shape.size();
@@ -818,31 +820,46 @@ void run_resize(const node& n, const std::vector<tensor_ref>& in, const tensor_r
     }
   }
   int64_t total = y.elements();
+  if (total == 0)
+    return;
+  if (mode == "linear") {
+    // Linear interpolation is separable: one pass per resized dimension, each
+    // output row the weighted sum of two input rows of the dimensions after it.
+    std::vector<float> cur(x.as<float>(), x.as<float>() + x.elements()), next;
+    shape_t shape = x.shape;
+    for (size_t d = 0; d < rank; ++d) {
+      bool identity = shape[d] == y.shape[d];
+      for (int64_t o = 0; identity && o < y.shape[d]; ++o)
+        identity = taps[d][o].offset[0] == o * st[d] && taps[d][o].weight[1] == 0.0f;
+      if (identity)
+        continue;
+      int64_t outer = 1, inner = 1;
+      for (size_t k = 0; k < d; ++k) outer *= shape[k];
+      for (size_t k = d + 1; k < rank; ++k) inner *= shape[k];
+      next.assign(static_cast<size_t>(outer * y.shape[d] * inner), 0.0f);
+      for (int64_t o = 0; o < outer; ++o)
+        for (int64_t j = 0; j < y.shape[d]; ++j) {
+          const auto& t = taps[d][j];
+          const float* lo = cur.data() + (o * shape[d] + t.offset[0] / st[d]) * inner;
+          const float* hi = cur.data() + (o * shape[d] + t.offset[1] / st[d]) * inner;
+          float* dst = next.data() + (o * y.shape[d] + j) * inner;
+          float w0 = t.weight[0], w1 = t.weight[1];
+          for (int64_t i = 0; i < inner; ++i) dst[i] = w0 * lo[i] + w1 * hi[i];
+        }
+      shape[d] = y.shape[d];
+      cur.swap(next);
+    }
+    std::memcpy(y.data, cur.data(), static_cast<size_t>(total) * sizeof(float));
+    return;
+  }
   shape_t idx(rank, 0);
   size_t es = element_size(x.dtype);
   const auto* xs = static_cast<const uint8_t*>(x.data);
   auto* out = static_cast<uint8_t*>(y.data);
   for (int64_t i = 0; i < total; ++i) {
-    if (mode == "nearest") {
-      int64_t off = 0;
-      for (size_t d = 0; d < rank; ++d) off += taps[d][idx[d]].offset[0];
-      std::memcpy(out + i * es, xs + off * es, es);
-    } else {
-      // Every combination of the dimensions' taps: 2^(resized dimensions) terms.
-      float acc = 0;
-      std::function<void(size_t, int64_t, float)> walk = [&](size_t d, int64_t off, float w) {
-        if (d == rank) {
-          acc += w * x.as<float>()[off];
-          return;
-        }
-        const auto& t = taps[d][idx[d]];
-        for (int k = 0; k < t.count; ++k)
-          if (t.weight[k] != 0.0f || t.count == 1)
-            walk(d + 1, off + t.offset[k], w * t.weight[k]);
-      };
-      walk(0, 0, 1.0f);
-      y.as<float>()[i] = acc;
-    }
+    int64_t off = 0;
+    for (size_t d = 0; d < rank; ++d) off += taps[d][idx[d]].offset[0];
+    std::memcpy(out + i * es, xs + off * es, es);
     for (int d = static_cast<int>(rank) - 1; d >= 0; --d) {
       if (++idx[d] < y.shape[d])
         break;
@@ -1003,8 +1020,89 @@ infer_result infer_einsum(const graph& g, const node& n) {
   return one(t, s);
 }
 
+/// Copies `src` (dimensions labelled `src_vars`) into the order `dst_vars`, each
+/// variable of extent `ext`: a transpose.
+void permute_copy(const float* src, const std::vector<int>& src_vars, const shape_t& src_shape,
+                  const std::vector<int>& dst_vars, const shape_t& ext, float* dst) {
+  auto src_st = strides_of(src_shape);
+  shape_t dst_shape, st;
+  for (int v : dst_vars) {
+    dst_shape.push_back(ext[v]);
+    auto d = std::find(src_vars.begin(), src_vars.end(), v) - src_vars.begin();
+    st.push_back(src_st[d]);
+  }
+  std::array<shape_t, 1> strides{st};
+  broadcast_loop<1>(dst_shape, strides, [&](int64_t i, const std::array<int64_t, 1>& off) {
+    dst[i] = src[off[0]];
+  });
+}
+
+/// Two FLOAT operands whose labels each appear once per operand and with the
+/// operand's own extent (no diagonal, no broadcast, no label summed in one
+/// operand alone), as exporters write a batched matrix product
+/// ("bhqd,bhkd->bhqk", "bij,jk->bik"): transposed into [batch, M, K] and
+/// [batch, K, N], multiplied by OpenBLAS per batch, transposed into the output.
+/// False (nothing written) for any other equation.
+bool einsum_as_gemm(const einsum_plan& p, const shape_t& ext, const std::vector<tensor_ref>& in,
+                    const tensor_ref& y) {
+  if (in.size() != 2 || in[0].dtype != datatype::fp32 || y.elements() == 0)
+    return false;
+  const auto& a = p.operand_vars[0];
+  const auto& b = p.operand_vars[1];
+  auto in_list = [](const std::vector<int>& l, int v) {
+    return std::find(l.begin(), l.end(), v) != l.end();
+  };
+  for (size_t k = 0; k < 2; ++k) {
+    const auto& vars = p.operand_vars[k];
+    for (size_t d = 0; d < vars.size(); ++d)
+      if (std::count(vars.begin(), vars.end(), vars[d]) > 1 || in[k].shape[d] != ext[vars[d]])
+        return false;
+  }
+  std::vector<int> batch, m, nn, kk;
+  for (int v = 0; v < p.vars; ++v) {
+    bool ia = in_list(a, v), ib = in_list(b, v), io = in_list(p.output_vars, v);
+    if (ia && ib && io)
+      batch.push_back(v);
+    else if (ia && ib)
+      kk.push_back(v);
+    else if (ia && io)
+      m.push_back(v);
+    else if (ib && io)
+      nn.push_back(v);
+    else
+      return false;
+  }
+  auto product = [&](const std::vector<int>& vars) {
+    int64_t r = 1;
+    for (int v : vars) r *= ext[v];
+    return r;
+  };
+  int64_t nb = product(batch), rows = product(m), cols = product(nn), inner = product(kk);
+  auto concat = [](std::vector<int> x, const std::vector<int>& more) {
+    x.insert(x.end(), more.begin(), more.end());
+    return x;
+  };
+  auto a_order = concat(concat(batch, m), kk);
+  auto b_order = concat(concat(batch, kk), nn);
+  auto c_order = concat(concat(batch, m), nn);
+  std::vector<float> at(nb * rows * inner), bt(nb * inner * cols), ct(nb * rows * cols);
+  permute_copy(in[0].as<float>(), a, in[0].shape, a_order, ext, at.data());
+  permute_copy(in[1].as<float>(), b, in[1].shape, b_order, ext, bt.data());
+  for (int64_t i = 0; i < nb; ++i)
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(rows),
+                static_cast<int>(cols), static_cast<int>(inner), 1.0f,
+                at.data() + i * rows * inner, static_cast<int>(inner),
+                bt.data() + i * inner * cols, static_cast<int>(cols), 0.0f,
+                ct.data() + i * rows * cols, static_cast<int>(cols));
+  shape_t c_shape;
+  for (int v : c_order) c_shape.push_back(ext[v]);
+  permute_copy(ct.data(), c_order, c_shape, p.output_vars, ext, y.as<float>());
+  return true;
+}
+
 /// Plain loops over every variable: the output ones outside, the summed ones
 /// inside; each operand's offset moves by its strides (0 where it broadcasts).
+/// Two FLOAT operands in a matrix-product pattern go to einsum_as_gemm().
 template <class T>
 void run_einsum(const node& n, const std::vector<tensor_ref>& in, const tensor_ref& y) {
   std::vector<size_t> ranks;
@@ -1015,6 +1113,9 @@ void run_einsum(const node& n, const std::vector<tensor_ref>& in, const tensor_r
   }
   auto p = std::get<einsum_plan>(plan_einsum(n.get_s("equation", ""), ranks));
   auto ext = std::get<shape_t>(einsum_extents(p, shapes));
+  if constexpr (std::is_same_v<T, float>)
+    if (einsum_as_gemm(p, ext, in, y))
+      return;
   std::vector<bool> is_out(p.vars, false);
   for (int v : p.output_vars) is_out[v] = true;
   std::vector<int> order = p.output_vars;

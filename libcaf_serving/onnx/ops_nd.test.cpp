@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <random>
 
 using namespace caf_serving;
 using namespace caf_serving::onnx;
@@ -236,4 +237,43 @@ TEST_CASE("Einsum: explicit and implicit output, ellipsis, diagonal, errors") {
             "same label"));
   CHECK(has(refused({"Einsum", {a, b}, eq("ij,jk->iz")}), "names 'z'"));
   CHECK(has(refused({"Einsum", {a}, eq("ij->ii")}), "names 'i' twice"));
+}
+
+TEST_CASE("Einsum's matrix-product patterns (OpenBLAS) equal the plain loops and MatMul") {
+  // Small integers: FLOAT (the OpenBLAS path) and INT64 (the plain loops) must agree
+  // exactly, and both with the engine's MatMul after a Transpose.
+  std::mt19937 rng(5);
+  std::uniform_int_distribution<int64_t> small(-3, 3);
+  auto ints = [&](std::vector<int64_t> shape) {
+    std::vector<int64_t> v(element_count(shape));
+    for (auto& e : v) e = small(rng);
+    return v;
+  };
+  auto as_f32 = [](std::vector<int64_t> shape, const std::vector<int64_t>& v) {
+    return f32(std::move(shape), std::vector<float>(v.begin(), v.end()));
+  };
+  auto eq = [](const char* e) {
+    return std::map<std::string, attribute>{{"equation", string_attr(e)}};
+  };
+  struct pattern {
+    const char* equation;
+    std::vector<int64_t> a, b;
+  };
+  for (const auto& c : {pattern{"bhqd,bhkd->bhqk", {2, 3, 4, 5}, {2, 3, 6, 5}},
+                        pattern{"bij,jk->bik", {2, 3, 4}, {4, 5}},
+                        pattern{"bhqk,bhkd->bqhd", {2, 3, 4, 6}, {2, 3, 6, 5}},
+                        pattern{"i,j->ij", {3}, {4}}, pattern{"ij,ij->", {3, 4}, {3, 4}},
+                        pattern{"ik,jk", {3, 4}, {5, 4}}}) {
+    CAPTURE(c.equation);
+    auto a = ints(c.a), b = ints(c.b);
+    auto fast = ok1({"Einsum", {as_f32(c.a, a), as_f32(c.b, b)}, eq(c.equation)});
+    auto loops = ok1({"Einsum", {i64(c.a, a), i64(c.b, b)}, eq(c.equation)});
+    CHECK(fast.shape == loops.shape);
+    auto l = loops.values<int64_t>();
+    CHECK(fast.values<float>() == std::vector<float>(l.begin(), l.end()));
+  }
+  auto q = as_f32({2, 3, 4, 5}, ints({2, 3, 4, 5})), k = as_f32({2, 3, 6, 5}, ints({2, 3, 6, 5}));
+  auto kt = ok1({"Transpose", {k}, {{"perm", ints_attr({0, 1, 3, 2})}}});
+  CHECK(ok1({"Einsum", {q, k}, eq("bhqd,bhkd->bhqk")}).values<float>()
+        == ok1({"MatMul", {q, kt}}).values<float>());
 }
