@@ -441,6 +441,35 @@ TEST_CASE("the unary functions of ops_more.cpp and PRelu split into bands over t
   }
 }
 
+TEST_CASE("ONNX's Gelu (20) fuses into the MatMul before it; Attention (23) runs as FusedAttention") {
+  // x [-1, 8, 32] -> MatMul + bias -> Gelu -> Attention(h, h, h, float mask [8, 8]), 4 heads.
+  std::mt19937 rng(47);
+  graph g;
+  g.opset = 23;
+  int x = g.add_value("x", datatype::fp32, {-1, 8, 32}, true);
+  g.inputs.push_back(x);
+  int w = add_weights(g, "w", {32, 32}, rng, 0.3f);
+  int b = add_weights(g, "b", {32}, rng, 1.0f);
+  int mask = add_weights(g, "mask", {8, 8}, rng, 2.0f);
+  int mm = g.add_value("mm"), biased = g.add_value("biased"), h = g.add_value("h");
+  int y = g.add_value("y");
+  g.add_node("MatMul", "matmul", {x, w}, {mm});
+  g.add_node("Add", "bias", {mm, b}, {biased});
+  g.add_node("Gelu", "gelu", {biased}, {h});
+  auto& att = g.add_node("Attention", "attention", {h, h, h, mask}, {y});
+  att.set_i("q_num_heads", 4);
+  att.set_i("kv_num_heads", 4);
+  g.outputs.push_back(y);
+  for (unsigned threads : {1u, 2u}) {
+    CAPTURE(threads);
+    std::string text;
+    CHECK(plan_error(g, 3, threads, false, rng, &text) < 1e-5);
+    CHECK(text.find("FusedMatMul+Gelu") != std::string::npos);
+    CHECK(text.find("onednn.matmul+engine.softmax") != std::string::npos);
+    CHECK(text.find("reference") == std::string::npos);
+  }
+}
+
 TEST_CASE("SiLU (x * sigmoid(x)) after a convolution or a matmul runs as its fused epilogue") {
   // EfficientNet's activation as torch exports it: Sigmoid(y) and Mul(y, sigmoid), in
   // either order, after a convolution (with a residual Add before it), and after a

@@ -290,6 +290,12 @@ void fuse_layernorm(graph& g) {
 }
 
 void fuse_gelu(graph& g) {
+  // ONNX's own Gelu (opset 20) with the exact erf form is FusedGelu: the
+  // engine's vectorised kernel, and an epilogue of the MatMul before it.
+  for (auto& n : g.nodes)
+    if (n.op == "Gelu" && n.get_s("approximate", "none") == "none"
+        && g.values[n.inputs[0]].dtype == datatype::fp32)
+      n = node{"FusedGelu", n.name, {n.inputs[0]}, {n.outputs[0]}, {}};
   consumers cons(g);
   auto prod = g.producers();
   for (auto& erf : g.nodes) {
@@ -382,7 +388,48 @@ int unheads(const graph& g, const std::vector<int>& prod, int v, int64_t& heads,
 
 } // namespace
 
+namespace {
+
+/// ONNX's own Attention (opset 23) in the form FusedAttention runs becomes it:
+/// Q, K and V of one 3-D shape [B, S, H*D] (as many KV heads as query heads,
+/// self-attention), no causal or BOOL mask, and Y the only output read. A row
+/// whose float mask is minus infinity throughout then gives NaN where
+/// Attention gives zeros.
+void attention_to_fused(graph& g) {
+  auto uses = g.use_counts();
+  for (auto& n : g.nodes) {
+    if (n.op != "Attention" || n.inputs.size() < 3 || n.get_i("is_causal", 0) != 0
+        || n.get_f("softcap", 0.0f) != 0.0f)
+      continue;
+    bool extra_inputs = false;
+    for (size_t i = 4; i < n.inputs.size(); ++i)
+      extra_inputs = extra_inputs || n.inputs[i] >= 0;
+    bool extra_outputs = false;
+    for (size_t o = 1; o < n.outputs.size(); ++o)
+      extra_outputs = extra_outputs || (n.outputs[o] >= 0 && uses[n.outputs[o]] > 0);
+    const auto& q = g.values[n.inputs[0]].shape;
+    int64_t heads = n.get_i("q_num_heads", 0);
+    if (extra_inputs || extra_outputs || q.size() != 3 || heads < 1
+        || n.get_i("kv_num_heads", 0) != heads || q[2] % heads != 0
+        || g.values[n.inputs[1]].shape != q || g.values[n.inputs[2]].shape != q)
+      continue;
+    int mask = n.inputs.size() > 3 ? n.inputs[3] : -1;
+    if (mask >= 0 && (g.values[mask].dtype != datatype::fp32 || g.values[mask].shape.size() > 4))
+      continue;
+    float scale = n.get_f("scale", 1.0f / std::sqrt(static_cast<float>(q[2] / heads)));
+    std::vector<int> ins{n.inputs[0], n.inputs[1], n.inputs[2]};
+    if (mask >= 0)
+      ins.push_back(mask);
+    n = node{"FusedAttention", n.name, ins, {n.outputs[0]}, {}};
+    n.set_i("num_heads", heads);
+    n.set_f("scale", scale);
+  }
+}
+
+} // namespace
+
 void fuse_attention(graph& g) {
+  attention_to_fused(g);
   using perm_t = std::vector<int64_t>;
   const perm_t bhsd{0, 2, 1, 3}, bhds{0, 2, 3, 1};
   for (size_t si = 0; si < g.nodes.size(); ++si) {
