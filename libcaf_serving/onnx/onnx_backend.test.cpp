@@ -442,7 +442,8 @@ TEST_CASE("the unary functions of ops_more.cpp and PRelu split into bands over t
 }
 
 TEST_CASE("ONNX's Gelu (20) fuses into the MatMul before it; Attention (23) runs as FusedAttention") {
-  // x [-1, 8, 32] -> MatMul + bias -> Gelu -> Attention(h, h, h, float mask [8, 8]), 4 heads.
+  // x [-1, 8, 32] -> MatMul + bias -> Gelu -> Attention(h, h, h, float mask [8, 8]), 4 heads
+  // -> Attention(a, a, a, is_causal), 2 heads.
   std::mt19937 rng(47);
   graph g;
   g.opset = 23;
@@ -456,9 +457,14 @@ TEST_CASE("ONNX's Gelu (20) fuses into the MatMul before it; Attention (23) runs
   g.add_node("MatMul", "matmul", {x, w}, {mm});
   g.add_node("Add", "bias", {mm, b}, {biased});
   g.add_node("Gelu", "gelu", {biased}, {h});
-  auto& att = g.add_node("Attention", "attention", {h, h, h, mask}, {y});
+  int a = g.add_value("a");
+  auto& att = g.add_node("Attention", "attention", {h, h, h, mask}, {a});
   att.set_i("q_num_heads", 4);
   att.set_i("kv_num_heads", 4);
+  auto& causal = g.add_node("Attention", "causal", {a, a, a}, {y});
+  causal.set_i("q_num_heads", 2);
+  causal.set_i("kv_num_heads", 2);
+  causal.set_i("is_causal", 1);
   g.outputs.push_back(y);
   for (unsigned threads : {1u, 2u}) {
     CAPTURE(threads);

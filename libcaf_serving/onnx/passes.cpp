@@ -392,30 +392,40 @@ namespace {
 
 /// ONNX's own Attention (opset 23) in the form FusedAttention runs becomes it:
 /// Q, K and V of one 3-D shape [B, S, H*D] (as many KV heads as query heads,
-/// self-attention), no causal or BOOL mask, and Y the only output read. A row
-/// whose float mask is minus infinity throughout then gives NaN where
-/// Attention gives zeros.
+/// self-attention), no BOOL mask, and Y the only output read; is_causal
+/// without a mask becomes a constant mask of minus infinity above the
+/// diagonal. A row whose float mask is minus infinity throughout then gives
+/// NaN where Attention gives zeros (a causal row always sees its own key).
 void attention_to_fused(graph& g) {
   auto uses = g.use_counts();
   for (auto& n : g.nodes) {
-    if (n.op != "Attention" || n.inputs.size() < 3 || n.get_i("is_causal", 0) != 0
-        || n.get_f("softcap", 0.0f) != 0.0f)
+    if (n.op != "Attention" || n.inputs.size() < 3 || n.get_f("softcap", 0.0f) != 0.0f)
       continue;
+    bool causal = n.get_i("is_causal", 0) != 0;
     bool extra_inputs = false;
     for (size_t i = 4; i < n.inputs.size(); ++i)
       extra_inputs = extra_inputs || n.inputs[i] >= 0;
     bool extra_outputs = false;
     for (size_t o = 1; o < n.outputs.size(); ++o)
       extra_outputs = extra_outputs || (n.outputs[o] >= 0 && uses[n.outputs[o]] > 0);
-    const auto& q = g.values[n.inputs[0]].shape;
+    auto q = g.values[n.inputs[0]].shape; // a copy: a causal mask adds a value
     int64_t heads = n.get_i("q_num_heads", 0);
     if (extra_inputs || extra_outputs || q.size() != 3 || heads < 1
         || n.get_i("kv_num_heads", 0) != heads || q[2] % heads != 0
         || g.values[n.inputs[1]].shape != q || g.values[n.inputs[2]].shape != q)
       continue;
     int mask = n.inputs.size() > 3 ? n.inputs[3] : -1;
-    if (mask >= 0 && (g.values[mask].dtype != datatype::fp32 || g.values[mask].shape.size() > 4))
+    if (mask >= 0 && (causal || g.values[mask].dtype != datatype::fp32
+                      || g.values[mask].shape.size() > 4))
       continue;
+    if (causal) {
+      int64_t len = q[1];
+      auto tri = make_tensor(datatype::fp32, {len, len});
+      for (int64_t i = 0; i < len; ++i)
+        for (int64_t j = i + 1; j < len; ++j)
+          tri->as_mut<float>()[i * len + j] = -INFINITY;
+      mask = g.add_constant(n.name + "/causal_mask", tri);
+    }
     float scale = n.get_f("scale", 1.0f / std::sqrt(static_cast<float>(q[2] / heads)));
     std::vector<int> ins{n.inputs[0], n.inputs[1], n.inputs[2]};
     if (mask >= 0)
