@@ -441,7 +441,7 @@ TEST_CASE("the unary functions of ops_more.cpp and PRelu split into bands over t
   }
 }
 
-TEST_CASE("ONNX's Gelu (20) fuses into the MatMul before it; Attention (23) runs as FusedAttention") {
+TEST_CASE("ONNX's Gelu (20) fuses into the MatMul before it; Attention (23) is FusedAttention") {
   // x [-1, 8, 32] -> MatMul + bias -> Gelu -> Attention(h, h, h, float mask [8, 8]), 4 heads
   // -> Attention(a, a, a, is_causal), 2 heads.
   std::mt19937 rng(47);

@@ -287,8 +287,14 @@ TEST_CASE("the fixtures of opsets above the importer's match ONNX Runtime throug
   // fixtures/staged holds models the server does not load yet (opset > max_opset). Each is
   // imported with its opset import lowered to max_opset, which only the importer's gate
   // reads; the graph then gets its real opset back, so that every operator's inference
-  // checks its versions as the server will.
+  // checks its versions as the server will. Once the importer takes their opsets, they
+  // move to fixtures/models (tools/export_onnx_models.py's ENGINE_MAX_OPSET) and this
+  // case has nothing left to run.
   const fs::path staged = fs::path(CAF_SERVING_ONNX_FIXTURES) / "staged";
+  if (!fs::exists(staged / "models")) {
+    MESSAGE("no staged fixtures: the server test serves them all");
+    return;
+  }
   size_t models = 0;
   for (const auto& dir : fs::directory_iterator(staged / "models")) {
     auto name = dir.path().filename().string();
@@ -299,9 +305,8 @@ TEST_CASE("the fixtures of opsets above the importer's match ONNX Runtime throug
     for (auto& imp : *m.mutable_opset_import())
       if (imp.domain().empty()) {
         opset = imp.version();
-        imp.set_version(max_opset);
+        imp.set_version(std::min(opset, max_opset));
       }
-    REQUIRE(opset > max_opset);
     auto g = import_model_bytes(m.SerializeAsString(), name);
     REQUIRE_MESSAGE(g.ok(), g.error().message);
     g->opset = opset;
@@ -339,5 +344,5 @@ TEST_CASE("the fixtures of opsets above the importer's match ONNX Runtime throug
     }
     ++models;
   }
-  CHECK(models >= 10);
+  CHECK(models > 0);
 }
