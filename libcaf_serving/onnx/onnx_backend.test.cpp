@@ -476,6 +476,35 @@ TEST_CASE("ONNX's Gelu (20) fuses into the MatMul before it; Attention (23) is F
   }
 }
 
+TEST_CASE("a Pad of zeros before a convolution becomes the convolution's padding") {
+  // x [-1, 8, 10, 10] -> Pad (spatial, uneven, zeros) -> Conv 3x3 + bias -> Relu; with a
+  // fill of 1.5 instead, the Pad stays a step of its own (the convolution pads zeros).
+  for (float fill : {0.0f, 1.5f}) {
+    CAPTURE(fill);
+    std::mt19937 rng(53);
+    graph g;
+    g.opset = 17;
+    int x = g.add_value("x", datatype::fp32, {-1, 8, 10, 10}, true);
+    g.inputs.push_back(x);
+    auto pads = make_tensor(datatype::int64, {8});
+    const int64_t amounts[8] = {0, 0, 1, 2, 0, 0, 2, 1};
+    std::memcpy(pads->as_mut<int64_t>(), amounts, sizeof(amounts));
+    auto value = make_tensor(datatype::fp32, {});
+    value->as_mut<float>()[0] = fill;
+    int padded = g.add_value("padded"), conv = g.add_value("conv"), y = g.add_value("y");
+    g.add_node("Pad", "pad", {x, g.add_constant("pads", pads), g.add_constant("fill", value)},
+               {padded});
+    int w = add_weights(g, "w", {16, 8, 3, 3}, rng, 0.2f);
+    int b = add_weights(g, "b", {16}, rng, 0.1f);
+    g.add_node("Conv", "conv", {padded, w, b}, {conv}).set_ints("kernel_shape", {3, 3});
+    g.add_node("Relu", "relu", {conv}, {y});
+    g.outputs.push_back(y);
+    std::string text;
+    CHECK(plan_error(g, 2, 2, false, rng, &text) < 1e-5);
+    CHECK((text.find("reference") == std::string::npos) == (fill == 0.0f));
+  }
+}
+
 TEST_CASE("SiLU (x * sigmoid(x)) after a convolution or a matmul runs as its fused epilogue") {
   // EfficientNet's activation as torch exports it: Sigmoid(y) and Mul(y, sigmoid), in
   // either order, after a convolution (with a residual Add before it), and after a

@@ -691,6 +691,56 @@ void remove_dead_nodes(graph& g) {
   }
 }
 
+namespace {
+
+/// A Pad of zeros on the spatial dimensions only (constant mode, pads known,
+/// none negative), read by one Conv alone, becomes that convolution's own
+/// padding: TensorFlow-converted and some torch models pad explicitly ("same"
+/// padding), which otherwise costs a copy of the whole input and a reference
+/// step before a convolution that pads for free.
+void fold_pad_into_conv(graph& g) {
+  consumers cons(g);
+  for (auto& pad : g.nodes) {
+    if (pad.op != "Pad" || pad.get_s("mode", "constant") != "constant" || pad.inputs.size() < 2
+        || (pad.inputs.size() > 3 && pad.inputs[3] >= 0))
+      continue;
+    int x = pad.inputs[0];
+    const auto& shape = g.values[x].shape;
+    auto* pads = cst(g, pad.inputs[1]);
+    if (pads == nullptr || pads->dtype != datatype::int64 || shape.size() < 3
+        || pads->elements() != static_cast<int64_t>(2 * shape.size()))
+      continue;
+    if (pad.inputs.size() > 2 && pad.inputs[2] >= 0 && !near(scalar(g, pad.inputs[2]), 0.0f, 0))
+      continue;
+    int c = cons.single(pad.outputs[0]);
+    if (c < 0 || g.nodes[c].op != "Conv" || g.nodes[c].inputs[0] != pad.outputs[0]
+        || g.nodes[c].get_s("auto_pad", "NOTSET") != "NOTSET"
+        || g.values[x].dtype != datatype::fp32)
+      continue;
+    size_t rank = shape.size(), spatial = rank - 2;
+    const int64_t* p = pads->as<int64_t>();
+    bool fits = p[0] == 0 && p[1] == 0 && p[rank] == 0 && p[rank + 1] == 0;
+    for (size_t i = 0; i < 2 * rank; ++i)
+      fits = fits && p[i] >= 0;
+    if (!fits)
+      continue;
+    auto& conv = g.nodes[c];
+    auto conv_pads = conv.get_ints("pads", std::vector<int64_t>(2 * spatial, 0));
+    if (conv_pads.size() != 2 * spatial)
+      continue;
+    for (size_t i = 0; i < spatial; ++i) {
+      conv_pads[i] += p[2 + i];
+      conv_pads[spatial + i] += p[rank + 2 + i];
+    }
+    conv.set_ints("pads", conv_pads);
+    conv.inputs[0] = x;
+    kill(pad);
+  }
+  drop_dead(g);
+}
+
+} // namespace
+
 result<graph> optimize(const graph& src, const std::vector<std::vector<int64_t>>& shapes,
                        const pass_config& cfg) {
   auto g = specialize(src, shapes);
@@ -704,8 +754,10 @@ result<graph> optimize(const graph& src, const std::vector<std::vector<int64_t>>
     fuse_gelu(*g);
     fuse_attention(*g);
   }
-  if (cfg.fuse_epilogues)
+  if (cfg.fuse_epilogues) {
+    fold_pad_into_conv(*g);
     fuse_epilogues(*g);
+  }
   remove_dead_nodes(*g);
   return g;
 }
