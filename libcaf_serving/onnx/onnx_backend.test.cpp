@@ -476,6 +476,28 @@ TEST_CASE("ONNX's Gelu (20) fuses into the MatMul before it; Attention (23) is F
   }
 }
 
+TEST_CASE("4-D Attention (torch's scaled_dot_product_attention) runs as FusedAttention") {
+  // x [-1, 4, 6, 8] as [B, H, S, D]: Attention(x, k, x, is_causal) with k = x * 0.5,
+  // transposed to [B, S, H*D] around the fused step and back.
+  std::mt19937 rng(59);
+  graph g;
+  g.opset = 23;
+  int x = g.add_value("x", datatype::fp32, {-1, 4, 6, 8}, true);
+  g.inputs.push_back(x);
+  auto half = make_tensor(datatype::fp32, {});
+  half->as_mut<float>()[0] = 0.5f;
+  int k = g.add_value("k"), y = g.add_value("y");
+  g.add_node("Mul", "k", {x, g.add_constant("half", half)}, {k});
+  g.add_node("Attention", "sdpa", {x, k, x}, {y}).set_i("is_causal", 1);
+  g.outputs.push_back(y);
+  for (unsigned threads : {1u, 2u}) {
+    CAPTURE(threads);
+    std::string text;
+    CHECK(plan_error(g, 2, threads, false, rng, &text) < 1e-5);
+    CHECK(text.find("onednn.matmul+engine.softmax") != std::string::npos);
+  }
+}
+
 TEST_CASE("a Pad of zeros before a convolution becomes the convolution's padding") {
   // x [-1, 8, 10, 10] -> Pad (spatial, uneven, zeros) -> Conv 3x3 + bias -> Relu; with a
   // fill of 1.5 instead, the Pad stays a step of its own (the convolution pads zeros).
