@@ -319,12 +319,6 @@ def export_single_ops(out, seed):
                     feeds)
 
 
-# Opsets above the importer's max_opset: their fixtures go to <out>/staged/{models,reference}
-# (not served by onnx.server.test; onnx.ops_new.test runs them through the reference
-# kernels) until the engine loads those opsets; then they move to <out>/models.
-ENGINE_MAX_OPSET = 17
-
-
 def export_new_ops(out, seed):
     """The operators that torch's exporters, transformers and ONNX Runtime's optimizer emit
     and that issue 16 added (GatherND, Pad, ScatterND, Gelu, Trilu, Resize, Einsum,
@@ -468,8 +462,7 @@ def export_new_ops(out, seed):
                   18))
     for name, op, ins, outs, attrs, inits, opset in cases:
         feeds = {n: v for n, _, _, v in ins}
-        where = out if opset <= ENGINE_MAX_OPSET else out / "staged"
-        write_model(where, name, lambda p, op=op, ins=ins, outs=outs, attrs=attrs, inits=inits,
+        write_model(out, name, lambda p, op=op, ins=ins, outs=outs, attrs=attrs, inits=inits,
                     opset=opset:
                     single_op_model(p, op, [(n, t, s) for n, t, s, _ in ins],
                                     [(n, t, None) for n, t in outs], attrs, inits, opset), feeds)
@@ -531,7 +524,6 @@ def export_new_op_graphs(out, rng):
     write_model(out, "pattern_qdq_matmul_opset17", lambda p: onnx.save(m, str(p)), {"x": x})
     # Attention-23: 3-D with a BOOL padding mask; 4-D grouped-query with is_causal and a
     # float mask.
-    staged = out / "staged"
     q, k, v = (rng.standard_normal((B, 5, 8), dtype=np.float32) for _ in range(3))
     mask = np.ones((B, 1, 5, 5), dtype=bool)  # ONNX Runtime wants the query length
     mask[1, ..., 3:] = False
@@ -542,7 +534,7 @@ def export_new_op_graphs(out, rng):
                           + [helper.make_tensor_value_info("m", BOOL, ["batch", 1, 5, 5])],
                           [helper.make_tensor_value_info("y", F, None)])
     m = model(g, 23)
-    write_model(staged, "op_attention", lambda p: onnx.save(m, str(p)),
+    write_model(out, "op_attention", lambda p: onnx.save(m, str(p)),
                 {"q": q, "k": k, "v": v, "m": mask})
     q = rng.standard_normal((B, 4, 3, 4), dtype=np.float32)
     k = rng.standard_normal((B, 2, 3, 4), dtype=np.float32)
@@ -558,7 +550,28 @@ def export_new_op_graphs(out, rng):
                            (("y", [4, 3, 6]), ("present_k", [2, 3, 4]), ("present_v", [2, 3, 6]))],
                           initializer=[const("bias", bias)])
     m = model(g, 23)
-    write_model(staged, "op_attention_gqa_causal", lambda p: onnx.save(m, str(p)),
+    write_model(out, "op_attention_gqa_causal", lambda p: onnx.save(m, str(p)),
+                {"q": q, "k": k, "v": v})
+    # The forms the engine runs as FusedAttention: torch's scaled_dot_product_attention
+    # (4-D, is_causal) and 3-D heads with a float mask.
+    q, k, v = (rng.standard_normal((B, 2, 6, 4), dtype=np.float32) for _ in range(3))
+    node = helper.make_node("Attention", ["q", "k", "v"], ["y"], is_causal=1)
+    g = helper.make_graph([node], "attention_sdpa",
+                          [helper.make_tensor_value_info(n, F, ["batch", 2, 6, 4]) for n in "qkv"],
+                          [helper.make_tensor_value_info("y", F, ["batch", 2, 6, 4])])
+    m = model(g, 23)
+    write_model(out, "op_attention_4d_causal", lambda p: onnx.save(m, str(p)),
+                {"q": q, "k": k, "v": v})
+    q, k, v = (rng.standard_normal((B, 5, 8), dtype=np.float32) for _ in range(3))
+    bias = rng.standard_normal((5, 5), dtype=np.float32)
+    node = helper.make_node("Attention", ["q", "k", "v", "bias"], ["y"], q_num_heads=4,
+                            kv_num_heads=4, scale=0.4)
+    g = helper.make_graph([node], "attention_float_mask",
+                          [helper.make_tensor_value_info(n, F, ["batch", 5, 8]) for n in "qkv"],
+                          [helper.make_tensor_value_info("y", F, ["batch", 5, 8])],
+                          initializer=[const("bias", bias)])
+    m = model(g, 23)
+    write_model(out, "op_attention_float_mask", lambda p: onnx.save(m, str(p)),
                 {"q": q, "k": k, "v": v})
 
 

@@ -2,32 +2,25 @@
 /// reference (masks, is_causal, grouped-query heads, a query that sees no key),
 /// Gelu against FusedGelu, quantization's rounding and saturation worked out by
 /// hand, the reductions' edge cases, the errors that name what the engine does
-/// not take; and the fixtures of opsets above the importer's max_opset
-/// (tests/onnx/fixtures/staged) against ONNX Runtime's outputs through the
-/// reference kernels, until the server loads those opsets and serves them.
+/// not take. ONNX Runtime's outputs for these operators are checked through the
+/// server by onnx.server.test (tests/onnx/fixtures/models/op_*).
 
 #include "onnx/ops_more.hpp"
 
 #include "onnx/importer.hpp"
 #include "onnx/ops_testing.hpp"
-#include "onnx/passes.hpp"
 #include "onnx/testing.hpp"
 
 #include <doctest/doctest.h>
-#include <onnx/onnx_pb.h>
 
 #include <algorithm>
 #include <cmath>
-#include <filesystem>
-#include <fstream>
 #include <limits>
 #include <random>
-#include <sstream>
 
 using namespace caf_serving;
 using namespace caf_serving::onnx;
 using namespace caf_serving::onnx::testing;
-namespace fs = std::filesystem;
 
 namespace {
 
@@ -54,13 +47,6 @@ std::vector<float> fused_attention(const tensor& q, const tensor& k, const tenso
   return ok1({"FusedAttention", {q, k, v, mask},
               attrs({{"num_heads", int_attr(heads)}, {"scale", float_attr(scale)}})})
     .values<float>();
-}
-
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
 }
 
 } // namespace
@@ -281,68 +267,4 @@ TEST_CASE("the unary functions and PRelu at their edges") {
   CHECK(has(refused({"PRelu", {f32({2}, {1, 2}), f32({3}, {1, 2, 3})}}), "does not broadcast"));
   CHECK(has(refused({"Mish", {f32({1}, {1})}, {}, 17}), "exists from opset 18"));
   CHECK(has(refused({"Sin", {i64({1}, {1})}}), "runs Sin on FP32"));
-}
-
-TEST_CASE("the fixtures of opsets above the importer's match ONNX Runtime through the kernels") {
-  // fixtures/staged holds models the server does not load yet (opset > max_opset). Each is
-  // imported with its opset import lowered to max_opset, which only the importer's gate
-  // reads; the graph then gets its real opset back, so that every operator's inference
-  // checks its versions as the server will. Once the importer takes their opsets, they
-  // move to fixtures/models (tools/export_onnx_models.py's ENGINE_MAX_OPSET) and this
-  // case has nothing left to run.
-  const fs::path staged = fs::path(CAF_SERVING_ONNX_FIXTURES) / "staged";
-  if (!fs::exists(staged / "models")) {
-    MESSAGE("no staged fixtures: the server test serves them all");
-    return;
-  }
-  size_t models = 0;
-  for (const auto& dir : fs::directory_iterator(staged / "models")) {
-    auto name = dir.path().filename().string();
-    CAPTURE(name);
-    ::onnx::ModelProto m;
-    REQUIRE(m.ParseFromString(read_file(dir.path() / "1" / "model.onnx")));
-    int64_t opset = 0;
-    for (auto& imp : *m.mutable_opset_import())
-      if (imp.domain().empty()) {
-        opset = imp.version();
-        imp.set_version(std::min(opset, max_opset));
-      }
-    auto g = import_model_bytes(m.SerializeAsString(), name);
-    REQUIRE_MESSAGE(g.ok(), g.error().message);
-    g->opset = opset;
-    std::istringstream manifest(read_file(staged / "reference" / name / "manifest.txt"));
-    std::vector<std::vector<int64_t>> shapes;
-    std::vector<std::string> inputs;
-    std::vector<std::pair<std::string, std::string>> outputs; // type, bytes
-    std::string kind, tensor_name, type, dims, file;
-    while (manifest >> kind >> tensor_name >> type >> dims >> file) {
-      auto bytes = read_file(staged / "reference" / name / file);
-      if (kind == "output") {
-        outputs.emplace_back(type, bytes);
-        continue;
-      }
-      std::vector<int64_t> shape;
-      std::stringstream ds(dims);
-      for (std::string d; std::getline(ds, d, ',');) shape.push_back(std::stoll(d));
-      shapes.push_back(shape);
-      inputs.push_back(bytes);
-    }
-    auto spec = optimize(*g, shapes);
-    REQUIRE_MESSAGE(spec.ok(), spec.error().message);
-    auto got = run_reference_graph(*spec, inputs);
-    REQUIRE(got.size() == outputs.size());
-    for (size_t o = 0; o < got.size(); ++o) {
-      const auto& [want_type, want] = outputs[o];
-      REQUIRE(got[o].size() == want.size());
-      if (want_type != "TYPE_FP32") {
-        CHECK(std::string(got[o].begin(), got[o].end()) == want);
-        continue;
-      }
-      std::vector<float> w(want.size() / 4);
-      std::memcpy(w.data(), want.data(), want.size());
-      CHECK(relative_error(as_floats(got[o]), w) < 1e-5);
-    }
-    ++models;
-  }
-  CHECK(models > 0);
 }
