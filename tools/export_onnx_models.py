@@ -37,7 +37,7 @@ import opset_fixtures
 
 # By dtype name: ONNX Runtime answers INT64 as numpy.longlong, another type than numpy.int64.
 TRITON_TYPE = {"float32": "TYPE_FP32", "int64": "TYPE_INT64", "int32": "TYPE_INT32",
-               "bool": "TYPE_BOOL"}
+               "bool": "TYPE_BOOL", "int8": "TYPE_INT8", "uint8": "TYPE_UINT8"}
 
 
 def triton_type(arr):
@@ -224,9 +224,11 @@ def single_op_model(path, op, inputs, outputs, attrs=None, initializers=(), opse
     g = helper.make_graph([node], f"single_{op}",
                           [helper.make_tensor_value_info(n, t, s) for n, t, s in inputs],
                           [helper.make_tensor_value_info(n, t, s) for n, t, s in outputs],
-                          initializer=list(initializers))
+                          initializer=[t for t in initializers if t.name])  # "": omitted
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
-    m.ir_version = 8
+    m.ir_version = 8 if opset <= 20 else 10
+    if any(s is None for _, _, s in outputs):  # outputs without a shape: ONNX's inference
+        m = onnx.shape_inference.infer_shapes(m, strict_mode=True)
     onnx.save(m, str(path))
 
 
@@ -315,6 +317,262 @@ def export_single_ops(out, seed):
         write_model(out, name, lambda p, op=op, ins=ins, outs=outs, attrs=attrs, inits=inits:
                     single_op_model(p, op, [(n, t, s) for n, t, s, _ in ins], outs, attrs, inits),
                     feeds)
+
+
+def export_new_ops(out, seed):
+    """The operators that torch's exporters, transformers and ONNX Runtime's optimizer emit
+    and that issue 16 added (GatherND, Pad, ScatterND, Gelu, Trilu, Resize, Einsum,
+    RMSNormalization, Attention, Q/DQ, ...): one tiny model each, at opset 17 where the
+    operator exists there and at its newest semantics otherwise."""
+    rng = np.random.default_rng(seed)
+    F, I64, BOOL, I8, U8 = (TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL,
+                            TensorProto.INT8, TensorProto.UINT8)
+    B = 2
+
+    def rnd(*s):
+        return rng.standard_normal(s, dtype=np.float32)
+
+    def i64(a):
+        return np.array(a, dtype=np.int64)
+
+    # Batched ScatterND: tuple (b, j) in row b, so that each row updates only itself.
+    scatter_idx = np.stack([np.stack([np.full(3, b), i64([0, -1, 2])], -1) for b in range(B)])
+    # Batched GatherND without batch_dims: likewise (b, j, k) in row b.
+    gather_idx = np.stack([np.stack([np.full(4, b), i64([0, 2, -1, 1]), i64([1, -2, 0, 3])], -1)
+                           for b in range(B)])
+    topk_x = rng.permutation(B * 3 * 7).astype(np.float32).reshape(B, 3, 7) / 10
+    q8 = rng.integers(-128, 128, (B, 3, 4)).astype(np.int8)
+    u8 = rng.integers(0, 256, (B, 6)).astype(np.uint8)
+    cases = [
+        # name, op, inputs [(name, type, shape, value)], outputs [(name, type)], attrs, inits, opset
+        ("op_gathernd", "GatherND", [("x", F, ["batch", 3, 4, 5], rnd(B, 3, 4, 5)),
+                                     ("i", I64, ["batch", 4, 3], gather_idx)],
+         [("y", F)], {}, [], 17),
+        ("op_gathernd_batch_dims", "GatherND",
+         [("x", F, ["batch", 3, 4], rnd(B, 3, 4)),
+          ("i", I64, ["batch", 2, 1, 2], rng.integers(-3, 3, (B, 2, 1, 2)))],
+         [("y", F)], dict(batch_dims=1), [], 17),
+        ("op_scatternd", "ScatterND", [("x", F, ["batch", 4, 5], rnd(B, 4, 5)),
+                                       ("i", I64, ["batch", 3, 2], scatter_idx),
+                                       ("u", F, ["batch", 3, 5], rnd(B, 3, 5))],
+         [("y", F)], {}, [], 17),
+        ("op_scatternd_add", "ScatterND", [("x", F, ["batch", 4, 5], rnd(B, 4, 5)),
+                                           ("i", I64, ["batch", 3, 2], scatter_idx),
+                                           ("u", F, ["batch", 3, 5], rnd(B, 3, 5))],
+         [("y", F)], dict(reduction="add"), [], 17),
+        ("op_scatternd_max", "ScatterND", [("x", F, ["batch", 4, 5], rnd(B, 4, 5)),
+                                           ("i", I64, ["batch", 3, 2], scatter_idx),
+                                           ("u", F, ["batch", 3, 5], rnd(B, 3, 5))],
+         [("y", F)], dict(reduction="max"), [], 18),
+        ("op_pad", "Pad", [("x", F, ["batch", 3, 4], rnd(B, 3, 4))], [("y", F)], {},
+         [const("pads", i64([0, 1, 2, 0, 2, 1])), const("v", np.float32(1.5))], 17),
+        ("op_pad_reflect", "Pad", [("x", F, ["batch", 2, 4, 5], rnd(B, 2, 4, 5))], [("y", F)],
+         dict(mode="reflect"), [const("pads", i64([0, 0, 2, 3, 0, 0, 3, 1]))], 17),
+        ("op_pad_edge_crop", "Pad", [("x", F, ["batch", 4, 5], rnd(B, 4, 5))], [("y", F)],
+         dict(mode="edge"), [const("pads", i64([0, -1, 3, 0, 2, -2]))], 17),
+        ("op_pad_wrap_axes", "Pad", [("x", F, ["batch", 3, 4], rnd(B, 3, 4))], [("y", F)],
+         dict(mode="wrap"), [const("pads", i64([2, 1, 5, 0])), const("", np.float32(0)),
+                             const("axes", i64([-1, 1]))], 25),
+        ("op_trilu", "Trilu", [("x", F, ["batch", 4, 5], rnd(B, 4, 5))], [("y", F)],
+         dict(upper=0), [const("k", np.int64(1))], 17),
+        ("op_trilu_upper", "Trilu", [("x", I64, ["batch", 3, 4], rng.integers(-9, 9, (B, 3, 4)))],
+         [("y", I64)], {}, [const("k", np.int64(-1))], 17),
+        # torch.nn.functional.interpolate(scale_factor=2, mode="nearest") as exported
+        ("op_resize_nearest", "Resize", [("x", F, ["batch", 2, 3, 4], rnd(B, 2, 3, 4))], [("y", F)],
+         dict(mode="nearest", coordinate_transformation_mode="asymmetric", nearest_mode="floor"),
+         [const("roi", np.zeros(0, np.float32)), const("scales", np.float32([1, 1, 2, 2]))], 17),
+        # interpolate(size=..., mode="bilinear", align_corners=False)
+        ("op_resize_linear", "Resize", [("x", F, ["batch", 2, 4, 5], rnd(B, 2, 4, 5))], [("y", F)],
+         dict(mode="linear", coordinate_transformation_mode="pytorch_half_pixel"),
+         [const("roi", np.zeros(0, np.float32)), const("scales", np.float32([1, 1, 1.75, 0.6]))],
+         17),
+        ("op_resize_linear_align", "Resize", [("x", F, ["batch", 2, 4, 5], rnd(B, 2, 4, 5))],
+         [("y", F)], dict(mode="linear", coordinate_transformation_mode="align_corners"),
+         [const("roi", np.zeros(0, np.float32)), const("scales", np.float32([1, 1, 1.5, 2.3]))],
+         17),
+        ("op_resize_nearest_half_pixel", "Resize", [("x", F, ["batch", 2, 5, 6], rnd(B, 2, 5, 6))],
+         [("y", F)], dict(mode="nearest"),
+         [const("roi", np.zeros(0, np.float32)), const("scales", np.float32([1, 1, 0.6, 1.7]))],
+         17),
+        ("op_resize_axes", "Resize", [("x", F, ["batch", 2, 4, 5], rnd(B, 2, 4, 5))], [("y", F)],
+         dict(mode="linear", axes=[2, 3], coordinate_transformation_mode="half_pixel_symmetric"),
+         [const("", np.zeros(0, np.float32)), const("scales", np.float32([1.7, 0.6]))], 19),
+        ("op_resize_sizes_axes", "Resize", [("x", F, ["batch", 2, 4, 5], rnd(B, 2, 4, 5))],
+         [("y", F)], dict(mode="nearest", axes=[3, 2], keep_aspect_ratio_policy="not_larger"),
+         [const("", np.zeros(0, np.float32)), const("", np.zeros(0, np.float32)),
+          const("sizes", i64([9, 7]))], 19),
+        ("op_einsum", "Einsum", [("x", F, ["batch", 3, 4], rnd(B, 3, 4))], [("y", F)],
+         dict(equation="bij,jk->bik"), [const("w", rnd(4, 5))], 17),
+        ("op_einsum_attention", "Einsum", [("q", F, ["batch", 2, 3, 4], rnd(B, 2, 3, 4)),
+                                           ("k", F, ["batch", 2, 5, 4], rnd(B, 2, 5, 4))],
+         [("y", F)], dict(equation="bhqd,bhkd->bhqk"), [], 17),
+        ("op_einsum_implicit", "Einsum", [("x", F, ["batch", 3, 4], rnd(B, 3, 4))], [("y", F)],
+         dict(equation="...ij,jk"), [const("w", rnd(4, 2))], 17),
+        ("op_tile", "Tile", [("x", F, ["batch", 2, 3], rnd(B, 2, 3))], [("y", F)], {},
+         [const("r", i64([1, 3, 2]))], 17),
+        ("op_topk", "TopK", [("x", F, ["batch", 3, 7], topk_x)], [("v", F), ("i", I64)],
+         dict(axis=-1), [const("k", i64([3]))], 17),
+        ("op_topk_smallest", "TopK", [("x", F, ["batch", 3, 7], topk_x)], [("v", F), ("i", I64)],
+         dict(axis=1, largest=0), [const("k", i64([2]))], 17),
+        ("op_gelu", "Gelu", [("x", F, ["batch", 6], 3 * rnd(B, 6))], [("y", F)], {}, [], 20),
+        ("op_gelu_tanh", "Gelu", [("x", F, ["batch", 6], 3 * rnd(B, 6))], [("y", F)],
+         dict(approximate="tanh"), [], 20),
+        ("op_rmsnorm", "RMSNormalization", [("x", F, ["batch", 3, 8], rnd(B, 3, 8))], [("y", F)],
+         dict(epsilon=1e-5), [const("s", rnd(8))], 23),
+        ("op_rmsnorm_axis", "RMSNormalization", [("x", F, ["batch", 3, 4], rnd(B, 3, 4))],
+         [("y", F)], dict(axis=1), [const("s", rnd(3, 4))], 23),
+        ("op_quantize", "QuantizeLinear", [("x", F, ["batch", 3, 4], 20 * rnd(B, 3, 4))], [("y", I8)],
+         dict(axis=1), [const("s", np.float32([0.1, 0.25, 0.05])), const("z", np.int8([0, 3, -2]))],
+         17),
+        ("op_quantize_uint8", "QuantizeLinear", [("x", F, ["batch", 6], 40 * rnd(B, 6))], [("y", U8)],
+         {}, [const("s", np.float32(0.2)), const("z", np.uint8(128))], 17),
+        ("op_quantize_output_dtype", "QuantizeLinear", [("x", F, ["batch", 6], 40 * rnd(B, 6))],
+         [("y", I8)], dict(output_dtype=I8), [const("s", np.float32(0.3))], 25),
+        ("op_dequantize", "DequantizeLinear", [("x", I8, ["batch", 3, 4], q8)], [("y", F)],
+         dict(axis=1), [const("s", np.float32([0.1, 0.25, 0.05])), const("z", np.int8([0, 3, -2]))],
+         17),
+        ("op_dequantize_uint8", "DequantizeLinear", [("x", U8, ["batch", 6], u8)], [("y", F)], {},
+         [const("s", np.float32(0.2)), const("z", np.uint8(128))], 17),
+        ("op_lrn", "LRN", [("x", F, ["batch", 5, 3, 3], rnd(B, 5, 3, 3))], [("y", F)],
+         dict(size=3, alpha=0.01, beta=0.6, bias=1.5), [], 17),
+        ("op_reducemax", "ReduceMax", [("x", F, ["batch", 3, 4], rnd(B, 3, 4))], [("y", F)],
+         dict(axes=[2], keepdims=0), [], 17),
+        ("op_reducemin", "ReduceMin", [("x", I64, ["batch", 3, 4], rng.integers(-50, 50, (B, 3, 4)))],
+         [("y", I64)], dict(axes=[1]), [], 17),
+        ("op_reduceprod", "ReduceProd", [("x", F, ["batch", 3, 4], rnd(B, 3, 4))], [("y", F)],
+         dict(keepdims=1), [const("axes", i64([-1, 1]))], 18),
+        ("op_reducemax_opset20", "ReduceMax", [("x", F, ["batch", 3, 4], rnd(B, 3, 4))], [("y", F)],
+         dict(keepdims=0), [const("axes", i64([1]))], 20),
+        ("op_prelu", "PRelu", [("x", F, ["batch", 3, 4], rnd(B, 3, 4))], [("y", F)], {},
+         [const("slope", rnd(3, 1))], 17),
+    ]
+    unary = [("Sin", {}), ("Cos", {}), ("Floor", {}), ("Ceil", {}), ("Round", {}), ("Sign", {}),
+             ("Selu", dict(alpha=1.5, gamma=1.1)), ("Elu", dict(alpha=0.7)),
+             ("LeakyRelu", dict(alpha=0.2)), ("Softplus", {}), ("Softsign", {}),
+             ("ThresholdedRelu", dict(alpha=0.4))]
+    for op, attrs in unary:
+        x = 3 * rnd(B, 7)
+        if op == "Round":
+            x[0, :4] = [0.5, 1.5, -2.5, 2.5]  # halves go to the even neighbour
+        if op == "Sign":
+            x[0, 0] = 0
+        cases.append((f"op_{op.lower()}", op, [("x", F, ["batch", 7], x)], [("y", F)], attrs, [],
+                      17))
+    cases.append(("op_mish", "Mish", [("x", F, ["batch", 7], 3 * rnd(B, 7))], [("y", F)], {}, [],
+                  18))
+    for name, op, ins, outs, attrs, inits, opset in cases:
+        feeds = {n: v for n, _, _, v in ins}
+        write_model(out, name, lambda p, op=op, ins=ins, outs=outs, attrs=attrs, inits=inits,
+                    opset=opset:
+                    single_op_model(p, op, [(n, t, s) for n, t, s, _ in ins],
+                                    [(n, t, None) for n, t in outs], attrs, inits, opset), feeds)
+    export_new_op_graphs(out, rng)
+
+
+def export_new_op_graphs(out, rng):
+    """The new operators in the small graphs exporters write around them."""
+    F, BOOL, I64 = TensorProto.FLOAT, TensorProto.BOOL, TensorProto.INT64
+    B = 2
+
+    def model(g, opset):
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+        m.ir_version = 8 if opset <= 20 else 10
+        return onnx.shape_inference.infer_shapes(m, strict_mode=True)
+
+    # interpolate(size=(7, 3), mode="bilinear") as torch's exporter writes it: the sizes
+    # are the input's own batch and channels, then the requested ones.
+    x = rng.standard_normal((B, 2, 4, 5), dtype=np.float32)
+    nodes = [helper.make_node("Shape", ["x"], ["shape"]),
+             helper.make_node("Slice", ["shape", "start", "end"], ["nc"]),
+             helper.make_node("Concat", ["nc", "hw"], ["sizes"], axis=0),
+             helper.make_node("Resize", ["x", "", "", "sizes"], ["y"], mode="linear",
+                              coordinate_transformation_mode="pytorch_half_pixel")]
+    g = helper.make_graph(nodes, "resize_sizes",
+                          [helper.make_tensor_value_info("x", F, ["batch", 2, 4, 5])],
+                          [helper.make_tensor_value_info("y", F, None)],
+                          initializer=[const("start", np.array([0], dtype=np.int64)),
+                                       const("end", np.array([2], dtype=np.int64)),
+                                       const("hw", np.array([7, 3], dtype=np.int64))])
+    m = model(g, 17)
+    write_model(out, "pattern_resize_sizes_opset17", lambda p: onnx.save(m, str(p)), {"x": x})
+    # NonZero of a constant (a mask's positions, as torch's exporter writes index_select
+    # with a boolean mask) folds away: the Gather reads the columns it chose.
+    x = rng.standard_normal((B, 6), dtype=np.float32)
+    nodes = [helper.make_node("NonZero", ["mask"], ["nz"]),
+             helper.make_node("Squeeze", ["nz", "zero"], ["cols"]),
+             helper.make_node("Gather", ["x", "cols"], ["y"], axis=1)]
+    g = helper.make_graph(nodes, "nonzero", [helper.make_tensor_value_info("x", F, ["batch", 6])],
+                          [helper.make_tensor_value_info("y", F, None)],
+                          initializer=[const("mask", np.array([1, 0, 0, 1, 1, 0], dtype=bool)),
+                                       const("zero", np.array([0], dtype=np.int64))])
+    m = model(g, 17)
+    write_model(out, "op_nonzero_constant", lambda p: onnx.save(m, str(p)), {"x": x})
+    # Quantize-dequantize around a MatMul, as ONNX Runtime's static quantization writes it.
+    x = rng.standard_normal((B, 3, 8), dtype=np.float32)
+    w = rng.standard_normal((8, 4), dtype=np.float32)
+    ws = np.abs(w).max(0) / 127
+    wq = np.clip(np.round(w / ws), -127, 127).astype(np.int8)
+    nodes = [helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"]),
+             helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"]),
+             helper.make_node("DequantizeLinear", ["wq", "ws"], ["wd"], axis=1),
+             helper.make_node("MatMul", ["xd", "wd"], ["y"])]
+    g = helper.make_graph(nodes, "qdq", [helper.make_tensor_value_info("x", F, ["batch", 3, 8])],
+                          [helper.make_tensor_value_info("y", F, None)],
+                          initializer=[const("xs", np.float32(0.03)), const("xz", np.uint8(120)),
+                                       const("wq", wq), const("ws", ws.astype(np.float32))])
+    m = model(g, 17)
+    write_model(out, "pattern_qdq_matmul_opset17", lambda p: onnx.save(m, str(p)), {"x": x})
+    # Attention-23: 3-D with a BOOL padding mask; 4-D grouped-query with is_causal and a
+    # float mask.
+    q, k, v = (rng.standard_normal((B, 5, 8), dtype=np.float32) for _ in range(3))
+    mask = np.ones((B, 1, 5, 5), dtype=bool)  # ONNX Runtime wants the query length
+    mask[1, ..., 3:] = False
+    node = helper.make_node("Attention", ["q", "k", "v", "m"], ["y"], q_num_heads=2,
+                            kv_num_heads=2)
+    g = helper.make_graph([node], "attention",
+                          [helper.make_tensor_value_info(n, F, ["batch", 5, 8]) for n in "qkv"]
+                          + [helper.make_tensor_value_info("m", BOOL, ["batch", 1, 5, 5])],
+                          [helper.make_tensor_value_info("y", F, None)])
+    m = model(g, 23)
+    write_model(out, "op_attention", lambda p: onnx.save(m, str(p)),
+                {"q": q, "k": k, "v": v, "m": mask})
+    q = rng.standard_normal((B, 4, 3, 4), dtype=np.float32)
+    k = rng.standard_normal((B, 2, 3, 4), dtype=np.float32)
+    v = rng.standard_normal((B, 2, 3, 6), dtype=np.float32)
+    bias = rng.standard_normal((3, 3), dtype=np.float32)
+    node = helper.make_node("Attention", ["q", "k", "v", "bias"], ["y", "present_k", "present_v"],
+                            is_causal=1, scale=0.3)
+    g = helper.make_graph([node], "attention_gqa",
+                          [helper.make_tensor_value_info("q", F, ["batch", 4, 3, 4]),
+                           helper.make_tensor_value_info("k", F, ["batch", 2, 3, 4]),
+                           helper.make_tensor_value_info("v", F, ["batch", 2, 3, 6])],
+                          [helper.make_tensor_value_info(n, F, ["batch"] + s) for n, s in
+                           (("y", [4, 3, 6]), ("present_k", [2, 3, 4]), ("present_v", [2, 3, 6]))],
+                          initializer=[const("bias", bias)])
+    m = model(g, 23)
+    write_model(out, "op_attention_gqa_causal", lambda p: onnx.save(m, str(p)),
+                {"q": q, "k": k, "v": v})
+    # The forms the engine runs as FusedAttention: torch's scaled_dot_product_attention
+    # (4-D, is_causal) and 3-D heads with a float mask.
+    q, k, v = (rng.standard_normal((B, 2, 6, 4), dtype=np.float32) for _ in range(3))
+    node = helper.make_node("Attention", ["q", "k", "v"], ["y"], is_causal=1)
+    g = helper.make_graph([node], "attention_sdpa",
+                          [helper.make_tensor_value_info(n, F, ["batch", 2, 6, 4]) for n in "qkv"],
+                          [helper.make_tensor_value_info("y", F, ["batch", 2, 6, 4])])
+    m = model(g, 23)
+    write_model(out, "op_attention_4d_causal", lambda p: onnx.save(m, str(p)),
+                {"q": q, "k": k, "v": v})
+    q, k, v = (rng.standard_normal((B, 5, 8), dtype=np.float32) for _ in range(3))
+    bias = rng.standard_normal((5, 5), dtype=np.float32)
+    node = helper.make_node("Attention", ["q", "k", "v", "bias"], ["y"], q_num_heads=4,
+                            kv_num_heads=4, scale=0.4)
+    g = helper.make_graph([node], "attention_float_mask",
+                          [helper.make_tensor_value_info(n, F, ["batch", 5, 8]) for n in "qkv"],
+                          [helper.make_tensor_value_info("y", F, ["batch", 5, 8])],
+                          initializer=[const("bias", bias)])
+    m = model(g, 23)
+    write_model(out, "op_attention_float_mask", lambda p: onnx.save(m, str(p)),
+                {"q": q, "k": k, "v": v})
 
 
 class LayerNormPattern(nn.Module):
@@ -431,6 +689,7 @@ def fixtures(out):
     onnx_dynamic_fixtures.write(out)
     import onnx_type_fixtures  # FP16/BF16, small integers, STRING, external data
     onnx_type_fixtures.fixtures(out)
+    export_new_ops(out, 90)
 
 
 def examples(out):

@@ -6,6 +6,7 @@
 #include "onnx/memory_plan.hpp"
 #include "onnx/onednn_steps.hpp"
 #include "onnx/ops.hpp"
+#include "onnx/ops_more.hpp"
 #include "onnx/ops_simple.hpp"
 #include "onnx/string_passthrough.hpp"
 #include "onnx/work_pool.hpp"
@@ -164,7 +165,8 @@ std::vector<int64_t> row_bands(int64_t rows, unsigned threads) {
 bool sliceable(const std::string& op) {
   static const std::vector<std::string> ops{"Add", "Div", "Erf", "Mul", "Pow", "Relu",
                                             "Sigmoid", "Sqrt", "Sub", "Tanh"};
-  return is_elementwise_simple_op(op) || std::find(ops.begin(), ops.end(), op) != ops.end();
+  return is_elementwise_simple_op(op) || is_elementwise_more_op(op)
+         || std::find(ops.begin(), ops.end(), op) != ops.end();
 }
 
 /// An element-wise operator (sliceable()) whose inputs all have its output's

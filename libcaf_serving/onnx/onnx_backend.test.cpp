@@ -409,6 +409,124 @@ TEST_CASE("element-wise operators split into bands over the threads") {
   }
 }
 
+TEST_CASE("the unary functions of ops_more.cpp and PRelu split into bands over the threads") {
+  // x [-1, 40, 100] -> Sin -> Softplus -> Mish -> Gelu (tanh) -> PRelu (slope of x's shape)
+  // -> Selu; at 2 rows 8000 elements, four 2048-element blocks.
+  std::mt19937 rng(43);
+  graph g;
+  g.opset = 20;
+  int x = g.add_value("x", datatype::fp32, {-1, 40, 100}, true);
+  g.inputs.push_back(x);
+  int v = x;
+  for (const char* op : {"Sin", "Softplus", "Mish", "Gelu"}) {
+    int next = g.add_value(std::string(op) + ".y");
+    auto& n = g.add_node(op, op, {v}, {next});
+    if (std::string(op) == "Gelu")
+      n.set_s("approximate", "tanh");
+    v = next;
+  }
+  int slope = add_weights(g, "slope", {40, 100}, rng, 1.0f);
+  int p = g.add_value("prelu"), y = g.add_value("y");
+  g.add_node("PRelu", "prelu", {v, slope}, {p});
+  g.add_node("Selu", "selu", {p}, {y});
+  g.outputs.push_back(y);
+  auto ref = reference(g, 2, rng);
+  for (unsigned threads : {1u, 2u, 4u}) {
+    CAPTURE(threads);
+    std::string text;
+    CHECK(plan_error(g, ref, threads, false, &text) == 0); // the same kernel on slices
+    CHECK(text.find("engine.elementwise") != std::string::npos);
+    // PRelu's slope [40, 100] broadcasts to [2, 40, 100]: a whole reference step.
+    CHECK(text.find("reference") != std::string::npos);
+  }
+}
+
+TEST_CASE("ONNX's Gelu (20) fuses into the MatMul before it; Attention (23) is FusedAttention") {
+  // x [-1, 8, 32] -> MatMul + bias -> Gelu -> Attention(h, h, h, float mask [8, 8]), 4 heads
+  // -> Attention(a, a, a, is_causal), 2 heads.
+  std::mt19937 rng(47);
+  graph g;
+  g.opset = 23;
+  int x = g.add_value("x", datatype::fp32, {-1, 8, 32}, true);
+  g.inputs.push_back(x);
+  int w = add_weights(g, "w", {32, 32}, rng, 0.3f);
+  int b = add_weights(g, "b", {32}, rng, 1.0f);
+  int mask = add_weights(g, "mask", {8, 8}, rng, 2.0f);
+  int mm = g.add_value("mm"), biased = g.add_value("biased"), h = g.add_value("h");
+  int y = g.add_value("y");
+  g.add_node("MatMul", "matmul", {x, w}, {mm});
+  g.add_node("Add", "bias", {mm, b}, {biased});
+  g.add_node("Gelu", "gelu", {biased}, {h});
+  int a = g.add_value("a");
+  auto& att = g.add_node("Attention", "attention", {h, h, h, mask}, {a});
+  att.set_i("q_num_heads", 4);
+  att.set_i("kv_num_heads", 4);
+  auto& causal = g.add_node("Attention", "causal", {a, a, a}, {y});
+  causal.set_i("q_num_heads", 2);
+  causal.set_i("kv_num_heads", 2);
+  causal.set_i("is_causal", 1);
+  g.outputs.push_back(y);
+  for (unsigned threads : {1u, 2u}) {
+    CAPTURE(threads);
+    std::string text;
+    CHECK(plan_error(g, 3, threads, false, rng, &text) < 1e-5);
+    CHECK(text.find("FusedMatMul+Gelu") != std::string::npos);
+    CHECK(text.find("onednn.matmul+engine.softmax") != std::string::npos);
+    CHECK(text.find("reference") == std::string::npos);
+  }
+}
+
+TEST_CASE("4-D Attention (torch's scaled_dot_product_attention) runs as FusedAttention") {
+  // x [-1, 4, 6, 8] as [B, H, S, D]: Attention(x, k, x, is_causal) with k = x * 0.5,
+  // transposed to [B, S, H*D] around the fused step and back.
+  std::mt19937 rng(59);
+  graph g;
+  g.opset = 23;
+  int x = g.add_value("x", datatype::fp32, {-1, 4, 6, 8}, true);
+  g.inputs.push_back(x);
+  auto half = make_tensor(datatype::fp32, {});
+  half->as_mut<float>()[0] = 0.5f;
+  int k = g.add_value("k"), y = g.add_value("y");
+  g.add_node("Mul", "k", {x, g.add_constant("half", half)}, {k});
+  g.add_node("Attention", "sdpa", {x, k, x}, {y}).set_i("is_causal", 1);
+  g.outputs.push_back(y);
+  for (unsigned threads : {1u, 2u}) {
+    CAPTURE(threads);
+    std::string text;
+    CHECK(plan_error(g, 2, threads, false, rng, &text) < 1e-5);
+    CHECK(text.find("onednn.matmul+engine.softmax") != std::string::npos);
+  }
+}
+
+TEST_CASE("a Pad of zeros before a convolution becomes the convolution's padding") {
+  // x [-1, 8, 10, 10] -> Pad (spatial, uneven, zeros) -> Conv 3x3 + bias -> Relu; with a
+  // fill of 1.5 instead, the Pad stays a step of its own (the convolution pads zeros).
+  for (float fill : {0.0f, 1.5f}) {
+    CAPTURE(fill);
+    std::mt19937 rng(53);
+    graph g;
+    g.opset = 17;
+    int x = g.add_value("x", datatype::fp32, {-1, 8, 10, 10}, true);
+    g.inputs.push_back(x);
+    auto pads = make_tensor(datatype::int64, {8});
+    const int64_t amounts[8] = {0, 0, 1, 2, 0, 0, 2, 1};
+    std::memcpy(pads->as_mut<int64_t>(), amounts, sizeof(amounts));
+    auto value = make_tensor(datatype::fp32, {});
+    value->as_mut<float>()[0] = fill;
+    int padded = g.add_value("padded"), conv = g.add_value("conv"), y = g.add_value("y");
+    g.add_node("Pad", "pad", {x, g.add_constant("pads", pads), g.add_constant("fill", value)},
+               {padded});
+    int w = add_weights(g, "w", {16, 8, 3, 3}, rng, 0.2f);
+    int b = add_weights(g, "b", {16}, rng, 0.1f);
+    g.add_node("Conv", "conv", {padded, w, b}, {conv}).set_ints("kernel_shape", {3, 3});
+    g.add_node("Relu", "relu", {conv}, {y});
+    g.outputs.push_back(y);
+    std::string text;
+    CHECK(plan_error(g, 2, 2, false, rng, &text) < 1e-5);
+    CHECK((text.find("reference") == std::string::npos) == (fill == 0.0f));
+  }
+}
+
 TEST_CASE("SiLU (x * sigmoid(x)) after a convolution or a matmul runs as its fused epilogue") {
   // EfficientNet's activation as torch exports it: Sigmoid(y) and Mul(y, sigmoid), in
   // either order, after a convolution (with a residual Add before it), and after a

@@ -1,5 +1,7 @@
 #include "onnx/op_registry.hpp"
 
+#include "onnx/ops_more.hpp"
+#include "onnx/ops_nd.hpp"
 #include "onnx/ops_simple.hpp"
 
 #include <algorithm>
@@ -81,6 +83,8 @@ const std::vector<const op_table& (*)()>& tables() {
   static const std::vector<const op_table& (*)()> all{
     &core_operator_table,
     &simple_operator_table,
+    &nd_operator_table,
+    &more_operator_table,
   };
   return all;
 }

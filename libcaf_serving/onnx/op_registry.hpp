@@ -8,7 +8,8 @@
 ///
 /// Operators come in tables, one per source file that implements some:
 /// ops.cpp's (written in op_registry.cpp), ops_simple.cpp's
-/// (simple_operator_table()). A new file of operators adds its table with one
+/// (simple_operator_table()), ops_nd.cpp's (nd_operator_table()), ops_more.cpp's
+/// (more_operator_table()). A new file of operators adds its table with one
 /// line in op_registry.cpp's `tables`.
 ///
 /// Usage:

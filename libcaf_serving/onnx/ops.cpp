@@ -2,6 +2,8 @@
 
 #include "onnx/half.hpp"
 #include "onnx/ops_internal.hpp"
+#include "onnx/ops_more.hpp"
+#include "onnx/ops_nd.hpp"
 #include "onnx/ops_simple.hpp"
 
 #include <cblas.h>
@@ -623,6 +625,10 @@ infer_result infer_shapes(const graph& g, const node& n) {
   auto one = [](datatype t, shape_t s) { return std::vector<inferred>{{t, std::move(s)}}; };
   if (is_simple_op(op))
     return infer_simple_op(g, n);
+  if (is_nd_op(op))
+    return infer_nd_op(g, n);
+  if (is_more_op(op))
+    return infer_more_op(g, n);
 
   if (is_binary(op) || op == "Where") {
     shape_t s = in(0).shape;
@@ -943,6 +949,14 @@ void run_reference(const node& n, const std::vector<tensor_ref>& in,
 
   if (is_simple_op(op)) {
     run_simple_op(n, in, out);
+    return;
+  }
+  if (is_nd_op(op)) {
+    run_nd_op(n, in, out);
+    return;
+  }
+  if (is_more_op(op)) {
+    run_more_op(n, in, out);
     return;
   }
   if (is_binary(op) || op == "Where") {

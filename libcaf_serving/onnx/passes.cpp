@@ -290,6 +290,12 @@ void fuse_layernorm(graph& g) {
 }
 
 void fuse_gelu(graph& g) {
+  // ONNX's own Gelu (opset 20) with the exact erf form is FusedGelu: the
+  // engine's vectorised kernel, and an epilogue of the MatMul before it.
+  for (auto& n : g.nodes)
+    if (n.op == "Gelu" && n.get_s("approximate", "none") == "none"
+        && g.values[n.inputs[0]].dtype == datatype::fp32)
+      n = node{"FusedGelu", n.name, {n.inputs[0]}, {n.outputs[0]}, {}};
   consumers cons(g);
   auto prod = g.producers();
   for (auto& erf : g.nodes) {
@@ -382,7 +388,102 @@ int unheads(const graph& g, const std::vector<int>& prod, int v, int64_t& heads,
 
 } // namespace
 
+namespace {
+
+/// ONNX's own Attention (opset 23) in the form FusedAttention runs becomes it:
+/// Q, K and V of one shape, 3-D [B, S, H*D] or 4-D [B, H, S, D] (as many KV
+/// heads as query heads, self-attention), no BOOL mask, and Y the only output
+/// read; is_causal without a mask becomes a constant mask of minus infinity
+/// above the diagonal. 4-D inputs (torch's scaled_dot_product_attention as the
+/// exporter writes it) go through Transpose and Reshape to [B, S, H*D] and back.
+/// A row whose float mask is minus infinity throughout then gives NaN where
+/// Attention gives zeros (a causal row always sees its own key).
+void attention_to_fused(graph& g) {
+  auto uses = g.use_counts();
+  std::vector<node> nodes;
+  nodes.reserve(g.nodes.size());
+  for (const auto& n : g.nodes) {
+    auto keep = [&] { nodes.push_back(n); };
+    if (n.op != "Attention" || n.inputs.size() < 3 || n.get_f("softcap", 0.0f) != 0.0f) {
+      keep();
+      continue;
+    }
+    bool causal = n.get_i("is_causal", 0) != 0;
+    bool extra_inputs = false;
+    for (size_t i = 4; i < n.inputs.size(); ++i)
+      extra_inputs = extra_inputs || n.inputs[i] >= 0;
+    bool extra_outputs = false;
+    for (size_t o = 1; o < n.outputs.size(); ++o)
+      extra_outputs = extra_outputs || (n.outputs[o] >= 0 && uses[n.outputs[o]] > 0);
+    auto q = g.values[n.inputs[0]].shape; // a copy: the rewrite adds values
+    bool four_d = q.size() == 4;
+    int64_t heads = four_d ? q[1] : n.get_i("q_num_heads", 0);
+    if (extra_inputs || extra_outputs || (q.size() != 3 && !four_d) || heads < 1
+        || (!four_d && (n.get_i("kv_num_heads", 0) != heads || q[2] % heads != 0))
+        || g.values[n.inputs[1]].shape != q || g.values[n.inputs[2]].shape != q) {
+      keep();
+      continue;
+    }
+    int mask = n.inputs.size() > 3 ? n.inputs[3] : -1;
+    if (mask >= 0 && (causal || g.values[mask].dtype != datatype::fp32
+                      || g.values[mask].shape.size() > 4)) {
+      keep();
+      continue;
+    }
+    int64_t batch = q[0], len = four_d ? q[2] : q[1], head = four_d ? q[3] : q[2] / heads;
+    if (causal) {
+      auto tri = make_tensor(datatype::fp32, {len, len});
+      for (int64_t i = 0; i < len; ++i)
+        for (int64_t j = i + 1; j < len; ++j)
+          tri->as_mut<float>()[i * len + j] = -INFINITY;
+      mask = g.add_constant(n.name + "/causal_mask", tri);
+    }
+    auto shape_constant = [&](const std::string& name, std::vector<int64_t> dims) {
+      auto t = make_tensor(datatype::int64, {static_cast<int64_t>(dims.size())});
+      std::copy(dims.begin(), dims.end(), t->as_mut<int64_t>());
+      return g.add_constant(n.name + name, t);
+    };
+    // [B, H, S, D] -> [B, S, H, D] -> [B, S, H*D]
+    auto to_rows = [&](int v, const std::string& what) {
+      int t = g.add_value(n.name + "/" + what + "_bshd", datatype::fp32, {batch, len, heads, head},
+                          true);
+      int r = g.add_value(n.name + "/" + what + "_rows", datatype::fp32,
+                          {batch, len, heads * head}, true);
+      nodes.push_back(node{"Transpose", n.name + "/" + what + "_transpose", {v}, {t}, {}});
+      nodes.back().set_ints("perm", {0, 2, 1, 3});
+      nodes.push_back(node{"Reshape", n.name + "/" + what + "_reshape",
+                           {t, shape_constant("/" + what + "_shape", {batch, len, heads * head})},
+                           {r}, {}});
+      return r;
+    };
+    std::vector<int> ins{n.inputs[0], n.inputs[1], n.inputs[2]};
+    if (four_d)
+      ins = {to_rows(ins[0], "q"), to_rows(ins[1], "k"), to_rows(ins[2], "v")};
+    if (mask >= 0)
+      ins.push_back(mask);
+    int y = n.outputs[0];
+    int fused_out = four_d ? g.add_value(n.name + "/rows", datatype::fp32,
+                                         {batch, len, heads * head}, true)
+                           : y;
+    nodes.push_back(node{"FusedAttention", n.name, ins, {fused_out}, {}});
+    nodes.back().set_i("num_heads", heads);
+    nodes.back().set_f("scale", n.get_f("scale", 1.0f / std::sqrt(static_cast<float>(head))));
+    if (four_d) { // [B, S, H*D] -> [B, S, H, D] -> [B, H, S, D]
+      int t = g.add_value(n.name + "/y_bshd", datatype::fp32, {batch, len, heads, head}, true);
+      nodes.push_back(node{"Reshape", n.name + "/y_reshape",
+                           {fused_out, shape_constant("/y_shape", {batch, len, heads, head})},
+                           {t}, {}});
+      nodes.push_back(node{"Transpose", n.name + "/y_transpose", {t}, {y}, {}});
+      nodes.back().set_ints("perm", {0, 2, 1, 3});
+    }
+  }
+  g.nodes = std::move(nodes);
+}
+
+} // namespace
+
 void fuse_attention(graph& g) {
+  attention_to_fused(g);
   using perm_t = std::vector<int64_t>;
   const perm_t bhsd{0, 2, 1, 3}, bhds{0, 2, 3, 1};
   for (size_t si = 0; si < g.nodes.size(); ++si) {
@@ -634,6 +735,56 @@ void remove_dead_nodes(graph& g) {
   }
 }
 
+namespace {
+
+/// A Pad of zeros on the spatial dimensions only (constant mode, pads known,
+/// none negative), read by one Conv alone, becomes that convolution's own
+/// padding: TensorFlow-converted and some torch models pad explicitly ("same"
+/// padding), which otherwise costs a copy of the whole input and a reference
+/// step before a convolution that pads for free.
+void fold_pad_into_conv(graph& g) {
+  consumers cons(g);
+  for (auto& pad : g.nodes) {
+    if (pad.op != "Pad" || pad.get_s("mode", "constant") != "constant" || pad.inputs.size() < 2
+        || (pad.inputs.size() > 3 && pad.inputs[3] >= 0))
+      continue;
+    int x = pad.inputs[0];
+    const auto& shape = g.values[x].shape;
+    auto* pads = cst(g, pad.inputs[1]);
+    if (pads == nullptr || pads->dtype != datatype::int64 || shape.size() < 3
+        || pads->elements() != static_cast<int64_t>(2 * shape.size()))
+      continue;
+    if (pad.inputs.size() > 2 && pad.inputs[2] >= 0 && !near(scalar(g, pad.inputs[2]), 0.0f, 0))
+      continue;
+    int c = cons.single(pad.outputs[0]);
+    if (c < 0 || g.nodes[c].op != "Conv" || g.nodes[c].inputs[0] != pad.outputs[0]
+        || g.nodes[c].get_s("auto_pad", "NOTSET") != "NOTSET"
+        || g.values[x].dtype != datatype::fp32)
+      continue;
+    size_t rank = shape.size(), spatial = rank - 2;
+    const int64_t* p = pads->as<int64_t>();
+    bool fits = p[0] == 0 && p[1] == 0 && p[rank] == 0 && p[rank + 1] == 0;
+    for (size_t i = 0; i < 2 * rank; ++i)
+      fits = fits && p[i] >= 0;
+    if (!fits)
+      continue;
+    auto& conv = g.nodes[c];
+    auto conv_pads = conv.get_ints("pads", std::vector<int64_t>(2 * spatial, 0));
+    if (conv_pads.size() != 2 * spatial)
+      continue;
+    for (size_t i = 0; i < spatial; ++i) {
+      conv_pads[i] += p[2 + i];
+      conv_pads[spatial + i] += p[rank + 2 + i];
+    }
+    conv.set_ints("pads", conv_pads);
+    conv.inputs[0] = x;
+    kill(pad);
+  }
+  drop_dead(g);
+}
+
+} // namespace
+
 result<graph> optimize(const graph& src, const std::vector<std::vector<int64_t>>& shapes,
                        const pass_config& cfg) {
   auto g = specialize(src, shapes);
@@ -647,8 +798,10 @@ result<graph> optimize(const graph& src, const std::vector<std::vector<int64_t>>
     fuse_gelu(*g);
     fuse_attention(*g);
   }
-  if (cfg.fuse_epilogues)
+  if (cfg.fuse_epilogues) {
+    fold_pad_into_conv(*g);
     fuse_epilogues(*g);
+  }
   remove_dead_nodes(*g);
   return g;
 }
