@@ -290,9 +290,10 @@ void fuse_layernorm(graph& g) {
 }
 
 void fuse_gelu(graph& g) {
-  // Gelu-20 (the dynamo exporter's nn.GELU) with the exact, erf form.
+  // ONNX's own Gelu (opset 20) with the exact erf form is FusedGelu: the
+  // engine's vectorised kernel, and an epilogue of the MatMul before it.
   for (auto& n : g.nodes)
-    if (n.op == "Gelu" && n.get_s("approximate", "none") == "none" && n.inputs.size() == 1
+    if (n.op == "Gelu" && n.get_s("approximate", "none") == "none"
         && g.values[n.inputs[0]].dtype == datatype::fp32)
       n = node{"FusedGelu", n.name, {n.inputs[0]}, {n.outputs[0]}, {}};
   consumers cons(g);
@@ -430,6 +431,20 @@ std::pair<int, std::vector<int64_t>> through_layout(const graph& g, const std::v
   return {v, perm};
 }
 
+/// Whether `mask` (added to scores of shape `scores`) broadcasts to that shape
+/// without growing it, as FusedAttention reads it ([B, H, S, S] at most).
+bool mask_fits(const graph& g, int mask, const std::vector<int64_t>& scores) {
+  const auto& m = g.values[mask];
+  if (m.dtype != datatype::fp32 || m.shape.size() > scores.size())
+    return false;
+  for (size_t i = 0; i < m.shape.size(); ++i) {
+    int64_t d = m.shape[i], s = scores[scores.size() - m.shape.size() + i];
+    if (d != 1 && d != s)
+      return false;
+  }
+  return true;
+}
+
 /// `v` = Reshape(src [B,S,H*D]) to [B,S,H,D]: returns src, or -1.
 int unheads(const graph& g, const std::vector<int>& prod, int v, int64_t& heads,
             std::vector<int>& chain) {
@@ -444,24 +459,6 @@ int unheads(const graph& g, const std::vector<int>& prod, int v, int64_t& heads,
   heads = o[2];
   chain.push_back(p);
   return src;
-}
-
-} // namespace
-
-namespace {
-
-/// Whether `mask` (added to scores of shape `scores`) broadcasts to that shape
-/// without growing it, as FusedAttention reads it ([B, H, S, S] at most).
-bool mask_fits(const graph& g, int mask, const std::vector<int64_t>& scores) {
-  const auto& m = g.values[mask];
-  if (m.dtype != datatype::fp32 || m.shape.size() > scores.size())
-    return false;
-  for (size_t i = 0; i < m.shape.size(); ++i) {
-    int64_t d = m.shape[i], s = scores[scores.size() - m.shape.size() + i];
-    if (d != 1 && d != s)
-      return false;
-  }
-  return true;
 }
 
 } // namespace
