@@ -34,6 +34,7 @@ from onnx import TensorProto, helper
 from torchvision.models.resnet import BasicBlock, Bottleneck
 
 import opset_fixtures
+import pattern_fixtures
 
 # By dtype name: ONNX Runtime answers INT64 as numpy.longlong, another type than numpy.int64.
 TRITON_TYPE = {"float32": "TYPE_FP32", "int64": "TYPE_INT64", "int32": "TYPE_INT32",
@@ -684,6 +685,8 @@ def fixtures(out):
     export_patterns(out, 70)
     export_mobilenetv3_block(out, 80)
     opset_fixtures.export(out, write_model)
+    # torch's SDPA as both exporters write it (needs onnxscript for dynamo=True).
+    pattern_fixtures.export(out, write_model)
     # Variable dimensions besides the batch (onnx.helper only; several reference sizes).
     import onnx_dynamic_fixtures
     onnx_dynamic_fixtures.write(out)

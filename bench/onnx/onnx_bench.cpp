@@ -8,7 +8,8 @@
 /// reports the relative error of the outputs (the largest over the outputs).
 /// --winograd 0 turns Winograd convolutions off; --conv onednn runs the 1x1 and
 /// strided convolutions with oneDNN instead of the engine's own kernel; --bands 0
-/// splits the other convolutions of one image by channels only (no bands of rows).
+/// splits the other convolutions of one image by channels only (no bands of rows);
+/// --fuse-patterns 0 leaves LayerNorm, GELU and attention unfused (passes.hpp).
 /// With --profile 1 it prints, to stderr, the time of every step of the plan.
 /// With --versus "FLAGS" (plan flags, such as "--bands 0 --winograd 0") it loads
 /// the model a second time with those flags and runs the two plans batch by
@@ -120,6 +121,7 @@ bool plan_flag(const std::string& f, const std::string& v, onnx::onnx_model_conf
   if (f == "--profile" && (v == "0" || v == "1")) cfg.profile = v == "1";
   else if (f == "--winograd" && (v == "0" || v == "1")) cfg.winograd = v == "1";
   else if (f == "--bands" && (v == "0" || v == "1")) cfg.conv_bands = v == "1";
+  else if (f == "--fuse-patterns" && (v == "0" || v == "1")) cfg.passes.fuse_patterns = v == "1";
   else if (f == "--conv" && (v == "engine" || v == "onednn")) cfg.engine_conv = v == "engine";
   else return false;
   return true;
@@ -137,7 +139,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: caf-onnx-bench MODEL.onnx --batch B [--threads T] "
                          "[--seconds S] [--max-batch N] [--check 1] [--profile 1] [--winograd 0|1] "
                          "[--conv engine|onednn] "
-                         "[--bands 0|1] [--windows N] [--versus \"FLAGS\"] [--group N]\n");
+                         "[--bands 0|1] [--fuse-patterns 0|1] [--windows N] [--versus \"FLAGS\"] [--group N]\n");
     return 2;
   }
   int64_t batch = 1;

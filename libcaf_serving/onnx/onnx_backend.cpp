@@ -19,6 +19,7 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <iostream>
@@ -95,6 +96,7 @@ step attention_step(const dnnl_ctx& ctx, const graph& g, const node& n, unsigned
   const auto& qs = g.values[n.inputs[0]].shape;
   int64_t b = qs[0], sq = qs[1], hd = qs[2], heads = n.get_i("num_heads", 1), d = hd / heads;
   float scale = n.get_f("scale", 1.0f);
+  bool nan_to_zero = n.get_i("nan_to_zero", 0) != 0;
   int m = n.inputs.size() > 3 ? n.inputs[3] : -1;
   std::vector<int64_t> mst(4, 0);
   if (m >= 0)
@@ -146,7 +148,28 @@ step attention_step(const dnnl_ctx& ctx, const graph& g, const node& n, unsigned
           }
         }
       }
+      // nan_to_zero: the rows the reference softmax makes NaN (a NaN or +inf
+      // score, or -inf throughout) become 0; the engine's softmax, which
+      // clamps, would give finite values there.
+      thread_local std::vector<char> nan_rows;
+      if (nan_to_zero) {
+        nan_rows.assign(static_cast<size_t>(sq), 0);
+        for (int64_t i = 0; i < sq; ++i) {
+          const float* row = scores.data() + i * sq;
+          float mx = -INFINITY;
+          bool nan = false;
+          for (int64_t j = 0; j < sq; ++j) {
+            nan |= std::isnan(row[j]);
+            mx = std::max(mx, row[j]);
+          }
+          nan_rows[i] = nan || !std::isfinite(mx);
+        }
+      }
       kc::engine_softmax(scores.data(), sq, sq, 1);
+      if (nan_to_zero)
+        for (int64_t i = 0; i < sq; ++i)
+          if (nan_rows[i])
+            std::fill(scores.begin() + i * sq, scores.begin() + (i + 1) * sq, 0.0f);
       const void* h2[3] = {scores.data(), static_cast<const float*>(p[v]) + off,
                            static_cast<float*>(p[y]) + off};
       run_call(eng, (*calls)[1], h2);

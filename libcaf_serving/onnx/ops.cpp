@@ -1411,6 +1411,9 @@ void run_reference(const node& n, const std::vector<tensor_ref>& in,
             scores[i * s + j] = static_cast<float>(acc) * scale + m;
           }
         softmax_rows(scores.data(), s, s);
+        if (n.get_i("nan_to_zero", 0))
+          for (auto& p : scores)
+            if (std::isnan(p)) p = 0.0f;
         float* o = y.as<float>() + bi * s * hd + hi * d;
         for (int64_t i = 0; i < s; ++i)
           for (int64_t e = 0; e < d; ++e) {

@@ -15,9 +15,10 @@
 /// - FusedGemm(A, W, C?) [Gemm's attributes, activation].
 /// - FusedLayerNorm(X, gamma, beta?) [epsilon]: LayerNorm over the last axis.
 /// - FusedGelu(X, B?): erf-GELU of X (+ B).
-/// - FusedAttention(Q, K, V, M?) [num_heads, scale]: Q, K, V are [B, S, H*D];
-///   softmax(Q_h K_h^T * scale + M) V_h per head, out [B, S, H*D]. M broadcasts to
-///   [B, H, S, S] (typically [B, 1, 1, S]).
+/// - FusedAttention(Q, K, V, M?) [num_heads, scale, nan_to_zero]: Q, K, V are
+///   [B, S, H*D]; softmax(Q_h K_h^T * scale + M) V_h per head, out [B, S, H*D]. M
+///   broadcasts to [B, H, S, S] (typically [B, 1, 1, S]). nan_to_zero = 1 makes NaN
+///   probabilities 0 (torch's SDPA: a row masked with -inf throughout).
 ///
 /// Activations: "" (none), "Relu", "Gelu" (erf), "Tanh", "Sigmoid", "Clip" (alpha=min,
 /// beta=max), "HardSwish" (x * clip(alpha * x + beta, 0, 1); alpha 1/6, beta 1/2),

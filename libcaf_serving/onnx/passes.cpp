@@ -350,24 +350,99 @@ void fuse_gelu(graph& g) {
 
 namespace {
 
-/// Follows Transpose nodes up from `v` composing their permutations; returns
-/// the source value and the composed perm (identity when none).
-std::pair<int, std::vector<int64_t>> through_transposes(const graph& g,
-                                                         const std::vector<int>& prod, int v,
-                                                         std::vector<int>& chain) {
+/// A node multiplying (or dividing) its other input by a constant fp32 scalar:
+/// the factor, else nothing. `x` is the non-constant input.
+std::optional<float> scalar_factor(const graph& g, const node& n, int& x) {
+  if ((n.op != "Mul" && n.op != "Div") || n.inputs.size() != 2)
+    return std::nullopt;
+  for (int k = 0; k < 2; ++k) {
+    if (n.op == "Div" && k == 0)
+      continue; // c / x is no scaling
+    auto c = scalar(g, n.inputs[k]);
+    if (c && std::isfinite(*c) && *c != 0.0f) {
+      x = n.inputs[1 - k];
+      return n.op == "Div" ? 1.0f / *c : *c;
+    }
+  }
+  return std::nullopt;
+}
+
+/// Follows the layout nodes up from `v`, composing their permutations, and
+/// returns the source value and the composed perm (identity when none):
+///  - Transpose;
+///  - Reshape to its own shape (TorchScript's SDPA writes one);
+///  - the dynamo exporter's K^T of [B, H, S, D]: Reshape to [B*H, S, D],
+///    Transpose (0, 2, 1), Reshape to [B, H, D, S] - a Transpose (0, 1, 3, 2);
+///  - Mul or Div by a constant scalar (torch's SDPA scales Q and K by
+///    sqrt(scale) each), which commutes with the layout: its factor
+///    multiplies `scale`.
+std::pair<int, std::vector<int64_t>> through_layout(const graph& g, const std::vector<int>& prod,
+                                                     int v, std::vector<int>& chain,
+                                                     float& scale) {
   std::vector<int64_t> perm(g.values[v].shape.size());
   for (size_t i = 0; i < perm.size(); ++i) perm[i] = static_cast<int64_t>(i);
-  while (prod[v] >= 0 && g.nodes[prod[v]].op == "Transpose") {
-    const auto& t = g.nodes[prod[v]];
-    auto p = t.get_ints("perm");
+  auto compose = [&](const std::vector<int64_t>& p) {
     // out[i] = in[p[i]]; composing: total[i] = p[total[i]]
     std::vector<int64_t> next(perm.size());
     for (size_t i = 0; i < perm.size(); ++i) next[i] = p[perm[i]];
     perm = next;
-    chain.push_back(prod[v]);
-    v = t.inputs[0];
+  };
+  auto producer = [&](int x, const char* op) {
+    return prod[x] >= 0 && g.nodes[prod[x]].op == op ? prod[x] : -1;
+  };
+  while (prod[v] >= 0) {
+    const auto& t = g.nodes[prod[v]];
+    int x = -1;
+    if (t.op == "Transpose" && t.get_ints("perm").size() == perm.size()) {
+      compose(t.get_ints("perm"));
+      chain.push_back(prod[v]);
+      v = t.inputs[0];
+    } else if (t.op == "Reshape" && g.values[t.inputs[0]].shape == g.values[v].shape) {
+      chain.push_back(prod[v]);
+      v = t.inputs[0];
+    } else if (auto c = scalar_factor(g, t, x); c && g.values[x].shape == g.values[v].shape) {
+      scale *= *c;
+      chain.push_back(prod[v]);
+      v = x;
+    } else if (t.op == "Reshape" && perm.size() == 4) {
+      // [B, H, D, S] = Reshape(Transpose(Reshape([B, H, S, D] -> [B*H, S, D]), (0, 2, 1))).
+      const auto& o = g.values[v].shape;
+      int tr = producer(t.inputs[0], "Transpose");
+      if (tr < 0 || g.nodes[tr].get_ints("perm") != std::vector<int64_t>{0, 2, 1})
+        break;
+      int rs = producer(g.nodes[tr].inputs[0], "Reshape");
+      if (rs < 0)
+        break;
+      int src = g.nodes[rs].inputs[0];
+      const auto& mid = g.values[g.nodes[rs].outputs[0]].shape;
+      const auto& in = g.values[src].shape;
+      if (in.size() != 4 || mid.size() != 3 || mid[0] != in[0] * in[1] || mid[1] != in[2]
+          || mid[2] != in[3] || o != std::vector<int64_t>{in[0], in[1], in[3], in[2]})
+        break;
+      compose({0, 1, 3, 2});
+      chain.push_back(prod[v]);
+      chain.push_back(tr);
+      chain.push_back(rs);
+      v = src;
+    } else {
+      break;
+    }
   }
   return {v, perm};
+}
+
+/// Whether `mask` (added to scores of shape `scores`) broadcasts to that shape
+/// without growing it, as FusedAttention reads it ([B, H, S, S] at most).
+bool mask_fits(const graph& g, int mask, const std::vector<int64_t>& scores) {
+  const auto& m = g.values[mask];
+  if (m.dtype != datatype::fp32 || m.shape.size() > scores.size())
+    return false;
+  for (size_t i = 0; i < m.shape.size(); ++i) {
+    int64_t d = m.shape[i], s = scores[scores.size() - m.shape.size() + i];
+    if (d != 1 && d != s)
+      return false;
+  }
+  return true;
 }
 
 /// `v` = Reshape(src [B,S,H*D]) to [B,S,H,D]: returns src, or -1.
@@ -497,6 +572,7 @@ void fuse_attention(graph& g) {
       continue;
     std::vector<int> chain;
     int scores = sm.inputs[0];
+    const auto scores_shape = g.values[scores].shape;
     int mask = -1;
     int pa = prod[scores];
     // Additive mask: Add(scores, mask). Masked fill: Where(cond, fill, scores).
@@ -505,16 +581,21 @@ void fuse_attention(graph& g) {
       for (int k = 0; k < 2; ++k) {
         int a = add.inputs[k], b = add.inputs[1 - k];
         if (prod[a] >= 0 && (g.nodes[prod[a]].op == "MatMul" || g.nodes[prod[a]].op == "Div"
-                             || g.nodes[prod[a]].op == "Mul")) {
+                             || g.nodes[prod[a]].op == "Mul")
+            && g.values[a].shape == scores_shape) {
           mask = b;
           chain.push_back(pa);
           scores = a;
           break;
         }
       }
+      if (mask >= 0 && !mask_fits(g, mask, scores_shape))
+        continue;
     } else if (pa >= 0 && g.nodes[pa].op == "Where" && cons.single(scores) == static_cast<int>(si)) {
       auto& wh = g.nodes[pa];
-      if (!cst(g, wh.inputs[1]) || cst(g, wh.inputs[1])->elements() != 1)
+      if (!cst(g, wh.inputs[1]) || cst(g, wh.inputs[1])->elements() != 1
+          || g.values[wh.inputs[2]].shape != scores_shape
+          || !mask_fits(g, wh.inputs[0], scores_shape))
         continue;
       // mask = Where(cond, fill, 0): computed as a node of its own.
       auto zero = make_tensor(datatype::fp32, {});
@@ -535,50 +616,78 @@ void fuse_attention(graph& g) {
     float scale = 1.0f;
     int mm = prod[scores];
     if (mm >= 0 && (g.nodes[mm].op == "Div" || g.nodes[mm].op == "Mul")) {
-      auto c = scalar(g, g.nodes[mm].inputs[1]);
+      int x = -1;
+      auto c = scalar_factor(g, g.nodes[mm], x);
       if (!c || cons.single(scores) < 0)
         continue;
-      scale = g.nodes[mm].op == "Div" ? 1.0f / *c : *c;
+      scale = *c;
       chain.push_back(mm);
-      scores = g.nodes[mm].inputs[0];
+      scores = x;
       mm = prod[scores];
     }
     if (mm < 0 || g.nodes[mm].op != "MatMul" || cons.single(scores) < 0)
       continue;
     chain.push_back(mm);
     int qv = g.nodes[mm].inputs[0], kv = g.nodes[mm].inputs[1];
-    // Q may be scaled before the MatMul (DistilBERT): Div(q, c).
-    if (prod[qv] >= 0 && (g.nodes[prod[qv]].op == "Div" || g.nodes[prod[qv]].op == "Mul")
-        && scalar(g, g.nodes[prod[qv]].inputs[1]) && cons.single(qv) >= 0) {
-      auto c = *scalar(g, g.nodes[prod[qv]].inputs[1]);
-      scale *= g.nodes[prod[qv]].op == "Div" ? 1.0f / c : c;
-      chain.push_back(prod[qv]);
-      qv = g.nodes[prod[qv]].inputs[0];
-    }
-    auto [qsrc, qperm] = through_transposes(g, prod, qv, chain);
-    auto [ksrc, kperm] = through_transposes(g, prod, kv, chain);
+    // Q and K may each be scaled by a constant on the way (DistilBERT divides
+    // Q; torch's SDPA multiplies both by sqrt(scale)).
+    auto [qsrc, qperm] = through_layout(g, prod, qv, chain, scale);
+    auto [ksrc, kperm] = through_layout(g, prod, kv, chain, scale);
     int64_t hq = 0, hk = 0, hv = 0;
     int q = qperm == bhsd ? unheads(g, prod, qsrc, hq, chain) : -1;
     int k = kperm == bhds ? unheads(g, prod, ksrc, hk, chain) : -1;
     if (q < 0 || k < 0 || hq != hk)
       continue;
-    // probs x V, then back to [B, S, H*D].
-    int pv = cons.single(sm.outputs[0]);
-    if (pv < 0 || g.nodes[pv].op != "MatMul" || g.nodes[pv].inputs[0] != sm.outputs[0])
+    // probs x V, then back to [B, S, H*D]. torch's SDPA puts Where(IsNaN(p),
+    // 0, p) between the softmax and the product (a row masked with -inf
+    // throughout is NaN): FusedAttention's nan_to_zero does the same.
+    int probs = sm.outputs[0];
+    std::vector<int> guard;
+    if (cons.readers[probs].size() == 2 && !cons.is_output[probs]) {
+      int isnan = -1, where = -1;
+      for (int r : cons.readers[probs]) {
+        if (g.nodes[r].op == "IsNaN") isnan = r;
+        if (g.nodes[r].op == "Where") where = r;
+      }
+      if (isnan < 0 || where < 0)
+        continue;
+      const auto& wh = g.nodes[where];
+      int flag = g.nodes[isnan].outputs[0];
+      if (wh.inputs[0] != flag || wh.inputs[2] != probs || !near(scalar(g, wh.inputs[1]), 0.0f)
+          || cons.single(flag) != where)
+        continue;
+      guard = {isnan, where};
+      probs = wh.outputs[0];
+    }
+    int pv = cons.single(probs);
+    if (pv < 0 || g.nodes[pv].op != "MatMul" || g.nodes[pv].inputs[0] != probs)
       continue;
-    auto [vsrc, vperm] = through_transposes(g, prod, g.nodes[pv].inputs[1], chain);
-    int v = vperm == bhsd ? unheads(g, prod, vsrc, hv, chain) : -1;
+    float vscale = 1.0f;
+    auto [vsrc, vperm] = through_layout(g, prod, g.nodes[pv].inputs[1], chain, vscale);
+    int v = vperm == bhsd && vscale == 1.0f ? unheads(g, prod, vsrc, hv, chain) : -1;
     if (v < 0 || hv != hq)
       continue;
     int ctx = g.nodes[pv].outputs[0];
+    std::vector<int> tail;
     int tr = cons.single(ctx);
+    // TorchScript's SDPA reshapes the context to its own shape first.
+    while (tr >= 0 && g.nodes[tr].op == "Reshape"
+           && g.values[g.nodes[tr].outputs[0]].shape == g.values[ctx].shape) {
+      tail.push_back(tr);
+      tr = cons.single(g.nodes[tr].outputs[0]);
+    }
     if (tr < 0 || g.nodes[tr].op != "Transpose" || g.nodes[tr].get_ints("perm") != bhsd)
       continue;
     int rs = cons.single(g.nodes[tr].outputs[0]);
-    if (rs < 0 || g.nodes[rs].op != "Reshape" || g.values[g.nodes[rs].outputs[0]].shape
-                                                  != g.values[q].shape)
+    if (rs < 0 || g.nodes[rs].op != "Reshape")
       continue;
     if (g.values[q].shape != g.values[k].shape || g.values[q].shape != g.values[v].shape)
+      continue;
+    // The context may be reshaped to [B*S, H*D] for a Gemm (GPT-2): that
+    // Reshape stays, reading the fused [B, S, H*D].
+    const auto& rs_shape = g.values[g.nodes[rs].outputs[0]].shape;
+    bool keep_reshape = rs_shape != g.values[q].shape;
+    if (keep_reshape && (rs_shape.size() != 2 || rs_shape[1] != g.values[q].shape[2]))
       continue;
     // Every intermediate must be read only inside the pattern.
     bool private_chain = true;
@@ -587,17 +696,29 @@ void fuse_attention(graph& g) {
         if (cons.is_output[o] || cons.readers[o].size() > 1) private_chain = false;
     if (!private_chain)
       continue;
-    int out = g.nodes[rs].outputs[0];
     std::vector<int> ins{q, k, v};
     if (mask >= 0) ins.push_back(mask);
-    for (int c : chain) kill(g.nodes[c]);
-    kill(g.nodes[pv]);
-    kill(g.nodes[tr]);
-    kill(sm);
-    node fused{"FusedAttention", g.nodes[rs].name + "/fused_attention", ins, {out}, {}};
+    node fused{"FusedAttention", g.nodes[rs].name + "/fused_attention", ins, {}, {}};
     fused.set_i("num_heads", hq);
     fused.set_f("scale", scale);
-    g.nodes[rs] = fused;
+    if (!guard.empty())
+      fused.set_i("nan_to_zero", 1);
+    for (int c : chain) kill(g.nodes[c]);
+    for (int c : guard) kill(g.nodes[c]);
+    for (int c : tail) kill(g.nodes[c]);
+    kill(g.nodes[pv]);
+    kill(sm);
+    if (keep_reshape) {
+      // The fused node takes the Transpose's place, the Reshape reads it.
+      int out = g.add_value(fused.name, datatype::fp32, g.values[q].shape, true);
+      fused.outputs = {out};
+      g.nodes[rs].inputs[0] = out;
+      g.nodes[tr] = fused;
+    } else {
+      fused.outputs = {g.nodes[rs].outputs[0]};
+      kill(g.nodes[tr]);
+      g.nodes[rs] = fused;
+    }
   }
   drop_dead(g);
 }

@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <random>
 #include <sstream>
 
@@ -133,6 +134,133 @@ TEST_CASE("BERT: attention, LayerNorm, GELU and MatMul epilogues fuse") {
   }
   auto d = check_fusion("distilbert_2layer_opset13");
   CHECK(count_ops(d, "FusedAttention") == 2);
+}
+
+TEST_CASE("torch's SDPA, as the dynamo exporter and TorchScript write it, becomes FusedAttention") {
+  // tools/pattern_fixtures.py: Q and K each scaled by sqrt(scale), the dynamo
+  // exporter's K^T through Reshape/Transpose/Reshape, Where(IsNaN(p), 0, p)
+  // after the softmax; padding and causal masks. The references' second row is
+  // masked throughout: TorchScript's -inf mask makes it NaN, which the guard
+  // (and FusedAttention's nan_to_zero) turns into 0.
+  for (std::string kind : {"padding", "causal"})
+    for (std::string exporter : {"dynamo", "torchscript17"}) {
+      auto g = check_fusion("pattern_attention_" + kind + "_" + exporter);
+      CHECK(count_ops(g, "FusedAttention") == 1);
+      CHECK(count_ops(g, "FusedLayerNorm") == 1);
+      CHECK(count_ops(g, "Softmax") == 0);
+      CHECK(count_ops(g, "IsNaN") == 0);
+      CHECK(count_ops(g, "Transpose") == 0);
+      for (const auto& n : g.nodes)
+        if (n.op == "FusedAttention") {
+          CHECK(n.get_i("num_heads", 0) == 4);
+          CHECK(n.get_f("scale", 0) == doctest::Approx(1 / std::sqrt(8.0f)));
+          CHECK(n.get_i("nan_to_zero", 0) == 1);
+        }
+    }
+}
+
+namespace {
+
+/// The dynamo fixture's graph with `change` applied, optimized at batch 1 and
+/// checked against the unfused graph on the reference inputs' first row.
+graph near_miss(const std::function<void(graph&)>& change) {
+  const std::string model = "pattern_attention_padding_dynamo";
+  auto g = import_model(fixtures / "models" / model / "1" / "model.onnx");
+  REQUIRE_MESSAGE(g, g.error().message);
+  change(*g);
+  auto inputs = reference_inputs(model, *g);
+  std::vector<std::vector<int64_t>> shapes;
+  std::vector<std::string> data;
+  for (size_t i = 0; i < g->inputs.size(); ++i) {
+    auto s = g->values[g->inputs[i]].shape;
+    s[0] = 1;
+    shapes.push_back(s);
+    data.push_back(inputs[i].substr(0, inputs[i].size() / 2));
+  }
+  auto plain = specialize(*g, shapes);
+  REQUIRE_MESSAGE(plain, plain.error().message);
+  auto fused = optimize(*g, shapes);
+  REQUIRE_MESSAGE(fused, fused.error().message);
+  auto a = interpret(*plain, data), b = interpret(*fused, data);
+  REQUIRE(a.size() == b.size());
+  for (size_t i = 0; i < a.size(); ++i)
+    CHECK(relative_error(b[i], a[i]) < 1e-5);
+  return *fused;
+}
+
+/// The node that reads `v` as input `slot`, with operator `op`.
+node* reader(graph& g, int v, const std::string& op, size_t slot) {
+  for (auto& n : g.nodes)
+    if (n.op == op && n.inputs.size() > slot && n.inputs[slot] == v)
+      return &n;
+  return nullptr;
+}
+
+} // namespace
+
+TEST_CASE("near misses of the SDPA pattern stay unfused and correct") {
+  // The unchanged graph fuses (so that each change below is what stops it).
+  CHECK(count_ops(near_miss([](graph&) {}), "FusedAttention") == 1);
+  SUBCASE("K scaled per key, not by a scalar: does not factor out of Q K^T") {
+    auto g = near_miss([](graph& g) {
+      for (auto& n : g.nodes)
+        if (n.op == "Mul" && reader(g, n.outputs[0], "MatMul", 1)) {
+          auto t = make_tensor(datatype::fp32, {8});
+          for (int i = 0; i < 8; ++i) t->as_mut<float>()[i] = 0.25f + 0.1f * i;
+          n.inputs[1] = g.add_constant("per_key_scale", t);
+        }
+    });
+    CHECK(count_ops(g, "FusedAttention") == 0);
+    CHECK(count_ops(g, "Softmax") == 1);
+  }
+  SUBCASE("a mask that broadcasts the scores to more rows than the batch") {
+    auto g = near_miss([](graph& g) {
+      for (auto& n : g.nodes)
+        if (n.op == "Add" && reader(g, n.outputs[0], "Softmax", 0)) {
+          auto t = make_tensor(datatype::fp32, {2, 1, 8, 8});
+          for (int64_t i = 0; i < t->elements(); ++i) t->as_mut<float>()[i] = (i % 3) * -1.0f;
+          n.inputs[1] = g.add_constant("wide_mask", t);
+        }
+    });
+    CHECK(count_ops(g, "FusedAttention") == 0);
+  }
+  SUBCASE("the softmax's NaN replaced by 1, not 0") {
+    auto g = near_miss([](graph& g) {
+      for (auto& n : g.nodes)
+        if (n.op == "Where" && n.inputs.size() == 3 && reader(g, n.outputs[0], "MatMul", 0)) {
+          auto one = make_tensor(datatype::fp32, {});
+          one->as_mut<float>()[0] = 1.0f;
+          n.inputs[1] = g.add_constant("one", one);
+        }
+    });
+    CHECK(count_ops(g, "FusedAttention") == 0);
+  }
+}
+
+TEST_CASE("Gelu-20 with the exact (erf) form becomes FusedGelu; the tanh form stays") {
+  for (std::string approximate : {"none", "tanh"}) {
+    graph g;
+    int x = g.add_value("x", datatype::fp32, {2, 5}, true);
+    int y = g.add_value("y", datatype::fp32, {2, 5}, true);
+    g.inputs.push_back(x);
+    g.outputs.push_back(y);
+    auto& n = g.add_node("Gelu", "gelu", {x}, {y});
+    if (approximate != "none")
+      n.set_s("approximate", approximate);
+    fuse_gelu(g);
+    REQUIRE(g.nodes.size() == 1);
+    CHECK(g.nodes[0].op == (approximate == "none" ? "FusedGelu" : "Gelu"));
+    if (approximate != "none")
+      continue;
+    // FusedGelu against Gelu-20's definition, 0.5 x (1 + erf(x / sqrt(2))).
+    std::vector<float> in{-3.0f, -1.0f, -0.5f, 0.0f, 0.25f, 0.5f, 1.0f, 2.0f, 3.0f, 10.0f};
+    std::string bytes(reinterpret_cast<const char*>(in.data()), in.size() * sizeof(float));
+    auto got = interpret(g, {bytes});
+    REQUIRE(got.size() == 1);
+    std::vector<float> want;
+    for (float v : in) want.push_back(0.5f * v * (1.0f + std::erf(v / std::sqrt(2.0f))));
+    CHECK(relative_error(got[0], want) < 1e-6);
+  }
 }
 
 TEST_CASE("ResNet: BatchNorm folds into Conv, bias/ReLU/residual into FusedConv") {
