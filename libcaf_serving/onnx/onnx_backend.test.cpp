@@ -16,6 +16,7 @@
 #include <sys/resource.h>
 
 #include <chrono>
+#include <cmath>
 #include <future>
 #include <random>
 #include <thread>
@@ -474,6 +475,28 @@ TEST_CASE("ONNX's Gelu (20) fuses into the MatMul before it; Attention (23) is F
     CHECK(text.find("onednn.matmul+engine.softmax") != std::string::npos);
     CHECK(text.find("reference") == std::string::npos);
   }
+}
+
+TEST_CASE("Attention (23) rewritten to FusedAttention gives zeros for a row its mask hides") {
+  // A float mask of minus infinity across row 2: ONNX's Attention (the reference
+  // kernel) answers zeros there; the fused softmax must not answer NaN.
+  std::mt19937 rng(53);
+  graph g;
+  g.opset = 23;
+  int x = g.add_value("x", datatype::fp32, {-1, 4, 8}, true);
+  g.inputs.push_back(x);
+  auto m = make_tensor(datatype::fp32, {4, 4});
+  for (int j = 0; j < 4; ++j)
+    m->as_mut<float>()[2 * 4 + j] = -INFINITY;
+  int mask = g.add_constant("mask", m);
+  int y = g.add_value("y");
+  auto& att = g.add_node("Attention", "attention", {x, x, x, mask}, {y});
+  att.set_i("q_num_heads", 2);
+  att.set_i("kv_num_heads", 2);
+  g.outputs.push_back(y);
+  std::string text;
+  CHECK(plan_error(g, 2, 1, false, rng, &text) < 1e-5);
+  CHECK(text.find("engine.softmax") != std::string::npos);
 }
 
 TEST_CASE("4-D Attention (torch's scaled_dot_product_attention) runs as FusedAttention") {

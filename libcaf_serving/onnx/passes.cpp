@@ -471,8 +471,8 @@ namespace {
 /// read; is_causal without a mask becomes a constant mask of minus infinity
 /// above the diagonal. 4-D inputs (torch's scaled_dot_product_attention as the
 /// exporter writes it) go through Transpose and Reshape to [B, S, H*D] and back.
-/// A row whose float mask is minus infinity throughout then gives NaN where
-/// Attention gives zeros (a causal row always sees its own key).
+/// A row whose float mask is minus infinity throughout gives zeros, as the
+/// Attention reference kernel does (FusedAttention's nan_to_zero).
 void attention_to_fused(graph& g) {
   auto uses = g.use_counts();
   std::vector<node> nodes;
@@ -543,6 +543,7 @@ void attention_to_fused(graph& g) {
     nodes.push_back(node{"FusedAttention", n.name, ins, {fused_out}, {}});
     nodes.back().set_i("num_heads", heads);
     nodes.back().set_f("scale", n.get_f("scale", 1.0f / std::sqrt(static_cast<float>(head))));
+    nodes.back().set_i("nan_to_zero", 1);
     if (four_d) { // [B, S, H*D] -> [B, S, H, D] -> [B, H, S, D]
       int t = g.add_value(n.name + "/y_bshd", datatype::fp32, {batch, len, heads, head}, true);
       nodes.push_back(node{"Reshape", n.name + "/y_reshape",
