@@ -1,5 +1,6 @@
 #include "onnx/op_registry.hpp"
 
+#include "onnx/ops_contrib.hpp"
 #include "onnx/ops_more.hpp"
 #include "onnx/ops_nd.hpp"
 #include "onnx/ops_simple.hpp"
@@ -85,6 +86,7 @@ const std::vector<const op_table& (*)()>& tables() {
     &simple_operator_table,
     &nd_operator_table,
     &more_operator_table,
+    &contrib_operator_table,
   };
   return all;
 }
@@ -144,6 +146,8 @@ std::optional<int64_t> operator_version(const std::string& op, int64_t opset) {
 }
 
 std::optional<std::string> check_node_version(const graph& g, const node& n) {
+  if (is_contrib_op(n.op))
+    return check_contrib_node(n);
   auto version = operator_version(n.op, g.opset);
   if (!version)
     return std::nullopt; // not an ONNX operator the registry knows: the importer refuses it
