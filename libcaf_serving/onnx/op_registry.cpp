@@ -47,7 +47,9 @@ const op_table& core_operator_table() {
     {"Greater", {1, 7, 9, 13}},
     {"GreaterOrEqual", {12, 16}},
     {"Identity", {1, 13, 14, 16, 19, 21, 23, 24, 25}},
-    {"LayerNormalization", {17}},
+    // 1: onnxruntime's own LayerNormalization in the default domain (ONNX defines it from
+    // 17 on, alike), which its transformer optimizer writes into models of opsets below 17.
+    {"LayerNormalization", {1, 17}},
     {"Less", {1, 7, 9, 13}},
     {"LessOrEqual", {12, 16}},
     {"MatMul", {1, 9, 13}},
