@@ -157,3 +157,42 @@ def export(out, write_model, seed=95):
     for name, build in CASES.items():
         m, feeds = build(rng)
         write_model(out, name, lambda p, m=m: onnx.save(m, str(p)), feeds)
+
+
+def export_optimized_bert(out, write_model, bert_model, bert_wrapper, torch_export, seed=96):
+    """A tiny BERT (2 layers, hidden 32, 2 heads, eager attention) exported by torch at opset
+    13 and then rewritten by onnxruntime.transformers.optimizer.optimize_model at its default
+    level, as users serve it: EmbedLayerNormalization (with Casts of the ids to INT32),
+    Attention with the mask, SkipLayerNormalization and BiasGelu. The LayerNorm parameters
+    get random values so that every fused path changes the outputs."""
+    import torch
+    from onnxruntime.transformers.optimizer import optimize_model
+    torch.manual_seed(seed)
+    model = bert_model("bert", vocab_size=128, hidden_size=32, num_hidden_layers=2,
+                       num_attention_heads=2, intermediate_size=64, max_position_embeddings=32)
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "LayerNorm" in name:
+                p.add_(0.2 * torch.randn(p.shape, generator=gen))
+    rng = np.random.default_rng(seed)
+    batch, seq = 2, 8
+    feeds = {"input_ids": rng.integers(0, 128, (batch, seq), dtype=np.int64),
+             "attention_mask": np.ones((batch, seq), dtype=np.int64),
+             "token_type_ids": np.zeros((batch, seq), dtype=np.int64)}
+    feeds["attention_mask"][1, 5:] = 0  # the second row is padded
+    feeds["token_type_ids"][:, seq // 2:] = 1
+    names, outs = list(feeds), ["last_hidden_state", "pooler_output"]
+    wrapper = bert_wrapper(model, True).eval()
+    args = tuple(torch.from_numpy(feeds[n]) for n in names)
+
+    def write(path):
+        raw = path.with_name("raw.onnx")
+        torch_export(wrapper, args, names, outs, raw, 13)
+        opt = optimize_model(str(raw), model_type="bert", num_heads=2, hidden_size=32)
+        opt.save_model_to_file(str(path))
+        raw.unlink()
+        used = {n.op_type for n in onnx.load(str(path)).graph.node if n.domain == MS}
+        assert {"Attention", "EmbedLayerNormalization", "SkipLayerNormalization"} <= used, used
+
+    write_model(out, "contrib_bert_2layer_ort_optimized", write, feeds)
