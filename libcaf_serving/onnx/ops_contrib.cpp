@@ -2,6 +2,8 @@
 
 #include "onnx/ops_internal.hpp"
 
+#include <cblas.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -94,35 +96,38 @@ void norm_rows(const float* x, int64_t rows, int64_t width, const float* gamma,
 /// Multi-head scaled dot-product attention over projected Q [B, S, N*dk],
 /// K [B, L, N*dk], V [B, L, N*dv] into out [B, S, N*dv]. `mask(b, h, i, j)`
 /// gives the additive term of each score (0, a mask_filter_value, a bias).
+/// Each head's two products run on OpenBLAS, reading the heads in place.
 template <class Mask>
 void attend(const float* q, const float* k, const float* v, int64_t B, int64_t S, int64_t L,
             int64_t N, int64_t dk, int64_t dv, float scale, Mask mask, float* out) {
-  std::vector<float> scores(static_cast<size_t>(L));
+  std::vector<float> scores(static_cast<size_t>(S * L));
+  const int ldq = static_cast<int>(N * dk), ldv = static_cast<int>(N * dv);
   for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < N; ++h)
+    for (int64_t h = 0; h < N; ++h) {
+      const float* qh = q + b * S * N * dk + h * dk;
+      const float* kh = k + b * L * N * dk + h * dk;
+      const float* vh = v + b * L * N * dv + h * dv;
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(S),
+                  static_cast<int>(L), static_cast<int>(dk), scale, qh, ldq, kh, ldq, 0.f,
+                  scores.data(), static_cast<int>(L));
       for (int64_t i = 0; i < S; ++i) {
-        const float* qi = q + (b * S + i) * N * dk + h * dk;
+        float* row = scores.data() + i * L;
         float mx = -INFINITY;
         for (int64_t j = 0; j < L; ++j) {
-          const float* kj = k + (b * L + j) * N * dk + h * dk;
-          float dot = 0;
-          for (int64_t d = 0; d < dk; ++d) dot += qi[d] * kj[d];
-          scores[j] = dot * scale + mask(b, h, i, j);
-          mx = std::max(mx, scores[j]);
+          row[j] += mask(b, h, i, j);
+          mx = std::max(mx, row[j]);
         }
         double sum = 0;
         for (int64_t j = 0; j < L; ++j) {
-          scores[j] = std::exp(scores[j] - mx);
-          sum += scores[j];
+          row[j] = std::exp(row[j] - mx);
+          sum += row[j];
         }
-        float* o = out + (b * S + i) * N * dv + h * dv;
-        std::fill(o, o + dv, 0.f);
-        for (int64_t j = 0; j < L; ++j) {
-          float w = static_cast<float>(scores[j] / sum);
-          const float* vj = v + (b * L + j) * N * dv + h * dv;
-          for (int64_t d = 0; d < dv; ++d) o[d] += w * vj[d];
-        }
+        for (int64_t j = 0; j < L; ++j) row[j] = static_cast<float>(row[j] / sum);
       }
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(S),
+                  static_cast<int>(dv), static_cast<int>(L), 1.f, scores.data(),
+                  static_cast<int>(L), vh, ldv, 0.f, out + b * S * N * dv + h * dv, ldv);
+    }
 }
 
 /// Attention's and MultiHeadAttention's mask of keys, as onnxruntime reads it:
@@ -165,16 +170,14 @@ float bias_at(const tensor_ref* bias, int64_t b, int64_t h, int64_t i, int64_t j
   return bias->as<float>()[((bb * bias->shape[1] + hh) * S + i) * L + j];
 }
 
-/// C[M, N] = alpha * op(A) x op(B) for one pair of matrices, op a transpose or not.
+/// C[M, N] = alpha * op(A) x op(B) for one pair of row-major matrices, op a
+/// transpose or not (OpenBLAS).
 void gemm(const float* a, const float* b, float* c, int64_t M, int64_t K, int64_t N, bool ta,
           bool tb, float alpha) {
-  for (int64_t i = 0; i < M; ++i)
-    for (int64_t j = 0; j < N; ++j) {
-      float s = 0;
-      for (int64_t k = 0; k < K; ++k)
-        s += (ta ? a[k * M + i] : a[i * K + k]) * (tb ? b[j * K + k] : b[k * N + j]);
-      c[i * N + j] = alpha * s;
-    }
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+              static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), alpha, a,
+              static_cast<int>(ta ? M : K), b, static_cast<int>(tb ? K : N), 0.f, c,
+              static_cast<int>(N));
 }
 
 // ------------------------------------------------------------------ checks
