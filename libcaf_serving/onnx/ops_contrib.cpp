@@ -475,6 +475,52 @@ infer_result infer_contrib_op(const graph& g, const node& n) {
   return "no shape inference for operator '" + n.op + "'";
 }
 
+void lower_contrib_ops(graph& g) {
+  std::vector<node> out;
+  out.reserve(g.nodes.size());
+  for (auto& n : g.nodes) {
+    if (!is_contrib_op(n.op)) {
+      out.push_back(std::move(n));
+      continue;
+    }
+    auto op = bare(n.op);
+    // A value like `like`'s, for an intermediate sum.
+    auto temp = [&](int like, const std::string& suffix) {
+      auto v = g.values[like];
+      return g.add_value(n.name + suffix, v.dtype, v.shape, true);
+    };
+    if (op == "Gelu" || op == "BiasGelu") {
+      int x = n.inputs[0];
+      if (op == "BiasGelu") {
+        int sum = temp(n.outputs[0], "/bias");
+        out.push_back(node{"Add", n.name + "/add_bias", {n.inputs[0], n.inputs[1]}, {sum}, {}});
+        x = sum;
+      }
+      out.push_back(node{"FusedGelu", n.name + "/gelu", {x}, {n.outputs[0]}, {}});
+      continue;
+    }
+    if (op == "SkipLayerNormalization" && !has_out(n, 1) && !has_out(n, 2)) {
+      int x = n.inputs[0];
+      if (has_in(n, 4)) {
+        int biased = temp(x, "/bias");
+        out.push_back(node{"Add", n.name + "/add_bias", {x, n.inputs[4]}, {biased}, {}});
+        x = biased;
+      }
+      int sum = has_out(n, 3) ? n.outputs[3] : temp(n.inputs[0], "/skip");
+      out.push_back(node{"Add", n.name + "/add_skip", {x, n.inputs[1]}, {sum}, {}});
+      std::vector<int> ins{sum, n.inputs[2]};
+      if (has_in(n, 3))
+        ins.push_back(n.inputs[3]);
+      node ln{"FusedLayerNorm", n.name + "/layernorm", ins, {n.outputs[0]}, {}};
+      ln.set_f("epsilon", n.get_f("epsilon", 1e-5f));
+      out.push_back(std::move(ln));
+      continue;
+    }
+    out.push_back(std::move(n));
+  }
+  g.nodes = std::move(out);
+}
+
 void run_contrib_op(const node& n, const std::vector<tensor_ref>& in,
                     const std::vector<tensor_ref>& out) {
   auto op = bare(n.op);

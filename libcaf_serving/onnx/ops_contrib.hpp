@@ -50,6 +50,15 @@ std::optional<std::string> check_contrib_node(const node& n);
 /// the input whose shape or type does not fit.
 std::variant<std::vector<inferred>, std::string> infer_contrib_op(const graph& g, const node& n);
 
+/// Rewrites, in a specialized graph (every shape known), the contrib nodes that
+/// the engine's own operators compute alike into those, so that the fusion
+/// passes that follow fold them into matmul epilogues and threaded steps:
+/// BiasGelu(X, B) and Gelu(X) become Add + FusedGelu; SkipLayerNormalization
+/// whose mean and inv_std_var outputs are unused becomes Add(X, bias),
+/// Add(skip) (the input_skip_bias_sum output) and FusedLayerNorm. The others
+/// stay (their reference kernels run them).
+void lower_contrib_ops(graph& g);
+
 /// Runs `n` on shapes and types that infer_contrib_op() accepted; omitted
 /// outputs have no data.
 void run_contrib_op(const node& n, const std::vector<tensor_ref>& in,

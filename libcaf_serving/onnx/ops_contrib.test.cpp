@@ -9,13 +9,17 @@
 
 #include "onnx/importer.hpp"
 #include "onnx/ops.hpp"
+#include "onnx/passes.hpp"
 #include "onnx/testing.hpp"
 
 #include <doctest/doctest.h>
 #include <onnx/onnx_pb.h>
 
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <map>
+#include <sstream>
 #include <random>
 #include <string>
 #include <variant>
@@ -250,4 +254,50 @@ TEST_CASE("Attention with a key-length mask ignores the padded keys") {
   for (int i = 0; i < 4; ++i)
     CHECK(a[i] == b[i]);
   CHECK(a[4] != b[4]);
+}
+
+TEST_CASE("the optimizer's BERT: BiasGelu and SkipLayerNormalization become the engine's fused "
+          "ops, with the outputs of the reference kernels") {
+  const std::filesystem::path dir = std::filesystem::path(CAF_SERVING_ONNX_FIXTURES);
+  const std::string model = "contrib_bert_2layer_ort_optimized";
+  auto g = import_model(dir / "models" / model / "1" / "model.onnx");
+  REQUIRE_MESSAGE(g.ok(), g.error().message);
+  auto read = [](const std::filesystem::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  };
+  std::vector<std::string> data(g->inputs.size());
+  std::vector<std::vector<int64_t>> shapes;
+  std::istringstream lines(read(dir / "reference" / model / "manifest.txt"));
+  std::string kind, name, type, dims, file;
+  while (lines >> kind >> name >> type >> dims >> file)
+    for (size_t i = 0; i < g->inputs.size(); ++i)
+      if (kind == "input" && g->values[g->inputs[i]].name == name)
+        data[i] = read(dir / "reference" / model / file);
+  for (size_t i = 0; i < g->inputs.size(); ++i) {
+    auto s = g->values[g->inputs[i]].shape;
+    s[0] = 2;
+    shapes.push_back(s);
+  }
+  auto plain = specialize(*g, shapes);
+  REQUIRE_MESSAGE(plain.ok(), plain.error().message);
+  auto fused = optimize(*g, shapes);
+  REQUIRE_MESSAGE(fused.ok(), fused.error().message);
+  auto count = [](const graph& x, const std::string& op) {
+    int c = 0;
+    for (const auto& n : x.nodes) c += n.op == op;
+    return c;
+  };
+  CHECK(count(*plain, "com.microsoft.BiasGelu") == 2);
+  CHECK(count(*plain, "com.microsoft.SkipLayerNormalization") == 4);
+  CHECK(count(*fused, "com.microsoft.BiasGelu") == 0);
+  CHECK(count(*fused, "com.microsoft.SkipLayerNormalization") == 0);
+  CHECK(count(*fused, "FusedLayerNorm") == 4);
+  CHECK(count(*fused, "com.microsoft.Attention") == 2); // stays: its reference kernel
+  auto a = run_reference_graph(*plain, data), b = run_reference_graph(*fused, data);
+  REQUIRE(a.size() == b.size());
+  for (size_t i = 0; i < a.size(); ++i)
+    CHECK(testing::relative_error(testing::as_floats(b[i]), testing::as_floats(a[i])) < 1e-5);
 }
