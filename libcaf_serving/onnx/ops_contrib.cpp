@@ -33,6 +33,11 @@ const std::vector<std::string>& contrib_names() {
 /// name in node::op, unprefixed.
 constexpr const char* default_domain_rms = "SimplifiedLayerNormalization";
 
+/// The additive mask [B, 1, 1, L] (0 or mask_filter_value) of Attention's mask_index
+/// ([B] key lengths or [B, L] 1/0), which lower_contrib_ops() gives FusedAttention; the
+/// engine's own operator, never imported (the importer prefixes every contrib op).
+constexpr const char* attention_mask_op = "com.microsoft.AttentionMask (engine)";
+
 /// node::op without "com.microsoft.".
 std::string bare(const std::string& op) {
   return op == default_domain_rms ? op : op.substr(std::strlen(contrib_prefix));
@@ -383,7 +388,7 @@ const op_table& contrib_operator_table() {
 }
 
 bool is_contrib_op(const std::string& op) {
-  if (op == default_domain_rms)
+  if (op == default_domain_rms || op == attention_mask_op)
     return true;
   return op.rfind(contrib_prefix, 0) == 0
          && std::binary_search(contrib_names().begin(), contrib_names().end(), bare(op));
@@ -472,8 +477,72 @@ infer_result infer_contrib_op(const graph& g, const node& n) {
     return infer_mha(g, n);
   if (op == "EmbedLayerNormalization")
     return infer_embed(g, n);
+  if (n.op == attention_mask_op)
+    return one({x.shape[0], 1, 1, n.get_i("keys", 1)});
   return "no shape inference for operator '" + n.op + "'";
 }
+
+namespace {
+
+/// Columns [from, from + width) of a constant [rows, cols] matrix (or [cols] vector).
+constant_ptr columns(const tensor_data& t, int64_t from, int64_t width) {
+  int64_t cols = t.shape.back(), rows = t.elements() / cols;
+  auto r = make_tensor(datatype::fp32, t.shape.size() == 1 ? std::vector<int64_t>{width}
+                                                            : std::vector<int64_t>{rows, width});
+  for (int64_t i = 0; i < rows; ++i)
+    std::copy(t.as<float>() + i * cols + from, t.as<float>() + i * cols + from + width,
+              r->as_mut<float>() + i * width);
+  return r;
+}
+
+/// Attention with constant weights and bias, Q, K and V of one size, no causal mask,
+/// no attention_bias, and no mask or a [B] (key lengths) or [B, L] mask, as three
+/// MatMul + Add (bias) and FusedAttention, so that the epilogue fusion and the
+/// engine's attention step run it; false (nothing changed) for any other.
+bool lower_attention(graph& g, const node& n, std::vector<node>& out) {
+  // Copies: adding values below moves g.values.
+  const value w = g.values[n.inputs[1]];
+  if (!w.constant || !has_in(n, 2) || !g.values[n.inputs[2]].constant || has_in(n, 5)
+      || n.get_i("unidirectional", 0) != 0 || n.has("qkv_hidden_sizes") || w.shape.size() != 2)
+    return false;
+  int64_t S = g.values[n.inputs[0]].shape[1], H = w.shape[1] / 3;
+  if (has_in(n, 3)) {
+    const auto& m = g.values[n.inputs[3]].shape;
+    int64_t B = g.values[n.inputs[0]].shape[0];
+    if (!((m.size() == 1 && m[0] == B) || (m.size() == 2 && m[1] == S)))
+      return false;
+  }
+  const value y = g.values[n.outputs[0]];
+  const constant_ptr bias = g.values[n.inputs[2]].constant;
+  std::vector<int> qkv;
+  for (int part = 0; part < 3; ++part) {
+    std::string tag = std::string(1, "qkv"[part]);
+    int wv = g.add_constant(n.name + "/w" + tag, columns(*w.constant, part * H, H));
+    int bv = g.add_constant(n.name + "/b" + tag,
+                            columns(*bias, part * H, H));
+    int prod = g.add_value(n.name + "/" + tag + "_matmul", datatype::fp32, y.shape, true);
+    int sum = g.add_value(n.name + "/" + tag, datatype::fp32, y.shape, true);
+    out.push_back(node{"MatMul", n.name + "/" + tag + "_matmul", {n.inputs[0], wv}, {prod}, {}});
+    out.push_back(node{"Add", n.name + "/" + tag + "_bias", {prod, bv}, {sum}, {}});
+    qkv.push_back(sum);
+  }
+  if (has_in(n, 3)) {
+    int mask = g.add_value(n.name + "/mask", datatype::fp32, {y.shape[0], 1, 1, S}, true);
+    node m{attention_mask_op, n.name + "/mask", {n.inputs[3]}, {mask}, {}};
+    m.set_i("keys", S);
+    m.set_f("mask_filter_value", n.get_f("mask_filter_value", -10000.0f));
+    out.push_back(std::move(m));
+    qkv.push_back(mask);
+  }
+  float scale = n.get_f("scale", 0.f);
+  node att{"FusedAttention", n.name + "/attention", qkv, {n.outputs[0]}, {}};
+  att.set_i("num_heads", n.get_i("num_heads", 1));
+  att.set_f("scale", scale != 0.f ? scale : 1.0f / std::sqrt(static_cast<float>(H / n.get_i("num_heads", 1))));
+  out.push_back(std::move(att));
+  return true;
+}
+
+} // namespace
 
 void lower_contrib_ops(graph& g) {
   std::vector<node> out;
@@ -516,6 +585,8 @@ void lower_contrib_ops(graph& g) {
       out.push_back(std::move(ln));
       continue;
     }
+    if (op == "Attention" && lower_attention(g, n, out))
+      continue;
     out.push_back(std::move(n));
   }
   g.nodes = std::move(out);
@@ -648,6 +719,18 @@ void run_contrib_op(const node& n, const std::vector<tensor_ref>& in,
              return (km.masked(b, i, j) ? km.filter : 0.f) + bias_at(bias, b, h, i, j, S, L);
            },
            y.as<float>());
+    return;
+  }
+  if (n.op == attention_mask_op) {
+    key_mask km;
+    km.m = &in[0];
+    km.B = in[0].shape[0];
+    km.L = y.shape[3];
+    km.S = km.L;
+    float filter = n.get_f("mask_filter_value", -10000.0f);
+    for (int64_t b = 0; b < km.B; ++b)
+      for (int64_t j = 0; j < km.L; ++j)
+        y.as<float>()[b * km.L + j] = km.masked(b, 0, j) ? filter : 0.f;
     return;
   }
   if (op == "EmbedLayerNormalization") {

@@ -55,8 +55,11 @@ std::variant<std::vector<inferred>, std::string> infer_contrib_op(const graph& g
 /// passes that follow fold them into matmul epilogues and threaded steps:
 /// BiasGelu(X, B) and Gelu(X) become Add + FusedGelu; SkipLayerNormalization
 /// whose mean and inv_std_var outputs are unused becomes Add(X, bias),
-/// Add(skip) (the input_skip_bias_sum output) and FusedLayerNorm. The others
-/// stay (their reference kernels run them).
+/// Add(skip) (the input_skip_bias_sum output) and FusedLayerNorm; Attention
+/// with constant weights and bias, no causal mask, no attention_bias and no
+/// mask or a [B] / [B, L] one becomes three MatMul + Add and FusedAttention
+/// (with an engine-internal node that turns the mask into FusedAttention's
+/// additive [B, 1, 1, L]). The others stay (their reference kernels run them).
 void lower_contrib_ops(graph& g);
 
 /// Runs `n` on shapes and types that infer_contrib_op() accepted; omitted

@@ -256,8 +256,8 @@ TEST_CASE("Attention with a key-length mask ignores the padded keys") {
   CHECK(a[4] != b[4]);
 }
 
-TEST_CASE("the optimizer's BERT: BiasGelu and SkipLayerNormalization become the engine's fused "
-          "ops, with the outputs of the reference kernels") {
+TEST_CASE("the optimizer's BERT: BiasGelu, SkipLayerNormalization and Attention become the "
+          "engine's fused ops, with the outputs of the reference kernels") {
   const std::filesystem::path dir = std::filesystem::path(CAF_SERVING_ONNX_FIXTURES);
   const std::string model = "contrib_bert_2layer_ort_optimized";
   auto g = import_model(dir / "models" / model / "1" / "model.onnx");
@@ -295,7 +295,10 @@ TEST_CASE("the optimizer's BERT: BiasGelu and SkipLayerNormalization become the 
   CHECK(count(*fused, "com.microsoft.BiasGelu") == 0);
   CHECK(count(*fused, "com.microsoft.SkipLayerNormalization") == 0);
   CHECK(count(*fused, "FusedLayerNorm") == 4);
-  CHECK(count(*fused, "com.microsoft.Attention") == 2); // stays: its reference kernel
+  // Attention with constant weights and EmbedLayerNormalization's key lengths as mask.
+  CHECK(count(*plain, "com.microsoft.Attention") == 2);
+  CHECK(count(*fused, "com.microsoft.Attention") == 0);
+  CHECK(count(*fused, "FusedAttention") == 2);
   auto a = run_reference_graph(*plain, data), b = run_reference_graph(*fused, data);
   REQUIRE(a.size() == b.size());
   for (size_t i = 0; i < a.size(); ++i)
