@@ -687,6 +687,10 @@ def fixtures(out):
     opset_fixtures.export(out, write_model)
     # torch's SDPA as both exporters write it (needs onnxscript for dynamo=True).
     pattern_fixtures.export(out, write_model)
+    # com.microsoft operators of onnxruntime's transformer optimizer (onnx.helper only).
+    import contrib_fixtures
+    contrib_fixtures.export(out, write_model)
+    contrib_fixtures.export_optimized_bert(out, write_model, bert_model, BertWrapper, torch_export)
     # Variable dimensions besides the batch (onnx.helper only; several reference sizes).
     import onnx_dynamic_fixtures
     onnx_dynamic_fixtures.write(out)

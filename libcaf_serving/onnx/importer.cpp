@@ -172,6 +172,7 @@ result<constant_ptr> convert_tensor(const pb::TensorProto& t, const std::string&
 /// them all, so that a user sees the whole gap at once instead of one operator
 /// per attempt.
 std::optional<serving_error> refuse_unsupported(const pb::GraphProto& pg, int64_t opset,
+                                                int64_t contrib_opset,
                                                 const std::string& origin) {
   struct use {
     size_t first = 0; ///< node index of the first use, to break ties in file order
@@ -184,8 +185,11 @@ std::optional<serving_error> refuse_unsupported(const pb::GraphProto& pg, int64_
     bool default_domain = pn.domain().empty() || pn.domain() == "ai.onnx";
     if (default_domain && operator_version(pn.op_type(), opset))
       continue;
-    foreign_domain = foreign_domain || !default_domain;
     std::string key = default_domain ? pn.op_type() : pn.domain() + "." + pn.op_type();
+    // com.microsoft operators are registered as "com.microsoft.<op>" (ops_contrib.hpp).
+    if (pn.domain() == "com.microsoft" && operator_version(key, contrib_opset))
+      continue;
+    foreign_domain = foreign_domain || !default_domain;
     auto [it, fresh] = missing.try_emplace(key);
     if (fresh)
       it->second.first = static_cast<size_t>(i);
@@ -218,8 +222,12 @@ std::optional<serving_error> refuse_unsupported(const pb::GraphProto& pg, int64_
     if (count > names_shown)
       list += " and " + std::to_string(count - names_shown) + " more";
     list += ")";
-    // An operator the engine runs, but that ONNX defines only after this opset.
-    if (const auto* e = find_operator(op))
+    // An operator the engine runs, but that ONNX defines only after this opset, or a
+    // com.microsoft one in a model that does not import that domain at version 1.
+    if (op.rfind("com.microsoft.", 0) == 0 && find_operator(op))
+      list += " (the model does not import the com.microsoft domain at version "
+              + std::to_string(find_operator(op)->since.front()) + ")";
+    else if (const auto* e = find_operator(op))
       list += " (ONNX defines it from opset " + std::to_string(e->since.front()) + ")";
   }
   std::string supported;
@@ -230,9 +238,9 @@ std::optional<serving_error> refuse_unsupported(const pb::GraphProto& pg, int64_
                      + (order.size() == 1 ? " operator" : " operators") + " that the engine "
                      "does not support at opset " + std::to_string(opset) + ": " + list;
   if (foreign_domain)
-    what += "; the engine runs only the default ONNX domain (a model saved after onnxruntime's "
-            "transformer optimizer uses com.microsoft operators: serve the model before "
-            "optimization)";
+    what += "; the engine runs the default ONNX domain and the com.microsoft operators among "
+            "the supported ones (version 1, as onnxruntime's transformer optimizer writes them); serve the "
+            "model before optimization, or optimize it with those operators only";
   return fail(origin, what + "; supported operators: " + supported);
 }
 } // namespace
@@ -261,9 +269,13 @@ result<graph> import_model_from(const std::string& bytes, const std::string& ori
                         "re-export the model");
   graph g;
   g.producer = model.producer_name() + " " + model.producer_version();
-  for (const auto& op : model.opset_import())
+  int64_t contrib_opset = 0; // the com.microsoft domain's version; 0 when not imported
+  for (const auto& op : model.opset_import()) {
     if (op.domain().empty() || op.domain() == "ai.onnx")
       g.opset = op.version();
+    if (op.domain() == "com.microsoft")
+      contrib_opset = op.version();
+  }
   if (g.opset == 0)
     return fail(origin, "the model imports no default-domain opset; re-export it with an opset "
                         "from " + std::to_string(min_opset) + " to " + std::to_string(max_opset));
@@ -275,7 +287,7 @@ result<graph> import_model_from(const std::string& bytes, const std::string& ori
                             "torch.onnx.export(..., opset_version=18)");
 
   const auto& pg = model.graph();
-  if (auto refused = refuse_unsupported(pg, g.opset, origin))
+  if (auto refused = refuse_unsupported(pg, g.opset, contrib_opset, origin))
     return *refused;
   std::map<std::string, int> by_name;
   /// STRING values (graph inputs and Identity copies of them): the input each copies.
@@ -356,7 +368,11 @@ result<graph> import_model_from(const std::string& bytes, const std::string& ori
     }
     for (const auto& o : pn.output())
       outs.push_back(o.empty() ? -1 : value_of(o));
-    auto& n = g.add_node(pn.op_type(), node_name, std::move(ins), std::move(outs));
+    // A com.microsoft node keeps its domain in its op, apart from the engine's own fused
+    // operators of the same name (ops_contrib.hpp).
+    std::string op = pn.domain() == "com.microsoft" ? "com.microsoft." + pn.op_type()
+                                                    : pn.op_type();
+    auto& n = g.add_node(op, node_name, std::move(ins), std::move(outs));
     for (const auto& a : pn.attribute()) {
       attribute at;
       switch (a.type()) {

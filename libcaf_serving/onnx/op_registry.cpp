@@ -1,5 +1,6 @@
 #include "onnx/op_registry.hpp"
 
+#include "onnx/ops_contrib.hpp"
 #include "onnx/ops_more.hpp"
 #include "onnx/ops_nd.hpp"
 #include "onnx/ops_simple.hpp"
@@ -46,7 +47,9 @@ const op_table& core_operator_table() {
     {"Greater", {1, 7, 9, 13}},
     {"GreaterOrEqual", {12, 16}},
     {"Identity", {1, 13, 14, 16, 19, 21, 23, 24, 25}},
-    {"LayerNormalization", {17}},
+    // 1: onnxruntime's own LayerNormalization in the default domain (ONNX defines it from
+    // 17 on, alike), which its transformer optimizer writes into models of opsets below 17.
+    {"LayerNormalization", {1, 17}},
     {"Less", {1, 7, 9, 13}},
     {"LessOrEqual", {12, 16}},
     {"MatMul", {1, 9, 13}},
@@ -85,6 +88,7 @@ const std::vector<const op_table& (*)()>& tables() {
     &simple_operator_table,
     &nd_operator_table,
     &more_operator_table,
+    &contrib_operator_table,
   };
   return all;
 }
@@ -144,6 +148,8 @@ std::optional<int64_t> operator_version(const std::string& op, int64_t opset) {
 }
 
 std::optional<std::string> check_node_version(const graph& g, const node& n) {
+  if (is_contrib_op(n.op))
+    return check_contrib_node(n);
   auto version = operator_version(n.op, g.opset);
   if (!version)
     return std::nullopt; // not an ONNX operator the registry knows: the importer refuses it

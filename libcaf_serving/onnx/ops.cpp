@@ -2,6 +2,7 @@
 
 #include "onnx/half.hpp"
 #include "onnx/ops_internal.hpp"
+#include "onnx/ops_contrib.hpp"
 #include "onnx/ops_more.hpp"
 #include "onnx/ops_nd.hpp"
 #include "onnx/ops_simple.hpp"
@@ -629,6 +630,8 @@ infer_result infer_shapes(const graph& g, const node& n) {
     return infer_nd_op(g, n);
   if (is_more_op(op))
     return infer_more_op(g, n);
+  if (is_contrib_op(op))
+    return infer_contrib_op(g, n);
 
   if (is_binary(op) || op == "Where") {
     shape_t s = in(0).shape;
@@ -957,6 +960,10 @@ void run_reference(const node& n, const std::vector<tensor_ref>& in,
   }
   if (is_more_op(op)) {
     run_more_op(n, in, out);
+    return;
+  }
+  if (is_contrib_op(op)) {
+    run_contrib_op(n, in, out);
     return;
   }
   if (is_binary(op) || op == "Where") {

@@ -1,6 +1,7 @@
 #include "onnx/passes.hpp"
 
 #include "onnx/ops.hpp"
+#include "onnx/ops_contrib.hpp"
 #include "onnx/ops_internal.hpp"
 
 #include <algorithm>
@@ -916,6 +917,7 @@ result<graph> optimize(const graph& src, const std::vector<std::vector<int64_t>>
   if (cfg.fold_batchnorm)
     fold_batchnorm(*g);
   if (cfg.fuse_patterns) {
+    lower_contrib_ops(*g); // com.microsoft nodes that the fusions below can take
     fuse_layernorm(*g);
     fuse_gelu(*g);
     fuse_attention(*g);

@@ -1,0 +1,772 @@
+#include "onnx/ops_contrib.hpp"
+
+#include "onnx/ops_internal.hpp"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+
+namespace caf_serving::onnx {
+
+namespace {
+
+using namespace ops_internal;
+using infer_result = std::variant<std::vector<inferred>, std::string>;
+
+/// The operators without the prefix, as onnxruntime's ContribOperators.md names them.
+const std::vector<std::string>& contrib_names() {
+  static const std::vector<std::string> names{
+    "Attention",        "BiasGelu",
+    "EmbedLayerNormalization",       "FastGelu",  "FusedMatMul",
+    "Gelu",             "MultiHeadAttention",     "QuickGelu",
+    "SkipLayerNormalization",
+    "SkipSimplifiedLayerNormalization",
+  };
+  return names;
+}
+
+/// onnxruntime registers SimplifiedLayerNormalization (RMSNorm, which T5's optimized models
+/// use) in the default ONNX domain, version 1, though ONNX does not define it: it keeps that
+/// name in node::op, unprefixed.
+constexpr const char* default_domain_rms = "SimplifiedLayerNormalization";
+
+/// The additive mask [B, 1, 1, L] (0 or mask_filter_value) of Attention's mask_index
+/// ([B] key lengths or [B, L] 1/0), which lower_contrib_ops() gives FusedAttention; the
+/// engine's own operator, never imported (the importer prefixes every contrib op).
+constexpr const char* attention_mask_op = "com.microsoft.AttentionMask (engine)";
+
+/// node::op without "com.microsoft.".
+std::string bare(const std::string& op) {
+  return op == default_domain_rms ? op : op.substr(std::strlen(contrib_prefix));
+}
+
+bool has_in(const node& n, size_t i) {
+  return n.inputs.size() > i && n.inputs[i] >= 0;
+}
+
+bool has_out(const node& n, size_t i) {
+  return n.outputs.size() > i && n.outputs[i] >= 0;
+}
+
+// ------------------------------------------------------------------ kernels
+
+float gelu_erf(float x) {
+  return 0.5f * x * (1.0f + std::erf(x * 0.70710678118654752f));
+}
+
+/// onnxruntime's FastGelu: the tanh approximation of GELU.
+float gelu_tanh(float x) {
+  return x * (0.5f + 0.5f * std::tanh(x * (0.7978845608028654f + 0.035677408136300125f * x * x)));
+}
+
+/// Reads element `i` of an integer (or bool) tensor as int64.
+int64_t int_at(const tensor_ref& t, int64_t i) {
+  switch (t.dtype) {
+    case datatype::int32: return t.as<int32_t>()[i];
+    case datatype::int64: return t.as<int64_t>()[i];
+    case datatype::bool_: return t.as<bool>()[i] ? 1 : 0;
+    default: return static_cast<int64_t>(t.as<float>()[i]);
+  }
+}
+
+/// Normalizes each row of `x` (rows x width) into `y`: LayerNorm (mean and
+/// variance) or, with `simplified`, RMSNorm (root mean square, no mean); then
+/// scale by gamma and add beta. Writes each row's mean and 1/stddev where asked.
+void norm_rows(const float* x, int64_t rows, int64_t width, const float* gamma,
+               const float* beta, float eps, bool simplified, float* y, float* mean_out,
+               float* inv_out) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* p = x + r * width;
+    double mean = 0, var = 0;
+    if (!simplified) {
+      for (int64_t i = 0; i < width; ++i) mean += p[i];
+      mean /= static_cast<double>(width);
+    }
+    for (int64_t i = 0; i < width; ++i) var += (p[i] - mean) * (p[i] - mean);
+    var /= static_cast<double>(width);
+    double inv = 1.0 / std::sqrt(var + eps);
+    float* o = y + r * width;
+    for (int64_t i = 0; i < width; ++i)
+      o[i] = static_cast<float>((p[i] - mean) * inv) * gamma[i] + (beta ? beta[i] : 0.f);
+    if (mean_out)
+      mean_out[r] = static_cast<float>(mean);
+    if (inv_out)
+      inv_out[r] = static_cast<float>(inv);
+  }
+}
+
+/// Multi-head scaled dot-product attention over projected Q [B, S, N*dk],
+/// K [B, L, N*dk], V [B, L, N*dv] into out [B, S, N*dv]. `mask(b, h, i, j)`
+/// gives the additive term of each score (0, a mask_filter_value, a bias).
+/// Each head's two products run on OpenBLAS, reading the heads in place.
+template <class Mask>
+void attend(const float* q, const float* k, const float* v, int64_t B, int64_t S, int64_t L,
+            int64_t N, int64_t dk, int64_t dv, float scale, Mask mask, float* out) {
+  std::vector<float> scores(static_cast<size_t>(S * L));
+  const int ldq = static_cast<int>(N * dk), ldv = static_cast<int>(N * dv);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < N; ++h) {
+      const float* qh = q + b * S * N * dk + h * dk;
+      const float* kh = k + b * L * N * dk + h * dk;
+      const float* vh = v + b * L * N * dv + h * dv;
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(S),
+                  static_cast<int>(L), static_cast<int>(dk), scale, qh, ldq, kh, ldq, 0.f,
+                  scores.data(), static_cast<int>(L));
+      for (int64_t i = 0; i < S; ++i) {
+        float* row = scores.data() + i * L;
+        float mx = -INFINITY;
+        for (int64_t j = 0; j < L; ++j) {
+          row[j] += mask(b, h, i, j);
+          mx = std::max(mx, row[j]);
+        }
+        double sum = 0;
+        for (int64_t j = 0; j < L; ++j) {
+          row[j] = std::exp(row[j] - mx);
+          sum += row[j];
+        }
+        for (int64_t j = 0; j < L; ++j) row[j] = static_cast<float>(row[j] / sum);
+      }
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(S),
+                  static_cast<int>(dv), static_cast<int>(L), 1.f, scores.data(),
+                  static_cast<int>(L), vh, ldv, 0.f, out + b * S * N * dv + h * dv, ldv);
+    }
+}
+
+/// Attention's and MultiHeadAttention's mask of keys, as onnxruntime reads it:
+/// [B] key lengths (keys from the length on are masked), [2B] lengths then
+/// starts, [B, L] or [B, S, L] 1 = attend / 0 = masked, [B, 1, M, M] a causal
+/// window of which the first S x L corner counts. Masked scores get
+/// `filter` (set, not added, so causal and padding do not add up).
+struct key_mask {
+  const tensor_ref* m = nullptr;
+  int64_t B = 0, S = 0, L = 0;
+  bool causal = false;
+  float filter = -10000.0f;
+
+  bool masked(int64_t b, int64_t i, int64_t j) const {
+    if (causal && j > i + (L - S))
+      return true;
+    if (!m)
+      return false;
+    const auto& s = m->shape;
+    if (s.size() == 1) {
+      int64_t end = int_at(*m, b);
+      int64_t start = s[0] == 2 * B ? int_at(*m, B + b) : 0;
+      return j >= end || j < start;
+    }
+    if (s.size() == 2)
+      return int_at(*m, b * L + j) == 0;
+    if (s.size() == 3)
+      return int_at(*m, (b * S + i) * L + j) == 0;
+    int64_t M = s[3];
+    return int_at(*m, (b * M + i) * M + j) == 0; // [B, 1, M, M]
+  }
+};
+
+/// The additive attention bias [B or 1, N or 1, S, L] at (b, h, i, j), or 0.
+float bias_at(const tensor_ref* bias, int64_t b, int64_t h, int64_t i, int64_t j, int64_t S,
+              int64_t L) {
+  if (!bias)
+    return 0.f;
+  int64_t bb = bias->shape[0] == 1 ? 0 : b, hh = bias->shape[1] == 1 ? 0 : h;
+  return bias->as<float>()[((bb * bias->shape[1] + hh) * S + i) * L + j];
+}
+
+/// C[M, N] = alpha * op(A) x op(B) for one pair of row-major matrices, op a
+/// transpose or not (OpenBLAS).
+void gemm(const float* a, const float* b, float* c, int64_t M, int64_t K, int64_t N, bool ta,
+          bool tb, float alpha) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+              static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), alpha, a,
+              static_cast<int>(ta ? M : K), b, static_cast<int>(tb ? K : N), 0.f, c,
+              static_cast<int>(N));
+}
+
+// ------------------------------------------------------------------ checks
+
+std::string shape_of(const graph& g, const node& n, size_t i) {
+  return shape_string(g.values[n.inputs[i]].shape);
+}
+
+/// Each present input among `which` is fp32.
+std::optional<std::string> need_float(const graph& g, const node& n,
+                                      std::initializer_list<size_t> which) {
+  for (size_t i : which)
+    if (has_in(n, i) && g.values[n.inputs[i]].dtype != datatype::fp32)
+      return "input " + std::to_string(i) + " ('" + g.values[n.inputs[i]].name + "') is "
+             + std::string(to_string(g.values[n.inputs[i]].dtype))
+             + "; the engine runs this operator on FP32 only (export the model in fp32)";
+  return std::nullopt;
+}
+
+/// Each present input among `which` is an integer (INT32, as onnxruntime wants, or INT64).
+std::optional<std::string> need_int(const graph& g, const node& n,
+                                    std::initializer_list<size_t> which) {
+  for (size_t i : which)
+    if (has_in(n, i)) {
+      auto t = g.values[n.inputs[i]].dtype;
+      if (t != datatype::int32 && t != datatype::int64)
+        return "input " + std::to_string(i) + " ('" + g.values[n.inputs[i]].name + "') is "
+               + std::string(to_string(t)) + "; it must be INT32";
+    }
+  return std::nullopt;
+}
+
+infer_result infer_layernorms(const graph& g, const node& n, const std::string& op) {
+  const auto& x = g.values[n.inputs[0]].shape;
+  if (x.empty())
+    return std::string("input 0 is a scalar; it needs a last axis to normalize");
+  int64_t width = x.back();
+  bool skip = op.rfind("Skip", 0) == 0;
+  if (skip) {
+    if (auto e = need_float(g, n, {0, 1, 2, 3, 4}))
+      return *e;
+    const auto& s = g.values[n.inputs[1]].shape;
+    auto b = broadcast_shapes(x, s);
+    if (!b || *b != x)
+      return "skip " + shape_of(g, n, 1) + " does not broadcast to input " + shape_string(x);
+  } else if (auto e = need_float(g, n, {0, 1})) {
+    return *e;
+  }
+  size_t gamma = skip ? 2 : 1;
+  std::vector<size_t> vectors{gamma};
+  if (op == "SkipLayerNormalization")
+    vectors = {2, 3, 4};
+  if (op == "SkipSimplifiedLayerNormalization")
+    vectors = {2, 3};
+  for (size_t i : vectors)
+    if (has_in(n, i) && g.values[n.inputs[i]].shape != std::vector<int64_t>{width}
+        && element_count(g.values[n.inputs[i]].shape) != width)
+      return "input " + std::to_string(i) + " has shape " + shape_of(g, n, i)
+             + " but the normalized axis has " + std::to_string(width) + " elements";
+  if (!skip && n.get_i("axis", -1) != -1 && norm_axis(n.get_i("axis", -1), x.size())
+                                                != static_cast<int64_t>(x.size()) - 1)
+    return "attribute 'axis' is " + std::to_string(n.get_i("axis", -1))
+           + "; the engine normalizes over the last axis only";
+  std::vector<int64_t> rows_shape(x.begin(), x.end() - 1);
+  rows_shape.push_back(1);
+  std::vector<inferred> out{{datatype::fp32, x}};
+  if (skip) {
+    // output, mean, inv_std_var, input_skip_bias_sum
+    out.push_back({datatype::fp32, rows_shape});
+    out.push_back({datatype::fp32, rows_shape});
+    out.push_back({datatype::fp32, x});
+  } else {
+    out.push_back({datatype::fp32, rows_shape}); // inv_std_var
+  }
+  out.resize(std::max<size_t>(1, std::min(out.size(), n.outputs.size())));
+  return out;
+}
+
+infer_result infer_attention(const graph& g, const node& n) {
+  if (auto e = need_float(g, n, {0, 1, 2, 5}))
+    return *e;
+  if (auto e = need_int(g, n, {3}))
+    return *e;
+  const auto& x = g.values[n.inputs[0]].shape;
+  const auto& w = g.values[n.inputs[1]].shape;
+  if (x.size() != 3 || w.size() != 2 || w[0] != x[2])
+    return "input " + shape_string(x) + " and weights " + shape_string(w)
+           + " are not [batch, sequence, hidden] and [hidden, 3 * hidden]";
+  int64_t heads = n.get_i("num_heads", 0);
+  auto sizes = n.get_ints("qkv_hidden_sizes", {w[1] / 3, w[1] / 3, w[1] / 3});
+  if (heads <= 0 || sizes.size() != 3 || sizes[0] != sizes[1]
+      || sizes[0] + sizes[1] + sizes[2] != w[1] || sizes[0] % heads || sizes[2] % heads)
+    return "weights " + shape_string(w) + " do not split into Q, K, V of num_heads "
+           + std::to_string(heads) + " heads (qkv_hidden_sizes " + shape_string(sizes) + ")";
+  if (has_in(n, 2) && element_count(g.values[n.inputs[2]].shape) != w[1])
+    return "bias " + shape_of(g, n, 2) + " does not have " + std::to_string(w[1]) + " elements";
+  int64_t B = x[0], S = x[1];
+  if (has_in(n, 3)) {
+    const auto& m = g.values[n.inputs[3]].shape;
+    bool ok = (m.size() == 1 && (m[0] == B || m[0] == 2 * B))
+              || (m.size() == 2 && m[0] == B && m[1] == S)
+              || (m.size() == 3 && m[0] == B && m[1] == S && m[2] == S)
+              || (m.size() == 4 && m[0] == B && m[1] == 1 && m[2] == m[3] && m[2] >= S);
+    if (!ok)
+      return "mask_index " + shape_string(m) + " is none of [batch], [2 * batch], [batch, "
+             "sequence], [batch, sequence, sequence], [batch, 1, max, max] for input "
+             + shape_string(x);
+  }
+  if (has_in(n, 5)) {
+    const auto& a = g.values[n.inputs[5]].shape;
+    if (a.size() != 4 || (a[0] != 1 && a[0] != B) || (a[1] != 1 && a[1] != heads) || a[2] != S
+        || a[3] != S)
+      return "attention_bias " + shape_string(a) + " is not [batch or 1, num_heads or 1, "
+             "sequence, sequence]";
+  }
+  return std::vector<inferred>{{datatype::fp32, {B, S, sizes[2]}}};
+}
+
+infer_result infer_mha(const graph& g, const node& n) {
+  if (auto e = need_float(g, n, {0, 1, 2, 3, 5}))
+    return *e;
+  if (auto e = need_int(g, n, {4}))
+    return *e;
+  const auto& q = g.values[n.inputs[0]].shape;
+  const auto& k = g.values[n.inputs[1]].shape;
+  const auto& v = g.values[n.inputs[2]].shape;
+  int64_t heads = n.get_i("num_heads", 0);
+  if (q.size() != 3 || k.size() != 3 || v.size() != 3 || k[0] != q[0] || v[0] != q[0]
+      || k[1] != v[1] || k[2] != q[2] || heads <= 0 || q[2] % heads || v[2] % heads)
+    return "query " + shape_string(q) + ", key " + shape_string(k) + ", value " + shape_string(v)
+           + " are not [batch, sequence, num_heads * head_size] with num_heads "
+           + std::to_string(heads) + " (the engine does not run packed or BNSH key/value)";
+  int64_t B = q[0], S = q[1], L = k[1];
+  if (has_in(n, 3) && element_count(g.values[n.inputs[3]].shape) != q[2] + k[2] + v[2])
+    return "bias " + shape_of(g, n, 3) + " does not have " + std::to_string(q[2] + k[2] + v[2])
+           + " elements (query, key and value hidden sizes)";
+  if (has_in(n, 4)) {
+    const auto& m = g.values[n.inputs[4]].shape;
+    bool ok = (m.size() == 1 && (m[0] == B || m[0] == 2 * B))
+              || (m.size() == 2 && m[0] == B && m[1] == L)
+              || (m.size() == 3 && m[0] == B && m[1] == S && m[2] == L);
+    if (!ok)
+      return "key_padding_mask " + shape_string(m) + " is none of [batch], [2 * batch], "
+             "[batch, kv_sequence], [batch, sequence, kv_sequence]";
+  }
+  if (has_in(n, 5)) {
+    const auto& a = g.values[n.inputs[5]].shape;
+    if (a.size() != 4 || (a[0] != 1 && a[0] != B) || (a[1] != 1 && a[1] != heads) || a[2] != S
+        || a[3] != L)
+      return "attention_bias " + shape_string(a) + " is not [batch or 1, num_heads or 1, "
+             "sequence, kv_sequence]";
+  }
+  return std::vector<inferred>{{datatype::fp32, {B, S, v[2]}}};
+}
+
+infer_result infer_embed(const graph& g, const node& n) {
+  if (auto e = need_int(g, n, {0, 1, 7, 8}))
+    return *e;
+  if (auto e = need_float(g, n, {2, 3, 4, 5, 6}))
+    return *e;
+  const auto& ids = g.values[n.inputs[0]].shape;
+  const auto& word = g.values[n.inputs[2]].shape;
+  const auto& pos = g.values[n.inputs[3]].shape;
+  if (ids.size() != 2 || word.size() != 2 || pos.size() != 2 || pos[1] != word[1])
+    return "input_ids " + shape_string(ids) + ", word_embedding " + shape_string(word)
+           + ", position_embedding " + shape_string(pos) + " are not [batch, sequence], "
+           "[vocab, hidden], [positions, hidden]";
+  int64_t H = word[1];
+  if (!has_in(n, 8) && pos[0] < ids[1])
+    return "position_embedding " + shape_string(pos) + " has fewer rows than the sequence "
+           + std::to_string(ids[1]);
+  for (size_t i : {1, 7, 8})
+    if (has_in(n, i) && g.values[n.inputs[i]].shape != ids
+        && !(i == 8 && g.values[n.inputs[i]].shape == std::vector<int64_t>{1, ids[1]}))
+      return "input " + std::to_string(i) + " " + shape_of(g, n, i)
+             + " does not have input_ids' shape " + shape_string(ids);
+  if (has_in(n, 1) != has_in(n, 4))
+    return std::string("segment_ids and segment_embedding must be given together");
+  if (has_in(n, 4) && g.values[n.inputs[4]].shape.size() != 2)
+    return "segment_embedding " + shape_of(g, n, 4) + " is not [segments, hidden]";
+  for (size_t i : {5, 6})
+    if (element_count(g.values[n.inputs[i]].shape) != H)
+      return "input " + std::to_string(i) + " " + shape_of(g, n, i) + " does not have "
+             + std::to_string(H) + " elements";
+  std::vector<inferred> out{{datatype::fp32, {ids[0], ids[1], H}},
+                            {datatype::int32, {ids[0]}},
+                            {datatype::fp32, {ids[0], ids[1], H}}};
+  out.resize(std::max<size_t>(1, std::min(out.size(), n.outputs.size())));
+  return out;
+}
+
+} // namespace
+
+const op_table& contrib_operator_table() {
+  static const op_table ops = [] {
+    op_table t;
+    for (const auto& name : contrib_names())
+      t.push_back({contrib_prefix + name, {1}});
+    t.push_back({default_domain_rms, {1}});
+    return t;
+  }();
+  return ops;
+}
+
+bool is_contrib_op(const std::string& op) {
+  if (op == default_domain_rms || op == attention_mask_op)
+    return true;
+  return op.rfind(contrib_prefix, 0) == 0
+         && std::binary_search(contrib_names().begin(), contrib_names().end(), bare(op));
+}
+
+std::optional<std::string> check_contrib_node(const node& n) {
+  auto op = bare(n.op);
+  auto refuse_attr = [&](const char* a, int64_t ok) -> std::optional<std::string> {
+    if (n.get_i(a, ok) == ok)
+      return std::nullopt;
+    return "attribute '" + std::string(a) + "' is " + std::to_string(n.get_i(a, ok))
+           + ", which the engine does not implement for com.microsoft " + op;
+  };
+  if (op == "Attention") {
+    if (has_in(n, 4) || has_in(n, 6) || has_out(n, 1))
+      return std::string("Attention with past/present key-value state (a decoder's cache) is "
+                         "not implemented; export the model without cache (use_cache=False)");
+    for (const char* a : {"do_rotary", "past_present_share_buffer"})
+      if (auto e = refuse_attr(a, 0))
+        return *e + "; optimize the model without it";
+  }
+  if (op == "MultiHeadAttention") {
+    if (!has_in(n, 1) || !has_in(n, 2))
+      return std::string("MultiHeadAttention with packed query/key/value (key or value "
+                         "omitted) is not implemented; optimize the model with "
+                         "disable_packed_qkv/disable_packed_kv");
+    for (size_t i = 6; i < n.inputs.size(); ++i)
+      if (has_in(n, i))
+        return "MultiHeadAttention input " + std::to_string(i) + " (past state or cache "
+               "positions) is not implemented; export the model without cache";
+    if (has_out(n, 1) || has_out(n, 2) || has_out(n, 3))
+      return std::string("MultiHeadAttention's present key/value outputs are not implemented; "
+                         "export the model without cache (use_cache=False)");
+  }
+  if (op == "FusedMatMul")
+    for (const char* a : {"transBatchA", "transBatchB"})
+      if (auto e = refuse_attr(a, 0))
+        return *e + "; only transA and transB are";
+  if (op == "EmbedLayerNormalization" && has_out(n, 1) && n.get_i("mask_index_type", 1) != 1)
+    return "attribute 'mask_index_type' is " + std::to_string(n.get_i("mask_index_type", 1))
+           + " with the mask_index output used; the engine computes mask_index_type 1 only";
+  return std::nullopt;
+}
+
+infer_result infer_contrib_op(const graph& g, const node& n) {
+  auto op = bare(n.op);
+  const auto& x = g.values[n.inputs[0]];
+  auto one = [](std::vector<int64_t> s) {
+    return std::vector<inferred>{{datatype::fp32, std::move(s)}};
+  };
+  if (op == "Gelu" || op == "QuickGelu" || op == "FastGelu" || op == "BiasGelu") {
+    if (auto e = need_float(g, n, {0, 1}))
+      return *e;
+    if (has_in(n, 1)) {
+      const auto& b = g.values[n.inputs[1]].shape;
+      if (b.size() != 1 || x.shape.empty() || b[0] != x.shape.back())
+        return "bias " + shape_string(b) + " is not one vector of input's last axis "
+               + shape_string(x.shape);
+    }
+    return one(x.shape);
+  }
+  if (op == "FusedMatMul") {
+    if (auto e = need_float(g, n, {0, 1}))
+      return *e;
+    auto a = x.shape, b = g.values[n.inputs[1]].shape;
+    if (a.size() < 2 || b.size() < 2)
+      return "inputs " + shape_string(a) + " and " + shape_string(b)
+             + " must have two axes or more";
+    if (n.get_i("transA", 0))
+      std::swap(a[a.size() - 1], a[a.size() - 2]);
+    if (n.get_i("transB", 0))
+      std::swap(b[b.size() - 1], b[b.size() - 2]);
+    auto batch = broadcast_shapes({a.begin(), a.end() - 2}, {b.begin(), b.end() - 2});
+    if (a.back() != b[b.size() - 2] || !batch)
+      return "inputs " + shape_string(a) + " and " + shape_string(b)
+             + " (after transA/transB) do not multiply";
+    batch->push_back(a[a.size() - 2]);
+    batch->push_back(b.back());
+    return one(*batch);
+  }
+  if (op.find("LayerNormalization") != std::string::npos && op != "EmbedLayerNormalization")
+    return infer_layernorms(g, n, op);
+  if (op == "Attention")
+    return infer_attention(g, n);
+  if (op == "MultiHeadAttention")
+    return infer_mha(g, n);
+  if (op == "EmbedLayerNormalization")
+    return infer_embed(g, n);
+  if (n.op == attention_mask_op)
+    return one({x.shape[0], 1, 1, n.get_i("keys", 1)});
+  return "no shape inference for operator '" + n.op + "'";
+}
+
+namespace {
+
+/// Columns [from, from + width) of a constant [rows, cols] matrix (or [cols] vector).
+constant_ptr columns(const tensor_data& t, int64_t from, int64_t width) {
+  int64_t cols = t.shape.back(), rows = t.elements() / cols;
+  auto r = make_tensor(datatype::fp32, t.shape.size() == 1 ? std::vector<int64_t>{width}
+                                                            : std::vector<int64_t>{rows, width});
+  for (int64_t i = 0; i < rows; ++i)
+    std::copy(t.as<float>() + i * cols + from, t.as<float>() + i * cols + from + width,
+              r->as_mut<float>() + i * width);
+  return r;
+}
+
+/// Attention with constant weights and bias, Q, K and V of one size, no causal mask,
+/// no attention_bias, and no mask or a [B] (key lengths) or [B, L] mask, as three
+/// MatMul + Add (bias) and FusedAttention, so that the epilogue fusion and the
+/// engine's attention step run it; false (nothing changed) for any other.
+bool lower_attention(graph& g, const node& n, std::vector<node>& out) {
+  // Copies: adding values below moves g.values.
+  const value w = g.values[n.inputs[1]];
+  if (!w.constant || !has_in(n, 2) || !g.values[n.inputs[2]].constant || has_in(n, 5)
+      || n.get_i("unidirectional", 0) != 0 || n.has("qkv_hidden_sizes") || w.shape.size() != 2)
+    return false;
+  int64_t S = g.values[n.inputs[0]].shape[1], H = w.shape[1] / 3;
+  if (has_in(n, 3)) {
+    const auto& m = g.values[n.inputs[3]].shape;
+    int64_t B = g.values[n.inputs[0]].shape[0];
+    if (!((m.size() == 1 && m[0] == B) || (m.size() == 2 && m[1] == S)))
+      return false;
+  }
+  const value y = g.values[n.outputs[0]];
+  const constant_ptr bias = g.values[n.inputs[2]].constant;
+  std::vector<int> qkv;
+  for (int part = 0; part < 3; ++part) {
+    std::string tag = std::string(1, "qkv"[part]);
+    int wv = g.add_constant(n.name + "/w" + tag, columns(*w.constant, part * H, H));
+    int bv = g.add_constant(n.name + "/b" + tag,
+                            columns(*bias, part * H, H));
+    int prod = g.add_value(n.name + "/" + tag + "_matmul", datatype::fp32, y.shape, true);
+    int sum = g.add_value(n.name + "/" + tag, datatype::fp32, y.shape, true);
+    out.push_back(node{"MatMul", n.name + "/" + tag + "_matmul", {n.inputs[0], wv}, {prod}, {}});
+    out.push_back(node{"Add", n.name + "/" + tag + "_bias", {prod, bv}, {sum}, {}});
+    qkv.push_back(sum);
+  }
+  if (has_in(n, 3)) {
+    int mask = g.add_value(n.name + "/mask", datatype::fp32, {y.shape[0], 1, 1, S}, true);
+    node m{attention_mask_op, n.name + "/mask", {n.inputs[3]}, {mask}, {}};
+    m.set_i("keys", S);
+    m.set_f("mask_filter_value", n.get_f("mask_filter_value", -10000.0f));
+    out.push_back(std::move(m));
+    qkv.push_back(mask);
+  }
+  float scale = n.get_f("scale", 0.f);
+  node att{"FusedAttention", n.name + "/attention", qkv, {n.outputs[0]}, {}};
+  att.set_i("num_heads", n.get_i("num_heads", 1));
+  att.set_f("scale", scale != 0.f ? scale : 1.0f / std::sqrt(static_cast<float>(H / n.get_i("num_heads", 1))));
+  out.push_back(std::move(att));
+  return true;
+}
+
+} // namespace
+
+void lower_contrib_ops(graph& g) {
+  std::vector<node> out;
+  out.reserve(g.nodes.size());
+  for (auto& n : g.nodes) {
+    if (!is_contrib_op(n.op)) {
+      out.push_back(std::move(n));
+      continue;
+    }
+    auto op = bare(n.op);
+    // A value like `like`'s, for an intermediate sum.
+    auto temp = [&](int like, const std::string& suffix) {
+      auto v = g.values[like];
+      return g.add_value(n.name + suffix, v.dtype, v.shape, true);
+    };
+    if (op == "Gelu" || op == "BiasGelu") {
+      int x = n.inputs[0];
+      if (op == "BiasGelu") {
+        int sum = temp(n.outputs[0], "/bias");
+        out.push_back(node{"Add", n.name + "/add_bias", {n.inputs[0], n.inputs[1]}, {sum}, {}});
+        x = sum;
+      }
+      out.push_back(node{"FusedGelu", n.name + "/gelu", {x}, {n.outputs[0]}, {}});
+      continue;
+    }
+    if (op == "SkipLayerNormalization" && !has_out(n, 1) && !has_out(n, 2)) {
+      int x = n.inputs[0];
+      if (has_in(n, 4)) {
+        int biased = temp(x, "/bias");
+        out.push_back(node{"Add", n.name + "/add_bias", {x, n.inputs[4]}, {biased}, {}});
+        x = biased;
+      }
+      int sum = has_out(n, 3) ? n.outputs[3] : temp(n.inputs[0], "/skip");
+      out.push_back(node{"Add", n.name + "/add_skip", {x, n.inputs[1]}, {sum}, {}});
+      std::vector<int> ins{sum, n.inputs[2]};
+      if (has_in(n, 3))
+        ins.push_back(n.inputs[3]);
+      node ln{"FusedLayerNorm", n.name + "/layernorm", ins, {n.outputs[0]}, {}};
+      ln.set_f("epsilon", n.get_f("epsilon", 1e-5f));
+      out.push_back(std::move(ln));
+      continue;
+    }
+    if (op == "Attention" && lower_attention(g, n, out))
+      continue;
+    out.push_back(std::move(n));
+  }
+  g.nodes = std::move(out);
+}
+
+void run_contrib_op(const node& n, const std::vector<tensor_ref>& in,
+                    const std::vector<tensor_ref>& out) {
+  auto op = bare(n.op);
+  auto has = [&](size_t i) { return in.size() > i && in[i].data != nullptr; };
+  auto out_data = [&](size_t i) -> float* {
+    return out.size() > i && out[i].data ? out[i].as<float>() : nullptr;
+  };
+  const auto& y = out[0];
+  int64_t count = y.elements();
+  if (op == "Gelu" || op == "QuickGelu" || op == "FastGelu" || op == "BiasGelu") {
+    const float* x = in[0].as<float>();
+    const float* b = has(1) ? in[1].as<float>() : nullptr;
+    int64_t nb = b ? in[1].elements() : 1;
+    float alpha = n.get_f("alpha", 1.702f);
+    float* o = y.as<float>();
+    for (int64_t i = 0; i < count; ++i) {
+      float v = x[i] + (b ? b[i % nb] : 0.f);
+      if (op == "FastGelu")
+        o[i] = gelu_tanh(v);
+      else if (op == "QuickGelu")
+        o[i] = v / (1.0f + std::exp(-alpha * v));
+      else
+        o[i] = gelu_erf(v);
+    }
+    return;
+  }
+  if (op == "FusedMatMul") {
+    bool ta = n.get_i("transA", 0) != 0, tb = n.get_i("transB", 0) != 0;
+    float alpha = n.get_f("alpha", 1.0f);
+    const auto &as = in[0].shape, &bs = in[1].shape;
+    int64_t M = y.shape[y.shape.size() - 2], N = y.shape.back();
+    int64_t K = ta ? as[as.size() - 2] : as.back();
+    shape_t batch(y.shape.begin(), y.shape.end() - 2);
+    shape_t abatch(as.begin(), as.end() - 2), bbatch(bs.begin(), bs.end() - 2);
+    auto ast = broadcast_strides(abatch, batch), bst = broadcast_strides(bbatch, batch);
+    int64_t i = 0;
+    broadcast_loop<2>(batch.empty() ? shape_t{1} : batch,
+                      batch.empty() ? std::array<shape_t, 2>{shape_t{0}, shape_t{0}}
+                                    : std::array<shape_t, 2>{ast, bst},
+                      [&](int64_t, const std::array<int64_t, 2>& off) {
+                        gemm(in[0].as<float>() + off[0] * M * K,
+                             in[1].as<float>() + off[1] * K * N, y.as<float>() + i * M * N, M, K,
+                             N, ta, tb, alpha);
+                        ++i;
+                      });
+    return;
+  }
+  if (op.find("LayerNormalization") != std::string::npos && op != "EmbedLayerNormalization") {
+    bool skip = op.rfind("Skip", 0) == 0, simplified = op.find("Simplified") != std::string::npos;
+    int64_t width = in[0].shape.back(), rows = in[0].elements() / std::max<int64_t>(width, 1);
+    float eps = n.get_f("epsilon", 1e-5f);
+    const float* x = in[0].as<float>();
+    std::vector<float> sum;
+    if (skip) {
+      // input + skip (broadcast) + bias, which output 3 also returns.
+      sum.resize(static_cast<size_t>(in[0].elements()));
+      int64_t ns = in[1].elements();
+      size_t bias_at = simplified ? 3 : 4;
+      const float* bias = has(bias_at) ? in[bias_at].as<float>() : nullptr;
+      for (int64_t i = 0; i < in[0].elements(); ++i)
+        sum[i] = x[i] + in[1].as<float>()[i % ns] + (bias ? bias[i % width] : 0.f);
+      x = sum.data();
+      if (float* s = out_data(3))
+        std::copy(sum.begin(), sum.end(), s);
+    }
+    const float* gamma = in[skip ? 2 : 1].as<float>();
+    const float* beta = !simplified && skip && has(3) ? in[3].as<float>() : nullptr;
+    norm_rows(x, rows, width, gamma, beta, eps, simplified, y.as<float>(),
+              skip ? out_data(1) : nullptr, skip ? out_data(2) : out_data(1));
+    return;
+  }
+  if (op == "Attention" || op == "MultiHeadAttention") {
+    bool mha = op == "MultiHeadAttention";
+    int64_t B = in[0].shape[0], S = in[0].shape[1], N = n.get_i("num_heads", 1);
+    int64_t L = mha ? in[1].shape[1] : S;
+    int64_t qk = mha ? in[0].shape[2] : 0, vh = y.shape[2];
+    std::vector<float> q, k, v;
+    if (mha) {
+      // Inputs already projected; the bias (if any) is added to each.
+      const float* bias = has(3) ? in[3].as<float>() : nullptr;
+      auto biased = [&](const tensor_ref& t, int64_t offset) {
+        std::vector<float> r(t.as<float>(), t.as<float>() + t.elements());
+        int64_t w = t.shape.back();
+        if (bias)
+          for (size_t i = 0; i < r.size(); ++i) r[i] += bias[offset + static_cast<int64_t>(i) % w];
+        return r;
+      };
+      q = biased(in[0], 0);
+      k = biased(in[1], qk);
+      v = biased(in[2], 2 * qk);
+    } else {
+      // Project: [B*S, D] x [D, q+k+v] + bias, then split the columns.
+      int64_t D = in[0].shape[2], W = in[1].shape[1];
+      qk = (W - vh) / 2;
+      std::vector<float> qkv(static_cast<size_t>(B * S * W));
+      gemm(in[0].as<float>(), in[1].as<float>(), qkv.data(), B * S, D, W, false, false, 1.0f);
+      q.resize(B * S * qk);
+      k.resize(B * S * qk);
+      v.resize(B * S * vh);
+      for (int64_t r = 0; r < B * S; ++r)
+        for (int64_t c = 0; c < W; ++c) {
+          float val = qkv[r * W + c] + (has(2) ? in[2].as<float>()[c] : 0.f);
+          if (c < qk)
+            q[r * qk + c] = val;
+          else if (c < 2 * qk)
+            k[r * qk + c - qk] = val;
+          else
+            v[r * vh + c - 2 * qk] = val;
+        }
+    }
+    int64_t dk = qk / N, dv = vh / N;
+    float scale = n.get_f("scale", 0.f);
+    if (scale == 0.f)
+      scale = 1.0f / std::sqrt(static_cast<float>(dk));
+    key_mask km;
+    km.m = has(mha ? 4 : 3) ? &in[mha ? 4 : 3] : nullptr;
+    km.B = B;
+    km.S = S;
+    km.L = L;
+    km.causal = n.get_i("unidirectional", 0) != 0;
+    km.filter = n.get_f("mask_filter_value", -10000.0f);
+    const tensor_ref* bias = has(5) ? &in[5] : nullptr;
+    attend(q.data(), k.data(), v.data(), B, S, L, N, dk, dv, scale,
+           [&](int64_t b, int64_t h, int64_t i, int64_t j) {
+             return (km.masked(b, i, j) ? km.filter : 0.f) + bias_at(bias, b, h, i, j, S, L);
+           },
+           y.as<float>());
+    return;
+  }
+  if (n.op == attention_mask_op) {
+    key_mask km;
+    km.m = &in[0];
+    km.B = in[0].shape[0];
+    km.L = y.shape[3];
+    km.S = km.L;
+    float filter = n.get_f("mask_filter_value", -10000.0f);
+    for (int64_t b = 0; b < km.B; ++b)
+      for (int64_t j = 0; j < km.L; ++j)
+        y.as<float>()[b * km.L + j] = km.masked(b, 0, j) ? filter : 0.f;
+    return;
+  }
+  if (op == "EmbedLayerNormalization") {
+    int64_t B = in[0].shape[0], S = in[0].shape[1], H = in[2].shape[1];
+    int64_t V = in[2].shape[0], P = in[3].shape[0], T = has(4) ? in[4].shape[0] : 0;
+    std::vector<float> sum(static_cast<size_t>(B * S * H));
+    auto clamp = [](int64_t i, int64_t n) { return std::min(std::max<int64_t>(i, 0), n - 1); };
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t s = 0; s < S; ++s) {
+        int64_t w = clamp(int_at(in[0], b * S + s), V);
+        int64_t p = s;
+        if (has(8))
+          p = int_at(in[8], in[8].shape[0] == 1 ? s : b * S + s);
+        p = clamp(p, P);
+        float* o = sum.data() + (b * S + s) * H;
+        for (int64_t h = 0; h < H; ++h)
+          o[h] = in[2].as<float>()[w * H + h] + in[3].as<float>()[p * H + h];
+        if (has(1)) {
+          int64_t t = clamp(int_at(in[1], b * S + s), T);
+          for (int64_t h = 0; h < H; ++h) o[h] += in[4].as<float>()[t * H + h];
+        }
+      }
+    norm_rows(sum.data(), B * S, H, in[5].as<float>(), in[6].as<float>(),
+              n.get_f("epsilon", 1e-12f), false, y.as<float>(), nullptr, nullptr);
+    if (out.size() > 1 && out[1].data)
+      for (int64_t b = 0; b < B; ++b) {
+        // mask_index: the number of ones of each row of the mask (0 without one).
+        int32_t c = 0;
+        if (has(7))
+          for (int64_t s = 0; s < S; ++s) c += int_at(in[7], b * S + s) != 0 ? 1 : 0;
+        out[1].as<int32_t>()[b] = c;
+      }
+    if (float* e = out_data(2))
+      std::copy(sum.begin(), sum.end(), e);
+    return;
+  }
+}
+
+} // namespace caf_serving::onnx

@@ -1,0 +1,306 @@
+/// The com.microsoft operators of ops_contrib.cpp: how the importer accepts
+/// and names them, what it refuses (unknown contrib operators, a missing
+/// domain import, attribute values the engine does not implement), and the
+/// reference kernels against the ONNX operators they fuse, computed by the
+/// engine's own kernels. Their outputs against onnxruntime are checked by the
+/// fixtures tools/contrib_fixtures.py writes (onnx.server.test).
+
+#include "onnx/ops_contrib.hpp"
+
+#include "onnx/importer.hpp"
+#include "onnx/ops.hpp"
+#include "onnx/passes.hpp"
+#include "onnx/testing.hpp"
+
+#include <doctest/doctest.h>
+#include <onnx/onnx_pb.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <random>
+#include <string>
+#include <variant>
+#include <vector>
+
+using namespace caf_serving;
+using namespace caf_serving::onnx;
+
+namespace {
+
+struct model_node {
+  std::string domain = "com.microsoft";
+  std::string op;
+  std::vector<std::string> inputs;
+  std::vector<std::string> outputs{"Y"};
+  std::map<std::string, int64_t> ints;
+};
+
+/// A model of one node whose inputs are FP32 graph inputs of shape [2, 3, 4]
+/// (INT32 [2] for a name starting with "mask"), importing com.microsoft
+/// version `ms_version` (0: not at all).
+std::string one_node_model(const model_node& mn, int64_t ms_version = 1) {
+  ::onnx::ModelProto m;
+  m.set_ir_version(8);
+  m.add_opset_import()->set_version(17);
+  if (ms_version) {
+    auto* o = m.add_opset_import();
+    o->set_domain("com.microsoft");
+    o->set_version(ms_version);
+  }
+  auto* g = m.mutable_graph();
+  for (const auto& i : mn.inputs) {
+    if (i.empty())
+      continue;
+    auto* in = g->add_input();
+    in->set_name(i);
+    auto* tt = in->mutable_type()->mutable_tensor_type();
+    bool mask = i.rfind("mask", 0) == 0;
+    tt->set_elem_type(mask ? ::onnx::TensorProto::INT32 : ::onnx::TensorProto::FLOAT);
+    for (int64_t d : mask ? std::vector<int64_t>{2} : std::vector<int64_t>{2, 3, 4})
+      tt->mutable_shape()->add_dim()->set_dim_value(d);
+  }
+  auto* n = g->add_node();
+  n->set_op_type(mn.op);
+  n->set_domain(mn.domain);
+  n->set_name("n0");
+  for (const auto& i : mn.inputs)
+    n->add_input(i);
+  for (const auto& o : mn.outputs)
+    n->add_output(o);
+  for (const auto& [k, v] : mn.ints) {
+    auto* a = n->add_attribute();
+    a->set_name(k);
+    a->set_type(::onnx::AttributeProto::INT);
+    a->set_i(v);
+  }
+  g->add_output()->set_name(mn.outputs.at(0));
+  return m.SerializeAsString();
+}
+
+std::string import_error(const std::string& bytes) {
+  auto r = import_model_bytes(bytes, "m.onnx");
+  REQUIRE_FALSE(r.ok());
+  return r.error().message;
+}
+
+/// Runs one node of `op` on FP32 inputs through inference and the reference
+/// kernel; returns every output slot's floats (empty for an omitted one).
+std::vector<std::vector<float>> run(const std::string& op,
+                                    const std::vector<std::pair<std::vector<int64_t>,
+                                                                std::vector<float>>>& inputs,
+                                    size_t outputs, const std::map<std::string, attribute>& attrs = {}) {
+  graph g;
+  g.opset = 17;
+  std::vector<int> ins, outs;
+  for (size_t i = 0; i < inputs.size(); ++i)
+    ins.push_back(g.add_value("in" + std::to_string(i), datatype::fp32, inputs[i].first, true));
+  for (size_t i = 0; i < outputs; ++i)
+    outs.push_back(g.add_value("out" + std::to_string(i)));
+  auto& n = g.add_node(op, "n0", ins, outs);
+  n.attrs = attrs;
+  auto inf = infer_shapes(g, n);
+  if (auto* e = std::get_if<std::string>(&inf))
+    FAIL("inference refused: " << *e);
+  const auto& shapes = std::get<std::vector<inferred>>(inf);
+  REQUIRE(shapes.size() >= outputs);
+  std::vector<std::vector<float>> result(outputs);
+  std::vector<tensor_ref> in_refs, out_refs;
+  for (const auto& [shape, v] : inputs)
+    in_refs.push_back({datatype::fp32, shape, const_cast<float*>(v.data())});
+  for (size_t i = 0; i < outputs; ++i) {
+    result[i].resize(static_cast<size_t>(element_count(shapes[i].shape)));
+    out_refs.push_back({datatype::fp32, shapes[i].shape, result[i].data()});
+  }
+  run_reference(n, in_refs, out_refs);
+  return result;
+}
+
+attribute f_attr(float v) {
+  attribute a;
+  a.kind = attribute::kind_t::f;
+  a.f = v;
+  return a;
+}
+
+attribute i_attr(int64_t v) {
+  attribute a;
+  a.kind = attribute::kind_t::i;
+  a.i = v;
+  return a;
+}
+
+} // namespace
+
+TEST_CASE("a com.microsoft node imports as com.microsoft.<op>, apart from the engine's fused ops") {
+  auto g = import_model_bytes(one_node_model({"com.microsoft", "FusedMatMul", {"A", "B"}}),
+                              "m.onnx");
+  REQUIRE_MESSAGE(g.ok(), g.error().message);
+  REQUIRE(g->nodes.size() == 1);
+  CHECK(g->nodes[0].op == "com.microsoft.FusedMatMul");
+  CHECK(is_contrib_op(g->nodes[0].op));
+  CHECK_FALSE(is_contrib_op("FusedMatMul")); // the engine's own fusion
+  CHECK_FALSE(is_contrib_op("com.microsoft.Unknown"));
+  // onnxruntime's RMSNorm is in the default domain (T5 after the optimizer).
+  auto rms = import_model_bytes(
+    one_node_model({"", "SimplifiedLayerNormalization", {"A", "B"}}), "m.onnx");
+  REQUIRE_MESSAGE(rms.ok(), rms.error().message);
+  CHECK(rms->nodes[0].op == "SimplifiedLayerNormalization");
+}
+
+TEST_CASE("unknown com.microsoft operators and a missing domain import are refused") {
+  auto e = import_error(one_node_model({"com.microsoft", "GroupQueryAttention", {"A"}}));
+  CHECK(e.find("'com.microsoft.GroupQueryAttention' in 1 node") != std::string::npos);
+  CHECK(e.find("com.microsoft.SkipLayerNormalization") != std::string::npos); // the list
+  // The node's operator exists, but the model does not import com.microsoft.
+  e = import_error(one_node_model({"com.microsoft", "Gelu", {"A"}}, 0));
+  CHECK(e.find("'com.microsoft.Gelu' in 1 node ('n0') (the model does not import the "
+               "com.microsoft domain at version 1)") != std::string::npos);
+  // Other domains stay refused with the domain shown.
+  e = import_error(one_node_model({"com.example", "Gelu", {"A"}}));
+  CHECK(e.find("'com.example.Gelu'") != std::string::npos);
+}
+
+TEST_CASE("contrib attributes and inputs the engine does not implement are refused at import") {
+  auto e = import_error(one_node_model({"com.microsoft", "Attention", {"A", "W", "", "", "past"},
+                                        {"Y"}, {{"num_heads", 2}}}));
+  CHECK(e.find("node 'n0'") != std::string::npos);
+  CHECK(e.find("past/present key-value state") != std::string::npos);
+  e = import_error(one_node_model({"com.microsoft", "Attention", {"A", "W"}, {"Y"},
+                                   {{"num_heads", 2}, {"do_rotary", 1}}}));
+  CHECK(e.find("attribute 'do_rotary' is 1") != std::string::npos);
+  e = import_error(one_node_model({"com.microsoft", "MultiHeadAttention", {"Q"}, {"Y"},
+                                   {{"num_heads", 2}}}));
+  CHECK(e.find("packed query/key/value") != std::string::npos);
+  e = import_error(one_node_model({"com.microsoft", "FusedMatMul", {"A", "B"}, {"Y"},
+                                   {{"transBatchA", 1}}}));
+  CHECK(e.find("attribute 'transBatchA' is 1") != std::string::npos);
+}
+
+TEST_CASE("FusedMatMul with transB and alpha is alpha * A x B^T") {
+  std::mt19937 rng(1);
+  auto a = testing::random_floats(2 * 3 * 4, rng), b = testing::random_floats(5 * 4, rng);
+  auto got = run("com.microsoft.FusedMatMul", {{{2, 3, 4}, a}, {{5, 4}, b}}, 1,
+                 {{"transB", i_attr(1)}, {"alpha", f_attr(0.5f)}})[0];
+  std::vector<float> bt(4 * 5);
+  for (int i = 0; i < 5; ++i)
+    for (int k = 0; k < 4; ++k) bt[k * 5 + i] = 0.5f * b[i * 4 + k];
+  auto want = run("MatMul", {{{2, 3, 4}, a}, {{4, 5}, bt}}, 1)[0];
+  CHECK(testing::relative_error(got, want) < 1e-6);
+}
+
+TEST_CASE("SkipLayerNormalization is LayerNormalization of input + skip + bias, which it returns") {
+  std::mt19937 rng(2);
+  auto x = testing::random_floats(2 * 3 * 4, rng), skip = testing::random_floats(2 * 3 * 4, rng);
+  auto gamma = testing::random_floats(4, rng), beta = testing::random_floats(4, rng);
+  auto bias = testing::random_floats(4, rng);
+  auto got = run("com.microsoft.SkipLayerNormalization",
+                 {{{2, 3, 4}, x}, {{2, 3, 4}, skip}, {{4}, gamma}, {{4}, beta}, {{4}, bias}}, 4,
+                 {{"epsilon", f_attr(1e-5f)}});
+  std::vector<float> sum(x.size());
+  for (size_t i = 0; i < x.size(); ++i) sum[i] = x[i] + skip[i] + bias[i % 4];
+  auto want = run("LayerNormalization", {{{2, 3, 4}, sum}, {{4}, gamma}, {{4}, beta}}, 1,
+                  {{"epsilon", f_attr(1e-5f)}})[0];
+  CHECK(testing::relative_error(got[0], want) < 1e-6);
+  CHECK(testing::relative_error(got[3], sum) == 0);
+  // Without a mean, the simplified one divides by the root mean square alone.
+  auto rms = run("com.microsoft.SkipSimplifiedLayerNormalization",
+                 {{{2, 3, 4}, x}, {{2, 3, 4}, skip}, {{4}, gamma}}, 1,
+                 {{"epsilon", f_attr(1e-5f)}})[0];
+  // onnxruntime's default-domain SimplifiedLayerNormalization is the same without the skip.
+  std::vector<float> xs(x.size());
+  for (size_t i = 0; i < x.size(); ++i) xs[i] = x[i] + skip[i];
+  auto plain = run("SimplifiedLayerNormalization", {{{2, 3, 4}, xs}, {{4}, gamma}}, 1,
+                   {{"epsilon", f_attr(1e-5f)}})[0];
+  CHECK(testing::relative_error(plain, rms) < 1e-6);
+  for (int r = 0; r < 6; ++r) {
+    double ms = 0;
+    for (int i = 0; i < 4; ++i) ms += double(x[r * 4 + i] + skip[r * 4 + i]) * (x[r * 4 + i] + skip[r * 4 + i]) / 4;
+    for (int i = 0; i < 4; ++i)
+      CHECK(rms[r * 4 + i] == doctest::Approx((x[r * 4 + i] + skip[r * 4 + i]) / std::sqrt(ms + 1e-5) * gamma[i]).epsilon(1e-5));
+  }
+}
+
+TEST_CASE("Attention with a key-length mask ignores the padded keys") {
+  // One head over [1, 3, 2]: with mask_index [2] the third key must not change the output,
+  // so changing its input row changes only row 2's own output.
+  std::mt19937 rng(3);
+  auto x = testing::random_floats(3 * 2, rng), w = testing::random_floats(2 * 6, rng);
+  auto x2 = x;
+  x2[4] += 5;
+  x2[5] -= 3;
+  graph g;
+  g.opset = 17;
+  int xi = g.add_value("x", datatype::fp32, {1, 3, 2}, true);
+  int wi = g.add_value("w", datatype::fp32, {2, 6}, true);
+  int mi = g.add_value("mask", datatype::int32, {1}, true);
+  int y = g.add_value("y");
+  auto& n = g.add_node("com.microsoft.Attention", "n0", {xi, wi, -1, mi}, {y});
+  n.set_i("num_heads", 1);
+  auto inf = infer_shapes(g, n);
+  REQUIRE(std::holds_alternative<std::vector<inferred>>(inf));
+  CHECK(std::get<std::vector<inferred>>(inf)[0].shape == std::vector<int64_t>{1, 3, 2});
+  int32_t len = 2;
+  auto run_with = [&](std::vector<float>& in) {
+    std::vector<float> out(6);
+    run_reference(n, {{datatype::fp32, {1, 3, 2}, in.data()}, {datatype::fp32, {2, 6}, w.data()},
+                      {}, {datatype::int32, {1}, &len}},
+                  {{datatype::fp32, {1, 3, 2}, out.data()}});
+    return out;
+  };
+  auto a = run_with(x), b = run_with(x2);
+  for (int i = 0; i < 4; ++i)
+    CHECK(a[i] == b[i]);
+  CHECK(a[4] != b[4]);
+}
+
+TEST_CASE("the optimizer's BERT: BiasGelu, SkipLayerNormalization and Attention become the "
+          "engine's fused ops, with the outputs of the reference kernels") {
+  const std::filesystem::path dir = std::filesystem::path(CAF_SERVING_ONNX_FIXTURES);
+  const std::string model = "contrib_bert_2layer_ort_optimized";
+  auto g = import_model(dir / "models" / model / "1" / "model.onnx");
+  REQUIRE_MESSAGE(g.ok(), g.error().message);
+  auto read = [](const std::filesystem::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  };
+  std::vector<std::string> data(g->inputs.size());
+  std::vector<std::vector<int64_t>> shapes;
+  std::istringstream lines(read(dir / "reference" / model / "manifest.txt"));
+  std::string kind, name, type, dims, file;
+  while (lines >> kind >> name >> type >> dims >> file)
+    for (size_t i = 0; i < g->inputs.size(); ++i)
+      if (kind == "input" && g->values[g->inputs[i]].name == name)
+        data[i] = read(dir / "reference" / model / file);
+  for (size_t i = 0; i < g->inputs.size(); ++i) {
+    auto s = g->values[g->inputs[i]].shape;
+    s[0] = 2;
+    shapes.push_back(s);
+  }
+  auto plain = specialize(*g, shapes);
+  REQUIRE_MESSAGE(plain.ok(), plain.error().message);
+  auto fused = optimize(*g, shapes);
+  REQUIRE_MESSAGE(fused.ok(), fused.error().message);
+  auto count = [](const graph& x, const std::string& op) {
+    int c = 0;
+    for (const auto& n : x.nodes) c += n.op == op;
+    return c;
+  };
+  CHECK(count(*plain, "com.microsoft.BiasGelu") == 2);
+  CHECK(count(*plain, "com.microsoft.SkipLayerNormalization") == 4);
+  CHECK(count(*fused, "com.microsoft.BiasGelu") == 0);
+  CHECK(count(*fused, "com.microsoft.SkipLayerNormalization") == 0);
+  CHECK(count(*fused, "FusedLayerNorm") == 4);
+  // Attention with constant weights and EmbedLayerNormalization's key lengths as mask.
+  CHECK(count(*plain, "com.microsoft.Attention") == 2);
+  CHECK(count(*fused, "com.microsoft.Attention") == 0);
+  CHECK(count(*fused, "FusedAttention") == 2);
+  auto a = run_reference_graph(*plain, data), b = run_reference_graph(*fused, data);
+  REQUIRE(a.size() == b.size());
+  for (size_t i = 0; i < a.size(); ++i)
+    CHECK(testing::relative_error(testing::as_floats(b[i]), testing::as_floats(a[i])) < 1e-5);
+}
