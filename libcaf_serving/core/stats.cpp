@@ -181,6 +181,9 @@ std::string prometheus_text(const std::vector<std::shared_ptr<model_stats>>& mod
           [](const model_stats& m) { return m.executor_quarantines.load(); });
   counter("caf_serving_batch_retries", "Batches sent again after their executor stopped",
           [](const model_stats& m) { return m.batch_retries.load(); });
+  counter("caf_serving_padded_batches",
+          "Batches of requests of different lengths, padded to the longest (padded_batching)",
+          [](const model_stats& m) { return m.padded_batches.load(); });
   out += "# HELP caf_serving_healthy_executors Executors alive and not quarantined\n"
          "# TYPE caf_serving_healthy_executors gauge\n";
   for (const auto& m : models)

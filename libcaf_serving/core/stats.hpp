@@ -89,6 +89,8 @@ struct model_stats {
   std::atomic<uint64_t> stage_restarts{0};
   /// Batches sent again after their executor stopped without answering.
   std::atomic<uint64_t> batch_retries{0};
+  /// Batches that held requests of different padded lengths (padded batching).
+  std::atomic<uint64_t> padded_batches{0};
 
   histogram request_us;  ///< received -> sent, microseconds
   histogram queue_us;    ///< time in the queue, microseconds

@@ -143,6 +143,30 @@ std::vector<response_message> split_batch(const finished_batch& fb, const respon
       auto o = outs[i++];
       o.setName(t.getName());
       auto in_shape = t.getShape();
+      const auto* sliced = cfg.batched && cfg.padding.enabled()
+                             ? cfg.padding.output(t.getName().cStr()) : nullptr;
+      if (k == 0 && sliced && sliced->dim < in_shape.size()
+          && static_cast<uint64_t>(in_shape[sliced->dim]) > scheduler::padded_length(cfg.padding, req)) {
+        // Padded batching: [rows][outer][longest][inner] -> [rows][outer][length][inner].
+        uint64_t longest = static_cast<uint64_t>(in_shape[sliced->dim]);
+        uint64_t length = scheduler::padded_length(cfg.padding, req);
+        uint64_t outer = rows, inner = element_size(static_cast<datatype>(t.getDatatype()));
+        for (unsigned d = 1; d < sliced->dim; ++d)
+          outer *= static_cast<uint64_t>(in_shape[d]);
+        for (unsigned d = sliced->dim + 1; d < in_shape.size(); ++d)
+          inner *= static_cast<uint64_t>(in_shape[d]);
+        o.setDatatype(t.getDatatype());
+        auto s = o.initShape(in_shape.size());
+        for (unsigned d = 0; d < in_shape.size(); ++d)
+          s.set(d, d == 0 ? int64_t{rows}
+                   : d == sliced->dim ? static_cast<int64_t>(length) : in_shape[d]);
+        auto from = t.getData().slice(range->begin, range->end);
+        auto data = o.initData(static_cast<unsigned>(outer * length * inner));
+        for (uint64_t i = 0; i < outer; ++i)
+          std::memcpy(data.begin() + i * length * inner, from.begin() + i * longest * inner,
+                      length * inner);
+        continue;
+      }
       if (k == 0) {
         o.setDatatype(t.getDatatype());
         auto s = o.initShape(in_shape.size());

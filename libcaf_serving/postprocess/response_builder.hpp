@@ -4,6 +4,7 @@
 
 #include "core/error.hpp"
 #include "core/pipeline_messages.hpp"
+#include "scheduler/padded_batching.hpp"
 
 #include <map>
 #include <string>
@@ -26,6 +27,9 @@ struct response_config {
   /// Class labels by output name (config.pbtxt's label_filename), for the
   /// classification extension.
   std::map<std::string, std::vector<std::string>> labels;
+  /// Padded batching: each listed output is sliced back, along its dim, to the
+  /// request's own length (the request's padded inputs' length).
+  scheduler::padded_batching_config padding;
 };
 
 /// One response per job of `batch`, in job order. Output bytes are referenced from

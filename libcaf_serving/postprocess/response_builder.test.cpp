@@ -129,3 +129,64 @@ TEST_CASE("row ranges reject BYTES data that ends inside an element") {
   auto r = row_range(m.reader().getOutputs()[0], 0, 2);
   CHECK_FALSE(r.ok());
 }
+
+TEST_CASE("padded batching: listed outputs are sliced back to each request's length") {
+  model_config m;
+  m.name = "m";
+  m.max_batch_size = 8;
+  m.dynamic_batching_enabled = true;
+  m.inputs = {{"ids", datatype::int64, {-1}}};
+  m.outputs = {{"H", datatype::fp32, {-1, 2}}, {"P", datatype::fp32, {2}}};
+  m.parameters["padded_batching"] = "ids:1:0";
+  m.parameters["padded_outputs"] = "H:1";
+  auto padding = scheduler::read_padded_batching(m);
+  REQUIRE(padding.ok());
+  response_config cfg;
+  cfg.padding = *padding;
+
+  // Two requests of lengths 1 and 3, batched at length 3; H is [2, 3, 2], P [2, 2].
+  auto request = [](const char* id, int64_t length) {
+    auto req = request_message::create();
+    auto b = req.builder();
+    b.setId(id);
+    b.setRows(1);
+    auto in = b.initInputs(1)[0];
+    in.setName("ids");
+    in.setDatatype(wire::DataType::INT64);
+    auto s = in.initShape(2);
+    s.set(0, 1);
+    s.set(1, length);
+    in.initData(static_cast<unsigned>(8 * length));
+    return infer_job{req, std::make_shared<null_sink>()};
+  };
+  finished_batch fb;
+  fb.result = batch_result_message::create();
+  auto outs = fb.result.builder().initOutputs(2);
+  std::vector<float> h{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
+  set_tensor(outs[0], "H", wire::DataType::FP32, {2, 3, 2},
+             std::string(reinterpret_cast<char*>(h.data()), 48));
+  std::vector<float> p{20, 21, 22, 23};
+  set_tensor(outs[1], "P", wire::DataType::FP32, {2, 2},
+             std::string(reinterpret_cast<char*>(p.data()), 16));
+  fb.jobs.push_back({request("short", 1), 0, 0});
+  fb.jobs.push_back({request("long", 3), 0, 0});
+
+  auto responses = split_batch(fb, cfg);
+  REQUIRE(responses.size() == 2);
+  auto shorter = responses[0].reader();
+  REQUIRE(shorter.getError().getStatus() == 0);
+  auto sh = shorter.getOutputs()[0];
+  CHECK(sh.getShape()[0] == 1);
+  CHECK(sh.getShape()[1] == 1);
+  CHECK(sh.getShape()[2] == 2);
+  CHECK(as_string(sh.getData()) == std::string(reinterpret_cast<char*>(h.data()), 8));
+  // An output not listed comes back whole.
+  CHECK(as_string(shorter.getOutputs()[1].getData())
+        == std::string(reinterpret_cast<char*>(p.data()), 8));
+  auto lh = responses[1].reader().getOutputs()[0];
+  CHECK(lh.getShape()[1] == 3);
+  CHECK(as_string(lh.getData()) == std::string(reinterpret_cast<char*>(h.data() + 6), 24));
+  // Without the padding config the short request gets the padded rows.
+  auto unsliced = split_batch(fb, {});
+  CHECK(unsliced[0].reader().getOutputs()[0].getShape()[1] == 3);
+}

@@ -74,6 +74,9 @@ std::optional<serving_error> batching_policy::validate(const policy_config& cfg)
                          "which hold at most "
                        + std::to_string(max_data_field_bytes)
                        + " bytes (set --max-batch-bytes at or below that)");
+  if (cfg.max_padding_waste && !(*cfg.max_padding_waste >= 0 && *cfg.max_padding_waste < 1))
+    return bad_request("padded_batching_max_waste is " + std::to_string(*cfg.max_padding_waste)
+                       + "; it must be in [0, 1)");
   if (cfg.max_batch_size < 0)
     return bad_request("max_batch_size is " + std::to_string(cfg.max_batch_size)
                        + "; it must be 0 (no batching) or positive");
@@ -224,7 +227,8 @@ enqueue_result batching_policy::enqueue(const request_info& request, time_point 
   uint64_t seq = next_seq_++;
   auto where = queue.waiting.insert(queue.waiting.end(),
                                     entry{request.id, rows, seq, now, deadline,
-                                          request.shape_class, request.bytes});
+                                          request.shape_class, request.bytes,
+                                          request.padded_length});
   if (deadline)
     deadlines_.emplace(deadline_key{*deadline, seq}, deadline_entry{level, where});
   ++queued_;
@@ -299,6 +303,17 @@ next_step batching_policy::form_batch(time_point now) {
   // another shape: the batch cannot grow.
   bool full = false;
   uint64_t shape_class = 0;
+  // Padded batching: sum of rows * length, and the longest length, so far.
+  double pending_elements = 0;
+  uint64_t longest = 0;
+  auto padding_passes_bound = [&](const entry& e) {
+    if (!cfg_.max_padding_waste)
+      return false;
+    uint64_t new_longest = std::max(longest, e.padded_length);
+    double elements = pending_elements + double(e.rows) * double(e.padded_length);
+    double total = double(pending_rows + e.rows) * double(new_longest);
+    return total > 0 && 1.0 - elements / total > *cfg_.max_padding_waste + 1e-12;
+  };
   time_point oldest = time_point::max();
   for (auto& [level, queue] : levels_) {
     for (auto* list : {&queue.waiting, &queue.delayed}) {
@@ -306,7 +321,7 @@ next_step batching_policy::form_batch(time_point now) {
         if (pending_count == 0) {
           shape_class = e.shape_class;
         } else {
-          if (e.shape_class != shape_class
+          if (e.shape_class != shape_class || padding_passes_bound(e)
               || (cfg_.max_batch_bytes != 0 && pending_bytes + e.bytes > cfg_.max_batch_bytes)) {
             full = true;
             break;
@@ -318,6 +333,8 @@ next_step batching_policy::form_batch(time_point now) {
             break;
           }
         }
+        pending_elements += double(e.rows) * double(e.padded_length);
+        longest = std::max(longest, e.padded_length);
         pending_rows += e.rows;
         pending_bytes += e.bytes;
         ++pending_count;

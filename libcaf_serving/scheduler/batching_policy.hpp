@@ -45,6 +45,9 @@
 ///   prefix ends at the first request of another shape, and then goes out at
 ///   once (Triton's dynamic batcher does the same when a request's shape
 ///   differs from the pending batch's).
+/// - With padded batching (max_padding_waste set) the shape class leaves the
+///   padded dimensions out, and the prefix also ends before the request that
+///   would make the batch's padding pass the bound; it then goes out at once.
 /// - A batch never holds more than max_batch_bytes of tensors: the prefix also
 ///   ends before the request that would pass it, and goes out at once.
 /// - Without a dynamic_batching block each request is its own batch, dispatched in
@@ -96,6 +99,11 @@ struct policy_config {
   /// rejected (HTTP 413). A batch's inputs travel in Cap'n Proto `Data` fields,
   /// which hold less than 512 MiB (max_data_field_bytes).
   uint64_t max_batch_bytes = 0;
+  /// Padded batching (padded_batching.hpp): set, requests of one shape class
+  /// whose padded lengths differ share a batch while the fraction of padding in
+  /// it (1 - sum(rows * length) / (rows * longest)) stays at or below this. The
+  /// request that would pass it closes the batch, which goes out at once.
+  std::optional<double> max_padding_waste;
 };
 
 /// Copies the policy's fields out of a model's configuration.
@@ -125,6 +133,9 @@ struct request_info {
   uint64_t shape_class = 0;
   /// Bytes of the request's input tensors, against max_batch_bytes.
   uint64_t bytes = 0;
+  /// With padded batching: the request's length along the padded dimensions
+  /// (shape_class then leaves those dimensions out). Ignored otherwise.
+  uint64_t padded_length = 0;
 };
 
 // -- decisions out ------------------------------------------------------------
@@ -226,6 +237,7 @@ private:
     std::optional<time_point> deadline;
     uint64_t shape_class;
     uint64_t bytes;
+    uint64_t padded_length;
   };
 
   struct level_queue {

@@ -27,19 +27,29 @@ std::string dims_text(capnp::List<int64_t>::Reader dims) {
 
 /// Whether `a` and `b` agree past the batch dimension (all dims when the model
 /// does not batch).
+/// `skip_dim`: a padded dimension, where they may differ (0: none).
 bool same_item_shape(capnp::List<int64_t>::Reader a, capnp::List<int64_t>::Reader b,
-                     bool batched) {
+                     bool batched, unsigned skip_dim = 0) {
   if (a.size() != b.size())
     return false;
   for (unsigned d = batched ? 1 : 0; d < a.size(); ++d)
-    if (a[d] != b[d])
+    if (a[d] != b[d] && !(skip_dim != 0 && d == skip_dim))
       return false;
   return true;
 }
 
+/// The padded dimension of input `t` (0: not padded).
+unsigned padded_dim_of(const padded_batching_config& padding, wire::Tensor::Reader t) {
+  if (!padding.enabled())
+    return 0;
+  const auto* in = padding.input(t.getName().cStr());
+  return in && in->dim < t.getShape().size() ? in->dim : 0;
+}
+
 } // namespace
 
-uint64_t shape_class_of(const model_config& model, wire::InferRequest::Reader request) {
+uint64_t shape_class_of(const model_config& model, wire::InferRequest::Reader request,
+                        const padded_batching_config& padding) {
   bool batched = model.max_batch_size > 0;
   bool varies = false;
   for (const auto& in : model.inputs)
@@ -57,21 +67,30 @@ uint64_t shape_class_of(const model_config& model, wire::InferRequest::Reader re
   };
   for (auto t : request.getInputs()) {
     auto shape = t.getShape();
+    unsigned skip = padded_dim_of(padding, t);
     mix(shape.size());
     for (unsigned d = batched ? 1 : 0; d < shape.size(); ++d)
-      mix(static_cast<uint64_t>(shape[d]));
+      mix(skip != 0 && d == skip ? ~uint64_t{0} : static_cast<uint64_t>(shape[d]));
   }
   // 0 stays the key of models whose shapes cannot vary.
   return h == 0 ? 1 : h;
 }
 
 result<batch_message> gather_batch(const model_config& model, uint64_t batch_id,
-                                   const std::vector<batched_job>& jobs) {
+                                   const std::vector<batched_job>& jobs,
+                                   const padded_batching_config& padding) {
   const bool batched = model.max_batch_size > 0;
   auto first = jobs.front().job.request.reader();
   auto first_inputs = first.getInputs();
   // Bytes of each input across the batch, summed while the shapes are checked.
   std::vector<uint64_t> input_bytes(first_inputs.size(), 0);
+  // Padded batching: each input's padded dimension (0: none) and the batch's
+  // longest length along it; an input is padded when some request is shorter.
+  std::vector<unsigned> pad_dim(first_inputs.size(), 0);
+  std::vector<int64_t> longest(first_inputs.size(), 0);
+  std::vector<bool> needs_pad(first_inputs.size(), false);
+  for (unsigned i = 0; i < first_inputs.size(); ++i)
+    pad_dim[i] = batched ? padded_dim_of(padding, first_inputs[i]) : 0;
   for (const auto& j : jobs) {
     auto inputs = j.job.request.reader().getInputs();
     if (inputs.size() != first_inputs.size())
@@ -84,14 +103,34 @@ result<batch_message> gather_batch(const model_config& model, uint64_t batch_id,
       auto a = first_inputs[i];
       auto b = inputs[i];
       if (a.getDatatype() != b.getDatatype()
-          || !same_item_shape(a.getShape(), b.getShape(), batched))
+          || !same_item_shape(a.getShape(), b.getShape(), batched, pad_dim[i]))
         return serving_error{status_code::internal,
                              "model '" + model.name + "': requests of shapes "
                                + dims_text(a.getShape()) + " and " + dims_text(b.getShape())
                                + " of input '" + a.getName().cStr()
                                + "' reached one batch; this is a bug, please report it"};
       input_bytes[i] += b.getData().size();
+      if (pad_dim[i] != 0) {
+        int64_t len = b.getShape()[pad_dim[i]];
+        needs_pad[i] = needs_pad[i] || (len != longest[i] && &j != &jobs.front());
+        longest[i] = std::max(longest[i], len);
+      }
     }
+  }
+  for (unsigned i = 0; i < first_inputs.size(); ++i) {
+    if (!needs_pad[i])
+      continue;
+    // Padded size: every request's rows at the longest length.
+    auto dtype = static_cast<datatype>(first_inputs[i].getDatatype());
+    uint64_t bytes = 0;
+    for (const auto& j : jobs) {
+      auto shape = j.job.request.reader().getInputs()[i].getShape();
+      uint64_t n = element_size(dtype);
+      for (unsigned d = 0; d < shape.size(); ++d)
+        n *= static_cast<uint64_t>(d == pad_dim[i] ? longest[i] : shape[d]);
+      bytes += n;
+    }
+    input_bytes[i] = bytes;
   }
   uint64_t total = 0;
   for (unsigned i = 0; i < first_inputs.size(); ++i) {
@@ -126,13 +165,38 @@ result<batch_message> gather_batch(const model_config& model, uint64_t batch_id,
     auto src_shape = src.getShape();
     auto shape = dst.initShape(src_shape.size());
     for (unsigned d = 0; d < src_shape.size(); ++d)
-      shape.set(d, d == 0 && batched ? int64_t{rows} : src_shape[d]);
+      shape.set(d, d == 0 && batched ? int64_t{rows}
+                   : needs_pad[i] && d == pad_dim[i] ? longest[i] : src_shape[d]);
     if (jobs.size() == 1) {
       dst.adoptData(msg.reference(src.getData(), jobs[0].job.request.owner()));
       continue;
     }
     auto data = dst.initData(static_cast<unsigned>(input_bytes[i]));
     size_t at = 0;
+    if (needs_pad[i]) {
+      // Each request's block [outer][length][inner] becomes [outer][longest][inner].
+      auto dtype = static_cast<datatype>(src.getDatatype());
+      double pad_value = padding.input(src.getName().cStr())->pad_value;
+      for (const auto& j : jobs) {
+        auto t = j.job.request.reader().getInputs()[i];
+        auto shape = t.getShape();
+        uint64_t outer = 1, inner = element_size(dtype);
+        for (unsigned d = 0; d < pad_dim[i]; ++d)
+          outer *= static_cast<uint64_t>(shape[d]);
+        for (unsigned d = pad_dim[i] + 1; d < shape.size(); ++d)
+          inner *= static_cast<uint64_t>(shape[d]);
+        uint64_t len = static_cast<uint64_t>(shape[pad_dim[i]]);
+        uint64_t fill = static_cast<uint64_t>(longest[i]) - len;
+        const uint8_t* from = t.getData().begin();
+        for (uint64_t o = 0; o < outer; ++o) {
+          std::memcpy(data.begin() + at, from + o * len * inner, len * inner);
+          at += len * inner;
+          fill_pad(data.begin() + at, fill * inner / element_size(dtype), dtype, pad_value);
+          at += fill * inner;
+        }
+      }
+      continue;
+    }
     for (const auto& j : jobs) {
       auto d = j.job.request.reader().getInputs()[i].getData();
       std::memcpy(data.begin() + at, d.begin(), d.size());
@@ -516,13 +580,22 @@ void send_batch(self_ptr self, const dispatch& d) {
     st.queued.erase(it);
   }
   uint64_t batch_id = st.next_batch_id++;
-  auto batch = gather_batch(st.cfg.model, batch_id, jobs);
+  auto batch = gather_batch(st.cfg.model, batch_id, jobs, st.cfg.padding);
   if (!batch) {
     std::cerr << "caf-serving: " << batch.error().message << std::endl;
     auto fb = error_result(batch_id, batch.error());
     fb.jobs = std::move(jobs);
     release(self, batch_id, std::move(fb));
     return;
+  }
+  if (st.cfg.stats && st.cfg.padding.enabled()) {
+    // A batch of requests of different lengths: padding happened.
+    uint64_t first = padded_length(st.cfg.padding, jobs.front().job.request.reader());
+    for (const auto& j : jobs)
+      if (padded_length(st.cfg.padding, j.job.request.reader()) != first) {
+        st.cfg.stats->padded_batches.fetch_add(1, std::memory_order_relaxed);
+        break;
+      }
   }
   pending_batch p;
   p.batch = std::move(*batch);
@@ -711,9 +784,14 @@ scheduler_actor spawn_scheduler(caf::actor_system& sys, scheduler_config config)
           answer_error(st, job, no_executor_error(st));
           return;
         }
+        if (auto bad = check_padded_lengths(st.cfg.padding, req)) {
+          answer_error(st, job, *bad);
+          return;
+        }
         uint64_t id = st.next_request_id++;
         request_info info{id, req.getRows(), req.getPriority(), req.getTimeoutUs()};
-        info.shape_class = shape_class_of(st.cfg.model, req);
+        info.shape_class = shape_class_of(st.cfg.model, req, st.cfg.padding);
+        info.padded_length = padded_length(st.cfg.padding, req);
         for (auto t : req.getInputs())
           info.bytes += t.getData().size();
         auto now = clock_type::now();

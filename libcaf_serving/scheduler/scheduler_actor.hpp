@@ -18,6 +18,7 @@
 #include "executor/executor_actor.hpp"
 #include "postprocess/postprocessor_actor.hpp"
 #include "scheduler/batching_policy.hpp"
+#include "scheduler/padded_batching.hpp"
 
 #include <caf/actor_system.hpp>
 #include <caf/replies_to.hpp>
@@ -49,6 +50,8 @@ struct scheduler_config {
   std::vector<executor::executor_actor> executors;
   postprocess::postprocessor_actor postprocessor;
   std::shared_ptr<model_stats> stats;
+  /// Padded batching (padded_batching.hpp); disabled when it has no inputs.
+  padded_batching_config padding;
   /// Batches each executor may hold at once. 1 keeps batches in the queue (where
   /// they can still grow) until an executor can start them.
   uint32_t executor_depth = 1;
@@ -88,13 +91,17 @@ scheduler_actor spawn_scheduler(caf::actor_system& sys, scheduler_config config)
 /// equal datatypes and non-batch dims, and no input passes a Cap'n Proto `Data`
 /// field. A failed check is an internal error naming what differs (the policy
 /// batches only equal shapes, so it is a bug or a shape-key collision).
+/// With padded batching, the padded dimension of each padded input may differ:
+/// the batch takes the longest, and shorter requests are filled with the pad value.
 result<batch_message> gather_batch(const model_config& model, uint64_t batch_id,
-                                   const std::vector<batched_job>& jobs);
+                                   const std::vector<batched_job>& jobs,
+                                   const padded_batching_config& padding = {});
 
 /// The key under which a request may share a batch (request_info::shape_class):
 /// a hash of every input's non-batch dims when the model has a variable
-/// non-batch dimension, else 0.
-uint64_t shape_class_of(const model_config& model, wire::InferRequest::Reader request);
+/// non-batch dimension, else 0. The padded dimensions of `padding` are left out.
+uint64_t shape_class_of(const model_config& model, wire::InferRequest::Reader request,
+                        const padded_batching_config& padding = {});
 
 } // namespace caf_serving::scheduler
 

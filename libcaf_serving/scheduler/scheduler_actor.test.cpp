@@ -256,3 +256,73 @@ TEST_CASE("a killed post-processor or executor is replaced; later requests are a
     CHECK(rs[0].reader().getError().getStatus() == 0);
   }
 }
+
+namespace {
+
+/// A request of `rows` rows of `length` int64 ids (value = 100 * row + position + 1).
+infer_job sequence_job(int id, uint32_t rows, int64_t length, collector& c) {
+  auto msg = request_message::create();
+  auto b = msg.builder();
+  b.setId(std::to_string(id));
+  b.setModelName("seq");
+  b.setModelVersion(1);
+  b.setRows(rows);
+  auto in = b.initInputs(1)[0];
+  in.setName("ids");
+  in.setDatatype(wire::DataType::INT64);
+  auto shape = in.initShape(2);
+  shape.set(0, rows);
+  shape.set(1, length);
+  std::vector<int64_t> values;
+  for (uint32_t r = 0; r < rows; ++r)
+    for (int64_t p = 0; p < length; ++p)
+      values.push_back(100 * r + p + 1);
+  auto data = in.initData(static_cast<unsigned>(values.size() * 8));
+  std::memcpy(data.begin(), values.data(), data.size());
+  return {msg, std::make_shared<collecting_sink>(c)};
+}
+
+model_config sequence_model() {
+  model_config m;
+  m.name = "seq";
+  m.max_batch_size = 8;
+  m.dynamic_batching_enabled = true;
+  m.inputs = {{"ids", datatype::int64, {-1}}};
+  m.outputs = {{"out", datatype::int64, {-1}}};
+  m.parameters["padded_batching"] = "ids:1:-7";
+  return m;
+}
+
+} // namespace
+
+TEST_CASE("gather_batch pads shorter sequences to the longest with the pad value") {
+  auto model = sequence_model();
+  auto padding = scheduler::read_padded_batching(model);
+  REQUIRE(padding.ok());
+  collector c;
+  std::vector<batched_job> jobs{{sequence_job(1, 1, 3, c), 0, 0},
+                                {sequence_job(2, 2, 5, c), 0, 0},
+                                {sequence_job(3, 1, 2, c), 0, 0}};
+  // Without padding these shapes may not share a batch.
+  CHECK_FALSE(scheduler::gather_batch(model, 1, jobs).ok());
+  auto msg = scheduler::gather_batch(model, 1, jobs, *padding);
+  REQUIRE(msg.ok());
+  auto in = msg->reader().getInputs()[0];
+  REQUIRE(in.getShape().size() == 2);
+  CHECK(in.getShape()[0] == 4);
+  CHECK(in.getShape()[1] == 5);
+  REQUIRE(in.getData().size() == 4 * 5 * 8);
+  std::vector<int64_t> got(20);
+  std::memcpy(got.data(), in.getData().begin(), 160);
+  std::vector<int64_t> want{1, 2, 3, -7, -7,        // request 1, padded 3 -> 5
+                            1, 2, 3, 4, 5,           // request 2, row 0
+                            101, 102, 103, 104, 105, // request 2, row 1
+                            1, 2, -7, -7, -7};       // request 3, padded 2 -> 5
+  CHECK(got == want);
+  // Equal lengths are not padded, and the key leaves the padded dim out.
+  CHECK(scheduler::shape_class_of(model, jobs[0].job.request.reader(), *padding)
+        == scheduler::shape_class_of(model, jobs[2].job.request.reader(), *padding));
+  CHECK(scheduler::shape_class_of(model, jobs[0].job.request.reader())
+        != scheduler::shape_class_of(model, jobs[2].job.request.reader()));
+  CHECK(scheduler::padded_length(*padding, jobs[1].job.request.reader()) == 5);
+}

@@ -586,6 +586,11 @@ auto model_manager::load_model(const std::string& name, const load_parameters* p
   if (is_onnx(cfg) && cuda::wants_gpu(cfg))
     if (auto gpu = cuda::read_gpu_options(cfg))
       policy.captured_batch_sizes = gpu->buckets;
+  auto padding = scheduler::read_padded_batching(cfg);
+  if (!padding)
+    return fail(padding.error(), load_stage::backend);
+  if (padding->enabled())
+    policy.max_padding_waste = padding->max_waste;
   if (auto problem = scheduler::batching_policy::validate(policy))
     return fail(*problem, load_stage::backend);
 
@@ -605,6 +610,7 @@ auto model_manager::load_model(const std::string& name, const load_parameters* p
     sc.model = version_cfg;
     sc.policy = policy;
     sc.stats = p->stats;
+    sc.padding = *padding;
     sc.executor_depth = cfg_.executor_depth;
     sc.local_batch_timeout = cfg_.executor_timeout;
     int instances = 0;
@@ -632,6 +638,7 @@ auto model_manager::load_model(const std::string& name, const load_parameters* p
     pc.stats = p->stats;
     pc.responses.batched = cfg.max_batch_size > 0;
     pc.responses.labels = *labels;
+    pc.responses.padding = *padding;
     sc.postprocessor = postprocess::spawn_postprocessor(sys_, pc);
     sc.respawn_postprocessor = [sys = &sys_, pc] { return postprocess::spawn_postprocessor(*sys, pc); };
     p->scheduler = scheduler::spawn_scheduler(sys_, std::move(sc));

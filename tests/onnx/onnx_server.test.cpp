@@ -541,3 +541,88 @@ TEST_CASE("a shape the graph cannot take is a 400 naming the shapes and the node
     CHECK(json_ints(out.at("/outputs/0/shape")) == std::vector<int64_t>{rows, 2, 4});
   }
 }
+
+namespace {
+
+/// The value of counter `name` for `model` in the server's /metrics text; -1 if absent.
+double metric_of(const server_process& server, const std::string& name, const std::string& model) {
+  http_client metrics(server.metrics_port());
+  auto text = metrics.get("/metrics").body;
+  auto key = name + "{model=\"" + model + "\"";
+  auto at = text.find(key);
+  if (at == std::string::npos)
+    return -1;
+  auto value = text.find("} ", at);
+  return value == std::string::npos ? -1 : std::stod(text.substr(value + 2));
+}
+
+} // namespace
+
+TEST_CASE("padded batching: concurrent requests of mixed sequence lengths share padded batches "
+          "and each answer matches ONNX Runtime at its own length") {
+  temp_repository repo;
+  const std::string bert = "dyn_bert_block_opset17";
+  repo.add_model(fixtures / "models" / bert);
+  auto config = read_all(fixtures / "models" / bert / "config.pbtxt");
+  auto at = config.find("max_queue_delay_microseconds: 200 ");
+  REQUIRE(at != std::string::npos);
+  // A long queue delay and a loose waste bound, so that lengths 1..40 meet.
+  config.replace(at, std::string("max_queue_delay_microseconds: 200 ").size(),
+                 "max_queue_delay_microseconds: 20000 ");
+  config += "parameters { key: \"padded_batching\" value: { string_value: "
+            "\"input_ids:1:0;attention_mask:1:0\" } }\n"
+            "parameters { key: \"padded_batching_max_waste\" value: { string_value: \"0.95\" } }\n"
+            "parameters { key: \"padded_outputs\" value: { string_value: \"hidden:1\" } }\n";
+  repo.write_file(bert + "/config.pbtxt", config);
+  server_process server({CAF_SERVING_BINARY, repo.path().string(), {"--executor-threads", "2"}});
+  http_client http(server.http_port());
+  REQUIRE(metric_of(server, "caf_serving_padded_batches", bert) == 0);
+
+  // Every reference set (lengths 7, 3, 12, 1, 40), whole and its first row.
+  std::vector<reference> cases;
+  for (const auto& set : reference_sets(bert)) {
+    cases.push_back(read_reference(set));
+    cases.push_back(first_row(read_reference(set)));
+  }
+  REQUIRE(cases.size() >= 10);
+  constexpr int clients = 8, rounds = 3;
+  std::vector<std::future<std::vector<std::string>>> answers;
+  for (int c = 0; c < clients; ++c)
+    answers.push_back(std::async(std::launch::async, [&, c] {
+      std::vector<std::string> wrong;
+      for (size_t i = 0; i < rounds * cases.size(); ++i) {
+        const auto& ref = cases[(i + static_cast<size_t>(c) * 3) % cases.size()];
+        auto m = model_mismatch(server.http_port(), bert, ref);
+        if (!m.empty())
+          wrong.push_back(m);
+      }
+      return wrong;
+    }));
+  for (auto& a : answers)
+    for (const auto& w : a.get())
+      CHECK_MESSAGE(false, w);
+  auto padded = metric_of(server, "caf_serving_padded_batches", bert);
+  auto stats = json_document::parse(http.get("/v2/models/" + bert + "/stats").body);
+  MESSAGE(bert << ": " << stats.uint_at("/model_stats/0/inference_count") << " rows in "
+               << stats.uint_at("/model_stats/0/execution_count") << " batches, " << padded
+               << " of them of mixed lengths");
+  CHECK(padded > 0);
+}
+
+TEST_CASE("padded batching: bad parameters fail the load with the reason; the server keeps "
+          "serving") {
+  temp_repository repo;
+  const std::string bert = "dyn_bert_block_opset17";
+  repo.add_model(fixtures / "models" / bert);
+  repo.add_model(fixtures / "models" / "op_tanh");
+  auto config = read_all(fixtures / "models" / bert / "config.pbtxt");
+  config += "parameters { key: \"padded_batching\" value: { string_value: "
+            "\"input_ids:1:0;token_type_ids:1:0\" } }\n";
+  repo.write_file(bert + "/config.pbtxt", config);
+  server_process server({CAF_SERVING_BINARY, repo.path().string(), {}});
+  http_client http(server.http_port());
+  auto index = http.post("/v2/repository/index", "{}").body;
+  CHECK(index.find("token_type_ids") != std::string::npos);
+  CHECK(index.find("does not have") != std::string::npos);
+  check_model_matches(http, "op_tanh", read_reference("op_tanh"));
+}
