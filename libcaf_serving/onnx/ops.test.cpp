@@ -5,8 +5,12 @@
 
 #include "onnx/ops.hpp"
 
+#include "engine_kernels.hpp"
+
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -166,4 +170,30 @@ TEST_CASE("Relu refuses INT16 (a type its integer kernel does not take); Identit
   auto copied = infer_shapes(g, id);
   REQUIRE(std::holds_alternative<std::vector<inferred>>(copied));
   CHECK(std::get<std::vector<inferred>>(copied).at(0).dtype == datatype::int16);
+}
+
+TEST_CASE("the engine's softmax gives masked scores exact zeros, never subnormals") {
+  // torch's masks add finfo(float32).min: those probabilities must be 0, and
+  // no probability may be subnormal (the matmul with V slows down on them).
+  for (int64_t width : {5, 16, 40, 160}) {
+    CAPTURE(width);
+    std::vector<float> row(width);
+    for (int64_t i = 0; i < width; ++i)
+      row[i] = i % 4 == 3 ? -FLT_MAX : 0.1f * static_cast<float>(i % 7);
+    row[1] = -60.0f; // far below the rest, but not masked: small and normal
+    auto expected = row;
+    float mx = *std::max_element(expected.begin(), expected.end());
+    double sum = 0;
+    for (auto v : expected) sum += std::exp(static_cast<double>(v) - mx);
+    caf_serving::kernels::cpu::engine_softmax(row.data(), 1, width, 1);
+    for (int64_t i = 0; i < width; ++i) {
+      CAPTURE(i);
+      CHECK(std::fpclassify(row[i]) != FP_SUBNORMAL);
+      if (i % 4 == 3)
+        CHECK(row[i] == 0.0f);
+      else
+        CHECK(row[i] == doctest::Approx(std::exp(static_cast<double>(expected[i]) - mx) / sum)
+                          .epsilon(1e-5));
+    }
+  }
 }
