@@ -35,6 +35,25 @@ struct op_versions {
 /// The operators of one source file.
 using op_table = std::vector<op_versions>;
 
+/// The names of a table of operators (a map from name to an entry with
+/// `versions`), in the map's order.
+template <class Map>
+std::vector<std::string> table_names(const Map& table) {
+  std::vector<std::string> names;
+  for (const auto& entry : table)
+    names.push_back(entry.first);
+  return names;
+}
+
+/// Each operator of such a map with its versions.
+template <class Map>
+op_table table_versions(const Map& table) {
+  op_table versions;
+  for (const auto& entry : table)
+    versions.push_back({entry.first, entry.second.versions});
+  return versions;
+}
+
 /// The operators of ops.cpp.
 const op_table& core_operator_table();
 

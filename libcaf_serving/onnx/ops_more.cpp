@@ -1,5 +1,6 @@
 #include "onnx/ops_more.hpp"
 
+#include "onnx/op_registry.hpp"
 #include "onnx/ops_internal.hpp"
 
 #include <algorithm>
@@ -712,22 +713,12 @@ void run_attention(const node& n, const std::vector<tensor_ref>& in,
 } // namespace
 
 const std::vector<std::string>& more_operators() {
-  static const std::vector<std::string> names = [] {
-    std::vector<std::string> v;
-    for (const auto& [name, entry] : table())
-      v.push_back(name);
-    return v;
-  }();
+  static const std::vector<std::string> names = table_names(table());
   return names;
 }
 
 const op_table& more_operator_table() {
-  static const op_table versions = [] {
-    op_table v;
-    for (const auto& [name, entry] : table())
-      v.push_back({name, entry.versions});
-    return v;
-  }();
+  static const op_table versions = table_versions(table());
   return versions;
 }
 

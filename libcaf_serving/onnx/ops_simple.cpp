@@ -1,5 +1,6 @@
 #include "onnx/ops_simple.hpp"
 
+#include "onnx/op_registry.hpp"
 #include "onnx/ops_internal.hpp"
 
 #include <algorithm>
@@ -300,22 +301,12 @@ void run_argmax(const node& n, const tensor_ref& x, const tensor_ref& y) {
 } // namespace
 
 const std::vector<std::string>& simple_operators() {
-  static const std::vector<std::string> names = [] {
-    std::vector<std::string> v;
-    for (const auto& [name, entry] : table())
-      v.push_back(name);
-    return v;
-  }();
+  static const std::vector<std::string> names = table_names(table());
   return names;
 }
 
 const op_table& simple_operator_table() {
-  static const op_table versions = [] {
-    op_table v;
-    for (const auto& [name, entry] : table())
-      v.push_back({name, entry.versions});
-    return v;
-  }();
+  static const op_table versions = table_versions(table());
   return versions;
 }
 
