@@ -164,9 +164,7 @@ std::vector<int32_t> matmul_acc(const matmul_dims& d, const std::vector<tensor_r
 
 // ------------------------------------------------------------------ conv
 
-struct qconv_geometry {
-  int64_t n, c, h, w, k, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw, group;
-};
+using qconv_geometry = quant_conv_geometry;
 
 std::variant<qconv_geometry, std::string> qconv_geom(const node& nd, const shape_t& x,
                                                      const shape_t& ws) {
@@ -203,6 +201,7 @@ std::variant<qconv_geometry, std::string> qconv_geom(const node& nd, const shape
     if (p < 0)
       return "pads " + shape_string(pd) + " must not be negative";
   g.sh = st[0]; g.sw = st[1]; g.dh = dl[0]; g.dw = dl[1]; g.ph = pd[0]; g.pw = pd[1];
+  g.ph1 = pd[2]; g.pw1 = pd[3];
   g.group = nd.get_i("group", 1);
   if (g.group < 1 || g.c % g.group != 0 || g.k % g.group != 0 || ws[1] * g.group != g.c)
     return "weights " + shape_string(ws) + " with group " + std::to_string(g.group)
@@ -393,6 +392,11 @@ void run_dynamic_quantize(const tensor_ref& x, const std::vector<tensor_ref>& ou
 }
 
 } // namespace
+
+std::variant<quant_conv_geometry, std::string>
+quant_conv_geometry_of(const node& nd, const std::vector<int64_t>& x, const std::vector<int64_t>& w) {
+  return qconv_geom(nd, x, w);
+}
 
 const op_table& quant_operator_table() {
   static const op_table table = [] {

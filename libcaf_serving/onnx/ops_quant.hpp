@@ -24,6 +24,17 @@
 
 namespace caf_serving::onnx {
 
+/// The 2-D geometry of a ConvInteger or QLinearConv node (NCHW input x,
+/// weights [k, c / group, kh, kw]); pads resolved from auto_pad.
+struct quant_conv_geometry {
+  int64_t n, c, h, w, k, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw, group;
+  int64_t ph1, pw1; ///< bottom and right padding
+};
+
+/// The geometry of `nd` on input shape `x` and weight shape `w`, or what does not fit.
+std::variant<quant_conv_geometry, std::string>
+quant_conv_geometry_of(const node& nd, const std::vector<int64_t>& x, const std::vector<int64_t>& w);
+
 /// The operators of ops_quant.cpp with their ONNX versions, for op_registry.cpp.
 const op_table& quant_operator_table();
 
