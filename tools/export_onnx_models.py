@@ -696,6 +696,8 @@ def fixtures(out):
     onnx_dynamic_fixtures.write(out)
     import onnx_type_fixtures  # FP16/BF16, small integers, STRING, external data
     onnx_type_fixtures.fixtures(out)
+    import quant_fixtures  # INT8: the integer operators, onnxruntime.quantization's output
+    quant_fixtures.export(out, write_model)
     export_new_ops(out, 90)
 
 

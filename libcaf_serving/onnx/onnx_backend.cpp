@@ -5,6 +5,7 @@
 #include "onnx/importer.hpp"
 #include "onnx/memory_plan.hpp"
 #include "onnx/onednn_steps.hpp"
+#include "onnx/quant_steps.hpp"
 #include "onnx/ops.hpp"
 #include "onnx/ops_more.hpp"
 #include "onnx/ops_simple.hpp"
@@ -258,6 +259,8 @@ step compile_node(const dnnl_ctx& ctx, const graph& g, int idx, unsigned threads
   };
   if (n.op == "FusedConv" && g.values[n.inputs[1]].constant)
     return finish(conv_step(ctx, g, n, threads, lay, mcfg));
+  if (mcfg.int8_onednn && qlinear_conv_runs_on_onednn(g, n))
+    return finish(qlinear_conv_step(ctx, g, n, threads));
   if (((n.op == "MaxPool" || n.op == "AveragePool") && pool_runs_on_onednn(g, n))
       || n.op == "GlobalAveragePool")
     return finish(pool_step(ctx, g, n, lay, threads));
@@ -1026,17 +1029,19 @@ result<onnx_model> load_onnx_model(const onnx_model_config& mcfg) {
 }
 
 /// config.pbtxt's `parameters` for the ONNX backend: "winograd",
-/// "engine_conv" and "conv_bands" ("true" or "false"), "plan_cache_size"
+/// "engine_conv", "conv_bands" and "int8_onednn" ("true" or "false"), "plan_cache_size"
 /// (1 to 1024), "plan_cache_bytes" (at least 1 MiB) and "expected_shapes"
 /// (shape_plans.hpp).
 result<onnx_model_config> with_parameters(onnx_model_config mcfg) {
   for (const auto& [key, value] : mcfg.config.parameters) {
-    if (key == "winograd" || key == "engine_conv" || key == "conv_bands") {
+    if (key == "winograd" || key == "engine_conv" || key == "conv_bands"
+        || key == "int8_onednn") {
       if (value != "true" && value != "false")
         return load_error(mcfg, "parameters \"" + key + "\" is '" + value
                                   + "'; give string_value \"true\" or \"false\"");
       (key == "winograd"      ? mcfg.winograd
        : key == "engine_conv" ? mcfg.engine_conv
+       : key == "int8_onednn" ? mcfg.int8_onednn
                               : mcfg.conv_bands) = value == "true";
     } else if (key == "plan_cache_size") {
       char* end = nullptr;

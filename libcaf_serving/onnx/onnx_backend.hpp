@@ -55,6 +55,11 @@ struct onnx_model_config {
   /// Splits other convolutions of one nChw16c image whose input outweighs
   /// its weights into bands of output rows, run by oneDNN on dense copies.
   bool conv_bands = true;
+  /// Runs QLinearConv with INT8 weights (zero points 0) on oneDNN's int8
+  /// convolution (quant_steps.hpp), several times faster than the exact
+  /// integer reference; its float requantisation rounds about one output in
+  /// 2,000 one quantum away from onnxruntime's. false: the reference kernel.
+  bool int8_onednn = true;
   /// Plans for shapes outside those compiled at load (which are pinned) that
   /// the model keeps for all its instances; the least recently used goes
   /// beyond this. Reordered weights are shared by all plans.

@@ -3,6 +3,7 @@
 #include "onnx/ops_contrib.hpp"
 #include "onnx/ops_more.hpp"
 #include "onnx/ops_nd.hpp"
+#include "onnx/ops_quant.hpp"
 #include "onnx/ops_simple.hpp"
 
 #include <algorithm>
@@ -89,6 +90,7 @@ const std::vector<const op_table& (*)()>& tables() {
     &nd_operator_table,
     &more_operator_table,
     &contrib_operator_table,
+    &quant_operator_table,
   };
   return all;
 }

@@ -5,6 +5,7 @@
 #include "onnx/ops_contrib.hpp"
 #include "onnx/ops_more.hpp"
 #include "onnx/ops_nd.hpp"
+#include "onnx/ops_quant.hpp"
 #include "onnx/ops_simple.hpp"
 
 #include <cblas.h>
@@ -632,6 +633,8 @@ infer_result infer_shapes(const graph& g, const node& n) {
     return infer_more_op(g, n);
   if (is_contrib_op(op))
     return infer_contrib_op(g, n);
+  if (is_quant_op(op))
+    return infer_quant_op(g, n);
 
   if (is_binary(op) || op == "Where") {
     shape_t s = in(0).shape;
@@ -964,6 +967,10 @@ void run_reference(const node& n, const std::vector<tensor_ref>& in,
   }
   if (is_contrib_op(op)) {
     run_contrib_op(n, in, out);
+    return;
+  }
+  if (is_quant_op(op)) {
+    run_quant_op(n, in, out);
     return;
   }
   if (is_binary(op) || op == "Where") {
