@@ -163,13 +163,22 @@ std::vector<int64_t> split_range(int64_t n, int64_t pieces, int64_t unit, unsign
 
 namespace {
 
+/// Output maps smaller than this (either side) skip Winograd: a 4x4 output
+/// tile over a 2x2 or 4x4 map is mostly padding, and its transforms cost more
+/// than they save. ResNet-50 at 64x64 input (layer3 4x4, layer4 2x2) ran at
+/// 0.71x ONNX Runtime's speed at batch 8 with Winograd there, 1.37x without
+/// it; at 224 the smallest maps are 7x7 and keep it.
+constexpr int64_t winograd_min_map = 7;
+
 /// Whether `n` is a convolution that oneDNN's Winograd kernel (F(4x4, 3x3),
-/// about 2x fewer multiplications) can run: 3x3, stride 1, no dilation or groups.
-bool winograd_shape(const node& n, const dims_t& wshape) {
+/// about 2x fewer multiplications) should run: 3x3, stride 1, no dilation or
+/// groups, an output map (`ys`, NCHW) of at least winograd_min_map a side.
+bool winograd_shape(const node& n, const dims_t& wshape, const dims_t& ys) {
   auto st = n.get_ints("strides", {1, 1});
   auto dl = n.get_ints("dilations", {1, 1});
   return n.get_i("group", 1) == 1 && wshape[2] == 3 && wshape[3] == 3 && st[0] == 1
-         && st[1] == 1 && dl[0] == 1 && dl[1] == 1;
+         && st[1] == 1 && dl[0] == 1 && dl[1] == 1 && ys.size() == 4
+         && ys[2] >= winograd_min_map && ys[3] >= winograd_min_map;
 }
 
 /// Whether the engine's own direct convolution (kernels/cpu/engine_conv.cpp)
@@ -352,8 +361,8 @@ step banded_conv_step(const dnnl_ctx& ctx, const graph& g, const node& n, unsign
   using dt = dnnl::memory::data_type;
   const auto& xs = g.values[n.inputs[0]].shape;
   const auto& w = g.values[n.inputs[1]].constant;
-  const bool try_winograd = mcfg.winograd && winograd_shape(n, w->shape);
   const auto& ys = g.values[n.outputs[0]].shape;
+  const bool try_winograd = mcfg.winograd && winograd_shape(n, w->shape, ys);
   auto st = n.get_ints("strides", {1, 1});
   auto pd = n.get_ints("pads", {0, 0, 0, 0});
   auto dl = n.get_ints("dilations", {1, 1});
@@ -471,7 +480,7 @@ step conv_step(const dnnl_ctx& ctx, const graph& g, const node& n, unsigned thre
   for (size_t c = 0; how == split::channels && c + 1 < cuts.size(); ++c)
     narrowest = std::min(narrowest, cuts[c + 1] - cuts[c]);
   bool try_winograd = winograd && src_l == layout::blocked16 && dst_l == layout::blocked16
-                      && winograd_shape(n, w.shape)
+                      && winograd_shape(n, w.shape, ys)
                       && (how != split::channels || narrowest >= 64);
   // The engine's direct kernel runs every convolution it fits that Winograd
   // does not: the 1x1 layers and the strided 3x3 ones of ResNet-50.
@@ -493,7 +502,7 @@ step conv_step(const dnnl_ctx& ctx, const graph& g, const node& n, unsigned thre
   //   ONNX Runtime's speed to 0.99-1.04x).
   // (All measured with plans in turn in one process, caf-onnx-bench --versus.)
   const bool input_heavy = image_bytes(xs) >= w.elements() * 4;
-  const bool engine = mcfg.engine_conv && !(winograd && winograd_shape(n, w.shape))
+  const bool engine = mcfg.engine_conv && !(winograd && winograd_shape(n, w.shape, ys))
                       && engine_conv_fits(n, w.shape, src_l, dst_l);
   if (engine) {
     if (how == split::none && (ys[0] == 1 || input_heavy))
