@@ -210,6 +210,8 @@ def main():
                     help="a window is a turn of this many batches (at least 2), the first not timed")
     ap.add_argument("--row-seconds", type=float, default=0,
                     help="end a row's rounds after this many seconds (at least 3 rounds; 0: all)")
+    ap.add_argument("--engine-flags", default="",
+                    help='plan flags passed to caf-onnx-bench, such as "--winograd 0"')
     ap.add_argument("--markdown", help="also write the table as Markdown to this file")
     args = ap.parse_args()
     if args.group == 1 or args.group < 0:
@@ -229,7 +231,7 @@ def main():
     for name in names:
         path = models / "models" / name / "1" / "model.onnx"
         for b in [int(x) for x in args.batches.split(",")]:
-            extra = ["--group", str(args.group)] if args.group else []
+            extra = (["--group", str(args.group)] if args.group else []) + args.engine_flags.split()
             eng = EngineRunner(bench, path, b, args.threads, args.seconds, args.repeat,
                                extra=extra)
             o = OrtRunner(path, b, args.threads)
