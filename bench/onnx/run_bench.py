@@ -15,6 +15,14 @@ one ratio. Prints one table row per model and batch: the median inferences/s of
 both, the median ratio (engine / ONNX Runtime) with its quartiles, and the engine's
 GFLOP/s against the measured FMA peak.
 
+`--only issue16` (or any of its names) runs issue 16's rows, exported here when
+missing (torch, torchvision and transformers needed, random weights): BERT-base
+(12 layers, hidden 768) at sequence lengths 16, 128 and 384, ViT-B/16,
+MobileNetV3-large, EfficientNet-B0 and ResNet-50 at 224x224, ResNet-50 at 64x64, and
+ResNet-50 quantized to int8 by onnxruntime.quantization.quantize_static in QDQ
+format. `--row-seconds S` ends a row's rounds once it has run S seconds (at least
+3 rounds), so that the large rows get fewer rounds than the small ones.
+
 With `--group N` a window is a turn of N batches instead of `--seconds`, timed over
 all but its first batch (which finds the other engine's data in the caches): many
 short turns (`--repeat 60` and more) follow the machine's speed more closely than a
@@ -29,6 +37,86 @@ import time
 
 import numpy as np
 import onnxruntime as ort
+
+
+# Issue 16's rows: name -> (input, how it is exported). Fixed non-batch shapes (the
+# sequence length, the image size), a variable batch.
+ISSUE16 = {
+    "bert_base_s16": "seq 16",
+    "bert_base_s128": "seq 128",
+    "bert_base_s384": "seq 384",
+    "vit_b16": "224x224",
+    "mobilenetv3_large": "224x224",
+    "efficientnet_b0": "224x224",
+    "resnet50": "224x224",
+    "resnet50_64": "64x64",
+    "resnet50_int8_qdq": "224x224",
+}
+
+
+def export_issue16(models, names):
+    """Exports those of issue 16's models in `names` that `models` lacks."""
+    root = pathlib.Path(__file__).resolve().parent.parent.parent
+    sys.path.insert(0, str(root / "tools"))
+    import torch
+    import torchvision
+    import export_onnx_models as ex
+    torch.set_num_threads(2)
+    # nn.MultiheadAttention's inference fast path (ViT) has no ONNX export.
+    torch.backends.mha.set_fastpath_enabled(False)
+    torch.manual_seed(16)
+
+    def missing(n):
+        return n in names and not (models / "models" / n / "1" / "model.onnx").exists()
+
+    with torch.no_grad():
+        bert = None
+        for seq in (16, 128, 384):
+            if missing(f"bert_base_s{seq}"):
+                bert = bert or ex.bert_model("bert")  # 12 layers, hidden 768, 12 heads
+                ex.export_bert(models, f"bert_base_s{seq}", bert, 17, 1, seq, 30522, seq,
+                               max_batch_size=32)
+        vision = {"vit_b16": (torchvision.models.vit_b_16, 224),
+                  "mobilenetv3_large": (torchvision.models.mobilenet_v3_large, 224),
+                  "efficientnet_b0": (torchvision.models.efficientnet_b0, 224),
+                  "resnet50": (torchvision.models.resnet50, 224),
+                  "resnet50_64": (torchvision.models.resnet50, 64)}
+        for n, (make, hw) in vision.items():
+            if missing(n) or (n == "resnet50" and missing("resnet50_int8_qdq")):
+                if (models / "models" / n / "1" / "model.onnx").exists():
+                    continue
+                ex.export_resnet(models, n, make(), 17, 1, hw, 5, max_batch_size=32)
+    if missing("resnet50_int8_qdq"):
+        quantize_qdq(models, "resnet50", "resnet50_int8_qdq")
+
+
+def quantize_qdq(models, src, name):
+    """`src` quantized by onnxruntime.quantization.quantize_static in QDQ format
+    (QuantizeLinear/DequantizeLinear pairs around Conv, MatMul, ...), calibrated on
+    a few random images; config.pbtxt copied from `src`."""
+    import shutil
+    from onnxruntime import quantization as q
+    src_file = models / "models" / src / "1" / "model.onnx"
+    dst = models / "models" / name
+    (dst / "1").mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(7)
+    sess = ort.InferenceSession(str(src_file), providers=["CPUExecutionProvider"])
+    inp = sess.get_inputs()[0]
+    shape = [1] + list(inp.shape[1:])
+
+    class Reader(q.CalibrationDataReader):
+        def __init__(self):
+            self.left = [{inp.name: rng.standard_normal(shape, dtype=np.float32)}
+                         for _ in range(4)]
+
+        def get_next(self):
+            return self.left.pop() if self.left else None
+
+    q.quantize_static(str(src_file), str(dst / "1" / "model.onnx"), Reader(),
+                      quant_format=q.QuantFormat.QDQ, activation_type=q.QuantType.QInt8,
+                      weight_type=q.QuantType.QInt8)
+    cfg = (models / "models" / src / "config.pbtxt").read_text()
+    (dst / "config.pbtxt").write_text(cfg.replace(f'name: "{src}"', f'name: "{name}"'))
 
 
 def feeds_for(sess, batch):
@@ -120,28 +208,41 @@ def main():
     ap.add_argument("--repeat", type=int, default=9, help="alternating rounds")
     ap.add_argument("--group", type=int, default=0,
                     help="a window is a turn of this many batches (at least 2), the first not timed")
+    ap.add_argument("--row-seconds", type=float, default=0,
+                    help="end a row's rounds after this many seconds (at least 3 rounds; 0: all)")
+    ap.add_argument("--engine-flags", default="",
+                    help='plan flags passed to caf-onnx-bench, such as "--winograd 0"')
+    ap.add_argument("--markdown", help="also write the table as Markdown to this file")
     args = ap.parse_args()
     if args.group == 1 or args.group < 0:
         ap.error("--group takes at least 2 batches (the first of a turn is not timed)")
     models = pathlib.Path(args.models)
-    names = args.only.split(",")
-    if not all((models / "models" / n / "1" / "model.onnx").exists() for n in names):
+    names = [m for n in args.only.split(",") for m in (ISSUE16 if n == "issue16" else [n])]
+    have = lambda n: (models / "models" / n / "1" / "model.onnx").exists()
+    if not all(have(n) for n in names if n in ISSUE16):
+        export_issue16(models, names)
+    if not all(have(n) for n in names if n not in ISSUE16):
         subprocess.check_call([sys.executable, "tools/export_onnx_models.py", "bench", "--out",
                                str(models), "--opsets", "17"])
+    md = []
     bench = pathlib.Path(args.build) / "bench" / "onnx" / "caf-onnx-bench"
     print(f"{'model':<20} {'batch':>5} {'caf-serving/s':>14} {'onnxruntime/s':>14} {'ratio':>6} "
           f"{'quartiles':>11} {'GFLOP/s':>8} {'peak':>7} {'%peak':>6}  ratios of the rounds")
     for name in names:
         path = models / "models" / name / "1" / "model.onnx"
         for b in [int(x) for x in args.batches.split(",")]:
-            extra = ["--group", str(args.group)] if args.group else []
+            extra = (["--group", str(args.group)] if args.group else []) + args.engine_flags.split()
             eng = EngineRunner(bench, path, b, args.threads, args.seconds, args.repeat,
                                extra=extra)
             o = OrtRunner(path, b, args.threads)
             ort_window = (lambda: o.turn(args.group)) if args.group else (
                 lambda: o.window(args.seconds))
             engs, orts, ratios = [], [], []
+            started = time.perf_counter()
             for r in range(args.repeat):
+                if (args.row_seconds and r >= 3
+                        and time.perf_counter() - started > args.row_seconds):
+                    break
                 if r % 2 == 0:
                     e = eng.window()["inferences_per_s"]
                     x = ort_window()
@@ -163,6 +264,14 @@ def main():
                   f"{float(np.median(ratios)):>6.2f} {q1:>5.2f}-{q3:<5.2f} {gf:>8.1f} {pk:>7.1f} "
                   f"{100 * gf / pk:>5.1f}%  " + " ".join(f"{r:.2f}" for r in ratios),
                   flush=True)
+            md.append(f"| {name} | {ISSUE16.get(name, '')} | {b} | {e:.2f} | "
+                      f"{float(np.median(orts)):.2f} | {float(np.median(ratios)):.2f} "
+                      f"({q1:.2f}-{q3:.2f}) | {len(ratios)} |")
+            if args.markdown:
+                pathlib.Path(args.markdown).write_text(
+                    "| model | input | batch | caf-serving inferences/s | onnxruntime inferences/s"
+                    " | ratio median (q1-q3) | rounds |\n|---|---|---|---|---|---|---|\n"
+                    + "\n".join(md) + "\n")
 
 
 if __name__ == "__main__":
