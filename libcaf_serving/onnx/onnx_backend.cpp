@@ -600,13 +600,14 @@ public:
     // every step of a plan compiled on the way takes empty tensors. A model
     // whose graph fixes a 0 (ONNX's node tests have them) runs the plan that
     // load compiled and checked for it, as before variable dimensions.
-    bool pinned = loaded_->count(std::make_pair(shapes, pool_->size())) > 0;
-    for (const auto& shape : shapes)
-      if (!pinned && std::find(shape.begin(), shape.end(), 0) != shape.end())
-        return bad_request("model '" + cfg_.name + "' cannot run inputs "
-                           + shapes_text(input_names_, shapes)
-                           + ": a dimension of size 0; send at least one element per "
-                             "dimension");
+    bool has_zero = std::any_of(shapes.begin(), shapes.end(), [](const dims_t& shape) {
+      return std::find(shape.begin(), shape.end(), 0) != shape.end();
+    });
+    if (has_zero && loaded_->count(std::make_pair(shapes, pool_->size())) == 0)
+      return bad_request("model '" + cfg_.name + "' cannot run inputs "
+                         + shapes_text(input_names_, shapes)
+                         + ": a dimension of size 0; send at least one element per "
+                           "dimension");
     for (size_t i = 0; i < shapes.size(); ++i)
       if (!data[i])
         return serving_error{status_code::bad_request,
