@@ -2,7 +2,7 @@
 
 #include "executor/backend.hpp"
 #include "onnx/importer.hpp"
-#include "onnx/onnx_backend.hpp"
+#include "onnx_cpu/onnx_backend.hpp"
 
 #include <onnx/onnx-data_pb.h>
 #include <onnx/onnx_pb.h>

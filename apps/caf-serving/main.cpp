@@ -3,7 +3,7 @@
 
 #include "cluster/node_registry.hpp"
 #include "cluster/secret.hpp"
-#include "onnx/work_pool.hpp"
+#include "onnx_cpu/work_pool.hpp"
 #include "ingress/response_cache.hpp"
 #include "options.hpp"
 #include "server/model_manager.hpp"

@@ -26,7 +26,7 @@
 /// turn of G batches whose first is not counted (as with --versus).
 
 #include "onnx/importer.hpp"
-#include "onnx/onnx_backend.hpp"
+#include "onnx_cpu/onnx_backend.hpp"
 #include "onnx/ops.hpp"
 #include "onnx/passes.hpp"
 

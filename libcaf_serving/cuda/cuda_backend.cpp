@@ -8,7 +8,7 @@
 #include "cuda/softmax.hpp"
 #include "onnx/importer.hpp"
 #include "onnx/memory_plan.hpp"
-#include "onnx/onnx_backend.hpp"
+#include "onnx_cpu/onnx_backend.hpp"
 #include "onnx/ops.hpp"
 
 #include <cublasLt.h>

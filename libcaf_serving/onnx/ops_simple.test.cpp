@@ -8,7 +8,7 @@
 #include "onnx/ops_simple.hpp"
 
 #include "onnx/importer.hpp"
-#include "onnx/onnx_backend.hpp"
+#include "onnx_cpu/onnx_backend.hpp"
 #include "onnx/ops.hpp"
 #include "onnx/passes.hpp"
 

@@ -2,7 +2,7 @@
 
 #include "executor/builtin_backend.hpp"
 #include "cuda/gpu_options.hpp"
-#include "onnx/onnx_backend.hpp"
+#include "onnx_cpu/onnx_backend.hpp"
 #ifdef CAF_SERVING_HAS_CUDA_BACKEND
 #include "cuda/cuda_backend.hpp"
 #endif

@@ -1,6 +1,6 @@
 #include "server/print_plan.hpp"
 
-#include "onnx/onnx_backend.hpp"
+#include "onnx_cpu/onnx_backend.hpp"
 #include "repository/model_repository.hpp"
 
 namespace caf_serving::server {

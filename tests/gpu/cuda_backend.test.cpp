@@ -16,7 +16,7 @@
 
 #define DOCTEST_CONFIG_IMPLEMENT
 #include "cuda/cuda_backend.hpp"
-#include "onnx/onnx_backend.hpp"
+#include "onnx_cpu/onnx_backend.hpp"
 #include "repository/model_repository.hpp"
 
 #include <doctest/doctest.h>

@@ -4,8 +4,8 @@
 /// Triton's model_warmup samples run before the model is ready, and the
 /// instances of every model share one pool of compute threads.
 
-#include "onnx/onnx_backend.hpp"
-#include "onnx/work_pool.hpp"
+#include "onnx_cpu/onnx_backend.hpp"
+#include "onnx_cpu/work_pool.hpp"
 #include "repository/config_parser.hpp"
 
 #include <doctest/doctest.h>

@@ -1,4 +1,4 @@
-#include "onnx/work_pool.hpp"
+#include "onnx_cpu/work_pool.hpp"
 
 #include <doctest/doctest.h>
 

@@ -1,16 +1,16 @@
-#include "onnx/onnx_backend.hpp"
+#include "onnx_cpu/onnx_backend.hpp"
 #include "onnx/reshape_backend.hpp"
 
 #include "engine_kernels.hpp"
 #include "onnx/importer.hpp"
 #include "onnx/memory_plan.hpp"
-#include "onnx/onednn_steps.hpp"
-#include "onnx/quant_steps.hpp"
+#include "onnx_cpu/onednn_steps.hpp"
+#include "onnx_cpu/quant_steps.hpp"
 #include "onnx/ops.hpp"
 #include "onnx/ops_more.hpp"
 #include "onnx/ops_simple.hpp"
 #include "onnx/string_passthrough.hpp"
-#include "onnx/work_pool.hpp"
+#include "onnx_cpu/work_pool.hpp"
 
 #include <cblas.h>
 #include <oneapi/dnnl/dnnl.hpp>

@@ -10,7 +10,7 @@
 ///
 ///     if (qlinear_conv_runs_on_onednn(g, n)) return qlinear_conv_step(ctx, g, n, threads);
 
-#include "onnx/onednn_steps.hpp"
+#include "onnx_cpu/onednn_steps.hpp"
 
 namespace caf_serving::onnx {
 

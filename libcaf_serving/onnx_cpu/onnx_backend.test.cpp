@@ -3,11 +3,11 @@
 /// way a step is split over threads (by image, by output channel, by row),
 /// Winograd, the reorders between layouts, pooling, and Gemm as a oneDNN matmul.
 
-#include "onnx/onnx_backend.hpp"
+#include "onnx_cpu/onnx_backend.hpp"
 
 #include "onnx/ops.hpp"
 #include "onnx/testing.hpp"
-#include "onnx/work_pool.hpp"
+#include "onnx_cpu/work_pool.hpp"
 
 #include <doctest/doctest.h>
 

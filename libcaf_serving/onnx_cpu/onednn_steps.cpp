@@ -1,4 +1,4 @@
-#include "onnx/onednn_steps.hpp"
+#include "onnx_cpu/onednn_steps.hpp"
 
 #include "engine_kernels.hpp"
 #include "onnx/ops.hpp"

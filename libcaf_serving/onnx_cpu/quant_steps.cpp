@@ -1,4 +1,4 @@
-#include "onnx/quant_steps.hpp"
+#include "onnx_cpu/quant_steps.hpp"
 
 #include "onnx/ops_quant.hpp"
 

@@ -6,9 +6,9 @@
 /// with int8_onednn false, the reference kernel, exactly. Weight zero points
 /// that are not 0 keep the reference kernel.
 
-#include "onnx/quant_steps.hpp"
+#include "onnx_cpu/quant_steps.hpp"
 
-#include "onnx/onnx_backend.hpp"
+#include "onnx_cpu/onnx_backend.hpp"
 #include "onnx/ops.hpp"
 #include "onnx/passes.hpp"
 

@@ -13,7 +13,7 @@
 ///     for (int64_t item = 0; item < s.items; ++item) s.run(ptrs, item);
 
 #include "onnx/ir.hpp"
-#include "onnx/onnx_backend.hpp"
+#include "onnx_cpu/onnx_backend.hpp"
 
 #include <oneapi/dnnl/dnnl.hpp>
 
