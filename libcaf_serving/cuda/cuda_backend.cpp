@@ -8,7 +8,7 @@
 #include "cuda/softmax.hpp"
 #include "onnx/importer.hpp"
 #include "onnx/memory_plan.hpp"
-#include "onnx_cpu/onnx_backend.hpp"
+#include "onnx/model_config.hpp"
 #include "onnx/ops.hpp"
 
 #include <cublasLt.h>
@@ -794,35 +794,34 @@ result<cuda_model> load_cuda_model(const cuda_model_config& mcfg) {
       return bad("instance_group lists GPU " + std::to_string(p.device) + ", but only "
                  + std::to_string(devices) + " CUDA device(s) are visible (0.."
                  + std::to_string(devices - 1) + ")");
-  // The CPU backend's loader completes and checks the configuration against the
-  // graph; the GPU instances then plan from the same graph.
-  onnx::onnx_model_config oc;
-  oc.model_file = mcfg.model_file;
-  oc.config = mcfg.config;
-  oc.passes = mcfg.passes;
-  auto cpu = onnx::load_onnx_model(oc);
-  if (!cpu) return cpu.error();
+  auto imported = onnx::import_model(mcfg.model_file);
+  if (!imported) return bad(imported.error().message);
+  onnx::graph g = std::move(*imported);
+  if (!g.strings.inputs.empty())
+    return bad("the graph has STRING tensors, which KIND_GPU instances do not pass through; use "
+               "instance_group { kind: KIND_CPU }");
+  // The model library completes and checks the configuration against the
+  // graph, as for the CPU backend; the GPU instances then plan from the graph.
+  auto completed = onnx::complete_model_config(g, {mcfg.model_file, mcfg.config});
+  if (!completed) return completed.error();
   // The GPU plans run fixed shapes besides the batch; the CPU backend takes
-  // variable ones (onnx_backend.hpp).
-  for (const auto& t : cpu->config.inputs)
+  // variable ones (onnx_cpu/onnx_backend.hpp).
+  for (const auto& t : completed->client.inputs)
     for (auto d : t.dims)
       if (d < 0)
         return bad("input '" + t.name + "' has a variable dimension besides the batch ("
                    + onnx::shape_string(t.dims) + "), which KIND_GPU instances do not run; give "
                    "it a fixed size in config.pbtxt dims, or use instance_group { kind: "
                    "KIND_CPU }");
-  auto imported = onnx::import_model(mcfg.model_file);
-  if (!imported) return bad(imported.error().message);
-  onnx::graph g = std::move(*imported);
   std::vector<int> ordered;
-  for (const auto& t : cpu->config.inputs)
+  for (const auto& t : completed->client.inputs)
     for (int v : g.inputs)
       if (g.values[v].name == t.name) ordered.push_back(v);
   g.inputs = ordered;
   auto shared = std::make_shared<const onnx::graph>(std::move(g));
 
   cuda_model m;
-  m.config = cpu->config;
+  m.config = completed->client;
   m.options = *options;
   std::ostringstream os;
   os << "CUDA, precision " << to_string(options->compute) << ", " << options->placements.size()

@@ -46,7 +46,8 @@ int visible_devices();
 
 struct cuda_model_config {
   std::filesystem::path model_file;
-  /// As parsed from config.pbtxt; completed from the graph as the CPU backend does.
+  /// As parsed from config.pbtxt; completed from the graph as for the CPU backend
+  /// (onnx/model_config.hpp).
   model_config config;
   onnx::pass_config passes;
 };
