@@ -9,6 +9,7 @@
 #include "onnx/importer.hpp"
 #include "onnx/memory_plan.hpp"
 #include "onnx/model_config.hpp"
+#include "onnx/op_registry.hpp"
 #include "onnx/ops.hpp"
 
 #include <cublasLt.h>
@@ -18,6 +19,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <sstream>
 
 namespace caf_serving::cuda {
@@ -119,9 +121,18 @@ struct step_builder {
   std::vector<gpu_step> steps;
 
   void build();
-  bool try_device(const onnx::node& n);
   void host(const onnx::node& n);
   bool all_fp32(const onnx::node& n) const;
+
+  /// The device steps that device_steps() registers: each returns nothing for
+  /// a node it does not take, which then runs on the host.
+  std::optional<gpu_step> copy_step(const onnx::node& n);
+  std::optional<gpu_step> epilogue_step(const onnx::node& n);
+  std::optional<gpu_step> softmax_step(const onnx::node& n);
+  std::optional<gpu_step> layer_norm_step(const onnx::node& n);
+  std::optional<gpu_step> matmul_step(const onnx::node& n);
+  std::optional<gpu_step> conv_step(const onnx::node& n);
+  std::optional<gpu_step> pool_step(const onnx::node& n);
 };
 
 // ---------------------------------------------------------------- the backend
@@ -481,9 +492,51 @@ bool step_builder::all_fp32(const onnx::node& n) const {
   return true;
 }
 
+using device_table = onnx::kernel_table<step_builder, gpu_step>;
+
+/// The CUDA backend's device steps in the operator registry's form
+/// (onnx/op_registry.hpp), per operator; a node that none takes runs its
+/// reference kernel on the host (step_builder::host). Besides the copies, the
+/// device steps take fp32 tensors only.
+const device_table& device_steps() {
+  using member = std::optional<gpu_step> (step_builder::*)(const onnx::node&);
+  auto any_type = [](member f) {
+    return [f](step_builder& b, const onnx::graph&, const onnx::node& n) { return (b.*f)(n); };
+  };
+  auto fp32 = [](member f) {
+    return [f](step_builder& b, const onnx::graph&,
+               const onnx::node& n) -> std::optional<gpu_step> {
+      if (!b.all_fp32(n)) return std::nullopt;
+      return (b.*f)(n);
+    };
+  };
+  static const device_table table({
+    {"Reshape", {}, "copy", any_type(&step_builder::copy_step)},
+    {"Flatten", {}, "copy", any_type(&step_builder::copy_step)},
+    {"Squeeze", {}, "copy", any_type(&step_builder::copy_step)},
+    {"Unsqueeze", {}, "copy", any_type(&step_builder::copy_step)},
+    {"Identity", {}, "copy", any_type(&step_builder::copy_step)},
+    {"Relu", {}, "epilogue", fp32(&step_builder::epilogue_step)},
+    {"Add", {}, "epilogue", fp32(&step_builder::epilogue_step)},
+    {"FusedGelu", {}, "epilogue", fp32(&step_builder::epilogue_step)},
+    {"Softmax", {}, "softmax", fp32(&step_builder::softmax_step)},
+    {"FusedLayerNorm", {}, "layer_norm", fp32(&step_builder::layer_norm_step)},
+    {"FusedMatMul", {}, "cublaslt", fp32(&step_builder::matmul_step)},
+    {"FusedConv", {}, "cudnn_conv", fp32(&step_builder::conv_step)},
+    {"MaxPool", {}, "cudnn_pool", fp32(&step_builder::pool_step)},
+    {"AveragePool", {}, "cudnn_pool", fp32(&step_builder::pool_step)},
+    {"GlobalAveragePool", {}, "cudnn_pool", fp32(&step_builder::pool_step)},
+  });
+  return table;
+}
+
 void step_builder::build() {
-  for (const auto& n : g.nodes)
-    if (!try_device(n)) host(n);
+  for (const auto& n : g.nodes) {
+    if (auto s = device_steps().build(*this, g, n))
+      steps.push_back(std::move(*s));
+    else
+      host(n);
+  }
 }
 
 void step_builder::host(const onnx::node& n) {
@@ -538,235 +591,265 @@ void step_builder::host(const onnx::node& n) {
   }});
 }
 
-bool step_builder::try_device(const onnx::node& n) {
+/// Reshape, Flatten, Squeeze, Unsqueeze, Identity: same bytes, new shape.
+std::optional<gpu_step> step_builder::copy_step(const onnx::node& n) {
+  auto in = [&](size_t i) -> int { return i < n.inputs.size() ? n.inputs[i] : -1; };
+  const int y = n.outputs.empty() ? -1 : n.outputs[0];
+  const void* src = ptrs[in(0)];
+  void* dst = ptrs[y];
+  size_t bytes = value_bytes(g.values[y]);
+  return gpu_step{"copy", false, [src, dst, bytes](cudaStream_t s) {
+    if (src != dst) CAF_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s));
+  }};
+}
+
+/// Relu, Add of equal shapes, FusedGelu with a bias per last-axis column.
+std::optional<gpu_step> step_builder::epilogue_step(const onnx::node& n) {
   auto in = [&](size_t i) -> int { return i < n.inputs.size() ? n.inputs[i] : -1; };
   auto shape = [&](int v) -> const dims_t& { return g.values[v].shape; };
   const int y = n.outputs.empty() ? -1 : n.outputs[0];
-
-  // Copies: same bytes, new shape.
-  static const char* views[] = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"};
-  if (std::find(std::begin(views), std::end(views), n.op) != std::end(views)) {
-    const void* src = ptrs[in(0)];
-    void* dst = ptrs[y];
-    size_t bytes = value_bytes(g.values[y]);
-    steps.push_back({"copy", false, [src, dst, bytes](cudaStream_t s) {
-      if (src != dst) CAF_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s));
-    }});
-    return true;
+  if (!(n.op == "Relu" || (n.op == "Add" && shape(in(0)) == shape(in(1)) && shape(in(0)) == shape(y))
+      || (n.op == "FusedGelu" && (in(1) < 0 || shape(in(1)).size() == 1))))
+    return std::nullopt;
+  k::epilogue_args a;
+  a.input = ptrs[in(0)];
+  a.output = ptrs[y];
+  a.count = onnx::element_count(shape(y));
+  if (n.op == "Add") a.residual = ptrs[in(1)];
+  if (n.op == "Relu") a.act = k::activation::relu;
+  if (n.op == "FusedGelu") {
+    a.act = k::activation::gelu_erf;
+    if (in(1) >= 0) {
+      a.bias = ptrs[in(1)];
+      a.layout = {static_cast<size_t>(shape(in(1))[0]), 1};
+    }
   }
-  if (!all_fp32(n))
-    return false;
+  return gpu_step{"epilogue", false, [a](cudaStream_t s) { k::launch_epilogue(a, s); }};
+}
 
-  if (n.op == "Relu" || (n.op == "Add" && shape(in(0)) == shape(in(1)) && shape(in(0)) == shape(y))
-      || (n.op == "FusedGelu" && (in(1) < 0 || shape(in(1)).size() == 1))) {
-    k::epilogue_args a;
-    a.input = ptrs[in(0)];
-    a.output = ptrs[y];
-    a.count = onnx::element_count(shape(y));
-    if (n.op == "Add") a.residual = ptrs[in(1)];
-    if (n.op == "Relu") a.act = k::activation::relu;
-    if (n.op == "FusedGelu") {
-      a.act = k::activation::gelu_erf;
-      if (in(1) >= 0) {
-        a.bias = ptrs[in(1)];
-        a.layout = {static_cast<size_t>(shape(in(1))[0]), 1};
+/// Softmax over the last axis.
+std::optional<gpu_step> step_builder::softmax_step(const onnx::node& n) {
+  auto in = [&](size_t i) -> int { return i < n.inputs.size() ? n.inputs[i] : -1; };
+  auto shape = [&](int v) -> const dims_t& { return g.values[v].shape; };
+  const int y = n.outputs.empty() ? -1 : n.outputs[0];
+  if (!(n.op == "Softmax" && (n.get_i("axis", -1) == -1
+                            || n.get_i("axis", -1) == static_cast<int64_t>(shape(y).size()) - 1)))
+    return std::nullopt;
+  k::softmax_args a;
+  a.input = ptrs[in(0)];
+  a.output = ptrs[y];
+  a.cols = shape(y).back();
+  a.rows = onnx::element_count(shape(y)) / a.cols;
+  return gpu_step{"softmax", false, [a](cudaStream_t s) { k::launch_softmax(a, s); }};
+}
+
+/// FusedLayerNorm over the last axis, with beta, up to add_layer_norm_max_cols.
+std::optional<gpu_step> step_builder::layer_norm_step(const onnx::node& n) {
+  auto in = [&](size_t i) -> int { return i < n.inputs.size() ? n.inputs[i] : -1; };
+  auto shape = [&](int v) -> const dims_t& { return g.values[v].shape; };
+  const int y = n.outputs.empty() ? -1 : n.outputs[0];
+  if (!(n.op == "FusedLayerNorm" && in(2) >= 0 && n.get_i("axis", -1) == -1))
+    return std::nullopt;
+  k::add_layer_norm_args a;
+  a.input = ptrs[in(0)];
+  a.gamma = ptrs[in(1)];
+  a.beta = ptrs[in(2)];
+  a.output = ptrs[y];
+  a.cols = shape(y).back();
+  a.rows = onnx::element_count(shape(y)) / a.cols;
+  a.eps = n.get_f("epsilon", 1e-5f);
+  if (a.cols > k::add_layer_norm_max_cols) return std::nullopt;
+  return gpu_step{"layer_norm", false, [a](cudaStream_t s) { k::launch_add_layer_norm(a, s); }};
+}
+
+/// FusedMatMul with constant 2-D weights on cuBLASLt, its epilogue after.
+std::optional<gpu_step> step_builder::matmul_step(const onnx::node& n) {
+  auto in = [&](size_t i) -> int { return i < n.inputs.size() ? n.inputs[i] : -1; };
+  auto shape = [&](int v) -> const dims_t& { return g.values[v].shape; };
+  const int y = n.outputs.empty() ? -1 : n.outputs[0];
+  if (!(n.op == "FusedMatMul" && g.values[in(1)].constant && shape(in(1)).size() == 2))
+    return std::nullopt;
+  bool ok = true;
+  auto act = activation_of(n.get_s("activation", ""), ok);
+  if (!ok) return std::nullopt;
+  const auto& as = shape(in(0));
+  uint64_t kk = as.back(), nn = shape(in(1))[1];
+  uint64_t m = onnx::element_count(as) / kk;
+  // Row-major C[m,n] = A[m,k] W[k,n] is column-major C^T = W^T A^T: cuBLASLt's
+  // "A" is W (n x k, ld n), its "B" is A (k x m, ld k).
+  cublasLtMatmulDesc_t desc;
+  cublasLtMatrixLayout_t lw, la, lc;
+  CAF_CUDA_CHECK(cublasLtMatmulDescCreate(&desc, compute_type(be.compute_precision()), CUDA_R_32F));
+  CAF_CUDA_CHECK(cublasLtMatrixLayoutCreate(&lw, CUDA_R_32F, nn, kk, nn));
+  CAF_CUDA_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_32F, kk, m, kk));
+  CAF_CUDA_CHECK(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, nn, m, nn));
+  cublasLtMatmulPreference_t pref;
+  CAF_CUDA_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  size_t ws = workspace_bytes;
+  CAF_CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(
+    pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+  cublasLtMatmulHeuristicResult_t heur{};
+  int found = 0;
+  CAF_CUDA_CHECK(cublasLtMatmulAlgoGetHeuristic(be.lt_, desc, lw, la, lc, lc, pref, 1, &heur, &found));
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (found == 0) return std::nullopt;
+  auto keep = std::shared_ptr<void>(nullptr, [desc, lw, la, lc](void*) {
+    cublasLtMatrixLayoutDestroy(lw); cublasLtMatrixLayoutDestroy(la);
+    cublasLtMatrixLayoutDestroy(lc); cublasLtMatmulDescDestroy(desc);
+  });
+  be.keep_.push_back(keep);
+  const void* w = ptrs[in(1)];
+  const void* a = ptrs[in(0)];
+  void* c = ptrs[y];
+  auto lt = be.lt_;
+  void* workspace = be.workspace_;
+  auto algo = heur.algo;
+  k::epilogue_args e;
+  e.input = c;
+  e.output = c;
+  e.count = m * nn;
+  e.act = act;
+  if (in(2) >= 0) { e.bias = ptrs[in(2)]; e.layout = {nn, 1}; }
+  if (in(3) >= 0) e.residual = ptrs[in(3)];
+  bool needs_epilogue = e.bias || e.residual || act != k::activation::none;
+  return gpu_step{"cublaslt", false, [=](cudaStream_t s) {
+    float one = 1.f, zero = 0.f;
+    CAF_CUDA_CHECK(cublasLtMatmul(lt, desc, &one, w, lw, a, la, &zero, c, lc, c, lc, &algo,
+                                  workspace, workspace_bytes, s));
+    if (needs_epilogue) k::launch_epilogue(e, s);
+  }};
+}
+
+/// FusedConv (2-D, group 1, symmetric pads, Relu or none) on cuDNN.
+std::optional<gpu_step> step_builder::conv_step(const onnx::node& n) {
+  auto in = [&](size_t i) -> int { return i < n.inputs.size() ? n.inputs[i] : -1; };
+  auto shape = [&](int v) -> const dims_t& { return g.values[v].shape; };
+  const int y = n.outputs.empty() ? -1 : n.outputs[0];
+  if (!(n.op == "FusedConv" && g.values[in(1)].constant && shape(in(0)).size() == 4
+        && n.get_i("group", 1) == 1))
+    return std::nullopt;
+  auto act = n.get_s("activation", "");
+  if (!act.empty() && act != "Relu") return std::nullopt;
+  const auto& xs = shape(in(0));
+  const auto& ws = shape(in(1));
+  const auto& ys = shape(y);
+  auto st = n.get_ints("strides", {1, 1});
+  auto pd = n.get_ints("pads", {0, 0, 0, 0});
+  auto dl = n.get_ints("dilations", {1, 1});
+  if (pd[0] != pd[2] || pd[1] != pd[3]) return std::nullopt; // cuDNN pads symmetrically
+  cuda_backend::conv_desc d;
+  auto mk4 = [](cudnnTensorDescriptor_t& t, const dims_t& s) {
+    CAF_CUDA_CHECK(cudnnCreateTensorDescriptor(&t));
+    CAF_CUDA_CHECK(cudnnSetTensor4dDescriptor(t, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT,
+                                              s[0], s[1], s[2], s[3]));
+  };
+  mk4(d.x, xs);
+  mk4(d.y, ys);
+  mk4(d.z, ys);
+  mk4(d.b, {1, ys[1], 1, 1});
+  CAF_CUDA_CHECK(cudnnCreateFilterDescriptor(&d.w));
+  CAF_CUDA_CHECK(cudnnSetFilter4dDescriptor(d.w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, ws[0],
+                                            ws[1], ws[2], ws[3]));
+  CAF_CUDA_CHECK(cudnnCreateConvolutionDescriptor(&d.conv));
+  CAF_CUDA_CHECK(cudnnSetConvolution2dDescriptor(d.conv, pd[0], pd[1], st[0], st[1], dl[0],
+                                                 dl[1], CUDNN_CROSS_CORRELATION,
+                                                 CUDNN_DATA_FLOAT));
+  CAF_CUDA_CHECK(cudnnSetConvolutionMathType(
+    d.conv, be.compute_precision() == precision::fp32 ? CUDNN_FMA_MATH
+                                                      : CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION));
+  CAF_CUDA_CHECK(cudnnCreateActivationDescriptor(&d.act));
+  CAF_CUDA_CHECK(cudnnSetActivationDescriptor(
+    d.act, act.empty() ? CUDNN_ACTIVATION_IDENTITY : CUDNN_ACTIVATION_RELU,
+    CUDNN_NOT_PROPAGATE_NAN, 0.0));
+  if (act.empty()) {
+    // cuDNN's fused call runs IDENTITY only with this algorithm.
+    d.algo = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM;
+  } else {
+    // Chosen once, here at load, by timing the candidates (cudnnFind).
+    cudnnConvolutionFwdAlgoPerf_t perf[8];
+    int got = 0;
+    CAF_CUDA_CHECK(cudnnFindConvolutionForwardAlgorithmEx(
+      be.cudnn_, d.x, ptrs[in(0)], d.w, ptrs[in(1)], d.conv, d.y, ptrs[y], 8, &got, perf,
+      be.workspace_, workspace_bytes));
+    d.algo = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM;
+    for (int i = 0; i < got; ++i)
+      if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= workspace_bytes) {
+        d.algo = perf[i].algo;
+        break;
       }
-    }
-    steps.push_back({"epilogue", false, [a](cudaStream_t s) { k::launch_epilogue(a, s); }});
-    return true;
   }
-  if (n.op == "Softmax" && (n.get_i("axis", -1) == -1
-                            || n.get_i("axis", -1) == static_cast<int64_t>(shape(y).size()) - 1)) {
-    k::softmax_args a;
-    a.input = ptrs[in(0)];
-    a.output = ptrs[y];
-    a.cols = shape(y).back();
-    a.rows = onnx::element_count(shape(y)) / a.cols;
-    steps.push_back({"softmax", false, [a](cudaStream_t s) { k::launch_softmax(a, s); }});
-    return true;
-  }
-  if (n.op == "FusedLayerNorm" && in(2) >= 0 && n.get_i("axis", -1) == -1) {
-    k::add_layer_norm_args a;
-    a.input = ptrs[in(0)];
-    a.gamma = ptrs[in(1)];
-    a.beta = ptrs[in(2)];
-    a.output = ptrs[y];
-    a.cols = shape(y).back();
-    a.rows = onnx::element_count(shape(y)) / a.cols;
-    a.eps = n.get_f("epsilon", 1e-5f);
-    if (a.cols > k::add_layer_norm_max_cols) return false;
-    steps.push_back({"layer_norm", false, [a](cudaStream_t s) { k::launch_add_layer_norm(a, s); }});
-    return true;
-  }
-  if (n.op == "FusedMatMul" && g.values[in(1)].constant && shape(in(1)).size() == 2) {
-    bool ok = true;
-    auto act = activation_of(n.get_s("activation", ""), ok);
-    if (!ok) return false;
-    const auto& as = shape(in(0));
-    uint64_t kk = as.back(), nn = shape(in(1))[1];
-    uint64_t m = onnx::element_count(as) / kk;
-    // Row-major C[m,n] = A[m,k] W[k,n] is column-major C^T = W^T A^T: cuBLASLt's
-    // "A" is W (n x k, ld n), its "B" is A (k x m, ld k).
-    cublasLtMatmulDesc_t desc;
-    cublasLtMatrixLayout_t lw, la, lc;
-    CAF_CUDA_CHECK(cublasLtMatmulDescCreate(&desc, compute_type(be.compute_precision()), CUDA_R_32F));
-    CAF_CUDA_CHECK(cublasLtMatrixLayoutCreate(&lw, CUDA_R_32F, nn, kk, nn));
-    CAF_CUDA_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_32F, kk, m, kk));
-    CAF_CUDA_CHECK(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, nn, m, nn));
-    cublasLtMatmulPreference_t pref;
-    CAF_CUDA_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-    size_t ws = workspace_bytes;
-    CAF_CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(
-      pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
-    cublasLtMatmulHeuristicResult_t heur{};
-    int found = 0;
-    CAF_CUDA_CHECK(cublasLtMatmulAlgoGetHeuristic(be.lt_, desc, lw, la, lc, lc, pref, 1, &heur, &found));
-    cublasLtMatmulPreferenceDestroy(pref);
-    if (found == 0) return false;
-    auto keep = std::shared_ptr<void>(nullptr, [desc, lw, la, lc](void*) {
-      cublasLtMatrixLayoutDestroy(lw); cublasLtMatrixLayoutDestroy(la);
-      cublasLtMatrixLayoutDestroy(lc); cublasLtMatmulDescDestroy(desc);
-    });
-    be.keep_.push_back(keep);
-    const void* w = ptrs[in(1)];
-    const void* a = ptrs[in(0)];
-    void* c = ptrs[y];
-    auto lt = be.lt_;
-    void* workspace = be.workspace_;
-    auto algo = heur.algo;
-    k::epilogue_args e;
-    e.input = c;
-    e.output = c;
-    e.count = m * nn;
-    e.act = act;
-    if (in(2) >= 0) { e.bias = ptrs[in(2)]; e.layout = {nn, 1}; }
-    if (in(3) >= 0) e.residual = ptrs[in(3)];
-    bool needs_epilogue = e.bias || e.residual || act != k::activation::none;
-    steps.push_back({"cublaslt", false, [=](cudaStream_t s) {
-      float one = 1.f, zero = 0.f;
-      CAF_CUDA_CHECK(cublasLtMatmul(lt, desc, &one, w, lw, a, la, &zero, c, lc, c, lc, &algo,
-                                    workspace, workspace_bytes, s));
-      if (needs_epilogue) k::launch_epilogue(e, s);
-    }});
-    return true;
-  }
-  if (n.op == "FusedConv" && g.values[in(1)].constant && shape(in(0)).size() == 4
-      && n.get_i("group", 1) == 1) {
-    auto act = n.get_s("activation", "");
-    if (!act.empty() && act != "Relu") return false;
-    const auto& xs = shape(in(0));
-    const auto& ws = shape(in(1));
-    const auto& ys = shape(y);
-    auto st = n.get_ints("strides", {1, 1});
-    auto pd = n.get_ints("pads", {0, 0, 0, 0});
+  size_t need = 0;
+  CAF_CUDA_CHECK(cudnnGetConvolutionForwardWorkspaceSize(be.cudnn_, d.x, d.w, d.conv, d.y,
+                                                         d.algo, &need));
+  if (need > workspace_bytes) { d.destroy(); return std::nullopt; }
+  be.conv_descs_.emplace_back(y, d);
+  const void* x = ptrs[in(0)];
+  const void* w = ptrs[in(1)];
+  const void* bias = in(2) >= 0 ? ptrs[in(2)] : be.zeros_;
+  const void* z = in(3) >= 0 ? ptrs[in(3)] : ptrs[y];
+  float alpha2 = in(3) >= 0 ? 1.f : 0.f;
+  void* out = ptrs[y];
+  auto h = be.cudnn_;
+  void* workspace = be.workspace_;
+  return gpu_step{"cudnn_conv", false, [=](cudaStream_t) {
+    float one = 1.f;
+    CAF_CUDA_CHECK(cudnnConvolutionBiasActivationForward(
+      h, &one, d.x, x, d.w, w, d.conv, d.algo, workspace, workspace_bytes, &alpha2, d.z, z,
+      d.b, bias, d.act, d.y, out));
+  }};
+}
+
+/// MaxPool, AveragePool (no ceil_mode, symmetric pads) and GlobalAveragePool on cuDNN.
+std::optional<gpu_step> step_builder::pool_step(const onnx::node& n) {
+  auto in = [&](size_t i) -> int { return i < n.inputs.size() ? n.inputs[i] : -1; };
+  auto shape = [&](int v) -> const dims_t& { return g.values[v].shape; };
+  const int y = n.outputs.empty() ? -1 : n.outputs[0];
+  if (!((n.op == "MaxPool" || n.op == "AveragePool" || n.op == "GlobalAveragePool")
+        && shape(in(0)).size() == 4))
+    return std::nullopt;
+  const auto& xs = shape(in(0));
+  const auto& ys = shape(y);
+  dims_t kk{xs[2], xs[3]}, st{1, 1}, pd{0, 0, 0, 0};
+  if (n.op != "GlobalAveragePool") {
+    kk = n.get_ints("kernel_shape");
+    st = n.get_ints("strides", {1, 1});
+    pd = n.get_ints("pads", {0, 0, 0, 0});
+    if (n.get_i("ceil_mode", 0) || pd[0] != pd[2] || pd[1] != pd[3]) return std::nullopt;
     auto dl = n.get_ints("dilations", {1, 1});
-    if (pd[0] != pd[2] || pd[1] != pd[3]) return false; // cuDNN pads symmetrically
-    cuda_backend::conv_desc d;
-    auto mk4 = [](cudnnTensorDescriptor_t& t, const dims_t& s) {
-      CAF_CUDA_CHECK(cudnnCreateTensorDescriptor(&t));
-      CAF_CUDA_CHECK(cudnnSetTensor4dDescriptor(t, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT,
-                                                s[0], s[1], s[2], s[3]));
-    };
-    mk4(d.x, xs);
-    mk4(d.y, ys);
-    mk4(d.z, ys);
-    mk4(d.b, {1, ys[1], 1, 1});
-    CAF_CUDA_CHECK(cudnnCreateFilterDescriptor(&d.w));
-    CAF_CUDA_CHECK(cudnnSetFilter4dDescriptor(d.w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, ws[0],
-                                              ws[1], ws[2], ws[3]));
-    CAF_CUDA_CHECK(cudnnCreateConvolutionDescriptor(&d.conv));
-    CAF_CUDA_CHECK(cudnnSetConvolution2dDescriptor(d.conv, pd[0], pd[1], st[0], st[1], dl[0],
-                                                   dl[1], CUDNN_CROSS_CORRELATION,
-                                                   CUDNN_DATA_FLOAT));
-    CAF_CUDA_CHECK(cudnnSetConvolutionMathType(
-      d.conv, be.compute_precision() == precision::fp32 ? CUDNN_FMA_MATH
-                                                        : CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION));
-    CAF_CUDA_CHECK(cudnnCreateActivationDescriptor(&d.act));
-    CAF_CUDA_CHECK(cudnnSetActivationDescriptor(
-      d.act, act.empty() ? CUDNN_ACTIVATION_IDENTITY : CUDNN_ACTIVATION_RELU,
-      CUDNN_NOT_PROPAGATE_NAN, 0.0));
-    if (act.empty()) {
-      // cuDNN's fused call runs IDENTITY only with this algorithm.
-      d.algo = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM;
-    } else {
-      // Chosen once, here at load, by timing the candidates (cudnnFind).
-      cudnnConvolutionFwdAlgoPerf_t perf[8];
-      int got = 0;
-      CAF_CUDA_CHECK(cudnnFindConvolutionForwardAlgorithmEx(
-        be.cudnn_, d.x, ptrs[in(0)], d.w, ptrs[in(1)], d.conv, d.y, ptrs[y], 8, &got, perf,
-        be.workspace_, workspace_bytes));
-      d.algo = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM;
-      for (int i = 0; i < got; ++i)
-        if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= workspace_bytes) {
-          d.algo = perf[i].algo;
-          break;
-        }
-    }
-    size_t need = 0;
-    CAF_CUDA_CHECK(cudnnGetConvolutionForwardWorkspaceSize(be.cudnn_, d.x, d.w, d.conv, d.y,
-                                                           d.algo, &need));
-    if (need > workspace_bytes) { d.destroy(); return false; }
-    be.conv_descs_.emplace_back(y, d);
-    const void* x = ptrs[in(0)];
-    const void* w = ptrs[in(1)];
-    const void* bias = in(2) >= 0 ? ptrs[in(2)] : be.zeros_;
-    const void* z = in(3) >= 0 ? ptrs[in(3)] : ptrs[y];
-    float alpha2 = in(3) >= 0 ? 1.f : 0.f;
-    void* out = ptrs[y];
-    auto h = be.cudnn_;
-    void* workspace = be.workspace_;
-    steps.push_back({"cudnn_conv", false, [=](cudaStream_t) {
-      float one = 1.f;
-      CAF_CUDA_CHECK(cudnnConvolutionBiasActivationForward(
-        h, &one, d.x, x, d.w, w, d.conv, d.algo, workspace, workspace_bytes, &alpha2, d.z, z,
-        d.b, bias, d.act, d.y, out));
-    }});
-    return true;
+    if (dl[0] != 1 || dl[1] != 1) return std::nullopt;
   }
-  if ((n.op == "MaxPool" || n.op == "AveragePool" || n.op == "GlobalAveragePool")
-      && shape(in(0)).size() == 4) {
-    const auto& xs = shape(in(0));
-    const auto& ys = shape(y);
-    dims_t kk{xs[2], xs[3]}, st{1, 1}, pd{0, 0, 0, 0};
-    if (n.op != "GlobalAveragePool") {
-      kk = n.get_ints("kernel_shape");
-      st = n.get_ints("strides", {1, 1});
-      pd = n.get_ints("pads", {0, 0, 0, 0});
-      if (n.get_i("ceil_mode", 0) || pd[0] != pd[2] || pd[1] != pd[3]) return false;
-      auto dl = n.get_ints("dilations", {1, 1});
-      if (dl[0] != 1 || dl[1] != 1) return false;
-    }
-    auto mode = n.op == "MaxPool" ? CUDNN_POOLING_MAX
-                : n.get_i("count_include_pad", 0) ? CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING
-                                                  : CUDNN_POOLING_AVERAGE_COUNT_EXCLUDE_PADDING;
-    cudnnPoolingDescriptor_t pool;
-    cudnnTensorDescriptor_t tx, ty;
-    CAF_CUDA_CHECK(cudnnCreatePoolingDescriptor(&pool));
-    CAF_CUDA_CHECK(cudnnSetPooling2dDescriptor(pool, mode, CUDNN_NOT_PROPAGATE_NAN, kk[0], kk[1],
-                                               pd[0], pd[1], st[0], st[1]));
-    CAF_CUDA_CHECK(cudnnCreateTensorDescriptor(&tx));
-    CAF_CUDA_CHECK(cudnnCreateTensorDescriptor(&ty));
-    CAF_CUDA_CHECK(cudnnSetTensor4dDescriptor(tx, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, xs[0],
-                                              xs[1], xs[2], xs[3]));
-    CAF_CUDA_CHECK(cudnnSetTensor4dDescriptor(ty, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, ys[0],
-                                              ys[1], ys[2], ys[3]));
-    be.keep_.push_back(std::shared_ptr<void>(nullptr, [pool, tx, ty](void*) {
-      cudnnDestroyPoolingDescriptor(pool); cudnnDestroyTensorDescriptor(tx);
-      cudnnDestroyTensorDescriptor(ty);
-    }));
-    const void* x = ptrs[in(0)];
-    void* out = ptrs[y];
-    auto h = be.cudnn_;
-    steps.push_back({"cudnn_pool", false, [=](cudaStream_t) {
-      float one = 1.f, zero = 0.f;
-      CAF_CUDA_CHECK(cudnnPoolingForward(h, pool, &one, tx, x, &zero, ty, out));
-    }});
-    return true;
-  }
-  return false;
+  auto mode = n.op == "MaxPool" ? CUDNN_POOLING_MAX
+              : n.get_i("count_include_pad", 0) ? CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING
+                                                : CUDNN_POOLING_AVERAGE_COUNT_EXCLUDE_PADDING;
+  cudnnPoolingDescriptor_t pool;
+  cudnnTensorDescriptor_t tx, ty;
+  CAF_CUDA_CHECK(cudnnCreatePoolingDescriptor(&pool));
+  CAF_CUDA_CHECK(cudnnSetPooling2dDescriptor(pool, mode, CUDNN_NOT_PROPAGATE_NAN, kk[0], kk[1],
+                                             pd[0], pd[1], st[0], st[1]));
+  CAF_CUDA_CHECK(cudnnCreateTensorDescriptor(&tx));
+  CAF_CUDA_CHECK(cudnnCreateTensorDescriptor(&ty));
+  CAF_CUDA_CHECK(cudnnSetTensor4dDescriptor(tx, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, xs[0],
+                                            xs[1], xs[2], xs[3]));
+  CAF_CUDA_CHECK(cudnnSetTensor4dDescriptor(ty, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, ys[0],
+                                            ys[1], ys[2], ys[3]));
+  be.keep_.push_back(std::shared_ptr<void>(nullptr, [pool, tx, ty](void*) {
+    cudnnDestroyPoolingDescriptor(pool); cudnnDestroyTensorDescriptor(tx);
+    cudnnDestroyTensorDescriptor(ty);
+  }));
+  const void* x = ptrs[in(0)];
+  void* out = ptrs[y];
+  auto h = be.cudnn_;
+  return gpu_step{"cudnn_pool", false, [=](cudaStream_t) {
+    float one = 1.f, zero = 0.f;
+    CAF_CUDA_CHECK(cudnnPoolingForward(h, pool, &one, tx, x, &zero, ty, out));
+  }};
 }
 
 } // namespace
+
+std::vector<std::string> device_step_ops() {
+  return device_steps().ops();
+}
 
 int visible_devices() {
   int n = 0;

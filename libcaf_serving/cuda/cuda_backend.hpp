@@ -38,11 +38,17 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace caf_serving::cuda {
 
 /// CUDA devices visible to this process; 0 without a GPU or driver (never throws).
 int visible_devices();
+
+/// The operators with a device step (the backend's kernel table in the operator
+/// registry's form, onnx/op_registry.hpp), sorted; every other node runs its
+/// reference kernel on the host. Needs no device.
+std::vector<std::string> device_step_ops();
 
 struct cuda_model_config {
   std::filesystem::path model_file;

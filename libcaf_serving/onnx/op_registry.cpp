@@ -82,25 +82,34 @@ const op_table& core_operator_table() {
 
 namespace {
 
+/// One source file's operators with its shape inference and reference kernel.
+struct operator_file {
+  const op_table& (*table)();
+  infer_function infer;
+  reference_function reference;
+};
+
 /// Every table of operators; a new file of operators adds its table here.
-const std::vector<const op_table& (*)()>& tables() {
-  static const std::vector<const op_table& (*)()> all{
-    &core_operator_table,
-    &simple_operator_table,
-    &nd_operator_table,
-    &more_operator_table,
-    &contrib_operator_table,
-    &quant_operator_table,
+/// ops.cpp's own operators are inferred and run inline by infer_shapes() and
+/// run_reference(), which hand the other files' operators to their functions.
+const std::vector<operator_file>& tables() {
+  static const std::vector<operator_file> all{
+    {&core_operator_table, &infer_shapes, &run_reference},
+    {&simple_operator_table, &infer_simple_op, &run_simple_op},
+    {&nd_operator_table, &infer_nd_op, &run_nd_op},
+    {&more_operator_table, &infer_more_op, &run_more_op},
+    {&contrib_operator_table, &infer_contrib_op, &run_contrib_op},
+    {&quant_operator_table, &infer_quant_op, &run_quant_op},
   };
   return all;
 }
 
-const std::map<std::string, const op_versions*>& by_name() {
-  static const std::map<std::string, const op_versions*> all = [] {
-    std::map<std::string, const op_versions*> m;
-    for (auto table : tables())
-      for (const auto& e : table())
-        m.emplace(e.op, &e);
+const std::map<std::string, op_versions>& by_name() {
+  static const std::map<std::string, op_versions> all = [] {
+    std::map<std::string, op_versions> m;
+    for (const auto& file : tables())
+      for (const auto& e : file.table())
+        m.emplace(e.op, op_versions{e.op, e.since, file.infer, file.reference});
     return m;
   }();
   return all;
@@ -120,7 +129,7 @@ const op_table& registered_operators() {
   static const op_table all = [] {
     op_table v;
     for (const auto& [name, e] : by_name())
-      v.push_back(*e);
+      v.push_back(e);
     return v;
   }();
   return all;
@@ -128,14 +137,14 @@ const op_table& registered_operators() {
 
 size_t table_entries() {
   size_t n = 0;
-  for (auto table : tables())
-    n += table().size();
+  for (const auto& file : tables())
+    n += file.table().size();
   return n;
 }
 
 const op_versions* find_operator(const std::string& op) {
   auto it = by_name().find(op);
-  return it == by_name().end() ? nullptr : it->second;
+  return it == by_name().end() ? nullptr : &it->second;
 }
 
 std::optional<int64_t> operator_version(const std::string& op, int64_t opset) {

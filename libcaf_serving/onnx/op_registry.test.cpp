@@ -463,3 +463,92 @@ TEST_CASE("types the kernels do not take are refused, not read as another type")
                          {{"kernel_shape", ints_attr({2, 2})}}))
         == "input 'in0' is UINT8; the engine runs MaxPool on FP32 (Cast it to FLOAT first)");
 }
+
+TEST_CASE("every registered operator has its shape inference and reference kernel") {
+  for (const auto& e : registered_operators()) {
+    INFO(e.op);
+    CHECK((e.infer != nullptr));
+    CHECK((e.reference != nullptr));
+    const auto* found = find_operator(e.op);
+    REQUIRE(found != nullptr);
+    CHECK((found->infer == e.infer));
+    CHECK((found->reference == e.reference));
+  }
+  // Through the registry's slot, an operator infers and runs as infer_shapes()
+  // and run_reference() do.
+  graph g;
+  g.opset = 17;
+  int x = g.add_value("x", datatype::fp32, {2, 3}, true);
+  int y = g.add_value("y");
+  g.add_node("Abs", "abs", {x}, {y});
+  const auto* abs = find_operator("Abs");
+  REQUIRE(abs != nullptr);
+  auto shapes = abs->infer(g, g.nodes[0]);
+  REQUIRE(std::holds_alternative<std::vector<inferred>>(shapes));
+  CHECK(std::get<std::vector<inferred>>(shapes)[0].shape == std::vector<int64_t>{2, 3});
+  std::vector<float> in{-1, 2, -3, 4, -5, 6}, out(6);
+  abs->reference(g.nodes[0], {{datatype::fp32, {2, 3}, in.data()}},
+                 {{datatype::fp32, {2, 3}, out.data()}});
+  CHECK(out == std::vector<float>{1, 2, 3, 4, 5, 6});
+}
+
+namespace {
+
+/// A backend whose steps are the names of the kernels that built them.
+struct toy_context {
+  int built = 0;
+};
+using toy_table = kernel_table<toy_context, std::string>;
+
+} // namespace
+
+TEST_CASE("a backend's kernels: version ranges, a kernel that declines, the reference after") {
+  toy_table table({
+    {"ReduceMean", {1, 13}, "axes attribute",
+     [](toy_context& c, const graph&, const node&) -> std::optional<std::string> {
+       ++c.built;
+       return std::string("mean-13");
+     }},
+    {"ReduceMean", {18, 0}, "axes input",
+     [](toy_context&, const graph&, const node& n) -> std::optional<std::string> {
+       if (n.get_i("keepdims", 1) == 0)
+         return std::nullopt; // declines: the next kernel, else the reference
+       return std::string("mean-18");
+     }},
+    {"ReduceMean", {18, 0}, "axes input, no keepdims",
+     [](toy_context&, const graph&, const node&) -> std::optional<std::string> {
+       return std::string("mean-18-flat");
+     }},
+    {"FusedConv", {}, "fused",
+     [](toy_context&, const graph&, const node&) -> std::optional<std::string> {
+       return std::string("conv");
+     }},
+  });
+  CHECK(table.has("ReduceMean"));
+  CHECK(!table.has("Abs"));
+  CHECK(table.ops() == std::vector<std::string>{"FusedConv", "ReduceMean"});
+  CHECK(table.kernels().size() == 4);
+
+  toy_context ctx;
+  graph g;
+  int x = g.add_value("x", datatype::fp32, {2, 3}, true);
+  int y = g.add_value("y");
+  g.add_node("ReduceMean", "m", {x}, {y});
+  auto build = [&](int64_t opset) {
+    g.opset = opset;
+    return table.build(ctx, g, g.nodes[0]);
+  };
+  CHECK(build(13) == std::optional<std::string>("mean-13"));
+  CHECK(build(17) == std::optional<std::string>("mean-13")); // 17 selects ReduceMean-13
+  CHECK(build(18) == std::optional<std::string>("mean-18"));
+  CHECK(build(28) == std::optional<std::string>("mean-18"));
+  g.nodes[0].set_i("keepdims", 0);
+  CHECK(build(18) == std::optional<std::string>("mean-18-flat"));
+  CHECK(ctx.built == 2);
+  // No kernel for the operator: nothing, so the backend runs the reference.
+  g.nodes[0].op = "Abs";
+  CHECK(build(18) == std::nullopt);
+  // The engine's fused operators have no ONNX version: every range takes them.
+  g.nodes[0].op = "FusedConv";
+  CHECK(build(13) == std::optional<std::string>("conv"));
+}

@@ -1,5 +1,6 @@
 #include "onnx_cpu/onnx_backend.hpp"
 #include "onnx/reshape_backend.hpp"
+#include "onnx_cpu/cpu_kernels.hpp"
 
 #include "engine_kernels.hpp"
 #include "onnx/importer.hpp"
@@ -250,86 +251,150 @@ bool gemm_as_matmul(const graph& g, const node& n) {
          && !c.shape.empty() && c.shape.back() == cols;
 }
 
+/// oneDNN's pooling, where it computes the node as ONNX does.
+std::optional<step> onednn_pool_step(const cpu_step_context& c, const graph& g, const node& n) {
+  if (n.op != "GlobalAveragePool" && !pool_runs_on_onednn(g, n))
+    return std::nullopt;
+  return pool_step(c.dnnl, g, n, c.layouts, c.threads);
+}
+
+/// A reorder node that assign_layouts() inserted between layouts.
+std::optional<step> onednn_reorder_step(const cpu_step_context& c, const graph& g,
+                                        const node& n) {
+  return reorder_step(c.dnnl, g, n, c.layouts);
+}
+
+/// FusedLayerNorm on the engine's kernel, in bands of rows.
+std::optional<step> engine_layer_norm_step(const cpu_step_context& c, const graph& g,
+                                           const node& n) {
+  auto shape_of = [&](int v) { return v >= 0 ? g.values[v].shape : dims_t{}; };
+  step s;
+  s.kernel = "engine.layer_norm";
+  kc::layer_norm_args a;
+  a.width = shape_of(n.inputs[0]).back();
+  a.rows = element_count(shape_of(n.inputs[0])) / a.width;
+  a.epsilon = n.get_f("epsilon", 1e-5f);
+  auto cuts = row_bands(a.rows, c.threads);
+  s.items = static_cast<int64_t>(cuts.size()) - 1;
+  int x = n.inputs[0], gm = n.inputs[1], bt = n.inputs.size() > 2 ? n.inputs[2] : -1,
+      y = n.outputs[0];
+  s.run = [a, cuts, x, gm, bt, y](void** p, int64_t item) {
+    auto band = a;
+    int64_t r0 = cuts[item];
+    band.rows = cuts[item + 1] - r0;
+    band.x = static_cast<const float*>(p[x]) + r0 * a.width;
+    band.gamma = static_cast<const float*>(p[gm]);
+    band.beta = bt >= 0 ? static_cast<const float*>(p[bt]) : nullptr;
+    band.y = static_cast<float*>(p[y]) + r0 * a.width;
+    kc::engine_layer_norm(band);
+  };
+  return s;
+}
+
+/// FusedGelu on the engine's kernel, in bands of rows.
+std::optional<step> engine_gelu_step(const cpu_step_context& c, const graph& g, const node& n) {
+  auto shape_of = [&](int v) { return v >= 0 ? g.values[v].shape : dims_t{}; };
+  step s;
+  s.kernel = "engine.gelu";
+  int x = n.inputs[0], b = n.inputs.size() > 1 ? n.inputs[1] : -1, y = n.outputs[0];
+  int64_t total = element_count(shape_of(x));
+  int64_t width = b >= 0 ? element_count(shape_of(b)) : total;
+  auto cuts = row_bands(total / width, c.threads);
+  s.items = static_cast<int64_t>(cuts.size()) - 1;
+  s.run = [=](void** p, int64_t item) {
+    int64_t r0 = cuts[item], rows = cuts[item + 1] - r0;
+    kc::engine_gelu(static_cast<const float*>(p[x]) + r0 * width,
+                    b >= 0 ? static_cast<const float*>(p[b]) : nullptr, width, rows * width,
+                    static_cast<float*>(p[y]) + r0 * width, 1);
+  };
+  return s;
+}
+
+/// Softmax over the last axis on the engine's kernel, in bands of rows.
+std::optional<step> engine_softmax_step(const cpu_step_context& c, const graph& g,
+                                        const node& n) {
+  auto shape_of = [&](int v) { return v >= 0 ? g.values[v].shape : dims_t{}; };
+  if (!(n.get_i("axis", -1) == -1
+        || n.get_i("axis", -1) + 1 == static_cast<int64_t>(shape_of(n.inputs[0]).size())))
+    return std::nullopt;
+  step s;
+  s.kernel = "engine.softmax";
+  int x = n.inputs[0], y = n.outputs[0];
+  int64_t width = shape_of(x).back(), total = element_count(shape_of(x));
+  auto cuts = row_bands(total / width, c.threads);
+  s.items = static_cast<int64_t>(cuts.size()) - 1;
+  s.run = [=](void** p, int64_t item) {
+    int64_t r0 = cuts[item], rows = cuts[item + 1] - r0;
+    float* out = static_cast<float*>(p[y]) + r0 * width;
+    std::memcpy(out, static_cast<const float*>(p[x]) + r0 * width, rows * width * 4);
+    kc::engine_softmax(out, rows, width, 1);
+  };
+  return s;
+}
+
+} // namespace
+
+const cpu_kernel_table& cpu_kernels() {
+  using context = const cpu_step_context;
+  static const cpu_kernel_table table({
+    {"FusedConv", {}, "onednn.conv, engine.conv",
+     [](context& c, const graph& g, const node& n) -> std::optional<step> {
+       if (!g.values[n.inputs[1]].constant)
+         return std::nullopt;
+       return conv_step(c.dnnl, g, n, c.threads, c.layouts, c.config);
+     }},
+    {"QLinearConv", {}, "onednn.qlinear_conv",
+     [](context& c, const graph& g, const node& n) -> std::optional<step> {
+       if (!c.config.int8_onednn || !qlinear_conv_runs_on_onednn(g, n))
+         return std::nullopt;
+       return qlinear_conv_step(c.dnnl, g, n, c.threads);
+     }},
+    {"MaxPool", {}, "onednn.pool", &onednn_pool_step},
+    {"AveragePool", {}, "onednn.pool", &onednn_pool_step},
+    {"GlobalAveragePool", {}, "onednn.pool", &onednn_pool_step},
+    {"ToNHWC", {}, "onednn.reorder", &onednn_reorder_step},
+    {"ToNCHW", {}, "onednn.reorder", &onednn_reorder_step},
+    {"ToNChw16c", {}, "onednn.reorder", &onednn_reorder_step},
+    {"Mul", {}, "onednn.channel_scale",
+     [](context& c, const graph& g, const node& n) -> std::optional<step> {
+       if (!n.has("src_layout"))
+         return std::nullopt;
+       return channel_scale_step(c.dnnl, g, n, c.threads);
+     }},
+    {"FusedMatMul", {}, "onednn.matmul",
+     [](context& c, const graph& g, const node& n) -> std::optional<step> {
+       return matmul_step(c.dnnl, g, n, c.threads, false);
+     }},
+    {"FusedGemm", {}, "onednn.matmul",
+     [](context& c, const graph& g, const node& n) -> std::optional<step> {
+       if (!gemm_as_matmul(g, n))
+         return std::nullopt;
+       return matmul_step(c.dnnl, g, n, c.threads, n.get_i("transB", 0) != 0);
+     }},
+    {"FusedLayerNorm", {}, "engine.layer_norm", &engine_layer_norm_step},
+    {"FusedGelu", {}, "engine.gelu", &engine_gelu_step},
+    {"Softmax", {}, "engine.softmax", &engine_softmax_step},
+    {"FusedAttention", {}, "onednn.matmul+engine.softmax",
+     [](context& c, const graph& g, const node& n) -> std::optional<step> {
+       return attention_step(c.dnnl, g, n, c.threads);
+     }},
+  });
+  return table;
+}
+
+namespace {
+
 step compile_node(const dnnl_ctx& ctx, const graph& g, int idx, unsigned threads,
                   const layout_map& lay, const onnx_model_config& mcfg) {
   const node& n = g.nodes[idx];
-  auto shape_of = [&](int v) { return v >= 0 ? g.values[v].shape : dims_t{}; };
-  auto finish = [&](step s) {
-    s.node = idx;
-    return s;
-  };
-  if (n.op == "FusedConv" && g.values[n.inputs[1]].constant)
-    return finish(conv_step(ctx, g, n, threads, lay, mcfg));
-  if (mcfg.int8_onednn && qlinear_conv_runs_on_onednn(g, n))
-    return finish(qlinear_conv_step(ctx, g, n, threads));
-  if (((n.op == "MaxPool" || n.op == "AveragePool") && pool_runs_on_onednn(g, n))
-      || n.op == "GlobalAveragePool")
-    return finish(pool_step(ctx, g, n, lay, threads));
-  if (n.op == "ToNHWC" || n.op == "ToNCHW" || n.op == "ToNChw16c")
-    return finish(reorder_step(ctx, g, n, lay));
-  if (n.op == "Mul" && n.has("src_layout"))
-    return finish(channel_scale_step(ctx, g, n, threads));
-  if (n.op == "FusedMatMul")
-    return finish(matmul_step(ctx, g, n, threads, false));
-  if (n.op == "FusedGemm" && gemm_as_matmul(g, n))
-    return finish(matmul_step(ctx, g, n, threads, n.get_i("transB", 0) != 0));
+  // The CPU kernels (cpu_kernels.hpp), then the reference kernel: in bands
+  // of elements where the operator is element-wise, else whole.
+  if (auto s = cpu_kernels().build(cpu_step_context{ctx, threads, lay, mcfg}, g, n)) {
+    s->node = idx;
+    return std::move(*s);
+  }
   step s;
   s.node = idx;
-  if (n.op == "FusedLayerNorm") {
-    s.kernel = "engine.layer_norm";
-    kc::layer_norm_args a;
-    a.width = shape_of(n.inputs[0]).back();
-    a.rows = element_count(shape_of(n.inputs[0])) / a.width;
-    a.epsilon = n.get_f("epsilon", 1e-5f);
-    auto cuts = row_bands(a.rows, threads);
-    s.items = static_cast<int64_t>(cuts.size()) - 1;
-    int x = n.inputs[0], gm = n.inputs[1], bt = n.inputs.size() > 2 ? n.inputs[2] : -1,
-        y = n.outputs[0];
-    s.run = [a, cuts, x, gm, bt, y](void** p, int64_t item) {
-      auto band = a;
-      int64_t r0 = cuts[item];
-      band.rows = cuts[item + 1] - r0;
-      band.x = static_cast<const float*>(p[x]) + r0 * a.width;
-      band.gamma = static_cast<const float*>(p[gm]);
-      band.beta = bt >= 0 ? static_cast<const float*>(p[bt]) : nullptr;
-      band.y = static_cast<float*>(p[y]) + r0 * a.width;
-      kc::engine_layer_norm(band);
-    };
-    return s;
-  }
-  if (n.op == "FusedGelu") {
-    s.kernel = "engine.gelu";
-    int x = n.inputs[0], b = n.inputs.size() > 1 ? n.inputs[1] : -1, y = n.outputs[0];
-    int64_t total = element_count(shape_of(x));
-    int64_t width = b >= 0 ? element_count(shape_of(b)) : total;
-    auto cuts = row_bands(total / width, threads);
-    s.items = static_cast<int64_t>(cuts.size()) - 1;
-    s.run = [=](void** p, int64_t item) {
-      int64_t r0 = cuts[item], rows = cuts[item + 1] - r0;
-      kc::engine_gelu(static_cast<const float*>(p[x]) + r0 * width,
-                      b >= 0 ? static_cast<const float*>(p[b]) : nullptr, width, rows * width,
-                      static_cast<float*>(p[y]) + r0 * width, 1);
-    };
-    return s;
-  }
-  if (n.op == "Softmax" && (n.get_i("axis", -1) == -1
-                            || n.get_i("axis", -1) + 1
-                                 == static_cast<int64_t>(shape_of(n.inputs[0]).size()))) {
-    s.kernel = "engine.softmax";
-    int x = n.inputs[0], y = n.outputs[0];
-    int64_t width = shape_of(x).back(), total = element_count(shape_of(x));
-    auto cuts = row_bands(total / width, threads);
-    s.items = static_cast<int64_t>(cuts.size()) - 1;
-    s.run = [=](void** p, int64_t item) {
-      int64_t r0 = cuts[item], rows = cuts[item + 1] - r0;
-      float* out = static_cast<float*>(p[y]) + r0 * width;
-      std::memcpy(out, static_cast<const float*>(p[x]) + r0 * width, rows * width * 4);
-      kc::engine_softmax(out, rows, width, 1);
-    };
-    return s;
-  }
-  if (n.op == "FusedAttention")
-    return finish(attention_step(ctx, g, n, threads));
   if (auto split = elementwise_step(g, n, threads)) {
     split->node = idx;
     return *split;
