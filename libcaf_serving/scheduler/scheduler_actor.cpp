@@ -5,7 +5,7 @@
 
 #include <caf/typed_event_based_actor.hpp>
 
-#include "cluster/executor_choice.hpp"
+#include "scheduler/executor_choice.hpp"
 
 #include <algorithm>
 #include <iostream>
@@ -223,7 +223,7 @@ struct executor_slot {
   std::vector<sent> in_flight;
   /// When this executor last answered (the earliest its next batch could start).
   int64_t last_answer_ns = 0;
-  cluster::batch_cost_model cost;
+  batch_cost_model cost;
   /// Internal failures in a row, and the quarantine they led to.
   uint32_t failures_in_row = 0;
   /// Quarantines since the executor last succeeded: the backoff doubles with each.
@@ -291,14 +291,14 @@ void publish_health(scheduler_state& st) {
 /// free credit and not quarantined; nullptr when none is.
 executor_slot* choose(scheduler_state& st, uint32_t rows) {
   int64_t now = now_ns();
-  std::vector<cluster::executor_load> loads;
+  std::vector<executor_load> loads;
   std::vector<size_t> index;
   loads.reserve(st.executors.size());
   for (size_t i = 0; i < st.executors.size(); ++i) {
     auto& e = st.executors[i];
     if (e.quarantined(now))
       continue;
-    cluster::executor_load l;
+    executor_load l;
     l.cost = &e.cost;
     l.depth = e.depth;
     for (auto& s : e.in_flight)
@@ -308,7 +308,7 @@ executor_slot* choose(scheduler_state& st, uint32_t rows) {
     loads.push_back(std::move(l));
     index.push_back(i);
   }
-  auto i = cluster::choose_executor(loads, rows);
+  auto i = choose_executor(loads, rows);
   return i ? &st.executors[index[*i]] : nullptr;
 }
 

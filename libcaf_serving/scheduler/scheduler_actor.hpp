@@ -8,7 +8,7 @@
 /// Executors are local or remote (libcaf_serving/cluster/): remote ones arrive
 /// while serving (`add_executor_atom`) and leave when their node is lost. The
 /// batch goes to the executor with the earliest predicted completion
-/// (cluster/executor_choice.hpp). A batch whose executor was lost before answering
+/// (scheduler/executor_choice.hpp). A batch whose executor was lost before answering
 /// (`executor_was_lost`) is sent again, whole, to another executor ahead of new
 /// batches; each request is answered exactly once, by the one result that arrives.
 

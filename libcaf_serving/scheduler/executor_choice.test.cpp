@@ -1,21 +1,8 @@
-#include "cluster/executor_choice.hpp"
+#include "scheduler/executor_choice.hpp"
 
 #include <doctest/doctest.h>
 
-using namespace caf_serving::cluster;
-
-TEST_CASE("cost model: average per size, scaled guess for unseen sizes, 0 when empty") {
-  batch_cost_model m;
-  CHECK(m.predict(4) == 0);
-  m.observe(4, 4000);
-  CHECK(m.predict(4) == 4000);
-  m.observe(4, 8000); // weight 1/4: 4000 + 1000
-  CHECK(m.predict(4) == 5000);
-  CHECK(m.predict(8) == 10000); // scaled from size 4
-  CHECK(m.predict(1) == 5000);  // never below the smallest measured cost
-  m.observe(16, 32000);
-  CHECK(m.predict(14) == 28000); // nearest is 16
-}
+using namespace caf_serving::scheduler;
 
 TEST_CASE("choice: the faster executor gets the batch, the slower one once it is ahead") {
   batch_cost_model fast, slow;
@@ -29,6 +16,7 @@ TEST_CASE("choice: the faster executor gets the batch, the slower one once it is
   CHECK(choose_executor(ex, 8) == size_t{0});
   ex[1].in_flight_rows = {8};
   ex[1].oldest_elapsed_ns = 900;   // almost done: 100 + 1000
+  CHECK(outstanding_ns(ex[1]) == 100);
   CHECK(predicted_completion_ns(ex[1], 8) == 1100);
   ex[0].in_flight_rows = {8, 8};
   ex[1].in_flight_rows = {8, 8};

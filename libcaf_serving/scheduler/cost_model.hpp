@@ -1,0 +1,85 @@
+#pragma once
+/// What a batch costs on one executor: the measured service time per batch size,
+/// as a robust estimate that follows drift.
+///
+/// For each batch size the model keeps a window of the most recent measurements
+/// and predicts an upper quantile of them (the 90th by default): one slow outlier
+/// moves it little, a lasting change (a neighbour taking the cores, a thermal
+/// throttle) replaces the whole window within `window` batches. A size not yet
+/// measured is interpolated between its measured neighbours, or extrapolated with
+/// a fixed + per-row fit of the measured sizes (GPU-like curves are close to
+/// that), so a scheduler can price a batch it has never formed.
+///
+/// Cheap sizes: an executor that replays captured CUDA graphs runs a batch of n
+/// rows at the cost of the next captured size (padded); `run_rows` says which.
+///
+/// A plain object (STYLE.md): the scheduler actor feeds it measurements (and
+/// load-time warm-up runs through `observe` as well); the policies read it.
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <utility>
+#include <vector>
+
+namespace caf_serving::scheduler {
+
+struct cost_model_config {
+  /// Measurements kept per batch size; the oldest leaves when a new one comes.
+  uint32_t window = 32;
+  /// The quantile of the window that is predicted, in (0, 1]: above the median,
+  /// so a prediction errs on the late side.
+  double quantile = 0.9;
+  /// Batch sizes the executor runs as captured graphs, ascending; empty: every
+  /// size runs as itself (CPU executors).
+  std::vector<uint32_t> captured_sizes;
+};
+
+class batch_cost_model {
+public:
+  explicit batch_cost_model(cost_model_config cfg = {});
+
+  /// Records that a batch of `rows` rows took `service_ns`.
+  void observe(uint32_t rows, int64_t service_ns);
+
+  /// Predicted service time of a batch of `rows` rows (at its run size): the
+  /// windowed quantile of that size; else interpolated between the measured
+  /// neighbours; else extrapolated by the fit; 0 when nothing is measured (such
+  /// an executor is tried first, which is how a new one gets work).
+  int64_t predict(uint32_t rows) const;
+
+  /// The size a batch of `rows` rows runs at: the smallest captured size at or
+  /// above it, else `rows`.
+  uint32_t run_rows(uint32_t rows) const;
+
+  /// Whether nothing is measured yet.
+  bool empty() const { return sizes_.empty(); }
+
+  /// The fit of the measured sizes: predicted ns = fixed_ns + per_row_ns * rows
+  /// (least squares, neither below 0); both 0 when nothing is measured.
+  struct linear_fit {
+    double fixed_ns = 0;
+    double per_row_ns = 0;
+  };
+  linear_fit fit() const { return fit_; }
+
+  /// The current estimate of each measured size, ascending (for /metrics).
+  std::vector<std::pair<uint32_t, int64_t>> curve() const;
+
+private:
+  struct size_state {
+    /// Ring of the last `window` samples.
+    std::vector<int64_t> samples;
+    size_t next = 0;
+    /// The quantile of `samples`, kept current by observe().
+    int64_t estimate = 0;
+  };
+
+  void refit();
+
+  cost_model_config cfg_;
+  std::map<uint32_t, size_state> sizes_;
+  linear_fit fit_;
+};
+
+} // namespace caf_serving::scheduler

@@ -1,0 +1,383 @@
+#include "scheduler/slo_policy.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <stdexcept>
+
+namespace caf_serving::scheduler {
+
+namespace {
+
+using std::chrono::duration_cast;
+using std::chrono::microseconds;
+using std::chrono::nanoseconds;
+
+/// Milliseconds, with one decimal below 10 ms ("2.5 ms", "63 ms").
+std::string ms_text(nanoseconds d) {
+  double ms = static_cast<double>(d.count()) / 1e6;
+  char buf[32];
+  if (ms < 10)
+    std::snprintf(buf, sizeof buf, "%.1f ms", std::max(ms, 0.0));
+  else
+    std::snprintf(buf, sizeof buf, "%.0f ms", ms);
+  return buf;
+}
+
+time_point add_saturating(time_point t, microseconds d) {
+  if (time_point::max() - t <= d)
+    return time_point::max();
+  return t + d;
+}
+
+} // namespace
+
+result<std::optional<microseconds>> read_latency_target(const model_config& model) {
+  auto it = model.parameters.find("latency_target_ms");
+  if (it == model.parameters.end())
+    return std::optional<microseconds>{};
+  const std::string& text = it->second;
+  char* end = nullptr;
+  double ms = std::strtod(text.c_str(), &end);
+  if (text.empty() || end != text.c_str() + text.size() || !std::isfinite(ms) || ms <= 0
+      || ms > 3'600'000)
+    return bad_request("model '" + model.name + "': parameter latency_target_ms is '" + text
+                       + "'; it must be a positive number of milliseconds (at most one hour), "
+                         "for example parameters { key: \"latency_target_ms\" value: "
+                         "{ string_value: \"50\" } }");
+  return std::optional<microseconds>{microseconds{static_cast<int64_t>(ms * 1000)}};
+}
+
+microseconds default_slo_margin(microseconds target) {
+  return std::min(std::max(target / 20, microseconds{1000}), target / 2);
+}
+
+slo_policy::slo_policy(slo_policy_config cfg) : cfg_(std::move(cfg)) {
+  if (auto problem = batching_policy::validate(cfg_.base))
+    throw std::invalid_argument(problem->message);
+  if (cfg_.target.count() <= 0)
+    throw std::invalid_argument("slo_policy: the latency target must be positive");
+  max_batch_rows_ = static_cast<uint32_t>(std::max(cfg_.base.max_batch_size, 1));
+}
+
+uint32_t slo_policy::level_of(uint32_t requested) const {
+  const auto& db = cfg_.base.dynamic_batching;
+  if (!cfg_.base.dynamic_batching_enabled || db.priority_levels == 0)
+    return 0;
+  if (requested == 0 || requested > db.priority_levels)
+    return db.default_priority_level;
+  return requested;
+}
+
+uint32_t slo_policy::max_queue_size_of(uint32_t level) const {
+  const auto& db = cfg_.base.dynamic_batching;
+  const queue_policy* p = &db.default_queue_policy;
+  if (auto it = db.priority_queue_policy.find(level); it != db.priority_queue_policy.end())
+    p = &it->second;
+  if (!cfg_.base.dynamic_batching_enabled || p->max_queue_size == 0)
+    return cfg_.base.max_queue_size_default;
+  return p->max_queue_size;
+}
+
+std::vector<slo_policy::planned_batch>
+slo_policy::plan(time_point now, const std::vector<executor_load>& executors) const {
+  std::vector<planned_batch> batches;
+  // The open batch of each class: the last one formed for it.
+  std::map<std::pair<uint64_t, uint64_t>, size_t> open;
+  const uint64_t max_bytes = cfg_.base.max_batch_bytes;
+  for (const auto& [k, e] : queue_) {
+    auto it = open.find(e.batch_class);
+    if (it != open.end() && !e.starts_batch) {
+      auto& b = batches[it->second];
+      bool fits = b.rows + e.rows <= max_batch_rows_
+                  && (max_bytes == 0 || b.bytes + e.bytes <= max_bytes);
+      if (fits) {
+        b.members.push_back(&e);
+        b.rows += e.rows;
+        b.bytes += e.bytes;
+        b.earliest_deadline = std::min(b.earliest_deadline, e.deadline);
+        continue;
+      }
+    }
+    planned_batch b;
+    b.members.push_back(&e);
+    b.rows = e.rows;
+    b.bytes = e.bytes;
+    b.earliest_deadline = e.deadline;
+    open[e.batch_class] = batches.size();
+    batches.push_back(std::move(b));
+  }
+  // Lay the batches onto the executors in order, each where it finishes first.
+  std::vector<int64_t> free_at;
+  free_at.reserve(executors.size());
+  for (const auto& x : executors)
+    free_at.push_back(outstanding_ns(x));
+  for (auto& b : batches) {
+    int64_t best = 0;
+    size_t where = 0;
+    bool found = false;
+    for (size_t i = 0; i < executors.size(); ++i) {
+      int64_t done = free_at[i] + executors[i].cost->predict(b.rows);
+      if (!found || done < best) {
+        found = true;
+        best = done;
+        where = i;
+      }
+    }
+    if (found)
+      free_at[where] = best;
+    b.executor = where;
+    b.completion = now + nanoseconds{best};
+  }
+  return batches;
+}
+
+size_t slo_policy::late_requests(const std::vector<planned_batch>& plan, nanoseconds margin) {
+  size_t late = 0;
+  for (const auto& b : plan)
+    for (const auto* e : b.members)
+      late += b.completion + margin > e->deadline ? 1 : 0;
+  return late;
+}
+
+shed slo_policy::make_shed(const entry& e, time_point predicted, size_t ahead,
+                           time_point drained, time_point now) const {
+  shed s;
+  s.id = e.id;
+  s.message = "request shed: predicted completion " + ms_text(predicted - e.received)
+              + (e.own_deadline ? " > request timeout " : " > latency target ")
+              + ms_text(e.budget) + " (queue " + std::to_string(ahead) + " request"
+              + (ahead == 1 ? "" : "s") + " ahead); retry later";
+  // Retry once the work planned now has drained, in whole seconds.
+  auto wait = std::max<int64_t>((drained - now).count(), 0);
+  s.retry_after_s = static_cast<uint32_t>(std::max<int64_t>(1, (wait + 999'999'999) / 1'000'000'000));
+  return s;
+}
+
+shed slo_policy::late_shed(const entry& e, time_point done, time_point now) const {
+  auto s = make_shed(e, done, 0, done, now);
+  s.message = "request shed: it can no longer finish in time (predicted completion "
+              + ms_text(done - e.received)
+              + (e.own_deadline ? " > request timeout " : " > latency target ")
+              + ms_text(e.budget) + "); retry later";
+  return s;
+}
+
+slo_enqueue_result slo_policy::enqueue(const request_info& request, time_point received,
+                                       time_point now,
+                                       const std::vector<executor_load>& executors) {
+  uint32_t rows = cfg_.base.max_batch_size > 0 ? std::max<uint32_t>(request.rows, 1) : 1;
+  if (rows > max_batch_rows_)
+    return rejected{request.id, reject_reason::too_many_rows,
+                    "the request has " + std::to_string(rows) + " rows but the model's "
+                      "max_batch_size is " + std::to_string(max_batch_rows_)
+                      + "; split it into requests of at most that many rows"};
+  if (cfg_.base.max_batch_bytes != 0 && request.bytes > cfg_.base.max_batch_bytes)
+    return rejected{request.id, reject_reason::too_large,
+                    "the request's tensors hold " + std::to_string(request.bytes)
+                      + " bytes, more than a batch may hold ("
+                      + std::to_string(cfg_.base.max_batch_bytes)
+                      + "); send smaller requests or raise --max-batch-bytes"};
+  uint32_t level = level_of(request.priority);
+  auto limit = max_queue_size_of(level);
+  if (per_level_[level] >= limit)
+    return rejected{request.id, reject_reason::queue_full,
+                    (level == 0 ? std::string("the model's queue")
+                                : "the queue of priority level " + std::to_string(level))
+                      + " is full (" + std::to_string(limit)
+                      + " requests); retry later, or raise max_queue_size"};
+  // The deadline: the target, or a tighter timeout of the request or its level.
+  microseconds budget = cfg_.target;
+  bool own = false;
+  const auto& db = cfg_.base.dynamic_batching;
+  const queue_policy* qp = &db.default_queue_policy;
+  if (auto it = db.priority_queue_policy.find(level); it != db.priority_queue_policy.end())
+    qp = &it->second;
+  if (cfg_.base.dynamic_batching_enabled && qp->default_timeout_us != 0
+      && qp->default_timeout_us < static_cast<uint64_t>(budget.count())) {
+    budget = microseconds{static_cast<int64_t>(qp->default_timeout_us)};
+    own = true;
+  }
+  if (request.timeout_us != 0 && request.timeout_us < static_cast<uint64_t>(budget.count())) {
+    budget = microseconds{static_cast<int64_t>(request.timeout_us)};
+    own = true;
+  }
+  uint64_t seq = next_seq_++;
+  entry e{request.id, rows, level, seq, received, add_saturating(received, budget), budget, own,
+          {request.shape_class, cfg_.base.max_padding_waste ? request.padded_length : 0},
+          request.bytes, false};
+  key k{level, e.deadline, seq};
+  bool measured = !executors.empty();
+  for (const auto& x : executors)
+    measured = measured && !x.cost->empty();
+  if (!measured) {
+    queue_.emplace(k, e);
+    ++per_level_[level];
+    return admitted{};
+  }
+  const nanoseconds margin = cfg_.margin;
+  size_t late_before = late_requests(plan(now, executors), margin);
+  auto where = queue_.emplace(k, e).first;
+  struct outcome {
+    bool late = false;
+    size_t late_after = 0;
+    size_t ahead = 0;
+    bool joined = false;
+    time_point completion{};
+    time_point drained{};
+  };
+  auto try_plan = [&] {
+    outcome o;
+    auto with = plan(now, executors);
+    o.late_after = late_requests(with, margin);
+    o.drained = now;
+    bool found = false;
+    for (const auto& b : with) {
+      o.drained = std::max(o.drained, b.completion);
+      for (size_t i = 0; !found && i < b.members.size(); ++i) {
+        if (b.members[i] != &where->second) {
+          ++o.ahead;
+          continue;
+        }
+        found = true;
+        o.joined = i > 0;
+        o.completion = b.completion;
+      }
+    }
+    o.late = o.completion + margin > e.deadline;
+    return o;
+  };
+  auto first = try_plan();
+  bool fits = !first.late && first.late_after <= late_before;
+  if (!fits && first.joined) {
+    // Joining a batch that would then finish too late: a batch of its own
+    // after it may still be in time (the plan keeps that choice).
+    where->second.starts_batch = true;
+    auto second = try_plan();
+    fits = !second.late && second.late_after <= late_before;
+  }
+  if (fits) {
+    ++per_level_[level];
+    return admitted{};
+  }
+  auto s = make_shed(where->second, first.completion, first.ahead, first.drained, now);
+  if (!first.late)
+    s.message = "request shed: serving it would make "
+                + std::to_string(first.late_after - late_before)
+                + " queued request(s) miss their deadline (latency target "
+                + ms_text(cfg_.target) + ", queue " + std::to_string(first.ahead)
+                + " requests ahead); retry later";
+  queue_.erase(where);
+  return s;
+}
+
+slo_poll_result slo_policy::poll(time_point now, const std::vector<executor_load>& executors) {
+  slo_poll_result out;
+  if (queue_.empty()) {
+    out.next = idle{};
+    return out;
+  }
+  bool measured = !executors.empty();
+  for (const auto& x : executors)
+    measured = measured && !x.cost->empty();
+  const nanoseconds margin = cfg_.margin;
+  if (measured) {
+    // Shed what cannot finish in time even alone on the executor that would
+    // finish it first: serving it late helps no one.
+    for (auto it = queue_.begin(); it != queue_.end();) {
+      const auto& e = it->second;
+      int64_t best = INT64_MAX;
+      for (const auto& x : executors)
+        best = std::min(best, predicted_completion_ns(x, e.rows));
+      auto done = now + nanoseconds{best};
+      if (done + margin <= e.deadline) {
+        ++it;
+        continue;
+      }
+      out.expired.push_back(late_shed(e, done, now));
+      --per_level_[e.level];
+      it = queue_.erase(it);
+    }
+    if (queue_.empty()) {
+      out.next = idle{};
+      return out;
+    }
+  }
+  auto batches = plan(now, executors);
+  // Each executor runs the batches the plan puts on it in order: the first of
+  // them may wait as long as every one of them still finishes in time.
+  std::vector<std::optional<size_t>> first_on(executors.size());
+  std::vector<nanoseconds> slack_on(executors.size(), nanoseconds::max());
+  for (size_t k = 0; k < batches.size(); ++k) {
+    const auto& b = batches[k];
+    if (!first_on[b.executor])
+      first_on[b.executor] = k;
+    slack_on[b.executor]
+      = std::min(slack_on[b.executor], b.earliest_deadline - (b.completion + margin));
+  }
+  std::optional<time_point> wake;
+  for (size_t k = 0; k < batches.size(); ++k) {
+    const auto& b = batches[k];
+    size_t x = b.executor;
+    if (first_on[x] != k || !executors[x].has_credit())
+      continue;
+    // Full (the cheapest size per row), or any later would make one late.
+    if (!measured || b.rows >= max_batch_rows_ || slack_on[x].count() <= 0) {
+      auto members = b.members;
+      uint32_t rows = b.rows;
+      if (measured) {
+        // The last guard: a member the batch would finish too late for is shed
+        // now rather than served late (a plan can shift when requests arrive
+        // or executors free up); a smaller batch is cheaper, so repeat.
+        for (bool trimmed = true; trimmed && !members.empty();) {
+          trimmed = false;
+          auto done = now + nanoseconds{predicted_completion_ns(executors[x], rows)};
+          for (auto it = members.begin(); it != members.end();) {
+            if (done + margin <= (*it)->deadline) {
+              ++it;
+              continue;
+            }
+            const entry& e = **it;
+            out.expired.push_back(late_shed(e, done, now));
+            rows -= e.rows;
+            it = members.erase(it);
+            trimmed = true;
+          }
+        }
+      }
+      slo_dispatch d;
+      d.rows = rows;
+      d.executor = x;
+      d.predicted_ns = executors[x].cost->predict(rows);
+      std::vector<key> keys;
+      for (const auto* m : b.members) {
+        if (std::find(members.begin(), members.end(), m) != members.end())
+          d.ids.push_back(m->id);
+        keys.push_back({m->level, m->deadline, m->seq});
+      }
+      for (const auto& k2 : keys) {
+        --per_level_[std::get<0>(k2)];
+        queue_.erase(k2);
+      }
+      if (d.ids.empty()) {
+        // Every member was shed: decide again over what is left.
+        auto again = poll(now, executors);
+        out.expired.insert(out.expired.end(), std::make_move_iterator(again.expired.begin()),
+                           std::make_move_iterator(again.expired.end()));
+        out.next = std::move(again.next);
+        return out;
+      }
+      out.next = std::move(d);
+      return out;
+    }
+    auto at = now + slack_on[x];
+    wake = wake ? std::min(*wake, at) : at;
+  }
+  if (wake)
+    out.next = wait_until{*wake};
+  else
+    out.next = wait_for_executor{};
+  return out;
+}
+
+} // namespace caf_serving::scheduler

@@ -1,0 +1,174 @@
+#pragma once
+/// The latency-target policy of one model version (docs/latency-target.md): the
+/// scheduler meets a target by choosing batch sizes and dispatch times itself,
+/// and sheds at once what it cannot serve in time.
+///
+/// Chosen instead of batching_policy when config.pbtxt sets the model parameter
+/// `latency_target_ms`; max_queue_delay_microseconds and preferred_batch_size are
+/// then ignored. A plain object with the clock passed in, like batching_policy:
+/// the scheduler actor feeds it requests, ticks and the executors' state
+/// (`executor_load`, with each executor's cost model) and carries out what it
+/// decides; the unit tests drive it by hand and by long random event sequences.
+///
+/// ## What it decides
+///
+/// - Deadlines. A request's deadline is its arrival at the server plus the
+///   target, or plus its own `timeout` parameter (or its level's
+///   default_timeout_microseconds) when that is tighter.
+/// - Order. Priority level first (1 is highest), earliest deadline first within
+///   a level. Only requests of one shape class share a batch (as in
+///   batching_policy); a batch holds at most max_batch_size rows and
+///   max_batch_bytes bytes.
+/// - The plan. The queue, in that order, is cut greedily into batches (each
+///   request joins the open batch of its class while it has room), and the
+///   batches are laid onto the executors, each on the one that finishes it
+///   first given its outstanding work and its cost model (executor_choice.hpp).
+///   That gives every queued request a predicted completion.
+/// - Dispatch. The first batch of the plan goes out when it is full (the size
+///   that maximises throughput: the cost per row falls with size on every
+///   backend we have), or when waiting any longer would make some planned batch
+///   finish later than its earliest deadline less `margin`. Otherwise the
+///   policy asks to be polled again at that latest start.
+/// - Admission. A new request is planned in; it is shed at once (HTTP 503 with
+///   Retry-After) when it would finish past its deadline, or when it would make
+///   more queued requests late than were late without it. Requests that can no
+///   longer finish in time even alone on the first free executor are shed from
+///   the queue at poll (poll_result.expired) instead of being served late.
+/// - While an executor has not been measured at all, the policy cannot predict:
+///   it admits every request (up to the queue bound) and sends batches as soon
+///   as an executor is free, which measures it.
+
+#include "scheduler/batching_policy.hpp"
+#include "scheduler/executor_choice.hpp"
+
+#include <chrono>
+#include <map>
+#include <tuple>
+
+namespace caf_serving::scheduler {
+
+struct slo_policy_config {
+  /// Rows, bytes, priority levels and queue bounds, as for batching_policy (the
+  /// delays and preferred sizes in it are not used).
+  policy_config base;
+  /// The latency target: received to answered.
+  std::chrono::microseconds target{0};
+  /// Held back from every deadline for what the plan does not see: a timer that
+  /// fires late (up to ~0.4 ms on our VMs), the hops to the executor and back,
+  /// post-processing and writing the response.
+  std::chrono::microseconds margin{0};
+};
+
+/// The model's `latency_target_ms` parameter: nothing when it is not set; an
+/// error saying what is wrong with it when it is not a positive number of
+/// milliseconds.
+result<std::optional<std::chrono::microseconds>> read_latency_target(const model_config& model);
+
+/// The margin for a target: a twentieth of it, at least 1 ms, at most half of it.
+std::chrono::microseconds default_slo_margin(std::chrono::microseconds target);
+
+/// A request the policy will not serve because it would finish past its deadline.
+struct shed {
+  uint64_t id = 0;
+  /// "request shed: predicted completion 63 ms > latency target 50 ms (queue 12
+  /// requests ahead)".
+  std::string message;
+  /// How long the client should wait before retrying (HTTP Retry-After), >= 1.
+  uint32_t retry_after_s = 1;
+};
+
+using slo_enqueue_result = std::variant<admitted, rejected, shed>;
+
+/// A batch to send now to executor `executor` (an index into the loads the
+/// poll was given; it has a free credit).
+struct slo_dispatch {
+  std::vector<uint64_t> ids;
+  uint32_t rows = 0;
+  size_t executor = 0;
+  /// Its predicted service time there (0 when the executor is not measured).
+  int64_t predicted_ns = 0;
+};
+
+using slo_next_step = std::variant<slo_dispatch, wait_until, wait_for_executor, idle>;
+
+struct slo_poll_result {
+  /// Queued requests that can no longer finish in time; answer them.
+  std::vector<shed> expired;
+  slo_next_step next;
+};
+
+class slo_policy {
+public:
+  /// Throws std::invalid_argument for a config batching_policy::validate
+  /// refuses or a target that is not positive (the loader checks first).
+  explicit slo_policy(slo_policy_config cfg);
+
+  /// Queues a request that the server received at `received` and the scheduler
+  /// got at `now`, or answers it at once: rejected (too many rows, too large,
+  /// queue full) or shed (it would finish too late). Call poll() afterwards.
+  slo_enqueue_result enqueue(const request_info& request, time_point received, time_point now,
+                             const std::vector<executor_load>& executors);
+
+  /// Sheds what can no longer finish in time, then decides what to do next.
+  /// `executors`: every executor that may take batches (quarantined ones left
+  /// out), with what it holds.
+  slo_poll_result poll(time_point now, const std::vector<executor_load>& executors);
+
+  size_t queued() const { return queue_.size(); }
+
+  const slo_policy_config& config() const { return cfg_; }
+
+private:
+  struct entry {
+    uint64_t id;
+    uint32_t rows;
+    uint32_t level;
+    /// Arrival order among queued requests; breaks deadline ties.
+    uint64_t seq;
+    time_point received;
+    time_point deadline;
+    /// The deadline's budget from receipt, and whether it is the request's own
+    /// timeout (for the shed message).
+    std::chrono::microseconds budget;
+    bool own_deadline;
+    /// Requests with equal keys may share a batch.
+    std::pair<uint64_t, uint64_t> batch_class;
+    uint64_t bytes;
+    /// Opens a new batch of its class instead of joining the open one: set at
+    /// admission when joining would have made that batch late.
+    bool starts_batch;
+  };
+
+  /// Queue order: level, deadline, arrival.
+  using key = std::tuple<uint32_t, time_point, uint64_t>;
+
+  struct planned_batch {
+    std::vector<const entry*> members;
+    uint32_t rows = 0;
+    uint64_t bytes = 0;
+    time_point earliest_deadline = time_point::max();
+    /// Predicted completion when the plan starts now.
+    time_point completion{};
+    /// Where the plan put it.
+    size_t executor = 0;
+  };
+
+  uint32_t level_of(uint32_t requested) const;
+  uint32_t max_queue_size_of(uint32_t level) const;
+  std::vector<planned_batch> plan(time_point now, const std::vector<executor_load>& executors) const;
+  /// Requests predicted to finish past their deadline less the margin.
+  static size_t late_requests(const std::vector<planned_batch>& plan,
+                              std::chrono::nanoseconds margin);
+  shed make_shed(const entry& e, time_point predicted, size_t ahead, time_point drained,
+                 time_point now) const;
+  /// A queued request shed because it can no longer finish in time.
+  shed late_shed(const entry& e, time_point done, time_point now) const;
+
+  slo_policy_config cfg_;
+  uint32_t max_batch_rows_;
+  std::map<key, entry> queue_;
+  std::map<uint32_t, size_t> per_level_;
+  uint64_t next_seq_ = 0;
+};
+
+} // namespace caf_serving::scheduler
