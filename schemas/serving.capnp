@@ -86,6 +86,8 @@ struct Error {
   status @0 :UInt16;           # HTTP status as Triton maps it (400, 404, 503, ...); 0: no error
   message @1 :Text;            # says what was wrong and how to fix it
   reason @2 :FailureReason;    # meaningful only when status is not 0
+  retryAfterS @3 :UInt32;      # seconds the client should wait before retrying (HTTP
+                               # Retry-After); 0: no advice. Set on a shed request.
 }
 
 struct InferResponse {

@@ -35,6 +35,9 @@ struct serving_error {
   std::string message;
   /// Defaults from the status when left out (see reason_of).
   std::optional<failure_reason> reason = std::nullopt;
+  /// Seconds the client should wait before retrying (HTTP Retry-After); 0: none.
+  /// Set when a request is shed (docs/latency-target.md).
+  uint32_t retry_after_s = 0;
 };
 
 inline failure_reason reason_of(const serving_error& e) {

@@ -104,6 +104,19 @@ model_stats::model_stats(std::string model_name, int64_t model_version)
       batch_size(batch_bounds()) {
 }
 
+slo_stats::slo_stats() : batch_size(batch_bounds()), wait_us(latency_bounds_us()) {
+}
+
+void slo_stats::publish_cost_curve(std::vector<std::pair<uint32_t, int64_t>> curve_ns) {
+  std::lock_guard<std::mutex> guard(curve_mutex_);
+  curve_ns_ = std::move(curve_ns);
+}
+
+std::vector<std::pair<uint32_t, int64_t>> slo_stats::cost_curve_ns() const {
+  std::lock_guard<std::mutex> guard(curve_mutex_);
+  return curve_ns_;
+}
+
 void model_stats::record_failure(failure_reason reason, uint64_t duration_ns) {
   failures[static_cast<size_t>(reason)].fetch_add(1, std::memory_order_relaxed);
   fail.add(duration_ns);
@@ -142,6 +155,57 @@ std::string stats_json(const std::vector<std::shared_ptr<model_stats>>& models) 
   out += "]}";
   return out;
 }
+
+namespace {
+
+/// The latency-target scheduler's metrics, for the models that have a target.
+void render_slo(std::string& out, const std::vector<std::shared_ptr<model_stats>>& models) {
+  std::vector<const model_stats*> with;
+  for (const auto& m : models)
+    if (m->slo.target_us.load() != 0)
+      with.push_back(m.get());
+  if (with.empty())
+    return;
+  auto labels = [](const model_stats& m) {
+    return "model=\"" + prometheus_label_value(m.name) + "\",version=\""
+           + std::to_string(m.version) + "\"";
+  };
+  auto series = [&](const char* name, const char* type, const char* help, auto value_of) {
+    out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
+    for (const auto* m : with)
+      out += std::string(name) + "{" + labels(*m) + "} " + std::to_string(value_of(*m)) + "\n";
+  };
+  series("caf_serving_slo_target_us", "gauge", "The model's latency target, microseconds",
+         [](const model_stats& m) { return m.slo.target_us.load(); });
+  series("caf_serving_slo_goodput_total", "counter",
+         "Requests answered successfully within their deadline (latency target or timeout)",
+         [](const model_stats& m) { return m.slo.goodput.load(); });
+  series("caf_serving_slo_deadline_miss_total", "counter",
+         "Requests answered successfully past their deadline",
+         [](const model_stats& m) { return m.slo.deadline_miss.load(); });
+  series("caf_serving_slo_shed_total", "counter",
+         "Requests shed because they could not finish before their deadline (HTTP 503)",
+         [](const model_stats& m) { return m.slo.shed.load(); });
+  out += "# HELP caf_serving_slo_cost_us Predicted compute time per batch size, microseconds "
+         "(the scheduler's cost curve)\n# TYPE caf_serving_slo_cost_us gauge\n";
+  for (const auto* m : with)
+    for (const auto& [rows, ns] : m->slo.cost_curve_ns()) {
+      out += "caf_serving_slo_cost_us{" + labels(*m) + ",batch_size=\"" + std::to_string(rows)
+             + "\"} ";
+      append_number(out, static_cast<double>(ns) / 1e3);
+      out += "\n";
+    }
+  out += "# HELP caf_serving_slo_batch_size Rows per batch the latency-target scheduler chose\n"
+         "# TYPE caf_serving_slo_batch_size histogram\n";
+  for (const auto* m : with)
+    m->slo.batch_size.render(out, "caf_serving_slo_batch_size", labels(*m));
+  out += "# HELP caf_serving_slo_wait_us Time a request waited for its batch under the "
+         "latency-target scheduler, microseconds\n# TYPE caf_serving_slo_wait_us histogram\n";
+  for (const auto* m : with)
+    m->slo.wait_us.render(out, "caf_serving_slo_wait_us", labels(*m));
+}
+
+} // namespace
 
 std::string prometheus_text(const std::vector<std::shared_ptr<model_stats>>& models) {
   std::string out;
@@ -218,6 +282,7 @@ std::string prometheus_text(const std::vector<std::shared_ptr<model_stats>>& mod
   hist("caf_serving_compute_duration_us", "Model compute time per request, microseconds",
        &model_stats::compute_us);
   hist("caf_serving_batch_size", "Rows per executed batch", &model_stats::batch_size);
+  render_slo(out, models);
   return out;
 }
 

@@ -12,8 +12,10 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace caf_serving {
@@ -44,6 +46,37 @@ private:
 };
 
 const char* to_string(failure_reason r);
+
+/// The latency-target scheduler's figures for one model (docs/latency-target.md);
+/// rendered on /metrics only while target_us is set.
+struct slo_stats {
+  slo_stats();
+
+  /// The model's latency target, microseconds; 0: the model has none.
+  std::atomic<uint64_t> target_us{0};
+  /// Successful answers within the request's deadline (the target, or its
+  /// tighter `timeout`), counted by the ingress when it sends them.
+  std::atomic<uint64_t> goodput{0};
+  /// Successful answers past that deadline.
+  std::atomic<uint64_t> deadline_miss{0};
+  /// Requests shed: refused at admission, or dropped from the queue when they
+  /// could no longer finish in time (HTTP 503 with Retry-After).
+  std::atomic<uint64_t> shed{0};
+  /// Rows of each batch the policy dispatched.
+  histogram batch_size;
+  /// Time each dispatched request waited in the queue, microseconds.
+  histogram wait_us;
+
+  /// Replaces the published cost curve: predicted microseconds per batch size.
+  void publish_cost_curve(std::vector<std::pair<uint32_t, int64_t>> curve_ns);
+  std::vector<std::pair<uint32_t, int64_t>> cost_curve_ns() const;
+
+private:
+  /// Written by the scheduler after a batch, read by /metrics: a lock, not on
+  /// any request's path.
+  mutable std::mutex curve_mutex_;
+  std::vector<std::pair<uint32_t, int64_t>> curve_ns_;
+};
 
 struct model_stats {
   model_stats(std::string model_name, int64_t model_version);
@@ -96,6 +129,7 @@ struct model_stats {
   histogram queue_us;    ///< time in the queue, microseconds
   histogram compute_us;  ///< compute_infer per request, microseconds
   histogram batch_size;  ///< rows per executed batch
+  slo_stats slo;         ///< the latency-target scheduler's figures
 
   void record_failure(failure_reason reason, uint64_t duration_ns);
 };

@@ -67,3 +67,34 @@ TEST_CASE("response cache hits and misses are counted on /metrics") {
   CHECK(text.find("\ncaf_serving_cache_miss_duration_us{model=\"m\",version=\"2\"} 3\n")
         != std::string::npos);
 }
+
+TEST_CASE("the latency-target metrics appear for a model with a target, and only then") {
+  auto plain = std::make_shared<model_stats>("plain", 1);
+  auto m = std::make_shared<model_stats>("slo", 1);
+  CHECK(prometheus_text({plain, m}).find("caf_serving_slo_") == std::string::npos);
+  m->slo.target_us = 50000;
+  m->slo.goodput = 7;
+  m->slo.deadline_miss = 1;
+  m->slo.shed = 3;
+  m->slo.publish_cost_curve({{1, 2500}, {8, 9000}});
+  m->slo.batch_size.observe(8);
+  m->slo.wait_us.observe(1200);
+  auto text = prometheus_text({plain, m});
+  CHECK(text.find("\ncaf_serving_slo_target_us{model=\"slo\",version=\"1\"} 50000\n")
+        != std::string::npos);
+  CHECK(text.find("\ncaf_serving_slo_goodput_total{model=\"slo\",version=\"1\"} 7\n")
+        != std::string::npos);
+  CHECK(text.find("\ncaf_serving_slo_deadline_miss_total{model=\"slo\",version=\"1\"} 1\n")
+        != std::string::npos);
+  CHECK(text.find("\ncaf_serving_slo_shed_total{model=\"slo\",version=\"1\"} 3\n")
+        != std::string::npos);
+  CHECK(text.find("\ncaf_serving_slo_cost_us{model=\"slo\",version=\"1\",batch_size=\"1\"} 2.5\n")
+        != std::string::npos);
+  CHECK(text.find("\ncaf_serving_slo_cost_us{model=\"slo\",version=\"1\",batch_size=\"8\"} 9\n")
+        != std::string::npos);
+  CHECK(text.find("caf_serving_slo_batch_size_count{model=\"slo\",version=\"1\"} 1\n")
+        != std::string::npos);
+  CHECK(text.find("caf_serving_slo_wait_us_bucket{model=\"slo\",version=\"1\",le=\"2500\"} 1\n")
+        != std::string::npos);
+  CHECK(text.find("caf_serving_slo_goodput_total{model=\"plain\"") == std::string::npos);
+}

@@ -44,10 +44,12 @@ struct header_ids {
   explicit header_ids(kj::HttpHeaderTable::Builder& b)
       : content_encoding(b.add("Content-Encoding")),
         accept_encoding(b.add("Accept-Encoding")),
-        inference_header_length(b.add("Inference-Header-Content-Length")) {}
+        inference_header_length(b.add("Inference-Header-Content-Length")),
+        retry_after(b.add("Retry-After")) {}
   kj::HttpHeaderId content_encoding;
   kj::HttpHeaderId accept_encoding;
   kj::HttpHeaderId inference_header_length;
+  kj::HttpHeaderId retry_after;
 };
 
 std::string_view view(kj::StringPtr s) {
@@ -412,9 +414,12 @@ private:
                               const char* content_type,
                               std::optional<size_t> header_length = std::nullopt,
                               content_encoding encoding = content_encoding::identity,
-                              close_connection close = close_connection::no) {
+                              close_connection close = close_connection::no,
+                              uint32_t retry_after_s = 0) {
     kj::HttpHeaders headers(table_);
     headers.set(kj::HttpHeaderId::CONTENT_TYPE, content_type);
+    if (retry_after_s > 0)
+      headers.set(ids_.retry_after, kj::str(retry_after_s));
     if (header_length)
       headers.set(ids_.inference_header_length, kj::str(*header_length));
     if (encoding != content_encoding::identity) {
@@ -449,7 +454,9 @@ private:
 
   kj::Promise<void> send_error(Response& response, const serving_error& e,
                                close_connection close = close_connection::no) {
-    return send_error(response, static_cast<int>(e.status), e.message, close);
+    return send_body(response, static_cast<int>(e.status), serialize_error(e.message),
+                     "application/json", std::nullopt, content_encoding::identity, close,
+                     e.retry_after_s);
   }
 
   /// /v2/systemsharedmemory/... and /v2/cudasharedmemory/...: the body (a
@@ -903,7 +910,7 @@ private:
                       with_triton_phrase(reason,
                                          client_error_message(view(r.getError().getMessage()),
                                                               ctx.model->config.name)),
-                      reason};
+                      reason, r.getError().getRetryAfterS()};
       finish_failure(*ctx.model, ctx.received_ns, e);
       return send_error(response, e);
     }
@@ -1010,6 +1017,14 @@ private:
     uint64_t elapsed = static_cast<uint64_t>(now_ns() - ctx.received_ns);
     stats.success.add(elapsed);
     stats.request_us.observe(static_cast<double>(elapsed) / 1e3);
+    if (uint64_t target_us = stats.slo.target_us.load(std::memory_order_relaxed)) {
+      // Goodput: answered within the request's deadline, the target or its
+      // tighter `timeout` (docs/latency-target.md).
+      uint64_t deadline_us = ctx.request.timeout_us != 0 ? std::min(target_us, ctx.request.timeout_us)
+                                                         : target_us;
+      (elapsed / 1000 <= deadline_us ? stats.slo.goodput : stats.slo.deadline_miss)
+        .fetch_add(1, std::memory_order_relaxed);
+    }
     stats.last_inference_ms.store(static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::milliseconds>(
         std::chrono::system_clock::now().time_since_epoch())

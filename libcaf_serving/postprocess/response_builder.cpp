@@ -94,6 +94,7 @@ response_message error_response(const wire::InferRequest::Reader& req, const ser
   err.setStatus(static_cast<uint16_t>(e.status));
   err.setMessage(e.message);
   err.setReason(static_cast<wire::FailureReason>(reason_of(e)));
+  err.setRetryAfterS(e.retry_after_s);
   return msg;
 }
 

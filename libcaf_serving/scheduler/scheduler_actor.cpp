@@ -246,6 +246,11 @@ struct pending_batch {
 struct scheduler_state {
   scheduler_config cfg;
   std::unique_ptr<batching_policy> policy;
+  /// Instead of `policy` when the model has a latency target.
+  std::unique_ptr<slo_policy> slo;
+  /// Shed log lines: at most one a second, with how many were not logged.
+  int64_t last_shed_log_ns = 0;
+  uint64_t sheds_not_logged = 0;
   std::vector<executor_slot> executors;
   /// Queued requests by the id the policy knows them by.
   std::unordered_map<uint64_t, batched_job> queued;
@@ -320,6 +325,67 @@ bool any_free(const scheduler_state& st) {
   return false;
 }
 
+/// A fresh policy for the model: the latency-target one when it has a target.
+void make_policy(scheduler_state& st) {
+  if (!st.cfg.latency_target) {
+    st.policy = std::make_unique<batching_policy>(st.cfg.policy);
+    return;
+  }
+  slo_policy_config c;
+  c.base = st.cfg.policy;
+  c.target = *st.cfg.latency_target;
+  c.margin = st.cfg.slo_margin.count() > 0 ? st.cfg.slo_margin : default_slo_margin(c.target);
+  st.slo = std::make_unique<slo_policy>(c);
+}
+
+/// What the latency-target policy sees of the executors that may take batches
+/// (quarantined ones left out), and which slot each is.
+struct executor_view {
+  std::vector<executor_load> loads;
+  std::vector<size_t> slot;
+};
+
+executor_view view_executors(scheduler_state& st) {
+  int64_t now = now_ns();
+  executor_view v;
+  for (size_t i = 0; i < st.executors.size(); ++i) {
+    auto& e = st.executors[i];
+    if (e.quarantined(now))
+      continue;
+    executor_load l;
+    l.cost = &e.cost;
+    l.depth = e.depth;
+    for (auto& s : e.in_flight)
+      l.in_flight_rows.push_back(s.rows);
+    if (!e.in_flight.empty())
+      l.oldest_elapsed_ns = now - std::max(e.in_flight.front().sent_ns, e.last_answer_ns);
+    v.loads.push_back(std::move(l));
+    v.slot.push_back(i);
+  }
+  return v;
+}
+
+/// Answers a shed request: 503 with Retry-After, counted, and explained in the
+/// log (at most one line a second; the next line says how many were not logged).
+void answer_shed(scheduler_state& st, const infer_job& job, const shed& s) {
+  serving_error e{status_code::unavailable, s.message, failure_reason::unavailable,
+                  s.retry_after_s};
+  job.sink->deliver(postprocess::error_response(job.request.reader(), e));
+  if (st.cfg.stats)
+    st.cfg.stats->slo.shed.fetch_add(1, std::memory_order_relaxed);
+  int64_t now = now_ns();
+  if (now - st.last_shed_log_ns < int64_t{1'000'000'000}) {
+    ++st.sheds_not_logged;
+    return;
+  }
+  std::cerr << "caf-serving: model '" << st.cfg.model.name << "': " << s.message;
+  if (st.sheds_not_logged > 0)
+    std::cerr << " (and " << st.sheds_not_logged << " more shed since the last such line)";
+  std::cerr << std::endl;
+  st.last_shed_log_ns = now;
+  st.sheds_not_logged = 0;
+}
+
 executor_slot* find_slot(scheduler_state& st, const caf::actor_addr& addr) {
   for (auto& e : st.executors)
     if (e.handle.address() == addr)
@@ -363,7 +429,7 @@ void fail_unrunnable(self_ptr self) {
     answer_error(st, job.job, err);
   st.queued.clear();
   // The policy still holds their ids: a fresh one forgets them.
-  st.policy = std::make_unique<batching_policy>(st.cfg.policy);
+  make_policy(st);
 }
 
 void maybe_finish_drain(self_ptr self) {
@@ -482,8 +548,14 @@ void send_pending(self_ptr self, executor_slot& slot, uint64_t batch_id) {
     if (it == e->in_flight.end())
       return;
     int64_t now = now_ns();
-    if (succeeded)
+    if (succeeded) {
       e->cost.observe(it->rows, now - std::max(it->sent_ns, e->last_answer_ns));
+      auto& st = self->state;
+      if (st.slo && st.cfg.stats && e == &st.executors.front()) {
+        // The first executor's curve stands for the model's on /metrics.
+        st.cfg.stats->slo.publish_cost_curve(e->cost.curve());
+      }
+    }
     e->last_answer_ns = now;
     e->in_flight.erase(it);
     record_outcome(self, *e, internal_failure);
@@ -568,12 +640,14 @@ void send_pending(self_ptr self, executor_slot& slot, uint64_t batch_id) {
       });
 }
 
-void send_batch(self_ptr self, const dispatch& d) {
+/// Gathers the queued requests `ids` into a pending batch and returns its id;
+/// nothing when gathering failed (its requests are answered).
+std::optional<uint64_t> form_batch(self_ptr self, const std::vector<uint64_t>& ids) {
   auto& st = self->state;
   int64_t formed = now_ns();
   std::vector<batched_job> jobs;
-  jobs.reserve(d.ids.size());
-  for (auto id : d.ids) {
+  jobs.reserve(ids.size());
+  for (auto id : ids) {
     auto it = st.queued.find(id);
     it->second.batch_formed_ns = formed;
     jobs.push_back(std::move(it->second));
@@ -586,7 +660,7 @@ void send_batch(self_ptr self, const dispatch& d) {
     auto fb = error_result(batch_id, batch.error());
     fb.jobs = std::move(jobs);
     release(self, batch_id, std::move(fb));
-    return;
+    return std::nullopt;
   }
   if (st.cfg.stats && st.cfg.padding.enabled()) {
     // A batch of requests of different lengths: padding happened.
@@ -602,7 +676,13 @@ void send_batch(self_ptr self, const dispatch& d) {
   p.rows = p.batch.reader().getRows();
   p.jobs = std::make_shared<std::vector<batched_job>>(std::move(jobs));
   st.pending.emplace(batch_id, std::move(p));
-  st.resend.insert(batch_id);
+  return batch_id;
+}
+
+/// The dynamic batcher's batch: sent to the executor chosen when one has credit.
+void send_batch(self_ptr self, const dispatch& d) {
+  if (auto batch_id = form_batch(self, d.ids))
+    self->state.resend.insert(*batch_id);
 }
 
 /// Sends the batches waiting to be sent (again), oldest first, while executors
@@ -620,8 +700,49 @@ bool send_waiting(self_ptr self) {
   return true;
 }
 
+/// poll_policy for a model with a latency target.
+void poll_slo(self_ptr self) {
+  auto& st = self->state;
+  for (;;) {
+    auto now = clock_type::now();
+    if (!send_waiting(self))
+      return; // batches of a lost executor go first; a freed credit polls again
+    auto view = view_executors(st);
+    auto r = st.slo->poll(now, view.loads);
+    for (auto& s : r.expired) {
+      auto it = st.queued.find(s.id);
+      answer_shed(st, it->second.job, s);
+      st.queued.erase(it);
+    }
+    if (auto* d = std::get_if<slo_dispatch>(&r.next)) {
+      if (st.cfg.stats) {
+        st.cfg.stats->slo.batch_size.observe(d->rows);
+        int64_t at = to_ns(now);
+        for (auto id : d->ids)
+          st.cfg.stats->slo.wait_us.observe(
+            static_cast<double>(at - st.queued.at(id).enqueued_ns) / 1e3);
+      }
+      size_t slot = view.slot[d->executor];
+      if (auto batch_id = form_batch(self, d->ids))
+        send_pending(self, st.executors[slot], *batch_id);
+      continue;
+    }
+    if (auto* w = std::get_if<wait_until>(&r.next)) {
+      if (!st.timer_due || w->when < *st.timer_due) {
+        st.timer_due = w->when;
+        self->delayed_send(self, w->when - now, tick_atom::value);
+      }
+    }
+    return;
+  }
+}
+
 void poll_policy(self_ptr self) {
   auto& st = self->state;
+  if (st.slo) {
+    poll_slo(self);
+    return;
+  }
   for (;;) {
     auto now = clock_type::now();
     bool free = send_waiting(self) && any_free(st);
@@ -653,6 +774,14 @@ void add_slot(self_ptr self, executor_slot slot) {
   // normal exit does not propagate over a link); remote proxies live on their own.
   if (slot.local)
     self->link_to(slot.handle);
+  // Captured CUDA-graph sizes are cheap; a local executor starts from the
+  // model's load-time runs when there are any.
+  cost_model_config cost;
+  cost.captured_sizes = st.cfg.policy.captured_batch_sizes;
+  slot.cost = batch_cost_model{cost};
+  if (slot.local)
+    for (const auto& [rows, ns] : st.cfg.warmup_costs)
+      slot.cost.observe(rows, ns);
   st.executors.push_back(std::move(slot));
   st.had_executor = true;
   publish_health(st);
@@ -737,9 +866,11 @@ scheduler_actor spawn_scheduler(caf::actor_system& sys, scheduler_config config)
   auto scheduler = sys.spawn([cfg = std::move(config)](self_ptr self) mutable
                              -> scheduler_actor::behavior_type {
     auto& st = self->state;
-    st.policy = std::make_unique<batching_policy>(cfg.policy);
     auto executors = std::move(cfg.executors);
     st.cfg = std::move(cfg);
+    make_policy(st);
+    if (st.cfg.stats && st.cfg.latency_target)
+      st.cfg.stats->slo.target_us.store(static_cast<uint64_t>(st.cfg.latency_target->count()));
     for (auto& e : executors)
       add_slot(self, local_slot(st.cfg, std::move(e)));
     if (st.cfg.respawn_postprocessor)
@@ -795,6 +926,31 @@ scheduler_actor spawn_scheduler(caf::actor_system& sys, scheduler_config config)
         for (auto t : req.getInputs())
           info.bytes += t.getData().size();
         auto now = clock_type::now();
+        if (st.slo) {
+          // The deadline counts from when the server received the request.
+          int64_t received_ns = req.getTimes().getReceivedNs();
+          auto received = received_ns > 0 ? time_point{std::chrono::nanoseconds{received_ns}} : now;
+          auto view = view_executors(st);
+          auto r = st.slo->enqueue(info, std::min(received, now), now, view.loads);
+          if (auto* s = std::get_if<shed>(&r)) {
+            answer_shed(st, job, *s);
+            return;
+          }
+          if (auto* rej = std::get_if<rejected>(&r)) {
+            auto status = rej->reason == reject_reason::too_many_rows ? status_code::bad_request
+                          : rej->reason == reject_reason::too_large
+                            ? status_code::payload_too_large
+                            : status_code::unavailable;
+            answer_error(st, job,
+                         {status, rej->message,
+                          rej->reason == reject_reason::queue_full ? failure_reason::queue_full
+                                                                   : failure_reason::bad_request});
+            return;
+          }
+          st.queued.emplace(id, batched_job{std::move(job), to_ns(now), 0});
+          poll_policy(self);
+          return;
+        }
         auto admitted = st.policy->enqueue(info, now);
         if (auto* rej = std::get_if<rejected>(&admitted)) {
           auto reason = rej->reason == reject_reason::queue_full ? failure_reason::queue_full

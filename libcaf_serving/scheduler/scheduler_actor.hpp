@@ -19,6 +19,7 @@
 #include "postprocess/postprocessor_actor.hpp"
 #include "scheduler/batching_policy.hpp"
 #include "scheduler/padded_batching.hpp"
+#include "scheduler/slo_policy.hpp"
 
 #include <caf/actor_system.hpp>
 #include <caf/replies_to.hpp>
@@ -80,6 +81,16 @@ struct scheduler_config {
   /// Why the model has no executor when it has none (for the 503 that answers
   /// its requests at once); empty means "every executor stopped".
   std::string no_executor_reason;
+  /// The model's latency target (config parameter latency_target_ms): set, the
+  /// latency-target policy (slo_policy.hpp) batches instead of the dynamic
+  /// batcher, and sheds what it cannot serve in time.
+  std::optional<std::chrono::microseconds> latency_target;
+  /// Held back from every deadline (slo_policy_config::margin); 0: the default
+  /// for the target (default_slo_margin).
+  std::chrono::microseconds slo_margin{0};
+  /// Measured load-time runs (rows, nanoseconds) that start every local
+  /// executor's cost model, so the first requests are priced; may be empty.
+  std::vector<std::pair<uint32_t, int64_t>> warmup_costs;
 };
 
 scheduler_actor spawn_scheduler(caf::actor_system& sys, scheduler_config config);

@@ -283,14 +283,16 @@ slo_poll_result slo_policy::poll(time_point now, const std::vector<executor_load
   const nanoseconds margin = cfg_.margin;
   if (measured) {
     // Shed what cannot finish in time even alone on the executor that would
-    // finish it first: serving it late helps no one.
+    // finish it first: serving it late helps no one. Against the deadline
+    // itself: the margin is what a batch sent at its latest start (a timer
+    // that fires a little late) may use up.
     for (auto it = queue_.begin(); it != queue_.end();) {
       const auto& e = it->second;
       int64_t best = INT64_MAX;
       for (const auto& x : executors)
         best = std::min(best, predicted_completion_ns(x, e.rows));
       auto done = now + nanoseconds{best};
-      if (done + margin <= e.deadline) {
+      if (done <= e.deadline) {
         ++it;
         continue;
       }
@@ -333,7 +335,7 @@ slo_poll_result slo_policy::poll(time_point now, const std::vector<executor_load
           trimmed = false;
           auto done = now + nanoseconds{predicted_completion_ns(executors[x], rows)};
           for (auto it = members.begin(); it != members.end();) {
-            if (done + margin <= (*it)->deadline) {
+            if (done <= (*it)->deadline) {
               ++it;
               continue;
             }

@@ -31,9 +31,11 @@
 ///   policy asks to be polled again at that latest start.
 /// - Admission. A new request is planned in; it is shed at once (HTTP 503 with
 ///   Retry-After) when it would finish past its deadline, or when it would make
-///   more queued requests late than were late without it. Requests that can no
-///   longer finish in time even alone on the first free executor are shed from
-///   the queue at poll (poll_result.expired) instead of being served late.
+///   more queued requests late than were late without it (both less the
+///   margin). Requests that can no longer finish by their deadline, even alone
+///   on the executor that would finish them first, are shed from the queue at
+///   poll (poll_result.expired) instead of being served late; so is a member of
+///   a batch about to go that would finish it too late.
 /// - While an executor has not been measured at all, the policy cannot predict:
 ///   it admits every request (up to the queue bound) and sends batches as soon
 ///   as an executor is free, which measures it.

@@ -593,6 +593,17 @@ auto model_manager::load_model(const std::string& name, const load_parameters* p
     policy.max_padding_waste = padding->max_waste;
   if (auto problem = scheduler::batching_policy::validate(policy))
     return fail(*problem, load_stage::backend);
+  // With a latency target the scheduler chooses batch sizes and delays itself
+  // (docs/latency-target.md).
+  auto latency_target = scheduler::read_latency_target(cfg);
+  if (!latency_target)
+    return fail(latency_target.error(), load_stage::backend);
+  if (*latency_target)
+    std::cout << "model " << name << ": latency_target_ms " << cfg.parameters.at("latency_target_ms")
+              << ": the scheduler chooses batch sizes and delays to meet it and sheds what it "
+                 "cannot serve in time; max_queue_delay_microseconds and preferred_batch_size "
+                 "are ignored"
+              << std::endl;
 
   std::map<int64_t, std::shared_ptr<const model_pipeline>> served;
   for (auto version : entry.versions) {
@@ -613,6 +624,7 @@ auto model_manager::load_model(const std::string& name, const load_parameters* p
     sc.padding = *padding;
     sc.executor_depth = cfg_.executor_depth;
     sc.local_batch_timeout = cfg_.executor_timeout;
+    sc.latency_target = *latency_target;
     int instances = 0;
     for (const auto& g : cfg.instance_groups)
       instances += g.kind == instance_kind::gpu ? g.count * std::max<int>(1, static_cast<int>(g.gpus.size()))
