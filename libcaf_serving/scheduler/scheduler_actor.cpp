@@ -774,14 +774,11 @@ void add_slot(self_ptr self, executor_slot slot) {
   // normal exit does not propagate over a link); remote proxies live on their own.
   if (slot.local)
     self->link_to(slot.handle);
-  // Captured CUDA-graph sizes are cheap; a local executor starts from the
-  // model's load-time runs when there are any.
+  // Captured CUDA-graph sizes are cheap: a batch is priced at the size it
+  // is padded to.
   cost_model_config cost;
   cost.captured_sizes = st.cfg.policy.captured_batch_sizes;
   slot.cost = batch_cost_model{cost};
-  if (slot.local)
-    for (const auto& [rows, ns] : st.cfg.warmup_costs)
-      slot.cost.observe(rows, ns);
   st.executors.push_back(std::move(slot));
   st.had_executor = true;
   publish_health(st);

@@ -88,9 +88,6 @@ struct scheduler_config {
   /// Held back from every deadline (slo_policy_config::margin); 0: the default
   /// for the target (default_slo_margin).
   std::chrono::microseconds slo_margin{0};
-  /// Measured load-time runs (rows, nanoseconds) that start every local
-  /// executor's cost model, so the first requests are priced; may be empty.
-  std::vector<std::pair<uint32_t, int64_t>> warmup_costs;
 };
 
 scheduler_actor spawn_scheduler(caf::actor_system& sys, scheduler_config config);

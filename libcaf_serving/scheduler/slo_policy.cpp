@@ -277,6 +277,11 @@ slo_poll_result slo_policy::poll(time_point now, const std::vector<executor_load
     out.next = idle{};
     return out;
   }
+  if (executors.empty()) {
+    // Every executor is quarantined or being started: nothing to plan on.
+    out.next = wait_for_executor{};
+    return out;
+  }
   bool measured = !executors.empty();
   for (const auto& x : executors)
     measured = measured && !x.cost->empty();

@@ -128,6 +128,14 @@ TEST_CASE("dispatch timing: an executor never measured gets batches at once") {
   CHECK(std::get<slo_dispatch>(r.next).ids == std::vector<uint64_t>{1});
 }
 
+TEST_CASE("no executor to plan on: requests are queued and wait for one") {
+  slo_policy p{config(4, 50)};
+  std::vector<executor_load> none;
+  REQUIRE(std::holds_alternative<admitted>(p.enqueue(req(1), at_ms(0), at_ms(0), none)));
+  CHECK(std::holds_alternative<wait_for_executor>(p.poll(at_ms(0), none).next));
+  CHECK(p.queued() == 1);
+}
+
 TEST_CASE("EDF: the earliest deadline goes first within a level, a higher level before it") {
   slo_policy_config c = config(1, 50, 0);
   c.base.dynamic_batching.priority_levels = 2;
