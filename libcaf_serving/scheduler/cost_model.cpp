@@ -27,14 +27,11 @@ void batch_cost_model::observe(uint32_t rows, int64_t service_ns) {
     s.samples[s.next] = sample;
     s.next = (s.next + 1) % s.samples.size();
   }
-  // A window of at most a few dozen samples: sorting a copy is cheaper than
-  // keeping an order statistic tree, and happens once per batch.
+  // The median of the window: what the fit goes through.
   auto sorted = s.samples;
-  auto rank = static_cast<size_t>(
-    std::ceil(cfg_.quantile * static_cast<double>(sorted.size())));
-  rank = std::clamp<size_t>(rank, 1, sorted.size()) - 1;
-  std::nth_element(sorted.begin(), sorted.begin() + static_cast<long>(rank), sorted.end());
-  s.estimate = sorted[rank];
+  auto mid = sorted.begin() + static_cast<long>((sorted.size() - 1) / 2);
+  std::nth_element(sorted.begin(), mid, sorted.end());
+  s.estimate = *mid;
   refit();
 }
 
@@ -53,47 +50,43 @@ void batch_cost_model::refit() {
     return;
   double denom = n * sxx - sx * sx;
   double slope = denom > 0 ? (n * sxy - sx * sy) / denom : 0;
-  if (n == 1) {
-    // One size: all of its cost is taken as per-row cost, which prices a larger
-    // batch high rather than low until that size has run.
-    slope = sy / sx;
-  }
   slope = std::max(slope, 0.0);
   double fixed = std::max((sy - slope * sx) / n, 0.0);
   fit_ = {fixed, slope};
+  // The margin: the configured quantile of how far every sample in the windows
+  // lies above the fit. Pooled over all sizes, so that one size's noisy window
+  // weighs as much as its samples, not as a whole size.
+  std::vector<double> residuals;
+  for (const auto& [rows, s] : sizes_)
+    for (auto sample : s.samples)
+      residuals.push_back(static_cast<double>(sample) - (fixed + slope * rows));
+  auto rank = static_cast<size_t>(std::ceil(cfg_.quantile * static_cast<double>(residuals.size())));
+  rank = std::clamp<size_t>(rank, 1, residuals.size()) - 1;
+  std::nth_element(residuals.begin(), residuals.begin() + static_cast<long>(rank), residuals.end());
+  above_fit_ns_ = std::max(residuals[rank], 0.0);
 }
 
 int64_t batch_cost_model::predict(uint32_t rows) const {
   if (sizes_.empty())
     return 0;
   uint32_t r = run_rows(rows);
-  auto above = sizes_.lower_bound(r);
-  if (above != sizes_.end() && above->first == r)
-    return above->second.estimate;
-  auto line = [&](double x) { return fit_.fixed_ns + fit_.per_row_ns * x; };
-  if (above == sizes_.end()) {
-    // Past the largest measured size: its estimate plus the fit's per-row cost.
-    const auto& [last_rows, last] = *sizes_.rbegin();
-    return static_cast<int64_t>(static_cast<double>(last.estimate)
-                                + fit_.per_row_ns * static_cast<double>(r - last_rows));
-  }
-  if (above == sizes_.begin()) {
-    // Below the smallest measured size: the fit, never above that size's cost.
-    double smallest = static_cast<double>(above->second.estimate);
-    return static_cast<int64_t>(std::clamp(line(r), 0.0, smallest));
-  }
-  auto below = std::prev(above);
-  double x0 = below->first, x1 = above->first;
-  double y0 = static_cast<double>(below->second.estimate);
-  double y1 = static_cast<double>(above->second.estimate);
-  return static_cast<int64_t>(y0 + (y1 - y0) * (static_cast<double>(r) - x0) / (x1 - x0));
+  // With one size measured the fit is flat: every size is priced like it.
+  // Pricing larger batches per row instead kept them from ever forming (a
+  // scheduler does not grow a batch it prices too high), so the curve was
+  // never learned; a flat guess lets a larger batch run and be measured.
+  // The fit plus the largest amount by which a measured size's estimate lies
+  // above it: one prediction per size that never falls as rows grow, so a
+  // request joining a batch never looks dearer than it is in a larger batch,
+  // and the noise of one size's window does not make it look special.
+  return static_cast<int64_t>(fit_.fixed_ns + fit_.per_row_ns * static_cast<double>(r)
+                              + above_fit_ns_);
 }
 
 std::vector<std::pair<uint32_t, int64_t>> batch_cost_model::curve() const {
   std::vector<std::pair<uint32_t, int64_t>> out;
   out.reserve(sizes_.size());
   for (const auto& [rows, s] : sizes_)
-    out.emplace_back(rows, s.estimate);
+    out.emplace_back(rows, predict(rows));
   return out;
 }
 

@@ -3,13 +3,17 @@
 /// as a robust estimate that follows drift.
 ///
 /// For each batch size the model keeps a window of the most recent measurements
-/// and predicts an upper quantile of them (the 90th by default): one slow outlier
-/// moves it little, a lasting change (a neighbour taking the cores, a thermal
-/// throttle) replaces the whole window within `window` batches. A size not yet
-/// measured is interpolated between its measured neighbours, or extrapolated with
-/// a fixed + per-row fit of the measured sizes (GPU-like curves are close to
-/// that), so a scheduler can price a batch it has never formed.
-///
+/// (a lasting change, such as a neighbour taking the cores, replaces a window
+/// within `window` batches). The prediction for any size is a fixed + per-row
+/// fit through the windows' medians (GPU-like and CPU curves are close to that),
+/// raised by an upper quantile (the 90th by default) of how far the samples of
+/// all windows lie above the fit. It never falls as rows grow, prices sizes
+/// never formed, and a slow spell in one size's window counts as those few
+/// samples, not as a whole size: a per-size upper quantile made joining a batch
+/// look dearer than it was, and split batches that should have grown. With one
+/// size measured every size is priced like it, so a larger batch can form and
+/// be measured.
+
 /// Cheap sizes: an executor that replays captured CUDA graphs runs a batch of n
 /// rows at the cost of the next captured size (padded); `run_rows` says which.
 ///
@@ -27,8 +31,8 @@ namespace caf_serving::scheduler {
 struct cost_model_config {
   /// Measurements kept per batch size; the oldest leaves when a new one comes.
   uint32_t window = 32;
-  /// The quantile of the window that is predicted, in (0, 1]: above the median,
-  /// so a prediction errs on the late side.
+  /// The quantile of the samples' distance above the fit that is added to it,
+  /// in (0, 1]: above the median, so a prediction errs on the late side.
   double quantile = 0.9;
   /// Batch sizes the executor runs as captured graphs, ascending; empty: every
   /// size runs as itself (CPU executors).
@@ -43,9 +47,9 @@ public:
   void observe(uint32_t rows, int64_t service_ns);
 
   /// Predicted service time of a batch of `rows` rows (at its run size): the
-  /// windowed quantile of that size; else interpolated between the measured
-  /// neighbours; else extrapolated by the fit; 0 when nothing is measured (such
-  /// an executor is tried first, which is how a new one gets work).
+  /// fit plus the quantile of the samples above it (above); 0 when nothing is
+  /// measured (such an executor is tried first, which is how a new one gets
+  /// work).
   int64_t predict(uint32_t rows) const;
 
   /// The size a batch of `rows` rows runs at: the smallest captured size at or
@@ -55,15 +59,15 @@ public:
   /// Whether nothing is measured yet.
   bool empty() const { return sizes_.empty(); }
 
-  /// The fit of the measured sizes: predicted ns = fixed_ns + per_row_ns * rows
-  /// (least squares, neither below 0); both 0 when nothing is measured.
+  /// The fit through the windows' medians: fixed_ns + per_row_ns * rows (least
+  /// squares, neither below 0); both 0 when nothing is measured.
   struct linear_fit {
     double fixed_ns = 0;
     double per_row_ns = 0;
   };
   linear_fit fit() const { return fit_; }
 
-  /// The current estimate of each measured size, ascending (for /metrics).
+  /// The prediction at each measured size, ascending (for /metrics).
   std::vector<std::pair<uint32_t, int64_t>> curve() const;
 
 private:
@@ -71,7 +75,7 @@ private:
     /// Ring of the last `window` samples.
     std::vector<int64_t> samples;
     size_t next = 0;
-    /// The quantile of `samples`, kept current by observe().
+    /// The median of `samples`, kept current by observe().
     int64_t estimate = 0;
   };
 
@@ -80,6 +84,8 @@ private:
   cost_model_config cfg_;
   std::map<uint32_t, size_state> sizes_;
   linear_fit fit_;
+  /// The quantile of the samples above the fit, >= 0.
+  double above_fit_ns_ = 0;
 };
 
 } // namespace caf_serving::scheduler

@@ -11,10 +11,13 @@ TEST_CASE("cost model: nothing measured predicts 0; one size is its own estimate
   m.observe(4, 4000);
   CHECK_FALSE(m.empty());
   CHECK(m.predict(4) == 4000);
-  // One size only: a larger batch is priced per row (high, not low), a smaller
-  // one never above the measured size.
-  CHECK(m.predict(8) == 8000);
-  CHECK(m.predict(1) <= 4000);
+  // One size only: every size is priced like it, so that a larger batch can
+  // form and be measured (priced per row, it never would).
+  CHECK(m.predict(8) == 4000);
+  CHECK(m.predict(1) == 4000);
+  m.observe(8, 6000); // now the fit: 2000 + 500 a row
+  CHECK(m.predict(8) == 6000);
+  CHECK(m.predict(6) == 5000);
 }
 
 TEST_CASE("cost model: an upper quantile of the window, robust to one outlier") {
@@ -40,7 +43,7 @@ TEST_CASE("cost model: follows drift within one window") {
   CHECK(m.predict(4) == 500);
 }
 
-TEST_CASE("cost model: unseen sizes are interpolated and extrapolated by a fixed + per-row fit") {
+TEST_CASE("cost model: sizes are priced by a fixed + per-row fit, seen or not") {
   batch_cost_model m;
   // fixed 1000 ns + 100 ns per row, measured at 2 and 10 rows.
   m.observe(2, 1200);
@@ -48,6 +51,7 @@ TEST_CASE("cost model: unseen sizes are interpolated and extrapolated by a fixed
   auto fit = m.fit();
   CHECK(fit.fixed_ns == doctest::Approx(1000));
   CHECK(fit.per_row_ns == doctest::Approx(100));
+  CHECK(m.predict(2) == 1200);
   CHECK(m.predict(6) == 1600);  // between the neighbours
   CHECK(m.predict(16) == 2600); // past the largest: + per row
   CHECK(m.predict(1) == 1100);  // below the smallest: the fit
@@ -66,4 +70,18 @@ TEST_CASE("cost model: captured sizes are cheap: a batch runs at the next captur
   m.observe(8, 6000);
   CHECK(m.predict(3) == 5000); // priced as the padded 4-row graph
   CHECK(m.predict(5) == 6000);
+}
+
+TEST_CASE("cost model: a noisy size never makes a larger batch look cheaper") {
+  // A flat 20 ms curve where one size's window caught a slow spell: joining a
+  // batch of 2 must not look dearer than being in a batch of 4.
+  batch_cost_model m;
+  m.observe(2, 20'000'000);
+  m.observe(3, 23'000'000);
+  m.observe(4, 20'000'000);
+  m.observe(8, 20'500'000);
+  for (uint32_t r = 2; r <= 16; ++r)
+    CHECK(m.predict(r) >= m.predict(r - 1));
+  CHECK(m.predict(3) >= 23'000'000);  // never below a measured estimate
+  CHECK(m.predict(8) <= 24'000'000);  // and not priced per row
 }
