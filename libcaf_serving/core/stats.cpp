@@ -150,7 +150,23 @@ std::string stats_json(const std::vector<std::shared_ptr<model_stats>>& models) 
     out += ',';
     append_duration(out, "cache_miss", m->cache_miss);
     out += '}';
-    out += ",\"batch_stats\":[]}";
+    out += ",\"batch_stats\":[]";
+    if (uint64_t target = m->slo.target_us.load()) {
+      // The latency-target scheduler's figures (docs/latency-target.md); a
+      // field Triton's clients do not know, and only on models with a target.
+      out += ",\"slo\":{\"target_us\":" + std::to_string(target)
+             + ",\"goodput\":" + std::to_string(m->slo.goodput.load())
+             + ",\"deadline_miss\":" + std::to_string(m->slo.deadline_miss.load())
+             + ",\"shed\":" + std::to_string(m->slo.shed.load()) + ",\"cost_us\":{";
+      bool first_size = true;
+      for (const auto& [rows, ns] : m->slo.cost_curve_ns()) {
+        out += (first_size ? "\"" : ",\"") + std::to_string(rows) + "\":";
+        append_number(out, static_cast<double>(ns) / 1e3);
+        first_size = false;
+      }
+      out += "}}";
+    }
+    out += '}';
   }
   out += "]}";
   return out;

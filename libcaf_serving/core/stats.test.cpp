@@ -97,4 +97,10 @@ TEST_CASE("the latency-target metrics appear for a model with a target, and only
   CHECK(text.find("caf_serving_slo_wait_us_bucket{model=\"slo\",version=\"1\",le=\"2500\"} 1\n")
         != std::string::npos);
   CHECK(text.find("caf_serving_slo_goodput_total{model=\"plain\"") == std::string::npos);
+  // The statistics endpoint shows them too, for that model only.
+  auto json = stats_json({plain, m});
+  CHECK(json.find("\"slo\":{\"target_us\":50000,\"goodput\":7,\"deadline_miss\":1,\"shed\":3,"
+                  "\"cost_us\":{\"1\":2.5,\"8\":9}}")
+        != std::string::npos);
+  CHECK(json.find("\"slo\":{") == json.rfind("\"slo\":{"));
 }

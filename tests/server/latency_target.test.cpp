@@ -170,6 +170,12 @@ TEST_CASE("overload: what cannot finish in time gets a fast 503 with Retry-After
   CHECK(metric_value(after, "caf_serving_slo_batch_size_count{model=\"" + model
                               + "\",version=\"1\"}")
         >= 1);
+  // The statistics endpoint shows the same figures.
+  auto stats = http_client(server.port()).get("/v2/models/" + model + "/stats");
+  REQUIRE(stats.status == 200);
+  CHECK_MESSAGE(stats.body.find("\"slo\":{\"target_us\":200000,") != std::string::npos,
+                stats.body);
+  CHECK(stats.body.find("\"shed\":" + std::to_string(shed) + ",") != std::string::npos);
   // Served again once the burst has drained.
   warm_up(server, model, 1);
 }
