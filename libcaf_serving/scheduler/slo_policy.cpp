@@ -329,7 +329,11 @@ slo_poll_result slo_policy::poll(time_point now, const std::vector<executor_load
     if (first_on[x] != k || !executors[x].has_credit())
       continue;
     // Full (the cheapest size per row), or any later would make one late.
-    if (!measured || b.rows >= max_batch_rows_ || slack_on[x].count() <= 0) {
+    // A batch goes one margin before its latest start: a prediction that grows
+    // meanwhile (a slower batch raises the cost model) must not leave its
+    // requests to be shed at the door, and a request that arrives may still
+    // join a batch that is not yet at its edge.
+    if (!measured || b.rows >= max_batch_rows_ || slack_on[x] <= margin) {
       auto members = b.members;
       uint32_t rows = b.rows;
       if (measured) {
@@ -377,7 +381,7 @@ slo_poll_result slo_policy::poll(time_point now, const std::vector<executor_load
       out.next = std::move(d);
       return out;
     }
-    auto at = now + slack_on[x];
+    auto at = now + (slack_on[x] - margin);
     wake = wake ? std::min(*wake, at) : at;
   }
   if (wake)

@@ -26,9 +26,11 @@
 ///   That gives every queued request a predicted completion.
 /// - Dispatch. The first batch of the plan goes out when it is full (the size
 ///   that maximises throughput: the cost per row falls with size on every
-///   backend we have), or when waiting any longer would make some planned batch
-///   finish later than its earliest deadline less `margin`. Otherwise the
-///   policy asks to be polled again at that latest start.
+///   backend we have), or one `margin` before waiting any longer would make
+///   some batch planned on its executor finish later than its earliest deadline
+///   less `margin` (the second margin absorbs a prediction that grows while the
+///   batch waits, and leaves room for a request to join). Otherwise the policy
+///   asks to be polled again then.
 /// - Admission. A new request is planned in; it is shed at once (HTTP 503 with
 ///   Retry-After) when it would finish past its deadline, or when it would make
 ///   more queued requests late than were late without it (both less the

@@ -83,26 +83,27 @@ TEST_CASE("dispatch timing: a lone request waits until its latest start, then go
   auto ex = idle_executor(cost);
   REQUIRE(std::holds_alternative<admitted>(p.enqueue(req(1), at_ms(0), at_ms(0), ex)));
   auto r = p.poll(at_ms(0), ex);
-  // deadline 50 - margin 1 - cost of 1 row 11 = 38 ms
+  // deadline 50 - margin 1 - cost of 1 row 11 = latest start 38 ms; it goes
+  // one margin before that.
   REQUIRE(std::holds_alternative<wait_until>(r.next));
-  CHECK(std::get<wait_until>(r.next).when == at_ms(38));
+  CHECK(std::get<wait_until>(r.next).when == at_ms(37));
   // A second request at 10 ms: a batch of 2 costs 12 ms, so the first request's
-  // latest start moves to 37 ms.
+  // latest start moves to 37 ms, and the batch goes at 36.
   REQUIRE(std::holds_alternative<admitted>(p.enqueue(req(2), at_ms(10), at_ms(10), ex)));
   r = p.poll(at_ms(10), ex);
   REQUIRE(std::holds_alternative<wait_until>(r.next));
-  CHECK(std::get<wait_until>(r.next).when == at_ms(37));
+  CHECK(std::get<wait_until>(r.next).when == at_ms(36));
   // Polled early: still waiting, for the same moment.
   r = p.poll(at_ms(20), ex);
-  CHECK(std::get<wait_until>(r.next).when == at_ms(37));
-  r = p.poll(at_ms(37), ex);
+  CHECK(std::get<wait_until>(r.next).when == at_ms(36));
+  r = p.poll(at_ms(36), ex);
   REQUIRE(std::holds_alternative<slo_dispatch>(r.next));
   auto d = std::get<slo_dispatch>(r.next);
   CHECK(d.ids == std::vector<uint64_t>{1, 2});
   CHECK(d.rows == 2);
   CHECK(d.predicted_ns == 12'000'000);
   CHECK(p.queued() == 0);
-  CHECK(std::holds_alternative<idle>(p.poll(at_ms(37), ex).next));
+  CHECK(std::holds_alternative<idle>(p.poll(at_ms(36), ex).next));
 }
 
 TEST_CASE("dispatch timing: a full batch goes at once; no credit means wait for the executor") {
@@ -189,7 +190,7 @@ TEST_CASE("admission: a request whose own timeout is tighter is shed against it"
   REQUIRE(std::holds_alternative<admitted>(ok));
   auto w = p.poll(at_ms(0), ex);
   REQUIRE(std::holds_alternative<wait_until>(w.next));
-  CHECK(std::get<wait_until>(w.next).when == at_ms(20 - 1 - 11));
+  CHECK(std::get<wait_until>(w.next).when == at_ms(20 - 1 - 11 - 1));
 }
 
 TEST_CASE("admission: a request that would make queued ones late is shed") {
