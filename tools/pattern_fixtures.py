@@ -15,6 +15,13 @@ calls it by default):
   - Where(IsNaN(p), 0, p) after the softmax: a row masked throughout gives 0.
 The references' second row is masked throughout (the NaN guard matters).
 
+vit_block is torchvision's ViT encoder block (nn.MultiheadAttention with
+batch_first=True and one packed in-projection) as TorchScript writes it at
+opset 17: Transpose to [S, B, E], MatMul + Add to [S, B, 3E], Reshape /
+Unsqueeze / Transpose / Squeeze / Gather to Q, K and V, per-head Reshape /
+Transpose, SDPA without a mask, Transpose (2, 0, 1, 3), Gemm out-projection
+and the Transpose back to [B, S, E].
+
 export_onnx_models.py's `fixtures` set calls export(); it needs torch and
 onnxscript (the dynamo exporter).
 """
@@ -57,6 +64,25 @@ class sdpa_block(nn.Module):
         return x + self.o(ctx.transpose(1, 2).reshape(b, s, e))
 
 
+class vit_block(nn.Module):
+    """torchvision's EncoderBlock (ViT-B/16's layer) at a tiny size: pre-LN
+    self-attention through nn.MultiheadAttention(batch_first=True), then the
+    GELU MLP, each with its residual."""
+
+    def __init__(self):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(EMBED, eps=1e-6)
+        self.self_attention = nn.MultiheadAttention(EMBED, HEADS, batch_first=True)
+        self.ln_2 = nn.LayerNorm(EMBED, eps=1e-6)
+        self.mlp = nn.Sequential(nn.Linear(EMBED, 2 * EMBED), nn.GELU(), nn.Linear(2 * EMBED, EMBED))
+
+    def forward(self, x):
+        h = self.ln_1(x)
+        h, _ = self.self_attention(h, h, h, need_weights=False)
+        x = x + h
+        return x + self.mlp(self.ln_2(x))
+
+
 def export_module(module, feeds, path, dynamo):
     args = tuple(torch.from_numpy(v) for v in feeds.values())
     names = list(feeds)
@@ -89,3 +115,18 @@ def export(out, write_model, seed=95):
             name = f"pattern_attention_{kind}_{'dynamo' if dynamo else 'torchscript17'}"
             write_model(out, name,
                         lambda p, m=module, d=dynamo: export_module(m, feeds, p, d), feeds)
+    export_vit(out, write_model, seed + 2)
+
+
+def export_vit(out, write_model, seed):
+    """pattern_mha_vit_torchscript17: vit_block, whose attention the engine
+    fuses into FusedAttention (passes.test.cpp, onnx.server.test)."""
+    rng = np.random.default_rng(seed)
+    torch.manual_seed(seed)
+    module = vit_block().eval()
+    with torch.no_grad():  # in-projection biases as a trained model has them, not zeros
+        module.self_attention.in_proj_bias.normal_(0, 0.5)
+        module.self_attention.out_proj.bias.normal_(0, 0.5)
+    feeds = {"x": rng.standard_normal((BATCH, SEQ, EMBED), dtype=np.float32)}
+    write_model(out, "pattern_mha_vit_torchscript17",
+                lambda p: export_module(module, feeds, p, False), feeds)

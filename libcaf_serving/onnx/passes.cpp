@@ -920,6 +920,7 @@ result<graph> optimize(const graph& src, const std::vector<std::vector<int64_t>>
     lower_contrib_ops(*g); // com.microsoft nodes that the fusions below can take
     fuse_layernorm(*g);
     fuse_gelu(*g);
+    fuse_packed_attention(*g);
     fuse_attention(*g);
   }
   if (cfg.fuse_epilogues) {

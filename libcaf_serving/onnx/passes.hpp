@@ -7,9 +7,9 @@
 ///      are all constants);
 ///   2. fold_batchnorm: Conv followed by BatchNormalization becomes one Conv with
 ///      rescaled weights and a bias;
-///   3. fuse_layernorm, fuse_gelu, fuse_attention: the decomposed patterns of
-///      opsets below 17 (and LayerNormalization itself) become FusedLayerNorm,
-///      FusedGelu and FusedAttention (ops.hpp);
+///   3. fuse_layernorm, fuse_gelu, fuse_packed_attention, fuse_attention: the
+///      decomposed patterns of opsets below 17 (and LayerNormalization itself)
+///      become FusedLayerNorm, FusedGelu and FusedAttention (ops.hpp);
 ///   4. fuse_epilogues: bias, activation and residual add folded into FusedConv,
 ///      FusedMatMul and FusedGemm;
 ///   5. remove_dead_nodes.
@@ -33,6 +33,9 @@ void fold_batchnorm(graph& g);
 void fuse_layernorm(graph& g);
 void fuse_gelu(graph& g);
 void fuse_attention(graph& g);
+/// torch's nn.MultiheadAttention(batch_first=True) with a packed in-projection
+/// (torchvision's ViT) as TorchScript exports it (passes_mha.cpp).
+void fuse_packed_attention(graph& g);
 void fuse_epilogues(graph& g);
 void remove_dead_nodes(graph& g);
 

@@ -163,8 +163,8 @@ namespace {
 
 /// The dynamo fixture's graph with `change` applied, optimized at batch 1 and
 /// checked against the unfused graph on the reference inputs' first row.
-graph near_miss(const std::function<void(graph&)>& change) {
-  const std::string model = "pattern_attention_padding_dynamo";
+graph near_miss(const std::function<void(graph&)>& change,
+                const std::string& model = "pattern_attention_padding_dynamo") {
   auto g = import_model(fixtures / "models" / model / "1" / "model.onnx");
   REQUIRE_MESSAGE(g, g.error().message);
   change(*g);
@@ -234,6 +234,82 @@ TEST_CASE("near misses of the SDPA pattern stay unfused and correct") {
         }
     });
     CHECK(count_ops(g, "FusedAttention") == 0);
+  }
+}
+
+TEST_CASE("torchvision's ViT attention (nn.MultiheadAttention, packed in-projection) becomes "
+          "FusedAttention") {
+  // tools/pattern_fixtures.py's vit_block, TorchScript opset 17: attention in
+  // [S, B, E] order, Q, K and V gathered from one packed projection.
+  auto g = check_fusion("pattern_mha_vit_torchscript17");
+  CHECK(count_ops(g, "FusedAttention") == 1);
+  CHECK(count_ops(g, "FusedLayerNorm") == 2);
+  for (std::string gone : {"Softmax", "MatMul", "Transpose", "Gather", "Squeeze", "Unsqueeze",
+                           "Mul"})
+    CHECK_MESSAGE(count_ops(g, gone) == 0, gone);
+  for (const auto& n : g.nodes) {
+    if (n.op == "FusedAttention") {
+      CHECK(n.get_i("num_heads", 0) == 4);
+      CHECK(n.get_f("scale", 0) == doctest::Approx(1 / std::sqrt(8.0f)));
+      CHECK(g.values[n.inputs[0]].shape == std::vector<int64_t>{1, 8, 32});
+    }
+    // The in-projection's bias went into its matmul, on [B, S, E] rows.
+    if (n.op == "FusedMatMul" && g.values[n.outputs[0]].shape.back() == 96)
+      CHECK(n.inputs.size() > 2);
+  }
+}
+
+namespace {
+
+/// The Gathers of the packed Q, K and V projections, in the graph's order.
+std::vector<node*> packed_gathers(graph& g) {
+  auto prod = g.producers();
+  std::vector<node*> out;
+  for (auto& n : g.nodes)
+    if (n.op == "Gather" && prod[n.inputs[0]] >= 0 && g.nodes[prod[n.inputs[0]]].op == "Squeeze")
+      out.push_back(&n);
+  return out;
+}
+
+} // namespace
+
+TEST_CASE("near misses of the ViT attention pattern stay unfused and correct") {
+  const std::string vit = "pattern_mha_vit_torchscript17";
+  CHECK(count_ops(near_miss([](graph&) {}, vit), "FusedAttention") == 1);
+  SUBCASE("Q and K gathered from each other's parts") {
+    auto g = near_miss([](graph& g) {
+      auto parts = packed_gathers(g);
+      REQUIRE(parts.size() == 3);
+      std::swap(parts[0]->inputs[1], parts[1]->inputs[1]);
+    }, vit);
+    CHECK(count_ops(g, "FusedAttention") == 0);
+    CHECK(count_ops(g, "Softmax") == 1);
+  }
+  SUBCASE("the attention weights are an output of the graph too") {
+    auto g = near_miss([](graph& g) {
+      for (auto& n : g.nodes)
+        if (n.op == "Softmax")
+          g.outputs.push_back(n.outputs[0]);
+    }, vit);
+    CHECK(count_ops(g, "FusedAttention") == 0);
+  }
+  SUBCASE("an additive mask on the scores") {
+    auto g = near_miss([](graph& g) {
+      for (size_t i = 0; i < g.nodes.size(); ++i)
+        if (g.nodes[i].op == "Softmax") {
+          auto t = make_tensor(datatype::fp32, {8});
+          for (int64_t j = 0; j < 8; ++j) t->as_mut<float>()[j] = j % 3 == 0 ? -2.0f : 0.0f;
+          int mask = g.add_constant("mask", t);
+          int scores = g.nodes[i].inputs[0];
+          int masked = g.add_value("masked", datatype::fp32);
+          g.nodes[i].inputs[0] = masked;
+          g.nodes.insert(g.nodes.begin() + static_cast<long>(i),
+                         node{"Add", "mask_add", {scores, mask}, {masked}, {}});
+          break;
+        }
+    }, vit);
+    CHECK(count_ops(g, "FusedAttention") == 0);
+    CHECK(count_ops(g, "Softmax") == 1);
   }
 }
 
