@@ -116,12 +116,15 @@ double graph_flop(const onnx::graph& g) {
 }
 
 /// Applies one flag that changes the plan (--profile, --winograd, --conv,
-/// --bands) to `cfg`; false for any other flag or a bad value.
+/// --bands, --fuse-patterns, --chunk-min-rows) to `cfg`; false for any other
+/// flag or a bad value.
 bool plan_flag(const std::string& f, const std::string& v, onnx::onnx_model_config& cfg) {
   if (f == "--profile" && (v == "0" || v == "1")) cfg.profile = v == "1";
   else if (f == "--winograd" && (v == "0" || v == "1")) cfg.winograd = v == "1";
   else if (f == "--bands" && (v == "0" || v == "1")) cfg.conv_bands = v == "1";
   else if (f == "--fuse-patterns" && (v == "0" || v == "1")) cfg.passes.fuse_patterns = v == "1";
+  else if (f == "--chunk-min-rows" && !v.empty() && v.find_first_not_of("0123456789") == v.npos)
+    cfg.chunk_min_matmul_rows = std::stoll(v);
   else if (f == "--conv" && (v == "engine" || v == "onednn")) cfg.engine_conv = v == "engine";
   else return false;
   return true;
@@ -139,7 +142,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: caf-onnx-bench MODEL.onnx --batch B [--threads T] "
                          "[--seconds S] [--max-batch N] [--check 1] [--profile 1] [--winograd 0|1] "
                          "[--conv engine|onednn] "
-                         "[--bands 0|1] [--fuse-patterns 0|1] [--windows N] [--versus \"FLAGS\"] [--group N]\n");
+                         "[--bands 0|1] [--fuse-patterns 0|1] [--chunk-min-rows N] [--windows N] "
+                         "[--versus \"FLAGS\"] [--group N]\n");
     return 2;
   }
   int64_t batch = 1;

@@ -8,6 +8,7 @@
 #include "onnx/model_config.hpp"
 #include "onnx_cpu/onednn_steps.hpp"
 #include "onnx_cpu/quant_steps.hpp"
+#include "onnx_cpu/row_chunks.hpp"
 #include "onnx/ops.hpp"
 #include "onnx/ops_more.hpp"
 #include "onnx/ops_simple.hpp"
@@ -66,6 +67,9 @@ struct compiled_plan {
   /// Bytes of the constants this plan alone holds (folded for its shapes),
   /// not shared with the imported graph.
   size_t owned_bytes = 0;
+  /// Its matmuls' and convolutions' FLOPs (row_chunks.hpp): whether a chunk
+  /// plan gives its matmuls too few rows.
+  matmul_work work;
 
   /// What the plan costs in the shape-plan cache: its arena and owned constants.
   size_t cache_bytes() const {
@@ -470,6 +474,7 @@ result<std::shared_ptr<compiled_plan>> compile(const graph& src, const model_con
   plan->batch = shapes.empty() || shapes[0].empty() ? 1 : shapes[0][0];
   plan->threads = threads;
   auto& g = plan->g;
+  plan->work = measure_matmul_work(g);
   auto lay = assign_layouts(g);
   for (const auto& t : cfg.inputs)
     plan->input_values.push_back(find_value(g, g.inputs, t.name));
@@ -691,10 +696,13 @@ public:
       auto chunked = chunk_plans(shapes, rows);
       if (!chunked)
         return chunked.error();
-      // Other instances (of this and other models) wait here, asleep, while
-      // this one computes: one budget of compute threads for the process.
-      auto turn = pool_->hold();
-      return run_row_chunks(*chunked, data, rows, out);
+      // Chunks too short for the matmuls run as one batch (row_chunks.hpp).
+      if (!chunks_starve_matmuls(chunked->first->work, mcfg_.chunk_min_matmul_rows)) {
+        // Other instances (of this and other models) wait here, asleep, while
+        // this one computes: one budget of compute threads for the process.
+        auto turn = pool_->hold();
+        return run_row_chunks(*chunked, data, rows, out);
+      }
     }
     auto plan = plan_for(shapes, threads, shapes);
     if (!plan)
@@ -903,8 +911,8 @@ result<onnx_model> load_onnx_model(const onnx_model_config& mcfg) {
 
 /// config.pbtxt's `parameters` for the ONNX backend: "winograd",
 /// "engine_conv", "conv_bands" and "int8_onednn" ("true" or "false"), "plan_cache_size"
-/// (1 to 1024), "plan_cache_bytes" (at least 1 MiB) and "expected_shapes"
-/// (shape_plans.hpp).
+/// (1 to 1024), "plan_cache_bytes" (at least 1 MiB), "chunk_min_matmul_rows"
+/// (0 to 65536) and "expected_shapes" (shape_plans.hpp).
 result<onnx_model_config> with_parameters(onnx_model_config mcfg) {
   for (const auto& [key, value] : mcfg.config.parameters) {
     if (key == "winograd" || key == "engine_conv" || key == "conv_bands"
@@ -923,6 +931,14 @@ result<onnx_model_config> with_parameters(onnx_model_config mcfg) {
         return load_error(mcfg, "parameters \"plan_cache_size\" is '" + value
                                   + "'; give a count from 1 to 1024 as string_value");
       mcfg.plan_cache_size = static_cast<size_t>(n);
+    } else if (key == "chunk_min_matmul_rows") {
+      char* end = nullptr;
+      long n = std::strtol(value.c_str(), &end, 10);
+      if (value.empty() || *end != '\0' || n < 0 || n > 65536)
+        return load_error(mcfg, "parameters \"chunk_min_matmul_rows\" is '" + value
+                                  + "'; give a row count from 0 (always row chunks) to 65536 "
+                                    "as string_value");
+      mcfg.chunk_min_matmul_rows = n;
     } else if (key == "plan_cache_bytes") {
       char* end = nullptr;
       errno = 0;
@@ -1135,10 +1151,23 @@ result<onnx_model> load_onnx_graph(graph imported, const onnx_model_config& give
   auto started = std::chrono::steady_clock::now();
   for (const shape_set* set : pinned_sets)
   for (int64_t rows = 1; rows <= std::max(1, cfg->max_batch_size); ++rows)
-    for (auto [n, threads] : plans_for_batch(rows, mcfg.threads)) {
+    for (auto wanted = plans_for_batch(rows, mcfg.threads); !wanted.empty();) {
+      int64_t n = wanted.front().first;
+      unsigned threads = wanted.front().second;
+      wanted.erase(wanted.begin());
       plan_key key{shapes_with(*g, *cfg, n, set, 0), threads};
-      if (loaded->count(key))
+      auto found = loaded->find(key);
+      // A chunk plan that starves its matmuls: execute runs the batch whole.
+      auto whole_too = [&](const compiled_plan& p) {
+        if (threads == 1 && mcfg.threads > 1 && rows >= mcfg.threads
+            && n == chunk_rows(rows, mcfg.threads)
+            && chunks_starve_matmuls(p.work, mcfg.chunk_min_matmul_rows))
+          wanted.push_back({rows, mcfg.threads});
+      };
+      if (found != loaded->end()) {
+        whole_too(*found->second);
         continue;
+      }
       auto plan = compile(*g, *cfg, mcfg, key.first, threads, *weights, compiles.get());
       if (!plan) {
         if (!set)
@@ -1154,6 +1183,7 @@ result<onnx_model> load_onnx_graph(graph imported, const onnx_model_config& give
         (*plan)->times = std::make_shared<step_times>((*plan)->steps.size());
         profiled->plans.push_back(*plan);
       }
+      whole_too(**plan);
       loaded->emplace(std::move(key), *plan);
     }
   auto compile_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now()

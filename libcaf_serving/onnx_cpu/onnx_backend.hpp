@@ -60,6 +60,12 @@ struct onnx_model_config {
   /// integer reference; its float requantisation rounds about one output in
   /// 2,000 one quantum away from onnxruntime's. false: the reference kernel.
   bool int8_onednn = true;
+  /// A batch of at least as many rows as threads runs as row chunks, a whole
+  /// plan per thread, unless the chunks' matmuls (most of the plan's FLOPs)
+  /// would get fewer rows than this: then it runs as one plan split across
+  /// the threads, streaming each weight matrix once (row_chunks.hpp). 0:
+  /// always row chunks. config.pbtxt: parameters "chunk_min_matmul_rows".
+  int64_t chunk_min_matmul_rows = 64;
   /// Plans for shapes outside those compiled at load (which are pinned) that
   /// the model keeps for all its instances; the least recently used goes
   /// beyond this. Reordered weights are shared by all plans.

@@ -1051,6 +1051,8 @@ TEST_CASE("a variable sequence axis: listed shapes compile at load, others on fi
     cfg.config.max_batch_size = 4;
     cfg.threads = threads;
     cfg.config.parameters["expected_shapes"] = "x:5x8|x:9x8";
+    // Row chunks whatever their matmul rows (row_chunks.test.cpp has the rule).
+    cfg.config.parameters["chunk_min_matmul_rows"] = "0";
     auto m = load_onnx_graph(g, cfg);
     REQUIRE_MESSAGE(m, (m ? "" : m.error().message));
     // The output follows the sequence axis.
