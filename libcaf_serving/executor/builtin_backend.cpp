@@ -24,16 +24,43 @@ struct fault_config {
   float marker = 0;
 };
 
+/// How the identity function spends a batch's cost: a GPU-like curve of a fixed
+/// cost per batch plus a small cost per row, the shape that makes batching pay.
+struct cost_config {
+  std::chrono::microseconds per_batch{0};
+  std::chrono::microseconds per_item{0};
+  /// Sleeping frees the core (like waiting on a device); spinning holds it
+  /// (like a CPU kernel), so a slow model can stand in for either.
+  bool spin = false;
+
+  std::chrono::microseconds of(uint32_t rows) const {
+    return per_batch + per_item * static_cast<int64_t>(rows);
+  }
+  bool any() const { return per_batch.count() > 0 || per_item.count() > 0; }
+};
+
+void spend(const cost_config& cost, uint32_t rows) {
+  auto d = cost.of(rows);
+  if (d.count() <= 0)
+    return;
+  if (!cost.spin) {
+    std::this_thread::sleep_for(d);
+    return;
+  }
+  auto until = std::chrono::steady_clock::now() + d;
+  while (std::chrono::steady_clock::now() < until) {
+  }
+}
+
 class identity_backend final : public backend {
 public:
-  identity_backend(const model_config& cfg, std::chrono::microseconds delay, fault_config fault)
-      : name_(cfg.name), outputs_(cfg.outputs), delay_(delay), fault_(fault) {}
+  identity_backend(const model_config& cfg, cost_config cost, fault_config fault)
+      : name_(cfg.name), outputs_(cfg.outputs), cost_(cost), fault_(fault) {}
 
-  bool blocks() const override { return delay_.count() > 0; }
+  bool blocks() const override { return cost_.any(); }
 
   exec_result execute(const batch_view& batch, output_writer& out) override {
-    if (delay_.count() > 0)
-      std::this_thread::sleep_for(delay_);
+    spend(cost_, batch.rows);
     if (fault_.kind != fault_kind::none && holds_marker(batch)) {
       switch (fault_.kind) {
         case fault_kind::error:
@@ -77,7 +104,7 @@ private:
 
   std::string name_;
   std::vector<tensor_config> outputs_;
-  std::chrono::microseconds delay_;
+  cost_config cost_;
   fault_config fault_;
 };
 
@@ -206,14 +233,27 @@ result<std::shared_ptr<backend>> make_builtin_backend(const model_config& cfg) {
         return config_error(cfg, "identity output '" + cfg.outputs[i].name
                                    + "' must have the datatype and dims of input '"
                                    + cfg.inputs[i].name + "'");
-    std::chrono::microseconds delay{0};
-    if (auto d = cfg.parameters.find("delay_us"); d != cfg.parameters.end()) {
+    cost_config cost;
+    for (auto [key, field] : {std::pair{"delay_us", &cost.per_batch},
+                              std::pair{"delay_per_item_us", &cost.per_item}}) {
+      auto d = cfg.parameters.find(key);
+      if (d == cfg.parameters.end())
+        continue;
       char* end = nullptr;
       auto us = std::strtoll(d->second.c_str(), &end, 10);
       if (d->second.empty() || *end != '\0' || us < 0 || us > 60'000'000)
-        return config_error(cfg, "parameter delay_us must be a number of microseconds from 0 "
-                                 "to 60000000, not '" + d->second + "'");
-      delay = std::chrono::microseconds(us);
+        return config_error(cfg, std::string("parameter ") + key
+                                   + " must be a number of microseconds from 0 to 60000000, "
+                                     "not '" + d->second + "'");
+      *field = std::chrono::microseconds(us);
+    }
+    if (auto m = cfg.parameters.find("delay_mode"); m != cfg.parameters.end()) {
+      if (m->second == "spin")
+        cost.spin = true;
+      else if (m->second != "sleep")
+        return config_error(cfg, "parameter delay_mode must be \"sleep\" (the batch waits "
+                                 "without a core, like a GPU) or \"spin\" (it holds a core, "
+                                 "like a CPU kernel), not '" + m->second + "'");
     }
     // Stands in for a model that takes long to load (an ONNX compile, a
     // warm-up), for the tests that check that loading blocks nothing else.
@@ -246,7 +286,7 @@ result<std::shared_ptr<backend>> make_builtin_backend(const model_config& cfg) {
         return config_error(cfg, "parameter fault needs fault_marker: the FP32 value that "
                                  "marks a batch to fault, e.g. \"-999\"");
     }
-    return std::shared_ptr<backend>(std::make_shared<identity_backend>(cfg, delay, fault));
+    return std::shared_ptr<backend>(std::make_shared<identity_backend>(cfg, cost, fault));
   }
   if (fn->second == "add_sub") {
     if (cfg.inputs.size() != 2 || cfg.outputs.size() != 2)

@@ -6,7 +6,12 @@
 /// Functions:
 /// - `identity`: OUTPUTi = INPUTi for every input i (any datatype, BYTES too). The
 ///   optional parameter `delay_us` makes each batch take that long (on a thread
-///   of its own), to stand in for a slow model in tests and demonstrations.
+///   of its own), to stand in for a slow model in tests and demonstrations;
+///   `delay_per_item_us` adds that much per batch row, so that a batch of n
+///   costs delay_us + n * delay_per_item_us: a GPU-like cost curve for the
+///   batching and latency-target benchmarks. `delay_mode` is "sleep" (the
+///   default: the batch waits without holding a core, like a GPU) or "spin"
+///   (a busy wait that holds a core, like a CPU kernel).
 ///   The optional parameters `fault` ("error", "throw", "crash" or "hang") and
 ///   `fault_marker` (an FP32 value) fault every batch whose first input holds
 ///   the marker: an error value, an exception from execute, a broken

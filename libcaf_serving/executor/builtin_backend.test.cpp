@@ -3,6 +3,8 @@
 #include <doctest/doctest.h>
 
 #include <chrono>
+#include <cstring>
+#include <ctime>
 #include <map>
 
 using namespace caf_serving;
@@ -176,4 +178,86 @@ TEST_CASE("identity with delay_us blocks for that long and says so") {
   auto bad = make_builtin_backend(cfg);
   REQUIRE_FALSE(bad.ok());
   CHECK(bad.error().message.find("delay_us") != std::string::npos);
+}
+
+namespace {
+
+model_config costly_identity(const std::string& per_batch_us, const std::string& per_item_us) {
+  model_config cfg;
+  cfg.name = "costly";
+  cfg.max_batch_size = 8;
+  cfg.inputs = {{"INPUT0", datatype::int32, {1}}};
+  cfg.outputs = {{"OUTPUT0", datatype::int32, {1}}};
+  cfg.parameters["function"] = "identity";
+  cfg.parameters["delay_us"] = per_batch_us;
+  cfg.parameters["delay_per_item_us"] = per_item_us;
+  return cfg;
+}
+
+batch_view rows_of(std::vector<int32_t>& values) {
+  batch_view batch;
+  batch.rows = static_cast<uint32_t>(values.size());
+  batch.inputs = {{"INPUT0", datatype::int32, {static_cast<int64_t>(values.size()), 1},
+                   reinterpret_cast<uint8_t*>(values.data()), values.size() * 4}};
+  return batch;
+}
+
+std::chrono::nanoseconds thread_cpu_time() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec);
+}
+
+} // namespace
+
+TEST_CASE("identity with delay_per_item_us costs a fixed part plus a part per batch row") {
+  auto be = make_builtin_backend(costly_identity("2000", "4000"));
+  REQUIRE(be.ok());
+  CHECK((*be)->blocks());
+  std::vector<int32_t> four{1, 2, 3, 4};
+  vector_writer out;
+  auto start = std::chrono::steady_clock::now();
+  auto r = (*be)->execute(rows_of(four), out);
+  // 2 ms + 4 rows * 4 ms: the rows are what makes it 18 ms, not the fixed part.
+  CHECK(std::chrono::steady_clock::now() - start >= std::chrono::milliseconds(18));
+  REQUIRE(std::holds_alternative<std::monostate>(r));
+  CHECK(std::memcmp(out.outputs["OUTPUT0"].data(), four.data(), 16) == 0);
+
+  // A per-item cost alone makes the model slow too.
+  auto per_item_only = make_builtin_backend(costly_identity("0", "1000"));
+  REQUIRE(per_item_only.ok());
+  CHECK((*per_item_only)->blocks());
+}
+
+TEST_CASE("identity with delay_mode spin holds its core for the delay; sleep does not") {
+  auto cfg = costly_identity("20000", "0");
+  cfg.parameters["delay_mode"] = "spin";
+  auto spin = make_builtin_backend(cfg);
+  REQUIRE(spin.ok());
+  std::vector<int32_t> one{7};
+  vector_writer out;
+  auto cpu_before = thread_cpu_time();
+  (*spin)->execute(rows_of(one), out);
+  // The busy wait is this thread's CPU time (the scheduler may take a few ms of it away).
+  CHECK(thread_cpu_time() - cpu_before >= std::chrono::milliseconds(10));
+
+  cfg.parameters["delay_mode"] = "sleep";
+  auto sleep = make_builtin_backend(cfg);
+  REQUIRE(sleep.ok());
+  cpu_before = thread_cpu_time();
+  auto start = std::chrono::steady_clock::now();
+  (*sleep)->execute(rows_of(one), out);
+  CHECK(std::chrono::steady_clock::now() - start >= std::chrono::milliseconds(20));
+  CHECK(thread_cpu_time() - cpu_before < std::chrono::milliseconds(10));
+}
+
+TEST_CASE("identity names a bad delay_per_item_us or delay_mode") {
+  auto r = make_builtin_backend(costly_identity("0", "-3"));
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.error().message.find("delay_per_item_us") != std::string::npos);
+  auto cfg = costly_identity("100", "10");
+  cfg.parameters["delay_mode"] = "busy";
+  r = make_builtin_backend(cfg);
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.error().message.find("delay_mode must be \"sleep\"") != std::string::npos);
 }
