@@ -86,3 +86,74 @@ TEST_CASE("a trace replays its gaps in a cycle") {
   CHECK(parse_arrival_kind("poisson") == arrival_kind::poisson);
   CHECK_FALSE(parse_arrival_kind("gamma"));
 }
+
+TEST_CASE("--load bursts: Poisson at the burst rate inside each burst, nothing between") {
+  auto shape = parse_load_shape("bursts:100:400:2000");
+  REQUIRE(shape.error.empty());
+  CHECK(shape.value.kind == arrival_kind::bursts);
+  // The mean over a period: 2000/s for 100 ms of every 500 ms.
+  CHECK(shape.value.rate == doctest::Approx(400));
+  arrival_schedule s(shape.value);
+  int n = 0;
+  std::vector<double> gaps_in_burst;
+  int64_t prev = -1;
+  for (;;) {
+    auto t = s.next();
+    if (t >= 10'000'000'000)
+      break;
+    REQUIRE(t % 500'000'000 < 100'000'000);
+    if (prev >= 0 && t / 500'000'000 == prev / 500'000'000)
+      gaps_in_burst.push_back(static_cast<double>(t - prev));
+    prev = t;
+    ++n;
+  }
+  // 20 bursts of 200 expected arrivals each (Poisson: sd of the total ~63).
+  CHECK(n == doctest::Approx(4000).epsilon(0.05));
+  // Exponential gaps: coefficient of variation near 1, unlike `bursty`.
+  double mean = 0, var = 0;
+  for (auto g : gaps_in_burst)
+    mean += g;
+  mean /= static_cast<double>(gaps_in_burst.size());
+  for (auto g : gaps_in_burst)
+    var += (g - mean) * (g - mean);
+  var /= static_cast<double>(gaps_in_burst.size());
+  CHECK(mean == doctest::Approx(5e5).epsilon(0.1));
+  CHECK(std::sqrt(var) / mean == doctest::Approx(1).epsilon(0.15));
+}
+
+TEST_CASE("--load step: the rate steps up at AT_S and back at BACK_S") {
+  auto shape = parse_load_shape("step:1000:4000:2:3");
+  REQUIRE(shape.error.empty());
+  CHECK(shape.value.kind == arrival_kind::step);
+  arrival_schedule s(shape.value);
+  int before = 0, during = 0, after = 0;
+  for (;;) {
+    auto t = s.next();
+    if (t >= 5'000'000'000)
+      break;
+    (t < 2'000'000'000 ? before : t < 3'000'000'000 ? during : after)++;
+  }
+  CHECK(before == doctest::Approx(2000).epsilon(0.07));
+  CHECK(during == doctest::Approx(4000).epsilon(0.05));
+  CHECK(after == doctest::Approx(2000).epsilon(0.07));
+
+  // Without BACK_S the second rate stays.
+  auto up = parse_load_shape("step:10:20:1");
+  REQUIRE(up.error.empty());
+  CHECK(up.value.step_back_ns == 0);
+  CHECK(describe_arrivals(shape.value) == "poisson step 1000/s -> 4000/s at 2 s, back at 3 s");
+}
+
+TEST_CASE("--load names what is wrong with a shape") {
+  auto p = parse_load_shape("poisson:250");
+  REQUIRE(p.error.empty());
+  CHECK(p.value.kind == arrival_kind::poisson);
+  CHECK(p.value.rate == 250);
+  CHECK(parse_load_shape("bursts:100:400").error.find("bursts:ON_MS:OFF_MS:RATE")
+        != std::string::npos);
+  CHECK(parse_load_shape("step:10:20:5:4").error.find("must come after")
+        != std::string::npos);
+  CHECK(parse_load_shape("poisson:-3").error.find("'-3' is not a positive number")
+        != std::string::npos);
+  CHECK_FALSE(parse_load_shape("sine:10").error.empty());
+}

@@ -78,6 +78,32 @@ window_summary merge_windows(const std::vector<window_summary>& windows,
   return m;
 }
 
+bool is_shed_status(int status) {
+  return status == 503 || status == 429;
+}
+
+slo_summary summarize_slo(const window_summary& w, double target_us) {
+  slo_summary s;
+  s.good = w.ok;
+  if (target_us > 0) {
+    auto limit = static_cast<int64_t>(target_us * 1e3);
+    s.good = static_cast<uint64_t>(
+      std::upper_bound(w.latencies_ns.begin(), w.latencies_ns.end(), limit)
+      - w.latencies_ns.begin());
+  }
+  s.late = w.ok - s.good;
+  for (auto [status, n] : w.errors)
+    (is_shed_status(status) ? s.shed : s.failed) += n;
+  auto answered = static_cast<double>(w.ok + s.shed + s.failed);
+  if (answered > 0) {
+    s.good_share = static_cast<double>(s.good) / answered;
+    s.shed_share = static_cast<double>(s.shed) / answered;
+  }
+  if (w.duration_ns > 0)
+    s.goodput = static_cast<double>(s.good) * 1e9 / static_cast<double>(w.duration_ns);
+  return s;
+}
+
 bool is_stable(const std::vector<window_summary>& windows, double percent) {
   if (windows.size() < 3)
     return false;

@@ -55,6 +55,31 @@ window_summary summarize_window(const std::vector<completion>& done,
 window_summary merge_windows(const std::vector<window_summary>& windows,
                              double chosen_percentile);
 
+/// A window judged against a latency target: what was answered in time
+/// (goodput), answered late, shed by the server, or failed otherwise.
+struct slo_summary {
+  /// Answered OK within the target (every OK answer when there is none).
+  uint64_t good = 0;
+  /// Answered OK, but after the target.
+  uint64_t late = 0;
+  /// Refused by an overloaded server: HTTP 503 (a shed request, a full
+  /// queue, a queue timeout) or 429.
+  uint64_t shed = 0;
+  /// Every other failure (other statuses, broken connections).
+  uint64_t failed = 0;
+  /// Good requests per second.
+  double goodput = 0;
+  /// Shares of all answered requests (0 when none was answered).
+  double good_share = 0;
+  double shed_share = 0;
+};
+
+/// Whether an HTTP status means "the server shed this request".
+bool is_shed_status(int status);
+
+/// Judges a window against `target_us` (0: no target, every OK is good).
+slo_summary summarize_slo(const window_summary& window, double target_us);
+
 /// Whether the last three windows agree within `percent` in throughput and
 /// in the chosen latency percentile.
 bool is_stable(const std::vector<window_summary>& windows, double percent);

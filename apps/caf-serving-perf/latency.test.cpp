@@ -56,3 +56,28 @@ TEST_CASE("stability needs three windows within the percentage") {
   CHECK_FALSE(is_stable({w(100, 1000), w(100, 1500), w(100, 1000)}, 10));
   CHECK_FALSE(is_stable({w(0, 0), w(0, 0), w(0, 0)}, 10));
 }
+
+TEST_CASE("goodput counts OK answers within the target; shed and failed apart") {
+  std::vector<completion> done;
+  // 6 OK answers of 10..60 ms, 3 shed (503, 429), 1 server error, 1 broken connection.
+  for (int i = 1; i <= 6; ++i)
+    done.push_back({0, i * 10'000'000, 200});
+  done.push_back({0, 1, 503});
+  done.push_back({0, 1, 503});
+  done.push_back({0, 1, 429});
+  done.push_back({0, 1, 500});
+  done.push_back({0, 1, 0});
+  auto w = summarize_window(done, 2'000'000'000, 99);
+  auto s = summarize_slo(w, 35'000);
+  CHECK(s.good == 3);
+  CHECK(s.late == 3);
+  CHECK(s.shed == 3);
+  CHECK(s.failed == 2);
+  CHECK(s.goodput == doctest::Approx(1.5));
+  CHECK(s.good_share == doctest::Approx(3.0 / 11));
+  CHECK(s.shed_share == doctest::Approx(3.0 / 11));
+  // A latency exactly at the target is in time.
+  CHECK(summarize_slo(w, 40'000).good == 4);
+  // Without a target every OK answer is good.
+  CHECK(summarize_slo(w, 0).good == 6);
+}

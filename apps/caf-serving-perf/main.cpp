@@ -2,6 +2,7 @@
 /// HTTP server. Reads the model's metadata, prepares the requests, checks
 /// that the server accepts one, runs the sweep or the latency-target search,
 /// and writes the table, CSV, JSON and SVG.
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -264,6 +265,8 @@ int main(int argc, char** argv) {
   report.percentile = o.percentile;
   report.batch_size = o.batch_size;
   report.distribution = distribution_name(arrivals.kind);
+  if (o.latency_target_ms)
+    report.target_ms = *o.latency_target_ms;
 
   auto run_one = [&](const load_level& level) -> std::string {
     auto step = run_step(mc, level, progress);
@@ -272,7 +275,25 @@ int main(int argc, char** argv) {
     report.steps.push_back(std::move(step));
     return {};
   };
-  if (o.latency_target_ms) {
+  if (o.load) {
+    // One fixed load: its shape's times count from the end of the warm-up,
+    // and the measurement is a timeline of windows of up to a second.
+    report.mode = run_mode::fixed_load;
+    load_level level;
+    level.arrivals = *o.load;
+    level.arrivals.seed = o.seed;
+    if (level.arrivals.kind == arrival_kind::step) {
+      level.arrivals.step_at_ns += mc.warmup_ns;
+      if (level.arrivals.step_back_ns > 0)
+        level.arrivals.step_back_ns += mc.warmup_ns;
+    }
+    report.distribution = describe_arrivals(*o.load);
+    mc.window_ns = std::min<int64_t>(mc.window_ns, 1'000'000'000);
+    mc.fixed_windows = static_cast<int>(
+      (o.measurement_interval_ms * 1'000'000 + mc.window_ns - 1) / mc.window_ns);
+    if (auto err = run_one(level); !err.empty())
+      return fail(exit_server_failed, err);
+  } else if (o.latency_target_ms) {
     report.mode = run_mode::latency_target;
     report.target_ms = *o.latency_target_ms;
     search_config sc;

@@ -47,7 +47,8 @@ step_result run_step(const measure_config& config, const load_level& level,
   std::vector<std::optional<model_stats>> snapshots;
   snapshots.push_back(read_stats(config));
   auto window_start = now_ns();
-  for (int trial = 0; trial < config.max_trials; ++trial) {
+  int trials = config.fixed_windows > 0 ? config.fixed_windows : config.max_trials;
+  for (int trial = 0; trial < trials; ++trial) {
     loop.run_until(window_start + config.window_ns);
     auto done = loop.take_completions();
     auto window_end = now_ns();
@@ -58,7 +59,8 @@ step_result run_step(const measure_config& config, const load_level& level,
     // The stats request takes a moment; the next window starts after it so
     // that no completion falls between two windows.
     window_start = window_end;
-    result.stable = is_stable(result.windows, config.stability_percent);
+    result.stable = config.fixed_windows == 0
+                    && is_stable(result.windows, config.stability_percent);
     result.connections = loop.connection_count();
     if (progress)
       progress(result);
@@ -74,7 +76,9 @@ step_result run_step(const measure_config& config, const load_level& level,
   result.unsent = drained.unsent;
   result.abandoned = drained.abandoned;
 
-  auto used = std::min<std::size_t>(3, result.windows.size());
+  auto used = config.fixed_windows > 0
+                ? result.windows.size()
+                : std::min<std::size_t>(3, result.windows.size());
   std::vector<window_summary> last(result.windows.end() - used,
                                    result.windows.end());
   result.measured = merge_windows(last, config.percentile);

@@ -33,6 +33,10 @@ struct measure_config {
   /// Stop after a window whose chosen percentile exceeds this (0: never);
   /// the latency-target search uses it to leave a hopeless rate early.
   double give_up_above_us = 0;
+  /// A fixed load (`--load`): exactly this many windows, all merged into
+  /// the step's result, no stability rule (bursts and steps are not meant
+  /// to be stable; the windows are their timeline). 0: the stability rule.
+  int fixed_windows = 0;
 };
 
 /// A level: a closed-loop concurrency or an open-loop arrival schedule.

@@ -1,6 +1,7 @@
 #include "options.hpp"
 
 #include <cerrno>
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <functional>
@@ -167,6 +168,14 @@ options_result parse_options(const std::vector<std::string>& args) {
        o.distribution = *kind;
        return {};
      }},
+    {"--load",
+     [&o](const std::string& v) -> std::string {
+       auto shape = parse_load_shape(v);
+       if (!shape.error.empty())
+         return shape.error;
+       o.load = shape.value;
+       return {};
+     }},
     {"--burst-on-ms", positive_int("--burst-on-ms", o.burst_on_ms)},
     {"--burst-off-ms", positive_int("--burst-off-ms", o.burst_off_ms)},
     {"--request-intervals", text(o.request_intervals_file)},
@@ -262,6 +271,13 @@ options_result parse_options(const std::vector<std::string>& args) {
                    "both";
     return result;
   }
+  if (o.load && (o.concurrency || o.request_rate
+                 || !o.request_intervals_file.empty())) {
+    result.error = "--load is one fixed load; it cannot be combined with "
+                   "--concurrency-range, --request-rate-range or "
+                   "--request-intervals";
+    return result;
+  }
   if (o.latency_target_ms && o.concurrency) {
     result.error = "--latency-target-ms searches the request rate; it cannot "
                    "be combined with --concurrency-range";
@@ -273,8 +289,18 @@ options_result parse_options(const std::vector<std::string>& args) {
     return result;
   }
   if (!o.concurrency && !o.request_rate && !o.latency_target_ms
-      && o.request_intervals_file.empty())
+      && o.request_intervals_file.empty() && !o.load)
     o.concurrency = level_range{};
+  if (o.load && o.load->kind == arrival_kind::step) {
+    auto last_ns = std::max(o.load->step_at_ns, o.load->step_back_ns);
+    if (last_ns >= o.measurement_interval_ms * 1'000'000) {
+      result.error = "--load " + describe_arrivals(*o.load)
+                     + " changes after the measurement ends (--measurement-"
+                       "interval " + std::to_string(o.measurement_interval_ms)
+                     + " ms); measure longer than the step's times";
+      return result;
+    }
+  }
   if (o.warmup_ms < 0)
     o.warmup_ms = o.measurement_interval_ms;
   return result;
@@ -306,6 +332,14 @@ Load:
   --request-distribution constant|poisson|bursty   (default constant)
   --burst-on-ms MS, --burst-off-ms MS  bursty phases (default 100, 100)
   --request-intervals FILE     open loop from a trace: one gap in us per line
+  --load SHAPE                 one fixed open-loop load, measured in one
+                               window (no stability trials) after the warm-up:
+                                 poisson:RATE, constant:RATE
+                                 bursts:ON_MS:OFF_MS:RATE  Poisson at RATE/s
+                                   for ON_MS, silent for OFF_MS, repeated
+                                 step:R1:R2:AT_S[:BACK_S]  Poisson at R1/s,
+                                   R2/s from AT_S, R1/s again from BACK_S
+                                   (seconds from the start of the window)
   --max-connections N          open-loop connection limit (default 512)
   --seed N                     random seed for data and Poisson arrivals
 
@@ -317,7 +351,9 @@ Measurement:
   --percentile N               latency percentile for stability and target
                                (default 99)
   --latency-target-ms X        search the largest request rate whose
-                               percentile latency stays under X ms
+                               percentile latency stays under X ms; with
+                               --load, no search: report goodput (requests
+                               answered OK within X ms per second)
   --search-precision F         stop searching when rates differ by F (0.05)
   --search-max-probes N        levels tried at most by the search (16)
   --no-server-stats            do not read /v2/models/{m}/stats
@@ -329,6 +365,9 @@ Output:
   --svg FILE                   latency percentiles vs throughput, throughput
                                vs concurrency (or offered rate)
   --no-progress                no progress line on stderr
+
+Every table, CSV and JSON counts shed requests (HTTP 503 or 429) apart from
+other failures; with a latency target they also hold goodput and its share.
 
 Exit status: 0 measured, 1 bad options, 2 server unreachable or refusing.
 )";

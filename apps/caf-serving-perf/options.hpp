@@ -39,6 +39,10 @@ struct perf_options {
   int64_t burst_on_ms = 100;
   int64_t burst_off_ms = 100;
   std::string request_intervals_file;
+  /// `--load SHAPE`: one fixed open-loop load (steady, bursts or a step),
+  /// measured in one window; with --latency-target-ms it reports goodput
+  /// instead of searching the rate.
+  std::optional<arrival_config> load;
   int64_t measurement_interval_ms = 5000;
   /// -1: as long as one measurement window.
   int64_t warmup_ms = -1;

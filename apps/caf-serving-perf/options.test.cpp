@@ -60,3 +60,36 @@ TEST_CASE("bad options are refused with a message") {
   CHECK_FALSE(parse_options({"-m", "m", "-u"}).error.empty());
   CHECK(parse_options({"--help"}).help);
 }
+
+TEST_CASE("--load: a fixed load shape, and goodput instead of a search") {
+  auto r = parse_options({"-m", "m", "--load", "bursts:100:400:2000",
+                          "--latency-target-ms", "50"});
+  REQUIRE(r.error.empty());
+  REQUIRE(r.value.load);
+  CHECK(r.value.load->kind == arrival_kind::bursts);
+  CHECK(r.value.load->rate == doctest::Approx(400));
+  CHECK(*r.value.latency_target_ms == 50);
+  CHECK_FALSE(r.value.concurrency);
+  CHECK_FALSE(r.value.request_rate);
+
+  auto step = parse_options({"-m", "m", "--load=step:50:150:4:8",
+                             "--measurement-interval", "12000"});
+  REQUIRE(step.error.empty());
+  CHECK(step.value.load->kind == arrival_kind::step);
+  CHECK(step.value.load->step_back_ns == 8'000'000'000);
+}
+
+TEST_CASE("--load refuses what does not fit with it") {
+  CHECK(parse_options({"-m", "m", "--load", "poisson:10", "--concurrency-range", "2"})
+          .error.find("--load is one fixed load")
+        != std::string::npos);
+  CHECK(parse_options({"-m", "m", "--load", "poisson:10", "--request-rate-range", "20"})
+          .error.find("--load is one fixed load")
+        != std::string::npos);
+  CHECK(parse_options({"-m", "m", "--load", "step:10:20:5:9", "--measurement-interval",
+                       "6000"})
+          .error.find("measure longer")
+        != std::string::npos);
+  CHECK(parse_options({"-m", "m", "--load", "wave:3"}).error.find("not a load shape")
+        != std::string::npos);
+}

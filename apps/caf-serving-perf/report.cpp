@@ -14,6 +14,12 @@ std::string fmt(const char* format, double v) {
   return buf;
 }
 
+std::string fmt_text(const char* format, const char* a, const char* b) {
+  char buf[128];
+  std::snprintf(buf, sizeof(buf), format, a, b);
+  return buf;
+}
+
 std::string percentile_name(double p) {
   return "P" + fmt("%g", p);
 }
@@ -100,6 +106,14 @@ void json_errors(std::string& j, const window_summary& w) {
     j += "\"" + std::to_string(status) + "\":" + std::to_string(count);
   }
   j += "}";
+}
+
+void json_slo(std::string& j, const slo_summary& s) {
+  j += "{\"good\":" + std::to_string(s.good) + ",\"late\":" + std::to_string(s.late)
+       + ",\"shed\":" + std::to_string(s.shed) + ",\"failed\":" + std::to_string(s.failed)
+       + ",\"goodput\":" + json_number(s.goodput)
+       + ",\"good_share\":" + json_number(s.good_share)
+       + ",\"shed_share\":" + json_number(s.shed_share) + "}";
 }
 
 // -- SVG -----------------------------------------------------------------------
@@ -226,11 +240,13 @@ std::string format_table(const run_report& r) {
            "send time)";
   out += "\n";
   char line[512];
+  bool goodput = r.target_ms > 0;
   std::snprintf(line, sizeof(line),
-                "%11s %10s %8s %8s %8s %8s %8s %8s %7s %7s %7s %7s %7s %7s  %s\n",
-                level.c_str(), "Infer/s", "Avg", "P50", "P90", "P95", "P99",
-                "P99.9", "Queue", "CmpIn", "Infer", "CmpOut", "Ovhd", "Stable",
-                "Errors");
+                "%11s %10s %s%8s %8s %8s %8s %8s %8s %7s %7s %7s %7s %7s %7s %6s  %s\n",
+                level.c_str(), "Infer/s",
+                goodput ? fmt_text("%10s %6s ", "Goodput/s", "Good%").c_str() : "", "Avg",
+                "P50", "P90", "P95", "P99", "P99.9", "Queue", "CmpIn", "Infer", "CmpOut",
+                "Ovhd", "Stable", "Shed%", "Errors");
   out += line;
   for (const auto* s : ordered(r)) {
     const auto& l = s->measured.latency;
@@ -238,20 +254,41 @@ std::string format_table(const run_report& r) {
     auto server = [&](double us) {
       return b.valid ? fmt("%.3f", us / 1e3) : std::string("-");
     };
+    auto slo = summarize_slo(s->measured, r.target_ms * 1e3);
+    std::string goodput_cells =
+      goodput ? fmt_text("%10s %6s ", fmt("%.1f", slo.goodput).c_str(),
+                         fmt("%.1f", 100 * slo.good_share).c_str())
+              : std::string();
     std::snprintf(
       line, sizeof(line),
-      "%11s %10.1f %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %7s %7s %7s %7s %7s %7s  "
+      "%11s %10.1f %s%8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %7s %7s %7s %7s %7s %7s %6.1f  "
       "%s\n",
-      level_text(*s).c_str(), s->measured.throughput, l.avg_us / 1e3,
+      level_text(*s).c_str(), s->measured.throughput, goodput_cells.c_str(), l.avg_us / 1e3,
       l.p50_us / 1e3, l.p90_us / 1e3, l.p95_us / 1e3, l.p99_us / 1e3,
       l.p999_us / 1e3, server(b.queue_us).c_str(),
       server(b.compute_input_us).c_str(), server(b.compute_infer_us).c_str(),
       server(b.compute_output_us).c_str(), server(b.overhead_us).c_str(),
-      s->stable ? "yes" : "no", errors_text(s->measured).c_str());
+      s->stable ? "yes" : "no", 100 * slo.shed_share, errors_text(s->measured).c_str());
     out += line;
   }
   if (r.mode == run_mode::latency_target)
     out += search_sentence(r) + "\n";
+  if (r.mode == run_mode::fixed_load)
+    for (const auto& s : r.steps)
+      out += goodput_sentence(r, s) + "\n";
+  return out;
+}
+
+std::string goodput_sentence(const run_report& r, const step_result& step) {
+  auto slo = summarize_slo(step.measured, r.target_ms * 1e3);
+  std::string out = r.target_ms > 0 ? "goodput " + fmt("%.1f", slo.goodput) + "/s within "
+                                        + fmt("%g", r.target_ms) + " ms ("
+                                        + fmt("%.1f", 100 * slo.good_share)
+                                        + "% of answered)"
+                                    : "throughput " + fmt("%.1f", slo.goodput) + "/s";
+  out += ", " + std::to_string(slo.late) + " late, " + std::to_string(slo.shed) + " shed ("
+         + fmt("%.1f", 100 * slo.shed_share) + "%), " + std::to_string(slo.failed)
+         + " failed, offered " + fmt("%.1f", step.level.arrivals.rate) + "/s " + r.distribution;
   return out;
 }
 
@@ -264,7 +301,9 @@ std::string format_csv(const run_report& r) {
          "Server Queue,Server Compute Input,Server Compute Infer,"
          "Server Compute Output,Client Recv,p50 latency,p90 latency,"
          "p95 latency,p99 latency,Avg latency,request/response,"
-         "response wait,p99.9 latency,Errors,Stable,Server Overhead\n";
+         "response wait,p99.9 latency,Errors,Stable,Server Overhead,"
+         "Latency Target ms,Goodput/Second,Good Share,Late,Shed,Shed Share,"
+         "Failed\n";
   for (const auto* s : ordered(r)) {
     const auto& l = s->measured.latency;
     const auto& b = s->server;
@@ -286,8 +325,13 @@ std::string format_csv(const run_report& r) {
            + fmt("%.0f", l.avg_us) + ",0," + fmt("%.0f", l.avg_us) + ","
            + fmt("%.0f", l.p999_us) + ","
            + std::to_string(error_count(s->measured)) + ","
-           + (s->stable ? "1" : "0") + "," + fmt("%.0f", b.overhead_us)
-           + "\n";
+           + (s->stable ? "1" : "0") + "," + fmt("%.0f", b.overhead_us);
+    // Goodput counts requests; with -b n each is n inferences.
+    auto slo = summarize_slo(s->measured, r.target_ms * 1e3);
+    out += "," + fmt("%g", r.target_ms) + "," + fmt("%.2f", slo.goodput) + ","
+           + fmt("%.4f", slo.good_share) + "," + std::to_string(slo.late) + ","
+           + std::to_string(slo.shed) + "," + fmt("%.4f", slo.shed_share) + ","
+           + std::to_string(slo.failed) + "\n";
   }
   return out;
 }
@@ -300,11 +344,13 @@ std::string format_json(const run_report& r) {
   j += std::string(",\"mode\":\"")
        + (r.mode == run_mode::concurrency    ? "concurrency"
           : r.mode == run_mode::request_rate ? "request_rate"
+          : r.mode == run_mode::fixed_load   ? "fixed_load"
                                              : "latency_target")
        + "\",\"distribution\":";
   json_string(j, r.distribution);
   j += ",\"percentile\":" + json_number(r.percentile)
        + ",\"batch_size\":" + std::to_string(r.batch_size)
+       + ",\"target_ms\":" + json_number(r.target_ms)
        + ",\"latency_unit\":\"us\",\"steps\":[";
   bool first = true;
   for (const auto& s : r.steps) {
@@ -324,6 +370,8 @@ std::string format_json(const run_report& r) {
     json_errors(j, s.measured);
     j += ",\"latency\":";
     json_latency(j, s.measured.latency);
+    j += ",\"slo\":";
+    json_slo(j, summarize_slo(s.measured, r.target_ms * 1e3));
     j += std::string(",\"stable\":") + (s.stable ? "true" : "false");
     if (r.mode == run_mode::latency_target)
       j += std::string(",\"meets_target\":")
@@ -359,6 +407,8 @@ std::string format_json(const run_report& r) {
       json_errors(j, w);
       j += ",\"latency\":";
       json_latency(j, w.latency);
+      j += ",\"slo\":";
+      json_slo(j, summarize_slo(w, r.target_ms * 1e3));
       j += "}";
     }
     j += "]";
@@ -406,7 +456,7 @@ std::string format_svg(const run_report& r) {
     lat[2].points.emplace_back(x, l.p99_us / 1e3);
     lat[3].points.emplace_back(x, l.p999_us / 1e3);
   }
-  if (r.mode == run_mode::latency_target && !by_tput.empty())
+  if (r.target_ms > 0 && !by_tput.empty())
     lat.push_back({"target " + fmt("%g", r.target_ms) + " ms",
                    "#ff7f0e",
                    {{0, r.target_ms},
@@ -416,6 +466,12 @@ std::string format_svg(const run_report& r) {
   std::vector<series> tput = {{"throughput", "#1f77b4", {}}};
   for (auto* s : steps)
     tput[0].points.emplace_back(level_value(*s), s->measured.throughput);
+  if (r.target_ms > 0) {
+    tput.push_back({"goodput (within " + fmt("%g", r.target_ms) + " ms)", "#2ca02c", {}});
+    for (auto* s : steps)
+      tput.back().points.emplace_back(level_value(*s),
+                                      summarize_slo(s->measured, r.target_ms * 1e3).goodput);
+  }
   bool closed = r.mode == run_mode::concurrency;
   if (!closed && !steps.empty())
     tput.push_back({"offered = served", "#999999",

@@ -10,7 +10,8 @@
 
 namespace caf_serving::perf {
 
-enum class run_mode { concurrency, request_rate, latency_target };
+/// `fixed_load`: one `--load` shape, judged against the target if one is set.
+enum class run_mode { concurrency, request_rate, latency_target, fixed_load };
 
 struct run_report {
   std::string model;
@@ -20,13 +21,18 @@ struct run_report {
   double percentile = 99;
   int64_t batch_size = 1;
   std::vector<step_result> steps;
-  /// Set in latency_target mode.
+  /// The latency target (0: none): the search's in latency_target mode, the
+  /// goodput's in the others.
   double target_ms = 0;
   search_result search;
 };
 
 /// "at P99 under 50 ms the largest sustained rate is N requests/s".
 std::string search_sentence(const run_report& report);
+
+/// "goodput 412.0/s within 50 ms (82.4% of answered), 15.1% shed" for a
+/// fixed load's step.
+std::string goodput_sentence(const run_report& report, const step_result& step);
 
 std::string format_table(const run_report& report);
 std::string format_csv(const run_report& report);

@@ -92,3 +92,32 @@ TEST_CASE("the SVG has both panels and a line per percentile") {
   CHECK(lines == 5);
   CHECK(svg.find("</svg>") != std::string::npos);
 }
+
+TEST_CASE("with a latency target the table, CSV and JSON hold goodput and shed apart") {
+  auto r = sample();
+  auto plain = format_table(r);
+  CHECK(plain.find("Goodput/s") == std::string::npos);
+  CHECK(plain.find("Shed%") != std::string::npos);
+  r.mode = run_mode::fixed_load;
+  // Latencies 4000..4099 us at level 1: 50 of them are within 4.0495 ms.
+  r.target_ms = 4.0495;
+  auto table = format_table(r);
+  CHECK(table.find("Goodput/s") != std::string::npos);
+  CHECK(table.find("goodput 100.0/s within 4.0495 ms (49.5% of answered), 50 late, 1 shed "
+                   "(1.0%), 0 failed")
+        != std::string::npos);
+  auto csv = format_csv(r);
+  auto line1 = csv.substr(csv.find('\n') + 1);
+  line1 = line1.substr(0, line1.find('\n'));
+  const std::string tail = ",4.0495,100.00,0.4950,50,1,0.0099,0";
+  REQUIRE(line1.size() > tail.size());
+  CHECK(line1.substr(line1.size() - tail.size()) == tail);
+  simdjson::dom::parser parser;
+  auto doc = parser.parse(format_json(r));
+  REQUIRE(doc.error() == simdjson::SUCCESS);
+  CHECK(std::string(doc["mode"].get_string().value()) == "fixed_load");
+  auto slo = doc["steps"].at(1)["slo"];
+  CHECK(slo["good"].get_uint64().value() == 50);
+  CHECK(slo["shed"].get_uint64().value() == 1);
+  CHECK(doc["steps"].at(1)["windows"].at(0)["slo"]["late"].get_uint64().value() == 50);
+}
