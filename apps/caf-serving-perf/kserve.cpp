@@ -1,6 +1,8 @@
 #include "kserve.hpp"
 
+#include <cerrno>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 
@@ -508,6 +510,45 @@ input_data_result make_input_data(const std::vector<resolved_input>& inputs,
   return result;
 }
 
+request_parameter_result parse_request_parameter(std::string_view text) {
+  request_parameter_result r;
+  auto first = text.find(':');
+  auto last = text.rfind(':');
+  auto usage = "--request-parameter '" + std::string(text)
+               + "' must be NAME:VALUE:TYPE with TYPE int, string or bool, "
+                 "e.g. timeout:50000:int";
+  if (first == std::string_view::npos || first == last || first == 0) {
+    r.error = usage;
+    return r;
+  }
+  r.value.name = std::string(text.substr(0, first));
+  auto value = std::string(text.substr(first + 1, last - first - 1));
+  auto type = text.substr(last + 1);
+  if (type == "int") {
+    char* end = nullptr;
+    errno = 0;
+    auto n = std::strtoll(value.c_str(), &end, 10);
+    if (value.empty() || *end != '\0' || errno != 0) {
+      r.error = "--request-parameter '" + std::string(text) + "': '" + value
+                + "' is not a whole number";
+      return r;
+    }
+    r.value.json_value = std::to_string(n);
+  } else if (type == "bool") {
+    if (value != "true" && value != "false") {
+      r.error = "--request-parameter '" + std::string(text) + "': '" + value
+                + "' is not true or false";
+      return r;
+    }
+    r.value.json_value = value;
+  } else if (type == "string") {
+    append_json_string(r.value.json_value, value);
+  } else {
+    r.error = usage;
+  }
+  return r;
+}
+
 infer_body build_infer_body(const input_set& inputs,
                             const infer_body_config& config) {
   infer_body result;
@@ -543,6 +584,16 @@ infer_body build_infer_body(const input_set& inputs,
       j += ",\"parameters\":{\"binary_data\":true}}";
     }
     j += ']';
+  }
+  if (!config.parameters.empty()) {
+    j += ",\"parameters\":{";
+    for (std::size_t i = 0; i < config.parameters.size(); ++i) {
+      if (i > 0)
+        j += ',';
+      append_json_string(j, config.parameters[i].name);
+      j += ':' + config.parameters[i].json_value;
+    }
+    j += '}';
   }
   j += '}';
   if (binary_in) {

@@ -114,11 +114,29 @@ input_data_result make_input_data(const std::vector<resolved_input>& inputs,
 
 enum class tensor_format { binary, json };
 
+/// A request-level parameter of every request (perf_analyzer's
+/// --request-parameter NAME:VALUE:TYPE), e.g. Triton's `timeout` in
+/// microseconds, the request's own deadline.
+struct request_parameter {
+  std::string name;
+  /// The value as JSON text: a number, true/false, or a quoted string.
+  std::string json_value;
+};
+
+/// Parses NAME:VALUE:TYPE (TYPE int, string or bool); `error` says why not.
+struct request_parameter_result {
+  request_parameter value;
+  std::string error;
+};
+request_parameter_result parse_request_parameter(std::string_view text);
+
 struct infer_body_config {
   tensor_format input_format = tensor_format::binary;
   tensor_format output_format = tensor_format::binary;
   /// Outputs to ask for in binary; ignored for JSON output.
   std::vector<std::string> output_names;
+  /// The request's "parameters" object (none when empty).
+  std::vector<request_parameter> parameters;
 };
 
 /// A request body and the headers it needs (each line ending in "\r\n").

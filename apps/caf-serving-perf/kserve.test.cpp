@@ -120,6 +120,29 @@ TEST_CASE("binary bodies carry the JSON header length and the raw tensor") {
   CHECK(j.headers.find("application/json") != std::string::npos);
 }
 
+TEST_CASE("--request-parameter values go into the request's parameters object") {
+  auto timeout = parse_request_parameter("timeout:50000:int");
+  REQUIRE(timeout.error.empty());
+  auto tag = parse_request_parameter("tag:a:b \"c\":string");
+  REQUIRE(tag.error.empty());
+  auto flag = parse_request_parameter("sequence_start:true:bool");
+  REQUIRE(flag.error.empty());
+  tensor_value t{"INPUT0", "INT32", {1, 1}, std::string(4, '\0')};
+  infer_body_config config{tensor_format::json, tensor_format::json, {}};
+  config.parameters = {timeout.value, tag.value, flag.value};
+  auto j = build_infer_body({t}, config);
+  CHECK(j.body == R"({"inputs":[{"name":"INPUT0","shape":[1,1],"datatype":"INT32",)"
+                  R"("data":[0]}],"parameters":{"timeout":50000,"tag":"a:b \"c\"",)"
+                  R"("sequence_start":true}})");
+  CHECK(parse_request_parameter("timeout:soon:int").error.find("'soon' is not a whole number")
+        != std::string::npos);
+  CHECK(parse_request_parameter("timeout:5").error.find("NAME:VALUE:TYPE") != std::string::npos);
+  CHECK(parse_request_parameter("x:1:float").error.find("int, string or bool")
+        != std::string::npos);
+  CHECK(parse_request_parameter("x:maybe:bool").error.find("not true or false")
+        != std::string::npos);
+}
+
 TEST_CASE("stats parse Triton's fields and deltas give per-request means") {
   auto doc = [](int n, int64_t queue_ns) {
     return R"({"model_stats":[{"name":"m","version":"1","inference_count":)"

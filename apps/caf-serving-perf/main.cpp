@@ -119,6 +119,7 @@ prepared prepare_kserve(const perf_options& o, const endpoint& ep) {
   infer_body_config body_config;
   body_config.input_format = o.input_format;
   body_config.output_format = o.output_format;
+  body_config.parameters = o.request_parameters;
   for (const auto& out : meta.value.outputs)
     body_config.output_names.push_back(out.name);
   for (const auto& set : data.sets) {

@@ -149,6 +149,14 @@ options_result parse_options(const std::vector<std::string>& args) {
        return {};
      }},
     {"--input-tensor-format", format("--input-tensor-format", o.input_format)},
+    {"--request-parameter",
+     [&o](const std::string& v) -> std::string {
+       auto p = parse_request_parameter(v);
+       if (!p.error.empty())
+         return p.error;
+       o.request_parameters.push_back(std::move(p.value));
+       return {};
+     }},
     {"--output-tensor-format",
      format("--output-tensor-format", o.output_format)},
     {"--concurrency-range",
@@ -324,6 +332,11 @@ What to load:
                                perf_analyzer's {"data":[{"INPUT0":[...]}, ...]}
   --input-tensor-format binary|json   (default binary)
   --output-tensor-format binary|json  (default binary)
+  --request-parameter NAME:VALUE:TYPE
+                               a request parameter of every request (TYPE
+                               int, string or bool; repeatable), e.g.
+                               timeout:50000:int, Triton's per-request
+                               deadline in microseconds
   --raw-url PATH               load GET PATH instead of a model (tool check)
 
 Load:

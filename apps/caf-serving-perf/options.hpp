@@ -33,6 +33,8 @@ struct perf_options {
   std::string input_data_file;
   tensor_format input_format = tensor_format::binary;
   tensor_format output_format = tensor_format::binary;
+  /// --request-parameter: request-level parameters of every request.
+  std::vector<request_parameter> request_parameters;
   std::optional<level_range> concurrency;
   std::optional<level_range> request_rate;
   arrival_kind distribution = arrival_kind::constant;

@@ -93,3 +93,15 @@ TEST_CASE("--load refuses what does not fit with it") {
   CHECK(parse_options({"-m", "m", "--load", "wave:3"}).error.find("not a load shape")
         != std::string::npos);
 }
+
+TEST_CASE("--request-parameter is repeatable and checked") {
+  auto r = parse_options({"-m", "m", "--request-parameter", "timeout:20000:int",
+                          "--request-parameter=priority:1:int"});
+  REQUIRE(r.error.empty());
+  REQUIRE(r.value.request_parameters.size() == 2);
+  CHECK(r.value.request_parameters[0].name == "timeout");
+  CHECK(r.value.request_parameters[0].json_value == "20000");
+  CHECK(r.value.request_parameters[1].name == "priority");
+  CHECK(parse_options({"-m", "m", "--request-parameter", "timeout"}).error.find("NAME:VALUE:TYPE")
+        != std::string::npos);
+}

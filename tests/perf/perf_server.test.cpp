@@ -103,24 +103,32 @@ TEST_CASE("against caf-serving: unknown model and bad shape fail clearly") {
 
 namespace {
 
-/// A model repository with one builtin identity model that serves about 200
-/// requests/s (batches of at most 4 that take 20 ms) and whose queue holds 4
-/// requests, so that a higher rate is shed with 503 at once.
+/// A model repository with builtin identity models that serve about 200
+/// requests/s (batches of at most 4 that take 20 ms): slow_identity's queue
+/// holds 4 requests, so that a higher rate is shed with 503 at once;
+/// deadline_identity's queue is the server's (1024) and rejects a request
+/// only when it waited longer than the request's own `timeout` parameter.
 struct overloadable_repository {
   std::string dir;
   overloadable_repository() {
     char tmpl[] = "/tmp/perf-slo-repo-XXXXXX";
     dir = mkdtemp(tmpl);
-    auto model = dir + "/slow_identity";
+    write_model("slow_identity", "max_queue_size: 4 timeout_action: REJECT");
+    write_model("deadline_identity", "timeout_action: REJECT allow_timeout_override: true");
+  }
+  void write_model(const std::string& name, const std::string& queue_policy) {
+    auto model = dir + "/" + name;
     mkdir(model.c_str(), 0755);
     mkdir((model + "/1").c_str(), 0755);
     std::ofstream(model + "/1/model") << "";
     std::ofstream(model + "/config.pbtxt")
-      << "name: \"slow_identity\"\nbackend: \"builtin\"\nmax_batch_size: 4\n"
-         "input [ { name: \"INPUT0\" data_type: TYPE_FP32 dims: [ 16 ] } ]\n"
+      << "name: \"" << name << "\"\nbackend: \"builtin\"\nmax_batch_size: 4\n"
+      << "input [ { name: \"INPUT0\" data_type: TYPE_FP32 dims: [ 16 ] } ]\n"
          "output [ { name: \"OUTPUT0\" data_type: TYPE_FP32 dims: [ 16 ] } ]\n"
          "dynamic_batching {\n  max_queue_delay_microseconds: 1000\n"
-         "  default_queue_policy { max_queue_size: 4 timeout_action: REJECT }\n}\n"
+         "  default_queue_policy { "
+      << queue_policy
+      << " }\n}\n"
          "parameters { key: \"function\" value: { string_value: \"identity\" } }\n"
          "parameters { key: \"delay_us\" value: { string_value: \"20000\" } }\n";
   }
@@ -211,4 +219,30 @@ TEST_CASE("--load step: the windows follow the step up and back down") {
   CHECK(during > 4 * after);
   CHECK(windows.at(1)["slo"]["shed"].get_uint64().value() > 0);
   CHECK(windows.at(0)["slo"]["shed"].get_uint64().value() == 0);
+}
+
+TEST_CASE("--request-parameter timeout reaches caf-serving: requests that wait longer are shed") {
+  overloadable_repository repo;
+  server_process server({CAF_SERVING, "--model-repository", repo.dir, "--http-port", "0",
+                         "--metrics-port", "0"});
+  auto shed_at_3x = [&](std::vector<std::string> extra) {
+    auto json = temp_path(".json");
+    std::vector<std::string> args = {"-m", "deadline_identity", "-u", server.url(), "--load",
+                                     "poisson:600", "--measurement-interval", "1000",
+                                     "--warmup-interval", "200", "--json", json};
+    args.insert(args.end(), extra.begin(), extra.end());
+    auto r = run_tool(PERF_TOOL, args, 60);
+    INFO(r.out << r.err);
+    REQUIRE(r.exit_code == 0);
+    auto text = read_text(json);
+    unlink(json.c_str());
+    simdjson::dom::parser parser;
+    auto doc = parser.parse(text);
+    REQUIRE(doc.error() == simdjson::SUCCESS);
+    return doc["steps"].at(0)["slo"]["shed"].get_uint64().value();
+  };
+  // 3x the capacity for 1.2 s queues ~500 requests: within the server's bound, so only a
+  // deadline of the request's own sheds any.
+  CHECK(shed_at_3x({}) == 0);
+  CHECK(shed_at_3x({"--request-parameter", "timeout:5000:int"}) > 0);
 }
