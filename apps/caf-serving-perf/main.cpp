@@ -242,7 +242,7 @@ int main(int argc, char** argv) {
   bool tty = isatty(STDERR_FILENO) != 0;
   progress_fn progress;
   if (o.progress) {
-    progress = [tty, &o](const step_result& s) {
+    progress = [tty, &o, &mc](const step_result& s) {
       const auto& w = s.windows.back();
       char line[256];
       std::string level = s.level.concurrency > 0
@@ -252,7 +252,8 @@ int main(int argc, char** argv) {
       std::snprintf(line, sizeof(line),
                     "[%s] window %zu/%d: %.1f infer/s, P%g %.3f ms, %zu "
                     "connections%s",
-                    level.c_str(), s.windows.size(), o.max_trials,
+                    level.c_str(), s.windows.size(),
+                    mc.fixed_windows > 0 ? mc.fixed_windows : o.max_trials,
                     w.throughput, o.percentile, w.latency.chosen_us / 1e3,
                     s.connections, s.stable ? ", stable" : "");
       std::fprintf(stderr, tty ? "\r\033[K%s" : "%s\n", line);
