@@ -3,10 +3,12 @@
 /// that the server accepts one, runs the sweep or the latency-target search,
 /// and writes the table, CSV, JSON and SVG.
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
 #include <sstream>
+#include <thread>
 
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -27,6 +29,11 @@ constexpr int exit_server_failed = 2;
 
 /// Timeout of the control requests (metadata, the test request).
 constexpr int control_timeout_ms = 10000;
+
+/// How often, and how far apart, a shed test request is sent before the run
+/// gives up.
+constexpr int probe_attempts = 5;
+constexpr std::chrono::milliseconds probe_retry_gap{200};
 
 int fail(int code, const std::string& message) {
   std::cerr << "caf-serving-perf: error: " << message << "\n";
@@ -128,11 +135,27 @@ prepared prepare_kserve(const perf_options& o, const endpoint& ep) {
                                        body.headers, body.body));
   }
   // One request first: a bad shape or datatype is the server's to judge, and
-  // its message is clearer than a table full of 400s.
+  // its message is clearer than a table full of 400s. A server that sheds
+  // (503, 429: a latency-target scheduler still busy with an earlier run's
+  // work) says nothing about the request: it is asked again a few times.
   auto probe = http_exchange(ep, p.requests.front(), control_timeout_ms);
+  int attempts = 1;
+  for (; attempts < probe_attempts && probe.error.empty() && is_shed_status(probe.status);
+       ++attempts) {
+    std::this_thread::sleep_for(probe_retry_gap);
+    probe = http_exchange(ep, p.requests.front(), control_timeout_ms);
+  }
   if (!probe.error.empty()) {
     p.exit_code = exit_server_failed;
     p.error = "test request failed: " + probe.error;
+    return p;
+  }
+  if (is_shed_status(probe.status)) {
+    p.exit_code = exit_server_failed;
+    p.error = "the server shed the test request for model '" + o.model + "' "
+              + std::to_string(attempts) + " times (HTTP "
+              + std::to_string(probe.status) + ": " + probe.body
+              + "); it is overloaded, try again when it is idle";
     return p;
   }
   if (probe.status != 200) {

@@ -143,3 +143,16 @@ TEST_CASE("errors are counted by status code, and latency only over "
   CHECK(r.out.find("503:") != std::string::npos);
   unlink(json.c_str());
 }
+
+TEST_CASE("a test request that is shed is sent again before the run gives up") {
+  // Every request answered 503: the server sheds everything.
+  server_process server({PERF_ENDPOINT, "--delay-ms", "1", "--fail-every", "1"});
+  auto r = run_tool(PERF_TOOL, quick({"-m", "identity_fp32", "-u", server.url(),
+                                      "--concurrency-range", "1"}));
+  INFO(r.out << r.err);
+  CHECK(r.exit_code == 2);
+  CHECK(r.err.find("shed the test request for model 'identity_fp32' 5 times")
+        != std::string::npos);
+  // Five tries of the test request, and no load after them.
+  CHECK(endpoint_arrivals(server.port()).size() == 5);
+}
