@@ -5,6 +5,7 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <thread>
 
 namespace caf_serving::executor {
@@ -30,7 +31,9 @@ struct cost_config {
   std::chrono::microseconds per_batch{0};
   std::chrono::microseconds per_item{0};
   /// Sleeping frees the core (like waiting on a device); spinning holds it
-  /// (like a CPU kernel), so a slow model can stand in for either.
+  /// (like a CPU kernel), so a slow model can stand in for either. A spin
+  /// lasts until the thread has used the delay in CPU time: a fixed amount of
+  /// work, which takes longer on a busy machine, as a kernel's would.
   bool spin = false;
 
   std::chrono::microseconds of(uint32_t rows) const {
@@ -38,6 +41,12 @@ struct cost_config {
   }
   bool any() const { return per_batch.count() > 0 || per_item.count() > 0; }
 };
+
+std::chrono::nanoseconds thread_cpu_time() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec);
+}
 
 void spend(const cost_config& cost, uint32_t rows) {
   auto d = cost.of(rows);
@@ -47,8 +56,8 @@ void spend(const cost_config& cost, uint32_t rows) {
     std::this_thread::sleep_for(d);
     return;
   }
-  auto until = std::chrono::steady_clock::now() + d;
-  while (std::chrono::steady_clock::now() < until) {
+  auto until = thread_cpu_time() + d;
+  while (thread_cpu_time() < until) {
   }
 }
 

@@ -11,7 +11,7 @@
 ///   costs delay_us + n * delay_per_item_us: a GPU-like cost curve for the
 ///   batching and latency-target benchmarks. `delay_mode` is "sleep" (the
 ///   default: the batch waits without holding a core, like a GPU) or "spin"
-///   (a busy wait that holds a core, like a CPU kernel).
+///   (a busy wait of that much CPU time: it holds a core, like a CPU kernel).
 ///   The optional parameters `fault` ("error", "throw", "crash" or "hang") and
 ///   `fault_marker` (an FP32 value) fault every batch whose first input holds
 ///   the marker: an error value, an exception from execute, a broken
