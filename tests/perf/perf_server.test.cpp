@@ -217,8 +217,10 @@ TEST_CASE("--load step: the windows follow the step up and back down") {
   auto after = answered(windows.at(2).value());
   CHECK(during > 4 * before);
   CHECK(during > 4 * after);
-  CHECK(windows.at(1)["slo"]["shed"].get_uint64().value() > 0);
-  CHECK(windows.at(0)["slo"]["shed"].get_uint64().value() == 0);
+  // The queue of 4 overflows now and then even at 40/s (Poisson clumps, a busy
+  // machine); at 600/s it overflows all the time.
+  CHECK(windows.at(1)["slo"]["shed"].get_uint64().value()
+        > 4 * windows.at(0)["slo"]["shed"].get_uint64().value());
 }
 
 TEST_CASE("--request-parameter timeout reaches caf-serving: requests that wait longer are shed") {
