@@ -49,6 +49,7 @@ struct pass_config {
   bool fuse_patterns = true;
   bool fuse_epilogues = true;
   /// QDQ groups onto QLinearConv and QLinearAdd (quant_passes.hpp).
+  /// config.pbtxt: parameters "qdq_fusion" ("true" or "false").
   bool fuse_qdq = true;
 };
 
