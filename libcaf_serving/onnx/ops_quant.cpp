@@ -432,6 +432,63 @@ infer_result infer_qlinear_add(const graph& g, const node& n) {
   return one(cz.dtype, *s);
 }
 
+/// QMaxPool's output size and its geometry (kernel, strides, pads, dilations).
+struct max_pool_geometry {
+  int64_t kh, kw, sh, sw, pt, pl, dh, dw, oh, ow;
+};
+
+std::variant<max_pool_geometry, std::string> max_pool_geom(const node& n, const shape_t& x) {
+  auto k = n.get_ints("kernel_shape");
+  auto st = n.get_ints("strides", {1, 1});
+  auto pd = n.get_ints("pads", {0, 0, 0, 0});
+  auto dl = n.get_ints("dilations", {1, 1});
+  if (x.size() != 4 || k.size() != 2 || st.size() != 2 || pd.size() != 4 || dl.size() != 2)
+    return "the engine runs a 2-D QMaxPool (4-D input, 2 kernel dimensions), got input "
+           + shape_string(x);
+  max_pool_geometry g{k[0], k[1], st[0], st[1], pd[0], pd[1], dl[0], dl[1], 0, 0};
+  int64_t span_h = x[2] + pd[0] + pd[2] - ((k[0] - 1) * dl[0] + 1);
+  int64_t span_w = x[3] + pd[1] + pd[3] - ((k[1] - 1) * dl[1] + 1);
+  if (span_h < 0 || span_w < 0 || st[0] < 1 || st[1] < 1)
+    return "the pooling window does not fit input " + shape_string(x);
+  g.oh = span_h / st[0] + 1;
+  g.ow = span_w / st[1] + 1;
+  return g;
+}
+
+infer_result infer_max_pool(const graph& g, const node& n) {
+  const auto& xv = g.values[n.inputs[0]];
+  if (auto e = check_int8(xv, "X")) return *e;
+  auto geo = max_pool_geom(n, xv.shape);
+  if (auto* e = std::get_if<std::string>(&geo)) return *e;
+  auto p = std::get<max_pool_geometry>(geo);
+  return one(xv.dtype, {xv.shape[0], xv.shape[1], p.oh, p.ow});
+}
+
+/// The max over each window of an NCHW 8-bit tensor; padding takes no part.
+void run_max_pool(const node& n, const tensor_ref& x, const tensor_ref& y) {
+  auto p = std::get<max_pool_geometry>(max_pool_geom(n, x.shape));
+  int64_t h = x.shape[2], w = x.shape[3];
+  dispatch(x.dtype, [&](auto tag) {
+    using Q = decltype(tag);
+    if constexpr (std::is_same_v<Q, int8_t> || std::is_same_v<Q, uint8_t>) {
+      const Q* in = x.as<Q>();
+      Q* out = y.as<Q>();
+      for (int64_t nc = 0; nc < x.shape[0] * x.shape[1]; ++nc)
+        for (int64_t oy = 0; oy < p.oh; ++oy)
+          for (int64_t ox = 0; ox < p.ow; ++ox) {
+            Q best = std::numeric_limits<Q>::lowest();
+            for (int64_t ky = 0; ky < p.kh; ++ky)
+              for (int64_t kx = 0; kx < p.kw; ++kx) {
+                int64_t iy = oy * p.sh - p.pt + ky * p.dh, ix = ox * p.sw - p.pl + kx * p.dw;
+                if (iy >= 0 && iy < h && ix >= 0 && ix < w)
+                  best = std::max(best, in[(nc * h + iy) * w + ix]);
+              }
+            out[(nc * p.oh + oy) * p.ow + ox] = best;
+          }
+    }
+  });
+}
+
 } // namespace
 
 quant_add_params quant_add_params_of(const std::vector<tensor_ref>& in) {
@@ -500,12 +557,14 @@ const op_table& quant_operator_table() {
 }
 
 bool is_quant_op(const std::string& op) {
-  return versions().count(op) > 0 || op == quant_add_op;
+  return versions().count(op) > 0 || op == quant_add_op || op == quant_max_pool_op;
 }
 
 infer_result infer_quant_op(const graph& g, const node& n) {
   if (n.op == quant_add_op)
     return infer_qlinear_add(g, n);
+  if (n.op == quant_max_pool_op)
+    return infer_max_pool(g, n);
   const auto& since = versions().at(n.op);
   if (g.opset != 0 && g.opset < since.front())
     return n.op + " exists from opset " + std::to_string(since.front())
@@ -551,6 +610,8 @@ void run_quant_op(const node& n, const std::vector<tensor_ref>& in,
     clamp_at_zero_point(n, in[7], y);
   } else if (op == quant_add_op) {
     run_qlinear_add(n, in, y);
+  } else if (op == quant_max_pool_op) {
+    run_max_pool(n, in[0], y);
   } else {
     run_dynamic_quantize(in[0], out);
   }

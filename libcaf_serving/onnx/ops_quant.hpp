@@ -46,6 +46,13 @@ quant_conv_geometry_of(const node& nd, const std::vector<int64_t>& x, const std:
 /// attribute activation "Relu". Not in the registry: no model names it.
 inline constexpr const char* quant_add_op = "QLinearAdd";
 
+/// The engine-internal MaxPool of an 8-bit tensor that quant_passes.cpp
+/// writes for DequantizeLinear -> MaxPool -> QuantizeLinear with one scale and
+/// zero point on both sides (the max of the 8-bit values is exactly that):
+/// input X, MaxPool's kernel_shape, strides, pads and dilations (2-D,
+/// explicit pads, floor rounding). Not in the registry: no model names it.
+inline constexpr const char* quant_max_pool_op = "QMaxPool";
+
 /// QLinearAdd's arithmetic, as onnxruntime's MlasQLinearAdd: the scale ratios
 /// A_scale / C_scale and B_scale / C_scale in float, c = saturate(
 /// round_half_even(a_ratio * (a - a_zero) + b_ratio * (b - b_zero)) + c_zero).

@@ -256,6 +256,37 @@ bool fuse_add(graph& g, const std::vector<int>& prod, const readers_of& rd, int 
   return true;
 }
 
+/// Whether two per-tensor quantizations are the same (scale bits, zero point, type).
+bool same_quantization(const quant_node& a, const quant_node& b) {
+  return a.s->as<float>()[0] == b.s->as<float>()[0] && a.z->dtype == b.z->dtype
+         && int_value(*a.z, 0) == int_value(*b.z, 0);
+}
+
+bool fuse_max_pool(graph& g, const std::vector<int>& prod, const readers_of& rd, int idx) {
+  const node pool = g.nodes[idx];
+  if (pool.inputs.size() != 1 || pool.outputs.empty() || pool.outputs[0] < 0)
+    return false;
+  for (size_t i = 1; i < pool.outputs.size(); ++i)
+    if (pool.outputs[i] >= 0)
+      return false; // Indices
+  if (pool.get_s("auto_pad", "NOTSET") != "NOTSET" || pool.get_i("ceil_mode", 0) != 0
+      || pool.get_i("storage_order", 0) != 0 || pool.get_ints("kernel_shape").size() != 2)
+    return false;
+  auto x = activation_dq(g, prod, pool.inputs[0]);
+  auto y = output_q(g, rd, pool.outputs[0], nullptr);
+  if (!x || !y || !same_quantization(*x, *y))
+    return false;
+  node q;
+  q.op = quant_max_pool_op;
+  q.name = pool.name;
+  q.attrs = pool.attrs;
+  q.inputs = {x->q};
+  q.outputs = {y->q};
+  kill(g.nodes[y->node]);
+  g.nodes[idx] = std::move(q);
+  return true;
+}
+
 } // namespace
 
 qdq_fusions fuse_qdq(graph& g) {
@@ -271,8 +302,10 @@ qdq_fusions fuse_qdq(graph& g) {
       ++done.convs;
     else if (op == "Add" && fuse_add(g, prod, rd, static_cast<int>(i)))
       ++done.adds;
+    else if (op == "MaxPool" && fuse_max_pool(g, prod, rd, static_cast<int>(i)))
+      ++done.max_pools;
   }
-  if (done.convs + done.adds > 0)
+  if (done.convs + done.adds + done.max_pools > 0)
     remove_dead_nodes(g);
   return done;
 }

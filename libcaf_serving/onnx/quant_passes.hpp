@@ -10,6 +10,8 @@
 ///   DQ(x) , DQ(w constant) [, bias] -> Conv [-> Relu] -> Q
 ///       ==> QLinearConv(x, w, bias as INT32) [activation Relu]
 ///   DQ(a) , DQ(b) -> Add [-> Relu] -> Q  ==>  QLinearAdd(a, b) (ops_quant.hpp)
+///   DQ(x) -> MaxPool -> Q of the same scale and zero point  ==>  QMaxPool(x)
+///       (the max of the 8-bit values; explicit pads, floor rounding)
 ///
 /// A Q whose output only these read, and the DQs between two rewritten
 /// nodes, vanish: activations stay 8-bit from one fused node to the next.
@@ -27,8 +29,8 @@
 /// multiplier x_scale * w_scale / y_scale, as onnxruntime does; the fp32 graph
 /// rounds conv(DQ(x), DQ(w)) / y_scale instead, and the two may differ by one
 /// quantum where a value falls near a rounding midpoint.
-/// MaxPool, GlobalAveragePool, Gemm and MatMul keep their DQ/Q and run in fp32
-/// (they are a small share of the CNNs' time).
+/// GlobalAveragePool, Gemm and MatMul keep their DQ/Q and run in fp32 (they
+/// are a small share of the CNNs' time).
 ///
 ///     graph g = imported;
 ///     fuse_qdq(g);                   // before specialize(): weights still INT8
@@ -42,9 +44,10 @@ namespace caf_serving::onnx {
 struct qdq_fusions {
   int convs = 0;
   int adds = 0;
+  int max_pools = 0;
 };
 
-/// Rewrites the QDQ groups of `g` onto QLinearConv and QLinearAdd (above) and
+/// Rewrites the QDQ groups of `g` onto QLinearConv, QLinearAdd and QMaxPool (above) and
 /// drops the nodes nothing reads any more. Works on an imported graph, before
 /// shape inference: it needs only the constants.
 qdq_fusions fuse_qdq(graph& g);

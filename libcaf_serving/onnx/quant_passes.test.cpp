@@ -13,6 +13,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 
@@ -308,4 +309,117 @@ TEST_CASE("a fused QDQ graph runs on the compiled plan (oneDNN int8 in NHWC, the
       CHECK(report.find("onednn.qlinear_conv nhwc->nchw") != std::string::npos);
       CHECK((report.find(" by row") != std::string::npos) == (batch < threads));
     }
+}
+
+namespace {
+
+/// x -> Q -> DQ -> Conv 8 3x3 -> Q(c) -> DQ -> MaxPool 3x3 stride 2 pad 1 -> Q(p)
+///   -> DQ -> Conv 8 1x1 -> Q -> DQ -> y; Q(p) as Q(c) when `same`.
+graph pool_graph(bool same, std::mt19937& rng) {
+  graph g;
+  g.opset = 17;
+  int x = g.add_value("x", datatype::fp32, {-1, 3, 9, 9}, true);
+  g.inputs.push_back(x);
+  int next = 0;
+  auto fresh = [&](const std::string& base) { return base + std::to_string(next++); };
+  auto q = [&](int v, float s, uint8_t z) {
+    int out = g.add_value(fresh("q"));
+    g.add_node("QuantizeLinear", g.values[out].name,
+               {v, scalar(g, fresh("s"), s), zero_u8(g, fresh("z"), z)}, {out});
+    return out;
+  };
+  auto dq = [&](int v) {
+    const auto& qn = *std::find_if(g.nodes.begin(), g.nodes.end(), [&](const node& n) {
+      return n.op == "QuantizeLinear" && n.outputs[0] == v;
+    });
+    int out = g.add_value(fresh("d"));
+    auto ins = std::vector<int>{v, qn.inputs[1], qn.inputs[2]};
+    g.add_node("DequantizeLinear", g.values[out].name, ins, {out});
+    return out;
+  };
+  std::uniform_int_distribution<int> s8(-127, 127);
+  auto conv = [&](int in, int64_t c, int64_t ks) {
+    std::vector<int8_t> w(static_cast<size_t>(8 * c * ks * ks));
+    for (auto& v : w) v = static_cast<int8_t>(s8(rng));
+    int wq = constant(g, fresh("w"), datatype::int8, {8, c, ks, ks}, w);
+    int wd = g.add_value(fresh("wd"));
+    g.add_node("DequantizeLinear", g.values[wd].name,
+               {wq, scalar(g, fresh("ws"), 0.00731f), constant<int8_t>(g, fresh("wz"),
+                                                                      datatype::int8, {}, {0})},
+               {wd});
+    int out = g.add_value(fresh("c"));
+    g.add_node("Conv", g.values[out].name, {in, wd}, {out})
+      .set_ints("pads", {ks / 2, ks / 2, ks / 2, ks / 2});
+    return out;
+  };
+  int c1 = q(conv(dq(q(x, 0.0211f, 128)), 3, 3), 0.0613f, 120);
+  int pooled = g.add_value("pooled");
+  auto& mp = g.add_node("MaxPool", "pool", {dq(c1)}, {pooled});
+  mp.set_ints("kernel_shape", {3, 3});
+  mp.set_ints("strides", {2, 2});
+  mp.set_ints("pads", {1, 1, 1, 1});
+  int pq = same ? g.add_value("pq") : q(pooled, 0.0587f, 121);
+  if (same) {
+    const auto& cq = *std::find_if(g.nodes.begin(), g.nodes.end(), [&](const node& n) {
+      return n.op == "QuantizeLinear" && n.outputs[0] == c1;
+    });
+    auto ins = std::vector<int>{pooled, cq.inputs[1], cq.inputs[2]};
+    g.add_node("QuantizeLinear", "pq", ins, {pq});
+  }
+  int y = dq(q(conv(dq(pq), 8, 1), 0.1187f, 125));
+  g.outputs.push_back(y);
+  return g;
+}
+
+} // namespace
+
+TEST_CASE("DQ -> MaxPool -> Q of one quantization becomes QMaxPool on the 8-bit tensor, "
+          "NHWC between the convolutions; another output quantization keeps fp32 MaxPool") {
+  std::mt19937 rng(10);
+  for (bool same : {true, false}) {
+    CAPTURE(same);
+    qdq_graph q{pool_graph(same, rng), {"x"}};
+    graph g = q.g;
+    auto done = fuse_qdq(g);
+    CHECK(done.convs == 2);
+    CHECK(done.max_pools == (same ? 1 : 0));
+    CHECK(count(g, "MaxPool") == (same ? 0 : 1));
+    auto [fused, plain] = run_both(q, 2, rng);
+    check_close(fused, plain, 0.1187f);
+    if (!same)
+      continue;
+    onnx_model_config cfg;
+    cfg.model_file = "built-in-test.onnx";
+    cfg.config.name = "t";
+    cfg.config.max_batch_size = 8;
+    cfg.threads = 2;
+    cfg.profile = true;
+    auto model = load_onnx_graph(q.g, cfg);
+    REQUIRE_MESSAGE(model, model.error().message);
+    std::vector<float> x(2 * 3 * 9 * 9);
+    std::uniform_real_distribution<float> xf(-2.0f, 2.0f);
+    for (auto& e : x) e = xf(rng);
+    struct writer final : executor::output_writer {
+      std::vector<std::vector<uint8_t>> buffers;
+      uint8_t* allocate(std::string_view, datatype, const std::vector<int64_t>&,
+                        size_t n) override {
+        buffers.emplace_back(n);
+        return buffers.back().data();
+      }
+    } out;
+    executor::batch_view view;
+    view.rows = 2;
+    view.inputs.push_back({"x", datatype::fp32, {2, 3, 9, 9},
+                           reinterpret_cast<const uint8_t*>(x.data()), x.size() * 4});
+    auto instance = model->make_instance();
+    auto r = instance->execute(view, out);
+    if (auto* e = std::get_if<serving_error>(&r))
+      FAIL(e->message);
+    auto reference = optimize(q.g, {{2, 3, 9, 9}});
+    REQUIRE_MESSAGE(reference, reference.error().message);
+    std::string bytes(reinterpret_cast<const char*>(x.data()), x.size() * 4);
+    check_close(floats_of(out.buffers.at(0)),
+                floats_of(run_reference_graph(*reference, {bytes})[0]), 0.1187f);
+    CHECK(model->profile_report().find("onednn.qmax_pool nhwc") != std::string::npos);
+  }
 }

@@ -368,6 +368,10 @@ const cpu_kernel_table& cpu_kernels() {
          return std::nullopt;
        return qlinear_add_step(g, n, c.threads);
      }},
+    {quant_max_pool_op, {}, "onednn.qmax_pool",
+     [](context& c, const graph& g, const node& n) -> std::optional<step> {
+       return qmax_pool_step(c.dnnl, g, n, c.threads);
+     }},
     {"QuantizeLinear", {}, "engine.quantize", &quant_linear_spans_step},
     {"DequantizeLinear", {}, "engine.dequantize", &quant_linear_spans_step},
     {"MaxPool", {}, "onednn.pool", &onednn_pool_step},

@@ -298,7 +298,8 @@ bool reads_nhwc(const graph& g, const node& n, int v) {
     if (n.inputs[i] != v)
       continue;
     bool ok = (n.op == "QLinearConv" && i == 0 && qlinear_conv_runs_on_onednn(g, n))
-              || (n.op == quant_add_op && (i == 0 || i == 3) && qlinear_add_runs_in_spans(g, n));
+              || (n.op == quant_add_op && (i == 0 || i == 3) && qlinear_add_runs_in_spans(g, n))
+              || (n.op == quant_max_pool_op && i == 0);
     if (!ok)
       return false;
   }
@@ -318,7 +319,8 @@ void assign_int8_layouts(graph& g) {
         readers[v].push_back(static_cast<int>(i));
   for (const auto& n : g.nodes) {
     bool writes = (n.op == "QLinearConv" && qlinear_conv_runs_on_onednn(g, n))
-                  || (n.op == quant_add_op && qlinear_add_runs_in_spans(g, n));
+                  || (n.op == quant_add_op && qlinear_add_runs_in_spans(g, n))
+                  || n.op == quant_max_pool_op;
     if (!writes || n.outputs.empty() || n.outputs[0] < 0)
       continue;
     int v = n.outputs[0];
@@ -327,25 +329,33 @@ void assign_int8_layouts(graph& g) {
     nhwc[v] = std::all_of(readers[v].begin(), readers[v].end(),
                           [&](int r) { return reads_nhwc(g, g.nodes[r], v); });
   }
-  // A QLinearAdd reads and writes its tensors in one layout: NHWC for all
-  // three or for none, until nothing changes.
+  // A QLinearAdd (QMaxPool) reads and writes its tensors in one layout: NHWC
+  // for all three (two) or for none, until nothing changes.
   for (bool changed = true; changed;) {
     changed = false;
     for (const auto& n : g.nodes) {
-      if (n.op != quant_add_op || !qlinear_add_runs_in_spans(g, n))
+      std::vector<int> tied;
+      if (n.op == quant_add_op && qlinear_add_runs_in_spans(g, n))
+        tied = {n.inputs[0], n.inputs[3], n.outputs[0]};
+      else if (n.op == quant_max_pool_op)
+        tied = {n.inputs[0], n.outputs[0]};
+      bool all = std::all_of(tied.begin(), tied.end(), [&](int v) { return nhwc[v]; });
+      bool none = std::none_of(tied.begin(), tied.end(), [&](int v) { return nhwc[v]; });
+      if (all || none)
         continue;
-      int a = n.inputs[0], b = n.inputs[3], c = n.outputs[0];
-      if ((nhwc[a] && nhwc[b] && nhwc[c]) || (!nhwc[a] && !nhwc[b] && !nhwc[c]))
-        continue;
-      nhwc[a] = nhwc[b] = nhwc[c] = false;
+      for (int v : tied)
+        nhwc[v] = false;
       changed = true;
     }
   }
-  for (auto& n : g.nodes)
+  for (auto& n : g.nodes) {
     if (n.op == "QLinearConv" && qlinear_conv_runs_on_onednn(g, n)) {
       n.set_i("x_nhwc", nhwc[n.inputs[0]] ? 1 : 0);
       n.set_i("y_nhwc", nhwc[n.outputs[0]] ? 1 : 0);
     }
+    if (n.op == quant_max_pool_op)
+      n.set_i("nhwc", nhwc[n.inputs[0]] ? 1 : 0);
+  }
 }
 
 bool qlinear_add_runs_in_spans(const graph& g, const node& n) {
@@ -403,6 +413,49 @@ step qlinear_add_step(const graph& g, const node& n, unsigned threads) {
       if (b8) with_c(at, int8_t{}); else with_c(at, uint8_t{});
     };
     if (a8) with_b(int8_t{}); else with_b(uint8_t{});
+  };
+  return s;
+}
+
+step qmax_pool_step(const dnnl_ctx& ctx, const graph& g, const node& n, unsigned threads) {
+  const auto& xs = g.values[n.inputs[0]].shape;
+  const auto& ys = g.values[n.outputs[0]].shape;
+  auto k = n.get_ints("kernel_shape");
+  auto st = n.get_ints("strides", {1, 1});
+  auto pads = n.get_ints("pads", {0, 0, 0, 0});
+  auto d = n.get_ints("dilations", {1, 1});
+  dnnl::memory::dims pl{pads[0], pads[1]}, pr;
+  for (int i = 0; i < 2; ++i) // the right padding that gives the output's size
+    pr.push_back((ys[2 + i] - 1) * st[i] + (k[i] - 1) * d[i] + 1 - xs[2 + i] - pl[i]);
+  auto fmt = n.get_i("nhwc", 0) ? tag::nhwc : tag::nchw;
+  auto type = dnnl_type(g.values[n.inputs[0]].dtype);
+  auto cuts = split_range(ys[0], pieces_for(ys[0], threads), 1, threads);
+  std::vector<dnnl_call> calls;
+  for (size_t c = 0; c + 1 < cuts.size(); ++c) {
+    int64_t images = cuts[c + 1] - cuts[c];
+    dnnl::memory::desc src({images, xs[1], xs[2], xs[3]}, type, fmt);
+    dnnl::memory::desc dst({images, ys[1], ys[2], ys[3]}, type, fmt);
+    dnnl::pooling_v2_forward::desc pd(dnnl::prop_kind::forward_inference,
+                                      dnnl::algorithm::pooling_max, src, dst, {st[0], st[1]},
+                                      {k[0], k[1]}, {d[0] - 1, d[1] - 1}, pl, pr);
+    dnnl::pooling_v2_forward::primitive_desc pdesc(pd, user_scratchpad_attr(), ctx.eng);
+    dnnl_call call;
+    call.prim = dnnl::pooling_v2_forward(pdesc);
+    call.scratch = pdesc.scratchpad_desc();
+    call.args.push_back({DNNL_ARG_SRC, src, n.inputs[0], cuts[c] * xs[1] * xs[2] * xs[3], {}});
+    call.args.push_back({DNNL_ARG_DST, dst, n.outputs[0], cuts[c] * ys[1] * ys[2] * ys[3], {}});
+    calls.push_back(std::move(call));
+  }
+  auto shared = std::make_shared<std::vector<dnnl_call>>(std::move(calls));
+  step s;
+  s.kernel = std::string("onednn.qmax_pool ") + (fmt == tag::nhwc ? "nhwc" : "nchw");
+  s.items = static_cast<int64_t>(shared->size());
+  s.run = [shared, eng = ctx.eng](void** p, int64_t item) {
+    const auto& c = (*shared)[item];
+    const void* handles[2];
+    for (size_t i = 0; i < 2; ++i)
+      handles[i] = static_cast<const uint8_t*>(p[c.args[i].value]) + c.args[i].offset;
+    run_call(eng, c, handles);
   };
   return s;
 }

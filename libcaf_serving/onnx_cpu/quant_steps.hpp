@@ -11,6 +11,7 @@
 ///     if (qlinear_conv_runs_on_onednn(g, n)) return qlinear_conv_step(ctx, g, n, threads);
 ///     if (qlinear_add_runs_in_spans(g, n)) return qlinear_add_step(g, n, threads);
 ///     if (quant_linear_runs_in_spans(g, n)) return quant_linear_step(g, n, threads);
+///     if (n.op == quant_max_pool_op) return qmax_pool_step(ctx, g, n, threads);
 ///
 /// A QLinearConv with fewer images than threads splits its output rows into
 /// one band per thread; `activation` "Relu" (quant_passes.hpp) is a oneDNN
@@ -28,13 +29,14 @@ bool qlinear_conv_runs_on_onednn(const graph& g, const node& n);
 /// reading and writing NCHW or NHWC as assign_int8_layouts() marked it.
 step qlinear_conv_step(const dnnl_ctx& ctx, const graph& g, const node& n, unsigned threads);
 
-/// Keeps the 8-bit tensors between QLinearConv (on oneDNN) and QLinearAdd
-/// nodes in NHWC, the layout of oneDNN's AMX and VNNI int8 convolutions, so
+/// Keeps the 8-bit tensors between QLinearConv (on oneDNN), QLinearAdd and
+/// QMaxPool nodes in NHWC, the layout of oneDNN's AMX and VNNI int8 convolutions, so
 /// that no tensor is reordered twice between two convolutions (measured:
 /// ResNet-50's NCHW <-> NHWC reorders took 80% of its int8 convolutions' time
 /// at batch 1). A tensor stays NHWC when every node that reads it takes NHWC
-/// and it is no graph output; a QLinearAdd's three tensors share one layout.
-/// Marks each QLinearConv's x_nhwc and y_nhwc. Call after the passes, when
+/// and it is no graph output; a QLinearAdd's three tensors share one layout,
+/// and a QMaxPool's two. Marks each QLinearConv's x_nhwc and y_nhwc and each
+/// QMaxPool's nhwc. Call after the passes, when
 /// QLinearConv runs on oneDNN (int8_onednn).
 void assign_int8_layouts(graph& g);
 
@@ -44,6 +46,10 @@ bool qlinear_add_runs_in_spans(const graph& g, const node& n);
 
 /// The step of QLinearAdd node `n`: spans of elements split over the threads.
 step qlinear_add_step(const graph& g, const node& n, unsigned threads);
+
+/// The step of a QMaxPool node (ops_quant.hpp): oneDNN's int8 max pooling,
+/// NHWC where assign_int8_layouts() marked it, split by images.
+step qmax_pool_step(const dnnl_ctx& ctx, const graph& g, const node& n, unsigned threads);
 
 /// Whether quant_linear_step() computes QuantizeLinear or DequantizeLinear
 /// node `n`: FLOAT to or from an 8-bit type, one constant scale and zero point
