@@ -317,6 +317,12 @@ infer_result infer_matmul_integer(const graph& g, const node& n, bool qlinear) {
   const auto& yz = g.values[n.inputs[7]];
   if (auto e = check_int8(yz, "y_zero_point")) return *e;
   if (auto e = check_zero(g, n, 7, yz.dtype, 1, "Y (per tensor)")) return *e;
+  if (has_input(n, 8)) { // an engine extension: quant_passes.cpp's bias
+    const auto& bv = g.values[n.inputs[8]];
+    if (bv.dtype != datatype::int32 || element_count(bv.shape) != d.n || bv.shape.size() != 1)
+      return "bias '" + bv.name + "' must be INT32 with one value per column (" +
+             std::to_string(d.n) + ")";
+  }
   return one(yz.dtype, d.out);
 }
 
@@ -596,6 +602,9 @@ void run_quant_op(const node& n, const std::vector<tensor_ref>& in,
       std::copy(acc.begin(), acc.end(), y.as<int32_t>());
       return;
     }
+    if (in.size() > 8 && in[8].data) // quant_passes.cpp's bias: one INT32 per column
+      for (size_t i = 0; i < acc.size(); ++i)
+        acc[i] += in[8].as<int32_t>()[static_cast<int64_t>(i) % d.n];
     write_requantized(acc, multipliers(in[1], in[4], in[6]), 1, in[7], y);
   } else if (op == "ConvInteger" || op == "QLinearConv") {
     bool q = op == "QLinearConv";

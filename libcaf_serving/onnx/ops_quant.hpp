@@ -7,7 +7,9 @@
 /// halves to even and saturate to the output's type. Zero points and scales are
 /// per tensor, or per output channel where ONNX allows it (the weights' of
 /// QLinearConv and ConvInteger, the columns of B for the matmuls).
-/// QuantizeLinear/DequantizeLinear are ops_more.cpp's.
+/// QuantizeLinear/DequantizeLinear are ops_more.cpp's. The engine's
+/// QLinearMatMul takes a 9th input that ONNX's does not: an INT32 bias per
+/// column, added to the sums (quant_passes.cpp writes it for a Gemm's C).
 ///
 /// Usage (ops.cpp):
 ///

@@ -256,6 +256,77 @@ bool fuse_add(graph& g, const std::vector<int>& prod, const readers_of& rd, int 
   return true;
 }
 
+/// The constant weights of a MatMul ([K, N], per column: DQ axis 1) or of a
+/// Gemm with transB ([N, K], per row: axis 0), through their DQ.
+std::optional<quant_node> matmul_weight_dq(const graph& g, const std::vector<int>& prod, int v,
+                                           bool trans) {
+  if (v < 0)
+    return std::nullopt;
+  auto p = quant_params(g, prod[v], "DequantizeLinear");
+  if (!p)
+    return std::nullopt;
+  const auto* w = cst(g, p->q);
+  if (!w || !is_8bit(w->dtype) || w->shape.size() != 2 || (p->z && p->z->dtype != w->dtype))
+    return std::nullopt;
+  int64_t channels = p->s->elements();
+  if (channels == 1)
+    return p;
+  int64_t axis = p->axis < 0 ? p->axis + 2 : p->axis;
+  if (axis != (trans ? 0 : 1) || channels != w->shape[trans ? 0 : 1])
+    return std::nullopt;
+  return p;
+}
+
+/// `w` [N, K] as [K, N].
+constant_ptr transposed(const tensor_data& w) {
+  int64_t n = w.shape[0], k = w.shape[1];
+  auto t = make_tensor(w.dtype, {k, n});
+  const auto* in = w.bytes.data();
+  auto* out = t->as_mut<uint8_t>();
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < k; ++j)
+      out[j * n + i] = in[i * k + j];
+  return t;
+}
+
+bool fuse_matmul(graph& g, const std::vector<int>& prod, const readers_of& rd, int idx) {
+  const node mm = g.nodes[idx];
+  bool gemm = mm.op == "Gemm";
+  if (mm.inputs.size() < 2 || mm.outputs.size() != 1)
+    return false;
+  bool trans = gemm && mm.get_i("transB", 0) != 0;
+  if (gemm && (mm.get_i("transA", 0) != 0 || mm.get_f("alpha", 1.0f) != 1.0f
+               || (mm.inputs.size() > 2 && mm.inputs[2] >= 0 && mm.get_f("beta", 1.0f) != 1.0f)))
+    return false;
+  auto x = activation_dq(g, prod, mm.inputs[0]);
+  auto w = matmul_weight_dq(g, prod, mm.inputs[1], trans);
+  auto y = output_q(g, rd, mm.outputs[0], nullptr);
+  if (!x || !w || !y)
+    return false;
+  const auto* wt = cst(g, w->q);
+  int64_t columns = wt->shape[trans ? 0 : 1];
+  int bias = -1;
+  if (gemm && mm.inputs.size() > 2 && mm.inputs[2] >= 0) {
+    auto b = bias_values(g, prod, mm.inputs[2], columns);
+    if (!b)
+      return false; // a C of another shape (a matrix, a scalar) keeps the fp32 Gemm
+    bias = g.add_constant(mm.name + "/bias_int32",
+                          quantized_bias(*b, x->s->as<float>()[0], *w->s));
+  }
+  int weights = trans ? g.add_constant(mm.name + "/w_transposed", transposed(*wt)) : w->q;
+  int w_zero = w->zero >= 0 ? w->zero : zero_constant(g, mm.name + "/w_zero", wt->dtype);
+  node q;
+  q.op = "QLinearMatMul";
+  q.name = mm.name;
+  q.inputs = {x->q, x->scale, x->zero, weights, w->scale, w_zero, y->scale, y->zero};
+  if (bias >= 0)
+    q.inputs.push_back(bias);
+  q.outputs = {y->q};
+  kill(g.nodes[y->node]);
+  g.nodes[idx] = std::move(q);
+  return true;
+}
+
 /// Whether two per-tensor quantizations are the same (scale bits, zero point, type).
 bool same_quantization(const quant_node& a, const quant_node& b) {
   return a.s->as<float>()[0] == b.s->as<float>()[0] && a.z->dtype == b.z->dtype
@@ -304,8 +375,10 @@ qdq_fusions fuse_qdq(graph& g) {
       ++done.adds;
     else if (op == "MaxPool" && fuse_max_pool(g, prod, rd, static_cast<int>(i)))
       ++done.max_pools;
+    else if ((op == "MatMul" || op == "Gemm") && fuse_matmul(g, prod, rd, static_cast<int>(i)))
+      ++done.matmuls;
   }
-  if (done.convs + done.adds + done.max_pools > 0)
+  if (done.convs + done.adds + done.max_pools + done.matmuls > 0)
     remove_dead_nodes(g);
   return done;
 }

@@ -10,6 +10,9 @@
 ///   DQ(x) , DQ(w constant) [, bias] -> Conv [-> Relu] -> Q
 ///       ==> QLinearConv(x, w, bias as INT32) [activation Relu]
 ///   DQ(a) , DQ(b) -> Add [-> Relu] -> Q  ==>  QLinearAdd(a, b) (ops_quant.hpp)
+///   DQ(x) , DQ(w constant) -> MatMul -> Q  ==>  QLinearMatMul(x, w)
+///   DQ(x) , DQ(w constant) [, C] -> Gemm -> Q  ==>  QLinearMatMul(x, w as [K, N],
+///       C as an INT32 bias per column) (transA 0, alpha 1, beta 1)
 ///   DQ(x) -> MaxPool -> Q of the same scale and zero point  ==>  QMaxPool(x)
 ///       (the max of the 8-bit values; explicit pads, floor rounding)
 ///
@@ -17,8 +20,8 @@
 /// nodes, vanish: activations stay 8-bit from one fused node to the next.
 ///
 /// What qualifies: x, a, b, y per tensor (one scale, one zero point, constant,
-/// 8-bit); weights a constant 8-bit 4-D tensor, per tensor or per output
-/// channel (DQ axis 0); bias absent, a constant FLOAT, or a DQ of a constant
+/// 8-bit); weights a constant 8-bit 4-D (2-D) tensor, per tensor or per output
+/// channel (DQ axis 0; a MatMul's columns: axis 1); bias absent, a constant FLOAT, or a DQ of a constant
 /// (through Identity nodes). The INT32 bias is round_half_even(bias /
 /// (x_scale * w_scale[k])): exactly onnxruntime's quantized bias when the
 /// model's bias scale is x_scale * w_scale, as the quantizer writes it. Any
@@ -29,8 +32,8 @@
 /// multiplier x_scale * w_scale / y_scale, as onnxruntime does; the fp32 graph
 /// rounds conv(DQ(x), DQ(w)) / y_scale instead, and the two may differ by one
 /// quantum where a value falls near a rounding midpoint.
-/// GlobalAveragePool, Gemm and MatMul keep their DQ/Q and run in fp32 (they
-/// are a small share of the CNNs' time).
+/// GlobalAveragePool keeps its DQ/Q and runs in fp32 (a small share of the
+/// CNNs' time).
 ///
 ///     graph g = imported;
 ///     fuse_qdq(g);                   // before specialize(): weights still INT8
@@ -45,9 +48,11 @@ struct qdq_fusions {
   int convs = 0;
   int adds = 0;
   int max_pools = 0;
+  int matmuls = 0;
 };
 
-/// Rewrites the QDQ groups of `g` onto QLinearConv, QLinearAdd and QMaxPool (above) and
+/// Rewrites the QDQ groups of `g` onto QLinearConv, QLinearMatMul, QLinearAdd
+/// and QMaxPool (above) and
 /// drops the nodes nothing reads any more. Works on an imported graph, before
 /// shape inference: it needs only the constants.
 qdq_fusions fuse_qdq(graph& g);

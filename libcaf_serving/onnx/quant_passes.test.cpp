@@ -423,3 +423,106 @@ TEST_CASE("DQ -> MaxPool -> Q of one quantization becomes QMaxPool on the 8-bit 
     CHECK(model->profile_report().find("onednn.qmax_pool nhwc") != std::string::npos);
   }
 }
+
+TEST_CASE("DQ -> Gemm (transB, C) -> Q and DQ -> MatMul -> Q become QLinearMatMul on oneDNN's "
+          "int8 matmul") {
+  std::mt19937 rng(11);
+  graph g;
+  g.opset = 17;
+  int x = g.add_value("x", datatype::fp32, {-1, 40}, true);
+  g.inputs.push_back(x);
+  auto q = [&](int v, float s, uint8_t z, const std::string& name) {
+    int out = g.add_value(name);
+    g.add_node("QuantizeLinear", name, {v, scalar(g, name + "_s", s), zero_u8(g, name + "_z", z)},
+               {out});
+    return out;
+  };
+  auto dq = [&](int v, const std::string& qname, const std::string& name) {
+    int out = g.add_value(name);
+    int s = -1, z = -1;
+    for (size_t i = 0; i < g.values.size(); ++i) {
+      if (g.values[i].name == qname + "_s") s = static_cast<int>(i);
+      if (g.values[i].name == qname + "_z") z = static_cast<int>(i);
+    }
+    g.add_node("DequantizeLinear", name, {v, s, z}, {out});
+    return out;
+  };
+  std::uniform_int_distribution<int> s8(-127, 127);
+  auto weights = [&](int64_t rows, int64_t cols, int64_t axis, const std::string& name) {
+    std::vector<int8_t> w(static_cast<size_t>(rows * cols));
+    for (auto& v : w) v = static_cast<int8_t>(s8(rng));
+    int64_t n = axis == 0 ? rows : cols;
+    std::vector<float> ws(static_cast<size_t>(n));
+    for (size_t i = 0; i < ws.size(); ++i) ws[i] = 0.00313f + 0.000217f * static_cast<float>(i);
+    int wd = g.add_value(name);
+    g.add_node("DequantizeLinear", name,
+               {constant(g, name + "_q", datatype::int8, {rows, cols}, w),
+                constant(g, name + "_s", datatype::fp32, {n}, ws),
+                constant(g, name + "_z", datatype::int8, {n}, std::vector<int8_t>(ws.size(), 0))},
+               {wd})
+      .set_i("axis", axis);
+    return wd;
+  };
+  int xq = q(x, 0.0217f, 128, "xq");
+  std::vector<int32_t> b(24);
+  std::uniform_int_distribution<int> bd(-4000, 4000);
+  for (auto& v : b) v = bd(rng);
+  int bias = g.add_value("bias");
+  g.add_node("DequantizeLinear", "bias",
+             {constant(g, "bias_q", datatype::int32, {24}, b), scalar(g, "bias_s", 0.0217f * 0.00313f),
+              constant<int32_t>(g, "bias_z", datatype::int32, {}, {0})},
+             {bias});
+  int h = g.add_value("h");
+  g.add_node("Gemm", "gemm", {dq(xq, "xq", "xd"), weights(24, 40, 0, "w1"), bias}, {h})
+    .set_i("transB", 1);
+  int hq = q(h, 0.0731f, 119, "hq");
+  int o = g.add_value("o");
+  g.add_node("MatMul", "matmul", {dq(hq, "hq", "hd"), weights(24, 10, 1, "w2")}, {o});
+  int y = dq(q(o, 0.1187f, 125, "oq"), "oq", "y");
+  g.outputs.push_back(y);
+
+  graph fused = g;
+  auto done = fuse_qdq(fused);
+  CHECK(done.matmuls == 2);
+  CHECK(count(fused, "QLinearMatMul") == 2);
+  CHECK(count(fused, "Gemm") == 0);
+  qdq_graph qg{g, {"x"}};
+  for (int64_t batch : {1, 70}) {
+    CAPTURE(batch);
+    auto [f, plain] = run_both(qg, batch, rng);
+    check_close(f, plain, 0.1187f);
+    onnx_model_config cfg;
+    cfg.model_file = "built-in-test.onnx";
+    cfg.config.name = "t";
+    cfg.config.max_batch_size = 128;
+    cfg.threads = 2;
+    cfg.profile = true;
+    auto model = load_onnx_graph(g, cfg);
+    REQUIRE_MESSAGE(model, model.error().message);
+    std::vector<float> xs(static_cast<size_t>(batch * 40));
+    std::uniform_real_distribution<float> xf(-2.0f, 2.0f);
+    for (auto& e : xs) e = xf(rng);
+    struct writer final : executor::output_writer {
+      std::vector<std::vector<uint8_t>> buffers;
+      uint8_t* allocate(std::string_view, datatype, const std::vector<int64_t>&,
+                        size_t n) override {
+        buffers.emplace_back(n);
+        return buffers.back().data();
+      }
+    } out;
+    executor::batch_view view;
+    view.rows = static_cast<uint32_t>(batch);
+    view.inputs.push_back({"x", datatype::fp32, {batch, 40},
+                           reinterpret_cast<const uint8_t*>(xs.data()), xs.size() * 4});
+    auto instance = model->make_instance();
+    auto r = instance->execute(view, out);
+    if (auto* e = std::get_if<serving_error>(&r))
+      FAIL(e->message);
+    auto reference = optimize(g, {{batch, 40}});
+    REQUIRE_MESSAGE(reference, reference.error().message);
+    std::string bytes(reinterpret_cast<const char*>(xs.data()), xs.size() * 4);
+    check_close(floats_of(out.buffers.at(0)),
+                floats_of(run_reference_graph(*reference, {bytes})[0]), 0.1187f);
+    CHECK(model->profile_report().find("onednn.qlinear_matmul") != std::string::npos);
+  }
+}

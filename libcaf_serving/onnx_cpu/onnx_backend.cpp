@@ -368,6 +368,12 @@ const cpu_kernel_table& cpu_kernels() {
          return std::nullopt;
        return qlinear_add_step(g, n, c.threads);
      }},
+    {"QLinearMatMul", {}, "onednn.qlinear_matmul",
+     [](context& c, const graph& g, const node& n) -> std::optional<step> {
+       if (!c.config.int8_onednn || !qlinear_matmul_runs_on_onednn(g, n))
+         return std::nullopt;
+       return qlinear_matmul_step(c.dnnl, g, n, c.threads);
+     }},
     {quant_max_pool_op, {}, "onednn.qmax_pool",
      [](context& c, const graph& g, const node& n) -> std::optional<step> {
        return qmax_pool_step(c.dnnl, g, n, c.threads);

@@ -460,6 +460,93 @@ step qmax_pool_step(const dnnl_ctx& ctx, const graph& g, const node& n, unsigned
   return s;
 }
 
+bool qlinear_matmul_runs_on_onednn(const graph& g, const node& n) {
+  if (n.op != "QLinearMatMul" || n.inputs.size() < 8)
+    return false;
+  for (size_t i = 1; i < 8; ++i)
+    if (!constant_of(g, n, i))
+      return false;
+  if (n.inputs.size() > 8 && n.inputs[8] >= 0 && !constant_of(g, n, 8))
+    return false;
+  const auto& w = *constant_of(g, n, 3);
+  if (w.dtype != datatype::int8 || w.shape.size() != 2)
+    return false;
+  const auto& wz = *constant_of(g, n, 5);
+  for (int64_t i = 0; i < wz.elements(); ++i)
+    if (int_value(wz, i) != 0)
+      return false;
+  const auto& a = g.values[n.inputs[0]].shape;
+  return a.size() >= 2 && a.back() == w.shape[0];
+}
+
+step qlinear_matmul_step(const dnnl_ctx& ctx, const graph& g, const node& n, unsigned threads) {
+  const auto& av = g.values[n.inputs[0]];
+  const auto& yv = g.values[n.outputs[0]];
+  const auto& wc = g.values[n.inputs[3]].constant;
+  int64_t k = wc->shape[0], cols = wc->shape[1], m = element_count(av.shape) / k;
+  float a_scale = constant_of(g, n, 1)->as<float>()[0];
+  float y_scale = constant_of(g, n, 6)->as<float>()[0];
+  const auto& ws = *constant_of(g, n, 4);
+  std::vector<float> scales(static_cast<size_t>(ws.elements()));
+  for (size_t i = 0; i < scales.size(); ++i)
+    scales[i] = a_scale * ws.as<float>()[i] / y_scale; // as the reference kernel
+  int32_t az = int_value(*constant_of(g, n, 2), 0);
+  int32_t yz = int_value(*constant_of(g, n, 7), 0);
+  bool has_bias = n.inputs.size() > 8 && n.inputs[8] >= 0;
+  auto attr = user_scratchpad_attr();
+  attr.set_output_scales(scales.size() > 1 ? 1 << 1 : 0, scales);
+  if (az != 0)
+    attr.set_zero_points(DNNL_ARG_SRC, 0, {DNNL_RUNTIME_S32_VAL});
+  if (yz != 0)
+    attr.set_zero_points(DNNL_ARG_DST, 0, {DNNL_RUNTIME_S32_VAL});
+  // Bands of rows, one per thread where there are enough rows; each band is
+  // one oneDNN matmul over all the (shared) weights.
+  auto cuts = m >= 32 * static_cast<int64_t>(threads)
+                ? split_range(m, pieces_for(m / 16, threads), 16, threads)
+                : std::vector<int64_t>{0, m};
+  dnnl::memory::desc wuser({k, cols}, dt::s8, tag::ab);
+  dnnl::memory::desc wany({k, cols}, dt::s8, tag::any);
+  dnnl::memory::desc bias({1, cols}, dt::s32, tag::ab);
+  std::vector<dnnl_call> calls;
+  for (size_t c = 0; c + 1 < cuts.size(); ++c) {
+    int64_t rows = cuts[c + 1] - cuts[c];
+    dnnl::memory::desc src({rows, k}, dnnl_type(av.dtype), tag::ab);
+    dnnl::memory::desc dst({rows, cols}, dnnl_type(yv.dtype), tag::ab);
+    auto d = has_bias ? dnnl::matmul::desc(src, wany, bias, dst)
+                      : dnnl::matmul::desc(src, wany, dst);
+    dnnl::matmul::primitive_desc pd(d, attr, ctx.eng);
+    dnnl_call call;
+    call.prim = dnnl::matmul(pd);
+    call.scratch = pd.scratchpad_desc();
+    call.args.push_back({DNNL_ARG_SRC, src, n.inputs[0], cuts[c] * k, {}});
+    call.args.push_back({DNNL_ARG_WEIGHTS, {}, -1, 0,
+                         ctx.weights->get(ctx.eng, wc, 0, wuser, pd.weights_desc())});
+    if (has_bias)
+      call.args.push_back({DNNL_ARG_BIAS, bias, n.inputs[8], 0, {}});
+    if (az != 0)
+      call.args.push_back({DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC, {}, -1, 0,
+                           zero_point_memory(ctx.eng, az)});
+    if (yz != 0)
+      call.args.push_back({DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_DST, {}, -1, 0,
+                           zero_point_memory(ctx.eng, yz)});
+    call.args.push_back({DNNL_ARG_DST, dst, n.outputs[0], cuts[c] * cols, {}});
+    calls.push_back(std::move(call));
+  }
+  auto shared = std::make_shared<std::vector<dnnl_call>>(std::move(calls));
+  step s;
+  s.kernel = "onednn.qlinear_matmul";
+  s.items = static_cast<int64_t>(shared->size());
+  s.run = [shared, eng = ctx.eng](void** p, int64_t item) {
+    const auto& c = (*shared)[item];
+    const void* handles[8] = {};
+    for (size_t i = 0; i < c.args.size() && i < 8; ++i)
+      if (c.args[i].value >= 0)
+        handles[i] = static_cast<const uint8_t*>(p[c.args[i].value]) + c.args[i].offset;
+    run_call(eng, c, handles);
+  };
+  return s;
+}
+
 bool quant_linear_runs_in_spans(const graph& g, const node& n) {
   if ((n.op != "QuantizeLinear" && n.op != "DequantizeLinear") || n.inputs.size() < 3
       || n.outputs.size() != 1 || n.get_i("block_size", 0) != 0)

@@ -12,6 +12,7 @@
 ///     if (qlinear_add_runs_in_spans(g, n)) return qlinear_add_step(g, n, threads);
 ///     if (quant_linear_runs_in_spans(g, n)) return quant_linear_step(g, n, threads);
 ///     if (n.op == quant_max_pool_op) return qmax_pool_step(ctx, g, n, threads);
+///     if (qlinear_matmul_runs_on_onednn(g, n)) return qlinear_matmul_step(ctx, g, n, threads);
 ///
 /// A QLinearConv with fewer images than threads splits its output rows into
 /// one band per thread; `activation` "Relu" (quant_passes.hpp) is a oneDNN
@@ -46,6 +47,15 @@ bool qlinear_add_runs_in_spans(const graph& g, const node& n);
 
 /// The step of QLinearAdd node `n`: spans of elements split over the threads.
 step qlinear_add_step(const graph& g, const node& n, unsigned threads);
+
+/// Whether qlinear_matmul_step() computes QLinearMatMul node `n`: constant
+/// INT8 weights [K, N] with zero points 0 and constant scales and zero points
+/// (what fuse_qdq writes for a MatMul or Gemm); A of rank 2 or more.
+bool qlinear_matmul_runs_on_onednn(const graph& g, const node& n);
+
+/// The step of such a node: oneDNN's int8 matmul over A's rows as [M, K]
+/// (bands of rows over the threads), per-column scales, the INT32 bias.
+step qlinear_matmul_step(const dnnl_ctx& ctx, const graph& g, const node& n, unsigned threads);
 
 /// The step of a QMaxPool node (ops_quant.hpp): oneDNN's int8 max pooling,
 /// NHWC where assign_int8_layouts() marked it, split by images.
