@@ -224,3 +224,70 @@ TEST_CASE("QuantizeLinear and DequantizeLinear in vectorised spans equal the ref
     }
   }
 }
+
+TEST_CASE("QLinearMatMul on oneDNN's int8 matmul equals the integer reference but for rare "
+          "halves") {
+  std::mt19937 rng(33);
+  for (auto ytype : {datatype::uint8, datatype::int8}) {
+    graph g;
+    g.opset = 13;
+    int a = g.add_value("a", datatype::uint8, {-1, 3, 64}, true);
+    g.inputs.push_back(a);
+    std::uniform_int_distribution<int> s8(-128, 127);
+    std::vector<int8_t> w(64 * 48);
+    for (auto& v : w) v = static_cast<int8_t>(s8(rng));
+    std::vector<float> ws(48);
+    for (size_t i = 0; i < ws.size(); ++i) ws[i] = 0.0021f + 0.00013f * static_cast<float>(i);
+    std::vector<int32_t> bias(48);
+    for (auto& v : bias) v = s8(rng) * 37;
+    int y = g.add_value("y");
+    g.add_node("QLinearMatMul", "qmm",
+               {a, constant<float>(g, "as", datatype::fp32, {}, {0.043f}),
+                zero_point(g, "az", datatype::uint8, 131),
+                constant(g, "w", datatype::int8, {64, 48}, w),
+                constant(g, "ws", datatype::fp32, {48}, ws),
+                constant(g, "wz", datatype::int8, {48}, std::vector<int8_t>(48, 0)),
+                constant<float>(g, "ys", datatype::fp32, {}, {0.61f}),
+                zero_point(g, "yz", ytype, ytype == datatype::int8 ? -9 : 117),
+                constant(g, "b", datatype::int32, {48}, bias)},
+               {y});
+    g.outputs.push_back(y);
+    CHECK(qlinear_matmul_runs_on_onednn(g, g.nodes[0]));
+    for (int64_t batch : {1, 40}) {
+      CAPTURE(batch);
+      std::vector<uint8_t> ab(static_cast<size_t>(batch * 3 * 64));
+      std::uniform_int_distribution<int> bytes(0, 255);
+      for (auto& v : ab) v = static_cast<uint8_t>(bytes(rng));
+      auto plain = specialize(g, {{batch, 3, 64}});
+      REQUIRE_MESSAGE(plain, plain.error().message);
+      auto want = run_reference_graph(*plain, {std::string(ab.begin(), ab.end())});
+      onnx_model_config cfg;
+      cfg.model_file = "built-in-test.onnx";
+      cfg.config.name = "t";
+      cfg.config.max_batch_size = 64;
+      cfg.threads = 2;
+      cfg.profile = true;
+      auto model = load_onnx_graph(g, cfg);
+      REQUIRE_MESSAGE(model, model.error().message);
+      executor::batch_view view;
+      view.rows = static_cast<uint32_t>(batch);
+      view.inputs.push_back({"a", datatype::uint8, {batch, 3, 64}, ab.data(), ab.size()});
+      writer out;
+      auto instance = model->make_instance();
+      auto r = instance->execute(view, out);
+      if (auto* e = std::get_if<serving_error>(&r))
+        FAIL(e->message);
+      REQUIRE(out.buffers.size() == 1);
+      int64_t off_by_one = 0;
+      for (size_t e = 0; e < want[0].size(); ++e) {
+        bool s = ytype == datatype::int8;
+        int x = s ? int(int8_t(out.buffers[0][e])) : int(out.buffers[0][e]);
+        int z = s ? int(int8_t(want[0][e])) : int(want[0][e]);
+        CHECK(std::abs(x - z) <= 1);
+        off_by_one += x != z;
+      }
+      CHECK(off_by_one * 200 <= static_cast<int64_t>(want[0].size()));
+      CHECK(model->profile_report().find("onednn.qlinear_matmul") != std::string::npos);
+    }
+  }
+}
