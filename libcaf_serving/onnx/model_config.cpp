@@ -1,7 +1,6 @@
 #include "onnx/model_config.hpp"
 
 #include "onnx/batch_coupling.hpp"
-
 #include "onnx/reshape_backend.hpp"
 
 #include <algorithm>
