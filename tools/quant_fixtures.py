@@ -4,7 +4,8 @@ DynamicQuantizeLinear; per tensor and per output channel), and a tiny MLP and
 CNN quantized by onnxruntime.quantization: quantize_dynamic (MatMulInteger +
 DynamicQuantizeLinear), quantize_static in QOperator format (QLinearConv,
 QLinearMatMul) and in QDQ format (QuantizeLinear/DequantizeLinear around Conv
-and MatMul). export_onnx_models.py's `fixtures` set calls export(); ONNX
+and MatMul), and a miniature ResNet quantized in QDQ format as run_bench.py
+quantizes ResNet-50. export_onnx_models.py's `fixtures` set calls export(); ONNX
 Runtime's outputs are the references.
 
 DynamicQuantizeLinear quantizes with the range of the whole tensor, batch
@@ -202,6 +203,65 @@ def export_quantized(out, write_model, rng):
                 {"x": rng.standard_normal((2, 16)).astype(np.float32)})
 
 
+def tiny_resnet(rng):
+    """A ResNet in miniature: [batch, 3, 16, 16] -> Conv 16 3x3 stride 2 + Relu ->
+    MaxPool 3x3 stride 2 -> a basic block (Conv 16 3x3 + Relu, Conv 16 3x3, Add of
+    the block's input, Relu) -> a downsampling block (its shortcut a 1x1 stride-2
+    Conv) -> GlobalAveragePool -> Flatten -> Gemm 10."""
+    nodes, inits = [], []
+
+    def conv(x, cin, cout, k, stride, name, relu):
+        inits.append(const(name + "_w", rng.standard_normal((cout, cin, k, k)).astype(np.float32)
+                           * np.float32(1.5 / np.sqrt(cin * k * k))))
+        inits.append(const(name + "_b", rng.standard_normal(cout).astype(np.float32) * 0.1))
+        nodes.append(helper.make_node("Conv", [x, name + "_w", name + "_b"], [name],
+                                      pads=[k // 2] * 4, strides=[stride, stride]))
+        if not relu:
+            return name
+        nodes.append(helper.make_node("Relu", [name], [name + "_r"]))
+        return name + "_r"
+
+    def add_relu(a, b, name):
+        nodes.append(helper.make_node("Add", [a, b], [name]))
+        nodes.append(helper.make_node("Relu", [name], [name + "_r"]))
+        return name + "_r"
+
+    h = conv("x", 3, 16, 3, 2, "stem", True)
+    nodes.append(helper.make_node("MaxPool", [h], ["pool"], kernel_shape=[3, 3], pads=[1] * 4,
+                                  strides=[2, 2]))
+    b1 = conv(conv("pool", 16, 16, 3, 1, "b1c1", True), 16, 16, 3, 1, "b1c2", False)
+    h = add_relu(b1, "pool", "b1")
+    b2 = conv(conv(h, 16, 32, 3, 2, "b2c1", True), 32, 32, 3, 1, "b2c2", False)
+    h = add_relu(b2, conv(h, 16, 32, 1, 2, "b2down", False), "b2")
+    nodes += [helper.make_node("GlobalAveragePool", [h], ["gap"]),
+              helper.make_node("Flatten", ["gap"], ["flat"]),
+              helper.make_node("Gemm", ["flat", "fc_w", "fc_b"], ["y"], transB=1)]
+    inits += [const("fc_w", rng.standard_normal((10, 32)).astype(np.float32) * 0.3),
+              const("fc_b", rng.standard_normal(10).astype(np.float32) * 0.1)]
+    return model(nodes, [("x", F, ["batch", 3, 16, 16])], [("y", F, ["batch", 10])], inits, 17)
+
+
+def export_qdq_resnet(out, write_model, seed=116):
+    """tiny_resnet quantized as run_bench.py quantizes ResNet-50 (quantize_static,
+    QDQ, INT8 activations and weights per tensor): the groups the engine's
+    fuse_qdq rewrites (Conv with Relu folded into its Q, the residual Add) and
+    those it keeps in fp32 (MaxPool, GlobalAveragePool, Gemm). Its own seed,
+    so that adding it changed no other fixture."""
+    from onnxruntime import quantization as q
+
+    rng = np.random.default_rng(seed)
+    tmp = pathlib.Path(tempfile.mkdtemp())
+    onnx.save(tiny_resnet(rng), str(tmp / "resnet.onnx"))
+    calib = Calibration("x", [rng.standard_normal((1, 3, 16, 16)).astype(np.float32)
+                              for _ in range(4)])
+    q.quantize_static(str(tmp / "resnet.onnx"), str(tmp / "resnet_qdq.onnx"), calib,
+                      quant_format=q.QuantFormat.QDQ, activation_type=q.QuantType.QInt8,
+                      weight_type=q.QuantType.QInt8)
+    x = rng.standard_normal((3, 3, 16, 16)).astype(np.float32)
+    write_model(out, "quant_resnet_qdq",
+                lambda p: onnx.save(onnx.load(str(tmp / "resnet_qdq.onnx")), str(p)), {"x": x})
+
+
 def export(out, write_model, seed=110):
     """Writes every case with export_onnx_models.write_model (which checks the
     model, runs ONNX Runtime and writes config.pbtxt and the reference)."""
@@ -210,6 +270,7 @@ def export(out, write_model, seed=110):
         m, feeds = build(rng)
         write_model(out, name, lambda p, m=m: onnx.save(m, str(p)), feeds)
     export_quantized(out, write_model, rng)
+    export_qdq_resnet(out, write_model)
 
 
 if __name__ == "__main__":

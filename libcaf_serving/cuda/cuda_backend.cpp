@@ -913,7 +913,12 @@ result<cuda_model> load_cuda_model(const cuda_model_config& mcfg) {
     os << (i ? "," : "") << options->buckets[i];
   os << "]";
   m.summary = os.str();
-  m.make_instance = [shared, c = m.config, o = *options, passes = mcfg.passes](
+  // QDQ groups stay DQ -> fp32 operator -> Q on the GPU: the QLinearConv,
+  // QLinearMatMul, QLinearAdd and QMaxPool that fuse_qdq writes have no device
+  // step here, and would run as host reference kernels.
+  auto gpu_passes = mcfg.passes;
+  gpu_passes.fuse_qdq = false;
+  m.make_instance = [shared, c = m.config, o = *options, passes = gpu_passes](
                       const gpu_placement& p) -> result<cuda_instance> {
     try {
       auto be = std::make_shared<cuda_backend>(cuda_backend::setup{shared, c, o, passes, p});

@@ -1,5 +1,6 @@
 #include "onnx/model_config.hpp"
 
+#include "onnx/batch_coupling.hpp"
 #include "onnx/reshape_backend.hpp"
 
 #include <algorithm>
@@ -230,6 +231,13 @@ result<completed_config> complete_model_config(const graph& g,
   auto batching = autofill_batching(g, given);
   if (!batching)
     return batching.error();
+  if (auto why = batching->max_batch_size > 1 && batching->dynamic_batching_enabled
+                   ? batch_coupling(g) : std::nullopt) {
+    batching->dynamic_batching_enabled = false; // batch_coupling.hpp
+    std::cout << "model " << batching->name << ": dynamic batching off, each request runs "
+              << "alone: " << *why << ", so batched requests would change each other's "
+              << "answers" << std::endl;
+  }
   // The graph is checked on the model's shapes (reshape where given); clients
   // see the config's dims.
   auto mcfg = given;

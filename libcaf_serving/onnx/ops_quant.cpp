@@ -8,6 +8,7 @@
 #include <limits>
 #include <map>
 #include <optional>
+#include <type_traits>
 
 namespace caf_serving::onnx {
 
@@ -316,6 +317,12 @@ infer_result infer_matmul_integer(const graph& g, const node& n, bool qlinear) {
   const auto& yz = g.values[n.inputs[7]];
   if (auto e = check_int8(yz, "y_zero_point")) return *e;
   if (auto e = check_zero(g, n, 7, yz.dtype, 1, "Y (per tensor)")) return *e;
+  if (has_input(n, 8)) { // an engine extension: quant_passes.cpp's bias
+    const auto& bv = g.values[n.inputs[8]];
+    if (bv.dtype != datatype::int32 || element_count(bv.shape) != d.n || bv.shape.size() != 1)
+      return "bias '" + bv.name + "' must be INT32 with one value per column (" +
+             std::to_string(d.n) + ")";
+  }
   return one(yz.dtype, d.out);
 }
 
@@ -391,6 +398,153 @@ void run_dynamic_quantize(const tensor_ref& x, const std::vector<tensor_ref>& ou
     *out[2].as<uint8_t>() = static_cast<uint8_t>(zero);
 }
 
+/// QLinearConv's and QLinearAdd's `activation` "Relu" (quant_passes.cpp
+/// folds a Relu between the operator and its QuantizeLinear into it): the
+/// quantized max(0, v) is the output clamped below at its zero point.
+void clamp_at_zero_point(const node& n, const tensor_ref& y_zero, const tensor_ref& y) {
+  if (n.get_s("activation", "") != "Relu")
+    return;
+  int32_t z = int_at(y_zero, 0);
+  dispatch(y.dtype, [&](auto tag) {
+    using Q = decltype(tag);
+    if constexpr (std::is_same_v<Q, int8_t> || std::is_same_v<Q, uint8_t>) {
+      Q* p = y.as<Q>();
+      for (int64_t i = 0; i < y.elements(); ++i)
+        p[i] = std::max(p[i], static_cast<Q>(z));
+    }
+  });
+}
+
+infer_result infer_qlinear_add(const graph& g, const node& n) {
+  for (size_t i = 0; i < 8; ++i)
+    if (!has_input(n, i))
+      return "input " + std::to_string(i) + " is missing; QLinearAdd needs A, its scale and "
+             "zero point, B, its scale and zero point, and C's scale and zero point";
+  const auto& av = g.values[n.inputs[0]];
+  const auto& bv = g.values[n.inputs[3]];
+  const auto& cz = g.values[n.inputs[7]];
+  if (auto e = check_int8(av, "A")) return *e;
+  if (auto e = check_int8(bv, "B")) return *e;
+  if (auto e = check_int8(cz, "C's zero point")) return *e;
+  if (auto e = check_scale(g, n, 1, 1, "A (per tensor)")) return *e;
+  if (auto e = check_zero(g, n, 2, av.dtype, 1, "A (per tensor)")) return *e;
+  if (auto e = check_scale(g, n, 4, 1, "B (per tensor)")) return *e;
+  if (auto e = check_zero(g, n, 5, bv.dtype, 1, "B (per tensor)")) return *e;
+  if (auto e = check_scale(g, n, 6, 1, "C (per tensor)")) return *e;
+  auto s = broadcast_shapes(av.shape, bv.shape);
+  if (!s)
+    return "input shapes " + shape_string(av.shape) + " and " + shape_string(bv.shape)
+           + " do not broadcast";
+  return one(cz.dtype, *s);
+}
+
+/// QMaxPool's output size and its geometry (kernel, strides, pads, dilations).
+struct max_pool_geometry {
+  int64_t kh, kw, sh, sw, pt, pl, dh, dw, oh, ow;
+};
+
+std::variant<max_pool_geometry, std::string> max_pool_geom(const node& n, const shape_t& x) {
+  auto k = n.get_ints("kernel_shape");
+  auto st = n.get_ints("strides", {1, 1});
+  auto pd = n.get_ints("pads", {0, 0, 0, 0});
+  auto dl = n.get_ints("dilations", {1, 1});
+  if (x.size() != 4 || k.size() != 2 || st.size() != 2 || pd.size() != 4 || dl.size() != 2)
+    return "the engine runs a 2-D QMaxPool (4-D input, 2 kernel dimensions), got input "
+           + shape_string(x);
+  max_pool_geometry g{k[0], k[1], st[0], st[1], pd[0], pd[1], dl[0], dl[1], 0, 0};
+  int64_t span_h = x[2] + pd[0] + pd[2] - ((k[0] - 1) * dl[0] + 1);
+  int64_t span_w = x[3] + pd[1] + pd[3] - ((k[1] - 1) * dl[1] + 1);
+  if (span_h < 0 || span_w < 0 || st[0] < 1 || st[1] < 1)
+    return "the pooling window does not fit input " + shape_string(x);
+  g.oh = span_h / st[0] + 1;
+  g.ow = span_w / st[1] + 1;
+  return g;
+}
+
+infer_result infer_max_pool(const graph& g, const node& n) {
+  const auto& xv = g.values[n.inputs[0]];
+  if (auto e = check_int8(xv, "X")) return *e;
+  auto geo = max_pool_geom(n, xv.shape);
+  if (auto* e = std::get_if<std::string>(&geo)) return *e;
+  auto p = std::get<max_pool_geometry>(geo);
+  return one(xv.dtype, {xv.shape[0], xv.shape[1], p.oh, p.ow});
+}
+
+/// The max over each window of an NCHW 8-bit tensor; padding takes no part.
+void run_max_pool(const node& n, const tensor_ref& x, const tensor_ref& y) {
+  auto p = std::get<max_pool_geometry>(max_pool_geom(n, x.shape));
+  int64_t h = x.shape[2], w = x.shape[3];
+  dispatch(x.dtype, [&](auto tag) {
+    using Q = decltype(tag);
+    if constexpr (std::is_same_v<Q, int8_t> || std::is_same_v<Q, uint8_t>) {
+      const Q* in = x.as<Q>();
+      Q* out = y.as<Q>();
+      for (int64_t nc = 0; nc < x.shape[0] * x.shape[1]; ++nc)
+        for (int64_t oy = 0; oy < p.oh; ++oy)
+          for (int64_t ox = 0; ox < p.ow; ++ox) {
+            Q best = std::numeric_limits<Q>::lowest();
+            for (int64_t ky = 0; ky < p.kh; ++ky)
+              for (int64_t kx = 0; kx < p.kw; ++kx) {
+                int64_t iy = oy * p.sh - p.pt + ky * p.dh, ix = ox * p.sw - p.pl + kx * p.dw;
+                if (iy >= 0 && iy < h && ix >= 0 && ix < w)
+                  best = std::max(best, in[(nc * h + iy) * w + ix]);
+              }
+            out[(nc * p.oh + oy) * p.ow + ox] = best;
+          }
+    }
+  });
+}
+
+} // namespace
+
+quant_add_params quant_add_params_of(const std::vector<tensor_ref>& in) {
+  quant_add_params p;
+  float c_scale = scale_at(in[6], 0);
+  p.a_ratio = scale_at(in[1], 0) / c_scale;
+  p.b_ratio = scale_at(in[4], 0) / c_scale;
+  p.a_zero = zero_at(in, 2, 0);
+  p.b_zero = zero_at(in, 5, 0);
+  p.c_zero = zero_at(in, 7, 0);
+  return p;
+}
+
+namespace {
+
+/// QLinearAdd with broadcasting, element by element as quant_add_span.
+void run_qlinear_add(const node& n, const std::vector<tensor_ref>& in, const tensor_ref& y) {
+  auto p = quant_add_params_of(in);
+  std::array<shape_t, 2> st{broadcast_strides(in[0].shape, y.shape),
+                            broadcast_strides(in[3].shape, y.shape)};
+  auto one_value = [&](auto a_tag, auto b_tag, auto c_tag) {
+    using A = decltype(a_tag);
+    using B = decltype(b_tag);
+    using C = decltype(c_tag);
+    const A* a = in[0].as<A>();
+    const B* b = in[3].as<B>();
+    C* c = y.as<C>();
+    broadcast_loop<2>(y.shape, st, [&](int64_t i, const std::array<int64_t, 2>& off) {
+      quant_add_span(p, a + off[0], b + off[1], c + i, 1);
+    });
+  };
+  auto with_c = [&](auto a_tag, auto b_tag) {
+    if (y.dtype == datatype::int8)
+      one_value(a_tag, b_tag, int8_t{});
+    else
+      one_value(a_tag, b_tag, uint8_t{});
+  };
+  auto with_b = [&](auto a_tag) {
+    if (in[3].dtype == datatype::int8)
+      with_c(a_tag, int8_t{});
+    else
+      with_c(a_tag, uint8_t{});
+  };
+  if (in[0].dtype == datatype::int8)
+    with_b(int8_t{});
+  else
+    with_b(uint8_t{});
+  clamp_at_zero_point(n, in[7], y);
+}
+
 } // namespace
 
 std::variant<quant_conv_geometry, std::string>
@@ -409,10 +563,14 @@ const op_table& quant_operator_table() {
 }
 
 bool is_quant_op(const std::string& op) {
-  return versions().count(op) > 0;
+  return versions().count(op) > 0 || op == quant_add_op || op == quant_max_pool_op;
 }
 
 infer_result infer_quant_op(const graph& g, const node& n) {
+  if (n.op == quant_add_op)
+    return infer_qlinear_add(g, n);
+  if (n.op == quant_max_pool_op)
+    return infer_max_pool(g, n);
   const auto& since = versions().at(n.op);
   if (g.opset != 0 && g.opset < since.front())
     return n.op + " exists from opset " + std::to_string(since.front())
@@ -444,6 +602,9 @@ void run_quant_op(const node& n, const std::vector<tensor_ref>& in,
       std::copy(acc.begin(), acc.end(), y.as<int32_t>());
       return;
     }
+    if (in.size() > 8 && in[8].data) // quant_passes.cpp's bias: one INT32 per column
+      for (size_t i = 0; i < acc.size(); ++i)
+        acc[i] += in[8].as<int32_t>()[static_cast<int64_t>(i) % d.n];
     write_requantized(acc, multipliers(in[1], in[4], in[6]), 1, in[7], y);
   } else if (op == "ConvInteger" || op == "QLinearConv") {
     bool q = op == "QLinearConv";
@@ -455,6 +616,11 @@ void run_quant_op(const node& n, const std::vector<tensor_ref>& in,
       return;
     }
     write_requantized(acc, multipliers(in[1], in[4], in[6]), g.oh * g.ow, in[7], y);
+    clamp_at_zero_point(n, in[7], y);
+  } else if (op == quant_add_op) {
+    run_qlinear_add(n, in, y);
+  } else if (op == quant_max_pool_op) {
+    run_max_pool(n, in[0], y);
   } else {
     run_dynamic_quantize(in[0], out);
   }

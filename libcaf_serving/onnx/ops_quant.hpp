@@ -7,7 +7,9 @@
 /// halves to even and saturate to the output's type. Zero points and scales are
 /// per tensor, or per output channel where ONNX allows it (the weights' of
 /// QLinearConv and ConvInteger, the columns of B for the matmuls).
-/// QuantizeLinear/DequantizeLinear are ops_more.cpp's.
+/// QuantizeLinear/DequantizeLinear are ops_more.cpp's. The engine's
+/// QLinearMatMul takes a 9th input that ONNX's does not: an INT32 bias per
+/// column, added to the sums (quant_passes.cpp writes it for a Gemm's C).
 ///
 /// Usage (ops.cpp):
 ///
@@ -18,6 +20,10 @@
 #include "onnx/op_registry.hpp"
 #include "onnx/ops.hpp"
 
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
 #include <string>
 #include <variant>
 #include <vector>
@@ -34,6 +40,51 @@ struct quant_conv_geometry {
 /// The geometry of `nd` on input shape `x` and weight shape `w`, or what does not fit.
 std::variant<quant_conv_geometry, std::string>
 quant_conv_geometry_of(const node& nd, const std::vector<int64_t>& x, const std::vector<int64_t>& w);
+
+/// The engine-internal quantized Add that quant_passes.cpp writes for
+/// Add(DequantizeLinear(a), DequantizeLinear(b)) -> QuantizeLinear: inputs
+/// (A, A_scale, A_zero_point, B, B_scale, B_zero_point, C_scale,
+/// C_zero_point) as com.microsoft's QLinearAdd, per-tensor scales, optional
+/// attribute activation "Relu". Not in the registry: no model names it.
+inline constexpr const char* quant_add_op = "QLinearAdd";
+
+/// The engine-internal MaxPool of an 8-bit tensor that quant_passes.cpp
+/// writes for DequantizeLinear -> MaxPool -> QuantizeLinear with one scale and
+/// zero point on both sides (the max of the 8-bit values is exactly that):
+/// input X, MaxPool's kernel_shape, strides, pads and dilations (2-D,
+/// explicit pads, floor rounding). Not in the registry: no model names it.
+inline constexpr const char* quant_max_pool_op = "QMaxPool";
+
+/// QLinearAdd's arithmetic, as onnxruntime's MlasQLinearAdd: the scale ratios
+/// A_scale / C_scale and B_scale / C_scale in float, c = saturate(
+/// round_half_even(a_ratio * (a - a_zero) + b_ratio * (b - b_zero)) + c_zero).
+/// It may differ by one quantum from QuantizeLinear(DQ(a) + DQ(b)), which
+/// rounds (DQ(a) + DQ(b)) / C_scale.
+struct quant_add_params {
+  float a_ratio = 1, b_ratio = 1;
+  int32_t a_zero = 0, b_zero = 0, c_zero = 0;
+};
+
+/// The parameters of a QLinearAdd from its inputs (tensor_refs of its 8 inputs).
+quant_add_params quant_add_params_of(const std::vector<tensor_ref>& in);
+
+/// c[i] = QLinearAdd(a[i], b[i]) for i < count (8-bit types).
+template <class A, class B, class C>
+inline void quant_add_span(const quant_add_params& p, const A* a, const B* b, C* c, int64_t count) {
+  constexpr float lo = std::numeric_limits<C>::lowest(), hi = std::numeric_limits<C>::max();
+  const float az = static_cast<float>(p.a_zero), bz = static_cast<float>(p.b_zero),
+              cz = static_cast<float>(p.c_zero);
+  for (int64_t i = 0; i < count; ++i) {
+    float v = p.a_ratio * (static_cast<float>(a[i]) - az)
+              + p.b_ratio * (static_cast<float>(b[i]) - bz);
+    // Saturate, then round half to even (the default rounding mode) by adding
+    // and taking away 1.5 * 2^23: std::nearbyint is a libm call per element
+    // without SSE4.1 in the build's flags, this loop vectorises.
+    v = std::clamp(v, lo - cz, hi - cz);
+    v = (v + 12582912.0f) - 12582912.0f;
+    c[i] = static_cast<C>(static_cast<int32_t>(v + cz));
+  }
+}
 
 /// The operators of ops_quant.cpp with their ONNX versions, for op_registry.cpp.
 const op_table& quant_operator_table();

@@ -3,6 +3,7 @@
 #include "onnx/ops.hpp"
 #include "onnx/ops_contrib.hpp"
 #include "onnx/ops_internal.hpp"
+#include "onnx/quant_passes.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -910,7 +911,12 @@ void fold_pad_into_conv(graph& g) {
 
 result<graph> optimize(const graph& src, const std::vector<std::vector<int64_t>>& shapes,
                        const pass_config& cfg) {
-  auto g = specialize(src, shapes);
+  graph quantized;
+  if (cfg.fuse_qdq) { // before folding turns the INT8 weights into FLOAT ones
+    quantized = src;
+    fuse_qdq(quantized);
+  }
+  auto g = specialize(cfg.fuse_qdq ? quantized : src, shapes);
   if (!g)
     return g;
   remove_dead_nodes(*g);

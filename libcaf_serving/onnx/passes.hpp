@@ -14,6 +14,9 @@
 ///      FusedMatMul and FusedGemm;
 ///   5. remove_dead_nodes.
 ///
+/// Before them all, fuse_qdq (quant_passes.hpp) rewrites the QDQ groups of
+/// int8 models onto integer operators, while the weights are still INT8.
+///
 /// Every pass keeps nodes in topological order and the graph outputs intact.
 
 #include "core/error.hpp"
@@ -45,6 +48,9 @@ struct pass_config {
   bool fold_batchnorm = true;
   bool fuse_patterns = true;
   bool fuse_epilogues = true;
+  /// QDQ groups onto QLinearConv and QLinearAdd (quant_passes.hpp).
+  /// config.pbtxt: parameters "qdq_fusion" ("true" or "false").
+  bool fuse_qdq = true;
 };
 
 /// specialize() followed by the passes `cfg` selects.

@@ -48,9 +48,11 @@ TEST_CASE("the registry answers which operators have CPU kernels beyond the refe
   }
   // Each kernel's operator is an ONNX operator the registry runs (with its
   // shape inference and reference kernel), or one of the engine's own: the
-  // fused operators that passes.cpp writes and the layout reorders.
+  // fused operators that passes.cpp writes, the 8-bit ones that
+  // quant_passes.cpp writes, and the layout reorders.
   const std::set<std::string> engine_ops{"FusedConv", "FusedMatMul", "FusedGemm",
                                          "FusedLayerNorm", "FusedGelu", "FusedAttention",
+                                         "QLinearAdd", "QMaxPool",
                                          "ToNHWC", "ToNCHW", "ToNChw16c"};
   for (const auto& kernel : k.kernels()) {
     INFO(kernel.op);

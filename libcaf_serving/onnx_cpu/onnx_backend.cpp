@@ -11,6 +11,7 @@
 #include "onnx_cpu/row_chunks.hpp"
 #include "onnx/ops.hpp"
 #include "onnx/ops_more.hpp"
+#include "onnx/ops_quant.hpp"
 #include "onnx/ops_simple.hpp"
 #include "onnx/string_passthrough.hpp"
 #include "onnx_cpu/work_pool.hpp"
@@ -336,6 +337,14 @@ std::optional<step> engine_softmax_step(const cpu_step_context& c, const graph& 
   return s;
 }
 
+/// Per-tensor QuantizeLinear and DequantizeLinear in vectorised spans.
+std::optional<step> quant_linear_spans_step(const cpu_step_context& c, const graph& g,
+                                            const node& n) {
+  if (!quant_linear_runs_in_spans(g, n))
+    return std::nullopt;
+  return quant_linear_step(g, n, c.threads);
+}
+
 } // namespace
 
 const cpu_kernel_table& cpu_kernels() {
@@ -353,6 +362,24 @@ const cpu_kernel_table& cpu_kernels() {
          return std::nullopt;
        return qlinear_conv_step(c.dnnl, g, n, c.threads);
      }},
+    {quant_add_op, {}, "engine.qlinear_add",
+     [](context& c, const graph& g, const node& n) -> std::optional<step> {
+       if (!qlinear_add_runs_in_spans(g, n))
+         return std::nullopt;
+       return qlinear_add_step(g, n, c.threads);
+     }},
+    {"QLinearMatMul", {}, "onednn.qlinear_matmul",
+     [](context& c, const graph& g, const node& n) -> std::optional<step> {
+       if (!c.config.int8_onednn || !qlinear_matmul_runs_on_onednn(g, n))
+         return std::nullopt;
+       return qlinear_matmul_step(c.dnnl, g, n, c.threads);
+     }},
+    {quant_max_pool_op, {}, "onednn.qmax_pool",
+     [](context& c, const graph& g, const node& n) -> std::optional<step> {
+       return qmax_pool_step(c.dnnl, g, n, c.threads);
+     }},
+    {"QuantizeLinear", {}, "engine.quantize", &quant_linear_spans_step},
+    {"DequantizeLinear", {}, "engine.dequantize", &quant_linear_spans_step},
     {"MaxPool", {}, "onednn.pool", &onednn_pool_step},
     {"AveragePool", {}, "onednn.pool", &onednn_pool_step},
     {"GlobalAveragePool", {}, "onednn.pool", &onednn_pool_step},
@@ -476,6 +503,8 @@ result<std::shared_ptr<compiled_plan>> compile(const graph& src, const model_con
   auto& g = plan->g;
   plan->work = measure_matmul_work(g);
   auto lay = assign_layouts(g);
+  if (mcfg.int8_onednn)
+    assign_int8_layouts(g);
   for (const auto& t : cfg.inputs)
     plan->input_values.push_back(find_value(g, g.inputs, t.name));
   for (const auto& t : cfg.outputs)
@@ -910,19 +939,20 @@ result<onnx_model> load_onnx_model(const onnx_model_config& mcfg) {
 }
 
 /// config.pbtxt's `parameters` for the ONNX backend: "winograd",
-/// "engine_conv", "conv_bands" and "int8_onednn" ("true" or "false"), "plan_cache_size"
-/// (1 to 1024), "plan_cache_bytes" (at least 1 MiB), "chunk_min_matmul_rows"
-/// (0 to 65536) and "expected_shapes" (shape_plans.hpp).
+/// "engine_conv", "conv_bands", "int8_onednn" and "qdq_fusion" ("true" or
+/// "false"), "plan_cache_size" (1 to 1024), "plan_cache_bytes" (at least 1 MiB),
+/// "chunk_min_matmul_rows" (0 to 65536) and "expected_shapes" (shape_plans.hpp).
 result<onnx_model_config> with_parameters(onnx_model_config mcfg) {
   for (const auto& [key, value] : mcfg.config.parameters) {
     if (key == "winograd" || key == "engine_conv" || key == "conv_bands"
-        || key == "int8_onednn") {
+        || key == "int8_onednn" || key == "qdq_fusion") {
       if (value != "true" && value != "false")
         return load_error(mcfg, "parameters \"" + key + "\" is '" + value
                                   + "'; give string_value \"true\" or \"false\"");
       (key == "winograd"      ? mcfg.winograd
        : key == "engine_conv" ? mcfg.engine_conv
        : key == "int8_onednn" ? mcfg.int8_onednn
+       : key == "qdq_fusion"  ? mcfg.passes.fuse_qdq
                               : mcfg.conv_bands) = value == "true";
     } else if (key == "plan_cache_size") {
       char* end = nullptr;

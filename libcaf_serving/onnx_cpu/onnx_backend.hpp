@@ -55,9 +55,9 @@ struct onnx_model_config {
   /// Splits other convolutions of one nChw16c image whose input outweighs
   /// its weights into bands of output rows, run by oneDNN on dense copies.
   bool conv_bands = true;
-  /// Runs QLinearConv with INT8 weights (zero points 0) on oneDNN's int8
-  /// convolution (quant_steps.hpp), several times faster than the exact
-  /// integer reference; its float requantisation rounds about one output in
+  /// Runs QLinearConv and QLinearMatMul with INT8 weights (zero points 0) on
+  /// oneDNN's int8 convolution and matmul (quant_steps.hpp), several times
+  /// faster than the exact integer reference; its float requantisation rounds about one output in
   /// 2,000 one quantum away from onnxruntime's. false: the reference kernel.
   bool int8_onednn = true;
   /// A batch of at least as many rows as threads runs as row chunks, a whole

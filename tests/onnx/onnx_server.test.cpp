@@ -626,3 +626,53 @@ TEST_CASE("padded batching: bad parameters fail the load with the reason; the se
   CHECK(index.find("does not have") != std::string::npos);
   check_model_matches(http, "op_tanh", read_reference("op_tanh"));
 }
+
+TEST_CASE("a model with DynamicQuantizeLinear is not batched: concurrent requests get exactly "
+          "the answers they get alone") {
+  // quantize_dynamic's MLP quantizes its activations with one scale over the
+  // whole tensor: batched together, each request's answer would depend on the
+  // other's range. A long queue delay and preferred batches of 2 would batch
+  // the two requests below if the scheduler were allowed to.
+  temp_repository repo;
+  const std::string mlp = "quant_mlp_dynamic";
+  repo.add_model(fixtures / "models" / mlp);
+  auto config = read_all(fixtures / "models" / mlp / "config.pbtxt");
+  auto at = config.find("dynamic_batching {");
+  REQUIRE(at != std::string::npos);
+  config.replace(at, std::string::npos,
+                 "dynamic_batching { preferred_batch_size: [ 2 ] "
+                 "max_queue_delay_microseconds: 3000000 }\n");
+  repo.write_file(mlp + "/config.pbtxt", config);
+  // One compute thread: with two, a batch of two rows ran as two chunks of one.
+  server_process server({CAF_SERVING_BINARY, repo.path().string(), {"--executor-threads", "1"}});
+  CHECK(server.wait_for_output("dynamic batching off", std::chrono::seconds(10)));
+  CHECK(server.output().find("DynamicQuantizeLinear") != std::string::npos);
+
+  auto one_row = read_reference(mlp);
+  REQUIRE(one_row.inputs.at(0).shape == std::vector<int64_t>{1, 16});
+  // Two requests whose ranges differ by 20x: a shared scale would coarsen the small one.
+  reference small = one_row, large = one_row;
+  auto x = from_bytes<float>(one_row.inputs[0].bytes);
+  for (auto& v : x) v *= 20.0f;
+  large.inputs[0].bytes.assign(reinterpret_cast<const char*>(x.data()), x.size() * 4);
+  auto output_of = [&](const reference& r) {
+    http_client http(server.http_port());
+    auto resp = infer(http, mlp, r);
+    REQUIRE_MESSAGE(resp.status == 200, resp.body);
+    return split_binary(resp).binary;
+  };
+  auto small_alone = output_of(small);
+  auto large_alone = output_of(large);
+  CHECK(relative_error(from_bytes<float>(small_alone), from_bytes<float>(one_row.outputs[0].bytes))
+        < 1e-4);
+  for (int round = 0; round < 3; ++round) {
+    auto a = std::async(std::launch::async, [&] { return output_of(small); });
+    auto b = std::async(std::launch::async, [&] { return output_of(large); });
+    CHECK(a.get() == small_alone);
+    CHECK(b.get() == large_alone);
+  }
+  http_client http(server.http_port());
+  auto stats = json_document::parse(http.get("/v2/models/" + mlp + "/stats").body);
+  CHECK(stats.uint_at("/model_stats/0/execution_count")
+        == stats.uint_at("/model_stats/0/inference_count"));
+}
