@@ -17,20 +17,41 @@ bool is_batch_axis(const graph& g, const node& n, int64_t axis) {
   return x.shape_known && static_cast<int64_t>(x.shape.size()) + axis == 0;
 }
 
+/// The integers a value holds when they are known before the model runs: an
+/// initializer, or the output of a Constant node (the TorchScript exporter writes
+/// CumSum's axis and Reduce axes that way, and this check runs before constant
+/// folding); nothing when they are computed at run time.
+std::optional<std::vector<int64_t>> known_ints(const graph& g, const std::vector<int>& producers,
+                                               int v) {
+  const tensor_data* c = g.values[v].constant.get();
+  if (!c && producers[v] >= 0) {
+    const auto& p = g.nodes[producers[v]];
+    if (p.op != "Constant")
+      return std::nullopt;
+    if (p.has("value_int"))
+      return std::vector<int64_t>{p.get_i("value_int", 0)};
+    if (p.has("value_ints"))
+      return p.get_ints("value_ints");
+    if (p.has("value"))
+      c = p.attrs.at("value").t.get();
+  }
+  if (!c || (c->dtype != datatype::int64 && c->dtype != datatype::int32))
+    return std::nullopt;
+  std::vector<int64_t> ints(static_cast<size_t>(c->elements()));
+  for (size_t i = 0; i < ints.size(); ++i)
+    ints[i] = c->dtype == datatype::int32 ? c->as<int32_t>()[i] : c->as<int64_t>()[i];
+  return ints;
+}
+
 /// The axes a Reduce node reduces over: the attribute, or the constant input 1
 /// (opset 18 and ReduceSum 13); nothing when they are computed at run time.
-std::optional<std::vector<int64_t>> reduce_axes(const graph& g, const node& n) {
+std::optional<std::vector<int64_t>> reduce_axes(const graph& g, const std::vector<int>& producers,
+                                                const node& n) {
   if (n.has("axes"))
     return n.get_ints("axes");
   if (n.inputs.size() < 2 || n.inputs[1] < 0)
     return std::vector<int64_t>{};
-  const auto* c = g.values[n.inputs[1]].constant.get();
-  if (!c)
-    return std::nullopt;
-  std::vector<int64_t> axes(static_cast<size_t>(c->elements()));
-  for (size_t i = 0; i < axes.size(); ++i)
-    axes[i] = c->as<int64_t>()[i];
-  return axes;
+  return known_ints(g, producers, n.inputs[1]);
 }
 
 std::string described(const node& n, const std::string& why) {
@@ -45,12 +66,13 @@ std::optional<std::string> batch_coupling(const graph& g) {
     "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare"};
   static const std::set<std::string> along_axis{
     "ArgMax", "ArgMin", "Softmax", "LogSoftmax", "Hardmax", "TopK", "LpNormalization"};
+  auto producers = g.producers();
   for (const auto& n : g.nodes) {
     if (n.op == "DynamicQuantizeLinear")
       return described(n, "quantizes with one scale and zero point over the whole tensor, "
                           "every batch row included");
     if (reduces.count(n.op)) {
-      auto axes = reduce_axes(g, n);
+      auto axes = reduce_axes(g, producers, n);
       if (!axes)
         return described(n, "reduces over axes computed at run time, which may include the "
                             "batch");
@@ -67,11 +89,8 @@ std::optional<std::string> batch_coupling(const graph& g) {
         return described(n, "computes along axis 0, the batch");
     }
     if (n.op == "CumSum" && n.inputs.size() > 1 && n.inputs[1] >= 0) {
-      const auto* c = g.values[n.inputs[1]].constant.get();
-      int64_t axis = !c ? 0
-                     : c->dtype == datatype::int32 ? c->as<int32_t>()[0]
-                                                    : c->as<int64_t>()[0];
-      if (!c || is_batch_axis(g, n, axis))
+      auto axis = known_ints(g, producers, n.inputs[1]);
+      if (!axis || axis->empty() || is_batch_axis(g, n, axis->front()))
         return described(n, "sums along axis 0, the batch (or an axis computed at run time)");
     }
     if ((n.op == "LayerNormalization" || n.op == "FusedLayerNorm")

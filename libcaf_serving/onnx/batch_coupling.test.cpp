@@ -66,3 +66,25 @@ TEST_CASE("operators that compute across batch rows are found, the others are no
   CHECK_FALSE(batch_coupling(one_node("ArgMax", [](graph&, node& n) { n.set_i("axis", 2); })));
   CHECK_FALSE(batch_coupling(one_node("Relu", none)));
 }
+
+TEST_CASE("an axis from a Constant node is read, as the TorchScript exporter writes them") {
+  // RoBERTa's position ids: CumSum(mask, axis) with the axis a Constant node's output.
+  auto cumsum_on = [](int64_t axis) {
+    return one_node("CumSum", [axis](graph& g, node& n) {
+      int a = g.add_value("axis", datatype::int64, {}, true);
+      auto t = make_tensor(datatype::int64, {});
+      t->as_mut<int64_t>()[0] = axis;
+      n.inputs.push_back(a); // before add_node, which may move `n`
+      auto& c = g.add_node("Constant", "axis_node", {}, {a});
+      c.attrs["value"].kind = attribute::kind_t::tensor;
+      c.attrs["value"].t = t;
+    });
+  };
+  CHECK_FALSE(batch_coupling(cumsum_on(1)));
+  CHECK(batch_coupling(cumsum_on(0)));
+  CHECK(batch_coupling(one_node("ReduceMean", [](graph& g, node& n) {
+    int a = g.add_value("axes", datatype::int64, {1}, true);
+    n.inputs.push_back(a); // before add_node, which may move `n`
+    g.add_node("Constant", "axes_node", {}, {a}).set_ints("value_ints", {0});
+  })));
+}
