@@ -87,7 +87,7 @@ slo_policy::plan(time_point now, const std::vector<executor_load>& executors) co
   const uint64_t max_bytes = cfg_.base.max_batch_bytes;
   for (const auto& [k, e] : queue_) {
     auto it = open.find(e.batch_class);
-    if (it != open.end() && !e.starts_batch) {
+    if (it != open.end()) {
       auto& b = batches[it->second];
       bool fits = b.rows + e.rows <= max_batch_rows_
                   && (max_bytes == 0 || b.bytes + e.bytes <= max_bytes);
@@ -205,7 +205,7 @@ slo_enqueue_result slo_policy::enqueue(const request_info& request, time_point r
   uint64_t seq = next_seq_++;
   entry e{request.id, rows, level, seq, received, add_saturating(received, budget), budget, own,
           {request.shape_class, cfg_.base.max_padding_waste ? request.padded_length : 0},
-          request.bytes, false};
+          request.bytes};
   key k{level, e.deadline, seq};
   bool measured = !executors.empty();
   for (const auto& x : executors)
@@ -222,7 +222,6 @@ slo_enqueue_result slo_policy::enqueue(const request_info& request, time_point r
     bool late = false;
     size_t late_after = 0;
     size_t ahead = 0;
-    bool joined = false;
     time_point completion{};
     time_point drained{};
   };
@@ -240,7 +239,6 @@ slo_enqueue_result slo_policy::enqueue(const request_info& request, time_point r
           continue;
         }
         found = true;
-        o.joined = i > 0;
         o.completion = b.completion;
       }
     }
@@ -249,13 +247,6 @@ slo_enqueue_result slo_policy::enqueue(const request_info& request, time_point r
   };
   auto first = try_plan();
   bool fits = !first.late && first.late_after <= late_before;
-  if (!fits && first.joined) {
-    // Joining a batch that would then finish too late: a batch of its own
-    // after it may still be in time (the plan keeps that choice).
-    where->second.starts_batch = true;
-    auto second = try_plan();
-    fits = !second.late && second.late_after <= late_before;
-  }
   if (fits) {
     ++per_level_[level];
     return admitted{};
@@ -311,29 +302,29 @@ slo_poll_result slo_policy::poll(time_point now, const std::vector<executor_load
     }
   }
   auto batches = plan(now, executors);
-  // Each executor runs the batches the plan puts on it in order: the first of
-  // them may wait as long as every one of them still finishes in time.
+  // Each executor runs the batches the plan puts on it in order: only the
+  // first of them may go now.
   std::vector<std::optional<size_t>> first_on(executors.size());
-  std::vector<nanoseconds> slack_on(executors.size(), nanoseconds::max());
-  for (size_t k = 0; k < batches.size(); ++k) {
-    const auto& b = batches[k];
-    if (!first_on[b.executor])
-      first_on[b.executor] = k;
-    slack_on[b.executor]
-      = std::min(slack_on[b.executor], b.earliest_deadline - (b.completion + margin));
-  }
+  for (size_t k = 0; k < batches.size(); ++k)
+    if (!first_on[batches[k].executor])
+      first_on[batches[k].executor] = k;
   std::optional<time_point> wake;
   for (size_t k = 0; k < batches.size(); ++k) {
     const auto& b = batches[k];
     size_t x = b.executor;
     if (first_on[x] != k || !executors[x].has_credit())
       continue;
-    // Full (the cheapest size per row), or any later would make one late.
-    // A batch goes one margin before its latest start: a prediction that grows
-    // meanwhile (a slower batch raises the cost model) must not leave its
-    // requests to be shed at the door, and a request that arrives may still
-    // join a batch that is not yet at its edge.
-    if (!measured || b.rows >= max_batch_rows_ || slack_on[x] <= margin) {
+    // Full (the cheapest size per row), or the executor is free or about to
+    // be. An executor's idle time is capacity lost, and under load batches
+    // grow by themselves (the queue fills while the executor is busy): waiting
+    // for a fuller batch on a free executor delayed every later batch by the
+    // wait, which at high load left the next batch no room inside the target.
+    // A batch sent into a busy executor's pipeline (depth > 1) early is locked
+    // at its size while it could still grow, so it goes one margin before the
+    // executor is predicted to be free (the margin covers the hop).
+    int64_t busy_ns = measured ? outstanding_ns(executors[x]) : 0;
+    bool free_soon = executors[x].in_flight_rows.empty() || busy_ns <= margin.count();
+    if (!measured || b.rows >= max_batch_rows_ || free_soon) {
       auto members = b.members;
       uint32_t rows = b.rows;
       if (measured) {
@@ -381,7 +372,7 @@ slo_poll_result slo_policy::poll(time_point now, const std::vector<executor_load
       out.next = std::move(d);
       return out;
     }
-    auto at = now + (slack_on[x] - margin);
+    auto at = now + nanoseconds{busy_ns - margin.count()};
     wake = wake ? std::min(*wake, at) : at;
   }
   if (wake)

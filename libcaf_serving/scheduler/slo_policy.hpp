@@ -24,20 +24,23 @@
 ///   batches are laid onto the executors, each on the one that finishes it
 ///   first given its outstanding work and its cost model (executor_choice.hpp).
 ///   That gives every queued request a predicted completion.
-/// - Dispatch. The first batch of the plan goes out when it is full (the size
-///   that maximises throughput: the cost per row falls with size on every
-///   backend we have), or one `margin` before waiting any longer would make
-///   some batch planned on its executor finish later than its earliest deadline
-///   less `margin` (the second margin absorbs a prediction that grows while the
-///   batch waits, and leaves room for a request to join). Otherwise the policy
-///   asks to be polled again then.
-/// - Admission. A new request is planned in; it is shed at once (HTTP 503 with
-///   Retry-After) when it would finish past its deadline, or when it would make
-///   more queued requests late than were late without it (both less the
-///   margin). Requests that can no longer finish by their deadline, even alone
-///   on the executor that would finish them first, are shed from the queue at
-///   poll (poll_result.expired) instead of being served late; so is a member of
-///   a batch about to go that would finish it too late.
+/// - Dispatch. The first batch of the plan on an executor goes out when it is
+///   full (the size that maximises throughput: the cost per row falls with size
+///   on every backend we have), or when the executor is free, or one `margin`
+///   before it is predicted to be free (an executor with a credit window over
+///   1). Waiting on a free executor for a fuller batch wastes its capacity and
+///   delays every later batch; under load batches grow by themselves while
+///   the executor is busy. Otherwise the policy asks to be polled again then.
+/// - Admission. A new request is planned in (it joins the open batch of its
+///   class while that has room: batches are never split to make room, which
+///   cost a fixed batch cost each time and left the queue in small batches);
+///   it is shed at once (HTTP 503 with Retry-After) when it would finish past
+///   its deadline, or when it would make more queued requests late than were
+///   late without it (both less the margin). Requests that can no longer
+///   finish by their deadline, even alone on the executor that would finish
+///   them first, are shed from the queue at poll (poll_result.expired) instead
+///   of being served late; so is a member of a batch about to go that would
+///   finish it too late.
 /// - While an executor has not been measured at all, the policy cannot predict:
 ///   it admits every request (up to the queue bound) and sends batches as soon
 ///   as an executor is free, which measures it.
@@ -138,9 +141,6 @@ private:
     /// Requests with equal keys may share a batch.
     std::pair<uint64_t, uint64_t> batch_class;
     uint64_t bytes;
-    /// Opens a new batch of its class instead of joining the open one: set at
-    /// admission when joining would have made that batch late.
-    bool starts_batch;
   };
 
   /// Queue order: level, deadline, arrival.
