@@ -181,15 +181,18 @@ TEST_CASE("overload: what cannot finish in time gets a fast 503 with Retry-After
 }
 
 TEST_CASE("EDF: a request with a tighter timeout overtakes one queued before it") {
-  // 100 ms a batch, target 1 s: a request without a timeout may wait until
-  // ~850 ms; one due in 400 ms (of another length, so the two cannot share a
-  // batch) must go first.
+  // 100 ms a batch, target 1 s. While a first batch runs, a request without a
+  // timeout is queued, then one due in 400 ms (of another length, so the two
+  // cannot share a batch): when the executor is free the urgent one goes first.
   const std::string model = "slo_edf";
   slo_server server(model, 4, 100, 1000);
   warm_up(server, model, 1);
-  auto relaxed = send_async(server.port(), model, 1, body(1));
+  auto running = send_async(server.port(), model, 4, body(4));
   REQUIRE(server.wait_pending(model, 1));
+  auto relaxed = send_async(server.port(), model, 1, body(1));
+  REQUIRE(server.wait_pending(model, 2));
   auto urgent = send_async(server.port(), model, 2, body(2, 1, with_timeout_us(400'000), 3));
+  check_echo(running.get());
   auto r = relaxed.get();
   auto u = urgent.get();
   check_echo(r);
@@ -198,7 +201,7 @@ TEST_CASE("EDF: a request with a tighter timeout overtakes one queued before it"
                                        << " ms, the other after " << ms_between(r.sent, r.finished)
                                        << " ms");
   auto metrics = server.metrics();
-  CHECK(series(metrics, "caf_serving_slo_goodput_total", model) == 3);
+  CHECK(series(metrics, "caf_serving_slo_goodput_total", model) == 4);
   CHECK(series(metrics, "caf_serving_slo_deadline_miss_total", model) == 0);
 }
 
