@@ -610,3 +610,40 @@ TEST_CASE("load at and above capacity, exact costs: about capacity is served in 
     }
   }
 }
+
+TEST_CASE("after a burst has drained, a lone request on the idle executor is served at once") {
+  // The old policy held a lone request until one margin before its latest
+  // start; a timer that fired a little late on a loaded machine, or a cost
+  // model that grew meanwhile (the burst's last batches measured slower), then
+  // shed it at the door on an idle server ("predicted completion 51 ms >
+  // latency target 50 ms").
+  slo_policy p{config(16, 50, 2500)};
+  auto cost = exact(10'000'000, 1'000'000, 16);
+  std::vector<executor_load> ex{{&cost, {}, 0, 1}};
+  // A burst of 40 at t=0: served in batches while the executor is free, the
+  // rest shed.
+  double t = 0;
+  size_t admitted_count = 0;
+  for (uint64_t id = 1; id <= 40; ++id)
+    admitted_count += std::holds_alternative<admitted>(p.enqueue(req(id), at_ms(0), at_ms(0), ex));
+  CHECK(admitted_count >= 16);
+  for (int guard = 0; guard < 100 && p.queued() > 0; ++guard) {
+    auto r = p.poll(at_ms(t), ex);
+    if (auto* d = std::get_if<slo_dispatch>(&r.next)) {
+      // It runs to completion, measured 20% slower than predicted.
+      t += 1.2 * static_cast<double>(d->predicted_ns) / 1e6;
+      cost.observe(d->rows, static_cast<int64_t>(1.2 * static_cast<double>(d->predicted_ns)));
+      continue;
+    }
+    if (auto* w = std::get_if<wait_until>(&r.next))
+      t = static_cast<double>((w->when - t0).count()) / 1e6;
+  }
+  REQUIRE(p.queued() == 0);
+  // Idle now; one request a while later.
+  t += 100;
+  REQUIRE(std::holds_alternative<admitted>(p.enqueue(req(100), at_ms(t), at_ms(t), ex)));
+  auto r = p.poll(at_ms(t), ex);
+  CHECK(r.expired.empty());
+  REQUIRE(std::holds_alternative<slo_dispatch>(r.next));
+  CHECK(std::get<slo_dispatch>(r.next).ids == std::vector<uint64_t>{100});
+}
