@@ -99,6 +99,16 @@ std::vector<int> graph::producers() const {
   return p;
 }
 
+value_readers::value_readers(const graph& g)
+  : readers(g.values.size()), is_output(g.values.size()) {
+  for (size_t n = 0; n < g.nodes.size(); ++n)
+    for (int i : g.nodes[n].inputs)
+      if (i >= 0)
+        readers[i].push_back(static_cast<int>(n));
+  for (int o : g.outputs)
+    is_output[o] = true;
+}
+
 std::vector<int> graph::use_counts() const {
   std::vector<int> u(values.size(), 0);
   for (const auto& n : nodes)

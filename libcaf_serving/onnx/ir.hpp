@@ -165,6 +165,22 @@ struct graph {
   std::vector<int> use_counts() const;
 };
 
+/// Who reads each value (the node indices, once per input slot) and which
+/// values the graph outputs; the fusion passes use it to know when a pattern's
+/// intermediate values may be removed. A snapshot: rebuild it after editing.
+struct value_readers {
+  std::vector<std::vector<int>> readers;
+  std::vector<bool> is_output;
+
+  explicit value_readers(const graph& g);
+  /// The only node reading `v`, when `v` is read exactly once and is no graph output; else -1.
+  int single(int v) const {
+    if (v < 0 || is_output[v] || readers[v].size() != 1)
+      return -1;
+    return readers[v][0];
+  }
+};
+
 /// "[2,3,-1]"
 std::string shape_string(const std::vector<int64_t>& shape);
 int64_t element_count(const std::vector<int64_t>& shape);

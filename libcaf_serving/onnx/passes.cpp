@@ -18,26 +18,6 @@ serving_error node_error(const graph& g, const node& n, const std::string& what)
                                       + std::to_string(g.opset) + "): " + what};
 }
 
-/// Who reads each value: (node index, input slot) pairs.
-struct consumers {
-  std::vector<std::vector<int>> readers;
-  std::vector<bool> is_output;
-
-  explicit consumers(const graph& g) : readers(g.values.size()), is_output(g.values.size()) {
-    for (size_t n = 0; n < g.nodes.size(); ++n)
-      for (int i : g.nodes[n].inputs)
-        if (i >= 0)
-          readers[i].push_back(static_cast<int>(n));
-    for (int o : g.outputs)
-      is_output[o] = true;
-  }
-  /// The only node reading `v`, when `v` is read exactly once and is no graph output.
-  int single(int v) const {
-    if (v < 0 || is_output[v] || readers[v].size() != 1)
-      return -1;
-    return readers[v][0];
-  }
-};
 
 const tensor_data* cst(const graph& g, int v) {
   return v >= 0 ? g.values[v].constant.get() : nullptr;
@@ -169,7 +149,7 @@ result<graph> specialize(const graph& src, const std::vector<std::vector<int64_t
 }
 
 void fold_batchnorm(graph& g) {
-  consumers cons(g);
+  value_readers cons(g);
   for (auto& bn : g.nodes) {
     if (bn.op != "BatchNormalization" || bn.inputs.size() < 5)
       continue;
@@ -218,7 +198,7 @@ void fuse_layernorm(graph& g) {
                  == static_cast<int64_t>(g.values[n.inputs[0]].shape.size()) - 1))
       n.op = "FusedLayerNorm";
   }
-  consumers cons(g);
+  value_readers cons(g);
   auto prod = g.producers();
   auto is = [&](int node, const char* op) { return node >= 0 && g.nodes[node].op == op; };
   auto last_axis = [&](const node& n) {
@@ -298,7 +278,7 @@ void fuse_gelu(graph& g) {
     if (n.op == "Gelu" && n.get_s("approximate", "none") == "none"
         && g.values[n.inputs[0]].dtype == datatype::fp32)
       n = node{"FusedGelu", n.name, {n.inputs[0]}, {n.outputs[0]}, {}};
-  consumers cons(g);
+  value_readers cons(g);
   auto prod = g.producers();
   for (auto& erf : g.nodes) {
     if (erf.op != "Erf")
@@ -565,7 +545,7 @@ void fuse_attention(graph& g) {
   using perm_t = std::vector<int64_t>;
   const perm_t bhsd{0, 2, 1, 3}, bhds{0, 2, 3, 1};
   for (size_t si = 0; si < g.nodes.size(); ++si) {
-    consumers cons(g);
+    value_readers cons(g);
     auto prod = g.producers();
     auto& sm = g.nodes[si];
     if (sm.op != "Softmax")
@@ -613,7 +593,7 @@ void fuse_attention(graph& g) {
       // Inserted before the attention: placed where the Where was.
       g.nodes[pa] = mk;
       chain.pop_back();
-      cons = consumers(g);
+      cons = value_readers(g);
       prod = g.producers();
     }
     float scale = 1.0f;
@@ -729,7 +709,7 @@ void fuse_attention(graph& g) {
 /// A fused node's output `y` read by exactly Sigmoid(y) and Mul(y, Sigmoid(y))
 /// (either order): SiLU, EfficientNet's activation as torch exports it.
 /// The node takes the Mul's place with activation "Swish".
-bool fuse_silu(graph& g, const consumers& cons, node& n) {
+bool fuse_silu(graph& g, const value_readers& cons, node& n) {
   int out = n.outputs[0];
   if (out < 0 || cons.is_output[out] || cons.readers[out].size() != 2)
     return false;
@@ -767,7 +747,7 @@ void fuse_epilogues(graph& g) {
   bool changed = true;
   while (changed) {
     changed = false;
-    consumers cons(g);
+    value_readers cons(g);
     for (auto& n : g.nodes) {
       bool conv = n.op == "FusedConv", mm = n.op == "FusedMatMul", gm = n.op == "FusedGemm";
       if (!conv && !mm && !gm)
@@ -867,7 +847,7 @@ namespace {
 /// padding), which otherwise costs a copy of the whole input and a reference
 /// step before a convolution that pads for free.
 void fold_pad_into_conv(graph& g) {
-  consumers cons(g);
+  value_readers cons(g);
   for (auto& pad : g.nodes) {
     if (pad.op != "Pad" || pad.get_s("mode", "constant") != "constant" || pad.inputs.size() < 2
         || (pad.inputs.size() > 3 && pad.inputs[3] >= 0))

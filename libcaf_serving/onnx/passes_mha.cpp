@@ -44,35 +44,24 @@ using dims = std::vector<int64_t>;
 struct mha_graph {
   graph& g;
   std::vector<int> prod;
-  std::vector<std::vector<int>> readers;
-  std::vector<bool> is_output;
+  value_readers rd;
 
-  explicit mha_graph(graph& gr)
-    : g(gr), prod(gr.producers()), readers(gr.values.size()), is_output(gr.values.size()) {
-    for (size_t n = 0; n < g.nodes.size(); ++n)
-      for (int i : g.nodes[n].inputs)
-        if (i >= 0)
-          readers[i].push_back(static_cast<int>(n));
-    for (int o : g.outputs)
-      is_output[o] = true;
-  }
+  explicit mha_graph(graph& gr) : g(gr), prod(gr.producers()), rd(gr) {}
 
   const dims& shape(int v) const { return g.values[v].shape; }
 
   /// The node producing `v` when its operator is `op` and `v` is read by one
   /// node only (so the pattern may remove it); -1 otherwise.
   int private_producer(int v, const char* op) const {
-    if (v < 0 || prod[v] < 0 || g.nodes[prod[v]].op != op || is_output[v]
-        || readers[v].size() != 1)
+    if (v < 0 || prod[v] < 0 || g.nodes[prod[v]].op != op || rd.single(v) < 0)
       return -1;
     return prod[v];
   }
 
   /// The only reader of `v` when its operator is `op`; -1 otherwise.
   int single_reader(int v, const char* op) const {
-    if (v < 0 || is_output[v] || readers[v].size() != 1 || g.nodes[readers[v][0]].op != op)
-      return -1;
-    return readers[v][0];
+    int r = rd.single(v);
+    return r >= 0 && g.nodes[r].op == op ? r : -1;
   }
 
   std::optional<float> scalar(int v) const {
@@ -113,7 +102,7 @@ std::optional<head_operand> trace_head(const mha_graph& m, int v, bool transpose
   bool swapped = false;
   for (;;) {
     int p = m.prod[v];
-    if (p < 0 || m.is_output[v] || m.readers[v].size() != 1)
+    if (p < 0 || m.rd.is_output[v] || m.rd.readers[v].size() != 1)
       return std::nullopt;
     const node& n = m.g.nodes[p];
     if ((n.op == "Mul" || n.op == "Div") && n.inputs.size() == 2) {
@@ -173,7 +162,7 @@ std::optional<in_projection> trace_in_projection(const mha_graph& m, int packed,
   in_projection ip;
   // The packed value is read by the three Gathers (checked by the caller).
   int sq = m.prod[packed];
-  if (sq < 0 || m.g.nodes[sq].op != "Squeeze" || m.is_output[packed]
+  if (sq < 0 || m.g.nodes[sq].op != "Squeeze" || m.rd.is_output[packed]
       || m.shape(packed) != dims{3, s, b, e})
     return std::nullopt;
   int tr_out = m.g.nodes[sq].inputs[0];
@@ -301,7 +290,7 @@ void fuse_packed_attention(graph& g) {
     auto v = trace_head(m, g.nodes[pv].inputs[1], false, bhsd);
     if (!q || !k || !v || v->scale != 1.0f || q->index != 0 || k->index != 1 || v->index != 2
         || q->packed != k->packed || q->packed != v->packed
-        || m.readers[q->packed].size() != 3)
+        || m.rd.readers[q->packed].size() != 3)
       continue;
     auto ip = trace_in_projection(m, q->packed, s, b, e);
     auto op = ip ? trace_out_projection(m, g.nodes[pv].outputs[0], s, b, e) : std::nullopt;

@@ -27,26 +27,6 @@ int32_t int_value(const tensor_data& t, int64_t i) {
   }
 }
 
-/// Who reads each value, and which values the graph outputs.
-struct readers_of {
-  std::vector<std::vector<int>> readers;
-  std::vector<bool> is_output;
-
-  explicit readers_of(const graph& g) : readers(g.values.size()), is_output(g.values.size()) {
-    for (size_t n = 0; n < g.nodes.size(); ++n)
-      for (int i : g.nodes[n].inputs)
-        if (i >= 0)
-          readers[i].push_back(static_cast<int>(n));
-    for (int o : g.outputs)
-      is_output[o] = true;
-  }
-  /// The only node reading `v`, when `v` is read once and is no graph output.
-  int single(int v) const {
-    if (v < 0 || is_output[v] || readers[v].size() != 1)
-      return -1;
-    return readers[v][0];
-  }
-};
 
 /// A DequantizeLinear or QuantizeLinear node with constant parameters.
 struct quant_node {
@@ -99,7 +79,7 @@ std::optional<quant_node> activation_dq(const graph& g, const std::vector<int>& 
 
 /// The Q that alone reads `v` (through a Relu that alone reads it, when
 /// `relu` is given), per tensor; the Relu's node index in `relu`.
-std::optional<quant_node> output_q(const graph& g, const readers_of& rd, int v, int* relu) {
+std::optional<quant_node> output_q(const graph& g, const value_readers& rd, int v, int* relu) {
   int r = rd.single(v);
   if (r < 0)
     return std::nullopt;
@@ -113,22 +93,25 @@ std::optional<quant_node> output_q(const graph& g, const readers_of& rd, int v, 
   return p;
 }
 
-/// The constant weights of a Conv through their DQ: 8-bit 4-D, per tensor or
-/// per output channel (axis 0).
-std::optional<quant_node> weight_dq(const graph& g, const std::vector<int>& prod, int v) {
+/// Constant 8-bit weights of rank `rank` through their DQ, per tensor or per
+/// channel along `channel_axis`: a Conv's [M, C, kH, kW] per output channel
+/// (rank 4, axis 0), a MatMul's [K, N] per column (rank 2, axis 1), a Gemm's
+/// transposed [N, K] per row (rank 2, axis 0).
+std::optional<quant_node> weight_dq(const graph& g, const std::vector<int>& prod, int v,
+                                    size_t rank, int64_t channel_axis) {
   if (v < 0)
     return std::nullopt;
   auto p = quant_params(g, prod[v], "DequantizeLinear");
   if (!p)
     return std::nullopt;
   const auto* w = cst(g, p->q);
-  if (!w || !is_8bit(w->dtype) || w->shape.size() != 4 || (p->z && p->z->dtype != w->dtype))
+  if (!w || !is_8bit(w->dtype) || w->shape.size() != rank || (p->z && p->z->dtype != w->dtype))
     return std::nullopt;
   int64_t channels = p->s->elements();
   if (channels == 1)
     return p;
-  int64_t axis = p->axis < 0 ? p->axis + 4 : p->axis;
-  if (axis != 0 || channels != w->shape[0])
+  int64_t axis = p->axis < 0 ? p->axis + static_cast<int64_t>(rank) : p->axis;
+  if (axis != channel_axis || channels != w->shape[channel_axis])
     return std::nullopt;
   return p;
 }
@@ -194,12 +177,12 @@ void kill(node& n) {
   n.outputs.clear();
 }
 
-bool fuse_conv(graph& g, const std::vector<int>& prod, const readers_of& rd, int idx) {
+bool fuse_conv(graph& g, const std::vector<int>& prod, const value_readers& rd, int idx) {
   const node conv = g.nodes[idx];
   if (conv.inputs.size() < 2 || conv.outputs.size() != 1)
     return false;
   auto x = activation_dq(g, prod, conv.inputs[0]);
-  auto w = weight_dq(g, prod, conv.inputs[1]);
+  auto w = weight_dq(g, prod, conv.inputs[1], 4, 0);
   int relu = -1;
   auto y = output_q(g, rd, conv.outputs[0], &relu);
   if (!x || !w || !y)
@@ -232,7 +215,7 @@ bool fuse_conv(graph& g, const std::vector<int>& prod, const readers_of& rd, int
   return true;
 }
 
-bool fuse_add(graph& g, const std::vector<int>& prod, const readers_of& rd, int idx) {
+bool fuse_add(graph& g, const std::vector<int>& prod, const value_readers& rd, int idx) {
   const node add = g.nodes[idx];
   if (add.inputs.size() != 2 || add.outputs.size() != 1)
     return false;
@@ -256,27 +239,6 @@ bool fuse_add(graph& g, const std::vector<int>& prod, const readers_of& rd, int 
   return true;
 }
 
-/// The constant weights of a MatMul ([K, N], per column: DQ axis 1) or of a
-/// Gemm with transB ([N, K], per row: axis 0), through their DQ.
-std::optional<quant_node> matmul_weight_dq(const graph& g, const std::vector<int>& prod, int v,
-                                           bool trans) {
-  if (v < 0)
-    return std::nullopt;
-  auto p = quant_params(g, prod[v], "DequantizeLinear");
-  if (!p)
-    return std::nullopt;
-  const auto* w = cst(g, p->q);
-  if (!w || !is_8bit(w->dtype) || w->shape.size() != 2 || (p->z && p->z->dtype != w->dtype))
-    return std::nullopt;
-  int64_t channels = p->s->elements();
-  if (channels == 1)
-    return p;
-  int64_t axis = p->axis < 0 ? p->axis + 2 : p->axis;
-  if (axis != (trans ? 0 : 1) || channels != w->shape[trans ? 0 : 1])
-    return std::nullopt;
-  return p;
-}
-
 /// `w` [N, K] as [K, N].
 constant_ptr transposed(const tensor_data& w) {
   int64_t n = w.shape[0], k = w.shape[1];
@@ -289,7 +251,7 @@ constant_ptr transposed(const tensor_data& w) {
   return t;
 }
 
-bool fuse_matmul(graph& g, const std::vector<int>& prod, const readers_of& rd, int idx) {
+bool fuse_matmul(graph& g, const std::vector<int>& prod, const value_readers& rd, int idx) {
   const node mm = g.nodes[idx];
   bool gemm = mm.op == "Gemm";
   if (mm.inputs.size() < 2 || mm.outputs.size() != 1)
@@ -299,7 +261,7 @@ bool fuse_matmul(graph& g, const std::vector<int>& prod, const readers_of& rd, i
                || (mm.inputs.size() > 2 && mm.inputs[2] >= 0 && mm.get_f("beta", 1.0f) != 1.0f)))
     return false;
   auto x = activation_dq(g, prod, mm.inputs[0]);
-  auto w = matmul_weight_dq(g, prod, mm.inputs[1], trans);
+  auto w = weight_dq(g, prod, mm.inputs[1], 2, trans ? 0 : 1);
   auto y = output_q(g, rd, mm.outputs[0], nullptr);
   if (!x || !w || !y)
     return false;
@@ -333,7 +295,7 @@ bool same_quantization(const quant_node& a, const quant_node& b) {
          && int_value(*a.z, 0) == int_value(*b.z, 0);
 }
 
-bool fuse_max_pool(graph& g, const std::vector<int>& prod, const readers_of& rd, int idx) {
+bool fuse_max_pool(graph& g, const std::vector<int>& prod, const value_readers& rd, int idx) {
   const node pool = g.nodes[idx];
   if (pool.inputs.size() != 1 || pool.outputs.empty() || pool.outputs[0] < 0)
     return false;
@@ -363,7 +325,7 @@ bool fuse_max_pool(graph& g, const std::vector<int>& prod, const readers_of& rd,
 qdq_fusions fuse_qdq(graph& g) {
   qdq_fusions done;
   auto prod = g.producers();
-  readers_of rd(g);
+  value_readers rd(g);
   // A rewrite replaces its node in place and kills the Relu and Q behind it;
   // it never changes what a later group's match reads (DQs stay until the
   // dead nodes go), so one pass over the nodes finds every group.
