@@ -292,53 +292,7 @@ void publish_health(scheduler_state& st) {
   }
 }
 
-/// The executor predicted to finish a batch of `rows` first, among those with a
-/// free credit and not quarantined; nullptr when none is.
-executor_slot* choose(scheduler_state& st, uint32_t rows) {
-  int64_t now = now_ns();
-  std::vector<executor_load> loads;
-  std::vector<size_t> index;
-  loads.reserve(st.executors.size());
-  for (size_t i = 0; i < st.executors.size(); ++i) {
-    auto& e = st.executors[i];
-    if (e.quarantined(now))
-      continue;
-    executor_load l;
-    l.cost = &e.cost;
-    l.depth = e.depth;
-    for (auto& s : e.in_flight)
-      l.in_flight_rows.push_back(s.rows);
-    if (!e.in_flight.empty())
-      l.oldest_elapsed_ns = now - std::max(e.in_flight.front().sent_ns, e.last_answer_ns);
-    loads.push_back(std::move(l));
-    index.push_back(i);
-  }
-  auto i = choose_executor(loads, rows);
-  return i ? &st.executors[index[*i]] : nullptr;
-}
-
-bool any_free(const scheduler_state& st) {
-  int64_t now = now_ns();
-  for (auto& e : st.executors)
-    if (e.in_flight.size() < e.depth && !e.quarantined(now))
-      return true;
-  return false;
-}
-
-/// A fresh policy for the model: the latency-target one when it has a target.
-void make_policy(scheduler_state& st) {
-  if (!st.cfg.latency_target) {
-    st.policy = std::make_unique<batching_policy>(st.cfg.policy);
-    return;
-  }
-  slo_policy_config c;
-  c.base = st.cfg.policy;
-  c.target = *st.cfg.latency_target;
-  c.margin = st.cfg.slo_margin.count() > 0 ? st.cfg.slo_margin : default_slo_margin(c.target);
-  st.slo = std::make_unique<slo_policy>(c);
-}
-
-/// What the latency-target policy sees of the executors that may take batches
+/// What executor choice and the latency-target policy see of the executors that may take batches
 /// (quarantined ones left out), and which slot each is.
 struct executor_view {
   std::vector<executor_load> loads;
@@ -364,6 +318,36 @@ executor_view view_executors(scheduler_state& st) {
   }
   return v;
 }
+
+/// The executor predicted to finish a batch of `rows` first, among those with a
+/// free credit and not quarantined; nullptr when none is.
+executor_slot* choose(scheduler_state& st, uint32_t rows) {
+  auto v = view_executors(st);
+  auto i = choose_executor(v.loads, rows);
+  return i ? &st.executors[v.slot[*i]] : nullptr;
+}
+
+bool any_free(const scheduler_state& st) {
+  int64_t now = now_ns();
+  for (auto& e : st.executors)
+    if (e.in_flight.size() < e.depth && !e.quarantined(now))
+      return true;
+  return false;
+}
+
+/// A fresh policy for the model: the latency-target one when it has a target.
+void make_policy(scheduler_state& st) {
+  if (!st.cfg.latency_target) {
+    st.policy = std::make_unique<batching_policy>(st.cfg.policy);
+    return;
+  }
+  slo_policy_config c;
+  c.base = st.cfg.policy;
+  c.target = *st.cfg.latency_target;
+  c.margin = st.cfg.slo_margin.count() > 0 ? st.cfg.slo_margin : default_slo_margin(c.target);
+  st.slo = std::make_unique<slo_policy>(c);
+}
+
 
 /// Answers a shed request: 503 with Retry-After, counted, and explained in the
 /// log (at most one line a second; the next line says how many were not logged).
