@@ -125,6 +125,7 @@ int main(int argc, char** argv) {
     rc.server_name = "caf-serving-" + std::to_string(getpid());
     rc.credits = opts.cluster.remote_credits;
     rc.request_timeout = std::chrono::milliseconds(opts.cluster.remote_timeout_ms);
+    rc.max_ship_bytes = opts.cluster.max_ship_bytes;
     registry = cluster::start_registry(sys, models, std::move(rc));
     if (opts.cluster.listen_port) {
       const auto& addr = opts.cluster.listen_address;

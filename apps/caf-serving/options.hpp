@@ -32,6 +32,8 @@ struct cluster_options {
   uint32_t remote_timeout_ms = 10000;
   uint32_t heartbeat_ms = 200;
   uint32_t node_timeout_ms = 1000;
+  /// Largest model shipped to a worker without a repository (--max-ship-bytes).
+  uint64_t max_ship_bytes = 1ull << 30;
 
   bool enabled() const { return !workers.empty() || listen_port.has_value(); }
 };
