@@ -149,16 +149,24 @@ TEST_CASE("a worker whose copy of a model differs is kept out of it, and says so
     cfg << "\n# edited on the worker\n";
   }
   worker_process w1({worker_repo.path().string(), "w1", {}, {}});
+  // Placement: w2 holds the server's copy of everything but serves only "fast".
+  worker_process w2({server_repo.path().string(), "w2", {"--models", "fast"}, {}});
   support::server_process server({CAF_SERVING_BINARY, server_repo.path().string(),
-                                  {"--worker", w1.address(), "--local-executors", "false"}});
+                                  {"--worker", w1.address(), "--worker", w2.address(),
+                                   "--local-executors", "false"}});
   REQUIRE(wait_for_v2(server.http_port(),
                       "\"models_refused\":[\"opset21_cnn: the worker's copy differs",
                       std::chrono::seconds(10)));
   CHECK(wait_for_v2(server.http_port(), "\"models\":[\"fast:1\",\"slow:1\"]",
                     std::chrono::seconds(5)));
+  CHECK(wait_for_v2(server.http_port(),
+                    "\"name\":\"w2\",\"address\":\"" + w2.address()
+                      + "\",\"state\":\"ready\",\"models\":[\"fast:1\"],",
+                    std::chrono::seconds(5)));
+  CHECK(w2.output().find("model opset21_cnn") == std::string::npos); // never loaded there
   CHECK(metric_sum(server.metrics_port(), "caf_serving_worker_model_refused",
                    "model=\"opset21_cnn\"")
-        == 1);
+        == 1); // w1 only
   CHECK(metric_sum(server.metrics_port(), "caf_serving_worker_model_refused", "model=\"fast\"")
         == 0);
   // Never served by the other version: no executor serves it here.
