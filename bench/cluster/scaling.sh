@@ -14,7 +14,9 @@
 # reference input/output (bench-models/reference/<model>). The client
 # (scaling_client.py) checks every answer against the reference output.
 # Environment: NETEM_US (default 200), NO_NETNS=1 to stay on loopback,
-# CORES="0 1" (the cores the workers are pinned to, in turn).
+# CORES="0 1" (the cores the workers are pinned to, in turn), REPEAT=N rounds of
+# the 1- and 2-worker runs in ABBA order (default 1), with their medians and the
+# median of the per-round ratios at the end.
 set -euo pipefail
 build=${1:?usage: scaling.sh BUILD_DIR [MODEL_DIR] [REFERENCE_DIR] [SECONDS] [CONCURRENCY]}
 model_dir=${2:-/work/wt/bench-models/models/resnet50}
@@ -29,12 +31,12 @@ worker_bin=$(realpath "$build/apps/caf-serving-worker/caf-serving-worker")
 model=$(basename "$model_dir")
 work=$(mktemp -d)
 pids=()
-namespaces=()
 export CAF_SERVING_CLUSTER_SECRET=bench-secret-$$
 
 cleanup() {
   for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-  for n in "${namespaces[@]}"; do
+  # Made inside the runs' subshells: remove whatever exists.
+  for n in 1 2; do
     ip link del "csbh$n" 2>/dev/null || true
     ip netns del "csb$$-$n" 2>/dev/null || true
   done
@@ -56,7 +58,6 @@ fi
 make_ns() {
   local n=$1 ns="csb$$-$1"
   ip netns add "$ns"
-  namespaces+=("$n")
   ip link add "csbh$n" type veth peer name "csbw$n"
   ip link set "csbw$n" netns "$ns"
   ip addr add "10.233.$n.1/24" dev "csbh$n"
@@ -134,6 +135,23 @@ echo "model $model ($model_dir), ${seconds} s per run, ${concurrency} clients," 
      "workers pinned to cores ${cores[*]} with --executor-threads 1;" \
      "$([ "$use_netns" = 1 ] && echo "each worker in a netns, netem ${netem_us} us each way" \
                              || echo "loopback (no netns)"); $(nproc) cores"
-run 1-worker 1 0
-run 2-workers 2 0
+results=$work/results.txt
+: > "$results"
+rps_of() { sed 's/.*"rps": \([0-9.]*\).*/\1/'; }
+for round in $(seq 1 "${REPEAT:-1}"); do
+  order=("1-worker 1" "2-workers 2")
+  [ $((round % 2)) = 0 ] && order=("2-workers 2" "1-worker 1")
+  for entry in "${order[@]}"; do
+    read -r label n <<< "$entry"
+    line=$(run "$label" "$n" 0)
+    echo "$line"
+    echo "$round $n $(echo "$line" | rps_of)" >> "$results"
+  done
+done
+if [ "${REPEAT:-1}" -gt 1 ]; then
+  median() { sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
+  echo "median req/s: 1 worker $(awk '$2 == 1 {print $3}' "$results" | median)," \
+       "2 workers $(awk '$2 == 2 {print $3}' "$results" | median);" \
+       "median ratio per round $(awk '{r[$1, $2] = $3} END {for (k = 1; k <= '"${REPEAT:-1}"'; ++k) print r[k, 2] / r[k, 1]}' "$results" | median)"
+fi
 run 2-workers-kill-1 2 1

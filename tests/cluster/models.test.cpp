@@ -3,7 +3,8 @@
 /// model differs (hash of config and files) is kept out of that model, visibly;
 /// a worker without a repository gets the models' files shipped; and load,
 /// unload and reload on the server (explicit control) reach the worker, a
-/// reload under load without a request lost.
+/// reload under load without a request lost; and a worker killed under ONNX load
+/// loses no request and duplicates none.
 
 #include "cluster_harness.hpp"
 
@@ -11,11 +12,13 @@
 
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <thread>
 
 using namespace caf_serving;
@@ -230,4 +233,73 @@ TEST_CASE("a worker without a repository gets the files; load, unload and reload
   CHECK(wait_for_count(w1, "model slow loaded for the server", 2, std::chrono::seconds(10)));
   CHECK(count(w1.output(), "model slow: 2 files (") == 2);
   CHECK(wait_for_v2_without(port, "models_refused", std::chrono::seconds(1)));
+}
+
+TEST_CASE("an ONNX model on two workers, one killed under load: every request answered once") {
+  setenv("CAF_SERVING_CLUSTER_SECRET", "models-test-secret", 1);
+  support::temp_repository repo;
+  repo.add_model(cnn_model);
+  worker_process w1({repo.path().string(), "w1", {"--executor-threads", "1"}, {}});
+  worker_process w2({repo.path().string(), "w2", {"--executor-threads", "1"}, {}});
+  support::server_process server({CAF_SERVING_BINARY, repo.path().string(),
+                                  {"--worker", w1.address(), "--worker", w2.address(),
+                                   "--local-executors", "false", "--heartbeat-ms", "100",
+                                   "--node-timeout-ms", "500"}});
+  support::server_process local({CAF_SERVING_BINARY, repo.path().string(),
+                                 {"--executor-threads", "1"}});
+  for (auto* w : {&w1, &w2})
+    REQUIRE(wait_for_v2(server.http_port(),
+                        "\"name\":\"" + std::string(w == &w1 ? "w1" : "w2")
+                          + "\",\"address\":\"" + w->address()
+                          + "\",\"state\":\"ready\",\"models\":[\"opset21_cnn:1\"]",
+                        std::chrono::seconds(10)));
+  // The answers of the server's own executors, for 8 inputs.
+  std::vector<std::vector<double>> expected;
+  {
+    support::http_client http(local.http_port());
+    for (int seed = 0; seed < 8; ++seed)
+      expected.push_back(output_data(http.post("/v2/models/opset21_cnn/infer", cnn_body(seed),
+                                               {{"Content-Type", "application/json"}})
+                                       .body));
+  }
+  std::atomic<int> answered{0}, correct{0}, failed{0};
+  std::atomic<bool> killed{false};
+  std::mutex mutex;
+  std::string first_failure;
+  std::vector<std::thread> clients;
+  for (int c = 0; c < 3; ++c)
+    clients.emplace_back([&, c] {
+      support::http_client http(server.http_port());
+      http.timeout = std::chrono::milliseconds(30000);
+      for (int i = 0; i < 40; ++i) {
+        int seed = (c * 40 + i) % 8;
+        auto r = http.post("/v2/models/opset21_cnn/infer", cnn_body(seed),
+                           {{"Content-Type", "application/json"}});
+        auto got = output_data(r.body);
+        bool same = r.status == 200 && got.size() == expected[seed].size() && !got.empty();
+        for (size_t k = 0; same && k < got.size(); ++k)
+          same = std::fabs(got[k] - expected[seed][k]) <= 1e-5 * (1 + std::fabs(expected[seed][k]));
+        (same ? correct : failed)++;
+        if (!same) {
+          std::lock_guard<std::mutex> guard(mutex);
+          if (first_failure.empty())
+            first_failure = std::to_string(r.status) + " " + r.body.substr(0, 300);
+        }
+        if (++answered == 30 && !killed.exchange(true))
+          w2.kill_hard();
+      }
+    });
+  for (auto& t : clients)
+    t.join();
+  INFO(first_failure);
+  CHECK(killed.load());
+  CHECK(correct == 120);
+  CHECK(failed == 0);
+  CHECK(wait_for_v2(server.http_port(), "\"name\":\"w2\",\"address\":\"" + w2.address()
+                                          + "\",\"state\":\"lost\"",
+                    std::chrono::seconds(5)));
+  // Exactly once: the server counted as many successes as the clients got answers.
+  CHECK(metric_sum(server.metrics_port(), "caf_serving_inference_request_success",
+                   "model=\"opset21_cnn\"")
+        == 120);
 }
