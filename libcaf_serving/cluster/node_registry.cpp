@@ -224,10 +224,15 @@ void attach_model(self_ptr self, worker_record& w, const std::string& name) {
 
 void attach(self_ptr self, const std::string& key);
 
-/// Asks the worker to load `name` (shipping its files when `ship`), and attaches
-/// what it then serves when the hashes agree.
+/// Where a worker loads a model from when the server asks it to.
+enum class load_source { shipped_files, worker_repository };
+
+/// Asks the worker to load `name` (from the files shipped with the request, or
+/// from its own repository), and attaches what it then serves when the hashes
+/// agree.
 void ask_load(self_ptr self, const std::string& key, const std::string& name,
-              const std::string& hash, bool ship) {
+              const std::string& hash, load_source source) {
+  bool ship = source == load_source::shipped_files;
   auto& st = self->state;
   auto& w = st.workers.at(key);
   model_shipment s{name, hash, {}};
@@ -293,9 +298,9 @@ void attach(self_ptr self, const std::string& key) {
   for (const auto& name : plan.attach)
     attach_model(self, w, name);
   for (const auto& name : plan.ship)
-    ask_load(self, key, name, in.served[name], true);
+    ask_load(self, key, name, in.served[name], load_source::shipped_files);
   for (const auto& name : plan.reload)
-    ask_load(self, key, name, in.served[name], false);
+    ask_load(self, key, name, in.served[name], load_source::worker_repository);
   for (const auto& name : plan.unload) {
     self->send(w.handle, unload_model_atom::value, name);
     w.models.erase(std::remove_if(w.models.begin(), w.models.end(),
