@@ -52,8 +52,9 @@ const char* usage_text =
   "\n"
   "  --model-repository DIR     the same repository layout as the server's; each model\n"
   "                             is served only where its hash equals the server's\n"
-  "  --model-cache-dir DIR      without --model-repository: where the models the server\n"
-  "                             ships are written (default: TMPDIR/caf-serving-worker-NAME)\n"
+  "  --model-cache-dir DIR      where the models the server ships are written: every\n"
+  "                             model without --model-repository, else those missing\n"
+  "                             there (default: TMPDIR/caf-serving-worker-NAME)\n"
   "  --max-model-bytes N        largest shipped model accepted (default 1073741824)\n"
   "  --models A,B               serve only these models (default: all)\n"
   "  --executor-threads N       compute threads shared by every CPU executor (default:\n"
@@ -151,9 +152,6 @@ std::variant<worker_options, std::string, bool> parse(int argc, char** argv) {
       return "unknown flag " + flag + "; see --help";
     }
   }
-  if (!o.repository.empty() && !o.cache_dir.empty())
-    return std::string("--model-cache-dir is for a worker without --model-repository (the "
-                       "server ships the models); give one of them");
   if (o.node_timeout_ms <= o.heartbeat_ms)
     return std::string("--node-timeout-ms must be longer than --heartbeat-ms");
   return o;
@@ -216,7 +214,7 @@ int main(int argc, char** argv) {
   wc.placement = opts.models;
   wc.max_model_bytes = opts.max_model_bytes;
   wc.cache_dir = opts.cache_dir;
-  if (wc.repository.empty() && wc.cache_dir.empty())
+  if (wc.cache_dir.empty())
     wc.cache_dir = std::filesystem::temp_directory_path() / ("caf-serving-worker-" + wc.name);
   // Loaded as the server loads: one budget of compute threads for every CPU
   // executor of every model.
@@ -250,5 +248,7 @@ int main(int argc, char** argv) {
   sys.middleman().unpublish(host->actor, *port);
   caf::anon_send_exit(host->actor, caf::exit_reason::user_shutdown);
   host->models->shutdown();
+  if (host->shipped)
+    host->shipped->shutdown();
   return 0;
 }

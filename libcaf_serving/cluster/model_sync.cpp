@@ -37,7 +37,11 @@ model_sync_plan plan_model_sync(const model_sync_input& in) {
                                  "without one to have the files shipped";
       continue;
     }
-    (in.accepts_files ? out.ship : out.reload).push_back(name);
+    // A copy from the worker's own repository is reloaded from there; a model
+    // it lacks, or holds from shipped files, is shipped (where it takes files).
+    bool own_copy = w != in.worker.end() && in.own_repository && !in.shipped.count(name);
+    bool ship = in.accepts_files && !own_copy;
+    (ship ? out.ship : out.reload).push_back(name);
   }
   for (const auto& [name, hash] : in.worker)
     if (!in.served.count(name) && !in.pending.count(name))

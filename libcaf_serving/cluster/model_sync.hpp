@@ -7,10 +7,10 @@
 /// A worker serves a model for a server only when both hold the same model: the
 /// same hash of its directory (model_hash.hpp). Otherwise the server asks the
 /// worker to load the model, once per server hash: from the files it ships when
-/// the worker has no repository of its own, else from the worker's repository
-/// (the server reloaded it; the worker's copy may have been updated too). When
-/// that load still gives another hash, the worker stays out of that model, and
-/// the mismatch is shown in /v2 and /metrics, never served.
+/// the worker lacks the model or holds a shipped copy, else from the worker's
+/// repository (the server reloaded it; the worker's copy may have been updated
+/// too). When that load still gives another hash, the worker stays out of that
+/// model, and the mismatch is shown in /v2 and /metrics, never served.
 
 #include <map>
 #include <set>
@@ -26,8 +26,12 @@ struct model_sync_input {
   std::map<std::string, std::string> worker;
   /// The worker's --models; empty: all.
   std::vector<std::string> placement;
-  /// The worker has no repository: the server ships files.
+  /// The worker takes shipped files for the models it lacks.
   bool accepts_files = false;
+  /// The worker has a repository of its own, and these of its models came
+  /// from shipped files instead.
+  bool own_repository = false;
+  std::set<std::string> shipped;
   /// name -> the server hash a load was already asked for (and answered).
   std::map<std::string, std::string> tried;
   /// Models whose load is under way on the worker.

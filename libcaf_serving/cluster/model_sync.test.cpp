@@ -57,3 +57,15 @@ TEST_CASE("placement and unloads") {
   CHECK(plan.reload.empty()); // b is not placed on this worker
   CHECK(plan.unload == std::vector<std::string>{"z"});
 }
+
+TEST_CASE("a worker with a repository gets shipped what it lacks, and reloads its own copies") {
+  model_sync_input in;
+  in.accepts_files = true;
+  in.own_repository = true;
+  in.served = {{"missing", "1"}, {"own", "2"}, {"was_shipped", "3"}};
+  in.worker = {{"own", "old"}, {"was_shipped", "old"}};
+  in.shipped = {"was_shipped"};
+  auto plan = plan_model_sync(in);
+  CHECK(plan.ship == std::vector<std::string>{"missing", "was_shipped"});
+  CHECK(plan.reload == std::vector<std::string>{"own"});
+}

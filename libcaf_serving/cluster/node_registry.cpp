@@ -128,6 +128,7 @@ struct worker_record {
   /// What the worker told at its greeting (protocol.hpp's worker_info).
   std::vector<std::string> placement;
   bool accepts_files = false;
+  bool own_repository = false;
   /// model_sync_input's tried and pending, and why loads asked of it failed.
   std::map<std::string, std::string> tried;
   std::set<std::string> pending;
@@ -288,10 +289,14 @@ void attach(self_ptr self, const std::string& key) {
     return;
   model_sync_input in;
   in.served = served_hashes(self);
-  for (const auto& m : w.models)
+  for (const auto& m : w.models) {
     in.worker[m.name] = m.hash;
+    if (m.shipped)
+      in.shipped.insert(m.name);
+  }
   in.placement = w.placement;
   in.accepts_files = w.accepts_files;
+  in.own_repository = w.own_repository;
   in.tried = w.tried;
   in.pending = w.pending;
   auto plan = plan_model_sync(in);
@@ -359,10 +364,15 @@ void greet(self_ptr self, const std::string& key, caf::actor handle) {
               w.pending.clear();
               w.load_errors.clear();
               w.tried.clear();
+              w.own_repository = info.own_repository;
               // A worker with a repository of its own has just loaded what is in
               // it: nothing to reload until the server loads a model anew.
-              if (!w.accepts_files)
-                w.tried = served_hashes(self);
+              if (w.own_repository) {
+                auto served = served_hashes(self);
+                for (const auto& m : w.models)
+                  if (!m.shipped && served.count(m.name))
+                    w.tried[m.name] = served[m.name];
+              }
               w.status.name = info.name;
               w.status.models.clear();
               w.status.models_refused.clear();

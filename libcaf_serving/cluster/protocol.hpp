@@ -50,11 +50,14 @@ struct worker_model {
   /// worker loaded it; the server uses the executors only when it is the hash
   /// of what the server serves.
   std::string hash;
+  /// Loaded from files the server shipped (not from the worker's repository).
+  bool shipped = false;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, worker_model& x) {
-  return f(caf::meta::type_name("worker_model"), x.name, x.version, x.executors, x.hash);
+  return f(caf::meta::type_name("worker_model"), x.name, x.version, x.executors, x.hash,
+           x.shipped);
 }
 
 /// One file of a model directory shipped to a worker (path relative to it).
@@ -89,14 +92,17 @@ struct worker_info {
   std::vector<worker_model> models;
   /// The models this worker may serve (--models); empty: any.
   std::vector<std::string> placement;
-  /// The worker has no repository of its own: the server ships model files.
+  /// The worker takes shipped files for the models it lacks.
   bool accepts_files = false;
+  /// The worker has a repository of its own (--model-repository): a model it
+  /// holds otherwise than the server is reloaded from there, not shipped.
+  bool own_repository = false;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, worker_info& x) {
   return f(caf::meta::type_name("worker_info"), x.name, x.models, x.placement,
-           x.accepts_files);
+           x.accepts_files, x.own_repository);
 }
 
 /// Timing of failure detection; the same on servers and workers.

@@ -83,6 +83,9 @@ caf::actor spawn_gate(caf::actor_system& sys, executor::executor_actor target,
 struct host_state {
   worker_config cfg;
   std::shared_ptr<server::model_manager> models;
+  /// Beside a repository of its own: the manager of the shipped models (its
+  /// repository is the cache directory); null without one.
+  std::shared_ptr<server::model_manager> shipped;
   /// The gates and hash of each model served now (what servers are told).
   std::map<std::string, std::vector<worker_model>> served;
   /// Loads asked for by servers and under way on the manager's loader thread.
@@ -110,13 +113,14 @@ std::filesystem::path model_dir(const server::model_manager& models, const std::
 /// One worker_model per served version of `name`, each with a gate per executor.
 std::vector<worker_model> describe(caf::actor_system& sys, const server::model_manager& models,
                                    const std::string& name, const std::string& hash,
-                                   const std::shared_ptr<authorized_nodes>& auth) {
+                                   bool shipped, const std::shared_ptr<authorized_nodes>& auth) {
   std::vector<worker_model> out;
   for (const auto& p : models.versions(name)) {
     worker_model m;
     m.name = name;
     m.version = p->version;
     m.hash = hash;
+    m.shipped = shipped;
     for (const auto& e : p->executors)
       m.executors.push_back(spawn_gate(sys, e, name, auth));
     out.push_back(std::move(m));
@@ -131,8 +135,21 @@ worker_info make_info(host_ptr self) {
   for (const auto& [name, versions] : st.served)
     info.models.insert(info.models.end(), versions.begin(), versions.end());
   info.placement = st.cfg.placement;
-  info.accepts_files = st.cfg.repository.empty();
+  info.accepts_files = st.cfg.repository.empty() || st.shipped != nullptr;
+  info.own_repository = !st.cfg.repository.empty();
   return info;
+}
+
+/// The manager that loads shipped files: the cache's beside a repository of the
+/// worker's own, else the only one (whose repository is the cache).
+server::model_manager& files_manager(host_state& st) {
+  return st.shipped ? *st.shipped : *st.models;
+}
+
+/// True when the worker serves `name` from shipped files.
+bool serves_shipped(const host_state& st, const std::string& name) {
+  auto it = st.served.find(name);
+  return it != st.served.end() && !it->second.empty() && it->second.front().shipped;
 }
 
 bool authorized(host_ptr self) {
@@ -166,10 +183,15 @@ caf::typed_response_promise<std::vector<worker_model>> load_for_server(host_ptr 
                           + "' (--models)"));
     return rp;
   }
+  std::error_code ec;
+  bool from_files = !s.files.empty() || st.cfg.repository.empty()
+                    || (st.shipped && serves_shipped(st, s.name));
   if (!s.files.empty()) {
-    if (!st.cfg.repository.empty()) {
-      rp.deliver(load_error("worker '" + st.cfg.name + "' has a repository of its own ("
-                            + st.cfg.repository.string() + ") and takes no shipped files"));
+    if (!st.cfg.repository.empty() && (!st.shipped
+                                       || std::filesystem::exists(st.cfg.repository / s.name, ec))) {
+      rp.deliver(load_error("worker '" + st.cfg.name + "' has its own copy of model '" + s.name
+                            + "' in " + st.cfg.repository.string()
+                            + " and takes no shipped files for it; update it there"));
       return rp;
     }
     uint64_t total = 0;
@@ -181,7 +203,7 @@ caf::typed_response_promise<std::vector<worker_model>> load_for_server(host_ptr 
                             + std::to_string(st.cfg.max_model_bytes) + ")"));
       return rp;
     }
-    auto dir = model_dir(*st.models, s.name);
+    auto dir = model_dir(files_manager(st), s.name);
     auto written = write_model_files(dir, s.files);
     if (!written) {
       rp.deliver(load_error(written.error().message));
@@ -200,9 +222,10 @@ caf::typed_response_promise<std::vector<worker_model>> load_for_server(host_ptr 
   auto id = ++st.next_load;
   st.loads.emplace(id, rp);
   auto me = caf::actor_cast<caf::actor>(self);
-  auto dir = model_dir(*st.models, s.name);
-  st.models->load_async(s.name, [me, id, name = s.name, dir](
-                                  std::variant<std::monostate, serving_error> r) {
+  auto& manager = from_files ? files_manager(st) : *st.models;
+  auto dir = model_dir(manager, s.name);
+  manager.load_async(s.name, [me, id, name = s.name, dir, from_files](
+                               std::variant<std::monostate, serving_error> r) {
     std::string error, hash;
     if (auto* e = std::get_if<serving_error>(&r)) {
       error = e->message;
@@ -211,7 +234,7 @@ caf::typed_response_promise<std::vector<worker_model>> load_for_server(host_ptr 
     } else {
       error = h.error().message;
     }
-    caf::anon_send(me, load_done_atom::value, id, name, error, hash);
+    caf::anon_send(me, load_done_atom::value, id, name, error, hash, from_files);
   });
   return rp;
 }
@@ -287,6 +310,23 @@ result<worker_host> start_worker(caf::actor_system& sys, worker_config config) {
   auto started = host.models->start();
   if (auto* e = std::get_if<serving_error>(&started))
     return *e;
+  // Beside a repository of its own, a worker takes shipped files for the models
+  // missing there, into the cache, loaded by a manager of their own (the same
+  // model manager, on another directory; nothing is loaded from it at start).
+  if (!config.repository.empty() && !config.cache_dir.empty()) {
+    std::filesystem::create_directories(config.cache_dir, ec);
+    if (ec)
+      return serving_error{status_code::internal, "cannot create --model-cache-dir "
+                                                    + config.cache_dir.string() + ": "
+                                                    + ec.message()};
+    auto cc = mc;
+    cc.repository = config.cache_dir;
+    cc.startup_models.clear();
+    host.shipped = std::make_shared<server::model_manager>(sys, cc);
+    if (auto r = host.shipped->start(); std::holds_alternative<serving_error>(r))
+      return std::get<serving_error>(r);
+  }
+  bool everything_shipped = config.repository.empty();
   auto auth = std::make_shared<authorized_nodes>();
   std::map<std::string, std::vector<worker_model>> served;
   for (const auto& row : host.models->index()) {
@@ -296,7 +336,7 @@ result<worker_host> start_worker(caf::actor_system& sys, worker_config config) {
         host.failed.push_back(row.name + ": " + hash.error().message);
         continue;
       }
-      served[row.name] = describe(sys, *host.models, row.name, *hash, auth);
+      served[row.name] = describe(sys, *host.models, row.name, *hash, everything_shipped, auth);
       for (const auto& m : served[row.name])
         host.loaded.push_back(row.name + " version " + std::to_string(m.version) + " ("
                               + std::to_string(m.executors.size()) + " executors)");
@@ -304,12 +344,13 @@ result<worker_host> start_worker(caf::actor_system& sys, worker_config config) {
       host.failed.push_back(row.name + ": " + row.reason);
     }
   }
-  host.actor = sys.spawn([cfg = std::move(config), models = host.models,
+  host.actor = sys.spawn([cfg = std::move(config), models = host.models, shipped = host.shipped,
                           served = std::move(served), auth](host_ptr self) mutable
                          -> caf::behavior {
     auto& st = self->state;
     st.cfg = std::move(cfg);
     st.models = models;
+    st.shipped = shipped;
     st.served = std::move(served);
     st.auth = auth;
     self->set_down_handler([self](caf::down_msg& dm) {
@@ -349,7 +390,7 @@ result<worker_host> start_worker(caf::actor_system& sys, worker_config config) {
       },
       [self](load_model_atom, model_shipment& s) { return load_for_server(self, s); },
       [self](load_done_atom, uint64_t id, const std::string& name, const std::string& error,
-             const std::string& hash) {
+             const std::string& hash, bool from_files) {
         auto& st = self->state;
         auto it = st.loads.find(id);
         if (it == st.loads.end())
@@ -363,7 +404,8 @@ result<worker_host> start_worker(caf::actor_system& sys, worker_config config) {
           return;
         }
         auto& models = st.served[name];
-        models = describe(self->system(), *st.models, name, hash, st.auth);
+        models = describe(self->system(), from_files ? files_manager(st) : *st.models, name,
+                          hash, from_files, st.auth);
         std::cout << "model " << name << " loaded for the server (hash " << hash.substr(0, 12)
                   << ")" << std::endl;
         rp.deliver(models);
@@ -372,7 +414,7 @@ result<worker_host> start_worker(caf::actor_system& sys, worker_config config) {
         if (!authorized(self))
           return;
         auto& st = self->state;
-        st.models->unload(name);
+        (serves_shipped(st, name) ? files_manager(st) : *st.models).unload(name);
         st.served.erase(name);
         std::cout << "model " << name << " unloaded for the server" << std::endl;
       },

@@ -42,8 +42,9 @@ result<host_port> parse_host_port(const std::string& text);
 struct worker_config {
   /// The worker's own repository; empty: the server ships the models' files.
   std::filesystem::path repository;
-  /// Where shipped models are written (one directory per model); the model
-  /// manager's repository when `repository` is empty.
+  /// Where shipped models are written (one directory per model): the models
+  /// a server ships because the worker lacks them. Empty beside a repository:
+  /// nothing is shipped.
   std::filesystem::path cache_dir;
   /// The models this worker serves (--models); empty: all of them.
   std::vector<std::string> placement;
@@ -66,6 +67,9 @@ struct worker_host {
   caf::actor actor;
   /// Stop it (shutdown()) before the actor system goes.
   std::shared_ptr<server::model_manager> models;
+  /// Beside a repository of its own: the manager of the shipped models (null
+  /// without); stop it too.
+  std::shared_ptr<server::model_manager> shipped;
   /// Models loaded and those that failed with the reason, for the start-up log.
   std::vector<std::string> loaded;
   std::vector<std::string> failed;

@@ -1,7 +1,8 @@
 /// Workers load models with the server's model manager: an ONNX model served on a
 /// worker answers as the same model served in the server; a worker whose copy of a
 /// model differs (hash of config and files) is kept out of that model, visibly;
-/// a worker without a repository gets the models' files shipped; and load,
+/// a worker without a repository, or without the model in it, gets the model's
+/// files shipped; and load,
 /// unload and reload on the server (explicit control) reach the worker, a
 /// reload under load without a request lost; and a worker killed under ONNX load
 /// loses no request and duplicates none.
@@ -138,7 +139,8 @@ TEST_CASE("an ONNX model served by a worker answers as the server's own") {
         == 24);
 }
 
-TEST_CASE("a worker whose copy of a model differs is kept out of it, and says so") {
+TEST_CASE("a worker whose copy of a model differs is kept out of it, and says so; one that "
+          "lacks it gets it shipped") {
   setenv("CAF_SERVING_CLUSTER_SECRET", "models-test-secret", 1);
   support::temp_repository server_repo, worker_repo;
   for (auto* r : {&server_repo, &worker_repo}) {
@@ -154,9 +156,14 @@ TEST_CASE("a worker whose copy of a model differs is kept out of it, and says so
   worker_process w1({worker_repo.path().string(), "w1", {}, {}});
   // Placement: w2 holds the server's copy of everything but serves only "fast".
   worker_process w2({server_repo.path().string(), "w2", {"--models", "fast"}, {}});
+  // A worker whose repository lacks the ONNX model gets it shipped into its cache.
+  support::temp_repository partial_repo, scratch;
+  write_test_models(partial_repo, 0);
+  worker_process w3({partial_repo.path().string(), "w3",
+                     {"--model-cache-dir", (scratch.path() / "cache").string()}, {}});
   support::server_process server({CAF_SERVING_BINARY, server_repo.path().string(),
                                   {"--worker", w1.address(), "--worker", w2.address(),
-                                   "--local-executors", "false"}});
+                                   "--worker", w3.address(), "--local-executors", "false"}});
   REQUIRE(wait_for_v2(server.http_port(),
                       "\"models_refused\":[\"opset21_cnn: the worker's copy differs",
                       std::chrono::seconds(10)));
@@ -167,16 +174,30 @@ TEST_CASE("a worker whose copy of a model differs is kept out of it, and says so
                       + "\",\"state\":\"ready\",\"models\":[\"fast:1\"],",
                     std::chrono::seconds(5)));
   CHECK(w2.output().find("model opset21_cnn") == std::string::npos); // never loaded there
+  CHECK(wait_for_v2(server.http_port(),
+                    "\"name\":\"w3\",\"address\":\"" + w3.address()
+                      + "\",\"state\":\"ready\",\"models\":[\"fast:1\",\"slow:1\","
+                        "\"opset21_cnn:1\"],",
+                    std::chrono::seconds(10)));
+  CHECK(w3.wait_for_output("model opset21_cnn: 2 files (", std::chrono::seconds(5)));
   CHECK(metric_sum(server.metrics_port(), "caf_serving_worker_model_refused",
                    "model=\"opset21_cnn\"")
         == 1); // w1 only
   CHECK(metric_sum(server.metrics_port(), "caf_serving_worker_model_refused", "model=\"fast\"")
         == 0);
-  // Never served by the other version: no executor serves it here.
+  // Served by w3 with the shipped copy, never by w1's other one.
+  auto batches_w1 = metric_sum(server.metrics_port(), "caf_serving_worker_batches_total",
+                               "worker=\"w1\"");
   support::http_client http(server.http_port());
-  auto r = http.post("/v2/models/opset21_cnn/infer", cnn_body(1),
-                     {{"Content-Type", "application/json"}});
-  CHECK(r.status == 503);
+  for (int i = 0; i < 6; ++i)
+    CHECK(http.post("/v2/models/opset21_cnn/infer", cnn_body(i),
+                    {{"Content-Type", "application/json"}})
+            .status
+          == 200);
+  CHECK(metric_sum(server.metrics_port(), "caf_serving_worker_batches_total", "worker=\"w1\"")
+        == batches_w1);
+  CHECK(metric_sum(server.metrics_port(), "caf_serving_worker_batches_total", "worker=\"w3\"")
+        >= 6);
   // The models both hold alike are served by the worker.
   auto fast = run_load(server.http_port(), {2, 20, "fast", nullptr, 0});
   CHECK(fast.correct == 40);
