@@ -107,7 +107,10 @@ std::string cluster_status::prometheus() const {
     lost += "caf_serving_worker_batches_lost_total" + name_label + " "
             + std::to_string(w.counters ? w.counters->lost.load() : 0) + "\n";
   }
-  return up + inflight + total + lost + refused;
+  bool any_refused = false;
+  for (const auto& w : ws)
+    any_refused = any_refused || !w.models_refused.empty();
+  return up + inflight + total + lost + (any_refused ? refused : std::string());
 }
 
 // -- the registry actor -----------------------------------------------------------
