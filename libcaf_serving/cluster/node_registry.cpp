@@ -284,8 +284,8 @@ node_registry start_registry(caf::actor_system& sys, server::model_manager& mode
           self->state.nonces[sender->node()] = nonce;
         return nonce;
       },
-      [self](join_atom, const std::string& proof,
-             caf::actor worker) -> caf::result<std::string> {
+      [self](join_atom, const std::string& proof, caf::actor worker,
+             const std::string& name) -> caf::result<std::string> {
         auto& st = self->state;
         auto sender = self->current_sender();
         auto node = sender ? sender->node() : caf::node_id{};
@@ -300,9 +300,26 @@ node_registry start_registry(caf::actor_system& sys, server::model_manager& mode
           return make_cluster_error(cluster_errc::refused,
                                     "server refused the join: wrong cluster secret");
         }
-        auto key = "joined:" + to_string(node);
+        // Keyed by the worker's name, not its node: a worker that joins again
+        // (restarted, so with a new node id) takes its old row back.
+        auto key = "joined:" + (name.empty() ? to_string(node) : name);
         auto& w = st.workers[key];
-        w.status.name = key;
+        if (w.handle && w.handle.node() != node) {
+          std::cerr << "caf-serving: refused a worker named '" << name << "' from node "
+                    << to_string(node) << ": a worker of that name is connected from node "
+                    << to_string(w.handle.node()) << "; give each worker its own --name"
+                    << std::endl;
+          return make_cluster_error(cluster_errc::refused,
+                                    "a worker named '" + name
+                                      + "' is already connected to this server; give each "
+                                        "worker its own --name");
+        }
+        if (w.busy)
+          return make_cluster_error(cluster_errc::refused,
+                                    "worker '" + name + "' is being greeted; join again");
+        // A new row shows its key until the greeting completes (and names it).
+        if (w.status.name.empty())
+          w.status.name = key;
         w.status.address = "joined from node " + to_string(node);
         w.status.state = "connecting";
         if (!w.status.counters)

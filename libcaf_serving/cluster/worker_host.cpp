@@ -121,7 +121,7 @@ void join(host_ptr self) {
               auto& st = self->state;
               auto proof = prove(st.cfg.secret, "worker", nonce);
               self->request(registry, timeout, join_atom::value, proof,
-                            caf::actor_cast<caf::actor>(self))
+                            caf::actor_cast<caf::actor>(self), st.cfg.name)
                 .then(
                   [self, registry, where](const std::string& server) {
                     auto& st = self->state;
