@@ -110,6 +110,7 @@ std::string usage() {
          "                             sent elsewhere (default 10000)\n"
          "  --heartbeat-ms N           middleman heartbeat interval (default 200)\n"
          "  --node-timeout-ms N        a silent node is lost after this (default 1000)\n"
+         + std::string(cluster::tls_usage_text) +
          "  --print-plan MODEL         print MODEL's optimized ONNX plan (each step's\n"
          "                             kernel, layouts, thread split, shapes) and exit\n"
          "  --print-plan-batch N       rows of that plan (default 1)\n"
@@ -289,6 +290,8 @@ std::variant<server_options, show_help, std::string> parse_options(int argc, cha
         return bad("a number of milliseconds from 1 to 86400000");
       (flag == "--idle-timeout-ms" ? o.http.idle_timeout_ms : o.http.header_timeout_ms)
         = static_cast<uint32_t>(*n);
+    } else if (cluster::parse_tls_flag(flag, value, o.cluster.tls)) {
+      // --tls-certificate, --tls-key, --tls-ca, --tls-passphrase-file
     } else if (flag == "--cluster-port") {
       auto n = number(65535);
       if (!n)
@@ -375,6 +378,9 @@ std::variant<server_options, show_help, std::string> parse_options(int argc, cha
   if (!o.cluster.local_executors && !o.cluster.enabled())
     return std::string("--local-executors false needs workers: give --worker HOST:PORT or "
                        "--cluster-port N");
+  if (o.cluster.tls.enabled() && !o.cluster.enabled())
+    return std::string("--tls-certificate/--tls-key/--tls-ca secure cluster links: give them "
+                       "with --worker HOST:PORT or --cluster-port N");
   if (o.cluster.enabled() && o.cluster.node_timeout_ms <= o.cluster.heartbeat_ms)
     return std::string("--node-timeout-ms must be longer than --heartbeat-ms, or every node "
                        "looks lost between two heartbeats");

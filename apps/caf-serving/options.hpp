@@ -2,6 +2,7 @@
 /// Command-line options of `caf-serving`, with Triton's flag names where Triton
 /// has the flag.
 
+#include "cluster/tls.hpp"
 #include "core/thread_config.hpp"
 #include "ingress/http_server.hpp"
 #include "ingress/response_cache.hpp"
@@ -32,6 +33,8 @@ struct cluster_options {
   uint32_t remote_timeout_ms = 10000;
   uint32_t heartbeat_ms = 200;
   uint32_t node_timeout_ms = 1000;
+  /// --tls-certificate/--tls-key/--tls-ca/--tls-passphrase-file: TLS on every link.
+  cluster::tls_config tls;
 
   bool enabled() const { return !workers.empty() || listen_port.has_value(); }
 };

@@ -4,6 +4,7 @@
 #include "core/stats.hpp"
 
 #include "cluster/secret.hpp"
+#include "cluster/tls.hpp"
 
 #include <caf/actor_cast.hpp>
 #include <caf/event_based_actor.hpp>
@@ -56,6 +57,7 @@ std::string cluster_status::json() const {
     out += "],\"batches_in_flight\":" + std::to_string(w.counters ? w.counters->in_flight.load() : 0);
     out += ",\"batches\":" + std::to_string(w.counters ? w.counters->batches.load() : 0);
     out += ",\"batches_lost\":" + std::to_string(w.counters ? w.counters->lost.load() : 0);
+
     out += '}';
   }
   return out + "]}";
@@ -212,7 +214,7 @@ void connect(self_ptr self, const std::string& key) {
     return;
   w.busy = true;
   auto timeout = std::chrono::duration_cast<caf::timespan>(self->state.cfg.request_timeout);
-  auto mm = self->system().middleman().actor_handle();
+  auto mm = link_manager(self->system());
   self->request(mm, timeout, caf::connect_atom::value, w.address->host, w.address->port)
     .then(
       [self, key](const caf::node_id&, caf::strong_actor_ptr& ptr,
