@@ -130,7 +130,9 @@ int main(int argc, char** argv) {
     rc.secret = cluster_secret;
     rc.server_name = "caf-serving-" + std::to_string(getpid());
     rc.credits = opts.cluster.remote_credits;
-    rc.request_timeout = std::chrono::milliseconds(opts.cluster.remote_timeout_ms);
+    rc.remote_timeout.unmeasured = std::chrono::milliseconds(opts.cluster.remote_timeout_ms);
+    rc.remote_timeout.factor = opts.cluster.remote_timeout_factor;
+    rc.remote_timeout.floor = std::chrono::milliseconds(opts.cluster.remote_timeout_floor_ms);
     registry = cluster::start_registry(sys, models, std::move(rc));
     if (tls->enabled())
       std::cout << "cluster links use TLS; peers must show a certificate of " << tls->ca

@@ -106,8 +106,12 @@ std::string usage() {
          "                             variable CAF_SERVING_CLUSTER_SECRET)\n"
          "  --local-executors BOOL     also run executors here (default true)\n"
          "  --remote-credits N         batches one remote executor may hold (default 2)\n"
-         "  --remote-timeout-ms N      a remote batch unanswered this long is lost and\n"
-         "                             sent elsewhere (default 10000)\n"
+         "  --remote-timeout-factor X  a remote batch unanswered X times its predicted\n"
+         "                             completion (cost model) is re-run elsewhere, and its\n"
+         "                             late answer dropped (default 4)\n"
+         "  --remote-timeout-floor-ms N  ... but never sooner than N ms (default 500)\n"
+         "  --remote-timeout-ms N      that timeout before the worker's executor has been\n"
+         "                             measured (default 10000)\n"
          "  --heartbeat-ms N           middleman heartbeat interval (default 200)\n"
          "  --node-timeout-ms N        a silent node is lost after this (default 1000)\n"
          + std::string(cluster::tls_usage_text) +
@@ -310,7 +314,15 @@ std::variant<server_options, show_help, std::string> parse_options(int argc, cha
       if (!b)
         return bad("true or false");
       o.cluster.local_executors = *b;
+    } else if (flag == "--remote-timeout-factor") {
+      char* end = nullptr;
+      double x = std::strtod(value.c_str(), &end);
+      if (value.empty() || *end != '\0' || !(x >= 1.0 && x <= 1000.0))
+        return bad("a factor from 1 to 1000 (how many times its predicted time a remote "
+                   "batch may take)");
+      o.cluster.remote_timeout_factor = x;
     } else if (flag == "--remote-credits" || flag == "--remote-timeout-ms"
+               || flag == "--remote-timeout-floor-ms"
                || flag == "--heartbeat-ms" || flag == "--node-timeout-ms") {
       auto n = number(3'600'000);
       if (!n || *n == 0)
@@ -320,6 +332,8 @@ std::variant<server_options, show_help, std::string> parse_options(int argc, cha
         o.cluster.remote_credits = v;
       else if (flag == "--remote-timeout-ms")
         o.cluster.remote_timeout_ms = v;
+      else if (flag == "--remote-timeout-floor-ms")
+        o.cluster.remote_timeout_floor_ms = v;
       else if (flag == "--heartbeat-ms")
         o.cluster.heartbeat_ms = v;
       else

@@ -30,7 +30,11 @@ struct cluster_options {
   bool local_executors = true;
   /// Credit window: batches one remote executor may hold at once.
   uint32_t remote_credits = 2;
+  /// A remote batch is presumed lost at max(factor x predicted, floor) after it was
+  /// sent; before its executor is measured, after remote_timeout_ms.
   uint32_t remote_timeout_ms = 10000;
+  double remote_timeout_factor = 4.0;
+  uint32_t remote_timeout_floor_ms = 500;
   uint32_t heartbeat_ms = 200;
   uint32_t node_timeout_ms = 1000;
   /// --tls-certificate/--tls-key/--tls-ca/--tls-passphrase-file: TLS on every link.
