@@ -9,6 +9,7 @@
 ///                      --cluster-secret-file /etc/caf-serving/secret
 
 #include "cluster/secret.hpp"
+#include "cluster/tls.hpp"
 #include "cluster/worker_host.hpp"
 #include "core/thread_config.hpp"
 #include "onnx_cpu/work_pool.hpp"
@@ -21,6 +22,7 @@
 #include <sys/prctl.h>
 
 #include <csignal>
+#include <cstdio>
 #include <cstdlib>
 #include <iostream>
 #include <unistd.h>
@@ -43,6 +45,7 @@ struct worker_options {
   uint32_t heartbeat_ms = 200;
   uint32_t node_timeout_ms = 1000;
   unsigned caf_workers = 0;
+  cluster::tls_config tls;
 };
 
 const char* usage_text =
@@ -69,6 +72,7 @@ const char* usage_text =
   "  --node-timeout-ms N        a silent server is dropped after this (default 1000)\n"
   "  --caf-workers N            CAF scheduler threads (default: sized from the cores\n"
   "                             this process may use, its affinity and CPU quota)\n"
+  "%s"
   "  --help                     this text\n";
 
 std::variant<worker_options, std::string, bool> parse(int argc, char** argv) {
@@ -93,7 +97,9 @@ std::variant<worker_options, std::string, bool> parse(int argc, char** argv) {
         return std::nullopt;
       return v;
     };
-    if (flag == "--model-repository") {
+    if (cluster::parse_tls_flag(flag, value, o.tls)) {
+      // --tls-certificate, --tls-key, --tls-ca, --tls-passphrase-file
+    } else if (flag == "--model-repository") {
       o.repository = value;
     } else if (flag == "--model-cache-dir") {
       o.cache_dir = value;
@@ -162,7 +168,7 @@ std::variant<worker_options, std::string, bool> parse(int argc, char** argv) {
 int main(int argc, char** argv) {
   auto parsed = parse(argc, argv);
   if (std::holds_alternative<bool>(parsed)) {
-    std::cout << usage_text;
+    std::printf(usage_text, cluster::tls_usage_text);
     return 0;
   }
   if (auto* err = std::get_if<std::string>(&parsed)) {
@@ -173,6 +179,11 @@ int main(int argc, char** argv) {
   auto secret = cluster::load_secret(opts.secret_file);
   if (!secret) {
     std::cerr << "caf-serving-worker: " << secret.error().message << "\n";
+    return 2;
+  }
+  auto tls = cluster::check_tls_files(opts.tls);
+  if (!tls) {
+    std::cerr << "caf-serving-worker: " << tls.error().message << "\n";
     return 2;
   }
 
@@ -189,6 +200,7 @@ int main(int argc, char** argv) {
   live.heartbeat = std::chrono::milliseconds(opts.heartbeat_ms);
   live.node_timeout = std::chrono::milliseconds(opts.node_timeout_ms);
   cluster::configure_actor_system(cfg, live);
+  cluster::configure_tls(cfg, *tls);
   // Sized as the server sizes itself, from the cores this process may use
   // (affinity mask, cgroup quota). A worker has no HTTP loop, and its builtin
   // executors compute on CAF's workers, so CAF gets the compute budget too.
@@ -233,13 +245,16 @@ int main(int argc, char** argv) {
   for (const auto& m : host->failed)
     std::cout << "model " << m << std::endl;
   auto bind = opts.address == "0.0.0.0" ? nullptr : opts.address.c_str();
-  auto port = caf::io::publish(host->actor, opts.port, bind, true);
+  auto port = cluster::publish_link(sys, host->actor, opts.port, bind, true);
   if (!port) {
     std::cerr << "caf-serving-worker: cannot publish on " << opts.address << ":" << opts.port
               << ": " << sys.render(port.error()) << "\n";
     return 1;
   }
   auto shown = opts.address == "0.0.0.0" ? std::string("127.0.0.1") : opts.address;
+  if (tls->enabled())
+    std::cout << "cluster links use TLS; peers must show a certificate of " << tls->ca
+              << std::endl;
   std::cout << "worker " << wc.name << " listening on " << shown << ":" << *port << std::endl;
 
   int sig = 0;

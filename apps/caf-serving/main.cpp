@@ -68,6 +68,11 @@ int main(int argc, char** argv) {
     }
     cluster_secret = *secret;
   }
+  auto tls = cluster::check_tls_files(opts.cluster.tls);
+  if (!tls) {
+    std::cerr << "caf-serving: " << tls.error().message << "\n";
+    return 2;
+  }
 
   caf::actor_system_config cfg;
   if (opts.cluster.enabled()) {
@@ -75,6 +80,7 @@ int main(int argc, char** argv) {
     live.heartbeat = std::chrono::milliseconds(opts.cluster.heartbeat_ms);
     live.node_timeout = std::chrono::milliseconds(opts.cluster.node_timeout_ms);
     cluster::configure_actor_system(cfg, live);
+    cluster::configure_tls(cfg, *tls);
   }
   cfg.set("scheduler.max-threads", static_cast<size_t>(opts.threads.caf_workers));
   cfg.set("scheduler.policy", caf::atom("sharing"));
@@ -124,13 +130,18 @@ int main(int argc, char** argv) {
     rc.secret = cluster_secret;
     rc.server_name = "caf-serving-" + std::to_string(getpid());
     rc.credits = opts.cluster.remote_credits;
-    rc.request_timeout = std::chrono::milliseconds(opts.cluster.remote_timeout_ms);
     rc.max_ship_bytes = opts.cluster.max_ship_bytes;
+    rc.remote_timeout.unmeasured = std::chrono::milliseconds(opts.cluster.remote_timeout_ms);
+    rc.remote_timeout.factor = opts.cluster.remote_timeout_factor;
+    rc.remote_timeout.floor = std::chrono::milliseconds(opts.cluster.remote_timeout_floor_ms);
     registry = cluster::start_registry(sys, models, std::move(rc));
+    if (tls->enabled())
+      std::cout << "cluster links use TLS; peers must show a certificate of " << tls->ca
+                << std::endl;
     if (opts.cluster.listen_port) {
       const auto& addr = opts.cluster.listen_address;
-      auto port = caf::io::publish(registry->actor, *opts.cluster.listen_port,
-                                   addr.empty() ? nullptr : addr.c_str(), true);
+      auto port = cluster::publish_link(sys, registry->actor, *opts.cluster.listen_port,
+                                        addr.empty() ? nullptr : addr.c_str(), true);
       if (!port) {
         std::cerr << "caf-serving: cannot listen for workers on port "
                   << *opts.cluster.listen_port << ": " << sys.render(port.error()) << "\n";

@@ -106,12 +106,17 @@ std::string usage() {
          "                             variable CAF_SERVING_CLUSTER_SECRET)\n"
          "  --local-executors BOOL     also run executors here (default true)\n"
          "  --remote-credits N         batches one remote executor may hold (default 2)\n"
-         "  --remote-timeout-ms N      a remote batch unanswered this long is lost and\n"
-         "                             sent elsewhere (default 10000)\n"
+         "  --remote-timeout-factor X  a remote batch unanswered X times its predicted\n"
+         "                             completion (cost model) is re-run elsewhere, and its\n"
+         "                             late answer dropped (default 4)\n"
+         "  --remote-timeout-floor-ms N  ... but never sooner than N ms (default 500)\n"
+         "  --remote-timeout-ms N      that timeout before the worker's executor has been\n"
+         "                             measured (default 10000)\n"
          "  --heartbeat-ms N           middleman heartbeat interval (default 200)\n"
          "  --node-timeout-ms N        a silent node is lost after this (default 1000)\n"
-         "  --max-ship-bytes N         largest model shipped to a worker that has no\n"
-         "                             repository (default 1073741824)\n"
+         "  --max-ship-bytes N         largest model shipped to a worker that lacks it\n"
+         "                             (default 1073741824)\n"
+         + std::string(cluster::tls_usage_text) +
          "  --print-plan MODEL         print MODEL's optimized ONNX plan (each step's\n"
          "                             kernel, layouts, thread split, shapes) and exit\n"
          "  --print-plan-batch N       rows of that plan (default 1)\n"
@@ -291,6 +296,8 @@ std::variant<server_options, show_help, std::string> parse_options(int argc, cha
         return bad("a number of milliseconds from 1 to 86400000");
       (flag == "--idle-timeout-ms" ? o.http.idle_timeout_ms : o.http.header_timeout_ms)
         = static_cast<uint32_t>(*n);
+    } else if (cluster::parse_tls_flag(flag, value, o.cluster.tls)) {
+      // --tls-certificate, --tls-key, --tls-ca, --tls-passphrase-file
     } else if (flag == "--cluster-port") {
       auto n = number(65535);
       if (!n)
@@ -309,7 +316,15 @@ std::variant<server_options, show_help, std::string> parse_options(int argc, cha
       if (!b)
         return bad("true or false");
       o.cluster.local_executors = *b;
+    } else if (flag == "--remote-timeout-factor") {
+      char* end = nullptr;
+      double x = std::strtod(value.c_str(), &end);
+      if (value.empty() || *end != '\0' || !(x >= 1.0 && x <= 1000.0))
+        return bad("a factor from 1 to 1000 (how many times its predicted time a remote "
+                   "batch may take)");
+      o.cluster.remote_timeout_factor = x;
     } else if (flag == "--remote-credits" || flag == "--remote-timeout-ms"
+               || flag == "--remote-timeout-floor-ms"
                || flag == "--heartbeat-ms" || flag == "--node-timeout-ms") {
       auto n = number(3'600'000);
       if (!n || *n == 0)
@@ -319,6 +334,8 @@ std::variant<server_options, show_help, std::string> parse_options(int argc, cha
         o.cluster.remote_credits = v;
       else if (flag == "--remote-timeout-ms")
         o.cluster.remote_timeout_ms = v;
+      else if (flag == "--remote-timeout-floor-ms")
+        o.cluster.remote_timeout_floor_ms = v;
       else if (flag == "--heartbeat-ms")
         o.cluster.heartbeat_ms = v;
       else
@@ -383,6 +400,9 @@ std::variant<server_options, show_help, std::string> parse_options(int argc, cha
   if (!o.cluster.local_executors && !o.cluster.enabled())
     return std::string("--local-executors false needs workers: give --worker HOST:PORT or "
                        "--cluster-port N");
+  if (o.cluster.tls.enabled() && !o.cluster.enabled())
+    return std::string("--tls-certificate/--tls-key/--tls-ca secure cluster links: give them "
+                       "with --worker HOST:PORT or --cluster-port N");
   if (o.cluster.enabled() && o.cluster.node_timeout_ms <= o.cluster.heartbeat_ms)
     return std::string("--node-timeout-ms must be longer than --heartbeat-ms, or every node "
                        "looks lost between two heartbeats");

@@ -2,6 +2,7 @@
 /// Command-line options of `caf-serving`, with Triton's flag names where Triton
 /// has the flag.
 
+#include "cluster/tls.hpp"
 #include "core/thread_config.hpp"
 #include "ingress/http_server.hpp"
 #include "ingress/response_cache.hpp"
@@ -29,11 +30,17 @@ struct cluster_options {
   bool local_executors = true;
   /// Credit window: batches one remote executor may hold at once.
   uint32_t remote_credits = 2;
+  /// A remote batch is presumed lost at max(factor x predicted, floor) after it was
+  /// sent; before its executor is measured, after remote_timeout_ms.
   uint32_t remote_timeout_ms = 10000;
+  double remote_timeout_factor = 4.0;
+  uint32_t remote_timeout_floor_ms = 500;
   uint32_t heartbeat_ms = 200;
   uint32_t node_timeout_ms = 1000;
   /// Largest model shipped to a worker without a repository (--max-ship-bytes).
   uint64_t max_ship_bytes = 1ull << 30;
+  /// --tls-certificate/--tls-key/--tls-ca/--tls-passphrase-file: TLS on every link.
+  cluster::tls_config tls;
 
   bool enabled() const { return !workers.empty() || listen_port.has_value(); }
 };

@@ -251,3 +251,31 @@ TEST_CASE("model control flags: Triton's names, defaults and checks") {
   CHECK(error({"--model-repository", "/m", "--strict-model-config", "maybe"}).find("true or false")
         != std::string::npos);
 }
+
+TEST_CASE("cluster TLS files and the remote timeout's cost-model terms are flags") {
+  auto r = parse({"--model-repository", "/m", "--cluster-port", "0", "--tls-certificate", "c.pem",
+                  "--tls-key", "k.pem", "--tls-ca", "ca.pem", "--tls-passphrase-file", "p",
+                  "--remote-timeout-factor", "2.5", "--remote-timeout-floor-ms", "50"});
+  auto* o = std::get_if<server_options>(&r);
+  REQUIRE(o);
+  CHECK(o->cluster.tls.certificate == "c.pem");
+  CHECK(o->cluster.tls.key == "k.pem");
+  CHECK(o->cluster.tls.ca == "ca.pem");
+  CHECK(o->cluster.tls.passphrase_file == "p");
+  CHECK(o->cluster.remote_timeout_factor == 2.5);
+  CHECK(o->cluster.remote_timeout_floor_ms == 50);
+  auto d = parse({"--model-repository", "/m"});
+  REQUIRE(std::holds_alternative<server_options>(d));
+  CHECK(std::get<server_options>(d).cluster.remote_timeout_factor == 4.0);
+  CHECK(std::get<server_options>(d).cluster.remote_timeout_floor_ms == 500);
+  // TLS without any cluster link secures nothing: said, not ignored.
+  auto lone = parse({"--model-repository", "/m", "--tls-ca", "ca.pem"});
+  REQUIRE(std::holds_alternative<std::string>(lone));
+  CHECK(std::get<std::string>(lone).find("--cluster-port") != std::string::npos);
+  for (const char* bad : {"0.5", "x", "", "1e9"}) {
+    CAPTURE(bad);
+    auto e = parse({"--model-repository", "/m", "--remote-timeout-factor", bad});
+    REQUIRE(std::holds_alternative<std::string>(e));
+    CHECK(std::get<std::string>(e).find("--remote-timeout-factor") != std::string::npos);
+  }
+}

@@ -6,10 +6,14 @@
 /// each batch size it sends batches one at a time (no overlap) and reports the
 /// median and P99 round trip of each path and their difference.
 ///
-///   cluster_remote_overhead [iterations]
+///   cluster_remote_overhead [iterations] [TLS_DIR]
+///
+/// With TLS_DIR (holding ca.pem, and node.pem/node.key signed by it; both
+/// processes use that one certificate), the link is TLS as with --tls-* flags.
 
 #include "cluster/protocol.hpp"
 #include "cluster/remote_executor.hpp"
+#include "cluster/tls.hpp"
 #include "executor/builtin_backend.hpp"
 #include "executor/executor_actor.hpp"
 
@@ -18,6 +22,8 @@
 #include <caf/io/middleman.hpp>
 #include <caf/io/publish.hpp>
 #include <caf/io/remote_actor.hpp>
+#include <caf/openssl/publish.hpp>
+#include <caf/openssl/remote_actor.hpp>
 #include <caf/scoped_actor.hpp>
 
 #include <algorithm>
@@ -99,18 +105,24 @@ struct shape {
 
 const std::vector<shape> shapes{{1, 16}, {8, 16}, {64, 16}, {8, 4096}, {64, 4096}, {64, 65536}};
 
+/// TLS on the link when a directory is given (see the usage above).
+cluster::tls_config bench_tls;
+
 /// The worker process: one published executor per shape; ports go to `fd`.
 [[noreturn]] void run_worker(int fd) {
   cluster::liveness_config live;
   caf::actor_system_config cfg;
   cluster::configure_actor_system(cfg, live);
+  cluster::configure_tls(cfg, bench_tls);
   cfg.set("scheduler.max-threads", size_t{2});
   caf::actor_system sys{cfg};
   std::vector<uint16_t> ports;
   for (auto [rows, floats] : shapes) {
     auto mc = identity_model(floats);
     auto ex = executor::spawn_executor(sys, *executor::make_builtin_backend(mc), mc);
-    auto port = caf::io::publish(ex, 0, "127.0.0.1");
+    // Published typed, so that the server's typed remote_actor matches.
+    auto port = bench_tls.enabled() ? caf::openssl::publish(ex, 0, "127.0.0.1")
+                                    : caf::io::publish(ex, 0, "127.0.0.1");
     ports.push_back(port ? *port : 0);
   }
   (void) !write(fd, ports.data(), ports.size() * sizeof(uint16_t));
@@ -123,6 +135,16 @@ const std::vector<shape> shapes{{1, 16}, {8, 16}, {64, 16}, {8, 4096}, {64, 4096
 
 int main(int argc, char** argv) {
   int iterations = argc > 1 ? std::atoi(argv[1]) : 300;
+  if (argc > 2) {
+    std::string dir = argv[2];
+    auto tls = cluster::check_tls_files({dir + "/node.pem", dir + "/node.key", dir + "/ca.pem"});
+    if (!tls) {
+      std::fprintf(stderr, "%s\n", tls.error().message.c_str());
+      return 2;
+    }
+    bench_tls = *tls;
+    std::printf("links: TLS (%s)\n", dir.c_str());
+  }
   // The worker must be another process: two actor systems in one process share a
   // node id, and the middleman refuses to connect a node to itself.
   int fds[2];
@@ -150,6 +172,7 @@ int main(int argc, char** argv) {
   cluster::liveness_config live;
   caf::actor_system_config scfg;
   cluster::configure_actor_system(scfg, live);
+  cluster::configure_tls(scfg, bench_tls);
   scfg.set("scheduler.max-threads", size_t{2});
   caf::actor_system server_sys{scfg};
 
@@ -159,7 +182,10 @@ int main(int argc, char** argv) {
     auto [rows, floats] = shapes[i];
     auto cfg = identity_model(floats);
     auto be = *executor::make_builtin_backend(cfg);
-    auto handle = caf::io::remote_actor<executor::executor_actor>(server_sys, "127.0.0.1", ports[i]);
+    auto handle =
+      bench_tls.enabled()
+        ? caf::openssl::remote_actor<executor::executor_actor>(server_sys, "127.0.0.1", ports[i])
+        : caf::io::remote_actor<executor::executor_actor>(server_sys, "127.0.0.1", ports[i]);
     if (!handle) {
       std::fprintf(stderr, "connect failed: %s\n", server_sys.render(handle.error()).c_str());
       return 1;

@@ -6,6 +6,7 @@
 #include "cluster/model_hash.hpp"
 #include "cluster/model_sync.hpp"
 #include "cluster/secret.hpp"
+#include "cluster/tls.hpp"
 
 #include <caf/actor_cast.hpp>
 #include <caf/event_based_actor.hpp>
@@ -15,6 +16,7 @@
 #include <algorithm>
 #include <iostream>
 #include <set>
+#include <tuple>
 
 namespace caf_serving::cluster {
 
@@ -69,6 +71,10 @@ std::string cluster_status::json() const {
     out += ",\"batches_in_flight\":" + std::to_string(w.counters ? w.counters->in_flight.load() : 0);
     out += ",\"batches\":" + std::to_string(w.counters ? w.counters->batches.load() : 0);
     out += ",\"batches_lost\":" + std::to_string(w.counters ? w.counters->lost.load() : 0);
+    out += ",\"batches_timed_out\":"
+           + std::to_string(w.counters ? w.counters->timed_out.load() : 0);
+    out += ",\"late_answers_dropped\":"
+           + std::to_string(w.counters ? w.counters->late_dropped.load() : 0);
     out += '}';
   }
   return out + "]}";
@@ -91,6 +97,12 @@ std::string cluster_status::prometheus() const {
   std::string refused = "# HELP caf_serving_worker_model_refused 1 for each model a worker is "
                         "kept out of (its copy differs from the server's, or it failed to "
                         "load it)\n# TYPE caf_serving_worker_model_refused gauge\n";
+  std::string timed_out = "# HELP caf_serving_worker_batches_timed_out_total Batches presumed "
+                          "lost because they were far past their predicted completion\n"
+                          "# TYPE caf_serving_worker_batches_timed_out_total counter\n";
+  std::string late = "# HELP caf_serving_worker_late_answers_dropped_total Answers that came "
+                     "after their batch had been re-run elsewhere, dropped\n"
+                     "# TYPE caf_serving_worker_late_answers_dropped_total counter\n";
   for (const auto& w : ws) {
     for (const auto& r : w.models_refused)
       refused += "caf_serving_worker_model_refused{worker=\"" + prometheus_label_value(w.name)
@@ -106,11 +118,16 @@ std::string cluster_status::prometheus() const {
              + std::to_string(w.counters ? w.counters->batches.load() : 0) + "\n";
     lost += "caf_serving_worker_batches_lost_total" + name_label + " "
             + std::to_string(w.counters ? w.counters->lost.load() : 0) + "\n";
+    timed_out += "caf_serving_worker_batches_timed_out_total" + name_label + " "
+                 + std::to_string(w.counters ? w.counters->timed_out.load() : 0) + "\n";
+    late += "caf_serving_worker_late_answers_dropped_total" + name_label + " "
+            + std::to_string(w.counters ? w.counters->late_dropped.load() : 0) + "\n";
   }
   bool any_refused = false;
   for (const auto& w : ws)
     any_refused = any_refused || !w.models_refused.empty();
-  return up + inflight + total + lost + (any_refused ? refused : std::string());
+  return up + inflight + total + lost + timed_out + late
+         + (any_refused ? refused : std::string());
 }
 
 // -- the registry actor -----------------------------------------------------------
@@ -147,6 +164,11 @@ struct registry_state {
   /// Hash of each served model's directory, by the scheduler of its newest
   /// version (computed once per load).
   std::map<caf::actor_addr, std::pair<std::string, std::string>> hashes;
+  /// Each live proxy: its worker's key, the scheduler it serves and the worker's
+  /// executor. A proxy that quits while its worker is still ready (it gave up on
+  /// a worker that kept timing out) is replaced at the next sync, unless the
+  /// worker no longer serves that executor (a reload retired it).
+  std::map<caf::actor_addr, std::tuple<std::string, caf::actor_addr, caf::actor_addr>> proxies;
 };
 
 using self_ptr = caf::stateful_actor<registry_state>*;
@@ -201,8 +223,9 @@ std::map<std::string, std::string> served_hashes(self_ptr self) {
 
 /// Gives every scheduler of `name` a proxy for each of the worker's executors of
 /// the same version that it has not had yet.
-void attach_model(self_ptr self, worker_record& w, const std::string& name) {
+void attach_model(self_ptr self, const std::string& key, const std::string& name) {
   auto& st = self->state;
+  auto& w = st.workers.at(key);
   for (const auto& m : w.models) {
     if (m.name != name)
       continue;
@@ -216,9 +239,12 @@ void attach_model(self_ptr self, worker_record& w, const std::string& name) {
         rc.remote = e;
         rc.node = w.status.name;
         rc.model = m.name;
-        rc.request_timeout = st.cfg.request_timeout;
+        rc.timeout = st.cfg.remote_timeout;
         rc.counters = w.status.counters;
         auto proxy = spawn_remote_executor(self->system(), std::move(rc));
+        self->monitor(proxy);
+        st.proxies.emplace(proxy.address(),
+                           std::make_tuple(key, p->scheduler.address(), e.address()));
         self->send(p->scheduler, scheduler::add_executor_atom::value,
                    scheduler::executor_entry{proxy, st.cfg.credits, w.status.name});
       }
@@ -304,7 +330,7 @@ void attach(self_ptr self, const std::string& key) {
   in.pending = w.pending;
   auto plan = plan_model_sync(in);
   for (const auto& name : plan.attach)
-    attach_model(self, w, name);
+    attach_model(self, key, name);
   for (const auto& name : plan.ship)
     ask_load(self, key, name, in.served[name], load_source::shipped_files);
   for (const auto& name : plan.reload)
@@ -399,7 +425,7 @@ void connect(self_ptr self, const std::string& key) {
     return;
   w.busy = true;
   auto timeout = std::chrono::duration_cast<caf::timespan>(self->state.cfg.request_timeout);
-  auto mm = self->system().middleman().actor_handle();
+  auto mm = link_manager(self->system());
   self->request(mm, timeout, caf::connect_atom::value, w.address->host, w.address->port)
     .then(
       [self, key](const caf::node_id&, caf::strong_actor_ptr& ptr,
@@ -445,6 +471,14 @@ node_registry start_registry(caf::actor_system& sys, server::model_manager& mode
       connect(self, key);
     }
     self->set_down_handler([self](caf::down_msg& dm) {
+      auto& st = self->state;
+      if (auto it = st.proxies.find(dm.source); it != st.proxies.end()) {
+        auto [key, scheduler, executor] = it->second;
+        st.proxies.erase(it);
+        if (auto w = st.workers.find(key); w != st.workers.end() && w->second.handle)
+          w->second.attached.erase({scheduler, executor});
+        return;
+      }
       for (auto& [key, w] : self->state.workers) {
         if (w.handle && w.handle.address() == dm.source) {
           w.handle = nullptr;
@@ -471,8 +505,8 @@ node_registry start_registry(caf::actor_system& sys, server::model_manager& mode
           self->state.nonces[sender->node()] = nonce;
         return nonce;
       },
-      [self](join_atom, const std::string& proof,
-             caf::actor worker) -> caf::result<std::string> {
+      [self](join_atom, const std::string& proof, caf::actor worker,
+             const std::string& name) -> caf::result<std::string> {
         auto& st = self->state;
         auto sender = self->current_sender();
         auto node = sender ? sender->node() : caf::node_id{};
@@ -487,9 +521,26 @@ node_registry start_registry(caf::actor_system& sys, server::model_manager& mode
           return make_cluster_error(cluster_errc::refused,
                                     "server refused the join: wrong cluster secret");
         }
-        auto key = "joined:" + to_string(node);
+        // Keyed by the worker's name, not its node: a worker that joins again
+        // (restarted, so with a new node id) takes its old row back.
+        auto key = "joined:" + (name.empty() ? to_string(node) : name);
         auto& w = st.workers[key];
-        w.status.name = key;
+        if (w.handle && w.handle.node() != node) {
+          std::cerr << "caf-serving: refused a worker named '" << name << "' from node "
+                    << to_string(node) << ": a worker of that name is connected from node "
+                    << to_string(w.handle.node()) << "; give each worker its own --name"
+                    << std::endl;
+          return make_cluster_error(cluster_errc::refused,
+                                    "a worker named '" + name
+                                      + "' is already connected to this server; give each "
+                                        "worker its own --name");
+        }
+        if (w.busy)
+          return make_cluster_error(cluster_errc::refused,
+                                    "worker '" + name + "' is being greeted; join again");
+        // A new row shows its key until the greeting completes (and names it).
+        if (w.status.name.empty())
+          w.status.name = key;
         w.status.address = "joined from node " + to_string(node);
         w.status.state = "connecting";
         if (!w.status.counters)

@@ -36,8 +36,10 @@ struct registry_config {
   std::string server_name;
   /// Batches each remote executor may hold at once (its credit window).
   uint32_t credits = 2;
-  /// A batch not answered in this time counts as lost with its node.
+  /// Connects and handshakes not answered in this time fail.
   std::chrono::milliseconds request_timeout{10000};
+  /// When a remote batch is presumed lost and re-run elsewhere (remote_executor.hpp).
+  remote_timeout_config remote_timeout;
   std::chrono::milliseconds retry_interval{1000};
   std::chrono::milliseconds sync_interval{500};
   /// Largest model (sum of its files) shipped to a worker without a repository
@@ -67,7 +69,8 @@ public:
   std::vector<worker_status> workers() const;
   /// {"workers":[{"name":..,"address":..,"state":..,"models":[..],"batches_in_flight":..}]}
   std::string json() const;
-  /// caf_serving_worker_up / _batches_in_flight / _batches_total / _batches_lost_total.
+  /// caf_serving_worker_up / _batches_in_flight / _batches_total / _batches_lost_total /
+  /// _batches_timed_out_total / _late_answers_dropped_total.
   std::string prometheus() const;
 
 private:

@@ -13,7 +13,10 @@
 /// ```
 /// A worker can also join a server that listens for workers (`--cluster-port`):
 /// it proves the secret to the server the same way (role "worker", join_atom with
-/// its own handle), and the server then greets it as above.
+/// its own handle and its name), and the server then greets it as above. The
+/// server keys joined workers by name, so a worker that joins again (restarted,
+/// or after its link was cut) takes its old row back; a second live worker with
+/// a name already connected from another node is refused until that one is lost.
 ///
 /// Data-plane messages (run_batch, batch_result_message) are declared with the
 /// pipeline's other messages in core/pipeline_messages.hpp.

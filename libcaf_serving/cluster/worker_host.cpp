@@ -2,6 +2,7 @@
 
 #include "cluster/model_hash.hpp"
 #include "cluster/secret.hpp"
+#include "cluster/tls.hpp"
 #include "executor/executor_actor.hpp"
 
 #include <caf/actor_cast.hpp>
@@ -253,7 +254,7 @@ void join(host_ptr self) {
               << self->state.cfg.retry_interval.count() << " ms" << std::endl;
     self->delayed_send(self, self->state.cfg.retry_interval, retry_join_atom::value);
   };
-  auto mm = self->system().middleman().actor_handle();
+  auto mm = link_manager(self->system());
   self->request(mm, timeout, caf::connect_atom::value, target.host, target.port)
     .then(
       [self, retry, timeout, where](const caf::node_id&, caf::strong_actor_ptr& ptr,
@@ -267,7 +268,7 @@ void join(host_ptr self) {
               auto& st = self->state;
               auto proof = prove(st.cfg.secret, "worker", nonce);
               self->request(registry, timeout, join_atom::value, proof,
-                            caf::actor_cast<caf::actor>(self))
+                            caf::actor_cast<caf::actor>(self), st.cfg.name)
                 .then(
                   [self, registry, where](const std::string& server) {
                     auto& st = self->state;

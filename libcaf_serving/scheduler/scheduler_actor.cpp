@@ -576,7 +576,9 @@ void send_pending(self_ptr self, executor_slot& slot, uint64_t batch_id) {
       [self, settle, batch_id, addr = handle.address(), node = slot.node,
        local = slot.local](caf::error& err) {
         auto& st = self->state;
-        settle(false, false);
+        // A remote batch presumed lost counts against its executor: one that keeps
+        // timing out (a stalled worker) is quarantined instead of chosen again.
+        settle(false, !local && executor_was_lost(err));
         // A local executor that did not answer has stopped: no batch may be sent
         // to it again, not even before its down message arrives.
         if (local && executor_was_lost(err))
