@@ -133,7 +133,7 @@ run() { # label, workers, kill-halfway (0/1)
 
 echo "model $model ($model_dir), ${seconds} s per run, ${concurrency} clients," \
      "workers pinned to cores ${cores[*]} with --executor-threads 1;" \
-     "$([ "$use_netns" = 1 ] && echo "each worker in a netns, netem ${netem_us} us each way" \
+     "$([ "$use_netns" = 1 ] && echo "each worker in a netns (netem ${netem_us} us each way where tc has it)" \
                              || echo "loopback (no netns)"); $(nproc) cores"
 results=$work/results.txt
 : > "$results"
