@@ -576,9 +576,26 @@ TEST_CASE("system shared memory over gRPC: inputs read from and outputs written 
   CHECK(stub->SystemSharedMemoryUnregister(&uctx, u, &ur).ok());
 }
 
-TEST_CASE("SIGTERM drains gRPC: a call in flight is answered, then the server exits 0") {
+TEST_CASE("SIGTERM drains gRPC: a call in flight is answered, an idle stream is closed, "
+          "then the server exits 0") {
   test_server server({test_model("slow_queue")});
   auto port = server.process->grpc_port();
+  // A stream that answered once and stays open, as tritonclient keeps one
+  // between requests: the drain must not wait for its client
+  // (--exit-timeout-secs is 30 s, longer than the wait for the exit below).
+  auto stream_stub = connect(port);
+  grpc::ClientContext stream_ctx;
+  auto stream = stream_stub->ModelStreamInfer(&stream_ctx);
+  {
+    pb::ModelInferRequest r;
+    r.set_model_name("slow_queue");
+    add_input(r, "INPUT0", "FP32", {1, 2});
+    r.add_raw_input_contents(raw_bytes(std::vector<float>{5, 6}));
+    REQUIRE(stream->Write(r));
+    pb::ModelStreamInferResponse answer;
+    REQUIRE(stream->Read(&answer));
+    CHECK(answer.error_message().empty());
+  }
   auto call = std::async(std::launch::async, [port] {
     auto stub = connect(port);
     pb::ModelInferRequest r;
@@ -595,6 +612,11 @@ TEST_CASE("SIGTERM drains gRPC: a call in flight is answered, then the server ex
   auto [status, reply] = call.get();
   REQUIRE_MESSAGE(status.ok(), status.error_message());
   CHECK(values_of<float>(output_bytes(reply, "OUTPUT0")) == std::vector<float>{3, 4});
+  pb::ModelStreamInferResponse none;
+  CHECK_FALSE(stream->Read(&none));
+  auto closed = stream->Finish();
+  CHECK(closed.error_code() == grpc::StatusCode::UNAVAILABLE);
+  CHECK(contains(closed.error_message(), "shutting down"));
   CHECK(server.process->wait_exit(std::chrono::seconds(20)) == 0);
 }
 

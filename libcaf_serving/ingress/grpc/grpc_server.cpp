@@ -57,6 +57,12 @@ struct grpc_server::state {
   std::atomic<bool> draining{false};
   /// Calls cancelled while waiting for the pipeline during the drain.
   std::atomic<size_t> abandoned{0};
+  /// Open ModelStreamInfer streams, so that the drain can close them (a
+  /// client keeps a stream open between requests). Locked once per stream
+  /// opened and at the drain, never per request.
+  std::mutex streams_mutex;
+  std::vector<std::function<void()>> stream_drains;
+  std::vector<std::weak_ptr<void>> stream_handles;
   std::unique_ptr<pb::GRPCInferenceService::CallbackService> service;
   std::unique_ptr<::grpc::Server> server;
   int port = 0;
@@ -301,7 +307,6 @@ public:
     ++first_seq_;
     if (!ok) {
       // The client is gone: nothing more can be written.
-      broken_ = true;
       finish(Status(StatusCode::CANCELLED, "the stream was closed by the client"));
       return;
     }
@@ -322,6 +327,15 @@ public:
   void OnDone() override { self_.reset(); }
 
   std::shared_ptr<stream_infer> self_;
+
+  /// The server is shutting down: requests still read are answered
+  /// UNAVAILABLE (start_infer), and the stream finishes as soon as no answer
+  /// is owed, instead of waiting for the client to close it.
+  void drain() {
+    std::lock_guard lock(mutex_);
+    draining_ = true;
+    maybe_finish();
+  }
 
 private:
   struct slot {
@@ -355,8 +369,11 @@ private:
   /// Finishes once the client has closed its side and every answer is
   /// written. Called with mutex_ held.
   void maybe_finish() {
-    if (reading_done_ && slots_.empty() && !writing_)
-      finish(Status::OK);
+    if (slots_.empty() && !writing_ && (reading_done_ || draining_))
+      finish(reading_done_ ? Status::OK
+                           : Status(StatusCode::UNAVAILABLE,
+                                    "the server is shutting down (SIGINT or SIGTERM); every "
+                                    "request sent on this stream was answered"));
   }
 
   void finish(Status s) {
@@ -376,7 +393,8 @@ private:
   bool read_paused_ = false;
   bool writing_ = false;
   bool finished_ = false;
-  bool broken_ = false;
+  /// The server drains: the stream finishes once its answers are written.
+  bool draining_ = false;
 };
 
 ServerUnaryReactor* answer(CallbackServerContext* ctx, Status status) {
@@ -609,6 +627,30 @@ public:
   ModelStreamInfer(CallbackServerContext*) override {
     auto call = std::make_shared<stream_infer>(state_);
     call->self_ = call;
+    {
+      std::lock_guard lock(state_.streams_mutex);
+      if (state_.draining.load()) {
+        call->start();
+        call->drain();
+        return call.get();
+      }
+      // Forget streams that are gone, so the list stays as long as the
+      // streams open.
+      for (size_t i = 0; i < state_.stream_handles.size();) {
+        if (state_.stream_handles[i].expired()) {
+          state_.stream_handles.erase(state_.stream_handles.begin() + i);
+          state_.stream_drains.erase(state_.stream_drains.begin() + i);
+        } else {
+          ++i;
+        }
+      }
+      std::weak_ptr<stream_infer> weak = call;
+      state_.stream_handles.push_back(call);
+      state_.stream_drains.push_back([weak] {
+        if (auto s = weak.lock())
+          s->drain();
+      });
+    }
     call->start();
     return call.get();
   }
@@ -772,7 +814,14 @@ uint16_t grpc_server::port() const {
 }
 
 void grpc_server::begin_drain() {
-  state_->draining.store(true);
+  std::vector<std::function<void()>> drains;
+  {
+    std::lock_guard lock(state_->streams_mutex);
+    state_->draining.store(true);
+    drains = state_->stream_drains;
+  }
+  for (auto& d : drains)
+    d();
 }
 
 grpc_stop_report grpc_server::stop(std::chrono::milliseconds deadline) {
