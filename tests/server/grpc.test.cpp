@@ -189,10 +189,12 @@ TEST_CASE("inference with raw contents, typed contents, BYTES and classification
   auto stub = connect(server.process->grpc_port());
   auto a = iota16(0), b = iota16(100);
 
-  SUBCASE("raw contents") {
+  SUBCASE("raw contents, with stage times") {
+    auto request = simple_request(a, b, "r1");
+    (*request.mutable_parameters())["timing"].set_bool_param(true);
     grpc::ClientContext ctx;
     pb::ModelInferResponse reply;
-    auto status = stub->ModelInfer(&ctx, simple_request(a, b, "r1"), &reply);
+    auto status = stub->ModelInfer(&ctx, request, &reply);
     REQUIRE_MESSAGE(status.ok(), status.error_message());
     CHECK(reply.model_name() == "simple");
     CHECK(reply.model_version() == "1");
@@ -201,6 +203,11 @@ TEST_CASE("inference with raw contents, typed contents, BYTES and classification
     REQUIRE(reply.outputs_size() == 2);
     CHECK(std::vector<int64_t>(reply.outputs(0).shape().begin(), reply.outputs(0).shape().end())
           == std::vector<int64_t>{1, 16});
+    // As HTTP's timing=true: the stages, and the whole time at least their sum.
+    const auto& p = reply.parameters();
+    REQUIRE(p.count("until_response_us") == 1);
+    REQUIRE(p.count("compute_infer_us") == 1);
+    CHECK(p.at("until_response_us").uint64_param() >= p.at("compute_infer_us").uint64_param());
   }
   SUBCASE("typed contents, one output asked for") {
     pb::ModelInferRequest r;

@@ -91,6 +91,9 @@ struct pending_infer {
   int64_t received_ns = 0;
   std::string id;
   uint64_t timeout_us = 0;
+  /// The request parameter timing=true: stage times in the answer's
+  /// parameters, as HTTP gives them.
+  bool timing = false;
   std::vector<requested_output> outputs;
   shared_memory_binding shared_memory;
   infer_done done;
@@ -136,6 +139,20 @@ struct pending_infer {
       o.data = std::string_view(reinterpret_cast<const char*>(t.getData().begin()),
                                 t.getData().size());
       view.outputs.push_back(std::move(o));
+    }
+    if (timing) {
+      auto t = r.getTimes();
+      auto us = [](int64_t from, int64_t to) -> uint64_t {
+        return from > 0 && to >= from ? static_cast<uint64_t>(to - from) / 1000 : 0;
+      };
+      view.parameters = {
+        {"ingress_us", us(t.getReceivedNs(), t.getValidatedNs())},
+        {"queue_us", us(t.getEnqueuedNs(), t.getBatchFormedNs())},
+        {"compute_input_us", us(t.getBatchFormedNs(), t.getComputeStartNs())},
+        {"compute_infer_us", us(t.getComputeStartNs(), t.getComputeEndNs())},
+        {"compute_output_us", us(t.getComputeEndNs(), t.getPostprocessEndNs())},
+        {"until_response_us", us(t.getReceivedNs(), now_ns())},
+      };
     }
     auto written = shared_memory.write_outputs(view);
     if (!written)
@@ -212,6 +229,8 @@ void grpc_server::state::start_infer(const pb::ModelInferRequest& request, int64
   auto pending = std::make_shared<pending_infer>(model, received);
   pending->id = std::move(parsed->id);
   pending->timeout_us = parsed->timeout_us;
+  auto timing = parsed->parameters.find("timing");
+  pending->timing = timing != parsed->parameters.end() && timing->second == "true";
   pending->outputs = std::move(parsed->outputs);
   pending->shared_memory = std::move(*bound);
   pending->done = std::move(done);
