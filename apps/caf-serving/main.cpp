@@ -1,9 +1,10 @@
 /// caf-serving: parse options, start the actor system, load the repository,
-/// serve HTTP until a signal, then drain and stop in reverse order.
+/// serve HTTP and gRPC until a signal, then drain and stop in reverse order.
 
 #include "cluster/node_registry.hpp"
 #include "cluster/secret.hpp"
 #include "onnx_cpu/work_pool.hpp"
+#include "ingress/grpc/grpc_server.hpp"
 #include "ingress/response_cache.hpp"
 #include "options.hpp"
 #include "server/model_manager.hpp"
@@ -156,6 +157,28 @@ int main(int argc, char** argv) {
   if (opts.cache.max_bytes > 0)
     opts.http.cache = std::make_shared<ingress::response_cache>(opts.cache);
 
+  // gRPC (docs/grpc.md) serves on its own threads; it starts draining when
+  // the HTTP server sees the stop signal, within the same exit timeout.
+  std::unique_ptr<ingress::grpc_server> grpc;
+  std::thread grpc_stopper;
+  ingress::grpc_stop_report grpc_stopped;
+  if (opts.grpc_enabled) {
+    try {
+      grpc = ingress::grpc_server::start(opts.grpc, models);
+    } catch (const std::exception& e) {
+      std::cerr << "caf-serving: " << e.what() << "\n";
+      return 1;
+    }
+    auto host = opts.grpc.address == "0.0.0.0" ? std::string("127.0.0.1") : opts.grpc.address;
+    std::cout << "GRPC listening on " << host << ":" << grpc->port() << std::endl;
+    opts.http.on_stop = [&] {
+      grpc->begin_drain();
+      grpc_stopper = std::thread([&grpc, &grpc_stopped, secs = opts.http.exit_timeout_secs] {
+        grpc_stopped = grpc->stop(std::chrono::seconds(secs));
+      });
+    };
+  }
+
   ingress::stop_report stopped;
   try {
     stopped = ingress::run_http_server(opts.http, models, [&](ingress::listening_ports p) {
@@ -171,6 +194,9 @@ int main(int argc, char** argv) {
     std::cerr << "caf-serving: the HTTP server failed: " << e.getDescription().cStr() << "\n";
     return 1;
   }
+  if (grpc_stopper.joinable())
+    grpc_stopper.join();
+  stopped.abandoned += grpc_stopped.abandoned;
   if (stopped.abandoned > 0 || !stopped.drained) {
     // Something is stuck (an executor that does not come back): waiting for
     // the actors would wait for it. Every client has had its answer.

@@ -11,7 +11,7 @@ namespace caf_serving::app {
 
 std::string usage() {
   auto d = default_thread_config(usable_cores());
-  return "caf-serving: an inference server (KServe v2 over HTTP) built on CAF actors.\n"
+  return "caf-serving: an inference server (KServe v2 over HTTP and gRPC) built on CAF actors.\n"
          "\n"
          "usage: caf-serving --model-repository DIR [options]\n"
          "\n"
@@ -20,6 +20,17 @@ std::string usage() {
          "  --http-port N              HTTP port (default 8000; 0 picks a free port)\n"
          "  --metrics-port N           Prometheus /metrics port (default 8002; 0 picks)\n"
          "  --allow-metrics BOOL       serve the metrics port (default true)\n"
+         "  --allow-grpc BOOL          serve KServe gRPC (default true; docs/grpc.md)\n"
+         "  --grpc-address ADDR        gRPC address to listen on (default 0.0.0.0)\n"
+         "  --grpc-port N              gRPC port (default 8001; 0 picks a free port, and\n"
+         "                             so does --http-port 0 without --grpc-port)\n"
+         "  --grpc-infer-response-compression-level none|low|medium|high\n"
+         "                             grpc's compression of answers (default none);\n"
+         "                             gzip and deflate requests are always accepted\n"
+         "  --grpc-stream-max-in-flight N\n"
+         "                             requests one ModelStreamInfer stream may have in\n"
+         "                             the pipeline; past it the stream is read only as\n"
+         "                             answers are written (default 64)\n"
          "  --strict-readiness BOOL    /v2/health/ready needs every model ready (default true)\n"
          "  --max-queue-size N         queue bound per model and priority level where\n"
          "                             config.pbtxt says 0 (default 1024); a full queue\n"
@@ -181,6 +192,7 @@ std::optional<bool> parse_bool(const std::string& s) {
 
 std::variant<server_options, show_help, std::string> parse_options(int argc, char** argv) {
   server_options o;
+  bool grpc_port_given = false;
   o.threads = default_thread_config(usable_cores());
   o.http.limits.max_body_bytes = size_t{256} << 20;
   for (int i = 1; i < argc; ++i) {
@@ -219,6 +231,35 @@ std::variant<server_options, show_help, std::string> parse_options(int argc, cha
       if (!b)
         return bad("true or false");
       (flag == "--allow-metrics" ? o.http.metrics_enabled : o.http.strict_readiness) = *b;
+    } else if (flag == "--allow-grpc") {
+      auto b = parse_bool(value);
+      if (!b)
+        return bad("true or false");
+      o.grpc_enabled = *b;
+    } else if (flag == "--grpc-address") {
+      o.grpc.address = value;
+    } else if (flag == "--grpc-port") {
+      auto n = number(65535);
+      if (!n)
+        return bad("a port number (0-65535)");
+      o.grpc.port = static_cast<uint16_t>(*n);
+      grpc_port_given = true;
+    } else if (flag == "--grpc-infer-response-compression-level") {
+      if (value == "none")
+        o.grpc.compression = ingress::grpc_response_compression::none;
+      else if (value == "low")
+        o.grpc.compression = ingress::grpc_response_compression::low;
+      else if (value == "medium")
+        o.grpc.compression = ingress::grpc_response_compression::medium;
+      else if (value == "high")
+        o.grpc.compression = ingress::grpc_response_compression::high;
+      else
+        return bad("none, low, medium or high");
+    } else if (flag == "--grpc-stream-max-in-flight") {
+      auto n = number(1u << 20);
+      if (!n || *n == 0)
+        return bad("a request count from 1 to 2^20");
+      o.grpc.stream_max_in_flight = static_cast<uint32_t>(*n);
     } else if (flag == "--allow-client-shm") {
       auto b = parse_bool(value);
       if (!b)
@@ -389,6 +430,14 @@ std::variant<server_options, show_help, std::string> parse_options(int argc, cha
   }
   if (o.model_repository.empty())
     return std::string("--model-repository DIR is required; see --help");
+  // gRPC takes HTTP's limits, readiness and shared-memory settings. A server
+  // told to pick its HTTP port picks its gRPC port too, so that servers
+  // started side by side (tests, benchmarks) do not collide on 8001.
+  o.grpc.limits = o.http.limits;
+  o.grpc.strict_readiness = o.http.strict_readiness;
+  o.grpc.shared_memory = o.http.shared_memory;
+  if (o.http.http_port == 0 && !grpc_port_given)
+    o.grpc.port = 0;
   // Triton's checks and wording.
   if (!o.load_models.empty() && o.model_control_mode != server::model_control_mode::explicit_control)
     return std::string("Error: Use of '--load-model' requires setting "

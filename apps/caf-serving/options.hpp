@@ -5,6 +5,7 @@
 #include "cluster/tls.hpp"
 #include "core/thread_config.hpp"
 #include "ingress/http_server.hpp"
+#include "ingress/grpc/grpc_server.hpp"
 #include "ingress/response_cache.hpp"
 #include "core/limits.hpp"
 #include "server/model_manager.hpp"
@@ -48,6 +49,12 @@ struct cluster_options {
 struct server_options {
   std::string model_repository;
   ingress::http_server_config http;
+  /// The KServe gRPC ingress (docs/grpc.md): --allow-grpc, --grpc-address,
+  /// --grpc-port, --grpc-infer-response-compression-level,
+  /// --grpc-stream-max-in-flight. Its limits, readiness and shared-memory
+  /// settings are HTTP's, copied after parsing.
+  bool grpc_enabled = true;
+  ingress::grpc_server_config grpc;
   thread_config threads;
   uint32_t max_queue_size = 1024;
   /// --executor-timeout-ms: a local executor silent this long on a batch is

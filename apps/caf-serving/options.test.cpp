@@ -279,3 +279,38 @@ TEST_CASE("cluster TLS files and the remote timeout's cost-model terms are flags
     CHECK(std::get<std::string>(e).find("--remote-timeout-factor") != std::string::npos);
   }
 }
+
+TEST_CASE("gRPC flags: Triton's names and defaults, HTTP's limits") {
+  auto r = parse({"--model-repository", "/m", "--max-body-bytes", "4096",
+                  "--allow-client-shm", "true"});
+  auto* o = std::get_if<server_options>(&r);
+  REQUIRE(o);
+  CHECK(o->grpc_enabled);
+  CHECK(o->grpc.port == 8001);
+  CHECK(o->grpc.address == "0.0.0.0");
+  CHECK(o->grpc.compression == caf_serving::ingress::grpc_response_compression::none);
+  CHECK(o->grpc.stream_max_in_flight == 64);
+  CHECK(o->grpc.limits.max_body_bytes == 4096);
+  CHECK(o->grpc.shared_memory.allow_client_shm);
+
+  r = parse({"--model-repository", "/m", "--grpc-port", "9001", "--grpc-address", "127.0.0.1",
+             "--grpc-infer-response-compression-level", "high", "--allow-grpc", "false",
+             "--grpc-stream-max-in-flight", "8"});
+  o = std::get_if<server_options>(&r);
+  REQUIRE(o);
+  CHECK(o->grpc.port == 9001);
+  CHECK(o->grpc.address == "127.0.0.1");
+  CHECK(o->grpc.compression == caf_serving::ingress::grpc_response_compression::high);
+  CHECK_FALSE(o->grpc_enabled);
+  CHECK(o->grpc.stream_max_in_flight == 8);
+
+  // --http-port 0 picks the gRPC port too, unless --grpc-port says otherwise.
+  r = parse({"--model-repository", "/m", "--http-port", "0"});
+  CHECK(std::get<server_options>(r).grpc.port == 0);
+  r = parse({"--model-repository", "/m", "--http-port", "0", "--grpc-port", "8001"});
+  CHECK(std::get<server_options>(r).grpc.port == 8001);
+
+  r = parse({"--model-repository", "/m", "--grpc-infer-response-compression-level", "max"});
+  REQUIRE(std::holds_alternative<std::string>(r));
+  CHECK(std::get<std::string>(r).find("none, low, medium or high") != std::string::npos);
+}

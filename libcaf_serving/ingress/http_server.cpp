@@ -3,6 +3,7 @@
 #include "core/clock.hpp"
 #include "core/pipeline_messages.hpp"
 #include "ingress/compression.hpp"
+#include "ingress/infer_message.hpp"
 #include "ingress/repository_index.hpp"
 #include "ingress/repository_api.hpp"
 #include "ingress/shm_api.hpp"
@@ -851,48 +852,10 @@ private:
     return answered.exclusiveJoin(kj::mv(given_up)).attach(kj::defer([this]() { --waiting_; }));
   }
 
-  /// The one copy of tensor bytes between the socket and the executor.
+  /// The one copy of tensor bytes between the socket and the executor
+  /// (infer_message.hpp, shared with the gRPC ingress).
   result<request_message> to_message(const infer_context& ctx, uint32_t rows, int64_t received) {
-    const auto& cfg = ctx.model->config;
-    size_t bytes = 0;
-    for (const auto& in : ctx.request.inputs)
-      bytes += in.data.size();
-    auto msg = request_message::create(bytes + 1024);
-    auto b = msg.builder();
-    b.setId(ctx.request.id);
-    b.setModelName(cfg.name);
-    b.setModelVersion(ctx.model->version);
-    b.setPriority(ctx.request.priority);
-    b.setTimeoutUs(ctx.request.timeout_us);
-    b.setRows(cfg.max_batch_size > 0 ? rows : 1);
-    auto times = b.initTimes();
-    times.setReceivedNs(received);
-    // Inputs in the model's order, so the scheduler gathers them by position.
-    auto inputs = b.initInputs(static_cast<unsigned>(cfg.inputs.size()));
-    for (unsigned i = 0; i < cfg.inputs.size(); ++i) {
-      for (const auto& in : ctx.request.inputs) {
-        if (in.name != cfg.inputs[i].name)
-          continue;
-        auto t = inputs[i];
-        t.setName(in.name);
-        t.setDatatype(static_cast<wire::DataType>(in.dtype));
-        auto shape = t.initShape(static_cast<unsigned>(in.shape.size()));
-        for (unsigned d = 0; d < in.shape.size(); ++d)
-          shape.set(d, in.shape[d]);
-        auto data = t.initData(static_cast<unsigned>(in.data.size()));
-        auto copied = copy_input_data(reinterpret_cast<char*>(data.begin()), in);
-        if (!copied)
-          return copied.error();
-      }
-    }
-    auto outs = b.initOutputs(static_cast<unsigned>(ctx.request.outputs.size()));
-    for (unsigned i = 0; i < ctx.request.outputs.size(); ++i) {
-      outs[i].setName(ctx.request.outputs[i].name);
-      outs[i].setBinary(ctx.request.outputs[i].binary);
-      outs[i].setClassification(ctx.request.outputs[i].classification);
-    }
-    times.setValidatedNs(now_ns());
-    return msg;
+    return make_request_message(ctx.request, *ctx.model, rows, received);
   }
 
   void finish_failure(const server::model_pipeline& model, int64_t received,
@@ -1015,20 +978,7 @@ private:
     auto encoding = ctx.accept_encoding.empty() ? content_encoding::identity
                                                 : choose_encoding(ctx.accept_encoding);
     uint64_t elapsed = static_cast<uint64_t>(now_ns() - ctx.received_ns);
-    stats.success.add(elapsed);
-    stats.request_us.observe(static_cast<double>(elapsed) / 1e3);
-    if (uint64_t target_us = stats.slo.target_us.load(std::memory_order_relaxed)) {
-      // Goodput: answered within the request's deadline, the target or its
-      // tighter `timeout` (docs/latency-target.md).
-      uint64_t deadline_us = ctx.request.timeout_us != 0 ? std::min(target_us, ctx.request.timeout_us)
-                                                         : target_us;
-      (elapsed / 1000 <= deadline_us ? stats.slo.goodput : stats.slo.deadline_miss)
-        .fetch_add(1, std::memory_order_relaxed);
-    }
-    stats.last_inference_ms.store(static_cast<uint64_t>(
-      std::chrono::duration_cast<std::chrono::milliseconds>(
-        std::chrono::system_clock::now().time_since_epoch())
-        .count()));
+    record_success(stats, elapsed, ctx.request.timeout_us);
     return send_body(response, 200, std::move(out->body), out->content_type.c_str(),
                      out->header_length, encoding);
   }
@@ -1250,6 +1200,8 @@ stop_report run_http_server(const http_server_config& cfg, server::model_manager
                 .exclusiveJoin(io.unixEventPort.onSignal(SIGTERM).ignoreResult());
   // Serve until a signal; dropping the listen loops stops accepting connections.
   serving.exclusiveJoin(kj::mv(stop)).wait(ws);
+  if (cfg.on_stop)
+    cfg.on_stop();
   service.draining = true;
   listener = nullptr;
   metrics_listener = nullptr;

@@ -62,6 +62,9 @@ struct http_server_config {
   /// event loops; used for models with response_cache { enable: true }.
   /// Null: no cache.
   std::shared_ptr<response_cache> cache;
+  /// Called on this server's thread when SIGINT or SIGTERM arrives, before
+  /// the drain: the other ingresses (gRPC) start their own drain then.
+  std::function<void()> on_stop;
 };
 
 struct listening_ports {

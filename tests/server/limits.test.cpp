@@ -209,7 +209,7 @@ TEST_CASE("a metrics port that is taken is named as the metrics port, an HTTP po
   CHECK_MESSAGE(out.find(".c++") == std::string::npos, out);
 
   std::tie(status, out) = run_to_exit({"--http-address", "127.0.0.1", "--http-port", port,
-                                       "--metrics-port", "0"});
+                                       "--metrics-port", "0", "--grpc-port", "0"});
   CHECK(status == 1);
   CHECK_MESSAGE(out.find("HTTP port " + port) != std::string::npos, out);
   CHECK_MESSAGE(out.find("metrics port") == std::string::npos, out);

@@ -28,7 +28,7 @@ uint16_t port_after(const std::string& text, std::string_view prefix) {
 std::vector<std::string> server_argv(const server_config& cfg) {
   std::vector<std::string> args{cfg.binary, "--model-repository", cfg.model_repository,
                                 "--http-address", "127.0.0.1", "--http-port", "0",
-                                "--metrics-port", "0"};
+                                "--metrics-port", "0", "--grpc-port", "0"};
   args.insert(args.end(), cfg.extra_args.begin(), cfg.extra_args.end());
   return args;
 }
@@ -40,6 +40,8 @@ server_process::server_process(server_config cfg)
   bool ready = child_.wait_until(cfg_.start_timeout, [&](const std::string& out) {
     http_port_ = port_after(out, "HTTP listening on ");
     metrics_port_ = port_after(out, "metrics listening on ");
+    // Printed before the HTTP line, when gRPC is on.
+    grpc_port_ = port_after(out, "GRPC listening on ");
     return http_port_ != 0 && metrics_port_ != 0;
   });
   if (!ready) {

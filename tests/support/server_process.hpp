@@ -12,7 +12,7 @@
 ///   server.send_signal(SIGTERM);
 ///   auto status = server.wait_exit(std::chrono::seconds(10));   // 0 on a clean stop
 ///
-/// The server is started with --http-port 0 --metrics-port 0 and the ports are
+/// The server is started with --http-port 0 --metrics-port 0 --grpc-port 0 and the ports are
 /// read from the lines it prints ("HTTP listening on 127.0.0.1:PORT"). Its
 /// stdout is collected (output(), wait_for_output()); its stderr goes to the
 /// test's stderr. A server still running when the object is destroyed is
@@ -37,7 +37,8 @@ struct server_config {
   /// Path of the caf-serving executable.
   std::string binary;
   std::string model_repository;
-  /// Flags after --model-repository, --http-port 0 and --metrics-port 0.
+  /// Flags after --model-repository, --http-port 0, --metrics-port 0 and
+  /// --grpc-port 0.
   std::vector<std::string> extra_args;
   /// How long to wait for both "listening on" lines.
   std::chrono::milliseconds start_timeout{30000};
@@ -55,6 +56,8 @@ public:
   uint16_t http_port() const { return http_port_; }
   /// 0 when the server runs without a metrics port.
   uint16_t metrics_port() const { return metrics_port_; }
+  /// 0 when the server runs without gRPC (--allow-grpc false).
+  uint16_t grpc_port() const { return grpc_port_; }
   pid_t pid() const { return child_.pid(); }
 
   void send_signal(int signal);
@@ -71,6 +74,7 @@ private:
   child_process child_;
   uint16_t http_port_ = 0;
   uint16_t metrics_port_ = 0;
+  uint16_t grpc_port_ = 0;
 };
 
 /// A model repository in a fresh temporary directory, removed with the object.

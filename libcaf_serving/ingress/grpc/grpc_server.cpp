@@ -1,0 +1,856 @@
+#include "ingress/grpc/grpc_server.hpp"
+
+#include "core/clock.hpp"
+#include "core/pipeline_messages.hpp"
+#include "ingress/grpc/convert.hpp"
+#include "ingress/http_server.hpp"
+#include "ingress/infer_message.hpp"
+#include "ingress/shm_tensors.hpp"
+#include "ingress/validate.hpp"
+
+#include "grpc_service.grpc.pb.h"
+
+#include <caf/send.hpp>
+#include <google/protobuf/util/json_util.h>
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <climits>
+#include <deque>
+#include <functional>
+#include <iostream>
+#include <mutex>
+#include <stdexcept>
+#include <variant>
+
+namespace caf_serving::ingress {
+
+namespace {
+
+namespace pb = inference;
+using ::grpc::CallbackServerContext;
+using ::grpc::ServerUnaryReactor;
+using ::grpc::Status;
+using ::grpc::StatusCode;
+
+/// The Triton release whose protocol this server speaks (as on HTTP: Triton's
+/// clients check that the server calls itself "triton").
+constexpr const char* triton_protocol_version = "2.51.0";
+
+constexpr const char* server_extensions[]
+  = {"classification",      "model_repository", "model_repository(unload_dependents)",
+     "schedule_policy",     "model_configuration", "system_shared_memory",
+     "statistics"};
+
+/// An inference call's answer, or why there is none.
+using infer_outcome = std::variant<pb::ModelInferResponse, serving_error>;
+using infer_done = std::function<void(infer_outcome)>;
+
+} // namespace
+
+/// What the service and its calls share: configuration, the model manager,
+/// the shared-memory regions registered over gRPC, and the drain state.
+struct grpc_server::state {
+  grpc_server_config cfg;
+  server::model_manager& models;
+  shared_memory_registry shm;
+  std::atomic<bool> draining{false};
+  /// Calls cancelled while waiting for the pipeline during the drain.
+  std::atomic<size_t> abandoned{0};
+  /// Open ModelStreamInfer streams, so that the drain can close them (a
+  /// client keeps a stream open between requests). Locked once per stream
+  /// opened and at the drain, never per request.
+  std::mutex streams_mutex;
+  std::vector<std::function<void()>> stream_drains;
+  std::vector<std::weak_ptr<void>> stream_handles;
+  std::unique_ptr<pb::GRPCInferenceService::CallbackService> service;
+  std::unique_ptr<::grpc::Server> server;
+  int port = 0;
+
+  state(const grpc_server_config& c, server::model_manager& m)
+      : cfg(c), models(m), shm(c.shared_memory) {}
+
+  bool ready() const {
+    return !draining.load() && (!cfg.strict_readiness || models.all_ready());
+  }
+
+  void start_infer(const pb::ModelInferRequest& request, int64_t received, infer_done done);
+};
+
+namespace {
+
+void record_failure(const server::model_pipeline& model, int64_t received,
+                    const serving_error& e) {
+  model.stats->record_failure(reason_of(e), static_cast<uint64_t>(now_ns() - received));
+}
+
+/// One inference in the pipeline: what its answer needs, and the count of
+/// the model's pending requests, held until it is answered.
+struct pending_infer {
+  std::shared_ptr<const server::model_pipeline> model;
+  int64_t received_ns = 0;
+  std::string id;
+  uint64_t timeout_us = 0;
+  /// The request parameter timing=true: stage times in the answer's
+  /// parameters, as HTTP gives them.
+  bool timing = false;
+  std::vector<requested_output> outputs;
+  shared_memory_binding shared_memory;
+  infer_done done;
+
+  pending_infer(std::shared_ptr<const server::model_pipeline> m, int64_t received)
+      : model(std::move(m)), received_ns(received) {
+    model->stats->pending.fetch_add(1, std::memory_order_relaxed);
+  }
+  ~pending_infer() { model->stats->pending.fetch_sub(1, std::memory_order_relaxed); }
+  pending_infer(const pending_infer&) = delete;
+  pending_infer& operator=(const pending_infer&) = delete;
+
+  void fail(serving_error e) {
+    shared_memory = {};
+    record_failure(*model, received_ns, e);
+    done(std::move(e));
+  }
+
+  /// The pipeline's answer, turned into the call's (on the thread that
+  /// delivers it: one copy of the output bytes into the protobuf).
+  void answer(const response_message& msg) {
+    auto r = msg.reader();
+    if (r.getError().getStatus() != 0) {
+      auto reason = static_cast<failure_reason>(r.getError().getReason());
+      auto text = r.getError().getMessage();
+      return fail({static_cast<status_code>(r.getError().getStatus()),
+                   with_triton_phrase(reason, client_error_message(
+                                                std::string_view(text.cStr(), text.size()),
+                                                model->config.name)),
+                   reason, r.getError().getRetryAfterS()});
+    }
+    response_view view;
+    view.model_name = model->config.name;
+    auto version = std::to_string(model->version);
+    view.model_version = version;
+    view.id = id;
+    for (auto t : r.getOutputs()) {
+      output_view o;
+      o.name = std::string_view(t.getName().cStr(), t.getName().size());
+      o.dtype = static_cast<datatype>(t.getDatatype());
+      for (auto d : t.getShape())
+        o.shape.push_back(d);
+      o.data = std::string_view(reinterpret_cast<const char*>(t.getData().begin()),
+                                t.getData().size());
+      view.outputs.push_back(std::move(o));
+    }
+    if (timing) {
+      auto t = r.getTimes();
+      auto us = [](int64_t from, int64_t to) -> uint64_t {
+        return from > 0 && to >= from ? static_cast<uint64_t>(to - from) / 1000 : 0;
+      };
+      view.parameters = {
+        {"ingress_us", us(t.getReceivedNs(), t.getValidatedNs())},
+        {"queue_us", us(t.getEnqueuedNs(), t.getBatchFormedNs())},
+        {"compute_input_us", us(t.getBatchFormedNs(), t.getComputeStartNs())},
+        {"compute_infer_us", us(t.getComputeStartNs(), t.getComputeEndNs())},
+        {"compute_output_us", us(t.getComputeEndNs(), t.getPostprocessEndNs())},
+        {"until_response_us", us(t.getReceivedNs(), now_ns())},
+      };
+    }
+    auto written = shared_memory.write_outputs(view);
+    if (!written)
+      return fail(written.error());
+    shared_memory = {};
+    auto reply = grpc_api::to_infer_response(view, outputs);
+    record_success(*model->stats, static_cast<uint64_t>(now_ns() - received_ns), timeout_us);
+    done(std::move(reply));
+  }
+};
+
+/// Hands the pipeline's answer to the call. Every request gets one answer: a
+/// sink dropped without one (a stage stopped while holding the request)
+/// answers INTERNAL naming the model.
+class grpc_sink final : public response_sink {
+public:
+  explicit grpc_sink(std::shared_ptr<pending_infer> p) : pending_(std::move(p)) {}
+  ~grpc_sink() noexcept override {
+    if (!delivered_)
+      pending_->fail({status_code::internal,
+                      "model '" + pending_->model->config.name
+                        + "': the request was lost inside the server (a pipeline stage "
+                          "stopped while holding it); retry it",
+                      failure_reason::internal});
+  }
+  void deliver(response_message r) override {
+    delivered_ = true;
+    pending_->answer(r);
+  }
+
+private:
+  std::shared_ptr<pending_infer> pending_;
+  bool delivered_ = false;
+};
+
+} // namespace
+
+void grpc_server::state::start_infer(const pb::ModelInferRequest& request, int64_t received,
+                                     infer_done done) {
+  if (draining.load())
+    return done(unavailable("the server is shutting down (SIGINT or SIGTERM) and takes no "
+                            "new requests; send it to another server"));
+  size_t size = request.ByteSizeLong();
+  if (size > cfg.limits.max_body_bytes)
+    return done(serving_error{status_code::payload_too_large,
+                              "the request message has " + std::to_string(size)
+                                + " bytes, over the limit of "
+                                + std::to_string(cfg.limits.max_body_bytes)
+                                + " bytes; raise --max-body-bytes (it bounds HTTP bodies and "
+                                  "gRPC messages alike)"});
+  auto version = grpc_api::parse_version(request.model_version(), request.model_name());
+  if (!version)
+    return done(version.error());
+  auto found = models.find(request.model_name(), *version);
+  if (!found)
+    return done(found.error());
+  auto model = *found;
+  auto fail = [&](const serving_error& e) {
+    record_failure(*model, received, e);
+    done(e);
+  };
+  auto parsed = grpc_api::to_infer_request(request, cfg.limits);
+  if (!parsed)
+    return fail(parsed.error());
+  auto bound = bind_shared_memory(*parsed, shm, model->config);
+  if (!bound)
+    return fail(bound.error());
+  auto checked = validate(*parsed, model->config, cfg.limits);
+  if (!checked)
+    return fail(checked.error());
+  auto msg = make_request_message(*parsed, *model, checked->batch_size, received);
+  if (!msg)
+    return fail(msg.error());
+  auto pending = std::make_shared<pending_infer>(model, received);
+  pending->id = std::move(parsed->id);
+  pending->timeout_us = parsed->timeout_us;
+  auto timing = parsed->parameters.find("timing");
+  pending->timing = timing != parsed->parameters.end() && timing->second == "true";
+  pending->outputs = std::move(parsed->outputs);
+  pending->shared_memory = std::move(*bound);
+  pending->done = std::move(done);
+  caf::anon_send(model->scheduler,
+                 infer_job{std::move(*msg), std::make_shared<grpc_sink>(std::move(pending))});
+}
+
+namespace {
+
+// -- calls -------------------------------------------------------------------
+
+/// A unary ModelInfer: answered once, by the pipeline, or by a cancellation
+/// (the client gave up, or the drain's deadline passed), whichever comes
+/// first. Only the first touches the response.
+class unary_infer final : public ServerUnaryReactor {
+public:
+  unary_infer(pb::ModelInferResponse* response, grpc_server::state& s)
+      : response_(response), state_(s) {}
+
+
+  void complete(infer_outcome outcome) {
+    if (finished_.exchange(true))
+      return;
+    if (auto* e = std::get_if<serving_error>(&outcome))
+      return Finish(grpc_api::to_status(*e));
+    response_->Swap(&std::get<pb::ModelInferResponse>(outcome));
+    Finish(Status::OK);
+  }
+
+  void OnCancel() override {
+    if (finished_.exchange(true))
+      return;
+    if (state_.draining.load())
+      state_.abandoned.fetch_add(1);
+    Finish(Status(StatusCode::CANCELLED, "the call was cancelled before the model answered"));
+  }
+
+  void OnDone() override { self_.reset(); }
+
+  std::shared_ptr<unary_infer> self_;
+
+private:
+  pb::ModelInferResponse* response_;
+  grpc_server::state& state_;
+  std::atomic<bool> finished_{false};
+};
+
+/// A ModelStreamInfer stream: requests are read one at a time and sent on
+/// into the pipeline; answers are written in the order of the requests, a
+/// failed one as error_message, and the stream goes on. At most
+/// stream_max_in_flight requests are in the pipeline: past that, reading
+/// waits for a write.
+class stream_infer final
+    : public ::grpc::ServerBidiReactor<pb::ModelInferRequest, pb::ModelStreamInferResponse> {
+public:
+  explicit stream_infer(grpc_server::state& s) : state_(s) {}
+
+  void start() { StartRead(&request_); }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      std::lock_guard lock(mutex_);
+      reading_done_ = true;
+      maybe_finish();
+      return;
+    }
+    size_t seq;
+    {
+      std::lock_guard lock(mutex_);
+      seq = next_seq_++;
+      slots_.emplace_back();
+    }
+    std::weak_ptr<stream_infer> weak = self_;
+    // The request's bytes are copied into the pipeline's message before
+    // start_infer returns, so request_ may be read into again after it.
+    state_.start_infer(request_, now_ns(), [weak, seq](infer_outcome outcome) {
+      if (auto self = weak.lock())
+        self->answered(seq, std::move(outcome));
+    });
+    std::lock_guard lock(mutex_);
+    if (finished_)
+      return;
+    if (in_flight() < state_.cfg.stream_max_in_flight)
+      StartRead(&request_);
+    else
+      read_paused_ = true;
+  }
+
+  void OnWriteDone(bool ok) override {
+    std::lock_guard lock(mutex_);
+    writing_ = false;
+    slots_.pop_front();
+    ++first_seq_;
+    if (!ok) {
+      // The client is gone: nothing more can be written.
+      finish(Status(StatusCode::CANCELLED, "the stream was closed by the client"));
+      return;
+    }
+    if (read_paused_ && !reading_done_ && !finished_
+        && in_flight() < state_.cfg.stream_max_in_flight) {
+      read_paused_ = false;
+      StartRead(&request_);
+    }
+    write_next();
+    maybe_finish();
+  }
+
+  void OnCancel() override {
+    std::lock_guard lock(mutex_);
+    finish(Status(StatusCode::CANCELLED, "the stream was cancelled"));
+  }
+
+  void OnDone() override { self_.reset(); }
+
+  std::shared_ptr<stream_infer> self_;
+
+  /// The server is shutting down: requests still read are answered
+  /// UNAVAILABLE (start_infer), and the stream finishes as soon as no answer
+  /// is owed, instead of waiting for the client to close it.
+  void drain() {
+    std::lock_guard lock(mutex_);
+    draining_ = true;
+    maybe_finish();
+  }
+
+private:
+  struct slot {
+    bool ready = false;
+    pb::ModelStreamInferResponse response;
+  };
+
+  size_t in_flight() const { return slots_.size(); }
+
+  void answered(size_t seq, infer_outcome outcome) {
+    std::lock_guard lock(mutex_);
+    if (finished_ || seq < first_seq_)
+      return;
+    auto& s = slots_[seq - first_seq_];
+    if (auto* e = std::get_if<serving_error>(&outcome))
+      s.response.set_error_message(e->message);
+    else
+      s.response.mutable_infer_response()->Swap(&std::get<pb::ModelInferResponse>(outcome));
+    s.ready = true;
+    write_next();
+  }
+
+  /// Called with mutex_ held.
+  void write_next() {
+    if (writing_ || finished_ || slots_.empty() || !slots_.front().ready)
+      return;
+    writing_ = true;
+    StartWrite(&slots_.front().response);
+  }
+
+  /// Finishes once the client has closed its side and every answer is
+  /// written. Called with mutex_ held.
+  void maybe_finish() {
+    if (slots_.empty() && !writing_ && (reading_done_ || draining_))
+      finish(reading_done_ ? Status::OK
+                           : Status(StatusCode::UNAVAILABLE,
+                                    "the server is shutting down (SIGINT or SIGTERM); every "
+                                    "request sent on this stream was answered"));
+  }
+
+  void finish(Status s) {
+    if (finished_)
+      return;
+    finished_ = true;
+    Finish(std::move(s));
+  }
+
+  grpc_server::state& state_;
+  pb::ModelInferRequest request_;
+  std::mutex mutex_;
+  std::deque<slot> slots_;
+  size_t first_seq_ = 0;
+  size_t next_seq_ = 0;
+  bool reading_done_ = false;
+  bool read_paused_ = false;
+  bool writing_ = false;
+  bool finished_ = false;
+  /// The server drains: the stream finishes once its answers are written.
+  bool draining_ = false;
+};
+
+ServerUnaryReactor* answer(CallbackServerContext* ctx, Status status) {
+  auto* reactor = ctx->DefaultReactor();
+  reactor->Finish(std::move(status));
+  return reactor;
+}
+
+ServerUnaryReactor* answer(CallbackServerContext* ctx, const serving_error& e) {
+  return answer(ctx, grpc_api::to_status(e));
+}
+
+void fill(pb::StatisticDuration* out, const duration_stat& d) {
+  out->set_count(d.count.load(std::memory_order_relaxed));
+  out->set_ns(d.ns.load(std::memory_order_relaxed));
+}
+
+/// The service: each RPC of inference.GRPCInferenceService.
+class kserve_grpc_service final : public pb::GRPCInferenceService::CallbackService {
+public:
+  explicit kserve_grpc_service(grpc_server::state& s) : state_(s) {}
+
+  ServerUnaryReactor* ServerLive(CallbackServerContext* ctx, const pb::ServerLiveRequest*,
+                                 pb::ServerLiveResponse* response) override {
+    response->set_live(true);
+    return answer(ctx, Status::OK);
+  }
+
+  ServerUnaryReactor* ServerReady(CallbackServerContext* ctx, const pb::ServerReadyRequest*,
+                                  pb::ServerReadyResponse* response) override {
+    response->set_ready(state_.ready());
+    return answer(ctx, Status::OK);
+  }
+
+  ServerUnaryReactor* ModelReady(CallbackServerContext* ctx, const pb::ModelReadyRequest* request,
+                                 pb::ModelReadyResponse* response) override {
+    auto version = grpc_api::parse_version(request->version(), request->name());
+    if (!version)
+      return answer(ctx, version.error());
+    response->set_ready(!state_.draining.load()
+                        && state_.models.find(request->name(), *version).ok());
+    return answer(ctx, Status::OK);
+  }
+
+  ServerUnaryReactor* ServerMetadata(CallbackServerContext* ctx, const pb::ServerMetadataRequest*,
+                                     pb::ServerMetadataResponse* response) override {
+    response->set_name("triton");
+    response->set_version(triton_protocol_version);
+    for (const char* e : server_extensions)
+      response->add_extensions(e);
+    return answer(ctx, Status::OK);
+  }
+
+  ServerUnaryReactor* ModelMetadata(CallbackServerContext* ctx,
+                                    const pb::ModelMetadataRequest* request,
+                                    pb::ModelMetadataResponse* response) override {
+    auto version = grpc_api::parse_version(request->version(), request->name());
+    if (!version)
+      return answer(ctx, version.error());
+    auto m = state_.models.find(request->name(), *version);
+    if (!m)
+      return answer(ctx, m.error());
+    const auto& config = (*m)->config;
+    response->set_name(config.name);
+    for (const auto& p : state_.models.versions(config.name))
+      response->add_versions(std::to_string(p->version));
+    response->set_platform(config.platform.empty() ? config.backend : config.platform);
+    bool batched = config.max_batch_size > 0;
+    auto tensors = [batched](const std::vector<tensor_config>& from, auto add) {
+      for (const auto& t : from) {
+        auto* out = add();
+        out->set_name(t.name);
+        out->set_datatype(std::string(to_string(t.dtype)));
+        if (batched)
+          out->add_shape(-1);
+        for (auto d : t.dims)
+          out->add_shape(d);
+      }
+    };
+    tensors(config.inputs, [response] { return response->add_inputs(); });
+    tensors(config.outputs, [response] { return response->add_outputs(); });
+    return answer(ctx, Status::OK);
+  }
+
+  ServerUnaryReactor* ModelConfig(CallbackServerContext* ctx, const pb::ModelConfigRequest* request,
+                                  pb::ModelConfigResponse* response) override {
+    auto version = grpc_api::parse_version(request->version(), request->name());
+    if (!version)
+      return answer(ctx, version.error());
+    auto m = state_.models.find(request->name(), *version);
+    if (!m)
+      return answer(ctx, m.error());
+    // The same configuration HTTP serves at /config, read back into the
+    // protobuf (a rare call: no second copy of the conversion is kept).
+    google::protobuf::util::JsonParseOptions options;
+    options.ignore_unknown_fields = true;
+    auto parsed = google::protobuf::util::JsonStringToMessage((*m)->config_json,
+                                                              response->mutable_config(), options);
+    if (!parsed.ok()) {
+      std::cerr << "caf-serving: model '" << request->name()
+                << "': its configuration did not convert for gRPC: " << parsed.ToString()
+                << std::endl;
+      return answer(ctx, Status(StatusCode::INTERNAL,
+                                "the configuration of model '" + request->name()
+                                  + "' could not be converted; see the server log"));
+    }
+    return answer(ctx, Status::OK);
+  }
+
+  ServerUnaryReactor* ModelStatistics(CallbackServerContext* ctx,
+                                      const pb::ModelStatisticsRequest* request,
+                                      pb::ModelStatisticsResponse* response) override {
+    std::vector<std::shared_ptr<model_stats>> stats;
+    if (request->name().empty()) {
+      stats = state_.models.all_stats();
+    } else {
+      auto version = grpc_api::parse_version(request->version(), request->name());
+      if (!version)
+        return answer(ctx, version.error());
+      for (const auto& p : state_.models.versions(request->name()))
+        if (*version == 0 || p->version == *version)
+          stats.push_back(p->stats);
+      if (stats.empty()) {
+        auto m = state_.models.find(request->name(), *version);
+        return answer(ctx, bad_request("requested model '" + request->name()
+                                       + "' is not available: "
+                                       + (m ? std::string("it is not served") : m.error().message)));
+      }
+    }
+    for (const auto& s : stats) {
+      auto* out = response->add_model_stats();
+      out->set_name(s->name);
+      out->set_version(std::to_string(s->version));
+      out->set_last_inference(s->last_inference_ms.load());
+      out->set_inference_count(s->inference_count.load());
+      out->set_execution_count(s->execution_count.load());
+      auto* i = out->mutable_inference_stats();
+      fill(i->mutable_success(), s->success);
+      fill(i->mutable_fail(), s->fail);
+      fill(i->mutable_queue(), s->queue);
+      fill(i->mutable_compute_input(), s->compute_input);
+      fill(i->mutable_compute_infer(), s->compute_infer);
+      fill(i->mutable_compute_output(), s->compute_output);
+      fill(i->mutable_cache_hit(), s->cache_hit);
+      fill(i->mutable_cache_miss(), s->cache_miss);
+    }
+    return answer(ctx, Status::OK);
+  }
+
+  ServerUnaryReactor* RepositoryIndex(CallbackServerContext* ctx,
+                                      const pb::RepositoryIndexRequest* request,
+                                      pb::RepositoryIndexResponse* response) override {
+    for (auto& row : state_.models.index()) {
+      if (request->ready() && row.state != "READY")
+        continue;
+      auto* m = response->add_models();
+      m->set_name(std::move(row.name));
+      m->set_version(std::move(row.version));
+      m->set_state(std::move(row.state));
+      m->set_reason(std::move(row.reason));
+    }
+    return answer(ctx, Status::OK);
+  }
+
+  ServerUnaryReactor* RepositoryModelLoad(CallbackServerContext* ctx,
+                                          const pb::RepositoryModelLoadRequest* request,
+                                          pb::RepositoryModelLoadResponse*) override {
+    server::load_parameters params;
+    for (const auto& [key, value] : request->parameters()) {
+      using P = pb::ModelRepositoryParameter;
+      if (key == "config") {
+        if (value.parameter_choice_case() != P::kStringParam)
+          return answer(ctx, bad_request("load parameter 'config' must be a string_param "
+                                         "holding the model configuration as JSON"));
+        params.config = value.string_param();
+      } else if (key.rfind("file:", 0) == 0) {
+        if (value.parameter_choice_case() != P::kBytesParam)
+          return answer(ctx, bad_request("load parameter '" + key
+                                         + "' must be a bytes_param holding the file"));
+        params.files.push_back({key.substr(5), grpc_api::base64_encode(value.bytes_param())});
+      } else {
+        return answer(ctx, bad_request("unknown load parameter '" + key
+                                       + "'; a load takes 'config' and 'file:<path>'"));
+      }
+    }
+    if (!params.files.empty() && !params.config)
+      return answer(ctx, bad_request("load parameters 'file:<path>' need a 'config' parameter "
+                                     "too (the model's configuration as JSON)"));
+    // The load runs on the model manager's loader thread; the call is
+    // answered from there.
+    auto* reactor = ctx->DefaultReactor();
+    state_.models.request_load(request->model_name(), std::move(params),
+                               [reactor](std::variant<std::monostate, serving_error> r) {
+                                 if (auto* e = std::get_if<serving_error>(&r))
+                                   reactor->Finish(grpc_api::to_status(*e));
+                                 else
+                                   reactor->Finish(Status::OK);
+                               });
+    return reactor;
+  }
+
+  ServerUnaryReactor* RepositoryModelUnload(CallbackServerContext* ctx,
+                                            const pb::RepositoryModelUnloadRequest* request,
+                                            pb::RepositoryModelUnloadResponse*) override {
+    server::unload_parameters params;
+    for (const auto& [key, value] : request->parameters()) {
+      if (key != "unload_dependents")
+        return answer(ctx, bad_request("unknown unload parameter '" + key
+                                       + "'; an unload takes 'unload_dependents'"));
+      params.unload_dependents = value.bool_param();
+    }
+    auto r = state_.models.request_unload(request->model_name(), params);
+    if (auto* e = std::get_if<serving_error>(&r))
+      return answer(ctx, *e);
+    return answer(ctx, Status::OK);
+  }
+
+  ServerUnaryReactor* ModelInfer(CallbackServerContext* ctx, const pb::ModelInferRequest* request,
+                                 pb::ModelInferResponse* response) override {
+    int64_t received = now_ns();
+    auto call = std::make_shared<unary_infer>(response, state_);
+    call->self_ = call;
+    state_.start_infer(*request, received,
+                       [call](infer_outcome outcome) { call->complete(std::move(outcome)); });
+    (void)ctx;
+    return call.get();
+  }
+
+  ::grpc::ServerBidiReactor<pb::ModelInferRequest, pb::ModelStreamInferResponse>*
+  ModelStreamInfer(CallbackServerContext*) override {
+    auto call = std::make_shared<stream_infer>(state_);
+    call->self_ = call;
+    {
+      std::lock_guard lock(state_.streams_mutex);
+      if (state_.draining.load()) {
+        call->start();
+        call->drain();
+        return call.get();
+      }
+      // Forget streams that are gone, so the list stays as long as the
+      // streams open.
+      for (size_t i = 0; i < state_.stream_handles.size();) {
+        if (state_.stream_handles[i].expired()) {
+          state_.stream_handles.erase(state_.stream_handles.begin() + i);
+          state_.stream_drains.erase(state_.stream_drains.begin() + i);
+        } else {
+          ++i;
+        }
+      }
+      std::weak_ptr<stream_infer> weak = call;
+      state_.stream_handles.push_back(call);
+      state_.stream_drains.push_back([weak] {
+        if (auto s = weak.lock())
+          s->drain();
+      });
+    }
+    call->start();
+    return call.get();
+  }
+
+  // -- shared memory ----------------------------------------------------------
+
+  ServerUnaryReactor* SystemSharedMemoryStatus(CallbackServerContext* ctx,
+                                               const pb::SystemSharedMemoryStatusRequest* request,
+                                               pb::SystemSharedMemoryStatusResponse* response) override {
+    std::optional<std::string> name;
+    if (!request->name().empty())
+      name = request->name();
+    auto regions = state_.shm.status(name, region_kind::system);
+    if (!regions)
+      return answer(ctx, regions.error());
+    for (const auto& r : *regions) {
+      auto& out = (*response->mutable_regions())[r.name];
+      out.set_name(r.name);
+      out.set_key(r.key);
+      out.set_offset(r.offset);
+      out.set_byte_size(r.byte_size);
+    }
+    return answer(ctx, Status::OK);
+  }
+
+  ServerUnaryReactor* SystemSharedMemoryRegister(
+    CallbackServerContext* ctx, const pb::SystemSharedMemoryRegisterRequest* request,
+    pb::SystemSharedMemoryRegisterResponse*) override {
+    if (!state_.shm.config().allow_client_shm)
+      return answer(ctx, shm_disabled());
+    if (request->name().empty())
+      return answer(ctx, bad_request("'name' is necessary to register a system shared memory "
+                                     "region"));
+    auto r = state_.shm.register_system(request->name(), request->key(), request->offset(),
+                                        request->byte_size());
+    if (!r)
+      return answer(ctx, r.error());
+    return answer(ctx, Status::OK);
+  }
+
+  ServerUnaryReactor* SystemSharedMemoryUnregister(
+    CallbackServerContext* ctx, const pb::SystemSharedMemoryUnregisterRequest* request,
+    pb::SystemSharedMemoryUnregisterResponse*) override {
+    if (!state_.shm.config().allow_client_shm)
+      return answer(ctx, shm_disabled());
+    if (request->name().empty())
+      state_.shm.unregister_all(region_kind::system);
+    else
+      state_.shm.unregister(request->name(), region_kind::system);
+    return answer(ctx, Status::OK);
+  }
+
+  ServerUnaryReactor* CudaSharedMemoryStatus(CallbackServerContext* ctx,
+                                             const pb::CudaSharedMemoryStatusRequest*,
+                                             pb::CudaSharedMemoryStatusResponse*) override {
+    return answer(ctx, no_cuda_shm());
+  }
+  ServerUnaryReactor* CudaSharedMemoryRegister(CallbackServerContext* ctx,
+                                               const pb::CudaSharedMemoryRegisterRequest*,
+                                               pb::CudaSharedMemoryRegisterResponse*) override {
+    return answer(ctx, no_cuda_shm());
+  }
+  ServerUnaryReactor* CudaSharedMemoryUnregister(CallbackServerContext* ctx,
+                                                 const pb::CudaSharedMemoryUnregisterRequest*,
+                                                 pb::CudaSharedMemoryUnregisterResponse*) override {
+    return answer(ctx, no_cuda_shm());
+  }
+
+  ServerUnaryReactor* TraceSetting(CallbackServerContext* ctx, const pb::TraceSettingRequest*,
+                                   pb::TraceSettingResponse*) override {
+    return answer(ctx, Status(StatusCode::UNIMPLEMENTED,
+                              "caf-serving has no request tracing; per-request stage times "
+                              "come with the request parameter timing=true (HTTP) and in "
+                              "ModelStatistics"));
+  }
+  ServerUnaryReactor* LogSettings(CallbackServerContext* ctx, const pb::LogSettingsRequest*,
+                                  pb::LogSettingsResponse*) override {
+    return answer(ctx, Status(StatusCode::UNIMPLEMENTED,
+                              "caf-serving's log settings cannot be changed at run time; it "
+                              "logs to stdout and stderr"));
+  }
+
+private:
+  static Status shm_disabled() {
+    return Status(StatusCode::UNAVAILABLE,
+                  "this server does not accept client shared memory; start it with "
+                  "--allow-client-shm true");
+  }
+  static Status no_cuda_shm() {
+    return Status(StatusCode::UNIMPLEMENTED,
+                  "caf-serving does not support CUDA shared memory yet: put the tensors in "
+                  "system shared memory (SystemSharedMemoryRegister) or in the request");
+  }
+
+  grpc_server::state& state_;
+};
+
+::grpc_compression_level to_grpc(grpc_response_compression level) {
+  switch (level) {
+    case grpc_response_compression::none: return GRPC_COMPRESS_LEVEL_NONE;
+    case grpc_response_compression::low: return GRPC_COMPRESS_LEVEL_LOW;
+    case grpc_response_compression::medium: return GRPC_COMPRESS_LEVEL_MED;
+    case grpc_response_compression::high: return GRPC_COMPRESS_LEVEL_HIGH;
+  }
+  return GRPC_COMPRESS_LEVEL_NONE;
+}
+
+} // namespace
+
+std::string_view to_string(grpc_response_compression level) {
+  switch (level) {
+    case grpc_response_compression::none: return "none";
+    case grpc_response_compression::low: return "low";
+    case grpc_response_compression::medium: return "medium";
+    case grpc_response_compression::high: return "high";
+  }
+  return "none";
+}
+
+grpc_server::grpc_server(std::unique_ptr<state> s) : state_(std::move(s)) {}
+
+grpc_server::~grpc_server() {
+  if (state_ && state_->server)
+    state_->server->Shutdown(std::chrono::system_clock::now());
+}
+
+std::unique_ptr<grpc_server> grpc_server::start(const grpc_server_config& cfg,
+                                                server::model_manager& models) {
+  auto s = std::make_unique<state>(cfg, models);
+  s->service = std::make_unique<kserve_grpc_service>(*s);
+  ::grpc::ServerBuilder builder;
+  std::string host = cfg.address.find(':') != std::string::npos ? "[" + cfg.address + "]"
+                                                                 : cfg.address;
+  builder.AddListeningPort(host + ":" + std::to_string(cfg.port),
+                           ::grpc::InsecureServerCredentials(), &s->port);
+  builder.RegisterService(s->service.get());
+  // A message may be larger than --max-body-bytes by half again before grpc
+  // itself refuses it (RESOURCE_EXHAUSTED, grpc's words); up to there the
+  // server refuses it with a message naming the flag.
+  size_t limit = cfg.limits.max_body_bytes + cfg.limits.max_body_bytes / 2;
+  builder.SetMaxReceiveMessageSize(static_cast<int>(std::min<size_t>(limit, INT_MAX)));
+  // A port in use is an error, as for HTTP: grpc would otherwise share it
+  // with another server through SO_REUSEPORT.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.SetCompressionAlgorithmSupportStatus(GRPC_COMPRESS_GZIP, true);
+  builder.SetCompressionAlgorithmSupportStatus(GRPC_COMPRESS_DEFLATE, true);
+  if (cfg.compression != grpc_response_compression::none)
+    builder.SetDefaultCompressionLevel(to_grpc(cfg.compression));
+  s->server = builder.BuildAndStart();
+  if (!s->server || s->port == 0)
+    throw std::runtime_error("cannot listen on the gRPC port " + std::to_string(cfg.port) + " of "
+                             + cfg.address
+                             + " (--grpc-port, --grpc-address): the port is in use or the "
+                               "address is not this machine's; grpc's log above says which "
+                               "(--allow-grpc false serves without gRPC)");
+  return std::unique_ptr<grpc_server>(new grpc_server(std::move(s)));
+}
+
+uint16_t grpc_server::port() const {
+  return static_cast<uint16_t>(state_->port);
+}
+
+void grpc_server::begin_drain() {
+  std::vector<std::function<void()>> drains;
+  {
+    std::lock_guard lock(state_->streams_mutex);
+    state_->draining.store(true);
+    drains = state_->stream_drains;
+  }
+  for (auto& d : drains)
+    d();
+}
+
+grpc_stop_report grpc_server::stop(std::chrono::milliseconds deadline) {
+  begin_drain();
+  state_->server->Shutdown(std::chrono::system_clock::now() + deadline);
+  state_->server->Wait();
+  state_->server.reset();
+  grpc_stop_report report;
+  report.abandoned = state_->abandoned.load();
+  return report;
+}
+
+} // namespace caf_serving::ingress

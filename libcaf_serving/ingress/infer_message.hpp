@@ -1,0 +1,34 @@
+#pragma once
+/// What every ingress protocol (HTTP, gRPC) does the same way with an
+/// inference request once it is parsed and validated: turn it into the
+/// pipeline's Cap'n Proto InferRequest, and count a successful answer in the
+/// model's statistics. Moved out of http_server.cpp so that both protocols
+/// share one copy (the statistics must count alike whichever way a request
+/// came).
+
+#include "core/pipeline_messages.hpp"
+#include "core/stats.hpp"
+#include "ingress/kserve_codec.hpp"
+#include "server/model_manager.hpp"
+
+#include <cstdint>
+
+namespace caf_serving::ingress {
+
+/// The request message for `request` to `model`: its inputs in the model's
+/// order (the scheduler gathers them by position), the outputs asked for, and
+/// the received and validated timestamps. This is the one copy of tensor
+/// bytes between the protocol's buffer and the executor; `rows` is the
+/// validated batch size. Fails only when a shared-memory input cannot be
+/// read.
+result<request_message> make_request_message(const infer_request& request,
+                                             const server::model_pipeline& model,
+                                             uint32_t rows, int64_t received_ns);
+
+/// Counts a successful answer sent `elapsed_ns` after the request arrived:
+/// success, the request-latency histogram, the latency target's goodput or
+/// deadline miss (against the target, or the request's tighter `timeout_us`),
+/// and the time of the last inference.
+void record_success(model_stats& stats, uint64_t elapsed_ns, uint64_t timeout_us);
+
+} // namespace caf_serving::ingress
