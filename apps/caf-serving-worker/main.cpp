@@ -1,15 +1,18 @@
-/// caf-serving-worker: hosts executors for the models of a repository on this
-/// machine and publishes them through CAF's middleman, for caf-serving servers
-/// that know the cluster's secret (docs/cluster.md).
+/// caf-serving-worker: loads models with the server's model manager (every
+/// backend: builtin, ONNX on the CPU, CUDA where built) and publishes their
+/// executors through CAF's middleman, for caf-serving servers that know the
+/// cluster's secret (docs/cluster.md). The models come from its own repository,
+/// or are shipped by the server into a cache directory.
 ///
 ///   CAF_SERVING_CLUSTER_SECRET=... caf-serving-worker --model-repository DIR --port 9100
-///   caf-serving-worker --model-repository DIR --port 0 --join SERVER:9200 \
+///   caf-serving-worker --port 0 --join SERVER:9200 --model-cache-dir /var/cache/cs \
 ///                      --cluster-secret-file /etc/caf-serving/secret
 
 #include "cluster/secret.hpp"
 #include "cluster/tls.hpp"
 #include "cluster/worker_host.hpp"
 #include "core/thread_config.hpp"
+#include "onnx_cpu/work_pool.hpp"
 
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
@@ -30,6 +33,10 @@ namespace {
 
 struct worker_options {
   std::string repository;
+  std::string cache_dir;
+  std::vector<std::string> models;
+  uint64_t max_model_bytes = 1ull << 30;
+  unsigned executor_threads = 0;
   std::string address = "0.0.0.0";
   uint16_t port = 9100;
   std::optional<std::string> join;
@@ -44,9 +51,17 @@ struct worker_options {
 const char* usage_text =
   "caf-serving-worker: executors for caf-serving servers (docs/cluster.md).\n"
   "\n"
-  "usage: caf-serving-worker --model-repository DIR [options]\n"
+  "usage: caf-serving-worker [--model-repository DIR | --model-cache-dir DIR] [options]\n"
   "\n"
-  "  --model-repository DIR     the same repository layout as the server's (required)\n"
+  "  --model-repository DIR     the same repository layout as the server's; each model\n"
+  "                             is served only where its hash equals the server's\n"
+  "  --model-cache-dir DIR      where the models the server ships are written: every\n"
+  "                             model without --model-repository, else those missing\n"
+  "                             there (default: TMPDIR/caf-serving-worker-NAME)\n"
+  "  --max-model-bytes N        largest shipped model accepted (default 1073741824)\n"
+  "  --models A,B               serve only these models (default: all)\n"
+  "  --executor-threads N       compute threads shared by every CPU executor (default:\n"
+  "                             from the cores this process may use, as the server)\n"
   "  --address ADDR             address to publish on (default 0.0.0.0)\n"
   "  --port N                   port to publish on (default 9100; 0 picks one)\n"
   "  --join HOST:PORT           join the server listening there (--cluster-port)\n"
@@ -86,6 +101,32 @@ std::variant<worker_options, std::string, bool> parse(int argc, char** argv) {
       // --tls-certificate, --tls-key, --tls-ca, --tls-passphrase-file
     } else if (flag == "--model-repository") {
       o.repository = value;
+    } else if (flag == "--model-cache-dir") {
+      o.cache_dir = value;
+    } else if (flag == "--models") {
+      o.models.clear();
+      for (size_t start = 0; start <= value.size();) {
+        auto comma = value.find(',', start);
+        auto part = value.substr(start, comma == std::string::npos ? std::string::npos
+                                                                   : comma - start);
+        if (part.empty())
+          return "flag --models: '" + value + "' has an empty name; give names as A,B";
+        o.models.push_back(part);
+        if (comma == std::string::npos)
+          break;
+        start = comma + 1;
+      }
+    } else if (flag == "--max-model-bytes") {
+      char* end = nullptr;
+      auto v = std::strtoull(value.c_str(), &end, 10);
+      if (value.empty() || *end != '\0' || v == 0)
+        return "flag --max-model-bytes: '" + value + "' is not a positive number of bytes";
+      o.max_model_bytes = v;
+    } else if (flag == "--executor-threads") {
+      auto n = number(1024);
+      if (!n || *n == 0)
+        return "flag --executor-threads: '" + value + "' is not a number from 1 to 1024";
+      o.executor_threads = static_cast<unsigned>(*n);
     } else if (flag == "--address") {
       o.address = value;
     } else if (flag == "--port") {
@@ -117,8 +158,6 @@ std::variant<worker_options, std::string, bool> parse(int argc, char** argv) {
       return "unknown flag " + flag + "; see --help";
     }
   }
-  if (o.repository.empty())
-    return std::string("--model-repository DIR is required; see --help");
   if (o.node_timeout_ms <= o.heartbeat_ms)
     return std::string("--node-timeout-ms must be longer than --heartbeat-ms");
   return o;
@@ -166,6 +205,8 @@ int main(int argc, char** argv) {
   // (affinity mask, cgroup quota). A worker has no HTTP loop, and its builtin
   // executors compute on CAF's workers, so CAF gets the compute budget too.
   auto threads = default_thread_config(usable_cores());
+  if (opts.executor_threads)
+    threads.executor_threads = opts.executor_threads;
   cfg.set("scheduler.max-threads",
           static_cast<size_t>(opts.caf_workers ? opts.caf_workers
                                                 : threads.caf_workers + threads.executor_threads));
@@ -182,11 +223,23 @@ int main(int argc, char** argv) {
     gethostname(hostname, sizeof(hostname) - 1);
     wc.name = std::string(hostname) + "-" + std::to_string(getpid());
   }
+  wc.placement = opts.models;
+  wc.max_model_bytes = opts.max_model_bytes;
+  wc.cache_dir = opts.cache_dir;
+  if (wc.cache_dir.empty())
+    wc.cache_dir = std::filesystem::temp_directory_path() / ("caf-serving-worker-" + wc.name);
+  // Loaded as the server loads: one budget of compute threads for every CPU
+  // executor of every model.
+  wc.models.executor_threads = threads.executor_threads;
+  wc.models.compute_pool = std::make_shared<onnx::work_pool>(threads.executor_threads);
   auto host = cluster::start_worker(sys, wc);
   if (!host) {
     std::cerr << "caf-serving-worker: " << host.error().message << "\n";
     return 1;
   }
+  if (wc.repository.empty())
+    std::cout << "no --model-repository: serving the models servers ship, written into "
+              << wc.cache_dir.string() << std::endl;
   for (const auto& m : host->loaded)
     std::cout << "model " << m << " READY" << std::endl;
   for (const auto& m : host->failed)
@@ -209,7 +262,8 @@ int main(int argc, char** argv) {
   std::cout << "caf-serving-worker: stopping" << std::endl;
   sys.middleman().unpublish(host->actor, *port);
   caf::anon_send_exit(host->actor, caf::exit_reason::user_shutdown);
-  for (const auto& e : host->executors)
-    caf::anon_send_exit(e, caf::exit_reason::user_shutdown);
+  host->models->shutdown();
+  if (host->shipped)
+    host->shipped->shutdown();
   return 0;
 }

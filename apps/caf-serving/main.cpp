@@ -131,6 +131,7 @@ int main(int argc, char** argv) {
     rc.secret = cluster_secret;
     rc.server_name = "caf-serving-" + std::to_string(getpid());
     rc.credits = opts.cluster.remote_credits;
+    rc.max_ship_bytes = opts.cluster.max_ship_bytes;
     rc.remote_timeout.unmeasured = std::chrono::milliseconds(opts.cluster.remote_timeout_ms);
     rc.remote_timeout.factor = opts.cluster.remote_timeout_factor;
     rc.remote_timeout.floor = std::chrono::milliseconds(opts.cluster.remote_timeout_floor_ms);

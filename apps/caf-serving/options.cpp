@@ -125,6 +125,8 @@ std::string usage() {
          "                             measured (default 10000)\n"
          "  --heartbeat-ms N           middleman heartbeat interval (default 200)\n"
          "  --node-timeout-ms N        a silent node is lost after this (default 1000)\n"
+         "  --max-ship-bytes N         largest model shipped to a worker that lacks it\n"
+         "                             (default 1073741824)\n"
          + std::string(cluster::tls_usage_text) +
          "  --print-plan MODEL         print MODEL's optimized ONNX plan (each step's\n"
          "                             kernel, layouts, thread split, shapes) and exit\n"
@@ -379,6 +381,12 @@ std::variant<server_options, show_help, std::string> parse_options(int argc, cha
         o.cluster.heartbeat_ms = v;
       else
         o.cluster.node_timeout_ms = v;
+    } else if (flag == "--max-ship-bytes") {
+      char* end = nullptr;
+      auto v = std::strtoull(value.c_str(), &end, 10);
+      if (value.empty() || *end != '\0' || v == 0)
+        return bad("a positive number of bytes");
+      o.cluster.max_ship_bytes = v;
     } else if (flag == "--http-restricted-api") {
       // Triton's flag, repeatable: API[,API...]:KEY=VALUE.
       if (auto err = o.http.restricted.add(value))

@@ -38,6 +38,8 @@ struct cluster_options {
   uint32_t remote_timeout_floor_ms = 500;
   uint32_t heartbeat_ms = 200;
   uint32_t node_timeout_ms = 1000;
+  /// Largest model shipped to a worker without a repository (--max-ship-bytes).
+  uint64_t max_ship_bytes = 1ull << 30;
   /// --tls-certificate/--tls-key/--tls-ca/--tls-passphrase-file: TLS on every link.
   cluster::tls_config tls;
 

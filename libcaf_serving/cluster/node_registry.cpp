@@ -3,6 +3,8 @@
 #include "core/json.hpp"
 #include "core/stats.hpp"
 
+#include "cluster/model_hash.hpp"
+#include "cluster/model_sync.hpp"
 #include "cluster/secret.hpp"
 #include "cluster/tls.hpp"
 
@@ -11,8 +13,10 @@
 #include <caf/io/middleman.hpp>
 #include <caf/stateful_actor.hpp>
 
+#include <algorithm>
 #include <iostream>
 #include <set>
+#include <tuple>
 
 namespace caf_serving::cluster {
 
@@ -54,7 +58,17 @@ std::string cluster_status::json() const {
         out += ',';
       append_json_string(out, w.models[i]);
     }
-    out += "],\"batches_in_flight\":" + std::to_string(w.counters ? w.counters->in_flight.load() : 0);
+    out += ']';
+    if (!w.models_refused.empty()) {
+      out += ",\"models_refused\":[";
+      for (size_t i = 0; i < w.models_refused.size(); ++i) {
+        if (i)
+          out += ',';
+        append_json_string(out, w.models_refused[i]);
+      }
+      out += ']';
+    }
+    out += ",\"batches_in_flight\":" + std::to_string(w.counters ? w.counters->in_flight.load() : 0);
     out += ",\"batches\":" + std::to_string(w.counters ? w.counters->batches.load() : 0);
     out += ",\"batches_lost\":" + std::to_string(w.counters ? w.counters->lost.load() : 0);
     out += ",\"batches_timed_out\":"
@@ -80,6 +94,9 @@ std::string cluster_status::prometheus() const {
   std::string lost = "# HELP caf_serving_worker_batches_lost_total Batches sent back to the "
                      "queue because the worker was lost\n"
                      "# TYPE caf_serving_worker_batches_lost_total counter\n";
+  std::string refused = "# HELP caf_serving_worker_model_refused 1 for each model a worker is "
+                        "kept out of (its copy differs from the server's, or it failed to "
+                        "load it)\n# TYPE caf_serving_worker_model_refused gauge\n";
   std::string timed_out = "# HELP caf_serving_worker_batches_timed_out_total Batches presumed "
                           "lost because they were far past their predicted completion\n"
                           "# TYPE caf_serving_worker_batches_timed_out_total counter\n";
@@ -87,6 +104,9 @@ std::string cluster_status::prometheus() const {
                      "after their batch had been re-run elsewhere, dropped\n"
                      "# TYPE caf_serving_worker_late_answers_dropped_total counter\n";
   for (const auto& w : ws) {
+    for (const auto& r : w.models_refused)
+      refused += "caf_serving_worker_model_refused{worker=\"" + prometheus_label_value(w.name)
+                 + "\",model=\"" + prometheus_label_value(r.substr(0, r.find(':'))) + "\"} 1\n";
     auto labels = "{worker=\"" + prometheus_label_value(w.name) + "\",address=\""
                   + prometheus_label_value(w.address)
                   + "\",state=\"" + w.state + "\"}";
@@ -103,7 +123,11 @@ std::string cluster_status::prometheus() const {
     late += "caf_serving_worker_late_answers_dropped_total" + name_label + " "
             + std::to_string(w.counters ? w.counters->late_dropped.load() : 0) + "\n";
   }
-  return up + inflight + total + lost + timed_out + late;
+  bool any_refused = false;
+  for (const auto& w : ws)
+    any_refused = any_refused || !w.models_refused.empty();
+  return up + inflight + total + lost + timed_out + late
+         + (any_refused ? refused : std::string());
 }
 
 // -- the registry actor -----------------------------------------------------------
@@ -119,8 +143,16 @@ struct worker_record {
   caf::actor handle;
   bool busy = false; ///< a connect or handshake is under way
   std::vector<worker_model> models;
-  /// Schedulers already given this worker's executors (for this connection).
-  std::set<caf::actor_addr> attached;
+  /// (scheduler, worker executor) pairs already attached (for this connection).
+  std::set<std::pair<caf::actor_addr, caf::actor_addr>> attached;
+  /// What the worker told at its greeting (protocol.hpp's worker_info).
+  std::vector<std::string> placement;
+  bool accepts_files = false;
+  bool own_repository = false;
+  /// model_sync_input's tried and pending, and why loads asked of it failed.
+  std::map<std::string, std::string> tried;
+  std::set<std::string> pending;
+  std::map<std::string, std::string> load_errors;
 };
 
 struct registry_state {
@@ -129,10 +161,14 @@ struct registry_state {
   std::shared_ptr<cluster_status> status;
   std::map<std::string, worker_record> workers;
   std::map<caf::node_id, std::string> nonces;
-  /// Each live proxy: its worker's key and the scheduler it serves. A proxy that
-  /// quits while its worker is still ready (it gave up on a worker that kept
-  /// timing out) is replaced at the next sync.
-  std::map<caf::actor_addr, std::pair<std::string, caf::actor_addr>> proxies;
+  /// Hash of each served model's directory, by the scheduler of its newest
+  /// version (computed once per load).
+  std::map<caf::actor_addr, std::pair<std::string, std::string>> hashes;
+  /// Each live proxy: its worker's key, the scheduler it serves and the worker's
+  /// executor. A proxy that quits while its worker is still ready (it gave up on
+  /// a worker that kept timing out) is replaced at the next sync, unless the
+  /// worker no longer serves that executor (a reload retired it).
+  std::map<caf::actor_addr, std::tuple<std::string, caf::actor_addr, caf::actor_addr>> proxies;
 };
 
 using self_ptr = caf::stateful_actor<registry_state>*;
@@ -156,19 +192,49 @@ void set_state(self_ptr self, const std::string& key, const std::string& state,
   publish(self, key);
 }
 
-/// Gives every scheduler that serves one of the worker's model versions, and has
-/// not had them yet, a proxy for each of the worker's executors of that version.
-void attach(self_ptr self, const std::string& key) {
+/// The models the server serves now: name -> hash of the directory it loaded
+/// them from (model_hash.hpp).
+std::map<std::string, std::string> served_hashes(self_ptr self) {
+  auto& st = self->state;
+  std::map<std::string, std::string> out;
+  std::map<caf::actor_addr, std::pair<std::string, std::string>> seen;
+  for (const auto& row : st.models->index()) {
+    if (row.version.empty() || out.count(row.name))
+      continue;
+    auto versions = st.models->versions(row.name);
+    if (versions.empty())
+      continue;
+    const auto& newest = versions.back();
+    auto addr = newest->scheduler.address();
+    auto it = st.hashes.find(addr);
+    if (it == st.hashes.end()) {
+      auto dir = newest->files ? newest->files->path() : st.models->repository() / row.name;
+      auto hash = hash_model_dir(dir);
+      if (!hash)
+        continue;
+      it = st.hashes.emplace(addr, std::make_pair(row.name, *hash)).first;
+    }
+    seen.insert(*it);
+    out[row.name] = it->second.second;
+  }
+  st.hashes = std::move(seen); // forget the pipelines no longer served
+  return out;
+}
+
+/// Gives every scheduler of `name` a proxy for each of the worker's executors of
+/// the same version that it has not had yet.
+void attach_model(self_ptr self, const std::string& key, const std::string& name) {
   auto& st = self->state;
   auto& w = st.workers.at(key);
-  if (w.status.state != "ready")
-    return;
   for (const auto& m : w.models) {
+    if (m.name != name)
+      continue;
     for (const auto& p : st.models->versions(m.name)) {
-      if (p->version != m.version || w.attached.count(p->scheduler.address()))
+      if (p->version != m.version)
         continue;
-      w.attached.insert(p->scheduler.address());
       for (const auto& e : m.executors) {
+        if (!w.attached.emplace(p->scheduler.address(), e.address()).second)
+          continue;
         remote_executor_config rc;
         rc.remote = e;
         rc.node = w.status.name;
@@ -177,11 +243,124 @@ void attach(self_ptr self, const std::string& key) {
         rc.counters = w.status.counters;
         auto proxy = spawn_remote_executor(self->system(), std::move(rc));
         self->monitor(proxy);
-        st.proxies.emplace(proxy.address(), std::make_pair(key, p->scheduler.address()));
+        st.proxies.emplace(proxy.address(),
+                           std::make_tuple(key, p->scheduler.address(), e.address()));
         self->send(p->scheduler, scheduler::add_executor_atom::value,
                    scheduler::executor_entry{proxy, st.cfg.credits, w.status.name});
       }
     }
+  }
+}
+
+void attach(self_ptr self, const std::string& key);
+
+/// Where a worker loads a model from when the server asks it to.
+enum class load_source { shipped_files, worker_repository };
+
+/// Asks the worker to load `name` (from the files shipped with the request, or
+/// from its own repository), and attaches what it then serves when the hashes
+/// agree.
+void ask_load(self_ptr self, const std::string& key, const std::string& name,
+              const std::string& hash, load_source source) {
+  bool ship = source == load_source::shipped_files;
+  auto& st = self->state;
+  auto& w = st.workers.at(key);
+  model_shipment s{name, hash, {}};
+  if (ship) {
+    auto versions = st.models->versions(name);
+    auto dir = !versions.empty() && versions.back()->files ? versions.back()->files->path()
+                                                           : st.models->repository() / name;
+    auto files = read_model_files(dir, st.cfg.max_ship_bytes);
+    if (!files) {
+      w.tried[name] = hash;
+      w.load_errors[name] = "not shipped: " + files.error().message;
+      return;
+    }
+    s.files = std::move(*files);
+  }
+  w.pending.insert(name);
+  std::cout << "worker " << w.status.name << ": " << (ship ? "shipping" : "reloading")
+            << " model " << name << std::endl;
+  auto handle = w.handle;
+  auto timeout = std::chrono::duration_cast<caf::timespan>(st.cfg.load_timeout);
+  self->request(handle, timeout, load_model_atom::value, std::move(s))
+    .then(
+      [self, key, name, hash, handle](std::vector<worker_model>& loaded) {
+        auto& w = self->state.workers.at(key);
+        if (w.handle != handle)
+          return; // an answer on a connection since lost
+        w.pending.erase(name);
+        w.tried[name] = hash;
+        w.load_errors.erase(name);
+        w.models.erase(std::remove_if(w.models.begin(), w.models.end(),
+                                      [&](const worker_model& m) { return m.name == name; }),
+                       w.models.end());
+        w.models.insert(w.models.end(), loaded.begin(), loaded.end());
+        attach(self, key);
+      },
+      [self, key, name, hash, handle](caf::error& e) {
+        auto& w = self->state.workers.at(key);
+        if (w.handle != handle)
+          return;
+        w.pending.erase(name);
+        w.tried[name] = hash;
+        w.load_errors[name] = "load failed on the worker: " + self->system().render(e);
+        attach(self, key);
+      });
+}
+
+/// Brings the worker's models in line with the server's (model_sync.hpp) and
+/// gives the schedulers the executors of every model both hold alike.
+void attach(self_ptr self, const std::string& key) {
+  auto& st = self->state;
+  auto& w = st.workers.at(key);
+  if (w.status.state != "ready" || !w.handle)
+    return;
+  model_sync_input in;
+  in.served = served_hashes(self);
+  for (const auto& m : w.models) {
+    in.worker[m.name] = m.hash;
+    if (m.shipped)
+      in.shipped.insert(m.name);
+  }
+  in.placement = w.placement;
+  in.accepts_files = w.accepts_files;
+  in.own_repository = w.own_repository;
+  in.tried = w.tried;
+  in.pending = w.pending;
+  auto plan = plan_model_sync(in);
+  for (const auto& name : plan.attach)
+    attach_model(self, key, name);
+  for (const auto& name : plan.ship)
+    ask_load(self, key, name, in.served[name], load_source::shipped_files);
+  for (const auto& name : plan.reload)
+    ask_load(self, key, name, in.served[name], load_source::worker_repository);
+  for (const auto& name : plan.unload) {
+    self->send(w.handle, unload_model_atom::value, name);
+    w.models.erase(std::remove_if(w.models.begin(), w.models.end(),
+                                  [&](const worker_model& m) { return m.name == name; }),
+                   w.models.end());
+    w.tried.erase(name);
+    w.load_errors.erase(name);
+  }
+  std::vector<std::string> refused;
+  for (const auto& [name, why] : plan.mismatched)
+    refused.push_back(name + ": " + why);
+  for (const auto& [name, why] : w.load_errors)
+    if (in.served.count(name) && !plan.mismatched.count(name))
+      refused.push_back(name + ": " + why);
+  std::vector<std::string> models;
+  for (const auto& m : w.models)
+    if (!plan.mismatched.count(m.name))
+      models.push_back(m.name + ":" + std::to_string(m.version));
+  if (refused != w.status.models_refused || models != w.status.models) {
+    for (const auto& r : refused)
+      if (std::find(w.status.models_refused.begin(), w.status.models_refused.end(), r)
+          == w.status.models_refused.end())
+        std::cerr << "worker " << w.status.name << " is kept out of model " << r << std::endl;
+    w.status.models_refused = std::move(refused);
+    w.status.models = std::move(models);
+    publish(self, key);
   }
 }
 
@@ -209,10 +388,23 @@ void greet(self_ptr self, const std::string& key, caf::actor handle) {
               w.handle = handle;
               w.models = std::move(info.models);
               w.attached.clear();
+              w.placement = std::move(info.placement);
+              w.accepts_files = info.accepts_files;
+              w.pending.clear();
+              w.load_errors.clear();
+              w.tried.clear();
+              w.own_repository = info.own_repository;
+              // A worker with a repository of its own has just loaded what is in
+              // it: nothing to reload until the server loads a model anew.
+              if (w.own_repository) {
+                auto served = served_hashes(self);
+                for (const auto& m : w.models)
+                  if (!m.shipped && served.count(m.name))
+                    w.tried[m.name] = served[m.name];
+              }
               w.status.name = info.name;
               w.status.models.clear();
-              for (const auto& m : w.models)
-                w.status.models.push_back(m.name + ":" + std::to_string(m.version));
+              w.status.models_refused.clear();
               self->monitor(handle);
               set_state(self, key, "ready", "");
               attach(self, key);
@@ -281,10 +473,10 @@ node_registry start_registry(caf::actor_system& sys, server::model_manager& mode
     self->set_down_handler([self](caf::down_msg& dm) {
       auto& st = self->state;
       if (auto it = st.proxies.find(dm.source); it != st.proxies.end()) {
-        auto [key, scheduler] = it->second;
+        auto [key, scheduler, executor] = it->second;
         st.proxies.erase(it);
         if (auto w = st.workers.find(key); w != st.workers.end() && w->second.handle)
-          w->second.attached.erase(scheduler);
+          w->second.attached.erase({scheduler, executor});
         return;
       }
       for (auto& [key, w] : self->state.workers) {

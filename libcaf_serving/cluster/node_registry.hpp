@@ -42,6 +42,11 @@ struct registry_config {
   remote_timeout_config remote_timeout;
   std::chrono::milliseconds retry_interval{1000};
   std::chrono::milliseconds sync_interval{500};
+  /// Largest model (sum of its files) shipped to a worker without a repository
+  /// (--max-ship-bytes).
+  uint64_t max_ship_bytes = 1ull << 30;
+  /// A load asked of a worker (shipping and compiling included) may take this long.
+  std::chrono::milliseconds load_timeout{300000};
 };
 
 /// One worker as /v2 and /metrics show it.
@@ -52,6 +57,8 @@ struct worker_status {
   std::string state;
   std::string reason;
   std::vector<std::string> models; ///< "name:version"
+  /// Models the worker is kept out of, each "name: why" (model_sync.hpp).
+  std::vector<std::string> models_refused;
   std::shared_ptr<node_counters> counters;
 };
 

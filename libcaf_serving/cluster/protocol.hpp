@@ -38,6 +38,10 @@ namespace caf_serving::cluster {
 using challenge_atom = caf::atom_constant<caf::atom("challenge")>;
 using hello_atom = caf::atom_constant<caf::atom("hello")>;
 using join_atom = caf::atom_constant<caf::atom("join")>;
+/// Server to worker: load (or reload) a model, optionally from shipped files.
+using load_model_atom = caf::atom_constant<caf::atom("wload")>;
+/// Server to worker: stop serving a model.
+using unload_model_atom = caf::atom_constant<caf::atom("wunload")>;
 
 /// One model version a worker serves and its executors (typed as
 /// executor::executor_actor; carried untyped).
@@ -45,11 +49,43 @@ struct worker_model {
   std::string name;
   int64_t version = 0;
   std::vector<caf::actor> executors;
+  /// model_hash.hpp's hash of the model's directory (config and files) as the
+  /// worker loaded it; the server uses the executors only when it is the hash
+  /// of what the server serves.
+  std::string hash;
+  /// Loaded from files the server shipped (not from the worker's repository).
+  bool shipped = false;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, worker_model& x) {
-  return f(caf::meta::type_name("worker_model"), x.name, x.version, x.executors);
+  return f(caf::meta::type_name("worker_model"), x.name, x.version, x.executors, x.hash,
+           x.shipped);
+}
+
+/// One file of a model directory shipped to a worker (path relative to it).
+struct model_file {
+  std::string path;
+  std::string bytes;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, model_file& x) {
+  return f(caf::meta::type_name("model_file"), x.path, x.bytes);
+}
+
+/// A load asked of a worker: with `files`, the model's whole directory, which
+/// the worker writes into its cache and checks against `hash`; without, the
+/// worker (re)loads the model from its own repository.
+struct model_shipment {
+  std::string name;
+  std::string hash;
+  std::vector<model_file> files;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, model_shipment& x) {
+  return f(caf::meta::type_name("model_shipment"), x.name, x.hash, x.files);
 }
 
 /// A worker's answer to a server that proved the secret.
@@ -57,11 +93,19 @@ struct worker_info {
   /// The worker's name (--name, default host:port).
   std::string name;
   std::vector<worker_model> models;
+  /// The models this worker may serve (--models); empty: any.
+  std::vector<std::string> placement;
+  /// The worker takes shipped files for the models it lacks.
+  bool accepts_files = false;
+  /// The worker has a repository of its own (--model-repository): a model it
+  /// holds otherwise than the server is reloaded from there, not shipped.
+  bool own_repository = false;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, worker_info& x) {
-  return f(caf::meta::type_name("worker_info"), x.name, x.models);
+  return f(caf::meta::type_name("worker_info"), x.name, x.models, x.placement,
+           x.accepts_files, x.own_repository);
 }
 
 /// Timing of failure detection; the same on servers and workers.

@@ -1,10 +1,9 @@
 #include "cluster/worker_host.hpp"
 
+#include "cluster/model_hash.hpp"
 #include "cluster/secret.hpp"
 #include "cluster/tls.hpp"
-#include "executor/builtin_backend.hpp"
 #include "executor/executor_actor.hpp"
-#include "repository/model_repository.hpp"
 
 #include <caf/actor_cast.hpp>
 #include <caf/event_based_actor.hpp>
@@ -12,6 +11,7 @@
 #include <caf/stateful_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
 
+#include <algorithm>
 #include <iostream>
 #include <map>
 #include <mutex>
@@ -52,17 +52,21 @@ private:
   std::set<caf::node_id> nodes_;
 };
 
-executor::executor_actor spawn_worker_executor(caf::actor_system& sys,
-                                               std::shared_ptr<executor::backend> be,
-                                               const model_config& config,
-                                               std::shared_ptr<authorized_nodes> auth) {
-  auto body = [be, config, auth](executor::executor_actor::pointer self)
-    -> executor::executor_actor::behavior_type {
+/// The handle a server gets for one of the worker's executors: checks that each
+/// batch comes from a server that proved the secret and hands it on to the
+/// executor, which answers the server directly. It dies with the executor
+/// (linked), so that a server sees a retired executor (reload, unload) as lost
+/// and runs its batches elsewhere.
+caf::actor spawn_gate(caf::actor_system& sys, executor::executor_actor target,
+                      std::string model, std::shared_ptr<authorized_nodes> auth) {
+  auto gate = sys.spawn([target, model, auth](executor::executor_actor::pointer self)
+                          -> executor::executor_actor::behavior_type {
+    self->link_to(target);
     return {
-      [self, be, config, auth](run_batch& msg) -> caf::result<batch_result_message> {
+      [self, target, model, auth](run_batch& msg) -> caf::result<batch_result_message> {
         auto sender = self->current_sender();
         if (!sender || !auth->contains(sender->node())) {
-          std::cerr << "caf-serving-worker: refused a batch for model '" << config.name
+          std::cerr << "caf-serving-worker: refused a batch for model '" << model
                     << "' from node "
                     << (sender ? to_string(sender->node()) : std::string("(anonymous)"))
                     << ", which has not proved the cluster secret" << std::endl;
@@ -70,18 +74,24 @@ executor::executor_actor spawn_worker_executor(caf::actor_system& sys,
                                     "this worker serves only servers that proved the "
                                     "cluster secret");
         }
-        return executor::run_one_batch(*be, config, msg.reader());
+        return self->delegate(target, std::move(msg));
       },
     };
-  };
-  if (be->blocks())
-    return sys.spawn<caf::detached>(body);
-  return sys.spawn(body);
+  });
+  return caf::actor_cast<caf::actor>(gate);
 }
 
 struct host_state {
   worker_config cfg;
-  worker_info info;
+  std::shared_ptr<server::model_manager> models;
+  /// Beside a repository of its own: the manager of the shipped models (its
+  /// repository is the cache directory); null without one.
+  std::shared_ptr<server::model_manager> shipped;
+  /// The gates and hash of each model served now (what servers are told).
+  std::map<std::string, std::vector<worker_model>> served;
+  /// Loads asked for by servers and under way on the manager's loader thread.
+  std::map<uint64_t, caf::typed_response_promise<std::vector<worker_model>>> loads;
+  uint64_t next_load = 0;
   std::shared_ptr<authorized_nodes> auth;
   /// The nonce last given to each node that asked for a challenge.
   std::map<caf::node_id, std::string> nonces;
@@ -93,6 +103,142 @@ struct host_state {
 using host_ptr = caf::stateful_actor<host_state>*;
 
 using retry_join_atom = caf::atom_constant<caf::atom("rejoin")>;
+/// From the loader thread: a load asked for by a server finished.
+using load_done_atom = caf::atom_constant<caf::atom("wloaded")>;
+
+/// The directory the worker's manager loads `name` from.
+std::filesystem::path model_dir(const server::model_manager& models, const std::string& name) {
+  return models.repository() / name;
+}
+
+/// One worker_model per served version of `name`, each with a gate per executor.
+std::vector<worker_model> describe(caf::actor_system& sys, const server::model_manager& models,
+                                   const std::string& name, const std::string& hash,
+                                   bool shipped, const std::shared_ptr<authorized_nodes>& auth) {
+  std::vector<worker_model> out;
+  for (const auto& p : models.versions(name)) {
+    worker_model m;
+    m.name = name;
+    m.version = p->version;
+    m.hash = hash;
+    m.shipped = shipped;
+    for (const auto& e : p->executors)
+      m.executors.push_back(spawn_gate(sys, e, name, auth));
+    out.push_back(std::move(m));
+  }
+  return out;
+}
+
+worker_info make_info(host_ptr self) {
+  auto& st = self->state;
+  worker_info info;
+  info.name = st.cfg.name;
+  for (const auto& [name, versions] : st.served)
+    info.models.insert(info.models.end(), versions.begin(), versions.end());
+  info.placement = st.cfg.placement;
+  info.accepts_files = st.cfg.repository.empty() || st.shipped != nullptr;
+  info.own_repository = !st.cfg.repository.empty();
+  return info;
+}
+
+/// The manager that loads shipped files: the cache's beside a repository of the
+/// worker's own, else the only one (whose repository is the cache).
+server::model_manager& files_manager(host_state& st) {
+  return st.shipped ? *st.shipped : *st.models;
+}
+
+/// True when the worker serves `name` from shipped files.
+bool serves_shipped(const host_state& st, const std::string& name) {
+  auto it = st.served.find(name);
+  return it != st.served.end() && !it->second.empty() && it->second.front().shipped;
+}
+
+bool authorized(host_ptr self) {
+  auto sender = self->current_sender();
+  return sender && self->state.auth->contains(sender->node());
+}
+
+caf::error load_error(const std::string& why) {
+  return make_cluster_error(cluster_errc::model_load_failed, why);
+}
+
+/// A server's load (or reload): files shipped are written into the cache and
+/// checked against the server's hash first; the manager loads on its loader
+/// thread, and the answer is the model's new gates.
+caf::typed_response_promise<std::vector<worker_model>> load_for_server(host_ptr self,
+                                                                       model_shipment& s) {
+  auto& st = self->state;
+  // Before the promise: making it takes the sender out of the current message.
+  bool allowed = authorized(self);
+  auto rp = self->make_response_promise<std::vector<worker_model>>();
+  if (!allowed) {
+    rp.deliver(make_cluster_error(cluster_errc::refused,
+                                  "this worker takes loads only from servers that proved the "
+                                  "cluster secret"));
+    return rp;
+  }
+  const auto& placement = st.cfg.placement;
+  if (!placement.empty()
+      && std::find(placement.begin(), placement.end(), s.name) == placement.end()) {
+    rp.deliver(load_error("model '" + s.name + "' is not placed on worker '" + st.cfg.name
+                          + "' (--models)"));
+    return rp;
+  }
+  std::error_code ec;
+  bool from_files = !s.files.empty() || st.cfg.repository.empty()
+                    || (st.shipped && serves_shipped(st, s.name));
+  if (!s.files.empty()) {
+    if (!st.cfg.repository.empty() && (!st.shipped
+                                       || std::filesystem::exists(st.cfg.repository / s.name, ec))) {
+      rp.deliver(load_error("worker '" + st.cfg.name + "' has its own copy of model '" + s.name
+                            + "' in " + st.cfg.repository.string()
+                            + " and takes no shipped files for it; update it there"));
+      return rp;
+    }
+    uint64_t total = 0;
+    for (const auto& f : s.files)
+      total += f.bytes.size();
+    if (total > st.cfg.max_model_bytes) {
+      rp.deliver(load_error("model '" + s.name + "' is " + std::to_string(total)
+                            + " bytes, more than this worker's --max-model-bytes ("
+                            + std::to_string(st.cfg.max_model_bytes) + ")"));
+      return rp;
+    }
+    auto dir = model_dir(files_manager(st), s.name);
+    auto written = write_model_files(dir, s.files);
+    if (!written) {
+      rp.deliver(load_error(written.error().message));
+      return rp;
+    }
+    auto hash = hash_model_dir(dir);
+    if (!hash || *hash != s.hash) {
+      rp.deliver(load_error("the files of model '" + s.name + "' arrived with hash "
+                            + (hash ? hash->substr(0, 12) : std::string("(unreadable)"))
+                            + ", not the server's " + s.hash.substr(0, 12)));
+      return rp;
+    }
+    std::cout << "model " << s.name << ": " << s.files.size() << " files (" << total
+              << " bytes) received from the server" << std::endl;
+  }
+  auto id = ++st.next_load;
+  st.loads.emplace(id, rp);
+  auto me = caf::actor_cast<caf::actor>(self);
+  auto& manager = from_files ? files_manager(st) : *st.models;
+  auto dir = model_dir(manager, s.name);
+  manager.load_async(s.name, [me, id, name = s.name, dir, from_files](
+                               std::variant<std::monostate, serving_error> r) {
+    std::string error, hash;
+    if (auto* e = std::get_if<serving_error>(&r)) {
+      error = e->message;
+    } else if (auto h = hash_model_dir(dir)) {
+      hash = *h;
+    } else {
+      error = h.error().message;
+    }
+    caf::anon_send(me, load_done_atom::value, id, name, error, hash, from_files);
+  });
+  return rp;
+}
 
 void join(host_ptr self) {
   auto& st = self->state;
@@ -141,51 +287,72 @@ void join(host_ptr self) {
 } // namespace
 
 result<worker_host> start_worker(caf::actor_system& sys, worker_config config) {
-  auto entries = repository::scan_repository(config.repository, {});
-  if (!entries)
-    return entries.error();
+  std::error_code ec;
+  auto root = config.repository.empty() ? config.cache_dir : config.repository;
+  if (config.repository.empty()) {
+    if (config.cache_dir.empty())
+      return bad_request("a worker needs --model-repository DIR, or --model-cache-dir DIR for "
+                         "the models its servers ship");
+    std::filesystem::create_directories(config.cache_dir, ec);
+    if (ec)
+      return serving_error{status_code::internal, "cannot create --model-cache-dir "
+                                                    + config.cache_dir.string() + ": "
+                                                    + ec.message()};
+  }
+  auto mc = config.models;
+  mc.repository = root;
+  // The servers decide what is served; the manager loads on their word, and at
+  // start loads the placed models (all by default) of the repository or cache.
+  mc.control_mode = server::model_control_mode::explicit_control;
+  mc.startup_models = config.placement.empty() ? std::vector<std::string>{"*"} : config.placement;
+  mc.local_executors = true;
   worker_host host;
+  host.models = std::make_shared<server::model_manager>(sys, mc);
+  auto started = host.models->start();
+  if (auto* e = std::get_if<serving_error>(&started))
+    return *e;
+  // Beside a repository of its own, a worker takes shipped files for the models
+  // missing there, into the cache, loaded by a manager of their own (the same
+  // model manager, on another directory; nothing is loaded from it at start).
+  if (!config.repository.empty() && !config.cache_dir.empty()) {
+    std::filesystem::create_directories(config.cache_dir, ec);
+    if (ec)
+      return serving_error{status_code::internal, "cannot create --model-cache-dir "
+                                                    + config.cache_dir.string() + ": "
+                                                    + ec.message()};
+    auto cc = mc;
+    cc.repository = config.cache_dir;
+    cc.startup_models.clear();
+    host.shipped = std::make_shared<server::model_manager>(sys, cc);
+    if (auto r = host.shipped->start(); std::holds_alternative<serving_error>(r))
+      return std::get<serving_error>(r);
+  }
+  bool everything_shipped = config.repository.empty();
   auto auth = std::make_shared<authorized_nodes>();
-  worker_info info;
-  info.name = config.name;
-  for (const auto& e : *entries) {
-    if (!e.config) {
-      host.failed.push_back(e.name + ": " + e.config.error().message);
-      continue;
-    }
-    const auto& cfg = e.config->config;
-    if (cfg.backend != "builtin") {
-      host.failed.push_back(e.name + ": only backend \"builtin\" is served by this build");
-      continue;
-    }
-    auto be = executor::make_builtin_backend(cfg);
-    if (!be) {
-      host.failed.push_back(e.name + ": " + be.error().message);
-      continue;
-    }
-    int instances = 0;
-    for (const auto& g : cfg.instance_groups)
-      instances += g.count;
-    if (instances <= 0)
-      instances = static_cast<int>(std::max<uint32_t>(config.default_instances, 1));
-    for (auto version : e.versions) {
-      worker_model m;
-      m.name = e.name;
-      m.version = version;
-      for (int i = 0; i < instances; ++i)
-        m.executors.push_back(
-          caf::actor_cast<caf::actor>(spawn_worker_executor(sys, *be, cfg, auth)));
-      host.executors.insert(host.executors.end(), m.executors.begin(), m.executors.end());
-      host.loaded.push_back(e.name + " version " + std::to_string(version) + " ("
-                            + std::to_string(instances) + " executors)");
-      info.models.push_back(std::move(m));
+  std::map<std::string, std::vector<worker_model>> served;
+  for (const auto& row : host.models->index()) {
+    if (row.state == "READY" && !served.count(row.name)) {
+      auto hash = hash_model_dir(model_dir(*host.models, row.name));
+      if (!hash) {
+        host.failed.push_back(row.name + ": " + hash.error().message);
+        continue;
+      }
+      served[row.name] = describe(sys, *host.models, row.name, *hash, everything_shipped, auth);
+      for (const auto& m : served[row.name])
+        host.loaded.push_back(row.name + " version " + std::to_string(m.version) + " ("
+                              + std::to_string(m.executors.size()) + " executors)");
+    } else if (!row.state.empty() && row.state != "READY") {
+      host.failed.push_back(row.name + ": " + row.reason);
     }
   }
-  host.actor = sys.spawn([cfg = std::move(config), info = std::move(info), auth](
-                           host_ptr self) mutable -> caf::behavior {
+  host.actor = sys.spawn([cfg = std::move(config), models = host.models, shipped = host.shipped,
+                          served = std::move(served), auth](host_ptr self) mutable
+                         -> caf::behavior {
     auto& st = self->state;
     st.cfg = std::move(cfg);
-    st.info = std::move(info);
+    st.models = models;
+    st.shipped = shipped;
+    st.served = std::move(served);
     st.auth = auth;
     self->set_down_handler([self](caf::down_msg& dm) {
       if (dm.source != self->state.joined.address())
@@ -220,7 +387,37 @@ result<worker_host> start_worker(caf::actor_system& sys, worker_config config) {
         }
         st.auth->add(node);
         std::cout << "accepted server node " << to_string(node) << std::endl;
-        return st.info;
+        return make_info(self);
+      },
+      [self](load_model_atom, model_shipment& s) { return load_for_server(self, s); },
+      [self](load_done_atom, uint64_t id, const std::string& name, const std::string& error,
+             const std::string& hash, bool from_files) {
+        auto& st = self->state;
+        auto it = st.loads.find(id);
+        if (it == st.loads.end())
+          return;
+        auto rp = it->second;
+        st.loads.erase(it);
+        if (!error.empty()) {
+          std::cerr << "caf-serving-worker: model '" << name << "' did not load: " << error
+                    << std::endl;
+          rp.deliver(load_error(error));
+          return;
+        }
+        auto& models = st.served[name];
+        models = describe(self->system(), from_files ? files_manager(st) : *st.models, name,
+                          hash, from_files, st.auth);
+        std::cout << "model " << name << " loaded for the server (hash " << hash.substr(0, 12)
+                  << ")" << std::endl;
+        rp.deliver(models);
+      },
+      [self](unload_model_atom, const std::string& name) {
+        if (!authorized(self))
+          return;
+        auto& st = self->state;
+        (serves_shipped(st, name) ? files_manager(st) : *st.models).unload(name);
+        st.served.erase(name);
+        std::cout << "model " << name << " unloaded for the server" << std::endl;
       },
       [self](retry_join_atom) { join(self); },
     };

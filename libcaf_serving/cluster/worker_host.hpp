@@ -1,22 +1,30 @@
 #pragma once
-/// The worker side of a cluster: executors for the models of a repository, and the
-/// worker actor that servers greet (protocol.hpp). Runs in caf-serving-worker.
+/// The worker side of a cluster: a model manager (the server's, with the same
+/// backends: builtin, ONNX on the CPU, CUDA where built and present) that loads
+/// the worker's models, and the worker actor that servers greet (protocol.hpp).
+/// Runs in caf-serving-worker.
 ///
 ///   auto host = cluster::start_worker(sys, {repository, secret, name, ...});
 ///   caf::io::publish(host->actor, port, "127.0.0.1");
 ///   // optional: host joins a server that listens for workers (join_to)
 ///
+/// The models come from the worker's own repository, or, without one, from the
+/// server, which ships their files into `cache_dir` (model_sync.hpp). Servers
+/// load, reload and unload models on the worker as they do on themselves.
+///
 /// Only a server that proved the secret gets the executors' handles, and each
-/// executor checks that a batch comes from such a server's node; anything else is
-/// refused and logged.
+/// handle (a gate in front of a local executor) checks that a batch comes from
+/// such a server's node; anything else is refused and logged.
 
 #include "cluster/protocol.hpp"
 #include "core/error.hpp"
+#include "server/model_manager.hpp"
 
 #include <caf/actor.hpp>
 #include <caf/actor_system.hpp>
 
 #include <filesystem>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -32,31 +40,43 @@ struct host_port {
 result<host_port> parse_host_port(const std::string& text);
 
 struct worker_config {
+  /// The worker's own repository; empty: the server ships the models' files.
   std::filesystem::path repository;
+  /// Where shipped models are written (one directory per model): the models
+  /// a server ships because the worker lacks them. Empty beside a repository:
+  /// nothing is shipped.
+  std::filesystem::path cache_dir;
+  /// The models this worker serves (--models); empty: all of them.
+  std::vector<std::string> placement;
+  /// Largest sum of bytes of one shipped model this worker accepts.
+  uint64_t max_model_bytes = 1ull << 30;
   std::string secret;
   /// Shown by servers in /v2 and /metrics; unique per cluster.
   std::string name;
-  /// Executors per model version where config.pbtxt's instance_group gives none.
-  uint32_t default_instances = 1;
   /// Join this server's cluster port, and join again whenever it is lost.
   std::optional<host_port> join_to;
   std::chrono::milliseconds retry_interval{1000};
   std::chrono::milliseconds request_timeout{5000};
+  /// How the models are loaded (threads, compute pool, limits). Its
+  /// repository, control mode and startup models are set by start_worker.
+  server::model_manager_config models;
 };
 
 struct worker_host {
   /// Greeted by servers; publish it on the worker's port.
   caf::actor actor;
-  /// Every executor, to stop at shutdown.
-  std::vector<caf::actor> executors;
-  /// Models loaded and their executor counts, for the start-up log.
+  /// Stop it (shutdown()) before the actor system goes.
+  std::shared_ptr<server::model_manager> models;
+  /// Beside a repository of its own: the manager of the shipped models (null
+  /// without); stop it too.
+  std::shared_ptr<server::model_manager> shipped;
+  /// Models loaded and those that failed with the reason, for the start-up log.
   std::vector<std::string> loaded;
-  /// Models that failed to load, with the reason.
   std::vector<std::string> failed;
 };
 
-/// Loads every model of the repository and spawns its executors and the worker
-/// actor. Fails only when the repository cannot be read.
+/// Loads the placed models of the repository (every model by default) and
+/// spawns the worker actor. Fails only when the repository cannot be read.
 result<worker_host> start_worker(caf::actor_system& sys, worker_config config);
 
 } // namespace caf_serving::cluster

@@ -106,6 +106,8 @@ enum class cluster_errc : uint8_t {
   executor_lost = 1,
   /// The worker refused this server (wrong cluster secret).
   refused = 2,
+  /// A worker could not load a model the server asked it to (cluster/model_sync.hpp).
+  model_load_failed = 3,
 };
 
 inline caf::error make_cluster_error(cluster_errc code, std::string why) {

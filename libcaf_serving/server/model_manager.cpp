@@ -631,6 +631,7 @@ auto model_manager::load_model(const std::string& name, const load_parameters* p
                                                 : g.count;
     for (int i = 0; cfg_.local_executors && i < std::max(instances, 1); ++i)
       sc.executors.push_back(executor::spawn_executor(sys_, make_instance(), version_cfg));
+    p->executors = sc.executors;
     // Supervision: an executor that stops is replaced by a new one of the same
     // model instance (backends are shared by the factory or rebuilt by it). Not
     // for GPU instances: their factory hands out the instances built at load,
@@ -716,7 +717,7 @@ void model_manager::retire(record& r) {
                   retiring_.end());
   for (auto& [version, p] : r.served) {
     caf::delayed_anon_send(p->scheduler, cfg_.reload_grace, drain_atom::value);
-    retiring_.emplace_back(p->scheduler, now + cfg_.reload_grace);
+    retiring_.emplace_back(p, now + cfg_.reload_grace);
   }
   r.served.clear();
 }
@@ -786,7 +787,18 @@ result<std::shared_ptr<const model_pipeline>> model_manager::find(const std::str
     return not_found("Request for unknown model: " + quoted + " version "
                      + std::to_string(version) + " is not found; versions served: " + served);
   }
-  if (auto why = not_ready_reason(*chosen->second))
+  auto why = not_ready_reason(*chosen->second);
+  // Without local executors a reloaded pipeline is not ready until workers have
+  // loaded the model too (cluster/model_sync.hpp): the pipeline it replaced
+  // answers meanwhile, within its reload grace, so that no request is refused.
+  if (why && !cfg_.local_executors) {
+    auto now = std::chrono::steady_clock::now();
+    for (auto it = retiring_.rbegin(); it != retiring_.rend(); ++it)
+      if (it->second > now && it->first->config.name == name
+          && it->first->version == chosen->first && !not_ready_reason(*it->first))
+        return it->first;
+  }
+  if (why)
     return serving_error{status_code::unavailable,
                          "Request for unknown model: " + quoted + " version "
                            + std::to_string(chosen->first) + " is not at ready state; model "
@@ -882,8 +894,8 @@ void model_manager::shutdown() {
   std::lock_guard<std::mutex> guard(mutex_);
   for (auto& [name, r] : models_)
     stop(r);
-  for (auto& [scheduler, when] : retiring_)
-    caf::anon_send(scheduler, drain_atom::value);
+  for (auto& [p, when] : retiring_)
+    caf::anon_send(p->scheduler, drain_atom::value);
   retiring_.clear();
 }
 

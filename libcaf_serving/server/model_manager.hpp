@@ -45,6 +45,9 @@ struct model_pipeline {
   /// The directory of files sent with the load request it came from, if any:
   /// removed once no pipeline needs it.
   std::shared_ptr<const load_directory> files;
+  /// The executors spawned in this process at load (none without
+  /// local_executors): a worker hands them to its servers (cluster/worker_host).
+  std::vector<executor::executor_actor> executors;
 };
 
 /// Triton's --model-control-mode: who decides which models are served.
@@ -211,6 +214,9 @@ public:
 
   model_control_mode control_mode() const { return cfg_.control_mode; }
 
+  /// The repository the models are loaded from.
+  const std::filesystem::path& repository() const { return cfg_.repository; }
+
   /// One scan of the repository (poll mode does it every poll_interval): a
   /// model directory that appeared or changed is loaded on the loader thread,
   /// the served version answering until the new one is ready; one that
@@ -314,7 +320,9 @@ private:
   /// is logged once per model however often it reloads.
   std::set<std::string> logged_ignored_;
   /// Pipelines replaced by a reload and not yet drained, with when they drain.
-  std::vector<std::pair<scheduler::scheduler_actor, std::chrono::steady_clock::time_point>>
+  /// A server without local executors still answers from them while its new
+  /// pipeline waits for its workers' executors (find()).
+  std::vector<std::pair<std::shared_ptr<const model_pipeline>, std::chrono::steady_clock::time_point>>
     retiring_;
   cluster_view cluster_;
 

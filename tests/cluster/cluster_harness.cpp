@@ -34,8 +34,12 @@ namespace {
 std::vector<std::string> worker_argv(const worker_config& cfg) {
   std::vector<std::string> args = cfg.prefix;
   args.push_back(CAF_SERVING_WORKER_BINARY);
-  for (const auto& a : {std::string("--model-repository"), cfg.repository,
-                        std::string("--address"), std::string("127.0.0.1"),
+  // No repository: the worker takes the models its servers ship.
+  if (!cfg.repository.empty()) {
+    args.push_back("--model-repository");
+    args.push_back(cfg.repository);
+  }
+  for (const auto& a : {std::string("--address"), std::string("127.0.0.1"),
                         std::string("--port"), std::string("0"), std::string("--name"),
                         cfg.name})
     args.push_back(a);

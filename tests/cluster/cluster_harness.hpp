@@ -31,6 +31,7 @@ namespace caf_serving::cluster_test {
 void write_test_models(support::temp_repository& repo, int delay_us = 2000);
 
 struct worker_config {
+  /// --model-repository; empty: none (the server ships the models).
   std::string repository;
   std::string name;
   std::vector<std::string> extra_args;
