@@ -186,6 +186,16 @@ struct body_read {
   size_t used = 0;
 };
 
+/// Bytes simdjson may read past the end of a JSON text (SIMDJSON_PADDING);
+/// parse_infer_request copies a JSON that has less readable room after it.
+constexpr size_t json_parser_padding = 64;
+
+/// Allocated bytes readable after the end of `s` (its capacity), which the
+/// JSON parser may use as its padding.
+size_t read_padding(const std::string& s) {
+  return s.capacity() - s.size();
+}
+
 /// Reads a request body into memory, at most `limit` bytes: one more means
 /// too_large. Each read waits at most `stall` for the client's next bytes.
 /// Unlike readAllBytes, every way of failing is told apart: kj reports a body
@@ -200,6 +210,9 @@ public:
     // a chunked body grows from 64 KiB.
     size_t first = expected ? static_cast<size_t>(std::min<uint64_t>(*expected, limit_)) + 1
                             : std::min<size_t>(size_t{64} << 10, limit_ + 1);
+    // Room past the body for the JSON parser's padding, so that it parses
+    // the body where it lies instead of a padded copy (read_padding()).
+    body_.bytes.reserve(first + json_parser_padding);
     body_.bytes.resize(first);
   }
 
@@ -804,6 +817,7 @@ private:
           // to_message has copied them into the request message.
           std::string inflated_body;
           std::string_view body_view(read.bytes.data(), read.bytes.size());
+          const std::string* body_buffer = &read.bytes;
           if (!encoding_header.empty()) {
             auto enc = parse_content_encoding(encoding_header);
             if (!enc)
@@ -814,10 +828,12 @@ private:
                 return fail(inflated.error());
               inflated_body = std::move(*inflated);
               body_view = inflated_body;
+              body_buffer = &inflated_body;
             }
           }
           parse_input in;
           in.body = body_view;
+          in.readable_padding = read_padding(*body_buffer);
           in.content_type = content_type;
           in.limits = cfg_.limits;
           in.model = &model->config;

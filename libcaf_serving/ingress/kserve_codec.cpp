@@ -1024,9 +1024,11 @@ infer_request parse(const parse_input& in) {
 
   infer_request req;
   std::vector<pending_input> pending;
-  if (json_size == in.body.size() && in.readable_padding >= simdjson::SIMDJSON_PADDING) {
+  // The parser may read (not use) SIMDJSON_PADDING bytes past the JSON: the
+  // binary data after it and the buffer's room after the body both count.
+  if (in.body.size() - json_size + in.readable_padding >= simdjson::SIMDJSON_PADDING) {
     parse_json_header(simdjson::padded_string_view{json.data(), json.size(),
-                                                   json.size() + in.readable_padding},
+                                                   in.body.size() + in.readable_padding},
                       in, req, pending);
   } else {
     simdjson::padded_string copy{json.data(), json.size()};

@@ -139,10 +139,10 @@ struct parse_input {
   /// The Content-Type header ("" when absent).
   std::string_view content_type;
   request_limits limits;
-  /// How many bytes after the end of `body` may be read (not written). With
-  /// at least 64 (SIMDJSON_PADDING) and a JSON-only body, the JSON is parsed
-  /// in place; otherwise the JSON part is copied once into a padded buffer.
-  /// Binary data after a JSON header is never copied.
+  /// How many bytes after the end of `body` may be read (not written). When
+  /// these and the binary data after the JSON header make at least 64
+  /// (SIMDJSON_PADDING), the JSON is parsed in place; otherwise the JSON part
+  /// is copied once into a padded buffer. Binary data is never copied here.
   size_t readable_padding = 0;
   /// The model, needed only for a raw binary body (application/octet-stream
   /// without Inference-Header-Content-Length): such a body is the raw bytes of

@@ -237,6 +237,26 @@ TEST_CASE("a JSON body with readable padding is parsed in place") {
   CHECK(values_of<int32_t>(r->inputs[0].data) == std::vector<int32_t>{5, 6});
 }
 
+TEST_CASE("a JSON header followed by 64 or more binary bytes is parsed in place, padded by them") {
+  // The binary data (16 floats) is the parser's padding: no room after the
+  // body is needed.
+  std::string json = "{\"inputs\":[{\"name\":\"a\",\"shape\":[16],\"datatype\":\"FP32\","
+                     "\"parameters\":{\"binary_data_size\":64}}]}";
+  std::vector<float> values(16);
+  for (int i = 0; i < 16; ++i)
+    values[static_cast<size_t>(i)] = static_cast<float>(i) * 1.5f;
+  std::string body = json + std::string(reinterpret_cast<const char*>(values.data()), 64);
+  parse_input in;
+  in.body = body;
+  in.header_length = json.size();
+  in.readable_padding = 0;
+  auto r = parse_infer_request(in);
+  REQUIRE_MESSAGE(r.ok(), (r.ok() ? std::string() : r.error().message));
+  REQUIRE(r->inputs.size() == 1);
+  CHECK(r->inputs[0].data.data() == body.data() + json.size());
+  CHECK(values_of<float>(r->inputs[0].data) == values);
+}
+
 TEST_CASE("moving and copying a request keeps owned data valid") {
   std::string body = input_json("a", "INT8", "[3]", "[1,2,3]"); // 3 bytes: in the SSO buffer
   auto r = parse_json(body);
