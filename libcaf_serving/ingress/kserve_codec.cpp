@@ -1335,6 +1335,8 @@ result<serialized_response> serialize_infer_response(const response_view& respon
   classified.reserve(response.outputs.size());
   struct binary_part {
     std::string_view data;
+    /// Made here (a classification result): not the caller's bytes.
+    bool local = false;
   };
   std::vector<binary_part> binary_parts;
 
@@ -1415,7 +1417,7 @@ result<serialized_response> serialize_infer_response(const response_view& respon
       out += ",\"parameters\":{\"binary_data_size\":";
       append_integer(out, data.size());
       out += "}}";
-      binary_parts.push_back({data});
+      binary_parts.push_back({data, classification > 0});
     } else {
       out += ",\"data\":";
       append_json_data(out, dtype, data, *count);
@@ -1428,6 +1430,14 @@ result<serialized_response> serialize_infer_response(const response_view& respon
   } else {
     result_body.header_length = out.size();
     result_body.content_type = "application/octet-stream";
+    bool by_reference = options.binary == serialize_options::binary_output::by_reference;
+    for (const auto& part : binary_parts)
+      by_reference = by_reference && !part.local;
+    if (by_reference) {
+      for (const auto& part : binary_parts)
+        result_body.binary_data.push_back(part.data);
+      return result_body;
+    }
     size_t total = out.size();
     for (const auto& part : binary_parts)
       total += part.data.size();

@@ -769,6 +769,20 @@ TEST_CASE("binary outputs: per output or for all, with the header length") {
     CHECK(uint64_t{p.root["outputs"].at(2)["parameters"]["binary_data_size"].get_uint64().value()}
           == 2);
   }
+  SUBCASE("by reference: the pieces point into the outputs, nothing is copied") {
+    serialize_options o;
+    o.binary_data_output = true;
+    o.requested = {{"b", false, 0}};
+    o.binary = serialize_options::binary_output::by_reference;
+    auto r = serialize_infer_response(v, o);
+    REQUIRE(r.ok());
+    REQUIRE(r->header_length.has_value());
+    CHECK(r->body.size() == *r->header_length); // the JSON only
+    REQUIRE(r->binary_data.size() == 2);
+    CHECK(r->binary_data[0].data() == v.outputs[0].data.data());
+    CHECK(r->binary_data[0].size() == 24);
+    CHECK(r->binary_data[1].data() == v.outputs[2].data.data());
+  }
 }
 
 TEST_CASE("serializing data that does not fit its shape is an internal error") {
