@@ -210,7 +210,7 @@ class body_reader {
 public:
   body_reader(kj::AsyncInputStream& in, kj::Timer& timer, kj::Duration stall, size_t limit,
               std::optional<uint64_t> expected)
-      : in_(in), timer_(timer), stall_(stall), limit_(limit) {
+      : in_(in), timer_(timer), stall_(stall), limit_(limit), expected_(expected) {
     // A declared length (plus one byte, to see the end) is allocated at once;
     // a chunked body grows from 64 KiB.
     size_t first = expected ? static_cast<size_t>(std::min<uint64_t>(*expected, limit_)) + 1
@@ -252,6 +252,12 @@ private:
         return kj::READY_NOW;
       }
       body_.used += n;
+      // A declared length read whole is the end: kj's stream would only
+      // answer the next read with 0 (a timer and three promise nodes more).
+      if (expected_ && body_.used == *expected_) {
+        body_.bytes.resize(body_.used);
+        return kj::READY_NOW;
+      }
       return loop();
     });
   }
@@ -260,6 +266,7 @@ private:
   kj::Timer& timer_;
   kj::Duration stall_;
   size_t limit_;
+  std::optional<uint64_t> expected_;
   body_read body_;
 };
 
@@ -935,7 +942,9 @@ private:
       output_view o;
       o.name = std::string_view(t.getName().cStr(), t.getName().size());
       o.dtype = static_cast<datatype>(t.getDatatype());
-      for (auto d : t.getShape())
+      auto shape = t.getShape();
+      o.shape.reserve(shape.size());
+      for (auto d : shape)
         o.shape.push_back(d);
       o.data = std::string_view(reinterpret_cast<const char*>(t.getData().begin()),
                                 t.getData().size());
@@ -1023,7 +1032,8 @@ private:
       return send_error(response, written.error());
     }
     serialize_options opts;
-    opts.requested = ctx.request.outputs;
+    // Not needed after this: moved, not copied (names, shared-memory slices).
+    opts.requested = std::move(ctx.request.outputs);
     // The post-processor has already turned classification outputs into strings.
     for (auto& o : opts.requested)
       o.classification = 0;
