@@ -88,3 +88,31 @@ TEST_CASE("2 HTTP loops, 8 client threads, keep-alive and new connections: every
   CHECK(stats.uint_at("/model_stats/0/inference_stats/success/count") == clients * requests);
   CHECK(stats.uint_at("/model_stats/0/inference_count") == clients * requests);
 }
+
+TEST_CASE("2 HTTP loops share one response cache: the same request on new connections, "
+          "whichever loop serves them, runs the model once") {
+  test_server server({}, model_control_api({"--http-threads", "2", "--cache-config",
+                                            "local,size=1048576"}));
+  server.repo.write_file("cached/config.pbtxt",
+                         "name: \"cached\"\nbackend: \"builtin\"\nmax_batch_size: 4\n"
+                         "input [ { name: \"INPUT0\" data_type: TYPE_FP32 dims: [ 4 ] } ]\n"
+                         "output [ { name: \"OUTPUT0\" data_type: TYPE_FP32 dims: [ 4 ] } ]\n"
+                         "parameters { key: \"function\" value: { string_value: \"identity\" } }\n"
+                         "response_cache { enable: true }\n");
+  server.repo.write_file("cached/1/model.builtin", "");
+  REQUIRE(server.client().post("/v2/repository/models/cached/load", "").status == 200);
+  std::vector<float> values{1.5f, -2.f, 3.25f, 4.f};
+  constexpr int n = 8;
+  for (int i = 0; i < n; ++i) {
+    http_client http(server.port()); // a new connection each time: both loops serve some
+    auto r = http.post("/v2/models/cached/infer", fp32_identity_body(values, 1), json_content);
+    REQUIRE_MESSAGE(r.status == 200, r.body);
+    CHECK(fp32_output(json_document::parse(r.body)) == values);
+  }
+  auto accepted = accepted_by_loop(server, 2);
+  CHECK(accepted[0] > 0);
+  CHECK(accepted[1] > 0);
+  auto stats = json_document::parse(server.client().get("/v2/models/cached/stats").body);
+  CHECK(stats.uint_at("/model_stats/0/execution_count") == 1);
+  CHECK(stats.uint_at("/model_stats/0/inference_stats/cache_hit/count") == n - 1);
+}
