@@ -179,6 +179,7 @@ int main(int argc, char** argv) {
     };
   }
 
+  opts.http.event_loops = opts.threads.ingress_threads;
   ingress::stop_report stopped;
   try {
     stopped = ingress::run_http_server(opts.http, models, [&](ingress::listening_ports p) {

@@ -49,6 +49,10 @@ std::string usage() {
          + std::to_string(d.executor_threads) + " here,\n"
          "                             from the cores this process may use: its CPU\n"
          "                             affinity and cgroup quota)\n"
+         "  --http-threads N           HTTP event loops, one thread each; connections are\n"
+         "                             spread across them (default "
+         + std::to_string(d.ingress_threads) + " here: 1 below 4\n"
+         "                             cores, a quarter of the cores from there, at most 8)\n"
          "  --executor-depth N         batches one executor may hold (default 1)\n"
          "  --executor-timeout-ms N    a local executor that has not answered a batch\n"
          "                             this long is taken for hung: it is replaced and\n"
@@ -291,6 +295,11 @@ std::variant<server_options, show_help, std::string> parse_options(int argc, cha
       if (!n || *n < 1024)
         return bad("a byte count from 1024 to 536870911 (a Cap'n Proto Data field)");
       o.max_batch_bytes = *n;
+    } else if (flag == "--http-threads") {
+      auto n = number(256);
+      if (!n || *n == 0)
+        return bad("a count of HTTP event loops from 1 to 256");
+      o.threads.ingress_threads = static_cast<unsigned>(*n);
     } else if (flag == "--caf-workers" || flag == "--executor-threads"
                || flag == "--executor-depth") {
       auto n = number(1024);

@@ -314,3 +314,15 @@ TEST_CASE("gRPC flags: Triton's names and defaults, HTTP's limits") {
   REQUIRE(std::holds_alternative<std::string>(r));
   CHECK(std::get<std::string>(r).find("none, low, medium or high") != std::string::npos);
 }
+
+TEST_CASE("--http-threads sets the number of HTTP event loops") {
+  auto r = parse({"--model-repository", "/m", "--http-threads", "3"});
+  auto* o = std::get_if<server_options>(&r);
+  REQUIRE(o);
+  CHECK(o->threads.ingress_threads == 3);
+  r = parse({"--model-repository", "/m", "--http-threads", "0"});
+  REQUIRE(std::holds_alternative<std::string>(r));
+  CHECK(std::get<std::string>(r).find("'0' is not a count of HTTP event loops")
+        != std::string::npos);
+  CHECK(usage().find("--http-threads N") != std::string::npos);
+}

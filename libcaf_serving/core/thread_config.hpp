@@ -21,13 +21,15 @@ struct thread_config {
   /// shares one pool of this many threads (onnx::work_pool), so instances x
   /// models never multiply it.
   unsigned executor_threads = 1;
-  /// Threads running the HTTP event loop (kj).
+  /// HTTP event loops (kj), one thread each (--http-threads); connections are
+  /// spread across them.
   unsigned ingress_threads = 1;
 };
 
-/// Defaults for a machine with `cores` cores: the ingress loop gets one thread,
-/// CAF gets a quarter of the cores (at least 1, at most 8: its actors are light),
-/// and the executors' compute budget is what is left.
+/// Defaults for a machine with `cores` cores: the ingress gets one event loop
+/// below 4 cores and a quarter of the cores (at most 8) from there, CAF gets a
+/// quarter of the cores (at least 1, at most 8: its actors are light), and the
+/// executors' compute budget is what is left.
 thread_config default_thread_config(unsigned cores);
 
 /// The cores a process may use: `affinity_cpus` (the CPUs of its

@@ -12,9 +12,14 @@ TEST_CASE("thread defaults fit a 2-core machine and scale up") {
   CHECK(two.caf_workers == 1);
   CHECK(two.ingress_threads == 1);
   CHECK(two.executor_threads == 1);
+  auto sixteen = default_thread_config(16);
+  CHECK(sixteen.ingress_threads == 4);
+  CHECK(sixteen.caf_workers == 4);
+  CHECK(sixteen.executor_threads == 8);
   auto big = default_thread_config(64);
   CHECK(big.caf_workers == 8);
-  CHECK(big.executor_threads == 55);
+  CHECK(big.ingress_threads == 8);
+  CHECK(big.executor_threads == 48);
   auto zero = default_thread_config(0);
   CHECK(zero.caf_workers == 1);
   CHECK(zero.executor_threads >= 1);

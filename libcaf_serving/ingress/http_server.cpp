@@ -4,6 +4,7 @@
 #include "core/pipeline_messages.hpp"
 #include "ingress/compression.hpp"
 #include "ingress/infer_message.hpp"
+#include "ingress/http_listen.hpp"
 #include "ingress/repository_index.hpp"
 #include "ingress/repository_api.hpp"
 #include "ingress/shm_api.hpp"
@@ -17,6 +18,7 @@
 #include <kj/async-io.h>
 #include <kj/async-unix.h>
 #include <kj/compat/http.h>
+#include <kj/mutex.h>
 
 #include <atomic>
 #include <cctype>
@@ -25,6 +27,10 @@
 #include <cstring>
 #include <iostream>
 #include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include <fcntl.h>
 
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -180,6 +186,21 @@ struct body_read {
   size_t used = 0;
 };
 
+/// Binary outputs of at least this many bytes (all outputs of a response
+/// together) are written from the pipeline's message instead of copied into
+/// the response body.
+constexpr size_t vectored_write_min_bytes = 16 << 10;
+
+/// Bytes simdjson may read past the end of a JSON text (SIMDJSON_PADDING);
+/// parse_infer_request copies a JSON that has less readable room after it.
+constexpr size_t json_parser_padding = 64;
+
+/// Allocated bytes readable after the end of `s` (its capacity), which the
+/// JSON parser may use as its padding.
+size_t read_padding(const std::string& s) {
+  return s.capacity() - s.size();
+}
+
 /// Reads a request body into memory, at most `limit` bytes: one more means
 /// too_large. Each read waits at most `stall` for the client's next bytes.
 /// Unlike readAllBytes, every way of failing is told apart: kj reports a body
@@ -189,11 +210,14 @@ class body_reader {
 public:
   body_reader(kj::AsyncInputStream& in, kj::Timer& timer, kj::Duration stall, size_t limit,
               std::optional<uint64_t> expected)
-      : in_(in), timer_(timer), stall_(stall), limit_(limit) {
+      : in_(in), timer_(timer), stall_(stall), limit_(limit), expected_(expected) {
     // A declared length (plus one byte, to see the end) is allocated at once;
     // a chunked body grows from 64 KiB.
     size_t first = expected ? static_cast<size_t>(std::min<uint64_t>(*expected, limit_)) + 1
                             : std::min<size_t>(size_t{64} << 10, limit_ + 1);
+    // Room past the body for the JSON parser's padding, so that it parses
+    // the body where it lies instead of a padded copy (read_padding()).
+    body_.bytes.reserve(first + json_parser_padding);
     body_.bytes.resize(first);
   }
 
@@ -228,6 +252,12 @@ private:
         return kj::READY_NOW;
       }
       body_.used += n;
+      // A declared length read whole is the end: kj's stream would only
+      // answer the next read with 0 (a timer and three promise nodes more).
+      if (expected_ && body_.used == *expected_) {
+        body_.bytes.resize(body_.used);
+        return kj::READY_NOW;
+      }
       return loop();
     });
   }
@@ -236,6 +266,7 @@ private:
   kj::Timer& timer_;
   kj::Duration stall_;
   size_t limit_;
+  std::optional<uint64_t> expected_;
   body_read body_;
 };
 
@@ -290,17 +321,30 @@ struct infer_context {
   int64_t cache_lookup_ns = 0;
 };
 
+/// What every event loop shares: read-only after start, or thread-safe.
+struct shared_state {
+  const http_server_config& cfg;
+  server::model_manager& models;
+  shared_memory_registry& shm;
+  const kj::HttpHeaderTable& table;
+  const header_ids& ids;
+  connection_count& http_connections;
+  connection_count& metrics_connections;
+  /// Connections each event loop has accepted on the HTTP port, by loop
+  /// (written only by that loop; rendered on /metrics).
+  std::vector<std::atomic<uint64_t>>& accepted_by_loop;
+};
+
 class kserve_service final : public kj::HttpService {
 public:
-  kserve_service(const http_server_config& cfg, server::model_manager& models,
-                 shared_memory_registry& shm, const kj::HttpHeaderTable& table,
-                 const header_ids& ids, bool metrics_only, kj::Timer& timer,
+  kserve_service(const shared_state& shared, bool metrics_only, kj::Timer& timer,
                  close_after_response& closer)
-      : cfg_(cfg),
-        models_(models),
-        shm_(shm),
-        table_(table),
-        ids_(ids),
+      : cfg_(shared.cfg),
+        models_(shared.models),
+        shm_(shared.shm),
+        table_(shared.table),
+        ids_(shared.ids),
+        accepted_by_loop_(shared.accepted_by_loop),
         metrics_only_(metrics_only),
         timer_(timer),
         closer_(closer),
@@ -482,11 +526,24 @@ private:
       });
   }
 
+  /// Connections accepted per event loop: how evenly the loops share them.
+  std::string loop_prometheus() const {
+    std::string out = "# HELP caf_serving_http_connections_accepted_total Connections "
+                      "accepted on the HTTP port, per event loop (--http-threads)\n"
+                      "# TYPE caf_serving_http_connections_accepted_total counter\n";
+    for (size_t i = 0; i < accepted_by_loop_.size(); ++i)
+      out += "caf_serving_http_connections_accepted_total{loop=\"" + std::to_string(i)
+             + "\"} " + std::to_string(accepted_by_loop_[i].load(std::memory_order_relaxed))
+             + "\n";
+    return out;
+  }
+
   kj::Promise<void> metrics(kj::HttpMethod method, Response& response) {
     return expect(method, kj::HttpMethod::GET, response, [&] {
       return send_body(response, 200,
                        prometheus_text(models_.all_stats()) + models_.cluster_prometheus()
-                         + (cfg_.cache ? cfg_.cache->prometheus() : std::string()),
+                         + (cfg_.cache ? cfg_.cache->prometheus() : std::string())
+                         + loop_prometheus(),
                        "text/plain; version=0.0.4");
     });
   }
@@ -772,6 +829,7 @@ private:
           // to_message has copied them into the request message.
           std::string inflated_body;
           std::string_view body_view(read.bytes.data(), read.bytes.size());
+          const std::string* body_buffer = &read.bytes;
           if (!encoding_header.empty()) {
             auto enc = parse_content_encoding(encoding_header);
             if (!enc)
@@ -782,10 +840,12 @@ private:
                 return fail(inflated.error());
               inflated_body = std::move(*inflated);
               body_view = inflated_body;
+              body_buffer = &inflated_body;
             }
           }
           parse_input in;
           in.body = body_view;
+          in.readable_padding = read_padding(*body_buffer);
           in.content_type = content_type;
           in.limits = cfg_.limits;
           in.model = &model->config;
@@ -816,7 +876,7 @@ private:
           // client's region, which only copy_input_data reads safely.
           if (cfg_.cache && model->config.response_cache_enabled && ctx->shared_memory.empty())
             if (auto hit = probe_cache(*ctx))
-              return answer_cached(*ctx, *hit, response);
+              return answer_cached(*ctx, std::move(hit), response);
           auto msg = to_message(*ctx, checked->batch_size, received);
           if (!msg)
             return fail(msg.error());
@@ -882,7 +942,9 @@ private:
       output_view o;
       o.name = std::string_view(t.getName().cStr(), t.getName().size());
       o.dtype = static_cast<datatype>(t.getDatatype());
-      for (auto d : t.getShape())
+      auto shape = t.getShape();
+      o.shape.reserve(shape.size());
+      for (auto d : shape)
         o.shape.push_back(d);
       o.data = std::string_view(reinterpret_cast<const char*>(t.getData().begin()),
                                 t.getData().size());
@@ -902,7 +964,7 @@ private:
         {"until_response_us", us(t.getReceivedNs(), now_ns())},
       };
     }
-    return send_answer(ctx, std::move(view), response);
+    return send_answer(ctx, std::move(view), response, {&msg, nullptr});
   }
 
   // -- response cache (ingress/response_cache.hpp) ---------------------------
@@ -925,24 +987,39 @@ private:
 
   /// Answers from the cache: the pipeline is skipped, and the hit counts in
   /// success, queue (with no time) and cache_hit, as in Triton.
-  kj::Promise<void> answer_cached(infer_context& ctx, const cached_response& hit,
+  kj::Promise<void> answer_cached(infer_context& ctx, std::shared_ptr<const cached_response> hit,
                                   Response& response) {
     auto& stats = *ctx.model->stats;
     stats.cache_hit.add(static_cast<uint64_t>(ctx.cache_lookup_ns));
     stats.queue.add(0);
     response_view view;
-    view.outputs = hit.views();
+    view.outputs = hit->views();
     if (ctx.timing)
       view.parameters = {
         {"cache_hit_us", static_cast<uint64_t>(ctx.cache_lookup_ns) / 1000},
         {"until_response_us", static_cast<uint64_t>(now_ns() - ctx.received_ns) / 1000},
       };
-    return send_answer(ctx, std::move(view), response);
+    return send_answer(ctx, std::move(view), response, {nullptr, std::move(hit)});
   }
+
+  /// What holds a response's output bytes: the pipeline's message (alive
+  /// while send_answer runs) or the cache's entry. A vectored write that sends
+  /// the bytes in place keeps it alive until the write is done.
+  struct output_owner {
+    const response_message* message = nullptr;
+    std::shared_ptr<const cached_response> cached;
+
+    std::shared_ptr<const void> keep() const {
+      if (cached)
+        return cached;
+      return std::make_shared<response_message>(*message); // shares its segments
+    }
+  };
 
   /// Writes a successful answer (from the pipeline or the cache) out as the
   /// request asked, counts it, and after a cache miss stores it.
-  kj::Promise<void> send_answer(infer_context& ctx, response_view view, Response& response) {
+  kj::Promise<void> send_answer(infer_context& ctx, response_view view, Response& response,
+                                output_owner outputs) {
     auto& stats = *ctx.model->stats;
     view.model_name = ctx.model->config.name;
     auto version = std::to_string(ctx.model->version);
@@ -955,12 +1032,24 @@ private:
       return send_error(response, written.error());
     }
     serialize_options opts;
-    opts.requested = ctx.request.outputs;
+    // Not needed after this: moved, not copied (names, shared-memory slices).
+    opts.requested = std::move(ctx.request.outputs);
     // The post-processor has already turned classification outputs into strings.
     for (auto& o : opts.requested)
       o.classification = 0;
     opts.binary_data_output = ctx.request.binary_data_output;
     opts.batched = ctx.model->config.max_batch_size > 0;
+    auto encoding = ctx.accept_encoding.empty() ? content_encoding::identity
+                                                : choose_encoding(ctx.accept_encoding);
+    // Large binary outputs go out from where they are, in a vectored write;
+    // small ones are cheaper to copy than to keep alive and write in pieces
+    // (callgrind: +1,300 instructions per request for 64 bytes), and a
+    // compressed body is one string anyway.
+    size_t output_bytes = 0;
+    for (const auto& o : view.outputs)
+      output_bytes += o.data.size();
+    if (encoding == content_encoding::identity && output_bytes >= vectored_write_min_bytes)
+      opts.binary = serialize_options::binary_output::by_reference;
     auto out = serialize_infer_response(view, opts);
     if (!out) {
       finish_failure(*ctx.model, ctx.received_ns, out.error());
@@ -975,12 +1064,38 @@ private:
     // Done with the regions: a region unregistered meanwhile goes now, before
     // the client can see the answer and ask for the status.
     ctx.shared_memory = {};
-    auto encoding = ctx.accept_encoding.empty() ? content_encoding::identity
-                                                : choose_encoding(ctx.accept_encoding);
     uint64_t elapsed = static_cast<uint64_t>(now_ns() - ctx.received_ns);
     record_success(stats, elapsed, ctx.request.timeout_us);
+    if (!out->binary_data.empty())
+      return send_vectored(response, std::move(out->body), out->binary_data, outputs.keep(),
+                           out->content_type.c_str(), *out->header_length);
     return send_body(response, 200, std::move(out->body), out->content_type.c_str(),
                      out->header_length, encoding);
+  }
+
+  /// A 200 whose body is `head` (the JSON) followed by `tail` (binary output
+  /// data, alive through `keep`), written as pieces in one vectored write.
+  kj::Promise<void> send_vectored(Response& response, std::string head,
+                                  const std::vector<std::string_view>& tail,
+                                  std::shared_ptr<const void> keep, const char* content_type,
+                                  size_t header_length) {
+    kj::HttpHeaders headers(table_);
+    headers.set(kj::HttpHeaderId::CONTENT_TYPE, content_type);
+    headers.set(ids_.inference_header_length, kj::str(header_length));
+    auto owned = kj::heap<std::string>(std::move(head));
+    auto pieces = kj::heapArray<kj::ArrayPtr<const kj::byte>>(tail.size() + 1);
+    auto bytes = [](std::string_view v) {
+      return kj::arrayPtr(reinterpret_cast<const kj::byte*>(v.data()), v.size());
+    };
+    pieces[0] = bytes(*owned);
+    uint64_t total = owned->size();
+    for (size_t i = 0; i < tail.size(); ++i) {
+      pieces[i + 1] = bytes(tail[i]);
+      total += tail[i].size();
+    }
+    auto stream = response.send(200, status_text(200), headers, total);
+    auto promise = stream->write(pieces.asPtr());
+    return promise.attach(kj::mv(stream), kj::mv(owned), kj::mv(pieces), kj::mv(keep));
   }
 
   const http_server_config& cfg_;
@@ -988,6 +1103,7 @@ private:
   shared_memory_registry& shm_;
   const kj::HttpHeaderTable& table_;
   const header_ids& ids_;
+  const std::vector<std::atomic<uint64_t>>& accepted_by_loop_;
   bool metrics_only_;
   kj::Timer& timer_;
   close_after_response& closer_;
@@ -1052,179 +1168,255 @@ std::string client_error_message(std::string_view message, std::string_view mode
 
 namespace {
 
-/// The accept loop of one port, with --max-connections: past the limit a new
-/// connection is answered 503 and closed (after at most a second of reading
-/// and discarding what the client sent, so that the answer is not lost to a
-/// reset).
-class connection_gate final : private kj::TaskSet::ErrorHandler {
-public:
-  connection_gate(kj::HttpServer& server, kj::Timer& timer, uint32_t max_connections)
-      : server_(server), timer_(timer), max_(max_connections), tasks_(*this) {}
 
-  kj::Promise<void> listen(kj::ConnectionReceiver& port) {
-    return port.accept().then([this, &port](kj::Own<kj::AsyncIoStream> connection) {
-      if (open_ < max_) {
-        ++open_;
-        tasks_.add(server_.listenHttp(kj::mv(connection)).attach(kj::defer([this]() {
-          --open_;
-        })));
-      } else if (refusing_ < max_) {
-        ++refusing_;
-        tasks_.add(refuse(kj::mv(connection)).attach(kj::defer([this]() { --refusing_; })));
-      }
-      // else: dropped at once; a flood of refusals must not cost more fds.
-      return listen(port);
-    }, [this, &port](kj::Exception&& e) -> kj::Promise<void> {
-      // Out of file descriptors, most likely: keep serving the connections
-      // already open and try again shortly.
-      std::cerr << "caf-serving: cannot accept a connection: " << e.getDescription().cStr()
-                << std::endl;
-      return timer_.afterDelay(100 * kj::MILLISECONDS).then([this, &port]() {
-        return listen(port);
-      });
-    });
+/// One event loop: its own kj loop, HttpServer and service over a duplicate of
+/// the HTTP listening socket (and, on loop 0, the metrics socket). It serves
+/// until `stop` resolves, then drains its own connections as
+/// run_http_server's contract says, and tells how that ended.
+class event_loop {
+public:
+  event_loop(kj::AsyncIoContext& io, const shared_state& s, unsigned index, int http_fd,
+             int metrics_fd)
+      : io_(io),
+        timer_(io.provider->getTimer()),
+        cfg_(s.cfg),
+        service_(s, false, timer_, closer_),
+        metrics_service_(s, true, timer_, closer_),
+        server_(timer_, s.table, service_, settings()),
+        metrics_server_(timer_, s.table, metrics_service_, settings()),
+        gate_(server_, *io.lowLevelProvider, timer_, s.cfg.max_connections, s.http_connections,
+              &s.accepted_by_loop[index]),
+        metrics_gate_(metrics_server_, *io.lowLevelProvider, timer_, s.cfg.max_connections,
+                      s.metrics_connections) {
+    if (http_fd >= 0)
+      listener_ = wrap(http_fd);
+    if (metrics_fd >= 0)
+      metrics_listener_ = wrap(metrics_fd);
+  }
+
+  /// The HTTP port's gate: loop 0 hands connections to the others' gates.
+  connection_gate& gate() { return gate_; }
+
+  stop_report serve(kj::Promise<void> stop) {
+    auto& ws = io_.waitScope;
+    // Loops other than loop 0 only serve what it hands them.
+    kj::Promise<void> serving = kj::NEVER_DONE;
+    if (listener_)
+      serving = gate_.listen(*listener_);
+    if (metrics_listener_)
+      serving = serving.exclusiveJoin(metrics_gate_.listen(*metrics_listener_));
+    // Serve until stopped; dropping the listen loops stops accepting connections.
+    serving.exclusiveJoin(kj::mv(stop)).wait(ws);
+    service_.draining = true;
+    listener_ = nullptr;
+    metrics_listener_ = nullptr;
+    // Answer every request already accepted, then close the connections.
+    // Both drains must finish: exclusiveJoin would stop at the first one (the
+    // metrics server's, at once) and drop the inference requests still running.
+    auto metrics_drained = metrics_server_.drain();
+    auto drained = server_.drain()
+                     .then([m = kj::mv(metrics_drained)]() mutable { return kj::mv(m); })
+                     .fork();
+    auto within = [&](kj::Duration limit) {
+      return drained.addBranch()
+        .then([]() { return true; })
+        .exclusiveJoin(timer_.afterDelay(limit).then([]() { return false; }))
+        .wait(ws);
+    };
+    stop_report report;
+    if (within(cfg_.exit_timeout_secs * kj::SECONDS))
+      return report;
+    // Past --exit-timeout-secs: what still waits for the pipeline is answered
+    // 503; a second is left for those answers to be written.
+    report.abandoned = service_.abandon_in_flight() + metrics_service_.abandon_in_flight();
+    report.drained = within(1 * kj::SECONDS);
+    return report;
   }
 
 private:
-  kj::Promise<void> refuse(kj::Own<kj::AsyncIoStream> connection) {
-    auto body = serialize_error("the server has " + std::to_string(max_)
-                                + " connections open, its limit (--max-connections); "
-                                  "retry later");
-    auto text = kj::heap<std::string>("HTTP/1.1 503 Service Unavailable\r\n"
-                                      "Content-Type: application/json\r\n"
-                                      "Connection: close\r\n"
-                                      "Content-Length: "
-                                      + std::to_string(body.size()) + "\r\n\r\n" + body);
-    auto& stream = *connection;
-    auto sent = stream.write(text->data(), text->size()).then([&stream]() {
-      stream.shutdownWrite();
-      return discard(stream, 64 << 10);
-    });
-    auto waited = sent.exclusiveJoin(timer_.afterDelay(1 * kj::SECONDS));
-    return waited.attach(kj::mv(connection), kj::mv(text));
+  kj::HttpServerSettings settings() {
+    kj::HttpServerSettings s;
+    s.headerTimeout = cfg_.header_timeout_ms * kj::MILLISECONDS;
+    s.pipelineTimeout = cfg_.idle_timeout_ms * kj::MILLISECONDS;
+    s.errorHandler = errors_;
+    s.callbacks = closer_;
+    return s;
   }
 
-  /// Reads and drops up to `budget` bytes, until the client closes.
-  static kj::Promise<void> discard(kj::AsyncIoStream& stream, size_t budget) {
-    auto buffer = kj::heapArray<kj::byte>(4096);
-    auto read = stream.tryRead(buffer.begin(), 1, buffer.size());
-    return read.then([&stream, budget](size_t n) -> kj::Promise<void> {
-      if (n == 0 || n >= budget)
-        return kj::READY_NOW;
-      return discard(stream, budget - n);
-    }).attach(kj::mv(buffer));
+  /// This loop's own descriptor of a shared listening socket.
+  kj::Own<kj::ConnectionReceiver> wrap(int fd) {
+    int own = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (own < 0)
+      throw std::runtime_error(std::string("cannot duplicate a listening socket: ")
+                               + std::strerror(errno));
+    using flags = kj::LowLevelAsyncIoProvider;
+    return io_.lowLevelProvider->wrapListenSocketFd(
+      own, flags::TAKE_OWNERSHIP | flags::ALREADY_CLOEXEC | flags::ALREADY_NONBLOCK);
   }
 
-  void taskFailed(kj::Exception&& e) override {
-    // A connection that failed was closed; kj has answered what could be.
-    if (e.getType() != kj::Exception::Type::DISCONNECTED)
-      std::cerr << "caf-serving: a connection failed: " << e.getDescription().cStr()
-                << std::endl;
-  }
-
-  kj::HttpServer& server_;
+  kj::AsyncIoContext& io_;
   kj::Timer& timer_;
-  uint32_t max_;
-  uint32_t open_ = 0;
-  uint32_t refusing_ = 0;
-  kj::TaskSet tasks_;
+  const http_server_config& cfg_;
+  close_after_response closer_;
+  kserve_error_handler errors_;
+  kserve_service service_;
+  kserve_service metrics_service_;
+  kj::HttpServer server_;
+  kj::HttpServer metrics_server_;
+  // After the servers: their connections are cancelled before the servers go.
+  connection_gate gate_;
+  connection_gate metrics_gate_;
+  kj::Own<kj::ConnectionReceiver> listener_;
+  kj::Own<kj::ConnectionReceiver> metrics_listener_;
 };
 
-/// Binds `port` on `address`; a failure names the port and its flag.
-kj::Own<kj::ConnectionReceiver> listen_on(kj::Network& network, kj::WaitScope& ws,
-                                          const std::string& address, uint16_t port,
-                                          const char* what, const char* flag) {
-  kj::Own<kj::ConnectionReceiver> listener;
-  KJ_IF_MAYBE (e, kj::runCatchingExceptions([&]() {
-                 listener = network.parseAddress(address, port).wait(ws)->listen();
-               })) {
-    // kj's text is a system call with its arguments; the reason is the errno.
-    std::string reason = "see the log above";
-    for (int code : {EADDRINUSE, EACCES, EADDRNOTAVAIL, EAFNOSUPPORT})
-      if (std::strstr(e->getDescription().cStr(), std::strerror(code)))
-        reason = std::strerror(code);
-    if (reason == "see the log above")
-      std::cerr << "caf-serving: " << e->getDescription().cStr() << std::endl;
-    throw std::runtime_error("cannot listen on the " + std::string(what) + " port "
-                             + std::to_string(port) + " of " + address + " (" + flag
-                             + "): " + reason);
+/// A loop on a thread of its own (loops 1..N-1): started, told to stop from
+/// loop 0 (a cross-thread fulfiller), joined for its stop_report.
+class loop_thread {
+public:
+  loop_thread(const shared_state& s, unsigned index) {
+    thread_ = std::thread([this, &s, index] { run(s, index); });
+    std::string failure;
+    {
+      auto ready = state_.lockExclusive();
+      ready.wait([](const slot& st) { return st.stop != nullptr || !st.failure.empty(); });
+      failure = ready->failure;
+      if (failure.empty())
+        peer_ = {ready->executor->addRef(), ready->gate};
+    }
+    if (!failure.empty()) {
+      thread_.join();
+      throw std::runtime_error(failure);
+    }
   }
-  return listener;
-}
+  ~loop_thread() {
+    stop();
+    if (thread_.joinable())
+      thread_.join();
+  }
+
+  /// Where loop 0 hands this loop its connections.
+  connection_gate::peer peer() const { return {peer_.executor->addRef(), peer_.gate}; }
+
+  /// Safe from any thread, and more than once.
+  void stop() {
+    auto st = state_.lockExclusive();
+    if (st->stop && !st->stopped)
+      st->stop->fulfill();
+    st->stopped = true;
+  }
+
+  /// Waits for the loop to end; a failure of the loop is thrown.
+  stop_report join() {
+    thread_.join();
+    auto st = state_.lockExclusive();
+    if (!st->failure.empty())
+      throw std::runtime_error(st->failure);
+    return st->report;
+  }
+
+private:
+  struct slot {
+    kj::Own<kj::CrossThreadPromiseFulfiller<void>> stop;
+    kj::Own<const kj::Executor> executor;
+    connection_gate* gate = nullptr;
+    bool stopped = false;
+    stop_report report;
+    std::string failure;
+  };
+
+  void run(const shared_state& s, unsigned index) {
+    std::string failure;
+    KJ_IF_MAYBE (e, kj::runCatchingExceptions([&]() {
+                   auto io = kj::setupAsyncIo();
+                   event_loop loop(io, s, index, -1, -1);
+                   auto paf = kj::newPromiseAndCrossThreadFulfiller<void>();
+                   {
+                     auto st = state_.lockExclusive();
+                     st->executor = kj::getCurrentThreadExecutor().addRef();
+                     st->gate = &loop.gate();
+                     st->stop = kj::mv(paf.fulfiller);
+                   }
+                   auto report = loop.serve(kj::mv(paf.promise));
+                   auto st = state_.lockExclusive();
+                   st->report = report;
+                   // The fulfiller belongs to this loop's promise: gone with it.
+                   st->stop = nullptr;
+                   st->gate = nullptr;
+                 })) {
+      failure = "an HTTP event loop failed: " + std::string(e->getDescription().cStr());
+    }
+    if (!failure.empty()) {
+      auto st = state_.lockExclusive();
+      st->failure = failure;
+      st->stop = nullptr;
+    }
+  }
+
+  kj::MutexGuarded<slot> state_;
+  connection_gate::peer peer_;
+  std::thread thread_;
+};
 
 } // namespace
 
 stop_report run_http_server(const http_server_config& cfg, server::model_manager& models,
                             const std::function<void(listening_ports)>& on_listening) {
-  auto io = kj::setupAsyncIo();
-  auto& ws = io.waitScope;
-  auto& timer = io.provider->getTimer();
+  // Bound once, before any loop starts: a port in use fails the start here.
+  auto http_fd = bind_listen_socket(cfg.address, cfg.http_port, {"HTTP", "--http-port"});
+  kj::AutoCloseFd metrics_fd;
+  if (cfg.metrics_enabled)
+    metrics_fd = bind_listen_socket(cfg.address, cfg.metrics_port, {"metrics", "--metrics-port"});
+
   kj::HttpHeaderTable::Builder builder;
   header_ids ids(builder);
   auto table = builder.build();
-
-  close_after_response closer;
-  kserve_error_handler errors;
   shared_memory_registry shm(cfg.shared_memory);
-  kserve_service service(cfg, models, shm, *table, ids, false, timer, closer);
-  kserve_service metrics_service(cfg, models, shm, *table, ids, true, timer, closer);
-  kj::HttpServerSettings settings;
-  settings.headerTimeout = cfg.header_timeout_ms * kj::MILLISECONDS;
-  settings.pipelineTimeout = cfg.idle_timeout_ms * kj::MILLISECONDS;
-  settings.errorHandler = errors;
-  settings.callbacks = closer;
-  kj::HttpServer server(timer, *table, service, settings);
-  kj::HttpServer metrics_server(timer, *table, metrics_service, settings);
-  // After the servers: their connections are cancelled before the servers go.
-  connection_gate gate(server, timer, cfg.max_connections);
-  connection_gate metrics_gate(metrics_server, timer, cfg.max_connections);
+  connection_count http_connections, metrics_connections;
+  unsigned loops = std::max(cfg.event_loops, 1u);
+  std::vector<std::atomic<uint64_t>> accepted_by_loop(loops);
+  shared_state shared{cfg,  models,           shm,
+                      *table, ids,            http_connections,
+                      metrics_connections,    accepted_by_loop};
 
-  auto& network = io.provider->getNetwork();
-  auto listener = listen_on(network, ws, cfg.address, cfg.http_port, "HTTP", "--http-port");
-  listening_ports ports;
-  ports.http = static_cast<uint16_t>(listener->getPort());
-  kj::Own<kj::ConnectionReceiver> metrics_listener;
-  if (cfg.metrics_enabled) {
-    metrics_listener
-      = listen_on(network, ws, cfg.address, cfg.metrics_port, "metrics", "--metrics-port");
-    ports.metrics = static_cast<uint16_t>(metrics_listener->getPort());
+  // Loop 0 runs on this thread (it also serves the metrics port and waits for
+  // the stop signals); the others each on a thread of their own. Those
+  // threads inherit this thread's signal mask, so the signals stay here.
+  auto io = kj::setupAsyncIo();
+  event_loop first(io, shared, 0, http_fd.get(), metrics_fd.get());
+  std::vector<std::unique_ptr<loop_thread>> others;
+  kj::Vector<connection_gate::peer> peers;
+  for (unsigned i = 1; i < loops; ++i) {
+    others.push_back(std::make_unique<loop_thread>(shared, i));
+    peers.add(others.back()->peer());
   }
+  first.gate().set_peers(kj::mv(peers));
+  // Loop 0 holds its own descriptors now; the sockets close with them.
+  listening_ports ports;
+  ports.http = bound_port(http_fd.get());
+  ports.metrics = cfg.metrics_enabled ? bound_port(metrics_fd.get()) : 0;
+  http_fd = nullptr;
+  metrics_fd = nullptr;
   on_listening(ports);
 
-  auto serving = gate.listen(*listener);
-  if (metrics_listener)
-    serving = serving.exclusiveJoin(metrics_gate.listen(*metrics_listener));
   forward_stop_signals_to_this_thread();
   auto stop = io.unixEventPort.onSignal(SIGINT)
                 .ignoreResult()
-                .exclusiveJoin(io.unixEventPort.onSignal(SIGTERM).ignoreResult());
-  // Serve until a signal; dropping the listen loops stops accepting connections.
-  serving.exclusiveJoin(kj::mv(stop)).wait(ws);
-  if (cfg.on_stop)
-    cfg.on_stop();
-  service.draining = true;
-  listener = nullptr;
-  metrics_listener = nullptr;
-  // Answer every request already accepted, then close the connections.
-  // Both drains must finish: exclusiveJoin would stop at the first one (the
-  // metrics server's, at once) and drop the inference requests still running.
-  auto metrics_drained = metrics_server.drain();
-  auto drained = server.drain()
-                   .then([m = kj::mv(metrics_drained)]() mutable { return kj::mv(m); })
-                   .fork();
-  auto within = [&](kj::Duration limit) {
-    return drained.addBranch()
-      .then([]() { return true; })
-      .exclusiveJoin(timer.afterDelay(limit).then([]() { return false; }))
-      .wait(ws);
-  };
-  stop_report report;
-  if (within(cfg.exit_timeout_secs * kj::SECONDS))
-    return report;
-  // Past --exit-timeout-secs: what still waits for the pipeline is answered
-  // 503; a second is left for those answers to be written.
-  report.abandoned = service.abandon_in_flight() + metrics_service.abandon_in_flight();
-  report.drained = within(1 * kj::SECONDS);
+                .exclusiveJoin(io.unixEventPort.onSignal(SIGTERM).ignoreResult())
+                .then([&others, &cfg]() {
+                  // gRPC (main.cpp) starts its drain with HTTP's.
+                  if (cfg.on_stop)
+                    cfg.on_stop();
+                  for (auto& loop : others)
+                    loop->stop();
+                });
+  auto report = first.serve(kj::mv(stop));
+  for (auto& loop : others) {
+    loop->stop(); // when loop 0 ended without a signal
+    auto r = loop->join();
+    report.abandoned += r.abandoned;
+    report.drained = report.drained && r.drained;
+  }
   return report;
 }
 

@@ -28,6 +28,11 @@ struct http_server_config {
   std::string address = "0.0.0.0";
   /// 0: pick a free port (reported through on_listening).
   uint16_t http_port = 8000;
+  /// Event loops serving the HTTP port, one thread each (--http-threads, from
+  /// thread_config::ingress_threads). Connections are spread across them; a
+  /// connection's requests and answers stay on the loop that accepted it.
+  /// Loop 0 also serves the metrics port and waits for the stop signals.
+  unsigned event_loops = 1;
   /// Prometheus metrics only; 0: pick a free port; -1 (disabled) via metrics_enabled.
   uint16_t metrics_port = 8002;
   bool metrics_enabled = true;
@@ -81,7 +86,8 @@ struct stop_report {
   bool drained = true;
 };
 
-/// Serves until SIGINT or SIGTERM, then stops accepting, answers every request
+/// Serves (on cfg.event_loops loops, the first on the calling thread) until
+/// SIGINT or SIGTERM, then stops accepting, answers every request
 /// already accepted (for at most cfg.exit_timeout_secs, then 503), and returns.
 /// The signals must have been captured with kj::UnixEventPort::captureSignal
 /// before any thread was started. Throws std::runtime_error, naming the port

@@ -1024,9 +1024,11 @@ infer_request parse(const parse_input& in) {
 
   infer_request req;
   std::vector<pending_input> pending;
-  if (json_size == in.body.size() && in.readable_padding >= simdjson::SIMDJSON_PADDING) {
+  // The parser may read (not use) SIMDJSON_PADDING bytes past the JSON: the
+  // binary data after it and the buffer's room after the body both count.
+  if (in.body.size() - json_size + in.readable_padding >= simdjson::SIMDJSON_PADDING) {
     parse_json_header(simdjson::padded_string_view{json.data(), json.size(),
-                                                   json.size() + in.readable_padding},
+                                                   in.body.size() + in.readable_padding},
                       in, req, pending);
   } else {
     simdjson::padded_string copy{json.data(), json.size()};
@@ -1333,6 +1335,8 @@ result<serialized_response> serialize_infer_response(const response_view& respon
   classified.reserve(response.outputs.size());
   struct binary_part {
     std::string_view data;
+    /// Made here (a classification result): not the caller's bytes.
+    bool local = false;
   };
   std::vector<binary_part> binary_parts;
 
@@ -1413,7 +1417,7 @@ result<serialized_response> serialize_infer_response(const response_view& respon
       out += ",\"parameters\":{\"binary_data_size\":";
       append_integer(out, data.size());
       out += "}}";
-      binary_parts.push_back({data});
+      binary_parts.push_back({data, classification > 0});
     } else {
       out += ",\"data\":";
       append_json_data(out, dtype, data, *count);
@@ -1426,6 +1430,14 @@ result<serialized_response> serialize_infer_response(const response_view& respon
   } else {
     result_body.header_length = out.size();
     result_body.content_type = "application/octet-stream";
+    bool by_reference = options.binary == serialize_options::binary_output::by_reference;
+    for (const auto& part : binary_parts)
+      by_reference = by_reference && !part.local;
+    if (by_reference) {
+      for (const auto& part : binary_parts)
+        result_body.binary_data.push_back(part.data);
+      return result_body;
+    }
     size_t total = out.size();
     for (const auto& part : binary_parts)
       total += part.data.size();

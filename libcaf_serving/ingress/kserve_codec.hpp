@@ -139,10 +139,10 @@ struct parse_input {
   /// The Content-Type header ("" when absent).
   std::string_view content_type;
   request_limits limits;
-  /// How many bytes after the end of `body` may be read (not written). With
-  /// at least 64 (SIMDJSON_PADDING) and a JSON-only body, the JSON is parsed
-  /// in place; otherwise the JSON part is copied once into a padded buffer.
-  /// Binary data after a JSON header is never copied.
+  /// How many bytes after the end of `body` may be read (not written). When
+  /// these and the binary data after the JSON header make at least 64
+  /// (SIMDJSON_PADDING), the JSON is parsed in place; otherwise the JSON part
+  /// is copied once into a padded buffer. Binary data is never copied here.
   size_t readable_padding = 0;
   /// The model, needed only for a raw binary body (application/octet-stream
   /// without Inference-Header-Content-Length): such a body is the raw bytes of
@@ -200,10 +200,21 @@ struct serialize_options {
   bool batched = false;
   /// Class labels per output name, for classification (optional).
   const std::map<std::string, std::vector<std::string>>* labels = nullptr;
+  /// Binary output data: appended to `body` (a copy), or, with
+  /// `by_reference`, left where the response_view points and listed in
+  /// serialized_response::binary_data, for a writer that sends the pieces
+  /// as they are (vectored) while it keeps the outputs alive.
+  enum class binary_output { appended, by_reference };
+  binary_output binary = binary_output::appended;
 };
 
 struct serialized_response {
+  /// The JSON, followed by the binary data unless that is in binary_data.
   std::string body;
+  /// With binary_output::by_reference: the binary data that follows `body`,
+  /// in order, pointing into the response_view's outputs (classification
+  /// results, made here, are in `body` instead: then this is empty).
+  std::vector<std::string_view> binary_data;
   /// Inference-Header-Content-Length: set when binary data follows the JSON.
   std::optional<size_t> header_length;
   /// "application/json", or "application/octet-stream" with binary data.

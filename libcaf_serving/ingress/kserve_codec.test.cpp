@@ -237,6 +237,26 @@ TEST_CASE("a JSON body with readable padding is parsed in place") {
   CHECK(values_of<int32_t>(r->inputs[0].data) == std::vector<int32_t>{5, 6});
 }
 
+TEST_CASE("a JSON header followed by 64 or more binary bytes is parsed in place, padded by them") {
+  // The binary data (16 floats) is the parser's padding: no room after the
+  // body is needed.
+  std::string json = "{\"inputs\":[{\"name\":\"a\",\"shape\":[16],\"datatype\":\"FP32\","
+                     "\"parameters\":{\"binary_data_size\":64}}]}";
+  std::vector<float> values(16);
+  for (int i = 0; i < 16; ++i)
+    values[static_cast<size_t>(i)] = static_cast<float>(i) * 1.5f;
+  std::string body = json + std::string(reinterpret_cast<const char*>(values.data()), 64);
+  parse_input in;
+  in.body = body;
+  in.header_length = json.size();
+  in.readable_padding = 0;
+  auto r = parse_infer_request(in);
+  REQUIRE_MESSAGE(r.ok(), (r.ok() ? std::string() : r.error().message));
+  REQUIRE(r->inputs.size() == 1);
+  CHECK(r->inputs[0].data.data() == body.data() + json.size());
+  CHECK(values_of<float>(r->inputs[0].data) == values);
+}
+
 TEST_CASE("moving and copying a request keeps owned data valid") {
   std::string body = input_json("a", "INT8", "[3]", "[1,2,3]"); // 3 bytes: in the SSO buffer
   auto r = parse_json(body);
@@ -748,6 +768,20 @@ TEST_CASE("binary outputs: per output or for all, with the header length") {
     parsed_response p{*r};
     CHECK(uint64_t{p.root["outputs"].at(2)["parameters"]["binary_data_size"].get_uint64().value()}
           == 2);
+  }
+  SUBCASE("by reference: the pieces point into the outputs, nothing is copied") {
+    serialize_options o;
+    o.binary_data_output = true;
+    o.requested = {{"b", false, 0}};
+    o.binary = serialize_options::binary_output::by_reference;
+    auto r = serialize_infer_response(v, o);
+    REQUIRE(r.ok());
+    REQUIRE(r->header_length.has_value());
+    CHECK(r->body.size() == *r->header_length); // the JSON only
+    REQUIRE(r->binary_data.size() == 2);
+    CHECK(r->binary_data[0].data() == v.outputs[0].data.data());
+    CHECK(r->binary_data[0].size() == 24);
+    CHECK(r->binary_data[1].data() == v.outputs[2].data.data());
   }
 }
 

@@ -340,8 +340,12 @@ TEST_CASE("--idle-timeout-ms closes an idle keep-alive connection, --header-time
   CHECK(http.get("/v2/health/live").status == 200);
 }
 
-TEST_CASE("--max-connections: one connection too many gets a 503 and is closed") {
-  test_server server({example_model("identity_fp32")}, {"--max-connections", "4"});
+namespace {
+
+/// `extra`: flags for the server besides --max-connections 4.
+void check_max_connections(std::vector<std::string> extra) {
+  extra.insert(extra.end(), {"--max-connections", "4"});
+  test_server server({example_model("identity_fp32")}, extra);
   std::vector<std::unique_ptr<raw_connection>> open;
   for (int i = 0; i < 4; ++i) {
     open.push_back(std::make_unique<raw_connection>(server.port()));
@@ -376,4 +380,15 @@ TEST_CASE("--max-connections: one connection too many gets a 503 and is closed")
     again.back()->send(live_request);
     CHECK(status_of(again.back()->read_response(milliseconds(5000)).bytes) == 200);
   }
+}
+
+} // namespace
+
+TEST_CASE("--max-connections: one connection too many gets a 503 and is closed") {
+  check_max_connections({});
+}
+
+TEST_CASE("2 HTTP loops: --max-connections counts the connections of every loop together") {
+  // Counted per loop, 4 would let 8 in.
+  check_max_connections({"--http-threads", "2"});
 }

@@ -7,6 +7,7 @@
 
 #include <doctest/doctest.h>
 
+#include <cstring>
 #include <future>
 #include <mutex>
 
@@ -180,4 +181,36 @@ TEST_CASE("three 200 MB requests queued together pass a Data field's 512 MiB and
   // The model is still ready and serving.
   CHECK(server.client().get("/v2/models/huge/ready").status == 200);
   CHECK(check_identity(server.port(), "huge", 7, 1, 5) == "");
+}
+
+TEST_CASE("binary outputs over 16 KiB, written in pieces from the pipeline's message: every byte "
+          "arrives, also next to a small output and gzip") {
+  test_server server({}, model_control_api());
+  add_model(server.repo, "wide", variable_identity_config("wide", 0, 4));
+  REQUIRE(server.client().post("/v2/repository/models/wide/load", "").status == 200);
+  http_client http(server.port());
+  for (int64_t width : {int64_t{3}, int64_t{4096}, int64_t{65536}}) { // 12 B, 16 KiB, 256 KiB
+    CAPTURE(width);
+    std::string raw(static_cast<size_t>(width) * 4, '\0');
+    for (int64_t i = 0; i < width; ++i) {
+      float v = static_cast<float>(width + i) * 0.5f;
+      std::memcpy(raw.data() + i * 4, &v, 4);
+    }
+    auto json = infer_body({binary_input_json("INPUT0", "FP32", {1, width}, raw.size())},
+                           ",\"parameters\":{\"binary_data_output\":true}");
+    auto r = http.post("/v2/models/wide/infer", json + raw,
+                       {{"Content-Type", "application/octet-stream"},
+                        {"Inference-Header-Content-Length", std::to_string(json.size())}});
+    REQUIRE_MESSAGE(r.status == 200, r.body.substr(0, 300));
+    CHECK(r.header("content-length") == std::to_string(r.body.size()));
+    auto body = split_binary(r);
+    CHECK(body.binary == raw);
+    // Compressed, the same answer is one string.
+    auto z = http.post("/v2/models/wide/infer", json + raw,
+                       {{"Content-Type", "application/octet-stream"},
+                        {"Inference-Header-Content-Length", std::to_string(json.size())},
+                        {"Accept-Encoding", "gzip"}});
+    REQUIRE(z.status == 200);
+    CHECK(z.header("content-encoding") == "gzip");
+  }
 }
