@@ -5,6 +5,7 @@
 
 #include <caf/typed_event_based_actor.hpp>
 
+#include "scheduler/executor_book.hpp"
 #include "scheduler/executor_choice.hpp"
 
 #include <algorithm>
@@ -214,16 +215,8 @@ struct executor_slot {
   std::string node;
   /// Started by this scheduler (respawned when it stops), not a remote proxy.
   bool local = false;
-  /// Batch ids in flight here, oldest first, with their rows and send times.
-  struct sent {
-    uint64_t batch_id;
-    uint32_t rows;
-    int64_t sent_ns;
-  };
-  std::vector<sent> in_flight;
-  /// When this executor last answered (the earliest its next batch could start).
-  int64_t last_answer_ns = 0;
-  batch_cost_model cost;
+  /// Its batches in flight, its cost model and when it is predicted to be free.
+  executor_book book;
   /// Internal failures in a row, and the quarantine they led to.
   uint32_t failures_in_row = 0;
   /// Quarantines since the executor last succeeded: the backoff doubles with each.
@@ -306,14 +299,7 @@ executor_view view_executors(scheduler_state& st) {
     auto& e = st.executors[i];
     if (e.quarantined(now))
       continue;
-    executor_load l;
-    l.cost = &e.cost;
-    l.depth = e.depth;
-    for (auto& s : e.in_flight)
-      l.in_flight_rows.push_back(s.rows);
-    if (!e.in_flight.empty())
-      l.oldest_elapsed_ns = now - std::max(e.in_flight.front().sent_ns, e.last_answer_ns);
-    v.loads.push_back(std::move(l));
+    v.loads.push_back(e.book.load(now, e.depth));
     v.slot.push_back(i);
   }
   return v;
@@ -330,7 +316,7 @@ executor_slot* choose(scheduler_state& st, uint32_t rows) {
 bool any_free(const scheduler_state& st) {
   int64_t now = now_ns();
   for (auto& e : st.executors)
-    if (e.in_flight.size() < e.depth && !e.quarantined(now))
+    if (e.book.in_flight() < e.depth && !e.quarantined(now))
       return true;
   return false;
 }
@@ -517,31 +503,23 @@ void send_pending(self_ptr self, executor_slot& slot, uint64_t batch_id) {
   auto& p = st.pending.at(batch_id);
   ++p.attempts;
   int64_t sent = now_ns();
-  slot.in_flight.push_back({batch_id, p.rows, sent});
+  slot.book.dispatched(batch_id, p.rows, sent);
   auto handle = slot.handle;
-  // Takes the batch off its executor's books; the measured service time of a
-  // batch that succeeded feeds the executor choice (a fast failure must not
-  // make an executor look fast).
-  auto settle = [self, addr = handle.address(), batch_id](bool succeeded,
+  // Takes the batch off its executor's books; the executor's own measurement
+  // of a batch that succeeded (`service_ns`) feeds its cost model (a fast
+  // failure must not make an executor look fast).
+  auto settle = [self, addr = handle.address(), batch_id](std::optional<int64_t> service_ns,
                                                            bool internal_failure) {
     auto* e = find_slot(self->state, addr);
     if (!e)
       return;
-    auto it = std::find_if(e->in_flight.begin(), e->in_flight.end(),
-                           [&](const auto& s) { return s.batch_id == batch_id; });
-    if (it == e->in_flight.end())
+    if (!e->book.answered(batch_id, now_ns(), service_ns))
       return;
-    int64_t now = now_ns();
-    if (succeeded) {
-      e->cost.observe(it->rows, now - std::max(it->sent_ns, e->last_answer_ns));
-      auto& st = self->state;
-      if (st.slo && st.cfg.stats && e == &st.executors.front()) {
-        // The first executor's curve stands for the model's on /metrics.
-        st.cfg.stats->slo.publish_cost_curve(e->cost.curve());
-      }
+    auto& st = self->state;
+    if (service_ns && st.slo && st.cfg.stats && e == &st.executors.front()) {
+      // The first executor's curve stands for the model's on /metrics.
+      st.cfg.stats->slo.publish_cost_curve(e->book.cost().curve());
     }
-    e->last_answer_ns = now;
-    e->in_flight.erase(it);
     record_outcome(self, *e, internal_failure);
   };
   // A local executor that does not answer in time is taken for hung: it is
@@ -556,7 +534,9 @@ void send_pending(self_ptr self, executor_slot& slot, uint64_t batch_id) {
         auto& st = self->state;
         auto r = result.reader();
         uint16_t status = r.getError().getStatus();
-        settle(status == 0, status >= 500);
+        // The executor's own time around the backend call (run_one_batch).
+        int64_t service = r.getComputeInputNs() + r.getComputeInferNs() + r.getComputeOutputNs();
+        settle(status == 0 ? std::optional<int64_t>{service} : std::nullopt, status >= 500);
         if (status == 0)
           st.quick_restarts = 0; // executors that succeed are not in a crash loop
         auto it = st.pending.find(batch_id);
@@ -578,7 +558,7 @@ void send_pending(self_ptr self, executor_slot& slot, uint64_t batch_id) {
         auto& st = self->state;
         // A remote batch presumed lost counts against its executor: one that keeps
         // timing out (a stalled worker) is quarantined instead of chosen again.
-        settle(false, !local && executor_was_lost(err));
+        settle(std::nullopt, !local && executor_was_lost(err));
         // A local executor that did not answer has stopped: no batch may be sent
         // to it again, not even before its down message arrives.
         if (local && executor_was_lost(err))
@@ -764,7 +744,7 @@ void add_slot(self_ptr self, executor_slot slot) {
   // is padded to.
   cost_model_config cost;
   cost.captured_sizes = st.cfg.policy.captured_batch_sizes;
-  slot.cost = batch_cost_model{cost};
+  slot.book = executor_book{cost};
   st.executors.push_back(std::move(slot));
   st.had_executor = true;
   publish_health(st);
