@@ -647,3 +647,36 @@ TEST_CASE("after a burst has drained, a lone request on the idle executor is ser
   REQUIRE(std::holds_alternative<slo_dispatch>(r.next));
   CHECK(std::get<slo_dispatch>(r.next).ids == std::vector<uint64_t>{100});
 }
+
+TEST_CASE("admission cost: a request at the end of a long queue visits no queued request; "
+          "the queue is cut again once per dispatch, not per arrival") {
+  // A long queue: a generous target and a busy executor (no credit), so that
+  // nothing leaves it. The first version planned the whole queue twice for
+  // every arrival (2 x 800 visits here) and once more at every poll.
+  slo_policy p{config(8, 60'000)};
+  auto cost = exact(1'000'000, 100'000, 8);
+  std::vector<executor_load> busy{{&cost, {8}, 0, 1}};
+  for (uint64_t id = 1; id <= 800; ++id)
+    REQUIRE(std::holds_alternative<admitted>(p.enqueue(req(id), at_ms(0), at_ms(0), busy)));
+  auto visited = p.entries_visited();
+  REQUIRE(std::holds_alternative<admitted>(p.enqueue(req(801), at_ms(0), at_ms(0), busy)));
+  CHECK(p.entries_visited() == visited);
+  // A poll with nothing expired looks at the head of each level only.
+  auto r = p.poll(at_ms(1), busy);
+  CHECK(std::holds_alternative<wait_for_executor>(r.next));
+  CHECK(p.entries_visited() - visited <= 1);
+  // A dispatch takes 8 requests out: the next decision cuts the queue again
+  // (793 visits), the arrivals after it none.
+  auto idle_ex = idle_executor(cost);
+  r = p.poll(at_ms(2), idle_ex);
+  REQUIRE(std::holds_alternative<slo_dispatch>(r.next));
+  CHECK(std::get<slo_dispatch>(r.next).ids.size() == 8);
+  visited = p.entries_visited();
+  REQUIRE(std::holds_alternative<admitted>(p.enqueue(req(802), at_ms(2), at_ms(2), busy)));
+  CHECK(p.entries_visited() - visited == 793);
+  visited = p.entries_visited();
+  for (uint64_t id = 803; id <= 850; ++id)
+    REQUIRE(std::holds_alternative<admitted>(p.enqueue(req(id), at_ms(2), at_ms(2), busy)));
+  CHECK(p.entries_visited() == visited);
+  CHECK(p.queued() == 842);
+}
