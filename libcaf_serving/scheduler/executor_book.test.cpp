@@ -60,3 +60,31 @@ TEST_CASE("executor book: a failed batch teaches nothing; unknown batches are re
   REQUIRE(b.answered(2, 17 * ms, 0));
   CHECK(b.cost().predict(2) == 7 * ms);
 }
+
+TEST_CASE("executor book: lateness is how much later than predicted answers arrive, an upper "
+          "quantile of the recent ones, never negative") {
+  executor_book b{{}, {10, 0.9}};
+  b.dispatched(1, 4, 0);
+  REQUIRE(b.answered(1, 10 * ms, 10 * ms)); // unpredicted: no lateness sample
+  CHECK(b.lateness_ns() == 0);
+  // Predicted 10 ms from its start; the answer comes at 13 ms: 3 ms late.
+  b.dispatched(2, 4, 20 * ms);
+  REQUIRE(b.answered(2, 33 * ms, 10 * ms));
+  CHECK(b.lateness_ns() == 3 * ms);
+  CHECK(b.load(40 * ms, 1).lateness_ns == 3 * ms);
+  // Each batch on it pays the lateness: one held, one new.
+  b.dispatched(3, 4, 40 * ms);
+  CHECK(predicted_completion_ns(b.load(40 * ms, 2), 4) == (10 + 10 + 3 + 3) * ms);
+  REQUIRE(b.answered(3, 50 * ms, 10 * ms)); // on time
+  // Early answers (1 ms) outnumber it: of nine samples the 90th percentile
+  // is the largest (3 ms), of ten {3, 0, -1 x 8} it is 0.
+  for (uint64_t id = 4; id <= 10; ++id) {
+    int64_t at = static_cast<int64_t>(id) * 100 * ms;
+    b.dispatched(id, 4, at);
+    REQUIRE(b.answered(id, at + 9 * ms, 10 * ms));
+  }
+  CHECK(b.lateness_ns() == 3 * ms);
+  b.dispatched(11, 4, 2000 * ms);
+  REQUIRE(b.answered(11, 2009 * ms, 10 * ms));
+  CHECK(b.lateness_ns() == 0);
+}

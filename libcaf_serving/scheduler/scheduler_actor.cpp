@@ -249,6 +249,7 @@ struct scheduler_state {
   std::unordered_map<uint64_t, batched_job> queued;
   uint64_t next_request_id = 1;
   uint64_t next_batch_id = 1;
+  uint64_t next_warm_up_id = 1;
   /// When the armed timer fires; none armed when empty.
   std::optional<time_point> timer_due;
   bool draining = false;
@@ -733,6 +734,110 @@ void poll_policy(self_ptr self) {
   }
 }
 
+/// Warm-up batch ids: apart from the requests' batches (whose ids order the
+/// release under preserve_ordering).
+constexpr uint64_t warm_up_id_bit = uint64_t{1} << 63;
+
+/// A batch of `rows` rows of zeros for the model's inputs; nothing when an
+/// input has a variable dimension or variable-length (BYTES) elements, whose
+/// content a synthetic batch cannot know.
+std::optional<batch_message> synthetic_batch(const model_config& model, uint64_t batch_id,
+                                             uint32_t rows) {
+  bool batched = model.max_batch_size > 0;
+  uint64_t total = 0;
+  for (const auto& in : model.inputs) {
+    if (element_size(in.dtype) == 0)
+      return std::nullopt;
+    uint64_t n = element_size(in.dtype) * (batched ? rows : 1);
+    for (auto d : in.dims) {
+      if (d < 0)
+        return std::nullopt;
+      n *= static_cast<uint64_t>(d);
+    }
+    if (n > max_data_field_bytes)
+      return std::nullopt;
+    total += n;
+  }
+  auto msg = batch_message::create(total + 2048);
+  auto b = msg.builder();
+  b.setBatchId(batch_id);
+  b.setModelName(model.name);
+  b.setRows(rows);
+  b.initRequestRows(1).set(0, rows);
+  auto inputs = b.initInputs(static_cast<unsigned>(model.inputs.size()));
+  for (unsigned i = 0; i < model.inputs.size(); ++i) {
+    const auto& in = model.inputs[i];
+    auto t = inputs[i];
+    t.setName(in.name);
+    t.setDatatype(static_cast<wire::DataType>(in.dtype));
+    auto shape = t.initShape(static_cast<unsigned>(in.dims.size() + (batched ? 1 : 0)));
+    unsigned d = 0;
+    if (batched)
+      shape.set(d++, rows);
+    uint64_t n = element_size(in.dtype) * (batched ? rows : 1);
+    for (auto dim : in.dims) {
+      shape.set(d++, dim);
+      n *= static_cast<uint64_t>(dim);
+    }
+    t.initData(static_cast<unsigned>(n)); // zeros
+  }
+  return msg;
+}
+
+/// The latency-target policy admits everything while an executor is not
+/// measured, so a new executor first runs a batch of one row and one of
+/// max_batch_size rows of zeros (synthetic: the backends' own load-time
+/// model_warmup runs happen before the scheduler exists and are not timed by
+/// it). Their executor-measured times seed its cost model; requests that come
+/// meanwhile queue behind them and are planned with what was learnt.
+/// `sizes`: the sizes still to run, the next last.
+void warm_up(self_ptr self, caf::actor_addr addr, std::vector<uint32_t> sizes) {
+  auto& st = self->state;
+  auto* slot = find_slot(st, addr);
+  if (!slot || sizes.empty() || st.draining)
+    return;
+  uint32_t rows = sizes.back();
+  sizes.pop_back();
+  uint64_t id = warm_up_id_bit | st.next_warm_up_id++;
+  auto batch = synthetic_batch(st.cfg.model, id, rows);
+  if (!batch)
+    return;
+  slot->book.dispatched(id, rows, now_ns());
+  auto timeout = slot->local && st.cfg.local_batch_timeout.count() > 0
+                   ? caf::duration{st.cfg.local_batch_timeout}
+                   : caf::duration{caf::infinite};
+  self->request(slot->handle, timeout, run_batch{std::move(*batch), nullptr})
+    .then(
+      [self, addr, id, sizes](batch_result_message& result) {
+        auto& st = self->state;
+        auto r = result.reader();
+        bool ok = r.getError().getStatus() == 0;
+        int64_t service = r.getComputeInputNs() + r.getComputeInferNs() + r.getComputeOutputNs();
+        if (auto* e = find_slot(st, addr)) {
+          e->book.answered(id, now_ns(), ok ? std::optional<int64_t>{service} : std::nullopt);
+          if (ok && st.cfg.stats && e == &st.executors.front())
+            st.cfg.stats->slo.publish_cost_curve(e->book.cost().curve());
+        }
+        if (!ok)
+          std::cerr << "caf-serving: model '" << st.cfg.model.name
+                    << "': a warm-up batch of zeros failed (" << r.getError().getMessage().cStr()
+                    << "); the latency-target scheduler learns its costs from requests instead"
+                    << std::endl;
+        else
+          warm_up(self, addr, sizes);
+        poll_policy(self);
+        maybe_finish_drain(self);
+      },
+      [self, addr, id](caf::error&) {
+        auto& st = self->state;
+        if (auto* e = find_slot(st, addr))
+          e->book.answered(id, now_ns(), std::nullopt);
+        // A lost executor goes through the down handler; nothing to resend.
+        poll_policy(self);
+        maybe_finish_drain(self);
+      });
+}
+
 void add_slot(self_ptr self, executor_slot slot) {
   auto& st = self->state;
   self->monitor(slot.handle);
@@ -745,9 +850,17 @@ void add_slot(self_ptr self, executor_slot slot) {
   cost_model_config cost;
   cost.captured_sizes = st.cfg.policy.captured_batch_sizes;
   slot.book = executor_book{cost};
+  auto addr = slot.handle.address();
   st.executors.push_back(std::move(slot));
   st.had_executor = true;
   publish_health(st);
+  if (st.slo) {
+    auto max_rows = static_cast<uint32_t>(std::max(st.cfg.model.max_batch_size, 1));
+    std::vector<uint32_t> sizes{max_rows};
+    if (max_rows > 1)
+      sizes.push_back(1);
+    warm_up(self, addr, std::move(sizes));
+  }
 }
 
 executor_slot local_slot(const scheduler_config& cfg, executor::executor_actor handle) {

@@ -148,14 +148,17 @@ slo_policy::lay(time_point now, const std::vector<executor_load>& executors) con
   out.reserve(cut_.size());
   std::vector<int64_t> free_at;
   free_at.reserve(executors.size());
+  // Each batch on an executor pays its lateness (executor_load::lateness_ns),
+  // those it holds as well.
   for (const auto& x : executors)
-    free_at.push_back(outstanding_ns(x));
+    free_at.push_back(outstanding_ns(x)
+                      + x.lateness_ns * static_cast<int64_t>(x.in_flight_rows.size()));
   for (const auto& b : cut_) {
     int64_t best = 0;
     size_t where = 0;
     bool found = false;
     for (size_t i = 0; i < executors.size(); ++i) {
-      int64_t done = free_at[i] + executors[i].cost->predict(b.rows);
+      int64_t done = free_at[i] + executors[i].cost->predict(b.rows) + executors[i].lateness_ns;
       if (!found || done < best) {
         found = true;
         best = done;

@@ -51,9 +51,17 @@
 ///   of being served late (the scan of a level stops at the first request a
 ///   full batch would still serve in time); so is a member of a batch about
 ///   to go that would finish it too late.
+/// - Feedback. Every batch laid on an executor also pays that executor's
+///   lateness (executor_load::lateness_ns: an upper quantile of how much later
+///   than predicted its recent answers arrived, executor_book.hpp), in
+///   admission, in the shedding of expired requests and in the last guard
+///   before dispatch: on shared cores, where answers come back later than the
+///   executor's own compute time says, admitted requests still finish in time.
 /// - While an executor has not been measured at all, the policy cannot predict:
 ///   it admits every request (up to the queue bound) and sends batches as soon
-///   as an executor is free, which measures it.
+///   as an executor is free, which measures it. (The scheduler actor first
+///   runs two synthetic warm-up batches on each new executor when the model's
+///   inputs have fixed shapes.)
 
 #include "scheduler/batching_policy.hpp"
 #include "scheduler/executor_choice.hpp"
