@@ -40,6 +40,7 @@ bool executor_book::answered(uint64_t batch_id, int64_t now_ns,
   if (it == in_flight_.end())
     return false;
   bool oldest = it == in_flight_.begin();
+  last_answer_ns_ = now_ns;
   if (executor_service_ns) {
     // An executor that measured nothing (0) is timed from here, as before.
     int64_t start = oldest ? oldest_start_ns_ : it->dispatched_ns;
@@ -76,6 +77,8 @@ executor_load executor_book::load(int64_t now_ns, uint32_t depth) const {
     l.in_flight_rows.push_back(s.rows);
   if (!in_flight_.empty())
     l.oldest_elapsed_ns = std::max<int64_t>(now_ns - oldest_start_ns_, 0);
+  else
+    l.idle_ns = std::max<int64_t>(now_ns - last_answer_ns_, 0);
   return l;
 }
 

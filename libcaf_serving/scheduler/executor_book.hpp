@@ -110,6 +110,8 @@ private:
   /// When the oldest batch held could start: its dispatch, or the previous
   /// answer when that came later.
   int64_t oldest_start_ns_ = 0;
+  /// When it last answered (or was first sent a batch); for idle_ns.
+  int64_t last_answer_ns_ = 0;
 };
 
 } // namespace caf_serving::scheduler

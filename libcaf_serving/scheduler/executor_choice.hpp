@@ -38,6 +38,9 @@ struct executor_load {
   /// with a credit window of 1 every batch pays it (the answer's trip back
   /// and the scheduler's turnaround before the next batch goes).
   int64_t lateness_ns = 0;
+  /// How long it has held nothing since its last answer (or since it was
+  /// added); 0 while it holds a batch.
+  int64_t idle_ns = 0;
 
   /// Whether it may take another batch now.
   bool has_credit() const { return in_flight_rows.size() < depth; }

@@ -244,7 +244,7 @@ slo_enqueue_result slo_policy::enqueue(const request_info& request, time_point r
   }
   uint64_t seq = next_seq_++;
   entry e{request.id, rows, level, seq, received, add_saturating(received, budget), budget, own,
-          {request.shape_class, cfg_.base.max_padding_waste ? request.padded_length : 0},
+          false, {request.shape_class, cfg_.base.max_padding_waste ? request.padded_length : 0},
           request.bytes};
   key k{level, e.deadline, seq};
   bool measured = !executors.empty();
@@ -286,6 +286,8 @@ slo_enqueue_result slo_policy::enqueue(const request_info& request, time_point r
   bool late = completion + margin > e.deadline;
   if (!late && made_late == 0)
     return admitted{};
+  if (take_as_probe(where->second, now, executors))
+    return admitted{};
   size_t ahead = cut_[undo.batch].members.size() - 1;
   for (size_t j = 0; j < undo.batch; ++j)
     ahead += cut_[j].members.size();
@@ -302,6 +304,21 @@ slo_enqueue_result slo_policy::enqueue(const request_info& request, time_point r
   --per_level_[level];
   queue_.erase(where);
   return s;
+}
+
+bool slo_policy::take_as_probe(entry& e, time_point now,
+                               const std::vector<executor_load>& executors) {
+  if (cfg_.probe_interval.count() <= 0 || queue_.size() != 1)
+    return false;
+  const int64_t interval = nanoseconds{cfg_.probe_interval}.count();
+  for (const auto& x : executors)
+    if (!x.in_flight_rows.empty() || x.idle_ns < interval)
+      return false;
+  if (last_probe_ && now - *last_probe_ < cfg_.probe_interval)
+    return false;
+  last_probe_ = now;
+  e.probe = true;
+  return true;
 }
 
 slo_enqueue_result slo_policy::admit_reordered(std::map<key, entry>::iterator where,
@@ -375,6 +392,10 @@ slo_poll_result slo_policy::poll(time_point now, const std::vector<executor_load
     for (auto it = queue_.begin(); it != queue_.end();) {
       const auto& e = it->second;
       ++entries_visited_;
+      if (e.probe) {
+        ++it;
+        continue;
+      }
       if (e.deadline >= safe_after) {
         // The rest of this level is safe: on to the next level.
         it = queue_.lower_bound(key{e.level + 1, time_point::min(), 0});
@@ -430,7 +451,7 @@ slo_poll_result slo_policy::poll(time_point now, const std::vector<executor_load
           trimmed = false;
           auto done = now + nanoseconds{predicted_completion_ns(executors[x], rows)};
           for (auto it = members.begin(); it != members.end();) {
-            if (done <= (*it)->deadline) {
+            if (done <= (*it)->deadline || (*it)->probe) {
               ++it;
               continue;
             }

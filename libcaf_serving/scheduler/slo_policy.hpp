@@ -83,6 +83,13 @@ struct slo_policy_config {
   /// fires late (up to ~0.4 ms on our VMs), the hops to the executor and back,
   /// post-processing and writing the response.
   std::chrono::microseconds margin{0};
+  /// A request that would be shed is served anyway, as a probe, when the
+  /// queue is empty and every executor has been idle this long, at most one
+  /// such request per this interval; 0: never. Predictions only change when
+  /// batches run: a cost model or lateness that says "too slow" for every
+  /// request (measured in a slow spell) would otherwise shed everything for
+  /// good. A probe can be late; it is what keeps the model measured.
+  std::chrono::microseconds probe_interval{1'000'000};
 };
 
 /// The model's `latency_target_ms` parameter: nothing when it is not set; an
@@ -162,6 +169,9 @@ private:
     /// timeout (for the shed message).
     std::chrono::microseconds budget;
     bool own_deadline;
+    /// Admitted against the prediction to measure the executor (probe_interval):
+    /// neither shed from the queue nor trimmed from its batch.
+    bool probe = false;
     /// Requests with equal keys may share a batch.
     std::pair<uint64_t, uint64_t> batch_class;
     uint64_t bytes;
@@ -232,6 +242,11 @@ private:
   /// Requests left the queue since the cut was made.
   bool cut_stale_ = false;
   uint64_t entries_visited_ = 0;
+  /// When the last probe was admitted.
+  std::optional<time_point> last_probe_;
+  /// Whether the request at `where` (about to be shed) may go as a probe;
+  /// marks it so when it may.
+  bool take_as_probe(entry& e, time_point now, const std::vector<executor_load>& executors);
 };
 
 } // namespace caf_serving::scheduler

@@ -724,3 +724,29 @@ TEST_CASE("prediction-error feedback: answers later than the cost model predicts
       CHECK(late[0] * 100 > served[0] * 5);
   }
 }
+
+TEST_CASE("probe: when every request would be shed, an executor idle for a while still gets one "
+          "request a probe interval, so predictions that say too slow are measured again") {
+  slo_policy p{config(4, 20)};
+  auto cost = exact(30'000'000, 0, 4); // measured in a slow spell: 30 ms > 20 ms
+  std::vector<executor_load> idle_long{{&cost, {}, 0, 1}};
+  idle_long[0].idle_ns = 2'000'000'000;
+  // Before: shed, and with nothing running nothing is measured again, ever.
+  REQUIRE(std::holds_alternative<admitted>(p.enqueue(req(1), at_ms(0), at_ms(0), idle_long)));
+  auto r = p.poll(at_ms(0), idle_long);
+  CHECK(r.expired.empty());
+  REQUIRE(std::holds_alternative<slo_dispatch>(r.next));
+  CHECK(std::get<slo_dispatch>(r.next).ids == std::vector<uint64_t>{1});
+  // While it runs, the others are shed as predicted.
+  std::vector<executor_load> busy{{&cost, {1}, 0, 1}};
+  CHECK(std::holds_alternative<shed>(p.enqueue(req(2), at_ms(1), at_ms(1), busy)));
+  // Idle again, but within the interval of the last probe: shed.
+  CHECK(std::holds_alternative<shed>(p.enqueue(req(3), at_ms(500), at_ms(500), idle_long)));
+  // An executor that answered recently is not probed either.
+  std::vector<executor_load> just_idle{{&cost, {}, 0, 1}};
+  just_idle[0].idle_ns = 5'000'000;
+  CHECK(std::holds_alternative<shed>(p.enqueue(req(4), at_ms(1100), at_ms(1100), just_idle)));
+  // A second later: the next probe.
+  CHECK(std::holds_alternative<admitted>(p.enqueue(req(5), at_ms(1100), at_ms(1100), idle_long)));
+  CHECK(p.queued() == 1);
+}
