@@ -33,6 +33,11 @@ void executor_book::dispatched(uint64_t batch_id, uint32_t rows, int64_t now_ns)
   in_flight_.push_back({batch_id, rows, now_ns, cost_.predict(rows)});
 }
 
+void executor_book::dispatched_warm_up(uint64_t batch_id, uint32_t rows, int64_t now_ns) {
+  dispatched(batch_id, rows, now_ns);
+  in_flight_.back().predicted_ns = 0;
+}
+
 bool executor_book::answered(uint64_t batch_id, int64_t now_ns,
                              std::optional<int64_t> executor_service_ns) {
   auto it = std::find_if(in_flight_.begin(), in_flight_.end(),

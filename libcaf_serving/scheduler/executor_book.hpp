@@ -74,6 +74,11 @@ public:
   /// Batch `batch_id` of `rows` rows was sent at `now_ns`.
   void dispatched(uint64_t batch_id, uint32_t rows, int64_t now_ns);
 
+  /// A warm-up batch was sent: booked like any batch, but its answer records
+  /// no lateness (its prediction, if any, is an extrapolation from the warm-up
+  /// before it, and one such sample is the whole window's upper quantile).
+  void dispatched_warm_up(uint64_t batch_id, uint32_t rows, int64_t now_ns);
+
   /// Batch `batch_id` was answered at `now_ns`. `executor_service_ns`: the
   /// executor's own measurement of its compute, fed to the cost model (nothing:
   /// a failed batch, which must not make the executor look fast). The lateness

@@ -88,3 +88,14 @@ TEST_CASE("executor book: lateness is how much later than predicted answers arri
   REQUIRE(b.answered(11, 2009 * ms, 10 * ms));
   CHECK(b.lateness_ns() == 0);
 }
+
+TEST_CASE("executor book: a warm-up batch teaches the cost model but records no lateness") {
+  executor_book b;
+  b.dispatched_warm_up(1, 1, 0);
+  REQUIRE(b.answered(1, 1 * ms, 1 * ms));
+  // Predicted 1 ms (flat from the one size), it took 9: no lateness from it.
+  b.dispatched_warm_up(2, 16, 2 * ms);
+  REQUIRE(b.answered(2, 11 * ms, 9 * ms));
+  CHECK(b.lateness_ns() == 0);
+  CHECK(b.cost().predict(16) == 9 * ms);
+}

@@ -812,7 +812,7 @@ void warm_up(self_ptr self, caf::actor_addr addr, std::vector<warm_up_run> runs)
   auto batch = synthetic_batch(st.cfg.model, id, rows);
   if (!batch)
     return;
-  slot->book.dispatched(id, rows, now_ns());
+  slot->book.dispatched_warm_up(id, rows, now_ns());
   auto timeout = slot->local && st.cfg.local_batch_timeout.count() > 0
                    ? caf::duration{st.cfg.local_batch_timeout}
                    : caf::duration{caf::infinite};
