@@ -58,6 +58,8 @@ slo_policy::slo_policy(slo_policy_config cfg) : cfg_(std::move(cfg)) {
   if (cfg_.target.count() <= 0)
     throw std::invalid_argument("slo_policy: the latency target must be positive");
   max_batch_rows_ = static_cast<uint32_t>(std::max(cfg_.base.max_batch_size, 1));
+  if (cfg_.max_feedback.count() <= 0)
+    cfg_.max_feedback = cfg_.target / 4;
 }
 
 uint32_t slo_policy::level_of(uint32_t requested) const {
@@ -142,31 +144,47 @@ void slo_policy::remove(const entry& e) {
   cut_stale_ = true;
 }
 
+int64_t slo_policy::feedback_ns(const executor_load& x, int64_t batches) const {
+  return std::min(x.lateness_ns * batches, nanoseconds{cfg_.max_feedback}.count());
+}
+
+int64_t slo_policy::completion_ns(const executor_load& x, uint32_t rows) const {
+  return outstanding_ns(x) + x.cost->predict(rows)
+         + feedback_ns(x, static_cast<int64_t>(x.in_flight_rows.size()) + 1);
+}
+
 std::vector<slo_policy::laid_batch>
 slo_policy::lay(time_point now, const std::vector<executor_load>& executors) const {
   std::vector<laid_batch> out;
   out.reserve(cut_.size());
+  // Compute chains on each executor; each batch there (those it holds as
+  // well) also pays its lateness, up to max_feedback in all.
   std::vector<int64_t> free_at;
+  std::vector<int64_t> batches;
   free_at.reserve(executors.size());
-  // Each batch on an executor pays its lateness (executor_load::lateness_ns),
-  // those it holds as well.
-  for (const auto& x : executors)
-    free_at.push_back(outstanding_ns(x)
-                      + x.lateness_ns * static_cast<int64_t>(x.in_flight_rows.size()));
+  batches.reserve(executors.size());
+  for (const auto& x : executors) {
+    free_at.push_back(outstanding_ns(x));
+    batches.push_back(static_cast<int64_t>(x.in_flight_rows.size()));
+  }
   for (const auto& b : cut_) {
-    int64_t best = 0;
+    int64_t best = 0, best_compute = 0;
     size_t where = 0;
     bool found = false;
     for (size_t i = 0; i < executors.size(); ++i) {
-      int64_t done = free_at[i] + executors[i].cost->predict(b.rows) + executors[i].lateness_ns;
+      int64_t compute = free_at[i] + executors[i].cost->predict(b.rows);
+      int64_t done = compute + feedback_ns(executors[i], batches[i] + 1);
       if (!found || done < best) {
         found = true;
         best = done;
+        best_compute = compute;
         where = i;
       }
     }
-    if (found)
-      free_at[where] = best;
+    if (found) {
+      free_at[where] = best_compute;
+      ++batches[where];
+    }
     out.push_back({now + nanoseconds{best}, where});
   }
   return out;
@@ -385,7 +403,7 @@ slo_poll_result slo_policy::poll(time_point now, const std::vector<executor_load
     auto best_ns = [&](uint32_t rows) {
       int64_t best = INT64_MAX;
       for (const auto& x : executors)
-        best = std::min(best, predicted_completion_ns(x, rows));
+        best = std::min(best, completion_ns(x, rows));
       return best;
     };
     const auto safe_after = now + nanoseconds{best_ns(max_batch_rows_)};
@@ -449,7 +467,7 @@ slo_poll_result slo_policy::poll(time_point now, const std::vector<executor_load
         // or executors free up); a smaller batch is cheaper, so repeat.
         for (bool trimmed = true; trimmed && !members.empty();) {
           trimmed = false;
-          auto done = now + nanoseconds{predicted_completion_ns(executors[x], rows)};
+          auto done = now + nanoseconds{completion_ns(executors[x], rows)};
           for (auto it = members.begin(); it != members.end();) {
             if (done <= (*it)->deadline || (*it)->probe) {
               ++it;

@@ -90,6 +90,13 @@ struct slo_policy_config {
   /// request (measured in a slow spell) would otherwise shed everything for
   /// good. A probe can be late; it is what keeps the model measured.
   std::chrono::microseconds probe_interval{1'000'000};
+  /// The most the prediction-error feedback (executor_load::lateness_ns, paid
+  /// by each batch) adds to one predicted completion; 0: a quarter of the
+  /// target. On cores so starved that answers come back tens of milliseconds
+  /// late, an uncapped feedback priced even a lone request past the target and
+  /// shed everything; capped, it widens the margins and the rest is shed by
+  /// what the queue really holds.
+  std::chrono::microseconds max_feedback{0};
 };
 
 /// The model's `latency_target_ms` parameter: nothing when it is not set; an
@@ -247,6 +254,11 @@ private:
   /// Whether the request at `where` (about to be shed) may go as a probe;
   /// marks it so when it may.
   bool take_as_probe(entry& e, time_point now, const std::vector<executor_load>& executors);
+  /// The feedback `batches` batches on `x` pay, capped at max_feedback.
+  int64_t feedback_ns(const executor_load& x, int64_t batches) const;
+  /// Predicted completion of a new batch of `rows` on `x` from now: what it
+  /// holds, the batch, and the (capped) feedback.
+  int64_t completion_ns(const executor_load& x, uint32_t rows) const;
 };
 
 } // namespace caf_serving::scheduler

@@ -750,3 +750,20 @@ TEST_CASE("probe: when every request would be shed, an executor idle for a while
   CHECK(std::holds_alternative<admitted>(p.enqueue(req(5), at_ms(1100), at_ms(1100), idle_long)));
   CHECK(p.queued() == 1);
 }
+
+TEST_CASE("feedback is capped: answers far later than predicted widen the margins by at most a "
+          "quarter of the target, so a lone request is still served") {
+  slo_policy p{config(4, 50)};
+  auto cost = exact(10'000'000, 1'000'000, 4);
+  std::vector<executor_load> ex{{&cost, {}, 0, 1}};
+  ex[0].lateness_ns = 60'000'000; // stalls of 60 ms on starved cores
+  // 11 ms + at most 12.5 ms + margin 1 ms: admitted (uncapped: 71 ms, shed).
+  REQUIRE(std::holds_alternative<admitted>(p.enqueue(req(1), at_ms(0), at_ms(0), ex)));
+  // Behind it the queue still sheds by what it holds: 4 rows a batch, 14 ms
+  // each, so requests 2-4 join the first batch and the next batches' chain
+  // plus the capped feedback passes 49 ms after two more batches.
+  size_t admitted_count = 1;
+  for (uint64_t id = 2; id <= 20; ++id)
+    admitted_count += std::holds_alternative<admitted>(p.enqueue(req(id), at_ms(0), at_ms(0), ex));
+  CHECK(admitted_count == 8);
+}
