@@ -32,6 +32,11 @@ void batch_cost_model::observe(uint32_t rows, int64_t service_ns) {
   auto mid = sorted.begin() + static_cast<long>((sorted.size() - 1) / 2);
   std::nth_element(sorted.begin(), mid, sorted.end());
   s.estimate = *mid;
+  s.last_seen = ++observations_;
+  if (cfg_.forget_after > 0)
+    for (auto it = sizes_.begin(); it != sizes_.end();)
+      it = observations_ - it->second.last_seen > cfg_.forget_after ? sizes_.erase(it)
+                                                                    : std::next(it);
   refit();
 }
 

@@ -37,6 +37,13 @@ struct cost_model_config {
   /// Batch sizes the executor runs as captured graphs, ascending; empty: every
   /// size runs as itself (CPU executors).
   std::vector<uint32_t> captured_sizes;
+  /// A size not measured in the last `forget_after` measurements (of any
+  /// size) is forgotten, and priced by the fit through the others; 0: never.
+  /// A size's window only changes when a batch of that size runs, and a
+  /// scheduler does not form a batch it prices too high: a window measured in
+  /// a slow spell (a warm-up while other models loaded) kept that size, and
+  /// through the fit its neighbours, too dear to ever run again.
+  uint32_t forget_after = 256;
 };
 
 class batch_cost_model {
@@ -77,6 +84,8 @@ private:
     size_t next = 0;
     /// The median of `samples`, kept current by observe().
     int64_t estimate = 0;
+    /// observations_ when this size was last measured.
+    uint64_t last_seen = 0;
   };
 
   void refit();
@@ -86,6 +95,8 @@ private:
   linear_fit fit_;
   /// The quantile of the samples above the fit, >= 0.
   double above_fit_ns_ = 0;
+  /// Measurements so far.
+  uint64_t observations_ = 0;
 };
 
 } // namespace caf_serving::scheduler

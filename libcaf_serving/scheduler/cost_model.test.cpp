@@ -85,3 +85,17 @@ TEST_CASE("cost model: a noisy size never makes a larger batch look cheaper") {
   CHECK(m.predict(3) >= 23'000'000);  // never below a measured estimate
   CHECK(m.predict(8) <= 24'000'000);  // and not priced per row
 }
+
+TEST_CASE("cost model: a size not measured for a while is forgotten, so a slow spell does not "
+          "price it out for good") {
+  batch_cost_model m{{32, 0.9, {}, 8}};
+  m.observe(16, 188'000'000); // a cold first batch of 16
+  m.observe(1, 600'000);
+  CHECK(m.predict(16) > 100'000'000);
+  // Only batches of 1 run (16 is priced too high to form): after 8 of them
+  // the size-16 window is forgotten and 16 is priced like 1 until measured.
+  for (int i = 0; i < 8; ++i)
+    m.observe(1, 600'000);
+  CHECK(m.predict(16) == 600'000);
+  CHECK(m.curve().size() == 1);
+}

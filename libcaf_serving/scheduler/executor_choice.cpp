@@ -12,7 +12,8 @@ int64_t outstanding_ns(const executor_load& load) {
 }
 
 int64_t predicted_completion_ns(const executor_load& load, uint32_t rows) {
-  return outstanding_ns(load) + load.cost->predict(rows);
+  return outstanding_ns(load) + load.cost->predict(rows)
+         + load.lateness_ns * static_cast<int64_t>(load.in_flight_rows.size() + 1);
 }
 
 std::optional<size_t> choose_executor(const std::vector<executor_load>& executors,

@@ -33,15 +33,26 @@ struct executor_load {
   int64_t oldest_elapsed_ns = 0;
   /// Batches it may hold at once (its credit window).
   uint32_t depth = 1;
+  /// How much later than predicted its answers have arrived lately (an upper
+  /// quantile, executor_book.hpp), added for each batch it holds or is given:
+  /// with a credit window of 1 every batch pays it (the answer's trip back
+  /// and the scheduler's turnaround before the next batch goes).
+  int64_t lateness_ns = 0;
+  /// How long it has held nothing since its last answer (or since it was
+  /// added); 0 while it holds a batch.
+  int64_t idle_ns = 0;
 
   /// Whether it may take another batch now.
   bool has_credit() const { return in_flight_rows.size() < depth; }
 };
 
-/// Predicted nanoseconds from now until `load` has finished what it holds.
+/// Predicted nanoseconds from now until `load` has finished computing what it
+/// holds (its busy-until as the scheduler sees it; lateness not included).
 int64_t outstanding_ns(const executor_load& load);
 
-/// Predicted nanoseconds from now until `load` would finish a new batch of `rows`.
+/// Predicted nanoseconds from now until the answer to a new batch of `rows`
+/// would arrive from `load`: what it holds, the new batch's compute, and the
+/// lateness of each of those batches.
 int64_t predicted_completion_ns(const executor_load& load, uint32_t rows);
 
 /// The executor with the earliest predicted completion among those with a free

@@ -58,6 +58,8 @@ slo_policy::slo_policy(slo_policy_config cfg) : cfg_(std::move(cfg)) {
   if (cfg_.target.count() <= 0)
     throw std::invalid_argument("slo_policy: the latency target must be positive");
   max_batch_rows_ = static_cast<uint32_t>(std::max(cfg_.base.max_batch_size, 1));
+  if (cfg_.max_feedback.count() <= 0)
+    cfg_.max_feedback = cfg_.target / 4;
 }
 
 uint32_t slo_policy::level_of(uint32_t requested) const {
@@ -79,64 +81,120 @@ uint32_t slo_policy::max_queue_size_of(uint32_t level) const {
   return p->max_queue_size;
 }
 
-std::vector<slo_policy::planned_batch>
-slo_policy::plan(time_point now, const std::vector<executor_load>& executors) const {
-  std::vector<planned_batch> batches;
-  // The open batch of each class: the last one formed for it.
-  std::map<std::pair<uint64_t, uint64_t>, size_t> open;
-  const uint64_t max_bytes = cfg_.base.max_batch_bytes;
-  for (const auto& [k, e] : queue_) {
-    auto it = open.find(e.batch_class);
-    if (it != open.end()) {
-      auto& b = batches[it->second];
-      bool fits = b.rows + e.rows <= max_batch_rows_
-                  && (max_bytes == 0 || b.bytes + e.bytes <= max_bytes);
-      if (fits) {
-        b.members.push_back(&e);
-        b.rows += e.rows;
-        b.bytes += e.bytes;
-        b.earliest_deadline = std::min(b.earliest_deadline, e.deadline);
-        continue;
-      }
+slo_policy::cut_undo slo_policy::add_to_cut(const entry& e) {
+  cut_undo u;
+  auto it = open_.find(e.batch_class);
+  if (it != open_.end()) {
+    u.previous_open = it->second;
+    auto& b = cut_[it->second];
+    const uint64_t max_bytes = cfg_.base.max_batch_bytes;
+    if (b.rows + e.rows <= max_batch_rows_ && (max_bytes == 0 || b.bytes + e.bytes <= max_bytes)) {
+      u.batch = it->second;
+      u.previous_earliest = b.earliest_deadline;
+      b.members.push_back(&e);
+      b.rows += e.rows;
+      b.bytes += e.bytes;
+      b.earliest_deadline = std::min(b.earliest_deadline, e.deadline);
+      return u;
     }
-    planned_batch b;
-    b.members.push_back(&e);
-    b.rows = e.rows;
-    b.bytes = e.bytes;
-    b.earliest_deadline = e.deadline;
-    open[e.batch_class] = batches.size();
-    batches.push_back(std::move(b));
   }
-  // Lay the batches onto the executors in order, each where it finishes first.
+  cut_batch b;
+  b.members.push_back(&e);
+  b.rows = e.rows;
+  b.bytes = e.bytes;
+  b.earliest_deadline = e.deadline;
+  u.batch = cut_.size();
+  u.opened = true;
+  open_[e.batch_class] = cut_.size();
+  cut_.push_back(std::move(b));
+  return u;
+}
+
+void slo_policy::undo_add_to_cut(const cut_undo& u) {
+  auto& b = cut_[u.batch];
+  const entry& e = *b.members.back();
+  if (u.opened) {
+    if (u.previous_open)
+      open_[e.batch_class] = *u.previous_open;
+    else
+      open_.erase(e.batch_class);
+    cut_.pop_back();
+    return;
+  }
+  b.members.pop_back();
+  b.rows -= e.rows;
+  b.bytes -= e.bytes;
+  b.earliest_deadline = u.previous_earliest;
+}
+
+void slo_policy::refresh_cut() {
+  if (!cut_stale_)
+    return;
+  cut_.clear();
+  open_.clear();
+  for (const auto& [k, e] : queue_)
+    add_to_cut(e);
+  entries_visited_ += queue_.size();
+  cut_stale_ = false;
+}
+
+void slo_policy::remove(const entry& e) {
+  --per_level_[e.level];
+  queue_.erase(key{e.level, e.deadline, e.seq});
+  cut_stale_ = true;
+}
+
+int64_t slo_policy::feedback_ns(const executor_load& x, int64_t batches) const {
+  return std::min(x.lateness_ns * batches, nanoseconds{cfg_.max_feedback}.count());
+}
+
+int64_t slo_policy::completion_ns(const executor_load& x, uint32_t rows) const {
+  return outstanding_ns(x) + x.cost->predict(rows)
+         + feedback_ns(x, static_cast<int64_t>(x.in_flight_rows.size()) + 1);
+}
+
+std::vector<slo_policy::laid_batch>
+slo_policy::lay(time_point now, const std::vector<executor_load>& executors) const {
+  std::vector<laid_batch> out;
+  out.reserve(cut_.size());
+  // Compute chains on each executor; each batch there (those it holds as
+  // well) also pays its lateness, up to max_feedback in all.
   std::vector<int64_t> free_at;
+  std::vector<int64_t> batches;
   free_at.reserve(executors.size());
-  for (const auto& x : executors)
+  batches.reserve(executors.size());
+  for (const auto& x : executors) {
     free_at.push_back(outstanding_ns(x));
-  for (auto& b : batches) {
-    int64_t best = 0;
+    batches.push_back(static_cast<int64_t>(x.in_flight_rows.size()));
+  }
+  for (const auto& b : cut_) {
+    int64_t best = 0, best_compute = 0;
     size_t where = 0;
     bool found = false;
     for (size_t i = 0; i < executors.size(); ++i) {
-      int64_t done = free_at[i] + executors[i].cost->predict(b.rows);
+      int64_t compute = free_at[i] + executors[i].cost->predict(b.rows);
+      int64_t done = compute + feedback_ns(executors[i], batches[i] + 1);
       if (!found || done < best) {
         found = true;
         best = done;
+        best_compute = compute;
         where = i;
       }
     }
-    if (found)
-      free_at[where] = best;
-    b.executor = where;
-    b.completion = now + nanoseconds{best};
+    if (found) {
+      free_at[where] = best_compute;
+      ++batches[where];
+    }
+    out.push_back({now + nanoseconds{best}, where});
   }
-  return batches;
+  return out;
 }
 
-size_t slo_policy::late_requests(const std::vector<planned_batch>& plan, nanoseconds margin) {
+size_t slo_policy::late_requests(const std::vector<laid_batch>& laid, nanoseconds margin) const {
   size_t late = 0;
-  for (const auto& b : plan)
-    for (const auto* e : b.members)
-      late += b.completion + margin > e->deadline ? 1 : 0;
+  for (size_t k = 0; k < cut_.size(); ++k)
+    for (const auto* e : cut_[k].members)
+      late += laid[k].completion + margin > e->deadline ? 1 : 0;
   return late;
 }
 
@@ -204,61 +262,118 @@ slo_enqueue_result slo_policy::enqueue(const request_info& request, time_point r
   }
   uint64_t seq = next_seq_++;
   entry e{request.id, rows, level, seq, received, add_saturating(received, budget), budget, own,
-          {request.shape_class, cfg_.base.max_padding_waste ? request.padded_length : 0},
+          false, {request.shape_class, cfg_.base.max_padding_waste ? request.padded_length : 0},
           request.bytes};
   key k{level, e.deadline, seq};
   bool measured = !executors.empty();
   for (const auto& x : executors)
     measured = measured && !x.cost->empty();
   if (!measured) {
-    queue_.emplace(k, e);
+    auto at = queue_.emplace(k, e).first;
     ++per_level_[level];
+    if (std::next(at) == queue_.end() && !cut_stale_)
+      add_to_cut(at->second);
+    else
+      cut_stale_ = true;
     return admitted{};
   }
-  const nanoseconds margin = cfg_.margin;
-  size_t late_before = late_requests(plan(now, executors), margin);
+  refresh_cut();
   auto where = queue_.emplace(k, e).first;
-  struct outcome {
-    bool late = false;
-    size_t late_after = 0;
-    size_t ahead = 0;
-    time_point completion{};
-    time_point drained{};
-  };
-  auto try_plan = [&] {
-    outcome o;
-    auto with = plan(now, executors);
-    o.late_after = late_requests(with, margin);
-    o.drained = now;
-    bool found = false;
-    for (const auto& b : with) {
-      o.drained = std::max(o.drained, b.completion);
-      for (size_t i = 0; !found && i < b.members.size(); ++i) {
-        if (b.members[i] != &where->second) {
-          ++o.ahead;
-          continue;
-        }
-        found = true;
-        o.completion = b.completion;
-      }
-    }
-    o.late = o.completion + margin > e.deadline;
-    return o;
-  };
-  auto first = try_plan();
-  bool fits = !first.late && first.late_after <= late_before;
-  if (fits) {
-    ++per_level_[level];
-    return admitted{};
+  ++per_level_[level];
+  if (std::next(where) != queue_.end())
+    return admit_reordered(where, now, executors);
+  // At the end of the queue (the common case): only the batch it joins and
+  // those laid after it can change, and nothing queued is visited.
+  const nanoseconds margin = cfg_.margin;
+  auto before = lay(now, executors);
+  auto undo = add_to_cut(where->second);
+  auto after = lay(now, executors);
+  auto completion = after[undo.batch].completion;
+  // Queued requests that were on time and would not be: only in the batch it
+  // joins and those laid after it on the same executor.
+  size_t made_late = 0;
+  for (size_t j = 0; j < before.size(); ++j) {
+    if (after[j].completion == before[j].completion)
+      continue;
+    for (const auto* m : cut_[j].members)
+      made_late += m != &where->second && before[j].completion + margin <= m->deadline
+                       && after[j].completion + margin > m->deadline
+                     ? 1
+                     : 0;
   }
-  auto s = make_shed(where->second, first.completion, first.ahead, first.drained, now);
-  if (!first.late)
-    s.message = "request shed: serving it would make "
-                + std::to_string(first.late_after - late_before)
+  bool late = completion + margin > e.deadline;
+  if (!late && made_late == 0)
+    return admitted{};
+  if (take_as_probe(where->second, now, executors))
+    return admitted{};
+  size_t ahead = cut_[undo.batch].members.size() - 1;
+  for (size_t j = 0; j < undo.batch; ++j)
+    ahead += cut_[j].members.size();
+  time_point drained = now;
+  for (const auto& l : after)
+    drained = std::max(drained, l.completion);
+  auto s = make_shed(where->second, completion, ahead, drained, now);
+  if (!late)
+    s.message = "request shed: serving it would make " + std::to_string(made_late)
                 + " queued request(s) miss their deadline (latency target "
-                + ms_text(cfg_.target) + ", queue " + std::to_string(first.ahead)
+                + ms_text(cfg_.target) + ", queue " + std::to_string(ahead)
                 + " requests ahead); retry later";
+  undo_add_to_cut(undo);
+  --per_level_[level];
   queue_.erase(where);
+  return s;
+}
+
+bool slo_policy::take_as_probe(entry& e, time_point now,
+                               const std::vector<executor_load>& executors) {
+  if (cfg_.probe_interval.count() <= 0 || queue_.size() != 1)
+    return false;
+  const int64_t interval = nanoseconds{cfg_.probe_interval}.count();
+  for (const auto& x : executors)
+    if (!x.in_flight_rows.empty() || x.idle_ns < interval)
+      return false;
+  if (last_probe_ && now - *last_probe_ < cfg_.probe_interval)
+    return false;
+  last_probe_ = now;
+  e.probe = true;
+  return true;
+}
+
+slo_enqueue_result slo_policy::admit_reordered(std::map<key, entry>::iterator where,
+                                               time_point now,
+                                               const std::vector<executor_load>& executors) {
+  const nanoseconds margin = cfg_.margin;
+  // The cut is still that of the queue without the new request.
+  size_t late_before = late_requests(lay(now, executors), margin);
+  cut_stale_ = true;
+  refresh_cut();
+  auto with = lay(now, executors);
+  size_t late_after = late_requests(with, margin);
+  size_t ahead = 0;
+  time_point completion{}, drained = now;
+  bool found = false;
+  for (size_t j = 0; j < cut_.size(); ++j) {
+    drained = std::max(drained, with[j].completion);
+    for (size_t i = 0; !found && i < cut_[j].members.size(); ++i) {
+      if (cut_[j].members[i] != &where->second) {
+        ++ahead;
+        continue;
+      }
+      found = true;
+      completion = with[j].completion;
+    }
+  }
+  const entry& e = where->second;
+  bool late = completion + margin > e.deadline;
+  if (!late && late_after <= late_before)
+    return admitted{};
+  auto s = make_shed(e, completion, ahead, drained, now);
+  if (!late)
+    s.message = "request shed: serving it would make " + std::to_string(late_after - late_before)
+                + " queued request(s) miss their deadline (latency target "
+                + ms_text(cfg_.target) + ", queue " + std::to_string(ahead)
+                + " requests ahead); retry later";
+  remove(e);
   return s;
 }
 
@@ -281,19 +396,37 @@ slo_poll_result slo_policy::poll(time_point now, const std::vector<executor_load
     // Shed what cannot finish in time even alone on the executor that would
     // finish it first: serving it late helps no one. Against the deadline
     // itself: the margin is what a batch sent at its latest start (a timer
-    // that fires a little late) may use up.
-    for (auto it = queue_.begin(); it != queue_.end();) {
-      const auto& e = it->second;
+    // that fires a little late) may use up. Within a level the queue is in
+    // deadline order, and no request costs more than a full batch: the scan
+    // of a level stops at the first request that a full batch would still
+    // finish in time, so it visits the expired ones and one more.
+    auto best_ns = [&](uint32_t rows) {
       int64_t best = INT64_MAX;
       for (const auto& x : executors)
-        best = std::min(best, predicted_completion_ns(x, e.rows));
-      auto done = now + nanoseconds{best};
+        best = std::min(best, completion_ns(x, rows));
+      return best;
+    };
+    const auto safe_after = now + nanoseconds{best_ns(max_batch_rows_)};
+    for (auto it = queue_.begin(); it != queue_.end();) {
+      const auto& e = it->second;
+      ++entries_visited_;
+      if (e.probe) {
+        ++it;
+        continue;
+      }
+      if (e.deadline >= safe_after) {
+        // The rest of this level is safe: on to the next level.
+        it = queue_.lower_bound(key{e.level + 1, time_point::min(), 0});
+        continue;
+      }
+      auto done = now + nanoseconds{best_ns(e.rows)};
       if (done <= e.deadline) {
         ++it;
         continue;
       }
       out.expired.push_back(late_shed(e, done, now));
       --per_level_[e.level];
+      cut_stale_ = true;
       it = queue_.erase(it);
     }
     if (queue_.empty()) {
@@ -301,17 +434,18 @@ slo_poll_result slo_policy::poll(time_point now, const std::vector<executor_load
       return out;
     }
   }
-  auto batches = plan(now, executors);
+  refresh_cut();
+  auto laid = lay(now, executors);
   // Each executor runs the batches the plan puts on it in order: only the
   // first of them may go now.
   std::vector<std::optional<size_t>> first_on(executors.size());
-  for (size_t k = 0; k < batches.size(); ++k)
-    if (!first_on[batches[k].executor])
-      first_on[batches[k].executor] = k;
+  for (size_t k = 0; k < laid.size(); ++k)
+    if (!first_on[laid[k].executor])
+      first_on[laid[k].executor] = k;
   std::optional<time_point> wake;
-  for (size_t k = 0; k < batches.size(); ++k) {
-    const auto& b = batches[k];
-    size_t x = b.executor;
+  for (size_t k = 0; k < laid.size(); ++k) {
+    const auto& b = cut_[k];
+    size_t x = laid[k].executor;
     if (first_on[x] != k || !executors[x].has_credit())
       continue;
     // Full (the cheapest size per row), or the executor is free or about to
@@ -333,9 +467,9 @@ slo_poll_result slo_policy::poll(time_point now, const std::vector<executor_load
         // or executors free up); a smaller batch is cheaper, so repeat.
         for (bool trimmed = true; trimmed && !members.empty();) {
           trimmed = false;
-          auto done = now + nanoseconds{predicted_completion_ns(executors[x], rows)};
+          auto done = now + nanoseconds{completion_ns(executors[x], rows)};
           for (auto it = members.begin(); it != members.end();) {
-            if (done <= (*it)->deadline) {
+            if (done <= (*it)->deadline || (*it)->probe) {
               ++it;
               continue;
             }
@@ -351,16 +485,11 @@ slo_poll_result slo_policy::poll(time_point now, const std::vector<executor_load
       d.rows = rows;
       d.executor = x;
       d.predicted_ns = executors[x].cost->predict(rows);
-      std::vector<key> keys;
-      for (const auto* m : b.members) {
+      for (const auto* m : b.members)
         if (std::find(members.begin(), members.end(), m) != members.end())
           d.ids.push_back(m->id);
-        keys.push_back({m->level, m->deadline, m->seq});
-      }
-      for (const auto& k2 : keys) {
-        --per_level_[std::get<0>(k2)];
-        queue_.erase(k2);
-      }
+      for (const auto* m : b.members)
+        remove(*m); // the cut is made again at the next decision
       if (d.ids.empty()) {
         // Every member was shed: decide again over what is left.
         auto again = poll(now, executors);

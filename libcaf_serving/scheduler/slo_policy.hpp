@@ -23,7 +23,11 @@
 ///   request joins the open batch of its class while it has room), and the
 ///   batches are laid onto the executors, each on the one that finishes it
 ///   first given its outstanding work and its cost model (executor_choice.hpp).
-///   That gives every queued request a predicted completion.
+///   That gives every queued request a predicted completion. The cut is kept
+///   as requests arrive (a request at the end of the queue joins its class's
+///   open batch or opens one) and made again from the queue only after
+///   requests left it or one was queued ahead of others; laying it visits
+///   batches, not requests.
 /// - Dispatch. The first batch of the plan on an executor goes out when it is
 ///   full (the size that maximises throughput: the cost per row falls with size
 ///   on every backend we have), or when the executor is free, or one `margin`
@@ -36,20 +40,35 @@
 ///   cost a fixed batch cost each time and left the queue in small batches);
 ///   it is shed at once (HTTP 503 with Retry-After) when it would finish past
 ///   its deadline, or when it would make more queued requests late than were
-///   late without it (both less the margin). Requests that can no longer
+///   late without it (both less the margin). At the end of the queue (the
+///   common case) that costs two layings of the batches and a look at the
+///   members of the batches laid after the one it joins; queued ahead of
+///   others (its own tighter deadline, a higher priority) it cuts the queue
+///   again and counts every queued request, as the first version did for
+///   every arrival. Requests that can no longer
 ///   finish by their deadline, even alone on the executor that would finish
 ///   them first, are shed from the queue at poll (poll_result.expired) instead
-///   of being served late; so is a member of a batch about to go that would
-///   finish it too late.
+///   of being served late (the scan of a level stops at the first request a
+///   full batch would still serve in time); so is a member of a batch about
+///   to go that would finish it too late.
+/// - Feedback. Every batch laid on an executor also pays that executor's
+///   lateness (executor_load::lateness_ns: an upper quantile of how much later
+///   than predicted its recent answers arrived, executor_book.hpp), in
+///   admission, in the shedding of expired requests and in the last guard
+///   before dispatch: on shared cores, where answers come back later than the
+///   executor's own compute time says, admitted requests still finish in time.
 /// - While an executor has not been measured at all, the policy cannot predict:
 ///   it admits every request (up to the queue bound) and sends batches as soon
-///   as an executor is free, which measures it.
+///   as an executor is free, which measures it. (The scheduler actor first
+///   runs two synthetic warm-up batches on each new executor when the model's
+///   inputs have fixed shapes.)
 
 #include "scheduler/batching_policy.hpp"
 #include "scheduler/executor_choice.hpp"
 
 #include <chrono>
 #include <map>
+#include <optional>
 #include <tuple>
 
 namespace caf_serving::scheduler {
@@ -64,6 +83,20 @@ struct slo_policy_config {
   /// fires late (up to ~0.4 ms on our VMs), the hops to the executor and back,
   /// post-processing and writing the response.
   std::chrono::microseconds margin{0};
+  /// A request that would be shed is served anyway, as a probe, when the
+  /// queue is empty and every executor has been idle this long, at most one
+  /// such request per this interval; 0: never. Predictions only change when
+  /// batches run: a cost model or lateness that says "too slow" for every
+  /// request (measured in a slow spell) would otherwise shed everything for
+  /// good. A probe can be late; it is what keeps the model measured.
+  std::chrono::microseconds probe_interval{1'000'000};
+  /// The most the prediction-error feedback (executor_load::lateness_ns, paid
+  /// by each batch) adds to one predicted completion; 0: a quarter of the
+  /// target. On cores so starved that answers come back tens of milliseconds
+  /// late, an uncapped feedback priced even a lone request past the target and
+  /// shed everything; capped, it widens the margins and the rest is shed by
+  /// what the queue really holds.
+  std::chrono::microseconds max_feedback{0};
 };
 
 /// The model's `latency_target_ms` parameter: nothing when it is not set; an
@@ -123,6 +156,11 @@ public:
 
   size_t queued() const { return queue_.size(); }
 
+  /// Queued requests visited so far to cut the queue into batches and to find
+  /// expired ones: what a decision costs as the queue grows (for the tests;
+  /// admission at the end of the queue visits none).
+  uint64_t entries_visited() const { return entries_visited_; }
+
   const slo_policy_config& config() const { return cfg_; }
 
 private:
@@ -138,6 +176,9 @@ private:
     /// timeout (for the shed message).
     std::chrono::microseconds budget;
     bool own_deadline;
+    /// Admitted against the prediction to measure the executor (probe_interval):
+    /// neither shed from the queue nor trimmed from its batch.
+    bool probe = false;
     /// Requests with equal keys may share a batch.
     std::pair<uint64_t, uint64_t> batch_class;
     uint64_t bytes;
@@ -146,23 +187,52 @@ private:
   /// Queue order: level, deadline, arrival.
   using key = std::tuple<uint32_t, time_point, uint64_t>;
 
-  struct planned_batch {
+  /// One batch of the cut: the queue, in its order, cut greedily into
+  /// batches (each request joins the open batch of its class while that has
+  /// room). Kept up to date as requests arrive at the end of the queue (the
+  /// common case: one target, so arrival order is deadline order), and cut
+  /// again from the queue only after requests left it or one was queued ahead
+  /// of others: admission no longer visits the queued requests.
+  struct cut_batch {
     std::vector<const entry*> members;
     uint32_t rows = 0;
     uint64_t bytes = 0;
     time_point earliest_deadline = time_point::max();
-    /// Predicted completion when the plan starts now.
+  };
+
+  /// Where the plan lays a batch of the cut, and when it is predicted to complete.
+  struct laid_batch {
     time_point completion{};
-    /// Where the plan put it.
     size_t executor = 0;
+  };
+
+  /// What add_to_cut changed, so that a shed request can be taken out again.
+  struct cut_undo {
+    size_t batch = 0;
+    bool opened = false;
+    std::optional<size_t> previous_open;
+    time_point previous_earliest{};
   };
 
   uint32_t level_of(uint32_t requested) const;
   uint32_t max_queue_size_of(uint32_t level) const;
-  std::vector<planned_batch> plan(time_point now, const std::vector<executor_load>& executors) const;
-  /// Requests predicted to finish past their deadline less the margin.
-  static size_t late_requests(const std::vector<planned_batch>& plan,
-                              std::chrono::nanoseconds margin);
+  /// Adds queued request `e` (the last in queue order) to the cut.
+  cut_undo add_to_cut(const entry& e);
+  void undo_add_to_cut(const cut_undo& u);
+  /// Cuts the whole queue again when requests left it since the last cut.
+  void refresh_cut();
+  /// Lays the batches of the cut onto the executors in order, each where it
+  /// finishes first given their outstanding work: every batch's completion.
+  std::vector<laid_batch> lay(time_point now, const std::vector<executor_load>& executors) const;
+  /// Queued requests predicted to finish past their deadline less the margin.
+  size_t late_requests(const std::vector<laid_batch>& laid, std::chrono::nanoseconds margin) const;
+  /// Takes a queued request out of the queue (the cut is redone when next needed).
+  void remove(const entry& e);
+  /// Admission when the request was queued ahead of others: the cut is redone
+  /// and every queued request's lateness counted, as the first version did for
+  /// every request.
+  slo_enqueue_result admit_reordered(std::map<key, entry>::iterator where, time_point now,
+                                     const std::vector<executor_load>& executors);
   shed make_shed(const entry& e, time_point predicted, size_t ahead, time_point drained,
                  time_point now) const;
   /// A queued request shed because it can no longer finish in time.
@@ -173,6 +243,22 @@ private:
   std::map<key, entry> queue_;
   std::map<uint32_t, size_t> per_level_;
   uint64_t next_seq_ = 0;
+  std::vector<cut_batch> cut_;
+  /// The open batch of each class: the last one cut for it.
+  std::map<std::pair<uint64_t, uint64_t>, size_t> open_;
+  /// Requests left the queue since the cut was made.
+  bool cut_stale_ = false;
+  uint64_t entries_visited_ = 0;
+  /// When the last probe was admitted.
+  std::optional<time_point> last_probe_;
+  /// Whether the request at `where` (about to be shed) may go as a probe;
+  /// marks it so when it may.
+  bool take_as_probe(entry& e, time_point now, const std::vector<executor_load>& executors);
+  /// The feedback `batches` batches on `x` pay, capped at max_feedback.
+  int64_t feedback_ns(const executor_load& x, int64_t batches) const;
+  /// Predicted completion of a new batch of `rows` on `x` from now: what it
+  /// holds, the batch, and the (capped) feedback.
+  int64_t completion_ns(const executor_load& x, uint32_t rows) const;
 };
 
 } // namespace caf_serving::scheduler

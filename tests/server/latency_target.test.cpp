@@ -9,6 +9,8 @@
 /// - EDF: a request with a tighter `timeout` overtakes one queued before it.
 /// - A request's own `timeout` is honoured: shed at once when even an idle
 ///   executor cannot meet it, dispatched by it (not by the target) when it can.
+/// - Warm-up: a new executor is measured by synthetic batches before the first
+///   request, so that request is planned with its cost.
 
 #include "server_test.hpp"
 
@@ -26,13 +28,15 @@ namespace {
 /// A builtin identity model: `max_batch` rows a batch, each batch `delay_ms`,
 /// one instance, and a latency target. Its tensors are of any length: requests
 /// of different lengths never share a batch.
+/// `length`: the tensors' length; -1 (any) unless a test needs a fixed one.
 void add_model(temp_repository& repo, const std::string& name, int max_batch, int delay_ms,
-               int target_ms) {
+               int target_ms, int length = -1) {
+  std::string dims = "dims: [ " + std::to_string(length) + " ]";
   repo.write_file(name + "/config.pbtxt",
                   "name: \"" + name + "\"\nbackend: \"builtin\"\nmax_batch_size: "
                     + std::to_string(max_batch)
-                    + "\ninput [ { name: \"INPUT0\" data_type: TYPE_FP32 dims: [ -1 ] } ]\n"
-                      "output [ { name: \"OUTPUT0\" data_type: TYPE_FP32 dims: [ -1 ] } ]\n"
+                    + "\ninput [ { name: \"INPUT0\" data_type: TYPE_FP32 " + dims + " } ]\n"
+                      "output [ { name: \"OUTPUT0\" data_type: TYPE_FP32 " + dims + " } ]\n"
                       "instance_group [ { count: 1 kind: KIND_CPU } ]\n"
                       "dynamic_batching { max_queue_delay_microseconds: 100000 "
                       "preferred_batch_size: [ 1 ] }\n"
@@ -49,8 +53,9 @@ struct slo_server {
   temp_repository repo;
   std::unique_ptr<server_process> process;
 
-  slo_server(const std::string& name, int max_batch, int delay_ms, int target_ms) {
-    add_model(repo, name, max_batch, delay_ms, target_ms);
+  slo_server(const std::string& name, int max_batch, int delay_ms, int target_ms,
+             int length = -1) {
+    add_model(repo, name, max_batch, delay_ms, target_ms, length);
     process = std::make_unique<server_process>(
       server_config{CAF_SERVING_BINARY, repo.path().string(), {"--max-queue-size", "256"}});
   }
@@ -229,4 +234,30 @@ TEST_CASE("a tighter per-request timeout is honoured: shed at once, or dispatche
   auto metrics = server.metrics();
   CHECK(series(metrics, "caf_serving_slo_shed_total", model) == 1);
   CHECK(series(metrics, "caf_serving_slo_goodput_total", model) == 2);
+}
+
+TEST_CASE("warm-up: the executor is measured before the first request, which is then shed at "
+          "once when it cannot finish in time instead of being served late") {
+  // 100 ms a batch against a 50 ms target. Without a warm-up the first
+  // request met an unmeasured executor, was admitted, and answered after
+  // 100 ms: a deadline miss.
+  const std::string model = "slo_warm";
+  slo_server server(model, 4, 100, 50, 2);
+  // The warm-up's batches of 1 and 4 rows publish the cost curve; no request
+  // has been sent.
+  CHECK(eventually([&] {
+    auto m = server.metrics();
+    return metric_value(m, "caf_serving_slo_cost_us{model=\"" + model
+                             + "\",version=\"1\",batch_size=\"4\"}")
+           >= 100000;
+  }));
+  http_client http(server.port());
+  auto sent = steady_clock::now();
+  auto r = http.post("/v2/models/" + model + "/infer", body(1), json_content);
+  REQUIRE(r.status == 503);
+  CHECK(ms_between(sent, steady_clock::now()) < 100);
+  CHECK_MESSAGE(error_message(r.body).find("> latency target 50 ms") != std::string::npos, r.body);
+  // Counted just after the answer is delivered.
+  CHECK(eventually([&] { return series(server.metrics(), "caf_serving_slo_shed_total", model) == 1; }));
+  CHECK(series(server.metrics(), "caf_serving_slo_deadline_miss_total", model) == 0);
 }
