@@ -18,6 +18,8 @@
 #include <atomic>
 #include <csignal>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <future>
 #include <thread>
 
@@ -379,6 +381,67 @@ TEST_CASE("a stream answers every request in order, a failed one in error_messag
   writer.join();
   CHECK(got == n);
   CHECK(stream->Finish().ok());
+}
+
+namespace {
+
+/// Threads of process `pid` named `name` (/proc/PID/task/*/comm).
+int threads_named(pid_t pid, const std::string& name) {
+  int n = 0;
+  for (const auto& task :
+       std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task")) {
+    std::ifstream comm(task.path() / "comm");
+    std::string line;
+    if (std::getline(comm, line) && line == name)
+      ++n;
+  }
+  return n;
+}
+
+/// One unary call and a stream of 20 on `port`; every answer checked.
+void check_unary_and_stream(uint16_t port) {
+  auto stub = connect(port);
+  {
+    grpc::ClientContext ctx;
+    pb::ModelInferResponse reply;
+    auto status = stub->ModelInfer(&ctx, simple_request(iota16(3), iota16(40), "u"), &reply);
+    REQUIRE(status.ok());
+    CHECK(reply.id() == "u");
+    CHECK(values_of<int32_t>(output_bytes(reply, "OUTPUT0")) == sum(iota16(3), iota16(40)));
+  }
+  grpc::ClientContext ctx;
+  auto stream = stub->ModelStreamInfer(&ctx);
+  constexpr int n = 20;
+  for (int i = 0; i < n; ++i)
+    REQUIRE(stream->Write(simple_request(iota16(i), iota16(7 * i), "s" + std::to_string(i))));
+  stream->WritesDone();
+  pb::ModelStreamInferResponse answer;
+  int got = 0;
+  while (stream->Read(&answer)) {
+    CHECK(answer.error_message().empty());
+    CHECK(answer.infer_response().id() == "s" + std::to_string(got));
+    CHECK(values_of<int32_t>(output_bytes(answer.infer_response(), "OUTPUT0"))
+          == sum(iota16(got), iota16(7 * got)));
+    ++got;
+  }
+  CHECK(got == n);
+  CHECK(stream->Finish().ok());
+}
+
+} // namespace
+
+TEST_CASE("--grpc-threads N serves inference on N completion-queue threads; 0 on grpc's "
+          "callback API") {
+  SUBCASE("3 threads") {
+    test_server server({example_model("simple")}, {"--grpc-threads", "3"});
+    CHECK(threads_named(server.process->pid(), "grpc-cq") == 3);
+    check_unary_and_stream(server.process->grpc_port());
+  }
+  SUBCASE("0: the callback API") {
+    test_server server({example_model("simple")}, {"--grpc-threads", "0"});
+    CHECK(threads_named(server.process->pid(), "grpc-cq") == 0);
+    check_unary_and_stream(server.process->grpc_port());
+  }
 }
 
 /// Requests compressed by the client, answers compressed by the server

@@ -1,6 +1,6 @@
 #pragma once
 /// The KServe v2 gRPC ingress: Triton's inference.GRPCInferenceService
-/// (schemas/grpc_service.proto) on grpc++'s callback API, in front of the same
+/// (schemas/grpc_service.proto) on grpc++, in front of the same
 /// pipeline as HTTP: the model manager finds the model, validate.hpp checks
 /// the request, infer_message.hpp builds the InferRequest, and the answer
 /// comes back through a response_sink. docs/grpc.md lists what is served.
@@ -45,6 +45,12 @@ struct grpc_server_config {
   /// (--grpc-stream-max-in-flight); past it the stream is not read until an
   /// answer has been written, so a fast client cannot queue without bound.
   uint32_t stream_max_in_flight = 64;
+  /// Threads serving ModelInfer and ModelStreamInfer, each on its own
+  /// completion queue (--grpc-threads): a request is read and handed to the
+  /// scheduler on one, and its answer is sent from the CAF thread that
+  /// delivers it. 0 serves them on grpc's callback API instead, on the
+  /// thread pool grpc sizes itself (the way before; kept to compare).
+  uint32_t threads = 1;
   /// Shared-memory regions registered over gRPC (--allow-client-shm,
   /// --shm-region-limit).
   shared_memory_config shared_memory;
