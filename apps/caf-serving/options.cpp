@@ -35,6 +35,11 @@ std::string usage() {
          "                             completion queue each (default "
            + std::to_string(d.ingress_threads) + " here, the ingress\n"
          "                             thread count); 0: grpc's callback API and pool\n"
+         "  --grpc-max-concurrent-streams N\n"
+         "                             gRPC calls open at once per connection; past it a\n"
+         "                             client's calls wait for one to end (default 1024)\n"
+         "  --grpc-max-open-calls N    gRPC inference calls and streams open at once in\n"
+         "                             the server; past it UNAVAILABLE (default 4096)\n"
          "  --strict-readiness BOOL    /v2/health/ready needs every model ready (default true)\n"
          "  --max-queue-size N         queue bound per model and priority level where\n"
          "                             config.pbtxt says 0 (default 1024); a full queue\n"
@@ -275,6 +280,16 @@ std::variant<server_options, show_help, std::string> parse_options(int argc, cha
         return bad("a thread count from 0 (grpc's callback API) to 256");
       o.grpc.threads = static_cast<uint32_t>(*n);
       grpc_threads_given = true;
+    } else if (flag == "--grpc-max-concurrent-streams") {
+      auto n = number(1u << 20);
+      if (!n || *n == 0)
+        return bad("a call count from 1 to 2^20");
+      o.grpc.max_concurrent_streams = static_cast<uint32_t>(*n);
+    } else if (flag == "--grpc-max-open-calls") {
+      auto n = number(1u << 24);
+      if (!n || *n == 0)
+        return bad("a call count from 1 to 2^24");
+      o.grpc.max_open_calls = static_cast<uint32_t>(*n);
     } else if (flag == "--allow-client-shm") {
       auto b = parse_bool(value);
       if (!b)

@@ -313,6 +313,15 @@ TEST_CASE("gRPC flags: Triton's names and defaults, HTTP's limits") {
   CHECK(std::get<server_options>(r).grpc.threads == 3);
   r = parse({"--model-repository", "/m", "--grpc-threads", "0"});
   CHECK(std::get<server_options>(r).grpc.threads == 0);
+  CHECK(std::get<server_options>(parse({"--model-repository", "/m"})).grpc.max_concurrent_streams
+        == 1024);
+  r = parse({"--model-repository", "/m", "--grpc-max-concurrent-streams", "2"});
+  CHECK(std::get<server_options>(r).grpc.max_concurrent_streams == 2);
+  r = parse({"--model-repository", "/m", "--grpc-max-concurrent-streams", "0"});
+  REQUIRE(std::holds_alternative<std::string>(r));
+  CHECK(std::get<std::string>(r).find("--grpc-max-concurrent-streams") != std::string::npos);
+  r = parse({"--model-repository", "/m", "--grpc-max-open-calls", "5"});
+  CHECK(std::get<server_options>(r).grpc.max_open_calls == 5);
   r = parse({"--model-repository", "/m", "--grpc-threads", "many"});
   REQUIRE(std::holds_alternative<std::string>(r));
   CHECK(std::get<std::string>(r).find("--grpc-threads") != std::string::npos);

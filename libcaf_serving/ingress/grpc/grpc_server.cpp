@@ -20,6 +20,7 @@
 #include <functional>
 #include <iostream>
 #include <mutex>
+#include <optional>
 #include <pthread.h>
 #include <shared_mutex>
 #include <thread>
@@ -130,11 +131,35 @@ struct grpc_server::state {
   state(const grpc_server_config& c, server::model_manager& m)
       : cfg(c), models(m), shm(c.shared_memory) {}
 
+  /// ModelInfer calls and streams open now (cfg.max_open_calls).
+  std::atomic<uint32_t> open_calls{0};
+
+  /// Counts a new inference call in; false (and not counted) past
+  /// cfg.max_open_calls.
+  bool admit_call() {
+    if (open_calls.fetch_add(1, std::memory_order_relaxed) < cfg.max_open_calls)
+      return true;
+    open_calls.fetch_sub(1, std::memory_order_relaxed);
+    return false;
+  }
+  void end_call() { open_calls.fetch_sub(1, std::memory_order_relaxed); }
+  Status too_many_calls() const {
+    return Status(StatusCode::UNAVAILABLE,
+                  "the server has " + std::to_string(cfg.max_open_calls)
+                    + " gRPC inference calls and streams open, its limit "
+                      "(--grpc-max-open-calls); retry when one has ended, or raise the limit");
+  }
+
   bool ready() const {
     return !draining.load() && (!cfg.strict_readiness || models.all_ready());
   }
 
   void start_infer(const pb::ModelInferRequest& request, int64_t received, infer_done done);
+  /// Answers from the response cache: the pipeline is skipped, and the hit
+  /// counts in success, queue (with no time) and cache_hit, as on HTTP.
+  void answer_cached(const server::model_pipeline& model, const infer_request& request,
+                     const cached_response& hit, int64_t received, int64_t lookup_ns,
+                     const infer_done& done);
 };
 
 namespace {
@@ -157,6 +182,12 @@ struct pending_infer {
   std::vector<requested_output> outputs;
   shared_memory_binding shared_memory;
   infer_done done;
+  /// Set when the response cache was asked and had no answer: the answer is
+  /// stored under cache_miss_key (absent when the request is too large to
+  /// be cached).
+  std::shared_ptr<response_cache> cache;
+  std::optional<cache_key> cache_miss_key;
+  int64_t cache_lookup_ns = 0;
 
   pending_infer(std::shared_ptr<const server::model_pipeline> m, int64_t received)
       : model(std::move(m)), received_ns(received) {
@@ -219,6 +250,12 @@ struct pending_infer {
       return fail(written.error());
     shared_memory = {};
     auto reply = grpc_api::to_infer_response(view, outputs);
+    if (cache) {
+      int64_t start = now_ns();
+      if (cache_miss_key)
+        cache->insert(std::move(*cache_miss_key), cached_response::copy_of(view.outputs));
+      model->stats->cache_miss.add(static_cast<uint64_t>(cache_lookup_ns + (now_ns() - start)));
+    }
     record_success(*model->stats, static_cast<uint64_t>(now_ns() - received_ns), timeout_us);
     done(std::move(reply));
   }
@@ -283,10 +320,32 @@ void grpc_server::state::start_infer(const pb::ModelInferRequest& request, int64
   auto checked = validate(*parsed, model->config, cfg.limits);
   if (!checked)
     return fail(checked.error());
+  // The response cache, as on HTTP: a hit skips the pipeline.
+  std::optional<cache_key> miss_key;
+  int64_t lookup_ns = 0;
+  bool use_cache = cfg.cache && model->config.response_cache_enabled && bound->empty();
+  if (use_cache) {
+    int64_t start = now_ns();
+    auto key = cache_key::of(*parsed, model);
+    if (auto hit = cfg.cache->find(key)) {
+      lookup_ns = now_ns() - start;
+      return answer_cached(*model, *parsed, *hit, received, lookup_ns, done);
+    }
+    if (cfg.cache->admits(key)) {
+      key.own();
+      miss_key = std::move(key);
+    }
+    lookup_ns = now_ns() - start;
+  }
   auto msg = make_request_message(*parsed, *model, checked->batch_size, received);
   if (!msg)
     return fail(msg.error());
   auto pending = std::make_shared<pending_infer>(model, received);
+  if (use_cache) {
+    pending->cache = cfg.cache;
+    pending->cache_miss_key = std::move(miss_key);
+    pending->cache_lookup_ns = lookup_ns;
+  }
   pending->id = std::move(parsed->id);
   pending->timeout_us = parsed->timeout_us;
   auto timing = parsed->parameters.find("timing");
@@ -296,6 +355,30 @@ void grpc_server::state::start_infer(const pb::ModelInferRequest& request, int64
   pending->done = std::move(done);
   caf::anon_send(model->scheduler,
                  infer_job{std::move(*msg), std::make_shared<grpc_sink>(std::move(pending))});
+}
+
+void grpc_server::state::answer_cached(const server::model_pipeline& model,
+                                       const infer_request& request,
+                                       const cached_response& hit, int64_t received,
+                                       int64_t lookup_ns, const infer_done& done) {
+  auto& stats = *model.stats;
+  stats.cache_hit.add(static_cast<uint64_t>(lookup_ns));
+  stats.queue.add(0);
+  response_view view;
+  view.outputs = hit.views();
+  view.model_name = model.config.name;
+  auto version = std::to_string(model.version);
+  view.model_version = version;
+  view.id = request.id;
+  auto timing = request.parameters.find("timing");
+  if (timing != request.parameters.end() && timing->second == "true")
+    view.parameters = {
+      {"cache_hit_us", static_cast<uint64_t>(lookup_ns) / 1000},
+      {"until_response_us", static_cast<uint64_t>(now_ns() - received) / 1000},
+    };
+  auto reply = grpc_api::to_infer_response(view, request.outputs);
+  record_success(stats, static_cast<uint64_t>(now_ns() - received), request.timeout_us);
+  done(std::move(reply));
 }
 
 namespace {
@@ -328,7 +411,10 @@ public:
     Finish(Status(StatusCode::CANCELLED, "the call was cancelled before the model answered"));
   }
 
-  void OnDone() override { self_.reset(); }
+  void OnDone() override {
+    state_.end_call();
+    self_.reset();
+  }
 
   std::shared_ptr<unary_infer> self_;
 
@@ -403,7 +489,10 @@ public:
     finish(Status(StatusCode::CANCELLED, "the stream was cancelled"));
   }
 
-  void OnDone() override { self_.reset(); }
+  void OnDone() override {
+    state_.end_call();
+    self_.reset();
+  }
 
   std::shared_ptr<stream_infer> self_;
 
@@ -552,6 +641,14 @@ private:
     {
       std::lock_guard lock(mutex_);
       ops_ = 1; // the done notification
+      counted_ = state_.admit_call();
+      if (!counted_) {
+        finished_ = true;
+        if (state_.on_open_cq(
+              [&] { writer_.FinishWithError(state_.too_many_calls(), &finish_tag_); }))
+          ++ops_;
+        return;
+      }
     }
     state_.start_infer(request_, received,
                        [self](infer_outcome outcome) { self->complete(std::move(outcome)); });
@@ -591,8 +688,11 @@ private:
     std::shared_ptr<cq_unary_infer> last;
     {
       std::lock_guard lock(mutex_);
-      if (--ops_ == 0)
+      if (--ops_ == 0) {
+        if (counted_)
+          state_.end_call();
         last = std::move(self_);
+      }
     }
   }
 
@@ -606,6 +706,8 @@ private:
   std::mutex mutex_;
   int ops_ = 0;
   bool finished_ = false;
+  /// Counted in state::open_calls.
+  bool counted_ = false;
   call_tag<cq_unary_infer, &cq_unary_infer::on_accepted> accepted_tag_{this};
   call_tag<cq_unary_infer, &cq_unary_infer::on_finished> finish_tag_{this};
   call_tag<cq_unary_infer, &cq_unary_infer::on_done> done_tag_{this};
@@ -652,6 +754,13 @@ private:
       return;
     }
     listen(service_, cq_, state_);
+    if (!state_.admit_call()) {
+      std::lock_guard lock(mutex_);
+      ops_ = 1; // the done notification
+      finish(state_.too_many_calls());
+      return;
+    }
+    counted_ = true;
     std::weak_ptr<cq_stream_infer> weak = self_;
     bool registered = state_.register_stream(self_, [weak] {
       if (auto s = weak.lock())
@@ -783,8 +892,12 @@ private:
   /// handler's `keep` outlives the lock); the object goes when the last
   /// answer for it has been delivered too.
   void release_if_idle() {
-    if (ops_ == 0)
-      self_.reset();
+    if (ops_ != 0)
+      return;
+    if (counted_)
+      state_.end_call();
+    counted_ = false;
+    self_.reset();
   }
 
   cq_base& service_;
@@ -805,6 +918,8 @@ private:
   bool writing_ = false;
   bool finished_ = false;
   bool draining_ = false;
+  /// Counted in state::open_calls.
+  bool counted_ = false;
   call_tag<cq_stream_infer, &cq_stream_infer::on_accepted> accepted_tag_{this};
   call_tag<cq_stream_infer, &cq_stream_infer::on_read> read_tag_{this};
   call_tag<cq_stream_infer, &cq_stream_infer::on_write> write_tag_{this};
@@ -1133,6 +1248,8 @@ public:
   ServerUnaryReactor* ModelInfer(CallbackServerContext* ctx, const pb::ModelInferRequest* request,
                                  pb::ModelInferResponse* response) override {
     int64_t received = now_ns();
+    if (!state_.admit_call())
+      return answer(ctx, state_.too_many_calls());
     auto call = std::make_shared<unary_infer>(response, state_);
     call->self_ = call;
     state_.start_infer(*request, received,
@@ -1143,6 +1260,15 @@ public:
 
   ::grpc::ServerBidiReactor<pb::ModelInferRequest, pb::ModelStreamInferResponse>*
   ModelStreamInfer(CallbackServerContext*) override {
+    if (!state_.admit_call()) {
+      // A reactor that finishes at once (a bidi call needs one).
+      struct refused final
+          : ::grpc::ServerBidiReactor<pb::ModelInferRequest, pb::ModelStreamInferResponse> {
+        explicit refused(Status s) { Finish(std::move(s)); }
+        void OnDone() override { delete this; }
+      };
+      return new refused(state_.too_many_calls());
+    }
     auto call = std::make_shared<stream_infer>(state_);
     call->self_ = call;
     std::weak_ptr<stream_infer> weak = call;
@@ -1221,6 +1347,9 @@ std::unique_ptr<grpc_server> grpc_server::start(const grpc_server_config& cfg,
   // A port in use is an error, as for HTTP: grpc would otherwise share it
   // with another server through SO_REUSEPORT.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
+                             static_cast<int>(std::min<uint32_t>(cfg.max_concurrent_streams,
+                                                                 INT_MAX)));
   builder.SetCompressionAlgorithmSupportStatus(GRPC_COMPRESS_GZIP, true);
   builder.SetCompressionAlgorithmSupportStatus(GRPC_COMPRESS_DEFLATE, true);
   if (cfg.compression != grpc_response_compression::none)
