@@ -156,6 +156,7 @@ int main(int argc, char** argv) {
   // One response cache for the whole server (every event loop), as Triton's.
   if (opts.cache.max_bytes > 0)
     opts.http.cache = std::make_shared<ingress::response_cache>(opts.cache);
+  opts.grpc.cache = opts.http.cache;
 
   // gRPC (docs/grpc.md) serves on its own threads; it starts draining when
   // the HTTP server sees the stop signal, within the same exit timeout.

@@ -31,6 +31,15 @@ std::string usage() {
          "                             requests one ModelStreamInfer stream may have in\n"
          "                             the pipeline; past it the stream is read only as\n"
          "                             answers are written (default 64)\n"
+         "  --grpc-threads N           threads serving ModelInfer/ModelStreamInfer, one\n"
+         "                             completion queue each (default "
+           + std::to_string(d.ingress_threads) + " here, the ingress\n"
+         "                             thread count); 0: grpc's callback API and pool\n"
+         "  --grpc-max-concurrent-streams N\n"
+         "                             gRPC calls open at once per connection; past it a\n"
+         "                             client's calls wait for one to end (default 1024)\n"
+         "  --grpc-max-open-calls N    gRPC inference calls and streams open at once in\n"
+         "                             the server; past it UNAVAILABLE (default 4096)\n"
          "  --strict-readiness BOOL    /v2/health/ready needs every model ready (default true)\n"
          "  --max-queue-size N         queue bound per model and priority level where\n"
          "                             config.pbtxt says 0 (default 1024); a full queue\n"
@@ -197,6 +206,7 @@ std::optional<bool> parse_bool(const std::string& s) {
 std::variant<server_options, show_help, std::string> parse_options(int argc, char** argv) {
   server_options o;
   bool grpc_port_given = false;
+  bool grpc_threads_given = false;
   o.threads = default_thread_config(usable_cores());
   o.http.limits.max_body_bytes = size_t{256} << 20;
   for (int i = 1; i < argc; ++i) {
@@ -264,6 +274,22 @@ std::variant<server_options, show_help, std::string> parse_options(int argc, cha
       if (!n || *n == 0)
         return bad("a request count from 1 to 2^20");
       o.grpc.stream_max_in_flight = static_cast<uint32_t>(*n);
+    } else if (flag == "--grpc-threads") {
+      auto n = number(256);
+      if (!n)
+        return bad("a thread count from 0 (grpc's callback API) to 256");
+      o.grpc.threads = static_cast<uint32_t>(*n);
+      grpc_threads_given = true;
+    } else if (flag == "--grpc-max-concurrent-streams") {
+      auto n = number(1u << 20);
+      if (!n || *n == 0)
+        return bad("a call count from 1 to 2^20");
+      o.grpc.max_concurrent_streams = static_cast<uint32_t>(*n);
+    } else if (flag == "--grpc-max-open-calls") {
+      auto n = number(1u << 24);
+      if (!n || *n == 0)
+        return bad("a call count from 1 to 2^24");
+      o.grpc.max_open_calls = static_cast<uint32_t>(*n);
     } else if (flag == "--allow-client-shm") {
       auto b = parse_bool(value);
       if (!b)
@@ -445,6 +471,8 @@ std::variant<server_options, show_help, std::string> parse_options(int argc, cha
   o.grpc.limits = o.http.limits;
   o.grpc.strict_readiness = o.http.strict_readiness;
   o.grpc.shared_memory = o.http.shared_memory;
+  if (!grpc_threads_given)
+    o.grpc.threads = o.threads.ingress_threads;
   if (o.http.http_port == 0 && !grpc_port_given)
     o.grpc.port = 0;
   // Triton's checks and wording.

@@ -304,6 +304,28 @@ TEST_CASE("gRPC flags: Triton's names and defaults, HTTP's limits") {
   CHECK_FALSE(o->grpc_enabled);
   CHECK(o->grpc.stream_max_in_flight == 8);
 
+  // --grpc-threads: the engine's ingress thread count unless given; 0 is
+  // grpc's callback API.
+  r = parse({"--model-repository", "/m"});
+  CHECK(std::get<server_options>(r).grpc.threads
+        == std::get<server_options>(r).threads.ingress_threads);
+  r = parse({"--model-repository", "/m", "--grpc-threads", "3"});
+  CHECK(std::get<server_options>(r).grpc.threads == 3);
+  r = parse({"--model-repository", "/m", "--grpc-threads", "0"});
+  CHECK(std::get<server_options>(r).grpc.threads == 0);
+  CHECK(std::get<server_options>(parse({"--model-repository", "/m"})).grpc.max_concurrent_streams
+        == 1024);
+  r = parse({"--model-repository", "/m", "--grpc-max-concurrent-streams", "2"});
+  CHECK(std::get<server_options>(r).grpc.max_concurrent_streams == 2);
+  r = parse({"--model-repository", "/m", "--grpc-max-concurrent-streams", "0"});
+  REQUIRE(std::holds_alternative<std::string>(r));
+  CHECK(std::get<std::string>(r).find("--grpc-max-concurrent-streams") != std::string::npos);
+  r = parse({"--model-repository", "/m", "--grpc-max-open-calls", "5"});
+  CHECK(std::get<server_options>(r).grpc.max_open_calls == 5);
+  r = parse({"--model-repository", "/m", "--grpc-threads", "many"});
+  REQUIRE(std::holds_alternative<std::string>(r));
+  CHECK(std::get<std::string>(r).find("--grpc-threads") != std::string::npos);
+
   // --http-port 0 picks the gRPC port too, unless --grpc-port says otherwise.
   r = parse({"--model-repository", "/m", "--http-port", "0"});
   CHECK(std::get<server_options>(r).grpc.port == 0);

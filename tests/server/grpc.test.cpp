@@ -18,6 +18,8 @@
 #include <atomic>
 #include <csignal>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <future>
 #include <thread>
 
@@ -379,6 +381,162 @@ TEST_CASE("a stream answers every request in order, a failed one in error_messag
   writer.join();
   CHECK(got == n);
   CHECK(stream->Finish().ok());
+}
+
+namespace {
+
+/// Threads of process `pid` named `name` (/proc/PID/task/*/comm).
+int threads_named(pid_t pid, const std::string& name) {
+  int n = 0;
+  for (const auto& task :
+       std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task")) {
+    std::ifstream comm(task.path() / "comm");
+    std::string line;
+    if (std::getline(comm, line) && line == name)
+      ++n;
+  }
+  return n;
+}
+
+/// One unary call and a stream of 20 on `port`; every answer checked.
+void check_unary_and_stream(uint16_t port) {
+  auto stub = connect(port);
+  {
+    grpc::ClientContext ctx;
+    pb::ModelInferResponse reply;
+    auto status = stub->ModelInfer(&ctx, simple_request(iota16(3), iota16(40), "u"), &reply);
+    REQUIRE(status.ok());
+    CHECK(reply.id() == "u");
+    CHECK(values_of<int32_t>(output_bytes(reply, "OUTPUT0")) == sum(iota16(3), iota16(40)));
+  }
+  grpc::ClientContext ctx;
+  auto stream = stub->ModelStreamInfer(&ctx);
+  constexpr int n = 20;
+  for (int i = 0; i < n; ++i)
+    REQUIRE(stream->Write(simple_request(iota16(i), iota16(7 * i), "s" + std::to_string(i))));
+  stream->WritesDone();
+  pb::ModelStreamInferResponse answer;
+  int got = 0;
+  while (stream->Read(&answer)) {
+    CHECK(answer.error_message().empty());
+    CHECK(answer.infer_response().id() == "s" + std::to_string(got));
+    CHECK(values_of<int32_t>(output_bytes(answer.infer_response(), "OUTPUT0"))
+          == sum(iota16(got), iota16(7 * got)));
+    ++got;
+  }
+  CHECK(got == n);
+  CHECK(stream->Finish().ok());
+}
+
+} // namespace
+
+TEST_CASE("--grpc-threads N serves inference on N completion-queue threads; 0 on grpc's "
+          "callback API") {
+  SUBCASE("3 threads") {
+    test_server server({example_model("simple")}, {"--grpc-threads", "3"});
+    CHECK(threads_named(server.process->pid(), "grpc-cq") == 3);
+    check_unary_and_stream(server.process->grpc_port());
+  }
+  SUBCASE("0: the callback API") {
+    test_server server({example_model("simple")}, {"--grpc-threads", "0"});
+    CHECK(threads_named(server.process->pid(), "grpc-cq") == 0);
+    check_unary_and_stream(server.process->grpc_port());
+  }
+}
+
+TEST_CASE("--grpc-max-open-calls bounds the calls and streams open in the server: past it "
+          "UNAVAILABLE naming the flag") {
+  for (const char* threads : {"1", "0"}) {
+    CAPTURE(threads);
+    test_server server({example_model("simple")},
+                       {"--grpc-max-open-calls", "2", "--grpc-threads", threads});
+    auto port = server.process->grpc_port();
+    // Two streams, each shown open by an answer, from two connections.
+    std::vector<stub_ptr> stubs;
+    std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+    std::vector<std::unique_ptr<grpc::ClientReaderWriter<pb::ModelInferRequest,
+                                                         pb::ModelStreamInferResponse>>>
+      streams;
+    for (int i = 0; i < 2; ++i) {
+      stubs.push_back(connect(port));
+      contexts.push_back(std::make_unique<grpc::ClientContext>());
+      streams.push_back(stubs.back()->ModelStreamInfer(contexts.back().get()));
+      REQUIRE(streams.back()->Write(simple_request(iota16(i), iota16(i))));
+      pb::ModelStreamInferResponse answer;
+      REQUIRE(streams.back()->Read(&answer));
+      CHECK(answer.error_message().empty());
+    }
+    auto stub = connect(port);
+    {
+      grpc::ClientContext ctx;
+      pb::ModelInferResponse reply;
+      auto status = stub->ModelInfer(&ctx, simple_request(iota16(1), iota16(2)), &reply);
+      CHECK(status.error_code() == grpc::StatusCode::UNAVAILABLE);
+      CHECK(contains(status.error_message(), "--grpc-max-open-calls"));
+    }
+    {
+      grpc::ClientContext ctx;
+      auto third = stub->ModelStreamInfer(&ctx);
+      third->Write(simple_request(iota16(1), iota16(2)));
+      pb::ModelStreamInferResponse answer;
+      CHECK_FALSE(third->Read(&answer));
+      auto status = third->Finish();
+      CHECK(status.error_code() == grpc::StatusCode::UNAVAILABLE);
+      CHECK(contains(status.error_message(), "--grpc-max-open-calls"));
+    }
+    // A stream closed makes room again (the server counts it out once its
+    // call has ended there, just after the client sees the end).
+    streams[0]->WritesDone();
+    CHECK(streams[0]->Finish().ok());
+    CHECK(eventually([&] {
+      grpc::ClientContext ctx;
+      pb::ModelInferResponse reply;
+      return stub->ModelInfer(&ctx, simple_request(iota16(1), iota16(2)), &reply).ok();
+    }));
+    streams[1]->WritesDone();
+    CHECK(streams[1]->Finish().ok());
+  }
+}
+
+TEST_CASE("the response cache answers a repeated gRPC request for a model that enables it") {
+  temp_repository repo;
+  auto config_path = example_model("simple") / "config.pbtxt";
+  std::ifstream in(config_path);
+  std::string config((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  repo.write_file("simple/config.pbtxt", config + "\nresponse_cache { enable: true }\n");
+  repo.write_file("simple/1/model.builtin", "");
+  server_process process(server_config{CAF_SERVING_BINARY, repo.path().string(),
+                                       {"--cache-config", "local,size=100000"}});
+  auto stub = connect(process.grpc_port());
+  auto statistics = [&] {
+    grpc::ClientContext ctx;
+    pb::ModelStatisticsRequest req;
+    req.set_name("simple");
+    pb::ModelStatisticsResponse stats;
+    REQUIRE(stub->ModelStatistics(&ctx, req, &stats).ok());
+    REQUIRE(stats.model_stats_size() == 1);
+    return stats.model_stats(0);
+  };
+  for (int i = 0; i < 2; ++i) {
+    grpc::ClientContext ctx;
+    pb::ModelInferResponse reply;
+    REQUIRE(stub->ModelInfer(&ctx, simple_request(iota16(5), iota16(9), "c" + std::to_string(i)),
+                             &reply)
+              .ok());
+    CHECK(reply.id() == "c" + std::to_string(i));
+    CHECK(values_of<int32_t>(output_bytes(reply, "OUTPUT0")) == sum(iota16(5), iota16(9)));
+  }
+  auto s = statistics();
+  CHECK(s.inference_stats().cache_miss().count() == 1);
+  CHECK(s.inference_stats().cache_hit().count() == 1);
+  CHECK(s.inference_stats().success().count() == 2);
+  // The model ran once.
+  CHECK(s.inference_count() == 1);
+  // Other inputs: a miss.
+  grpc::ClientContext ctx;
+  pb::ModelInferResponse reply;
+  REQUIRE(stub->ModelInfer(&ctx, simple_request(iota16(6), iota16(9)), &reply).ok());
+  CHECK(statistics().inference_stats().cache_miss().count() == 2);
 }
 
 /// Requests compressed by the client, answers compressed by the server

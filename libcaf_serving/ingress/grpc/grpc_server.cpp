@@ -20,6 +20,10 @@
 #include <functional>
 #include <iostream>
 #include <mutex>
+#include <optional>
+#include <pthread.h>
+#include <shared_mutex>
+#include <thread>
 #include <stdexcept>
 #include <variant>
 
@@ -63,18 +67,99 @@ struct grpc_server::state {
   std::mutex streams_mutex;
   std::vector<std::function<void()>> stream_drains;
   std::vector<std::weak_ptr<void>> stream_handles;
-  std::unique_ptr<pb::GRPCInferenceService::CallbackService> service;
+  std::unique_ptr<::grpc::Service> service;
   std::unique_ptr<::grpc::Server> server;
   int port = 0;
+  /// With cfg.threads > 0: one completion queue per thread, serving
+  /// ModelInfer and ModelStreamInfer.
+  std::vector<std::unique_ptr<::grpc::ServerCompletionQueue>> cqs;
+  std::vector<std::thread> cq_threads;
+  /// Starting an operation on a completion queue that is shut down aborts
+  /// grpc; operations start under a shared lock of this (uncontended but at
+  /// the stop) and only while cq_closed is false.
+  std::shared_mutex cq_gate;
+  bool cq_closed = false;
+
+  /// Runs `start` (which starts a grpc operation on a completion queue)
+  /// unless the queues are closing; says whether it ran.
+  template <class F>
+  bool on_open_cq(F&& start) {
+    std::shared_lock lock(cq_gate);
+    if (cq_closed)
+      return false;
+    start();
+    return true;
+  }
+
+  /// Shuts the completion queues down (after the server) and joins their
+  /// threads once they have drained.
+  void close_queues() {
+    {
+      std::unique_lock lock(cq_gate);
+      if (cq_closed)
+        return;
+      cq_closed = true;
+    }
+    for (auto& q : cqs)
+      q->Shutdown();
+    for (auto& t : cq_threads)
+      t.join();
+    cq_threads.clear();
+  }
+
+  /// Remembers an open stream so that the drain can close it. False when
+  /// the server already drains (the caller then drains the stream at once).
+  bool register_stream(std::weak_ptr<void> handle, std::function<void()> drain) {
+    std::lock_guard lock(streams_mutex);
+    if (draining.load())
+      return false;
+    // Forget streams that are gone, so the list stays as long as the
+    // streams open.
+    for (size_t i = 0; i < stream_handles.size();) {
+      if (stream_handles[i].expired()) {
+        stream_handles.erase(stream_handles.begin() + i);
+        stream_drains.erase(stream_drains.begin() + i);
+      } else {
+        ++i;
+      }
+    }
+    stream_handles.push_back(std::move(handle));
+    stream_drains.push_back(std::move(drain));
+    return true;
+  }
 
   state(const grpc_server_config& c, server::model_manager& m)
       : cfg(c), models(m), shm(c.shared_memory) {}
+
+  /// ModelInfer calls and streams open now (cfg.max_open_calls).
+  std::atomic<uint32_t> open_calls{0};
+
+  /// Counts a new inference call in; false (and not counted) past
+  /// cfg.max_open_calls.
+  bool admit_call() {
+    if (open_calls.fetch_add(1, std::memory_order_relaxed) < cfg.max_open_calls)
+      return true;
+    open_calls.fetch_sub(1, std::memory_order_relaxed);
+    return false;
+  }
+  void end_call() { open_calls.fetch_sub(1, std::memory_order_relaxed); }
+  Status too_many_calls() const {
+    return Status(StatusCode::UNAVAILABLE,
+                  "the server has " + std::to_string(cfg.max_open_calls)
+                    + " gRPC inference calls and streams open, its limit "
+                      "(--grpc-max-open-calls); retry when one has ended, or raise the limit");
+  }
 
   bool ready() const {
     return !draining.load() && (!cfg.strict_readiness || models.all_ready());
   }
 
   void start_infer(const pb::ModelInferRequest& request, int64_t received, infer_done done);
+  /// Answers from the response cache: the pipeline is skipped, and the hit
+  /// counts in success, queue (with no time) and cache_hit, as on HTTP.
+  void answer_cached(const server::model_pipeline& model, const infer_request& request,
+                     const cached_response& hit, int64_t received, int64_t lookup_ns,
+                     const infer_done& done);
 };
 
 namespace {
@@ -97,6 +182,12 @@ struct pending_infer {
   std::vector<requested_output> outputs;
   shared_memory_binding shared_memory;
   infer_done done;
+  /// Set when the response cache was asked and had no answer: the answer is
+  /// stored under cache_miss_key (absent when the request is too large to
+  /// be cached).
+  std::shared_ptr<response_cache> cache;
+  std::optional<cache_key> cache_miss_key;
+  int64_t cache_lookup_ns = 0;
 
   pending_infer(std::shared_ptr<const server::model_pipeline> m, int64_t received)
       : model(std::move(m)), received_ns(received) {
@@ -159,6 +250,12 @@ struct pending_infer {
       return fail(written.error());
     shared_memory = {};
     auto reply = grpc_api::to_infer_response(view, outputs);
+    if (cache) {
+      int64_t start = now_ns();
+      if (cache_miss_key)
+        cache->insert(std::move(*cache_miss_key), cached_response::copy_of(view.outputs));
+      model->stats->cache_miss.add(static_cast<uint64_t>(cache_lookup_ns + (now_ns() - start)));
+    }
     record_success(*model->stats, static_cast<uint64_t>(now_ns() - received_ns), timeout_us);
     done(std::move(reply));
   }
@@ -223,10 +320,32 @@ void grpc_server::state::start_infer(const pb::ModelInferRequest& request, int64
   auto checked = validate(*parsed, model->config, cfg.limits);
   if (!checked)
     return fail(checked.error());
+  // The response cache, as on HTTP: a hit skips the pipeline.
+  std::optional<cache_key> miss_key;
+  int64_t lookup_ns = 0;
+  bool use_cache = cfg.cache && model->config.response_cache_enabled && bound->empty();
+  if (use_cache) {
+    int64_t start = now_ns();
+    auto key = cache_key::of(*parsed, model);
+    if (auto hit = cfg.cache->find(key)) {
+      lookup_ns = now_ns() - start;
+      return answer_cached(*model, *parsed, *hit, received, lookup_ns, done);
+    }
+    if (cfg.cache->admits(key)) {
+      key.own();
+      miss_key = std::move(key);
+    }
+    lookup_ns = now_ns() - start;
+  }
   auto msg = make_request_message(*parsed, *model, checked->batch_size, received);
   if (!msg)
     return fail(msg.error());
   auto pending = std::make_shared<pending_infer>(model, received);
+  if (use_cache) {
+    pending->cache = cfg.cache;
+    pending->cache_miss_key = std::move(miss_key);
+    pending->cache_lookup_ns = lookup_ns;
+  }
   pending->id = std::move(parsed->id);
   pending->timeout_us = parsed->timeout_us;
   auto timing = parsed->parameters.find("timing");
@@ -236,6 +355,30 @@ void grpc_server::state::start_infer(const pb::ModelInferRequest& request, int64
   pending->done = std::move(done);
   caf::anon_send(model->scheduler,
                  infer_job{std::move(*msg), std::make_shared<grpc_sink>(std::move(pending))});
+}
+
+void grpc_server::state::answer_cached(const server::model_pipeline& model,
+                                       const infer_request& request,
+                                       const cached_response& hit, int64_t received,
+                                       int64_t lookup_ns, const infer_done& done) {
+  auto& stats = *model.stats;
+  stats.cache_hit.add(static_cast<uint64_t>(lookup_ns));
+  stats.queue.add(0);
+  response_view view;
+  view.outputs = hit.views();
+  view.model_name = model.config.name;
+  auto version = std::to_string(model.version);
+  view.model_version = version;
+  view.id = request.id;
+  auto timing = request.parameters.find("timing");
+  if (timing != request.parameters.end() && timing->second == "true")
+    view.parameters = {
+      {"cache_hit_us", static_cast<uint64_t>(lookup_ns) / 1000},
+      {"until_response_us", static_cast<uint64_t>(now_ns() - received) / 1000},
+    };
+  auto reply = grpc_api::to_infer_response(view, request.outputs);
+  record_success(stats, static_cast<uint64_t>(now_ns() - received), request.timeout_us);
+  done(std::move(reply));
 }
 
 namespace {
@@ -268,7 +411,10 @@ public:
     Finish(Status(StatusCode::CANCELLED, "the call was cancelled before the model answered"));
   }
 
-  void OnDone() override { self_.reset(); }
+  void OnDone() override {
+    state_.end_call();
+    self_.reset();
+  }
 
   std::shared_ptr<unary_infer> self_;
 
@@ -343,7 +489,10 @@ public:
     finish(Status(StatusCode::CANCELLED, "the stream was cancelled"));
   }
 
-  void OnDone() override { self_.reset(); }
+  void OnDone() override {
+    state_.end_call();
+    self_.reset();
+  }
 
   std::shared_ptr<stream_infer> self_;
 
@@ -416,6 +565,368 @@ private:
   bool draining_ = false;
 };
 
+// -- calls on completion queues (--grpc-threads N > 0) -----------------------
+
+using svc = pb::GRPCInferenceService;
+/// Every RPC on the callback API but ModelInfer and ModelStreamInfer, which
+/// are asynchronous (completion queue). The asynchronous ones are marked
+/// first: marking a method asynchronous after it was marked callback would
+/// keep the callback handler.
+using cq_base = svc::WithCallbackMethod_ServerLive<svc::WithCallbackMethod_ServerReady<
+  svc::WithCallbackMethod_ModelReady<svc::WithCallbackMethod_ServerMetadata<
+    svc::WithCallbackMethod_ModelMetadata<svc::WithCallbackMethod_ModelConfig<
+      svc::WithCallbackMethod_ModelStatistics<svc::WithCallbackMethod_RepositoryIndex<
+        svc::WithCallbackMethod_RepositoryModelLoad<svc::WithCallbackMethod_RepositoryModelUnload<
+          svc::WithCallbackMethod_SystemSharedMemoryStatus<
+            svc::WithCallbackMethod_SystemSharedMemoryRegister<
+              svc::WithCallbackMethod_SystemSharedMemoryUnregister<
+                svc::WithCallbackMethod_CudaSharedMemoryStatus<
+                  svc::WithCallbackMethod_CudaSharedMemoryRegister<
+                    svc::WithCallbackMethod_CudaSharedMemoryUnregister<
+                      svc::WithCallbackMethod_TraceSetting<svc::WithCallbackMethod_LogSettings<
+                        svc::WithAsyncMethod_ModelInfer<
+                          svc::WithAsyncMethod_ModelStreamInfer<svc::Service>>>>>>>>>>>>>>>>>>>>;
+
+/// What a completion queue hands back: each operation a call starts carries
+/// its own tag, so that one call may have a read, a write and its done
+/// notification outstanding at once.
+struct cq_tag {
+  virtual void on_event(bool ok) = 0;
+
+protected:
+  ~cq_tag() = default;
+};
+
+template <class Call, void (Call::*Handler)(bool)>
+struct call_tag final : cq_tag {
+  explicit call_tag(Call* c) : call(c) {}
+  void on_event(bool ok) override { (call->*Handler)(ok); }
+  Call* call;
+};
+
+/// A unary ModelInfer on a completion queue. The thread of the queue reads
+/// the request and hands it to the scheduler; the pipeline's answer is
+/// finished straight from the CAF thread that delivers it (grpc allows
+/// starting an operation from any thread), so an answer costs no hop to
+/// another thread. The call lives while grpc holds one of its tags (ops_).
+class cq_unary_infer {
+public:
+  /// Asks grpc for the next ModelInfer call on `cq`.
+  static void listen(cq_base& service, ::grpc::ServerCompletionQueue& cq,
+                     grpc_server::state& s) {
+    auto call = std::shared_ptr<cq_unary_infer>(new cq_unary_infer(service, cq, s));
+    auto* c = call.get();
+    c->self_ = std::move(call);
+    c->ctx_.AsyncNotifyWhenDone(&c->done_tag_);
+    if (!s.on_open_cq([&] {
+          service.RequestModelInfer(&c->ctx_, &c->request_, &c->writer_, &cq, &cq,
+                                    &c->accepted_tag_);
+        }))
+      c->self_.reset();
+  }
+
+private:
+  cq_unary_infer(cq_base& service, ::grpc::ServerCompletionQueue& cq, grpc_server::state& s)
+      : service_(service), cq_(cq), state_(s) {}
+
+  void on_accepted(bool ok) {
+    if (!ok) {
+      // The server stops: no call came, and the done tag never will.
+      self_.reset();
+      return;
+    }
+    int64_t received = now_ns();
+    listen(service_, cq_, state_);
+    auto self = self_;
+    {
+      std::lock_guard lock(mutex_);
+      ops_ = 1; // the done notification
+      counted_ = state_.admit_call();
+      if (!counted_) {
+        finished_ = true;
+        if (state_.on_open_cq(
+              [&] { writer_.FinishWithError(state_.too_many_calls(), &finish_tag_); }))
+          ++ops_;
+        return;
+      }
+    }
+    state_.start_infer(request_, received,
+                       [self](infer_outcome outcome) { self->complete(std::move(outcome)); });
+  }
+
+  void complete(infer_outcome outcome) {
+    std::lock_guard lock(mutex_);
+    if (finished_)
+      return;
+    finished_ = true;
+    bool started = state_.on_open_cq([&] {
+      if (auto* e = std::get_if<serving_error>(&outcome))
+        writer_.FinishWithError(grpc_api::to_status(*e), &finish_tag_);
+      else
+        writer_.Finish(std::get<pb::ModelInferResponse>(outcome), Status::OK, &finish_tag_);
+    });
+    if (started)
+      ++ops_;
+  }
+
+  void on_finished(bool) { release(); }
+
+  void on_done(bool) {
+    {
+      std::lock_guard lock(mutex_);
+      if (!finished_ && ctx_.IsCancelled()) {
+        // The client gave up, or the drain's deadline passed.
+        finished_ = true;
+        if (state_.draining.load())
+          state_.abandoned.fetch_add(1);
+      }
+    }
+    release();
+  }
+
+  void release() {
+    std::shared_ptr<cq_unary_infer> last;
+    {
+      std::lock_guard lock(mutex_);
+      if (--ops_ == 0) {
+        if (counted_)
+          state_.end_call();
+        last = std::move(self_);
+      }
+    }
+  }
+
+  cq_base& service_;
+  ::grpc::ServerCompletionQueue& cq_;
+  grpc_server::state& state_;
+  ::grpc::ServerContext ctx_;
+  pb::ModelInferRequest request_;
+  ::grpc::ServerAsyncResponseWriter<pb::ModelInferResponse> writer_{&ctx_};
+  std::shared_ptr<cq_unary_infer> self_;
+  std::mutex mutex_;
+  int ops_ = 0;
+  bool finished_ = false;
+  /// Counted in state::open_calls.
+  bool counted_ = false;
+  call_tag<cq_unary_infer, &cq_unary_infer::on_accepted> accepted_tag_{this};
+  call_tag<cq_unary_infer, &cq_unary_infer::on_finished> finish_tag_{this};
+  call_tag<cq_unary_infer, &cq_unary_infer::on_done> done_tag_{this};
+};
+
+/// A ModelStreamInfer stream on a completion queue, with the callback
+/// stream's behaviour (stream_infer): answers in the order of the requests,
+/// a failed one as error_message, at most stream_max_in_flight requests in
+/// the pipeline, closed by the drain once every answer is written. Answers
+/// are written from the thread that delivers them.
+class cq_stream_infer : public std::enable_shared_from_this<cq_stream_infer> {
+public:
+  static void listen(cq_base& service, ::grpc::ServerCompletionQueue& cq,
+                     grpc_server::state& s) {
+    auto call = std::shared_ptr<cq_stream_infer>(new cq_stream_infer(service, cq, s));
+    auto* c = call.get();
+    c->self_ = std::move(call);
+    c->ctx_.AsyncNotifyWhenDone(&c->done_tag_);
+    if (!s.on_open_cq([&] {
+          service.RequestModelStreamInfer(&c->ctx_, &c->stream_, &cq, &cq, &c->accepted_tag_);
+        }))
+      c->self_.reset();
+  }
+
+  /// As stream_infer::drain.
+  void drain() {
+    std::lock_guard lock(mutex_);
+    draining_ = true;
+    maybe_finish();
+  }
+
+private:
+  cq_stream_infer(cq_base& service, ::grpc::ServerCompletionQueue& cq, grpc_server::state& s)
+      : service_(service), cq_(cq), state_(s) {}
+
+  struct slot {
+    bool ready = false;
+    pb::ModelStreamInferResponse response;
+  };
+
+  void on_accepted(bool ok) {
+    if (!ok) {
+      self_.reset();
+      return;
+    }
+    listen(service_, cq_, state_);
+    if (!state_.admit_call()) {
+      std::lock_guard lock(mutex_);
+      ops_ = 1; // the done notification
+      finish(state_.too_many_calls());
+      return;
+    }
+    counted_ = true;
+    std::weak_ptr<cq_stream_infer> weak = self_;
+    bool registered = state_.register_stream(self_, [weak] {
+      if (auto s = weak.lock())
+        s->drain();
+    });
+    std::lock_guard lock(mutex_);
+    ops_ = 1; // the done notification
+    start_read();
+    if (!registered) {
+      draining_ = true;
+      maybe_finish();
+    }
+  }
+
+  void on_read(bool ok) {
+    auto keep = shared_from_this(); // self_ may go below, with mutex_ held
+    size_t seq;
+    {
+      std::lock_guard lock(mutex_);
+      --ops_;
+      if (!ok || finished_) {
+        reading_done_ = true;
+        maybe_finish();
+        return release_if_idle();
+      }
+      seq = next_seq_++;
+      slots_.emplace_back();
+    }
+    // The request's bytes are copied into the pipeline's message before
+    // start_infer returns, so request_ may be read into again after it.
+    state_.start_infer(request_, now_ns(),
+                       [self = shared_from_this(), seq](infer_outcome outcome) {
+                         self->answered(seq, std::move(outcome));
+                       });
+    std::lock_guard lock(mutex_);
+    if (finished_)
+      return release_if_idle();
+    if (slots_.size() < state_.cfg.stream_max_in_flight)
+      start_read();
+    else
+      read_paused_ = true;
+  }
+
+  void answered(size_t seq, infer_outcome outcome) {
+    std::lock_guard lock(mutex_);
+    if (finished_ || seq < first_seq_)
+      return;
+    auto& s = slots_[seq - first_seq_];
+    if (auto* e = std::get_if<serving_error>(&outcome))
+      s.response.set_error_message(e->message);
+    else
+      s.response.mutable_infer_response()->Swap(&std::get<pb::ModelInferResponse>(outcome));
+    s.ready = true;
+    write_next();
+  }
+
+  void on_write(bool ok) {
+    auto keep = shared_from_this(); // self_ may go below, with mutex_ held
+    std::lock_guard lock(mutex_);
+    --ops_;
+    writing_ = false;
+    slots_.pop_front();
+    ++first_seq_;
+    if (!ok) {
+      // The client is gone: nothing more can be written.
+      finish(Status(StatusCode::CANCELLED, "the stream was closed by the client"));
+      return release_if_idle();
+    }
+    if (read_paused_ && !reading_done_ && !finished_
+        && slots_.size() < state_.cfg.stream_max_in_flight) {
+      read_paused_ = false;
+      start_read();
+    }
+    write_next();
+    maybe_finish();
+    release_if_idle();
+  }
+
+  void on_finished(bool) {
+    auto keep = shared_from_this(); // self_ may go below, with mutex_ held
+    std::lock_guard lock(mutex_);
+    --ops_;
+    release_if_idle();
+  }
+
+  void on_done(bool) {
+    auto keep = shared_from_this(); // self_ may go below, with mutex_ held
+    std::lock_guard lock(mutex_);
+    --ops_;
+    // Cancelled (by the client, or by the drain's deadline): nothing more
+    // may be written.
+    finished_ = true;
+    release_if_idle();
+  }
+
+  // The rest is called with mutex_ held.
+
+  void start_read() {
+    if (state_.on_open_cq([&] { stream_.Read(&request_, &read_tag_); }))
+      ++ops_;
+  }
+
+  void write_next() {
+    if (writing_ || finished_ || slots_.empty() || !slots_.front().ready)
+      return;
+    if (state_.on_open_cq([&] { stream_.Write(slots_.front().response, &write_tag_); })) {
+      writing_ = true;
+      ++ops_;
+    }
+  }
+
+  void maybe_finish() {
+    if (slots_.empty() && !writing_ && (reading_done_ || draining_))
+      finish(reading_done_ ? Status::OK
+                           : Status(StatusCode::UNAVAILABLE,
+                                    "the server is shutting down (SIGINT or SIGTERM); every "
+                                    "request sent on this stream was answered"));
+  }
+
+  void finish(Status s) {
+    if (finished_)
+      return;
+    finished_ = true;
+    if (state_.on_open_cq([&] { stream_.Finish(s, &finish_tag_); }))
+      ++ops_;
+  }
+
+  /// Once grpc holds none of its tags the call lets go of itself (the tag
+  /// handler's `keep` outlives the lock); the object goes when the last
+  /// answer for it has been delivered too.
+  void release_if_idle() {
+    if (ops_ != 0)
+      return;
+    if (counted_)
+      state_.end_call();
+    counted_ = false;
+    self_.reset();
+  }
+
+  cq_base& service_;
+  ::grpc::ServerCompletionQueue& cq_;
+  grpc_server::state& state_;
+  ::grpc::ServerContext ctx_;
+  ::grpc::ServerAsyncReaderWriter<pb::ModelStreamInferResponse, pb::ModelInferRequest> stream_{
+    &ctx_};
+  pb::ModelInferRequest request_;
+  std::shared_ptr<cq_stream_infer> self_;
+  std::mutex mutex_;
+  int ops_ = 0;
+  std::deque<slot> slots_;
+  size_t first_seq_ = 0;
+  size_t next_seq_ = 0;
+  bool reading_done_ = false;
+  bool read_paused_ = false;
+  bool writing_ = false;
+  bool finished_ = false;
+  bool draining_ = false;
+  /// Counted in state::open_calls.
+  bool counted_ = false;
+  call_tag<cq_stream_infer, &cq_stream_infer::on_accepted> accepted_tag_{this};
+  call_tag<cq_stream_infer, &cq_stream_infer::on_read> read_tag_{this};
+  call_tag<cq_stream_infer, &cq_stream_infer::on_write> write_tag_{this};
+  call_tag<cq_stream_infer, &cq_stream_infer::on_finished> finish_tag_{this};
+  call_tag<cq_stream_infer, &cq_stream_infer::on_done> done_tag_{this};
+};
+
 ServerUnaryReactor* answer(CallbackServerContext* ctx, Status status) {
   auto* reactor = ctx->DefaultReactor();
   reactor->Finish(std::move(status));
@@ -431,8 +942,11 @@ void fill(pb::StatisticDuration* out, const duration_stat& d) {
   out->set_ns(d.ns.load(std::memory_order_relaxed));
 }
 
-/// The service: each RPC of inference.GRPCInferenceService.
-class kserve_grpc_service final : public pb::GRPCInferenceService::CallbackService {
+/// The service: each RPC of inference.GRPCInferenceService but ModelInfer
+/// and ModelStreamInfer, on grpc's callback API; `Base` decides on which API
+/// those two are served (callback_service, cq_service).
+template <class Base>
+class kserve_grpc_service : public Base {
 public:
   explicit kserve_grpc_service(grpc_server::state& s) : state_(s) {}
 
@@ -631,49 +1145,6 @@ public:
     return answer(ctx, Status::OK);
   }
 
-  ServerUnaryReactor* ModelInfer(CallbackServerContext* ctx, const pb::ModelInferRequest* request,
-                                 pb::ModelInferResponse* response) override {
-    int64_t received = now_ns();
-    auto call = std::make_shared<unary_infer>(response, state_);
-    call->self_ = call;
-    state_.start_infer(*request, received,
-                       [call](infer_outcome outcome) { call->complete(std::move(outcome)); });
-    (void)ctx;
-    return call.get();
-  }
-
-  ::grpc::ServerBidiReactor<pb::ModelInferRequest, pb::ModelStreamInferResponse>*
-  ModelStreamInfer(CallbackServerContext*) override {
-    auto call = std::make_shared<stream_infer>(state_);
-    call->self_ = call;
-    {
-      std::lock_guard lock(state_.streams_mutex);
-      if (state_.draining.load()) {
-        call->start();
-        call->drain();
-        return call.get();
-      }
-      // Forget streams that are gone, so the list stays as long as the
-      // streams open.
-      for (size_t i = 0; i < state_.stream_handles.size();) {
-        if (state_.stream_handles[i].expired()) {
-          state_.stream_handles.erase(state_.stream_handles.begin() + i);
-          state_.stream_drains.erase(state_.stream_drains.begin() + i);
-        } else {
-          ++i;
-        }
-      }
-      std::weak_ptr<stream_infer> weak = call;
-      state_.stream_handles.push_back(call);
-      state_.stream_drains.push_back([weak] {
-        if (auto s = weak.lock())
-          s->drain();
-      });
-    }
-    call->start();
-    return call.get();
-  }
-
   // -- shared memory ----------------------------------------------------------
 
   ServerUnaryReactor* SystemSharedMemoryStatus(CallbackServerContext* ctx,
@@ -752,7 +1223,7 @@ public:
                               "logs to stdout and stderr"));
   }
 
-private:
+protected:
   static Status shm_disabled() {
     return Status(StatusCode::UNAVAILABLE,
                   "this server does not accept client shared memory; start it with "
@@ -765,6 +1236,59 @@ private:
   }
 
   grpc_server::state& state_;
+};
+
+/// ModelInfer and ModelStreamInfer on grpc's callback API (--grpc-threads 0):
+/// grpc runs them on its own thread pool.
+class callback_service final
+    : public kserve_grpc_service<pb::GRPCInferenceService::CallbackService> {
+public:
+  using kserve_grpc_service::kserve_grpc_service;
+
+  ServerUnaryReactor* ModelInfer(CallbackServerContext* ctx, const pb::ModelInferRequest* request,
+                                 pb::ModelInferResponse* response) override {
+    int64_t received = now_ns();
+    if (!state_.admit_call())
+      return answer(ctx, state_.too_many_calls());
+    auto call = std::make_shared<unary_infer>(response, state_);
+    call->self_ = call;
+    state_.start_infer(*request, received,
+                       [call](infer_outcome outcome) { call->complete(std::move(outcome)); });
+    (void)ctx;
+    return call.get();
+  }
+
+  ::grpc::ServerBidiReactor<pb::ModelInferRequest, pb::ModelStreamInferResponse>*
+  ModelStreamInfer(CallbackServerContext*) override {
+    if (!state_.admit_call()) {
+      // A reactor that finishes at once (a bidi call needs one).
+      struct refused final
+          : ::grpc::ServerBidiReactor<pb::ModelInferRequest, pb::ModelStreamInferResponse> {
+        explicit refused(Status s) { Finish(std::move(s)); }
+        void OnDone() override { delete this; }
+      };
+      return new refused(state_.too_many_calls());
+    }
+    auto call = std::make_shared<stream_infer>(state_);
+    call->self_ = call;
+    std::weak_ptr<stream_infer> weak = call;
+    bool registered = state_.register_stream(call, [weak] {
+      if (auto s = weak.lock())
+        s->drain();
+    });
+    call->start();
+    if (!registered)
+      call->drain();
+    return call.get();
+  }
+
+};
+
+/// ModelInfer and ModelStreamInfer on completion queues (cq_unary_infer,
+/// cq_stream_infer), the rest on the callback API.
+class cq_service final : public kserve_grpc_service<cq_base> {
+public:
+  using kserve_grpc_service::kserve_grpc_service;
 };
 
 ::grpc_compression_level to_grpc(grpc_response_compression level) {
@@ -794,12 +1318,21 @@ grpc_server::grpc_server(std::unique_ptr<state> s) : state_(std::move(s)) {}
 grpc_server::~grpc_server() {
   if (state_ && state_->server)
     state_->server->Shutdown(std::chrono::system_clock::now());
+  if (state_)
+    state_->close_queues();
 }
 
 std::unique_ptr<grpc_server> grpc_server::start(const grpc_server_config& cfg,
                                                 server::model_manager& models) {
   auto s = std::make_unique<state>(cfg, models);
-  s->service = std::make_unique<kserve_grpc_service>(*s);
+  cq_service* async = nullptr;
+  if (cfg.threads == 0) {
+    s->service = std::make_unique<callback_service>(*s);
+  } else {
+    auto service = std::make_unique<cq_service>(*s);
+    async = service.get();
+    s->service = std::move(service);
+  }
   ::grpc::ServerBuilder builder;
   std::string host = cfg.address.find(':') != std::string::npos ? "[" + cfg.address + "]"
                                                                  : cfg.address;
@@ -814,10 +1347,15 @@ std::unique_ptr<grpc_server> grpc_server::start(const grpc_server_config& cfg,
   // A port in use is an error, as for HTTP: grpc would otherwise share it
   // with another server through SO_REUSEPORT.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
+                             static_cast<int>(std::min<uint32_t>(cfg.max_concurrent_streams,
+                                                                 INT_MAX)));
   builder.SetCompressionAlgorithmSupportStatus(GRPC_COMPRESS_GZIP, true);
   builder.SetCompressionAlgorithmSupportStatus(GRPC_COMPRESS_DEFLATE, true);
   if (cfg.compression != grpc_response_compression::none)
     builder.SetDefaultCompressionLevel(to_grpc(cfg.compression));
+  for (uint32_t i = 0; async && i < cfg.threads; ++i)
+    s->cqs.push_back(builder.AddCompletionQueue());
   s->server = builder.BuildAndStart();
   if (!s->server || s->port == 0)
     throw std::runtime_error("cannot listen on the gRPC port " + std::to_string(cfg.port) + " of "
@@ -825,6 +1363,17 @@ std::unique_ptr<grpc_server> grpc_server::start(const grpc_server_config& cfg,
                              + " (--grpc-port, --grpc-address): the port is in use or the "
                                "address is not this machine's; grpc's log above says which "
                                "(--allow-grpc false serves without gRPC)");
+  for (auto& q : s->cqs)
+    s->cq_threads.emplace_back([&st = *s, async, cq = q.get()] {
+      // Named, so that top, perf and the tests tell them from grpc's own.
+      pthread_setname_np(pthread_self(), "grpc-cq");
+      cq_unary_infer::listen(*async, *cq, st);
+      cq_stream_infer::listen(*async, *cq, st);
+      void* tag = nullptr;
+      bool ok = false;
+      while (cq->Next(&tag, &ok))
+        static_cast<cq_tag*>(tag)->on_event(ok);
+    });
   return std::unique_ptr<grpc_server>(new grpc_server(std::move(s)));
 }
 
@@ -847,6 +1396,7 @@ grpc_stop_report grpc_server::stop(std::chrono::milliseconds deadline) {
   begin_drain();
   state_->server->Shutdown(std::chrono::system_clock::now() + deadline);
   state_->server->Wait();
+  state_->close_queues();
   state_->server.reset();
   grpc_stop_report report;
   report.abandoned = state_->abandoned.load();

@@ -1,6 +1,6 @@
 #pragma once
 /// The KServe v2 gRPC ingress: Triton's inference.GRPCInferenceService
-/// (schemas/grpc_service.proto) on grpc++'s callback API, in front of the same
+/// (schemas/grpc_service.proto) on grpc++, in front of the same
 /// pipeline as HTTP: the model manager finds the model, validate.hpp checks
 /// the request, infer_message.hpp builds the InferRequest, and the answer
 /// comes back through a response_sink. docs/grpc.md lists what is served.
@@ -14,6 +14,7 @@
 ///   auto report = grpc->stop(std::chrono::seconds(exit_timeout_secs));
 
 #include "ingress/kserve_codec.hpp"
+#include "ingress/response_cache.hpp"
 #include "ingress/shared_memory.hpp"
 #include "server/model_manager.hpp"
 
@@ -45,6 +46,25 @@ struct grpc_server_config {
   /// (--grpc-stream-max-in-flight); past it the stream is not read until an
   /// answer has been written, so a fast client cannot queue without bound.
   uint32_t stream_max_in_flight = 64;
+  /// Threads serving ModelInfer and ModelStreamInfer, each on its own
+  /// completion queue (--grpc-threads): a request is read and handed to the
+  /// scheduler on one, and its answer is sent from the CAF thread that
+  /// delivers it. 0 serves them on grpc's callback API instead, on the
+  /// thread pool grpc sizes itself (the way before; kept to compare).
+  uint32_t threads = 1;
+  /// Calls (unary and streams) open at once on one connection
+  /// (--grpc-max-concurrent-streams, grpc's GRPC_ARG_MAX_CONCURRENT_STREAMS):
+  /// a client past it waits for one of its calls to end (HTTP/2 flow
+  /// control), so no client holds more server memory than this many calls.
+  uint32_t max_concurrent_streams = 1024;
+  /// ModelInfer calls and ModelStreamInfer streams open at once in the whole
+  /// server (--grpc-max-open-calls); past it a new one is answered
+  /// UNAVAILABLE naming the flag, so that many connections together cannot
+  /// hold memory without bound either.
+  uint32_t max_open_calls = 4096;
+  /// The server's response cache (--cache-config), shared with HTTP; null:
+  /// none. Consulted for models with response_cache enabled, as on HTTP.
+  std::shared_ptr<response_cache> cache;
   /// Shared-memory regions registered over gRPC (--allow-client-shm,
   /// --shm-region-limit).
   shared_memory_config shared_memory;
