@@ -204,7 +204,7 @@ int main(int argc, char** argv) {
   // Sized as the server sizes itself, from the cores this process may use
   // (affinity mask, cgroup quota). A worker has no HTTP loop, and its builtin
   // executors compute on CAF's workers, so CAF gets the compute budget too.
-  auto threads = default_thread_config(usable_cores());
+  auto threads = worker_thread_config(usable_cores());
   if (opts.executor_threads)
     threads.executor_threads = opts.executor_threads;
   cfg.set("scheduler.max-threads",

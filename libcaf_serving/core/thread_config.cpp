@@ -25,6 +25,13 @@ thread_config default_thread_config(unsigned cores) {
   return cfg;
 }
 
+thread_config worker_thread_config(unsigned cores) {
+  thread_config cfg = default_thread_config(cores);
+  cfg.executor_threads += cfg.ingress_threads;
+  cfg.ingress_threads = 0;
+  return cfg;
+}
+
 namespace {
 
 /// Cores' worth of a quota written as cpu.max ("QUOTA PERIOD"); 0 for none.

@@ -32,6 +32,11 @@ struct thread_config {
 /// executors' compute budget is what is left.
 thread_config default_thread_config(unsigned cores);
 
+/// Defaults for caf-serving-worker, which has no HTTP or gRPC ingress: the
+/// cores default_thread_config() would give the event loops go to the
+/// executors (ingress_threads is 0).
+thread_config worker_thread_config(unsigned cores);
+
 /// The cores a process may use: `affinity_cpus` (the CPUs of its
 /// sched_getaffinity mask; 0 if unknown), capped by the CPU quota `cpu_max`
 /// written as cgroup v2's cpu.max ("max 100000" for none, "200000 100000" for

@@ -25,6 +25,16 @@ TEST_CASE("thread defaults fit a 2-core machine and scale up") {
   CHECK(zero.executor_threads >= 1);
 }
 
+TEST_CASE("a worker has no ingress: its event-loop cores go to the executors") {
+  auto two = worker_thread_config(2);
+  CHECK(two.ingress_threads == 0);
+  CHECK(two.executor_threads == 2);
+  auto sixteen = worker_thread_config(16);
+  CHECK(sixteen.ingress_threads == 0);
+  CHECK(sixteen.caf_workers == 4);
+  CHECK(sixteen.executor_threads == 12);
+}
+
 TEST_CASE("usable cores: the affinity mask, capped by the cgroup quota rounded up") {
   struct row {
     unsigned affinity;   // CPUs in sched_getaffinity's mask, 0 if unknown
