@@ -741,6 +741,45 @@ TEST_CASE("system shared memory over gRPC: inputs read from and outputs written 
   CHECK(stub->SystemSharedMemoryUnregister(&uctx, u, &ur).ok());
 }
 
+TEST_CASE("CUDA shared memory over gRPC is answered as a Triton without GPUs answers: "
+          "status empty, unregister succeeds, register refused with a reason") {
+  // Triton's own examples (simple_grpc_shm_client.py, reuse_infer_objects_client.py)
+  // start by unregistering every CUDA region; an error there stops them.
+  test_server server({example_model("simple")}, {"--allow-client-shm", "true"});
+  auto stub = connect(server.process->grpc_port());
+  {
+    grpc::ClientContext ctx;
+    pb::CudaSharedMemoryUnregisterResponse r;
+    auto status = stub->CudaSharedMemoryUnregister(&ctx, {}, &r);
+    CHECK_MESSAGE(status.ok(), status.error_message());
+  }
+  {
+    grpc::ClientContext ctx;
+    pb::CudaSharedMemoryStatusResponse r;
+    auto status = stub->CudaSharedMemoryStatus(&ctx, {}, &r);
+    CHECK_MESSAGE(status.ok(), status.error_message());
+    CHECK(r.regions().empty());
+  }
+  {
+    grpc::ClientContext ctx;
+    pb::CudaSharedMemoryStatusRequest req;
+    req.set_name("nope");
+    pb::CudaSharedMemoryStatusResponse r;
+    auto status = stub->CudaSharedMemoryStatus(&ctx, req, &r);
+    CHECK(status.error_code() == grpc::StatusCode::NOT_FOUND);
+  }
+  {
+    grpc::ClientContext ctx;
+    pb::CudaSharedMemoryRegisterRequest req;
+    req.set_name("gpu0");
+    req.set_byte_size(64);
+    pb::CudaSharedMemoryRegisterResponse r;
+    auto status = stub->CudaSharedMemoryRegister(&ctx, req, &r);
+    CHECK_FALSE(status.ok());
+    CHECK(status.error_message().find("system shared memory") != std::string::npos);
+  }
+}
+
 TEST_CASE("SIGTERM drains gRPC: a call in flight is answered, an idle stream is closed, "
           "then the server exits 0") {
   test_server server({test_model("slow_queue")});

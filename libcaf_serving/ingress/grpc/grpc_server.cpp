@@ -1193,20 +1193,37 @@ public:
     return answer(ctx, Status::OK);
   }
 
+  // CUDA shared memory is answered as by a Triton built without GPU support,
+  // and as the HTTP side answers /v2/cudasharedmemory (shm_api.cpp): no region
+  // can exist, so the status of all is empty and unregistering succeeds (the
+  // clean-up Triton's examples start with); registering one is refused.
   ServerUnaryReactor* CudaSharedMemoryStatus(CallbackServerContext* ctx,
-                                             const pb::CudaSharedMemoryStatusRequest*,
+                                             const pb::CudaSharedMemoryStatusRequest* request,
                                              pb::CudaSharedMemoryStatusResponse*) override {
-    return answer(ctx, no_cuda_shm());
+    if (request->name().empty())
+      return answer(ctx, Status::OK);
+    if (state_.shm.status(request->name(), region_kind::system))
+      return answer(ctx, Status(StatusCode::NOT_FOUND,
+                                "The region named '" + request->name()
+                                  + "' is registered as system shared memory, not CUDA shared "
+                                    "memory; SystemSharedMemoryStatus shows it"));
+    return answer(ctx, Status(StatusCode::NOT_FOUND,
+                              "Unable to find cuda shared memory region: '" + request->name()
+                                + "'; caf-serving does not support CUDA shared memory yet"));
   }
   ServerUnaryReactor* CudaSharedMemoryRegister(CallbackServerContext* ctx,
                                                const pb::CudaSharedMemoryRegisterRequest*,
                                                pb::CudaSharedMemoryRegisterResponse*) override {
+    if (!state_.shm.config().allow_client_shm)
+      return answer(ctx, shm_disabled());
     return answer(ctx, no_cuda_shm());
   }
   ServerUnaryReactor* CudaSharedMemoryUnregister(CallbackServerContext* ctx,
                                                  const pb::CudaSharedMemoryUnregisterRequest*,
                                                  pb::CudaSharedMemoryUnregisterResponse*) override {
-    return answer(ctx, no_cuda_shm());
+    if (!state_.shm.config().allow_client_shm)
+      return answer(ctx, shm_disabled());
+    return answer(ctx, Status::OK); // no CUDA region can exist
   }
 
   ServerUnaryReactor* TraceSetting(CallbackServerContext* ctx, const pb::TraceSettingRequest*,
