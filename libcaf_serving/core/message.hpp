@@ -20,8 +20,10 @@ namespace caf_serving {
 
 struct message_storage {
   explicit message_storage(unsigned first_segment_words)
-      : builder(first_segment_words) {}
+      : builder(first_segment_words), first_segment_words(first_segment_words) {}
   capnp::MallocMessageBuilder builder;
+  /// What the first segment was sized to (Cap'n Proto zeroes all of it).
+  unsigned first_segment_words;
   /// Owners of external bytes this message references (see above).
   std::vector<std::shared_ptr<const void>> keep_alive;
 };
@@ -67,6 +69,17 @@ public:
   }
 
   capnp::Orphanage orphanage() { return storage_->builder.getOrphanage(); }
+
+  /// Bytes allocated (and zeroed) for the first segment of a built message;
+  /// what `size_hint_bytes` cost. 0 for a received message.
+  size_t first_segment_bytes() const {
+    return storage_ ? size_t{storage_->first_segment_words} * sizeof(capnp::word) : 0;
+  }
+
+  /// Segments a built message has grown to: 1 when its size hint sufficed.
+  size_t segment_count() const {
+    return storage_ ? storage_->builder.getSegmentsForOutput().size() : 0;
+  }
 
   /// Makes `data` (owned by `owner`) part of this message without copying it.
   /// Cap'n Proto can only reference word-aligned bytes; others are copied (in

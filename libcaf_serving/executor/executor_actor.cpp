@@ -1,6 +1,7 @@
 #include "executor/executor_actor.hpp"
 
 #include "core/clock.hpp"
+#include "core/message_size.hpp"
 
 #include <kj/exception.h>
 
@@ -77,7 +78,22 @@ batch_result_message run_one_batch(backend& be, const model_config& cfg,
     input_bytes += tv.size;
     view.inputs.push_back(std::move(tv));
   }
-  auto result = batch_result_message::create(input_bytes + 4096);
+  // Sized from what the result will hold (message_size.hpp): each output's
+  // name, shape and elements where the config fixes them; the inputs' bytes
+  // stand in for outputs of variable size.
+  size_t hint = 0;
+  bool all_fixed = true;
+  for (const auto& out : cfg.outputs) {
+    hint += tensor_metadata_bytes(out.name.size(), out.dims.size() + 1);
+    auto bytes = fixed_tensor_bytes(out, cfg.max_batch_size > 0, view.rows);
+    if (bytes)
+      hint += capnp_words_bytes(*bytes);
+    else
+      all_fixed = false;
+  }
+  if (!all_fixed)
+    hint += capnp_words_bytes(input_bytes);
+  auto result = batch_result_message::create(hint);
   auto r = result.builder();
   r.setBatchId(batch.getBatchId());
   message_output_writer writer(cfg, r.initOutputs(static_cast<unsigned>(cfg.outputs.size())));

@@ -20,12 +20,14 @@
 #include <kj/compat/http.h>
 #include <kj/mutex.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cctype>
 #include <cerrno>
 #include <csignal>
 #include <cstring>
 #include <iostream>
+#include <memory>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -178,11 +180,52 @@ private:
   }
 };
 
+/// A request body's bytes. Unlike a std::string, whose resize zero-fills what
+/// the socket then overwrites (a memset of the whole body per request), growing
+/// leaves the new bytes uninitialised. A NUL follows the bytes, as in a
+/// std::string, and the room past it is readable (padding()).
+class body_bytes {
+public:
+  const char* data() const { return data_.get(); }
+  char* data() { return data_.get(); }
+  size_t size() const { return size_; }
+  /// Allocated bytes readable after the end, which the JSON parser may use
+  /// as its padding.
+  size_t padding() const { return capacity_ - size_; }
+
+  /// Makes room for `n` bytes and `spare` more after them, keeping the bytes
+  /// there are; the new ones are uninitialised until written.
+  void grow(size_t n, size_t spare) {
+    if (n + spare + 1 > capacity_) {
+      std::unique_ptr<char[]> bigger(new char[n + spare + 1]); // not zeroed
+      if (size_ != 0)
+        std::memcpy(bigger.get(), data_.get(), std::min(size_, n));
+      data_ = std::move(bigger);
+      capacity_ = n + spare + 1;
+    }
+    size_ = n;
+  }
+
+  /// Ends the bytes at `n` (at most size()), with a NUL after them.
+  void truncate(size_t n) {
+    size_ = std::min(n, size_);
+    if (data_)
+      data_[size_] = '\0';
+  }
+
+  std::string_view view() const { return {data_.get(), size_}; }
+
+private:
+  std::unique_ptr<char[]> data_;
+  size_t size_ = 0;
+  size_t capacity_ = 0;
+};
+
 /// A request body as read from the connection, or why there is none.
 struct body_read {
   enum class outcome { complete, too_large, disconnected, malformed, stalled };
   outcome result = outcome::complete;
-  std::string bytes;
+  body_bytes bytes;
   size_t used = 0;
 };
 
@@ -201,6 +244,10 @@ size_t read_padding(const std::string& s) {
   return s.capacity() - s.size();
 }
 
+size_t read_padding(const body_bytes& b) {
+  return b.padding();
+}
+
 /// Reads a request body into memory, at most `limit` bytes: one more means
 /// too_large. Each read waits at most `stall` for the client's next bytes.
 /// Unlike readAllBytes, every way of failing is told apart: kj reports a body
@@ -217,8 +264,7 @@ public:
                             : std::min<size_t>(size_t{64} << 10, limit_ + 1);
     // Room past the body for the JSON parser's padding, so that it parses
     // the body where it lies instead of a padded copy (read_padding()).
-    body_.bytes.reserve(first + json_parser_padding);
-    body_.bytes.resize(first);
+    body_.bytes.grow(first, json_parser_padding);
   }
 
   kj::Promise<body_read> read() {
@@ -238,9 +284,9 @@ private:
       return kj::READY_NOW;
     }
     if (body_.used == body_.bytes.size())
-      body_.bytes.resize(std::min(body_.bytes.size() * 2, limit_ + 1));
+      body_.bytes.grow(std::min(body_.bytes.size() * 2, limit_ + 1), json_parser_padding);
     constexpr size_t stalled = ~size_t{0};
-    auto got = in_.tryRead(&body_.bytes[body_.used], 1, body_.bytes.size() - body_.used)
+    auto got = in_.tryRead(body_.bytes.data() + body_.used, 1, body_.bytes.size() - body_.used)
                  .exclusiveJoin(timer_.afterDelay(stall_).then([]() { return stalled; }));
     return got.then([this](size_t n) -> kj::Promise<void> {
       if (n == stalled) {
@@ -248,14 +294,14 @@ private:
         return kj::READY_NOW;
       }
       if (n == 0) {
-        body_.bytes.resize(body_.used);
+        body_.bytes.truncate(body_.used);
         return kj::READY_NOW;
       }
       body_.used += n;
       // A declared length read whole is the end: kj's stream would only
       // answer the next read with 0 (a timer and three promise nodes more).
       if (expected_ && body_.used == *expected_) {
-        body_.bytes.resize(body_.used);
+        body_.bytes.truncate(body_.used);
         return kj::READY_NOW;
       }
       return loop();
@@ -557,7 +603,7 @@ private:
           .then([this, &response, limit = std::move(limit)](body_read read) {
           if (read.result != body_read::outcome::complete)
             return send_body_read_error(response, read, limit);
-          auto request = parse_index_request(read.bytes);
+          auto request = parse_index_request(read.bytes.view());
           if (!request)
             return send_error(response, request.error());
           std::vector<index_entry> rows;
@@ -589,7 +635,7 @@ private:
                  limit = std::move(limit)](body_read read) -> kj::Promise<void> {
             if (read.result != body_read::outcome::complete)
               return send_body_read_error(response, read, limit);
-            return control(response, name, unload, std::move(read.bytes));
+            return control(response, name, unload, std::string(read.bytes.view()));
           });
       });
     return send_error(response, 404,
@@ -829,7 +875,7 @@ private:
           // to_message has copied them into the request message.
           std::string inflated_body;
           std::string_view body_view(read.bytes.data(), read.bytes.size());
-          const std::string* body_buffer = &read.bytes;
+          size_t body_padding = read_padding(read.bytes);
           if (!encoding_header.empty()) {
             auto enc = parse_content_encoding(encoding_header);
             if (!enc)
@@ -840,12 +886,12 @@ private:
                 return fail(inflated.error());
               inflated_body = std::move(*inflated);
               body_view = inflated_body;
-              body_buffer = &inflated_body;
+              body_padding = read_padding(inflated_body);
             }
           }
           parse_input in;
           in.body = body_view;
-          in.readable_padding = read_padding(*body_buffer);
+          in.readable_padding = body_padding;
           in.content_type = content_type;
           in.limits = cfg_.limits;
           in.model = &model->config;

@@ -1,6 +1,7 @@
 #include "scheduler/scheduler_actor.hpp"
 
 #include "core/clock.hpp"
+#include "core/message_size.hpp"
 #include "postprocess/response_builder.hpp"
 
 #include <caf/typed_event_based_actor.hpp>
@@ -144,7 +145,16 @@ result<batch_message> gather_batch(const model_config& model, uint64_t batch_id,
                              + std::to_string(bytes) + " bytes, more than a Cap'n Proto "
                              "Data field holds; lower --max-batch-bytes"};
   }
-  auto msg = batch_message::create(jobs.size() == 1 ? 2048 : total + 2048);
+  // Sized from what the batch holds (message_size.hpp): the copied inputs
+  // (none for a lone request, whose bytes are referenced), the requests' row
+  // counts and each input's name and shape.
+  size_t hint = capnp_words_bytes(model.name.size() + 1) + capnp_words_bytes(4 * jobs.size())
+                + (jobs.size() == 1 ? 0 : static_cast<size_t>(total));
+  for (unsigned i = 0; i < first_inputs.size(); ++i)
+    hint += tensor_metadata_bytes(first_inputs[i].getName().size(),
+                                  first_inputs[i].getShape().size())
+            + (jobs.size() == 1 ? 0 : capnp_words_bytes(input_bytes[i]) - input_bytes[i]);
+  auto msg = batch_message::create(hint);
   auto b = msg.builder();
   b.setBatchId(batch_id);
   b.setModelName(model.name);
@@ -758,7 +768,10 @@ std::optional<batch_message> synthetic_batch(const model_config& model, uint64_t
       return std::nullopt;
     total += n;
   }
-  auto msg = batch_message::create(total + 2048);
+  size_t hint = capnp_words_bytes(model.name.size() + 1) + 8 + static_cast<size_t>(total);
+  for (const auto& in : model.inputs)
+    hint += tensor_metadata_bytes(in.name.size(), in.dims.size() + 1) + 8;
+  auto msg = batch_message::create(hint);
   auto b = msg.builder();
   b.setBatchId(batch_id);
   b.setModelName(model.name);

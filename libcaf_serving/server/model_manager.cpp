@@ -760,22 +760,23 @@ result<std::shared_ptr<const model_pipeline>> model_manager::find(const std::str
   // repository manager's "Request for unknown model: ..."), which Triton's
   // clients and tests match on, and goes on with this server's explanation.
   std::lock_guard<std::mutex> guard(mutex_);
-  const std::string quoted = "'" + name + "'";
+  // Built only for an error: a found model costs no allocation here.
+  auto quoted = [&name]() { return "'" + name + "'"; };
   auto it = models_.find(name);
   if (it == models_.end())
-    return not_found("Request for unknown model: " + quoted + " is not found; POST "
+    return not_found("Request for unknown model: " + quoted() + " is not found; POST "
                      "/v2/repository/index lists the models this server knows");
   const auto& r = it->second;
   if (r.served.empty()) {
-    std::string why = "model " + quoted + " is not ready: "
+    std::string why = "model " + quoted() + " is not ready: "
                       + (r.reason.empty() ? std::string("not loaded") : r.reason);
     if (version != 0)
       return serving_error{status_code::unavailable,
-                           "Request for unknown model: " + quoted + " version "
+                           "Request for unknown model: " + quoted() + " version "
                              + std::to_string(version) + " is not at ready state; " + why,
                            failure_reason::unavailable};
     return serving_error{status_code::not_found,
-                         "Request for unknown model: " + quoted + " has no available versions; "
+                         "Request for unknown model: " + quoted() + " has no available versions; "
                            + why,
                          failure_reason::unavailable};
   }
@@ -784,7 +785,7 @@ result<std::shared_ptr<const model_pipeline>> model_manager::find(const std::str
     std::string served;
     for (const auto& [v, p] : r.served)
       served += (served.empty() ? "" : ", ") + std::to_string(v);
-    return not_found("Request for unknown model: " + quoted + " version "
+    return not_found("Request for unknown model: " + quoted() + " version "
                      + std::to_string(version) + " is not found; versions served: " + served);
   }
   auto why = not_ready_reason(*chosen->second);
@@ -800,9 +801,9 @@ result<std::shared_ptr<const model_pipeline>> model_manager::find(const std::str
   }
   if (why)
     return serving_error{status_code::unavailable,
-                         "Request for unknown model: " + quoted + " version "
+                         "Request for unknown model: " + quoted() + " version "
                            + std::to_string(chosen->first) + " is not at ready state; model "
-                           + quoted + " version " + std::to_string(chosen->first)
+                           + quoted() + " version " + std::to_string(chosen->first)
                            + " is not ready: " + *why,
                          failure_reason::unavailable};
   return chosen->second;

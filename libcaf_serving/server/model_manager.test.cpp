@@ -11,13 +11,33 @@
 #include <future>
 #include <memory>
 #include <fstream>
+#include <cstdlib>
 #include <cstring>
+#include <new>
 #include <thread>
 
 #include <unistd.h>
 
 using namespace caf_serving;
 namespace fs = std::filesystem;
+
+namespace {
+/// Allocations made by this thread (the operator new below counts them).
+thread_local size_t thread_allocations = 0;
+} // namespace
+
+void* operator new(std::size_t n) {
+  ++thread_allocations;
+  if (void* p = std::malloc(n == 0 ? 1 : n))
+    return p;
+  throw std::bad_alloc{};
+}
+void operator delete(void* p) noexcept {
+  std::free(p);
+}
+void operator delete(void* p, std::size_t) noexcept {
+  std::free(p);
+}
 
 namespace {
 
@@ -98,6 +118,35 @@ TEST_CASE("a scheduler that stops abnormally is replaced by loading the model ag
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     CHECK_FALSE(models.find("echo").ok());
   }
+}
+
+TEST_CASE("find allocates nothing for a served model, whatever the length of its name") {
+  // find() runs once per inference request; it used to build the quoted name
+  // for its error messages up front, a heap allocation for names past the
+  // short-string buffer.
+  running_manager running;
+  const std::string name = "a_model_name_longer_than_the_short_string_buffer";
+  fs::copy(running.repo.path / "echo", running.repo.path / name,
+           fs::copy_options::recursive);
+  {
+    std::ofstream config(running.repo.path / name / "config.pbtxt");
+    config << "name: \"" << name << "\"\nbackend: \"builtin\"\nmax_batch_size: 4\n"
+           << "input [ { name: \"INPUT0\" data_type: TYPE_FP32 dims: [ 2 ] } ]\n"
+           << "output [ { name: \"OUTPUT0\" data_type: TYPE_FP32 dims: [ 2 ] } ]\n"
+           << "parameters { key: \"function\" value: { string_value: \"identity\" } }\n";
+  }
+  std::promise<std::variant<std::monostate, serving_error>> loaded;
+  running.models->load_async(name, [&](auto r) { loaded.set_value(std::move(r)); });
+  REQUIRE(std::holds_alternative<std::monostate>(loaded.get_future().get()));
+  size_t before = thread_allocations;
+  auto found = running.models->find(name);
+  size_t allocations = thread_allocations - before;
+  REQUIRE(found.ok());
+  CHECK(allocations == 0);
+  // The error messages still quote the name.
+  auto missing = running.models->find(name + "_missing");
+  REQUIRE_FALSE(missing.ok());
+  CHECK(missing.error().message.find("'" + name + "_missing'") != std::string::npos);
 }
 
 TEST_CASE("load_async reports on the loader thread; an unknown model is a 404") {

@@ -7,6 +7,8 @@
 
 #include <doctest/doctest.h>
 
+#include <cstdio>
+
 using namespace caf_serving::server_test;
 
 namespace {
@@ -116,6 +118,34 @@ TEST_CASE("identity_fp32 returns FP32 values bit for bit, flat and nested JSON")
                 json_content);
   REQUIRE_MESSAGE(r.status == 200, r.body);
   check_simple_response(json_document::parse(r.body), a, b, 1);
+}
+
+TEST_CASE("a chunked body that outgrows the first 64 KiB buffer arrives whole") {
+  // Without a Content-Length the body buffer starts at 64 KiB and grows while
+  // the chunks arrive (body_bytes in http_server.cpp, which leaves new room
+  // uninitialised): every byte read before a growth must survive it.
+  std::vector<float> v;
+  for (int i = 0; i < 16; ++i)
+    v.push_back(0.5f * static_cast<float>(i) - 3.25f);
+  std::string id(150000, ' ');
+  for (size_t i = 0; i < id.size(); ++i)
+    id[i] = static_cast<char>('a' + i % 26);
+  auto body = fp32_identity_body(v, 1, ",\"id\":\"" + id + "\"");
+  std::string request = "POST /v2/models/identity_fp32/infer HTTP/1.1\r\nHost: x\r\n"
+                        "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n";
+  for (size_t at = 0; at < body.size(); at += 10000) {
+    auto piece = body.substr(at, 10000);
+    char size_line[32];
+    std::snprintf(size_line, sizeof(size_line), "%zx\r\n", piece.size());
+    request += size_line + piece + "\r\n";
+  }
+  request += "0\r\n\r\n";
+  auto http = server().client();
+  auto r = http.raw_request(request);
+  REQUIRE_MESSAGE(r.status == 200, r.body.substr(0, 500));
+  auto doc = json_document::parse(r.body);
+  CHECK(doc.string_at("/id") == id);
+  CHECK(fp32_output(doc) == v);
 }
 
 TEST_CASE("identity_bytes returns strings, escapes and non-ASCII included") {
