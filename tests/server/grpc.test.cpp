@@ -741,6 +741,71 @@ TEST_CASE("system shared memory over gRPC: inputs read from and outputs written 
   CHECK(stub->SystemSharedMemoryUnregister(&uctx, u, &ur).ok());
 }
 
+TEST_CASE("one registry of shared-memory regions for HTTP and gRPC, as Triton's: a region "
+          "registered over HTTP is used and listed over gRPC, and unregistered over gRPC it is "
+          "gone for HTTP too") {
+  test_server server({example_model("simple")}, {"--allow-client-shm", "true"});
+  auto http = server.client();
+  auto stub = connect(server.process->grpc_port());
+  caf_serving::support::shm_object region(256, "both");
+  auto a = iota16(5), b = iota16(70);
+  region.put(0, a);
+  region.put(64, b);
+  auto registered = http.post("/v2/systemsharedmemory/region/shared0/register",
+                              "{\"key\":\"" + region.key + "\",\"offset\":0,\"byte_size\":256}",
+                              json_content);
+  REQUIRE_MESSAGE(registered.status == 200, registered.body);
+  {
+    grpc::ClientContext ctx;
+    pb::SystemSharedMemoryStatusRequest req;
+    req.set_name("shared0");
+    pb::SystemSharedMemoryStatusResponse s;
+    auto status = stub->SystemSharedMemoryStatus(&ctx, req, &s);
+    REQUIRE_MESSAGE(status.ok(), status.error_message());
+    CHECK(s.regions().count("shared0") == 1);
+  }
+  // Inference over gRPC with inputs and an output in the region HTTP registered.
+  pb::ModelInferRequest r;
+  r.set_model_name("simple");
+  int64_t offsets[] = {0, 64};
+  const char* names[] = {"INPUT0", "INPUT1"};
+  for (int i = 0; i < 2; ++i) {
+    auto* in = add_input(r, names[i], "INT32", {1, 16});
+    (*in->mutable_parameters())["shared_memory_region"].set_string_param("shared0");
+    (*in->mutable_parameters())["shared_memory_offset"].set_int64_param(offsets[i]);
+    (*in->mutable_parameters())["shared_memory_byte_size"].set_int64_param(64);
+  }
+  auto* out = r.add_outputs();
+  out->set_name("OUTPUT0");
+  (*out->mutable_parameters())["shared_memory_region"].set_string_param("shared0");
+  (*out->mutable_parameters())["shared_memory_offset"].set_int64_param(128);
+  (*out->mutable_parameters())["shared_memory_byte_size"].set_int64_param(64);
+  {
+    grpc::ClientContext ctx;
+    pb::ModelInferResponse reply;
+    auto status = stub->ModelInfer(&ctx, r, &reply);
+    REQUIRE_MESSAGE(status.ok(), status.error_message());
+    CHECK(region.get<int32_t>(128, 16) == sum(a, b));
+  }
+  {
+    grpc::ClientContext ctx;
+    pb::SystemSharedMemoryStatusResponse s;
+    REQUIRE(stub->SystemSharedMemoryStatus(&ctx, {}, &s).ok());
+    REQUIRE(s.regions().count("shared0") == 1);
+    CHECK(s.regions().at("shared0").key() == region.key);
+    CHECK(s.regions().at("shared0").byte_size() == 256);
+  }
+  {
+    grpc::ClientContext ctx;
+    pb::SystemSharedMemoryUnregisterRequest u;
+    u.set_name("shared0");
+    pb::SystemSharedMemoryUnregisterResponse ur;
+    REQUIRE(stub->SystemSharedMemoryUnregister(&ctx, u, &ur).ok());
+  }
+  CHECK(http.get("/v2/systemsharedmemory/region/shared0/status").status == 404);
+  CHECK(http.get("/v2/systemsharedmemory/status").body == "[]");
+}
+
 TEST_CASE("CUDA shared memory over gRPC is answered as a Triton without GPUs answers: "
           "status empty, unregister succeeds, register refused with a reason") {
   // Triton's own examples (simple_grpc_shm_client.py, reuse_infer_objects_client.py)

@@ -57,7 +57,8 @@ using infer_done = std::function<void(infer_outcome)>;
 struct grpc_server::state {
   grpc_server_config cfg;
   server::model_manager& models;
-  shared_memory_registry shm;
+  /// The server's one registry of regions, shared with HTTP (as Triton's).
+  std::shared_ptr<shared_memory_registry> shm;
   std::atomic<bool> draining{false};
   /// Calls cancelled while waiting for the pipeline during the drain.
   std::atomic<size_t> abandoned{0};
@@ -129,7 +130,10 @@ struct grpc_server::state {
   }
 
   state(const grpc_server_config& c, server::model_manager& m)
-      : cfg(c), models(m), shm(c.shared_memory) {}
+      : cfg(c), models(m),
+        shm(c.shared_memory_regions
+              ? c.shared_memory_regions
+              : std::make_shared<shared_memory_registry>(c.shared_memory)) {}
 
   /// ModelInfer calls and streams open now (cfg.max_open_calls).
   std::atomic<uint32_t> open_calls{0};
@@ -314,7 +318,7 @@ void grpc_server::state::start_infer(const pb::ModelInferRequest& request, int64
   auto parsed = grpc_api::to_infer_request(request, cfg.limits);
   if (!parsed)
     return fail(parsed.error());
-  auto bound = bind_shared_memory(*parsed, shm, model->config);
+  auto bound = bind_shared_memory(*parsed, *shm, model->config);
   if (!bound)
     return fail(bound.error());
   auto checked = validate(*parsed, model->config, cfg.limits);
@@ -1153,7 +1157,7 @@ public:
     std::optional<std::string> name;
     if (!request->name().empty())
       name = request->name();
-    auto regions = state_.shm.status(name, region_kind::system);
+    auto regions = state_.shm->status(name, region_kind::system);
     if (!regions)
       return answer(ctx, regions.error());
     for (const auto& r : *regions) {
@@ -1169,12 +1173,12 @@ public:
   ServerUnaryReactor* SystemSharedMemoryRegister(
     CallbackServerContext* ctx, const pb::SystemSharedMemoryRegisterRequest* request,
     pb::SystemSharedMemoryRegisterResponse*) override {
-    if (!state_.shm.config().allow_client_shm)
+    if (!state_.shm->config().allow_client_shm)
       return answer(ctx, shm_disabled());
     if (request->name().empty())
       return answer(ctx, bad_request("'name' is necessary to register a system shared memory "
                                      "region"));
-    auto r = state_.shm.register_system(request->name(), request->key(), request->offset(),
+    auto r = state_.shm->register_system(request->name(), request->key(), request->offset(),
                                         request->byte_size());
     if (!r)
       return answer(ctx, r.error());
@@ -1184,12 +1188,12 @@ public:
   ServerUnaryReactor* SystemSharedMemoryUnregister(
     CallbackServerContext* ctx, const pb::SystemSharedMemoryUnregisterRequest* request,
     pb::SystemSharedMemoryUnregisterResponse*) override {
-    if (!state_.shm.config().allow_client_shm)
+    if (!state_.shm->config().allow_client_shm)
       return answer(ctx, shm_disabled());
     if (request->name().empty())
-      state_.shm.unregister_all(region_kind::system);
+      state_.shm->unregister_all(region_kind::system);
     else
-      state_.shm.unregister(request->name(), region_kind::system);
+      state_.shm->unregister(request->name(), region_kind::system);
     return answer(ctx, Status::OK);
   }
 
@@ -1202,7 +1206,7 @@ public:
                                              pb::CudaSharedMemoryStatusResponse*) override {
     if (request->name().empty())
       return answer(ctx, Status::OK);
-    if (state_.shm.status(request->name(), region_kind::system))
+    if (state_.shm->status(request->name(), region_kind::system))
       return answer(ctx, Status(StatusCode::NOT_FOUND,
                                 "The region named '" + request->name()
                                   + "' is registered as system shared memory, not CUDA shared "
@@ -1214,14 +1218,14 @@ public:
   ServerUnaryReactor* CudaSharedMemoryRegister(CallbackServerContext* ctx,
                                                const pb::CudaSharedMemoryRegisterRequest*,
                                                pb::CudaSharedMemoryRegisterResponse*) override {
-    if (!state_.shm.config().allow_client_shm)
+    if (!state_.shm->config().allow_client_shm)
       return answer(ctx, shm_disabled());
     return answer(ctx, no_cuda_shm());
   }
   ServerUnaryReactor* CudaSharedMemoryUnregister(CallbackServerContext* ctx,
                                                  const pb::CudaSharedMemoryUnregisterRequest*,
                                                  pb::CudaSharedMemoryUnregisterResponse*) override {
-    if (!state_.shm.config().allow_client_shm)
+    if (!state_.shm->config().allow_client_shm)
       return answer(ctx, shm_disabled());
     return answer(ctx, Status::OK); // no CUDA region can exist
   }

@@ -65,9 +65,14 @@ struct grpc_server_config {
   /// The server's response cache (--cache-config), shared with HTTP; null:
   /// none. Consulted for models with response_cache enabled, as on HTTP.
   std::shared_ptr<response_cache> cache;
-  /// Shared-memory regions registered over gRPC (--allow-client-shm,
-  /// --shm-region-limit).
+  /// --allow-client-shm, --shm-region-limit: used for a registry of gRPC's
+  /// own when shared_memory_regions is null.
   shared_memory_config shared_memory;
+  /// The server's one registry of regions, shared with HTTP
+  /// (http_server_config::shared_memory_regions), as Triton keeps one: a
+  /// region registered over either protocol is used, listed and
+  /// unregistered over both. Null: a registry of gRPC's own.
+  std::shared_ptr<shared_memory_registry> shared_memory_regions;
 };
 
 /// How the drain after a stop signal ended.
