@@ -889,6 +889,72 @@ TEST_CASE("SIGTERM drains gRPC: a call in flight is answered, an idle stream is 
   CHECK(server.process->wait_exit(std::chrono::seconds(20)) == 0);
 }
 
+namespace {
+
+pb::ModelInferRequest slow_drain_request(float v) {
+  pb::ModelInferRequest r;
+  r.set_model_name("slow_drain");
+  add_input(r, "INPUT0", "FP32", {1, 3});
+  r.add_raw_input_contents(raw_bytes(std::vector<float>{v, v + 1, v + 2}));
+  return r;
+}
+
+} // namespace
+
+TEST_CASE("SIGTERM with calls and streams cancelled by their clients still in the pipeline, "
+          "and others in flight: the server exits 0, every call object gone before the "
+          "grpc server (repeated, on completion queues and on the callback API)") {
+  // A call the client cancelled is over for grpc, but its request stays in
+  // the pipeline (slow_drain: 250 ms per batch of 2) and is answered after
+  // the gRPC server has stopped; the answer must find a tombstone, not a
+  // call whose ServerContext outlived its server.
+  for (const char* threads : {"1", "4", "0", "1"}) {
+    CAPTURE(threads);
+    test_server server({test_model("slow_drain")}, {"--grpc-threads", threads});
+    auto port = server.process->grpc_port();
+    constexpr int unary = 10, streams = 4, per_stream = 3, kept = 2;
+    std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+    for (int i = 0; i < unary + streams + kept; ++i)
+      contexts.push_back(std::make_unique<grpc::ClientContext>());
+    std::vector<std::future<grpc::StatusCode>> calls;
+    for (int i = 0; i < unary + kept; ++i)
+      calls.push_back(std::async(std::launch::async, [port, i, ctx = contexts[i].get()] {
+        auto stub = connect(port);
+        pb::ModelInferResponse reply;
+        return stub->ModelInfer(ctx, slow_drain_request(static_cast<float>(i)), &reply)
+          .error_code();
+      }));
+    for (int i = 0; i < streams; ++i)
+      calls.push_back(std::async(std::launch::async,
+                                 [port, i, ctx = contexts[unary + kept + i].get()] {
+                                   auto stub = connect(port);
+                                   auto stream = stub->ModelStreamInfer(ctx);
+                                   for (int k = 0; k < per_stream; ++k)
+                                     stream->Write(slow_drain_request(static_cast<float>(i + k)));
+                                   pb::ModelStreamInferResponse answer;
+                                   while (stream->Read(&answer)) {
+                                   }
+                                   return stream->Finish().error_code();
+                                 }));
+    int total = unary + kept + streams * per_stream;
+    REQUIRE(eventually([&] { return pending_requests(server, "slow_drain") >= total - 2; }));
+    // Cancel all but the `kept` unary calls (the first ones sent may be the
+    // ones running; which ones does not matter).
+    for (int i = kept; i < unary + kept + streams; ++i)
+      contexts[i]->TryCancel();
+    for (int i = kept; i < unary + kept + streams; ++i)
+      CHECK(calls[i].get() == grpc::StatusCode::CANCELLED);
+    server.process->send_signal(SIGTERM);
+    for (int i = 0; i < kept; ++i) {
+      auto code = calls[i].get();
+      // Answered, or cancelled by the drain's deadline: never lost.
+      CHECK((code == grpc::StatusCode::OK || code == grpc::StatusCode::UNAVAILABLE));
+    }
+    CHECK_MESSAGE(server.process->wait_exit(std::chrono::seconds(40)) == 0,
+                  server.process->output());
+  }
+}
+
 TEST_CASE("--allow-grpc false serves HTTP only") {
   test_server server({example_model("simple")}, {"--allow-grpc", "false"});
   CHECK(server.process->grpc_port() == 0);

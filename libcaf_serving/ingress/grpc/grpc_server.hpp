@@ -104,6 +104,10 @@ public:
 
 private:
   explicit grpc_server(std::unique_ptr<state> s);
+  /// Waits up to `deadline` for every call object to be gone, then
+  /// destroys the grpc::Server; past it, leaves server and state alive (the
+  /// process is exiting), so no ServerContext outlives its server.
+  void release_calls(std::chrono::milliseconds deadline);
   std::unique_ptr<state> state_;
 };
 
