@@ -157,6 +157,10 @@ int main(int argc, char** argv) {
   if (opts.cache.max_bytes > 0)
     opts.http.cache = std::make_shared<ingress::response_cache>(opts.cache);
   opts.grpc.cache = opts.http.cache;
+  // One registry of shared-memory regions for HTTP and gRPC, as Triton's.
+  opts.http.shared_memory_regions
+    = std::make_shared<ingress::shared_memory_registry>(opts.http.shared_memory);
+  opts.grpc.shared_memory_regions = opts.http.shared_memory_regions;
 
   // gRPC (docs/grpc.md) serves on its own threads; it starts draining when
   // the HTTP server sees the stop signal, within the same exit timeout.

@@ -1417,7 +1417,10 @@ stop_report run_http_server(const http_server_config& cfg, server::model_manager
   kj::HttpHeaderTable::Builder builder;
   header_ids ids(builder);
   auto table = builder.build();
-  shared_memory_registry shm(cfg.shared_memory);
+  auto regions = cfg.shared_memory_regions
+                   ? cfg.shared_memory_regions
+                   : std::make_shared<shared_memory_registry>(cfg.shared_memory);
+  shared_memory_registry& shm = *regions;
   connection_count http_connections, metrics_connections;
   unsigned loops = std::max(cfg.event_loops, 1u);
   std::vector<std::atomic<uint64_t>> accepted_by_loop(loops);

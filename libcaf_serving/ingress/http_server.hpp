@@ -63,6 +63,9 @@ struct http_server_config {
   uint32_t exit_timeout_secs = 30;
   /// Client shared-memory regions (--allow-client-shm, --shm-region-limit).
   shared_memory_config shared_memory;
+  /// The server's one registry of regions, shared with gRPC; null: one of
+  /// HTTP's own (from shared_memory).
+  std::shared_ptr<shared_memory_registry> shared_memory_regions;
   /// The server's response cache (--cache-config local,size=N), one for all
   /// event loops; used for models with response_cache { enable: true }.
   /// Null: no cache.

@@ -741,6 +741,71 @@ TEST_CASE("system shared memory over gRPC: inputs read from and outputs written 
   CHECK(stub->SystemSharedMemoryUnregister(&uctx, u, &ur).ok());
 }
 
+TEST_CASE("one registry of shared-memory regions for HTTP and gRPC, as Triton's: a region "
+          "registered over HTTP is used and listed over gRPC, and unregistered over gRPC it is "
+          "gone for HTTP too") {
+  test_server server({example_model("simple")}, {"--allow-client-shm", "true"});
+  auto http = server.client();
+  auto stub = connect(server.process->grpc_port());
+  caf_serving::support::shm_object region(256, "both");
+  auto a = iota16(5), b = iota16(70);
+  region.put(0, a);
+  region.put(64, b);
+  auto registered = http.post("/v2/systemsharedmemory/region/shared0/register",
+                              "{\"key\":\"" + region.key + "\",\"offset\":0,\"byte_size\":256}",
+                              json_content);
+  REQUIRE_MESSAGE(registered.status == 200, registered.body);
+  {
+    grpc::ClientContext ctx;
+    pb::SystemSharedMemoryStatusRequest req;
+    req.set_name("shared0");
+    pb::SystemSharedMemoryStatusResponse s;
+    auto status = stub->SystemSharedMemoryStatus(&ctx, req, &s);
+    REQUIRE_MESSAGE(status.ok(), status.error_message());
+    CHECK(s.regions().count("shared0") == 1);
+  }
+  // Inference over gRPC with inputs and an output in the region HTTP registered.
+  pb::ModelInferRequest r;
+  r.set_model_name("simple");
+  int64_t offsets[] = {0, 64};
+  const char* names[] = {"INPUT0", "INPUT1"};
+  for (int i = 0; i < 2; ++i) {
+    auto* in = add_input(r, names[i], "INT32", {1, 16});
+    (*in->mutable_parameters())["shared_memory_region"].set_string_param("shared0");
+    (*in->mutable_parameters())["shared_memory_offset"].set_int64_param(offsets[i]);
+    (*in->mutable_parameters())["shared_memory_byte_size"].set_int64_param(64);
+  }
+  auto* out = r.add_outputs();
+  out->set_name("OUTPUT0");
+  (*out->mutable_parameters())["shared_memory_region"].set_string_param("shared0");
+  (*out->mutable_parameters())["shared_memory_offset"].set_int64_param(128);
+  (*out->mutable_parameters())["shared_memory_byte_size"].set_int64_param(64);
+  {
+    grpc::ClientContext ctx;
+    pb::ModelInferResponse reply;
+    auto status = stub->ModelInfer(&ctx, r, &reply);
+    REQUIRE_MESSAGE(status.ok(), status.error_message());
+    CHECK(region.get<int32_t>(128, 16) == sum(a, b));
+  }
+  {
+    grpc::ClientContext ctx;
+    pb::SystemSharedMemoryStatusResponse s;
+    REQUIRE(stub->SystemSharedMemoryStatus(&ctx, {}, &s).ok());
+    REQUIRE(s.regions().count("shared0") == 1);
+    CHECK(s.regions().at("shared0").key() == region.key);
+    CHECK(s.regions().at("shared0").byte_size() == 256);
+  }
+  {
+    grpc::ClientContext ctx;
+    pb::SystemSharedMemoryUnregisterRequest u;
+    u.set_name("shared0");
+    pb::SystemSharedMemoryUnregisterResponse ur;
+    REQUIRE(stub->SystemSharedMemoryUnregister(&ctx, u, &ur).ok());
+  }
+  CHECK(http.get("/v2/systemsharedmemory/region/shared0/status").status == 404);
+  CHECK(http.get("/v2/systemsharedmemory/status").body == "[]");
+}
+
 TEST_CASE("CUDA shared memory over gRPC is answered as a Triton without GPUs answers: "
           "status empty, unregister succeeds, register refused with a reason") {
   // Triton's own examples (simple_grpc_shm_client.py, reuse_infer_objects_client.py)
@@ -822,6 +887,72 @@ TEST_CASE("SIGTERM drains gRPC: a call in flight is answered, an idle stream is 
   CHECK(closed.error_code() == grpc::StatusCode::UNAVAILABLE);
   CHECK(contains(closed.error_message(), "shutting down"));
   CHECK(server.process->wait_exit(std::chrono::seconds(20)) == 0);
+}
+
+namespace {
+
+pb::ModelInferRequest slow_drain_request(float v) {
+  pb::ModelInferRequest r;
+  r.set_model_name("slow_drain");
+  add_input(r, "INPUT0", "FP32", {1, 3});
+  r.add_raw_input_contents(raw_bytes(std::vector<float>{v, v + 1, v + 2}));
+  return r;
+}
+
+} // namespace
+
+TEST_CASE("SIGTERM with calls and streams cancelled by their clients still in the pipeline, "
+          "and others in flight: the server exits 0, every call object gone before the "
+          "grpc server (repeated, on completion queues and on the callback API)") {
+  // A call the client cancelled is over for grpc, but its request stays in
+  // the pipeline (slow_drain: 250 ms per batch of 2) and is answered after
+  // the gRPC server has stopped; the answer must find a tombstone, not a
+  // call whose ServerContext outlived its server.
+  for (const char* threads : {"1", "4", "0", "1"}) {
+    CAPTURE(threads);
+    test_server server({test_model("slow_drain")}, {"--grpc-threads", threads});
+    auto port = server.process->grpc_port();
+    constexpr int unary = 10, streams = 4, per_stream = 3, kept = 2;
+    std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+    for (int i = 0; i < unary + streams + kept; ++i)
+      contexts.push_back(std::make_unique<grpc::ClientContext>());
+    std::vector<std::future<grpc::StatusCode>> calls;
+    for (int i = 0; i < unary + kept; ++i)
+      calls.push_back(std::async(std::launch::async, [port, i, ctx = contexts[i].get()] {
+        auto stub = connect(port);
+        pb::ModelInferResponse reply;
+        return stub->ModelInfer(ctx, slow_drain_request(static_cast<float>(i)), &reply)
+          .error_code();
+      }));
+    for (int i = 0; i < streams; ++i)
+      calls.push_back(std::async(std::launch::async,
+                                 [port, i, ctx = contexts[unary + kept + i].get()] {
+                                   auto stub = connect(port);
+                                   auto stream = stub->ModelStreamInfer(ctx);
+                                   for (int k = 0; k < per_stream; ++k)
+                                     stream->Write(slow_drain_request(static_cast<float>(i + k)));
+                                   pb::ModelStreamInferResponse answer;
+                                   while (stream->Read(&answer)) {
+                                   }
+                                   return stream->Finish().error_code();
+                                 }));
+    int total = unary + kept + streams * per_stream;
+    REQUIRE(eventually([&] { return pending_requests(server, "slow_drain") >= total - 2; }));
+    // Cancel all but the `kept` unary calls (the first ones sent may be the
+    // ones running; which ones does not matter).
+    for (int i = kept; i < unary + kept + streams; ++i)
+      contexts[i]->TryCancel();
+    for (int i = kept; i < unary + kept + streams; ++i)
+      CHECK(calls[i].get() == grpc::StatusCode::CANCELLED);
+    server.process->send_signal(SIGTERM);
+    for (int i = 0; i < kept; ++i) {
+      auto code = calls[i].get();
+      // Answered, or cancelled by the drain's deadline: never lost.
+      CHECK((code == grpc::StatusCode::OK || code == grpc::StatusCode::UNAVAILABLE));
+    }
+    CHECK_MESSAGE(server.process->wait_exit(std::chrono::seconds(40)) == 0,
+                  server.process->output());
+  }
 }
 
 TEST_CASE("--allow-grpc false serves HTTP only") {

@@ -16,6 +16,7 @@
 
 #include <atomic>
 #include <climits>
+#include <condition_variable>
 #include <deque>
 #include <functional>
 #include <iostream>
@@ -57,7 +58,8 @@ using infer_done = std::function<void(infer_outcome)>;
 struct grpc_server::state {
   grpc_server_config cfg;
   server::model_manager& models;
-  shared_memory_registry shm;
+  /// The server's one registry of regions, shared with HTTP (as Triton's).
+  std::shared_ptr<shared_memory_registry> shm;
   std::atomic<bool> draining{false};
   /// Calls cancelled while waiting for the pipeline during the drain.
   std::atomic<size_t> abandoned{0};
@@ -129,7 +131,35 @@ struct grpc_server::state {
   }
 
   state(const grpc_server_config& c, server::model_manager& m)
-      : cfg(c), models(m), shm(c.shared_memory) {}
+      : cfg(c), models(m),
+        shm(c.shared_memory_regions
+              ? c.shared_memory_regions
+              : std::make_shared<shared_memory_registry>(c.shared_memory)) {}
+
+  /// Inference call objects alive (call_object). A call object holds a
+  /// grpc::ServerContext, which must go before the grpc::Server does; the
+  /// pipeline's callbacks hold calls only weakly (a late answer finds a
+  /// tombstone), so once grpc has let go of every call they all go within
+  /// the few instructions a callback holds one, and wait_for_calls waits
+  /// for that.
+  std::mutex calls_mutex;
+  std::condition_variable calls_gone;
+  size_t live_calls = 0;
+
+  void call_created() {
+    std::lock_guard lock(calls_mutex);
+    ++live_calls;
+  }
+  void call_destroyed() {
+    std::lock_guard lock(calls_mutex);
+    if (--live_calls == 0)
+      calls_gone.notify_all();
+  }
+  /// True once no call object is alive; false when `deadline` passed first.
+  bool wait_for_calls(std::chrono::milliseconds deadline) {
+    std::unique_lock lock(calls_mutex);
+    return calls_gone.wait_for(lock, deadline, [&] { return live_calls == 0; });
+  }
 
   /// ModelInfer calls and streams open now (cfg.max_open_calls).
   std::atomic<uint32_t> open_calls{0};
@@ -314,7 +344,7 @@ void grpc_server::state::start_infer(const pb::ModelInferRequest& request, int64
   auto parsed = grpc_api::to_infer_request(request, cfg.limits);
   if (!parsed)
     return fail(parsed.error());
-  auto bound = bind_shared_memory(*parsed, shm, model->config);
+  auto bound = bind_shared_memory(*parsed, *shm, model->config);
   if (!bound)
     return fail(bound.error());
   auto checked = validate(*parsed, model->config, cfg.limits);
@@ -385,13 +415,28 @@ namespace {
 
 // -- calls -------------------------------------------------------------------
 
+/// The first base of every inference call: counts the call in
+/// state::live_calls from its construction to the very end of its
+/// destruction (a first base is destroyed last), so that the server is
+/// destroyed only after every ServerContext is.
+class call_object {
+protected:
+  explicit call_object(grpc_server::state& s) : counted_in_(s) { s.call_created(); }
+  ~call_object() { counted_in_.call_destroyed(); }
+  call_object(const call_object&) = delete;
+  call_object& operator=(const call_object&) = delete;
+
+private:
+  grpc_server::state& counted_in_;
+};
+
 /// A unary ModelInfer: answered once, by the pipeline, or by a cancellation
 /// (the client gave up, or the drain's deadline passed), whichever comes
 /// first. Only the first touches the response.
-class unary_infer final : public ServerUnaryReactor {
+class unary_infer final : call_object, public ServerUnaryReactor {
 public:
   unary_infer(pb::ModelInferResponse* response, grpc_server::state& s)
-      : response_(response), state_(s) {}
+      : call_object(s), response_(response), state_(s) {}
 
 
   void complete(infer_outcome outcome) {
@@ -430,9 +475,10 @@ private:
 /// stream_max_in_flight requests are in the pipeline: past that, reading
 /// waits for a write.
 class stream_infer final
-    : public ::grpc::ServerBidiReactor<pb::ModelInferRequest, pb::ModelStreamInferResponse> {
+    : call_object,
+      public ::grpc::ServerBidiReactor<pb::ModelInferRequest, pb::ModelStreamInferResponse> {
 public:
-  explicit stream_infer(grpc_server::state& s) : state_(s) {}
+  explicit stream_infer(grpc_server::state& s) : call_object(s), state_(s) {}
 
   void start() { StartRead(&request_); }
 
@@ -609,7 +655,7 @@ struct call_tag final : cq_tag {
 /// finished straight from the CAF thread that delivers it (grpc allows
 /// starting an operation from any thread), so an answer costs no hop to
 /// another thread. The call lives while grpc holds one of its tags (ops_).
-class cq_unary_infer {
+class cq_unary_infer : call_object {
 public:
   /// Asks grpc for the next ModelInfer call on `cq`.
   static void listen(cq_base& service, ::grpc::ServerCompletionQueue& cq,
@@ -627,7 +673,7 @@ public:
 
 private:
   cq_unary_infer(cq_base& service, ::grpc::ServerCompletionQueue& cq, grpc_server::state& s)
-      : service_(service), cq_(cq), state_(s) {}
+      : call_object(s), service_(service), cq_(cq), state_(s) {}
 
   void on_accepted(bool ok) {
     if (!ok) {
@@ -650,8 +696,13 @@ private:
         return;
       }
     }
-    state_.start_infer(request_, received,
-                       [self](infer_outcome outcome) { self->complete(std::move(outcome)); });
+    // Weakly: once grpc is done with the call (answered, or cancelled) it
+    // goes, and a late answer finds nothing to complete.
+    std::weak_ptr<cq_unary_infer> weak = self;
+    state_.start_infer(request_, received, [weak](infer_outcome outcome) {
+      if (auto call = weak.lock())
+        call->complete(std::move(outcome));
+    });
   }
 
   void complete(infer_outcome outcome) {
@@ -718,7 +769,7 @@ private:
 /// a failed one as error_message, at most stream_max_in_flight requests in
 /// the pipeline, closed by the drain once every answer is written. Answers
 /// are written from the thread that delivers them.
-class cq_stream_infer : public std::enable_shared_from_this<cq_stream_infer> {
+class cq_stream_infer : call_object, public std::enable_shared_from_this<cq_stream_infer> {
 public:
   static void listen(cq_base& service, ::grpc::ServerCompletionQueue& cq,
                      grpc_server::state& s) {
@@ -741,7 +792,7 @@ public:
 
 private:
   cq_stream_infer(cq_base& service, ::grpc::ServerCompletionQueue& cq, grpc_server::state& s)
-      : service_(service), cq_(cq), state_(s) {}
+      : call_object(s), service_(service), cq_(cq), state_(s) {}
 
   struct slot {
     bool ready = false;
@@ -791,9 +842,11 @@ private:
     }
     // The request's bytes are copied into the pipeline's message before
     // start_infer returns, so request_ may be read into again after it.
+    // Weakly, as cq_unary_infer: a stream grpc is done with goes at once.
     state_.start_infer(request_, now_ns(),
-                       [self = shared_from_this(), seq](infer_outcome outcome) {
-                         self->answered(seq, std::move(outcome));
+                       [weak = weak_from_this(), seq](infer_outcome outcome) {
+                         if (auto self = weak.lock())
+                           self->answered(seq, std::move(outcome));
                        });
     std::lock_guard lock(mutex_);
     if (finished_)
@@ -1153,7 +1206,7 @@ public:
     std::optional<std::string> name;
     if (!request->name().empty())
       name = request->name();
-    auto regions = state_.shm.status(name, region_kind::system);
+    auto regions = state_.shm->status(name, region_kind::system);
     if (!regions)
       return answer(ctx, regions.error());
     for (const auto& r : *regions) {
@@ -1169,12 +1222,12 @@ public:
   ServerUnaryReactor* SystemSharedMemoryRegister(
     CallbackServerContext* ctx, const pb::SystemSharedMemoryRegisterRequest* request,
     pb::SystemSharedMemoryRegisterResponse*) override {
-    if (!state_.shm.config().allow_client_shm)
+    if (!state_.shm->config().allow_client_shm)
       return answer(ctx, shm_disabled());
     if (request->name().empty())
       return answer(ctx, bad_request("'name' is necessary to register a system shared memory "
                                      "region"));
-    auto r = state_.shm.register_system(request->name(), request->key(), request->offset(),
+    auto r = state_.shm->register_system(request->name(), request->key(), request->offset(),
                                         request->byte_size());
     if (!r)
       return answer(ctx, r.error());
@@ -1184,12 +1237,12 @@ public:
   ServerUnaryReactor* SystemSharedMemoryUnregister(
     CallbackServerContext* ctx, const pb::SystemSharedMemoryUnregisterRequest* request,
     pb::SystemSharedMemoryUnregisterResponse*) override {
-    if (!state_.shm.config().allow_client_shm)
+    if (!state_.shm->config().allow_client_shm)
       return answer(ctx, shm_disabled());
     if (request->name().empty())
-      state_.shm.unregister_all(region_kind::system);
+      state_.shm->unregister_all(region_kind::system);
     else
-      state_.shm.unregister(request->name(), region_kind::system);
+      state_.shm->unregister(request->name(), region_kind::system);
     return answer(ctx, Status::OK);
   }
 
@@ -1202,7 +1255,7 @@ public:
                                              pb::CudaSharedMemoryStatusResponse*) override {
     if (request->name().empty())
       return answer(ctx, Status::OK);
-    if (state_.shm.status(request->name(), region_kind::system))
+    if (state_.shm->status(request->name(), region_kind::system))
       return answer(ctx, Status(StatusCode::NOT_FOUND,
                                 "The region named '" + request->name()
                                   + "' is registered as system shared memory, not CUDA shared "
@@ -1214,14 +1267,14 @@ public:
   ServerUnaryReactor* CudaSharedMemoryRegister(CallbackServerContext* ctx,
                                                const pb::CudaSharedMemoryRegisterRequest*,
                                                pb::CudaSharedMemoryRegisterResponse*) override {
-    if (!state_.shm.config().allow_client_shm)
+    if (!state_.shm->config().allow_client_shm)
       return answer(ctx, shm_disabled());
     return answer(ctx, no_cuda_shm());
   }
   ServerUnaryReactor* CudaSharedMemoryUnregister(CallbackServerContext* ctx,
                                                  const pb::CudaSharedMemoryUnregisterRequest*,
                                                  pb::CudaSharedMemoryUnregisterResponse*) override {
-    if (!state_.shm.config().allow_client_shm)
+    if (!state_.shm->config().allow_client_shm)
       return answer(ctx, shm_disabled());
     return answer(ctx, Status::OK); // no CUDA region can exist
   }
@@ -1269,8 +1322,12 @@ public:
       return answer(ctx, state_.too_many_calls());
     auto call = std::make_shared<unary_infer>(response, state_);
     call->self_ = call;
-    state_.start_infer(*request, received,
-                       [call](infer_outcome outcome) { call->complete(std::move(outcome)); });
+    // Weakly: after OnDone the reactor goes, and a late answer finds nothing.
+    std::weak_ptr<unary_infer> weak = call;
+    state_.start_infer(*request, received, [weak](infer_outcome outcome) {
+      if (auto c = weak.lock())
+        c->complete(std::move(outcome));
+    });
     (void)ctx;
     return call.get();
   }
@@ -1333,10 +1390,29 @@ std::string_view to_string(grpc_response_compression level) {
 grpc_server::grpc_server(std::unique_ptr<state> s) : state_(std::move(s)) {}
 
 grpc_server::~grpc_server() {
-  if (state_ && state_->server)
+  if (state_ && state_->server) {
     state_->server->Shutdown(std::chrono::system_clock::now());
-  if (state_)
+    state_->server->Wait();
     state_->close_queues();
+    release_calls(std::chrono::seconds(5));
+  }
+}
+
+void grpc_server::release_calls(std::chrono::milliseconds deadline) {
+  if (state_->wait_for_calls(deadline)) {
+    state_->server.reset();
+    return;
+  }
+  // A call object is still held (it cannot be by the pipeline, which holds
+  // calls weakly): its ServerContext must not outlive the grpc::Server, so
+  // the server, the service and the state stay, unreleased, until the
+  // process exits.
+  std::cerr << "caf-serving: gRPC calls still held at exit; the gRPC server is left "
+               "running until the process exits"
+            << std::endl;
+  state_->server.release();
+  state_->service.release();
+  state_.release();
 }
 
 std::unique_ptr<grpc_server> grpc_server::start(const grpc_server_config& cfg,
@@ -1414,9 +1490,9 @@ grpc_stop_report grpc_server::stop(std::chrono::milliseconds deadline) {
   state_->server->Shutdown(std::chrono::system_clock::now() + deadline);
   state_->server->Wait();
   state_->close_queues();
-  state_->server.reset();
   grpc_stop_report report;
   report.abandoned = state_->abandoned.load();
+  release_calls(deadline);
   return report;
 }
 

@@ -65,9 +65,14 @@ struct grpc_server_config {
   /// The server's response cache (--cache-config), shared with HTTP; null:
   /// none. Consulted for models with response_cache enabled, as on HTTP.
   std::shared_ptr<response_cache> cache;
-  /// Shared-memory regions registered over gRPC (--allow-client-shm,
-  /// --shm-region-limit).
+  /// --allow-client-shm, --shm-region-limit: used for a registry of gRPC's
+  /// own when shared_memory_regions is null.
   shared_memory_config shared_memory;
+  /// The server's one registry of regions, shared with HTTP
+  /// (http_server_config::shared_memory_regions), as Triton keeps one: a
+  /// region registered over either protocol is used, listed and
+  /// unregistered over both. Null: a registry of gRPC's own.
+  std::shared_ptr<shared_memory_registry> shared_memory_regions;
 };
 
 /// How the drain after a stop signal ended.
@@ -99,6 +104,10 @@ public:
 
 private:
   explicit grpc_server(std::unique_ptr<state> s);
+  /// Waits up to `deadline` for every call object to be gone, then
+  /// destroys the grpc::Server; past it, leaves server and state alive (the
+  /// process is exiting), so no ServerContext outlives its server.
+  void release_calls(std::chrono::milliseconds deadline);
   std::unique_ptr<state> state_;
 };
 
