@@ -21,6 +21,7 @@
 #include <iostream>
 #include <iterator>
 #include <set>
+#include <utility>
 
 namespace caf_serving::server {
 
@@ -293,32 +294,45 @@ void model_manager::request_load(const std::string& name, read_load_parameters r
 }
 
 void model_manager::enqueue(load_job job) {
-  std::string name;
+  const std::string name = job.name;
+  // The row reads LOADING before the loader thread can see the job: marked
+  // after the push, a load that failed fast could set the row back first and
+  // then be overwritten, leaving a served model LOADING in the index for good.
+  std::optional<std::string> before;
+  {
+    std::lock_guard<std::mutex> guard(mutex_);
+    auto it = models_.find(name);
+    if (it != models_.end())
+      before = std::exchange(it->second.state, "LOADING");
+  }
+  std::optional<serving_error> refused;
   {
     std::lock_guard<std::mutex> guard(load_mutex_);
     if (loader_stopping_ || load_queue_.size() >= cfg_.max_pending_loads) {
-      name = job.name;
-      job.done(load_failure{
-        serving_error{status_code::unavailable,
-                      loader_stopping_
-                        ? "the server is shutting down; model '" + name + "' was not loaded"
-                        : std::to_string(load_queue_.size())
-                            + " model loads are already waiting; retry the load of '" + name
-                            + "' later",
-                      failure_reason::unavailable},
-        load_stage::request});
-      return;
+      refused = serving_error{status_code::unavailable,
+                              loader_stopping_
+                                ? "the server is shutting down; model '" + name + "' was not loaded"
+                                : std::to_string(load_queue_.size())
+                                    + " model loads are already waiting; retry the load of '"
+                                    + name + "' later",
+                              failure_reason::unavailable};
+    } else {
+      load_queue_.push_back(std::move(job));
+      if (!loader_.joinable())
+        loader_ = std::thread([this] { loader_loop(); });
     }
-    name = job.name;
-    load_queue_.push_back(std::move(job));
-    if (!loader_.joinable())
-      loader_ = std::thread([this] { loader_loop(); });
   }
-  load_cv_.notify_one();
-  std::lock_guard<std::mutex> guard(mutex_);
-  auto it = models_.find(name);
-  if (it != models_.end())
-    it->second.state = "LOADING";
+  if (!refused) {
+    load_cv_.notify_one();
+    return;
+  }
+  if (before) {
+    std::lock_guard<std::mutex> guard(mutex_);
+    auto it = models_.find(name);
+    if (it != models_.end() && it->second.state == "LOADING")
+      it->second.state = *before;
+  }
+  job.done(load_failure{std::move(*refused), load_stage::request});
 }
 
 std::variant<std::monostate, serving_error> model_manager::load_all() {
