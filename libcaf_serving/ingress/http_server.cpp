@@ -983,33 +983,7 @@ private:
       finish_failure(*ctx.model, ctx.received_ns, e);
       return send_error(response, e);
     }
-    response_view view;
-    for (auto t : r.getOutputs()) {
-      output_view o;
-      o.name = std::string_view(t.getName().cStr(), t.getName().size());
-      o.dtype = static_cast<datatype>(t.getDatatype());
-      auto shape = t.getShape();
-      o.shape.reserve(shape.size());
-      for (auto d : shape)
-        o.shape.push_back(d);
-      o.data = std::string_view(reinterpret_cast<const char*>(t.getData().begin()),
-                                t.getData().size());
-      view.outputs.push_back(std::move(o));
-    }
-    if (ctx.timing) {
-      auto t = r.getTimes();
-      auto us = [](int64_t from, int64_t to) -> uint64_t {
-        return from > 0 && to >= from ? static_cast<uint64_t>(to - from) / 1000 : 0;
-      };
-      view.parameters = {
-        {"ingress_us", us(t.getReceivedNs(), t.getValidatedNs())},
-        {"queue_us", us(t.getEnqueuedNs(), t.getBatchFormedNs())},
-        {"compute_input_us", us(t.getBatchFormedNs(), t.getComputeStartNs())},
-        {"compute_infer_us", us(t.getComputeStartNs(), t.getComputeEndNs())},
-        {"compute_output_us", us(t.getComputeEndNs(), t.getPostprocessEndNs())},
-        {"until_response_us", us(t.getReceivedNs(), now_ns())},
-      };
-    }
+    response_view view = make_response_view(r, ctx.timing);
     return send_answer(ctx, std::move(view), response, {&msg, nullptr});
   }
 

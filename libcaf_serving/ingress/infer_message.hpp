@@ -31,4 +31,11 @@ result<request_message> make_request_message(const infer_request& request,
 /// and the time of the last inference.
 void record_success(model_stats& stats, uint64_t elapsed_ns, uint64_t timeout_us);
 
+/// The outputs of a successful answer `r` as views into its message (no
+/// copy; `r` must outlive the view), and with `timing` the request's
+/// per-stage times in microseconds as response parameters (ingress_us,
+/// queue_us, compute_input_us, compute_infer_us, compute_output_us,
+/// until_response_us). Model name, version and id are the caller's.
+response_view make_response_view(wire::InferResponse::Reader r, bool timing);
+
 } // namespace caf_serving::ingress

@@ -246,35 +246,11 @@ struct pending_infer {
                                                 model->config.name)),
                    reason, r.getError().getRetryAfterS()});
     }
-    response_view view;
+    response_view view = make_response_view(r, timing);
     view.model_name = model->config.name;
     auto version = std::to_string(model->version);
     view.model_version = version;
     view.id = id;
-    for (auto t : r.getOutputs()) {
-      output_view o;
-      o.name = std::string_view(t.getName().cStr(), t.getName().size());
-      o.dtype = static_cast<datatype>(t.getDatatype());
-      for (auto d : t.getShape())
-        o.shape.push_back(d);
-      o.data = std::string_view(reinterpret_cast<const char*>(t.getData().begin()),
-                                t.getData().size());
-      view.outputs.push_back(std::move(o));
-    }
-    if (timing) {
-      auto t = r.getTimes();
-      auto us = [](int64_t from, int64_t to) -> uint64_t {
-        return from > 0 && to >= from ? static_cast<uint64_t>(to - from) / 1000 : 0;
-      };
-      view.parameters = {
-        {"ingress_us", us(t.getReceivedNs(), t.getValidatedNs())},
-        {"queue_us", us(t.getEnqueuedNs(), t.getBatchFormedNs())},
-        {"compute_input_us", us(t.getBatchFormedNs(), t.getComputeStartNs())},
-        {"compute_infer_us", us(t.getComputeStartNs(), t.getComputeEndNs())},
-        {"compute_output_us", us(t.getComputeEndNs(), t.getPostprocessEndNs())},
-        {"until_response_us", us(t.getReceivedNs(), now_ns())},
-      };
-    }
     auto written = shared_memory.write_outputs(view);
     if (!written)
       return fail(written.error());
