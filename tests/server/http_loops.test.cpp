@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <future>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -103,9 +104,15 @@ TEST_CASE("2 HTTP loops share one response cache: the same request on new connec
   REQUIRE(server.client().post("/v2/repository/models/cached/load", "").status == 200);
   std::vector<float> values{1.5f, -2.f, 3.25f, 4.f};
   constexpr int n = 8;
+  // A new connection for each request, all kept open until the end: loop 0
+  // hands each to the loop with the fewest open connections, so both loops
+  // serve some. (Closed one by one, every connection could go to the loop
+  // that does not hold the test's own kept-alive connection.)
+  std::vector<std::unique_ptr<http_client>> open;
   for (int i = 0; i < n; ++i) {
-    http_client http(server.port()); // a new connection each time: both loops serve some
-    auto r = http.post("/v2/models/cached/infer", fp32_identity_body(values, 1), json_content);
+    open.push_back(std::make_unique<http_client>(server.port()));
+    auto r = open.back()->post("/v2/models/cached/infer", fp32_identity_body(values, 1),
+                               json_content);
     REQUIRE_MESSAGE(r.status == 200, r.body);
     CHECK(fp32_output(json_document::parse(r.body)) == values);
   }
