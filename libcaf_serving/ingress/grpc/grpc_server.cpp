@@ -38,6 +38,15 @@ using ::grpc::ServerUnaryReactor;
 using ::grpc::Status;
 using ::grpc::StatusCode;
 
+/// How a ModelStreamInfer stream ends once every answer is written: OK when
+/// the client closed its side, else (a drain) UNAVAILABLE saying why.
+Status stream_end_status(bool client_closed) {
+  return client_closed ? Status::OK
+                       : Status(StatusCode::UNAVAILABLE,
+                                "the server is shutting down (SIGINT or SIGTERM); every "
+                                "request sent on this stream was answered");
+}
+
 /// The Triton release whose protocol this server speaks (as on HTTP: Triton's
 /// clients check that the server calls itself "triton").
 constexpr const char* triton_protocol_version = "2.51.0";
@@ -560,10 +569,7 @@ private:
   /// written. Called with mutex_ held.
   void maybe_finish() {
     if (slots_.empty() && !writing_ && (reading_done_ || draining_))
-      finish(reading_done_ ? Status::OK
-                           : Status(StatusCode::UNAVAILABLE,
-                                    "the server is shutting down (SIGINT or SIGTERM); every "
-                                    "request sent on this stream was answered"));
+      finish(stream_end_status(reading_done_));
   }
 
   void finish(Status s) {
@@ -903,10 +909,7 @@ private:
 
   void maybe_finish() {
     if (slots_.empty() && !writing_ && (reading_done_ || draining_))
-      finish(reading_done_ ? Status::OK
-                           : Status(StatusCode::UNAVAILABLE,
-                                    "the server is shutting down (SIGINT or SIGTERM); every "
-                                    "request sent on this stream was answered"));
+      finish(stream_end_status(reading_done_));
   }
 
   void finish(Status s) {
