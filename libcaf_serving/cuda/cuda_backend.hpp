@@ -36,6 +36,7 @@
 
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -84,6 +85,26 @@ struct cuda_model {
   /// captured and verified.
   std::function<result<cuda_instance>(const gpu_placement& p)> make_instance;
 };
+
+/// The steps a CUDA instance would run for a model, chosen without a device: a
+/// dry run of the step selection (cuda/steps.hpp) over each planned batch
+/// size's optimized graph. A node no device step takes is a host step (its
+/// reference kernel between device copies): each is a performance gap, and
+/// the target models must have none (tests/gpu/zoo).
+struct plan_report {
+  struct bucket {
+    uint32_t rows = 0;
+    size_t steps = 0;
+    size_t arena_bytes = 0;
+    std::map<std::string, size_t> kernels; ///< steps per kernel ("cudnn_conv", "host:Gather")
+    std::vector<std::string> host_nodes;   ///< "Gather '/embeddings/Gather'"
+  };
+  std::vector<bucket> buckets;
+};
+
+/// Imports, completes and optimizes the model as load_cuda_model does, and
+/// reports its steps per batch size. Needs no device: builds where CUDA does.
+result<plan_report> plan_model(const cuda_model_config& cfg);
 
 /// Imports and checks the model, reads its GPU options, and checks that the
 /// devices it names exist. Errors say what was wrong and how to fix it.

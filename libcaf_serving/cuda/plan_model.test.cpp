@@ -1,0 +1,72 @@
+/// cuda::plan_model: the CUDA backend's step selection as a dry run, without a
+/// device (this test runs on machines without a GPU). The same checks choose
+/// device or host steps as when an instance is built on a GPU (cuda/steps.hpp).
+
+#include "cuda/cuda_backend.hpp"
+#include "repository/model_repository.hpp"
+
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <numeric>
+#include <string>
+
+using namespace caf_serving;
+namespace fs = std::filesystem;
+
+namespace {
+
+const fs::path fixtures = CAF_SERVING_ONNX_FIXTURES;
+
+result<cuda::plan_report> plan(const std::string& name, const std::string& buckets = "") {
+  auto entry = repository::load_model_config(fixtures / "models", name, {true});
+  REQUIRE(entry.config);
+  model_config cfg = entry.config->config;
+  if (!buckets.empty()) cfg.parameters["cuda_graph_batch_sizes"] = buckets;
+  return cuda::plan_model({entry.version_dirs.back() / "model.onnx", cfg, {}});
+}
+
+size_t count(const cuda::plan_report::bucket& b, const std::string& kernel) {
+  auto it = b.kernels.find(kernel);
+  return it == b.kernels.end() ? 0 : it->second;
+}
+
+} // namespace
+
+TEST_CASE("a convolutional network plans its convolutions and pools on the device") {
+  auto r = plan("resnet_narrow_opset17", "1,4");
+  REQUIRE_MESSAGE(r, (r ? "" : r.error().message));
+  REQUIRE(r->buckets.size() == 2);
+  CHECK(r->buckets[0].rows == 1);
+  CHECK(r->buckets[1].rows == 4);
+  for (const auto& b : r->buckets) {
+    CAPTURE(b.rows);
+    CHECK(count(b, "cudnn_conv") > 0);
+    CHECK(count(b, "cudnn_pool") > 0);
+    size_t listed = std::accumulate(b.kernels.begin(), b.kernels.end(), size_t{0},
+                                    [](size_t n, const auto& kv) { return n + kv.second; });
+    CHECK(listed == b.steps);
+    size_t host = 0;
+    for (const auto& [kernel, n] : b.kernels)
+      if (kernel.rfind("host:", 0) == 0) host += n;
+    CHECK(host == b.host_nodes.size());
+    CHECK(b.arena_bytes > 0);
+  }
+}
+
+TEST_CASE("a node no device step takes is reported as a host step, by operator and name") {
+  auto r = plan("op_argmax");
+  REQUIRE_MESSAGE(r, (r ? "" : r.error().message));
+  REQUIRE(!r->buckets.empty());
+  const auto& b = r->buckets.front();
+  CHECK(count(b, "host:ArgMax") == 1);
+  REQUIRE(b.host_nodes.size() == 1);
+  CHECK(b.host_nodes[0].rfind("ArgMax '", 0) == 0);
+}
+
+TEST_CASE("planning needs no device and refuses what a GPU instance cannot run, saying why") {
+  // Variable dimensions besides the batch: the same error as load_cuda_model's.
+  auto r = plan("dyn_cnn_opset17");
+  REQUIRE_FALSE(r);
+  CHECK(r.error().message.find("variable dimension") != std::string::npos);
+}

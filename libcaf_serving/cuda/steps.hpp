@@ -1,0 +1,129 @@
+#pragma once
+/// The CUDA backend's steps, private to libcaf_serving/cuda/: how one node of an
+/// optimized bucket graph becomes work on the compute stream.
+///
+/// A step family is a source file (steps_core.cpp, ...) whose registrations
+/// (`core_steps()`, ...) device_steps() concatenates into the operator
+/// registry's kernel table (onnx/op_registry.hpp). A registration's build
+/// function first checks that it takes the node (types, shapes, attributes:
+/// nothing else), returns nothing when it does not, and then:
+///
+///     if (b.dry()) return b.planned("softmax");   // a dry run stops here
+///     ... create descriptors, read b.ptrs, capture them in the launch lambda ...
+///
+/// In a dry run (plan_model(), no device needed) the builder has no context and
+/// null pointers, so the choice of device step or host step is made by exactly
+/// the checks the real build makes. A node that no registration takes runs its
+/// reference kernel on the host (step_builder::host), between device copies.
+
+#include "cuda/gpu_options.hpp"
+#include "onnx/ir.hpp"
+#include "onnx/op_registry.hpp"
+
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+#include <cudnn.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace caf_serving::cuda {
+
+using dims_t = std::vector<int64_t>;
+
+/// cuBLASLt and cuDNN get one fixed workspace, so a captured graph's pointer to it
+/// never changes. 64 MiB covers cuDNN's fastest ResNet-50 algorithms at batch 128.
+constexpr size_t workspace_bytes = size_t{64} << 20;
+
+/// Bytes of a value's tensor.
+size_t value_bytes(const onnx::value& v);
+
+/// Page-locked host memory (at least one byte), and its release.
+uint8_t* pinned_alloc(size_t bytes);
+cudaError_t pinned_free(void* p);
+
+/// A step enqueues its work on the compute stream. A dry run's steps have no
+/// launch.
+struct gpu_step {
+  std::string kernel;
+  bool host = false;
+  std::function<void(cudaStream_t)> launch;
+};
+
+/// One convolution's cuDNN descriptors and algorithm.
+struct conv_desc {
+  cudnnTensorDescriptor_t x{}, y{}, b{}, z{};
+  cudnnFilterDescriptor_t w{};
+  cudnnConvolutionDescriptor_t conv{};
+  cudnnActivationDescriptor_t act{};
+  cudnnConvolutionFwdAlgo_t algo{};
+  void destroy();
+};
+
+/// What steps need of the instance that runs them, and what they leave for it to
+/// keep alive (descriptors, host-fallback buffers) until it is destroyed.
+struct step_context {
+  cublasLtHandle_t lt = nullptr;
+  cudnnHandle_t cudnn = nullptr;
+  void* workspace = nullptr; ///< workspace_bytes long
+  precision compute = precision::fp32;
+  const void* zeros = nullptr; ///< a zero bias long enough for any convolution
+  std::vector<std::shared_ptr<void>> keep;
+  std::vector<conv_desc> convs;
+
+  step_context() = default;
+  step_context(const step_context&) = delete;
+  step_context& operator=(const step_context&) = delete;
+  ~step_context();
+};
+
+/// Builds the steps of one bucket graph over fixed device pointers, or, without
+/// a context, only chooses them (a dry run).
+struct step_builder {
+  step_context* ctx = nullptr; ///< null: a dry run
+  const onnx::graph& g;
+  std::vector<void*> ptrs; ///< per value: device address (all null in a dry run)
+  std::vector<gpu_step> steps;
+
+  bool dry() const { return ctx == nullptr; }
+  /// What a dry run records for a node a device step takes.
+  static gpu_step planned(std::string kernel) { return gpu_step{std::move(kernel), false, {}}; }
+
+  /// Input or output `i` of `n`, -1 when absent.
+  static int in(const onnx::node& n, size_t i) { return i < n.inputs.size() ? n.inputs[i] : -1; }
+  static int out(const onnx::node& n, size_t i) {
+    return i < n.outputs.size() ? n.outputs[i] : -1;
+  }
+  const dims_t& shape(int v) const { return g.values[v].shape; }
+  bool all_fp32(const onnx::node& n) const;
+
+  /// Every node in order: its device step, or its reference kernel on the host.
+  void build();
+  void host(const onnx::node& n);
+};
+
+using device_table = onnx::kernel_table<step_builder, gpu_step>;
+using device_kernel = device_table::kernel;
+
+/// The device steps, per operator, in the order tried: every family's
+/// registrations. A node that none takes runs on the host.
+const device_table& device_steps();
+
+/// The families (one source file each).
+std::vector<device_kernel> core_steps(); ///< steps_core.cpp
+
+/// Wraps a family's step function as a registration's build function that
+/// first requires every input and output to be fp32.
+using step_function = std::optional<gpu_step> (*)(step_builder&, const onnx::node&);
+std::function<std::optional<gpu_step>(step_builder&, const onnx::graph&, const onnx::node&)>
+fp32_only(step_function f);
+std::function<std::optional<gpu_step>(step_builder&, const onnx::graph&, const onnx::node&)>
+any_type(step_function f);
+
+} // namespace caf_serving::cuda

@@ -1,0 +1,458 @@
+/// The core device steps (copies, the engine's epilogue, softmax and LayerNorm
+/// kernels, cuBLASLt matmuls, cuDNN convolutions and pooling), the host
+/// fallback, and the table that joins every family (steps.hpp).
+
+#include "cuda/steps.hpp"
+
+#include "cuda/add_layer_norm.hpp"
+#include "cuda/cuda_check.hpp"
+#include "cuda/epilogue.hpp"
+#include "cuda/softmax.hpp"
+#include "onnx/ops.hpp"
+
+#include <algorithm>
+
+namespace caf_serving::cuda {
+
+namespace k = caf_serving::kernels;
+
+size_t value_bytes(const onnx::value& v) {
+  return static_cast<size_t>(onnx::element_count(v.shape)) * element_size(v.dtype);
+}
+
+void conv_desc::destroy() {
+  cudnnDestroyTensorDescriptor(x); cudnnDestroyTensorDescriptor(y);
+  cudnnDestroyTensorDescriptor(b); cudnnDestroyTensorDescriptor(z);
+  cudnnDestroyFilterDescriptor(w); cudnnDestroyConvolutionDescriptor(conv);
+  cudnnDestroyActivationDescriptor(act);
+}
+
+step_context::~step_context() {
+  for (auto& d : convs) d.destroy();
+}
+
+bool step_builder::all_fp32(const onnx::node& n) const {
+  for (int v : n.inputs) if (v >= 0 && g.values[v].dtype != datatype::fp32) return false;
+  for (int v : n.outputs) if (v >= 0 && g.values[v].dtype != datatype::fp32) return false;
+  return true;
+}
+
+std::function<std::optional<gpu_step>(step_builder&, const onnx::graph&, const onnx::node&)>
+any_type(step_function f) {
+  return [f](step_builder& b, const onnx::graph&, const onnx::node& n) { return f(b, n); };
+}
+
+std::function<std::optional<gpu_step>(step_builder&, const onnx::graph&, const onnx::node&)>
+fp32_only(step_function f) {
+  return [f](step_builder& b, const onnx::graph&, const onnx::node& n) -> std::optional<gpu_step> {
+    if (!b.all_fp32(n)) return std::nullopt;
+    return f(b, n);
+  };
+}
+
+const device_table& device_steps() {
+  static const device_table table([] {
+    std::vector<device_kernel> all;
+    for (auto family : {core_steps})
+      for (auto& k : family()) all.push_back(std::move(k));
+    return all;
+  }());
+  return table;
+}
+
+void step_builder::build() {
+  for (const auto& n : g.nodes) {
+    if (auto s = device_steps().build(*this, g, n))
+      steps.push_back(std::move(*s));
+    else
+      host(n);
+  }
+}
+
+namespace {
+
+struct host_fallback {
+  onnx::node n;
+  std::vector<onnx::tensor_ref> ins, outs;
+  std::vector<const void*> device_in;  ///< null for constants (read on the host)
+  std::vector<void*> device_out;
+  std::vector<size_t> in_bytes, out_bytes;
+  std::vector<std::unique_ptr<uint8_t, cudaError_t (*)(void*)>> pinned;
+
+  static void CUDART_CB run(void* self) {
+    auto* f = static_cast<host_fallback*>(self);
+    onnx::run_reference(f->n, f->ins, f->outs);
+  }
+};
+
+} // namespace
+
+uint8_t* pinned_alloc(size_t bytes) {
+  void* p = nullptr;
+  CAF_CUDA_CHECK(cudaMallocHost(&p, std::max<size_t>(bytes, 1)));
+  return static_cast<uint8_t*>(p);
+}
+
+cudaError_t pinned_free(void* p) { return cudaFreeHost(p); }
+
+void step_builder::host(const onnx::node& n) {
+  if (dry()) {
+    steps.push_back({"host:" + n.op, true, {}});
+    return;
+  }
+  auto f = std::make_shared<host_fallback>();
+  f->n = n;
+  for (int v : n.inputs) {
+    onnx::tensor_ref r;
+    if (v >= 0) {
+      const auto& val = g.values[v];
+      r.dtype = val.dtype;
+      r.shape = val.shape;
+      if (val.constant) {
+        r.data = const_cast<uint8_t*>(val.constant->bytes.data());
+        f->device_in.push_back(nullptr);
+        f->in_bytes.push_back(0);
+      } else {
+        f->pinned.emplace_back(pinned_alloc(value_bytes(val)), pinned_free);
+        r.data = f->pinned.back().get();
+        f->device_in.push_back(ptrs[v]);
+        f->in_bytes.push_back(value_bytes(val));
+      }
+    } else {
+      f->device_in.push_back(nullptr);
+      f->in_bytes.push_back(0);
+    }
+    f->ins.push_back(r);
+  }
+  for (int v : n.outputs) {
+    if (v < 0) { // an omitted output (LayerNormalization's Mean) keeps its place, unwritten
+      f->outs.push_back(onnx::tensor_ref{});
+      f->device_out.push_back(nullptr);
+      f->out_bytes.push_back(0);
+      continue;
+    }
+    const auto& val = g.values[v];
+    f->pinned.emplace_back(pinned_alloc(value_bytes(val)), pinned_free);
+    f->outs.push_back({val.dtype, val.shape, f->pinned.back().get()});
+    f->device_out.push_back(ptrs[v]);
+    f->out_bytes.push_back(value_bytes(val));
+  }
+  ctx->keep.push_back(f);
+  steps.push_back({"host:" + n.op, true, [f = f.get()](cudaStream_t s) {
+    for (size_t i = 0; i < f->ins.size(); ++i)
+      if (f->device_in[i])
+        CAF_CUDA_CHECK(cudaMemcpyAsync(f->ins[i].data, f->device_in[i], f->in_bytes[i],
+                                       cudaMemcpyDeviceToHost, s));
+    CAF_CUDA_CHECK(cudaLaunchHostFunc(s, &host_fallback::run, f));
+    for (size_t i = 0; i < f->outs.size(); ++i)
+      if (f->device_out[i])
+        CAF_CUDA_CHECK(cudaMemcpyAsync(f->device_out[i], f->outs[i].data, f->out_bytes[i],
+                                       cudaMemcpyHostToDevice, s));
+  }});
+}
+
+
+namespace {
+
+k::activation activation_of(const std::string& a, bool& ok) {
+  ok = true;
+  if (a.empty()) return k::activation::none;
+  if (a == "Relu") return k::activation::relu;
+  if (a == "Gelu") return k::activation::gelu_erf;
+  ok = false;
+  return k::activation::none;
+}
+
+cublasComputeType_t compute_type(precision p) {
+  switch (p) {
+    case precision::fp16: return CUBLAS_COMPUTE_32F_FAST_16F;
+    case precision::bf16: return CUBLAS_COMPUTE_32F_FAST_16BF;
+    default: return CUBLAS_COMPUTE_32F;
+  }
+}
+
+/// Reshape, Flatten, Squeeze, Unsqueeze, Identity: same bytes, new shape.
+std::optional<gpu_step> copy_step(step_builder& b, const onnx::node& n) {
+  auto in = [&](size_t i) { return step_builder::in(n, i); };
+  const int y = step_builder::out(n, 0);
+  if (b.dry()) return b.planned("copy");
+  const void* src = b.ptrs[in(0)];
+  void* dst = b.ptrs[y];
+  size_t bytes = value_bytes(b.g.values[y]);
+  return gpu_step{"copy", false, [src, dst, bytes](cudaStream_t s) {
+    if (src != dst) CAF_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s));
+  }};
+}
+
+/// Relu, Add of equal shapes, FusedGelu with a bias per last-axis column.
+std::optional<gpu_step> epilogue_step(step_builder& b, const onnx::node& n) {
+  auto in = [&](size_t i) { return step_builder::in(n, i); };
+  auto shape = [&](int v) -> const dims_t& { return b.shape(v); };
+  const int y = step_builder::out(n, 0);
+  if (!(n.op == "Relu" || (n.op == "Add" && shape(in(0)) == shape(in(1)) && shape(in(0)) == shape(y))
+      || (n.op == "FusedGelu" && (in(1) < 0 || shape(in(1)).size() == 1))))
+    return std::nullopt;
+  if (b.dry()) return b.planned("epilogue");
+  k::epilogue_args a;
+  a.input = b.ptrs[in(0)];
+  a.output = b.ptrs[y];
+  a.count = onnx::element_count(shape(y));
+  if (n.op == "Add") a.residual = b.ptrs[in(1)];
+  if (n.op == "Relu") a.act = k::activation::relu;
+  if (n.op == "FusedGelu") {
+    a.act = k::activation::gelu_erf;
+    if (in(1) >= 0) {
+      a.bias = b.ptrs[in(1)];
+      a.layout = {static_cast<size_t>(shape(in(1))[0]), 1};
+    }
+  }
+  return gpu_step{"epilogue", false, [a](cudaStream_t s) { k::launch_epilogue(a, s); }};
+}
+
+/// Softmax over the last axis.
+std::optional<gpu_step> softmax_step(step_builder& b, const onnx::node& n) {
+  auto in = [&](size_t i) { return step_builder::in(n, i); };
+  auto shape = [&](int v) -> const dims_t& { return b.shape(v); };
+  const int y = step_builder::out(n, 0);
+  if (!(n.op == "Softmax" && (n.get_i("axis", -1) == -1
+                            || n.get_i("axis", -1) == static_cast<int64_t>(shape(y).size()) - 1)))
+    return std::nullopt;
+  if (b.dry()) return b.planned("softmax");
+  k::softmax_args a;
+  a.input = b.ptrs[in(0)];
+  a.output = b.ptrs[y];
+  a.cols = shape(y).back();
+  a.rows = onnx::element_count(shape(y)) / a.cols;
+  return gpu_step{"softmax", false, [a](cudaStream_t s) { k::launch_softmax(a, s); }};
+}
+
+/// FusedLayerNorm over the last axis, with beta, up to add_layer_norm_max_cols.
+std::optional<gpu_step> layer_norm_step(step_builder& b, const onnx::node& n) {
+  auto in = [&](size_t i) { return step_builder::in(n, i); };
+  auto shape = [&](int v) -> const dims_t& { return b.shape(v); };
+  const int y = step_builder::out(n, 0);
+  if (!(n.op == "FusedLayerNorm" && in(2) >= 0 && n.get_i("axis", -1) == -1))
+    return std::nullopt;
+  if (shape(y).back() > static_cast<int64_t>(k::add_layer_norm_max_cols)) return std::nullopt;
+  if (b.dry()) return b.planned("layer_norm");
+  k::add_layer_norm_args a;
+  a.input = b.ptrs[in(0)];
+  a.gamma = b.ptrs[in(1)];
+  a.beta = b.ptrs[in(2)];
+  a.output = b.ptrs[y];
+  a.cols = shape(y).back();
+  a.rows = onnx::element_count(shape(y)) / a.cols;
+  a.eps = n.get_f("epsilon", 1e-5f);
+  return gpu_step{"layer_norm", false, [a](cudaStream_t s) { k::launch_add_layer_norm(a, s); }};
+}
+
+/// FusedMatMul with constant 2-D weights on cuBLASLt, its epilogue after.
+std::optional<gpu_step> matmul_step(step_builder& b, const onnx::node& n) {
+  auto in = [&](size_t i) { return step_builder::in(n, i); };
+  auto shape = [&](int v) -> const dims_t& { return b.shape(v); };
+  const int y = step_builder::out(n, 0);
+  if (!(n.op == "FusedMatMul" && b.g.values[in(1)].constant && shape(in(1)).size() == 2))
+    return std::nullopt;
+  bool ok = true;
+  auto act = activation_of(n.get_s("activation", ""), ok);
+  if (!ok) return std::nullopt;
+  if (b.dry()) return b.planned("cublaslt");
+  const auto& as = shape(in(0));
+  uint64_t kk = as.back(), nn = shape(in(1))[1];
+  uint64_t m = onnx::element_count(as) / kk;
+  // Row-major C[m,n] = A[m,k] W[k,n] is column-major C^T = W^T A^T: cuBLASLt's
+  // "A" is W (n x k, ld n), its "B" is A (k x m, ld k).
+  cublasLtMatmulDesc_t desc;
+  cublasLtMatrixLayout_t lw, la, lc;
+  CAF_CUDA_CHECK(cublasLtMatmulDescCreate(&desc, compute_type(b.ctx->compute), CUDA_R_32F));
+  CAF_CUDA_CHECK(cublasLtMatrixLayoutCreate(&lw, CUDA_R_32F, nn, kk, nn));
+  CAF_CUDA_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_32F, kk, m, kk));
+  CAF_CUDA_CHECK(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, nn, m, nn));
+  cublasLtMatmulPreference_t pref;
+  CAF_CUDA_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  size_t ws = workspace_bytes;
+  CAF_CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(
+    pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+  cublasLtMatmulHeuristicResult_t heur{};
+  int found = 0;
+  CAF_CUDA_CHECK(cublasLtMatmulAlgoGetHeuristic(b.ctx->lt, desc, lw, la, lc, lc, pref, 1, &heur, &found));
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (found == 0) return std::nullopt;
+  auto keep = std::shared_ptr<void>(nullptr, [desc, lw, la, lc](void*) {
+    cublasLtMatrixLayoutDestroy(lw); cublasLtMatrixLayoutDestroy(la);
+    cublasLtMatrixLayoutDestroy(lc); cublasLtMatmulDescDestroy(desc);
+  });
+  b.ctx->keep.push_back(keep);
+  const void* w = b.ptrs[in(1)];
+  const void* a = b.ptrs[in(0)];
+  void* c = b.ptrs[y];
+  auto lt = b.ctx->lt;
+  void* workspace = b.ctx->workspace;
+  auto algo = heur.algo;
+  k::epilogue_args e;
+  e.input = c;
+  e.output = c;
+  e.count = m * nn;
+  e.act = act;
+  if (in(2) >= 0) { e.bias = b.ptrs[in(2)]; e.layout = {nn, 1}; }
+  if (in(3) >= 0) e.residual = b.ptrs[in(3)];
+  bool needs_epilogue = e.bias || e.residual || act != k::activation::none;
+  return gpu_step{"cublaslt", false, [=](cudaStream_t s) {
+    float one = 1.f, zero = 0.f;
+    CAF_CUDA_CHECK(cublasLtMatmul(lt, desc, &one, w, lw, a, la, &zero, c, lc, c, lc, &algo,
+                                  workspace, workspace_bytes, s));
+    if (needs_epilogue) k::launch_epilogue(e, s);
+  }};
+}
+
+/// FusedConv (2-D, group 1, symmetric pads, Relu or none) on cuDNN.
+std::optional<gpu_step> conv_step(step_builder& b, const onnx::node& n) {
+  auto in = [&](size_t i) { return step_builder::in(n, i); };
+  auto shape = [&](int v) -> const dims_t& { return b.shape(v); };
+  const int y = step_builder::out(n, 0);
+  if (!(n.op == "FusedConv" && b.g.values[in(1)].constant && shape(in(0)).size() == 4
+        && n.get_i("group", 1) == 1))
+    return std::nullopt;
+  auto act = n.get_s("activation", "");
+  if (!act.empty() && act != "Relu") return std::nullopt;
+  const auto& xs = shape(in(0));
+  const auto& ws = shape(in(1));
+  const auto& ys = shape(y);
+  auto st = n.get_ints("strides", {1, 1});
+  auto pd = n.get_ints("pads", {0, 0, 0, 0});
+  auto dl = n.get_ints("dilations", {1, 1});
+  if (pd[0] != pd[2] || pd[1] != pd[3]) return std::nullopt; // cuDNN pads symmetrically
+  if (b.dry()) return b.planned("cudnn_conv");
+  conv_desc d;
+  auto mk4 = [](cudnnTensorDescriptor_t& t, const dims_t& s) {
+    CAF_CUDA_CHECK(cudnnCreateTensorDescriptor(&t));
+    CAF_CUDA_CHECK(cudnnSetTensor4dDescriptor(t, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT,
+                                              s[0], s[1], s[2], s[3]));
+  };
+  mk4(d.x, xs);
+  mk4(d.y, ys);
+  mk4(d.z, ys);
+  mk4(d.b, {1, ys[1], 1, 1});
+  CAF_CUDA_CHECK(cudnnCreateFilterDescriptor(&d.w));
+  CAF_CUDA_CHECK(cudnnSetFilter4dDescriptor(d.w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, ws[0],
+                                            ws[1], ws[2], ws[3]));
+  CAF_CUDA_CHECK(cudnnCreateConvolutionDescriptor(&d.conv));
+  CAF_CUDA_CHECK(cudnnSetConvolution2dDescriptor(d.conv, pd[0], pd[1], st[0], st[1], dl[0],
+                                                 dl[1], CUDNN_CROSS_CORRELATION,
+                                                 CUDNN_DATA_FLOAT));
+  CAF_CUDA_CHECK(cudnnSetConvolutionMathType(
+    d.conv, b.ctx->compute == precision::fp32 ? CUDNN_FMA_MATH
+                                                      : CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION));
+  CAF_CUDA_CHECK(cudnnCreateActivationDescriptor(&d.act));
+  CAF_CUDA_CHECK(cudnnSetActivationDescriptor(
+    d.act, act.empty() ? CUDNN_ACTIVATION_IDENTITY : CUDNN_ACTIVATION_RELU,
+    CUDNN_NOT_PROPAGATE_NAN, 0.0));
+  if (act.empty()) {
+    // cuDNN's fused call runs IDENTITY only with this algorithm.
+    d.algo = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM;
+  } else {
+    // Chosen once, here at load, by timing the candidates (cudnnFind).
+    cudnnConvolutionFwdAlgoPerf_t perf[8];
+    int got = 0;
+    CAF_CUDA_CHECK(cudnnFindConvolutionForwardAlgorithmEx(
+      b.ctx->cudnn, d.x, b.ptrs[in(0)], d.w, b.ptrs[in(1)], d.conv, d.y, b.ptrs[y], 8, &got, perf,
+      b.ctx->workspace, workspace_bytes));
+    d.algo = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM;
+    for (int i = 0; i < got; ++i)
+      if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= workspace_bytes) {
+        d.algo = perf[i].algo;
+        break;
+      }
+  }
+  size_t need = 0;
+  CAF_CUDA_CHECK(cudnnGetConvolutionForwardWorkspaceSize(b.ctx->cudnn, d.x, d.w, d.conv, d.y,
+                                                         d.algo, &need));
+  if (need > workspace_bytes) { d.destroy(); return std::nullopt; }
+  b.ctx->convs.push_back(d);
+  const void* x = b.ptrs[in(0)];
+  const void* w = b.ptrs[in(1)];
+  const void* bias = in(2) >= 0 ? b.ptrs[in(2)] : b.ctx->zeros;
+  const void* z = in(3) >= 0 ? b.ptrs[in(3)] : b.ptrs[y];
+  float alpha2 = in(3) >= 0 ? 1.f : 0.f;
+  void* out = b.ptrs[y];
+  auto h = b.ctx->cudnn;
+  void* workspace = b.ctx->workspace;
+  return gpu_step{"cudnn_conv", false, [=](cudaStream_t) {
+    float one = 1.f;
+    CAF_CUDA_CHECK(cudnnConvolutionBiasActivationForward(
+      h, &one, d.x, x, d.w, w, d.conv, d.algo, workspace, workspace_bytes, &alpha2, d.z, z,
+      d.b, bias, d.act, d.y, out));
+  }};
+}
+
+/// MaxPool, AveragePool (no ceil_mode, symmetric pads) and GlobalAveragePool on cuDNN.
+std::optional<gpu_step> pool_step(step_builder& b, const onnx::node& n) {
+  auto in = [&](size_t i) { return step_builder::in(n, i); };
+  auto shape = [&](int v) -> const dims_t& { return b.shape(v); };
+  const int y = step_builder::out(n, 0);
+  if (!((n.op == "MaxPool" || n.op == "AveragePool" || n.op == "GlobalAveragePool")
+        && shape(in(0)).size() == 4))
+    return std::nullopt;
+  const auto& xs = shape(in(0));
+  const auto& ys = shape(y);
+  dims_t kk{xs[2], xs[3]}, st{1, 1}, pd{0, 0, 0, 0};
+  if (n.op != "GlobalAveragePool") {
+    kk = n.get_ints("kernel_shape");
+    st = n.get_ints("strides", {1, 1});
+    pd = n.get_ints("pads", {0, 0, 0, 0});
+    if (n.get_i("ceil_mode", 0) || pd[0] != pd[2] || pd[1] != pd[3]) return std::nullopt;
+    auto dl = n.get_ints("dilations", {1, 1});
+    if (dl[0] != 1 || dl[1] != 1) return std::nullopt;
+  }
+  if (b.dry()) return b.planned("cudnn_pool");
+  auto mode = n.op == "MaxPool" ? CUDNN_POOLING_MAX
+              : n.get_i("count_include_pad", 0) ? CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING
+                                                : CUDNN_POOLING_AVERAGE_COUNT_EXCLUDE_PADDING;
+  cudnnPoolingDescriptor_t pool;
+  cudnnTensorDescriptor_t tx, ty;
+  CAF_CUDA_CHECK(cudnnCreatePoolingDescriptor(&pool));
+  CAF_CUDA_CHECK(cudnnSetPooling2dDescriptor(pool, mode, CUDNN_NOT_PROPAGATE_NAN, kk[0], kk[1],
+                                             pd[0], pd[1], st[0], st[1]));
+  CAF_CUDA_CHECK(cudnnCreateTensorDescriptor(&tx));
+  CAF_CUDA_CHECK(cudnnCreateTensorDescriptor(&ty));
+  CAF_CUDA_CHECK(cudnnSetTensor4dDescriptor(tx, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, xs[0],
+                                            xs[1], xs[2], xs[3]));
+  CAF_CUDA_CHECK(cudnnSetTensor4dDescriptor(ty, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, ys[0],
+                                            ys[1], ys[2], ys[3]));
+  b.ctx->keep.push_back(std::shared_ptr<void>(nullptr, [pool, tx, ty](void*) {
+    cudnnDestroyPoolingDescriptor(pool); cudnnDestroyTensorDescriptor(tx);
+    cudnnDestroyTensorDescriptor(ty);
+  }));
+  const void* x = b.ptrs[in(0)];
+  void* out = b.ptrs[y];
+  auto h = b.ctx->cudnn;
+  return gpu_step{"cudnn_pool", false, [=](cudaStream_t) {
+    float one = 1.f, zero = 0.f;
+    CAF_CUDA_CHECK(cudnnPoolingForward(h, pool, &one, tx, x, &zero, ty, out));
+  }};
+}
+
+} // namespace
+
+/// Besides the copies, the core steps take fp32 tensors only.
+std::vector<device_kernel> core_steps() {
+  return {
+    {"Reshape", {}, "copy", any_type(copy_step)},
+    {"Flatten", {}, "copy", any_type(copy_step)},
+    {"Squeeze", {}, "copy", any_type(copy_step)},
+    {"Unsqueeze", {}, "copy", any_type(copy_step)},
+    {"Identity", {}, "copy", any_type(copy_step)},
+    {"Relu", {}, "epilogue", fp32_only(epilogue_step)},
+    {"Add", {}, "epilogue", fp32_only(epilogue_step)},
+    {"FusedGelu", {}, "epilogue", fp32_only(epilogue_step)},
+    {"Softmax", {}, "softmax", fp32_only(softmax_step)},
+    {"FusedLayerNorm", {}, "layer_norm", fp32_only(layer_norm_step)},
+    {"FusedMatMul", {}, "cublaslt", fp32_only(matmul_step)},
+    {"FusedConv", {}, "cudnn_conv", fp32_only(conv_step)},
+    {"MaxPool", {}, "cudnn_pool", fp32_only(pool_step)},
+    {"AveragePool", {}, "cudnn_pool", fp32_only(pool_step)},
+    {"GlobalAveragePool", {}, "cudnn_pool", fp32_only(pool_step)},
+  };
+}
+
+} // namespace caf_serving::cuda
