@@ -278,6 +278,18 @@ std::string prometheus_text(const std::vector<std::shared_ptr<model_stats>>& mod
              + "\",version=\"" + std::to_string(m->version) + "\",reason=\""
              + to_string(static_cast<failure_reason>(r)) + "\"} "
              + std::to_string(m->failures[r].load()) + "\n";
+  auto gauge = [&](const char* name, const char* help, auto get) {
+    out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " gauge\n";
+    for (const auto& m : models)
+      out += std::string(name) + "{model=\"" + prometheus_label_value(m->name) + "\",version=\""
+             + std::to_string(m->version) + "\"} " + std::to_string(get(*m)) + "\n";
+  };
+  gauge("caf_serving_gpu_memory_bytes",
+        "GPU memory the model version holds (KIND_GPU instances; 0 otherwise)",
+        [](const model_stats& m) { return m.gpu_memory_bytes.load(); });
+  gauge("caf_serving_gpu_pinned_bytes",
+        "Page-locked host memory the model version's GPU instances stage batches in",
+        [](const model_stats& m) { return m.gpu_pinned_bytes.load(); });
   out += "# HELP caf_serving_pending_request_count Requests accepted and not yet answered\n"
          "# TYPE caf_serving_pending_request_count gauge\n";
   for (const auto& m : models)

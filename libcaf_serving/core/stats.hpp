@@ -103,6 +103,11 @@ struct model_stats {
   duration_stat cache_hit;
   duration_stat cache_miss;
   std::array<std::atomic<uint64_t>, failure_reason_count> failures{};
+  /// KIND_GPU instances: bytes the version holds on its GPUs (every instance's
+  /// one device allocation: weights, activations, I/O slots, workspace) and in
+  /// page-locked host staging; both 0 for other backends. Set once at load.
+  std::atomic<uint64_t> gpu_memory_bytes{0};
+  std::atomic<uint64_t> gpu_pinned_bytes{0};
 
   // -- supervision (written by the scheduler actor) --------------------------
   /// Whether the model version's scheduler runs; false once it stopped.

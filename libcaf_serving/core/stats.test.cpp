@@ -53,6 +53,21 @@ TEST_CASE("failures are counted by reason on /metrics") {
   CHECK(m->fail.count == 2);
 }
 
+TEST_CASE("GPU memory per model version is a gauge on /metrics, 0 for CPU models") {
+  auto gpu = std::make_shared<model_stats>("g", 1);
+  gpu->gpu_memory_bytes = 123456789;
+  gpu->gpu_pinned_bytes = 4096;
+  auto cpu = std::make_shared<model_stats>("c", 1);
+  auto text = prometheus_text({gpu, cpu});
+  CHECK(text.find("# TYPE caf_serving_gpu_memory_bytes gauge\n") != std::string::npos);
+  CHECK(text.find("\ncaf_serving_gpu_memory_bytes{model=\"g\",version=\"1\"} 123456789\n")
+        != std::string::npos);
+  CHECK(text.find("\ncaf_serving_gpu_pinned_bytes{model=\"g\",version=\"1\"} 4096\n")
+        != std::string::npos);
+  CHECK(text.find("\ncaf_serving_gpu_memory_bytes{model=\"c\",version=\"1\"} 0\n")
+        != std::string::npos);
+}
+
 TEST_CASE("response cache hits and misses are counted on /metrics") {
   auto m = std::make_shared<model_stats>("m", 2);
   m->cache_hit.add(5000);

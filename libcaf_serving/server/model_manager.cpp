@@ -42,11 +42,18 @@ std::filesystem::path model_file(const model_config& cfg,
 /// Makes a backend for each executor instance of one model version.
 using backend_factory = std::function<std::shared_ptr<executor::backend>()>;
 
+/// A version's backends and what they hold outside the process's heap.
+struct loaded_backend {
+  backend_factory make_instance;
+  uint64_t gpu_memory_bytes = 0; ///< every GPU instance's device allocation
+  uint64_t gpu_pinned_bytes = 0;
+};
+
 /// An ONNX model with KIND_GPU instance groups: every instance is built (its
 /// graphs captured) here, before the model is published as ready; the factory
 /// then hands them out in the order model_manager::load asks.
-result<backend_factory> make_gpu_backend(model_config& cfg,
-                                         const std::filesystem::path& version_dir) {
+result<loaded_backend> make_gpu_backend(model_config& cfg,
+                                        const std::filesystem::path& version_dir) {
   for (const auto* list : {&cfg.inputs, &cfg.outputs})
     for (const auto& t : *list)
       if (t.reshape)
@@ -64,6 +71,7 @@ result<backend_factory> make_gpu_backend(model_config& cfg,
     return model.error();
   cfg = model->config;
   auto instances = std::make_shared<std::vector<std::shared_ptr<executor::backend>>>();
+  loaded_backend loaded;
   for (const auto& p : model->options.placements) {
     auto inst = model->make_instance(p);
     if (!inst)
@@ -73,12 +81,15 @@ result<backend_factory> make_gpu_backend(model_config& cfg,
               << ", " << inst->report.steps << " steps (" << inst->report.host_steps
               << " on the host)" << std::endl;
     instances->push_back(inst->backend);
+    loaded.gpu_memory_bytes += inst->report.device_bytes;
+    loaded.gpu_pinned_bytes += inst->report.pinned_bytes;
   }
   std::cout << "model " << cfg.name << ": " << model->summary << std::endl;
   auto next = std::make_shared<size_t>(0);
-  return backend_factory([instances, next] {
+  loaded.make_instance = [instances, next] {
     return (*instances)[(*next)++ % instances->size()];
-  });
+  };
+  return loaded;
 #else
   (void)version_dir;
   return serving_error{status_code::unavailable,
@@ -91,8 +102,8 @@ result<backend_factory> make_gpu_backend(model_config& cfg,
 
 /// The backend of one version. An ONNX model also completes `cfg` (inputs,
 /// outputs, dims) from its graph, as Triton's auto-complete does.
-result<backend_factory> make_backend(model_config& cfg, const std::filesystem::path& version_dir,
-                                     const model_manager_config& manager) {
+result<loaded_backend> make_backend(model_config& cfg, const std::filesystem::path& version_dir,
+                                    const model_manager_config& manager) {
   if (cfg.backend == "builtin") {
     if (cfg.inputs.empty() || cfg.outputs.empty())
       return serving_error{status_code::bad_request,
@@ -102,7 +113,7 @@ result<backend_factory> make_backend(model_config& cfg, const std::filesystem::p
     if (!backend)
       return backend.error();
     auto shared = *backend;
-    return backend_factory([shared] { return shared; });
+    return loaded_backend{[shared] { return shared; }};
   }
   if (is_onnx(cfg) && cuda::wants_gpu(cfg))
     return make_gpu_backend(cfg, version_dir);
@@ -123,7 +134,7 @@ result<backend_factory> make_backend(model_config& cfg, const std::filesystem::p
     cfg = model->config;
     std::cout << "model " << cfg.name << " (" << version_dir.filename().string()
               << "): " << model->summary << std::endl;
-    return model->make_instance;
+    return loaded_backend{model->make_instance};
   }
   if (cfg.platform.empty() && cfg.backend.empty())
     return serving_error{status_code::bad_request,
@@ -581,7 +592,7 @@ auto model_manager::load_model(const std::string& name, const load_parameters* p
     if (cfg.default_model_filename.empty())
       cfg.default_model_filename = "model.onnx";
   }
-  std::map<int64_t, std::pair<model_config, backend_factory>> backends;
+  std::map<int64_t, std::pair<model_config, loaded_backend>> backends;
   for (size_t i = 0; i < entry.versions.size(); ++i) {
     model_config version_cfg = cfg;
     auto factory = make_backend(version_cfg, entry.version_dirs[i], cfg_);
@@ -621,11 +632,14 @@ auto model_manager::load_model(const std::string& name, const load_parameters* p
 
   std::map<int64_t, std::shared_ptr<const model_pipeline>> served;
   for (auto version : entry.versions) {
-    const auto& [version_cfg, make_instance] = backends.at(version);
+    const auto& [version_cfg, loaded] = backends.at(version);
+    const auto& make_instance = loaded.make_instance;
     auto p = std::make_shared<model_pipeline>();
     p->config = version_cfg;
     p->version = version;
     p->stats = std::make_shared<model_stats>(cfg.name, version);
+    p->stats->gpu_memory_bytes = loaded.gpu_memory_bytes;
+    p->stats->gpu_pinned_bytes = loaded.gpu_pinned_bytes;
     p->metadata_json = repository::model_metadata_json(version_cfg, entry.versions);
     auto completed = *entry.config;
     completed.config = version_cfg;
