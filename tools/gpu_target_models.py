@@ -7,11 +7,13 @@ their stripped CI fixtures (tests/gpu/zoo).
 Each model is built with torch.manual_seed (nothing is downloaded) and exported as most users
 export today: torch.onnx.export(..., dynamo=False, opset_version=17) with a dynamic batch
 axis only (text at a fixed sequence length of 128: the GPU plans need fixed dimensions
-besides the batch). Every initializer larger than 64 KiB is then moved to external data in
-one file, weights.bin (ONNX external_data: location, offset, length; offsets 64-byte
-aligned); the smaller ones (shape tensors, scalars, masks' constants, LayerNorm's epsilon,
-biases) stay inline with their real values, so every pass that reads a constant's value
-sees the real value.
+besides the batch). Every initializer larger than 64 KiB, and every floating-point weight,
+bias or scale of 1 KiB or more (is_parameter), is then moved to external data in one file,
+weights.bin (ONNX external_data: location, offset, length; offsets 64-byte aligned); the
+others (shape tensors, axes, scalars, masks' constants, LayerNorm's epsilon) stay inline
+with their real values, so every pass that reads a constant's value sees the real value.
+Graph outputs get their fixed dimensions besides the batch (the exporter leaves BERT's
+sequence axis symbolic).
 
 DIR gets tools/onnx_zoo.py's layout, complete (weights.bin included), for a run on a device:
     DIR/models/<model>/{config.pbtxt, 1/model.onnx, 1/weights.bin}
@@ -19,10 +21,13 @@ DIR gets tools/onnx_zoo.py's layout, complete (weights.bin included), for a run 
 (ONNX Runtime's outputs on fixed random inputs, batch 2; manifest.txt: one line per tensor,
 input|output <name> <TYPE_...> <dims comma-separated> <file.bin>).
 
---fixtures D writes what is committed: D/<model>/{config.pbtxt, 1/model.onnx, weights.size}
-(weights.size: weights.bin's length in bytes, one number). That model.onnx is byte for byte
-DIR's, so DIR's weights.bin dropped next to it gives the full model back; tests instead stage
-the fixture with a sparse weights.bin of that size (tests/support/gpu_zoo.hpp).
+--fixtures D writes what is committed: D/<model>/{config.pbtxt, 1/model.onnx, weights.size,
+weights.stats} (weights.size: weights.bin's length in bytes, one number; weights.stats: each
+external tensor's name, type, offset, length, mean and standard deviation, also in
+DIR/models/<model>/). That model.onnx is byte for byte DIR's, so DIR's weights.bin dropped
+next to it gives the full model back; tests instead stage the fixture with a sparse
+weights.bin of that size, or one of pseudo-random values with each tensor's mean and
+deviation (tests/support/gpu_zoo.hpp).
 """
 import argparse
 import pathlib
@@ -54,6 +59,9 @@ FLOATS = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFL
           onnx.TensorProto.DOUBLE}
 ALIGNMENT = 64
 WEIGHTS_FILE = "weights.bin"
+STATS_FILE = "weights.stats"
+STATS_HEADER = ("# One line per tensor in weights.bin: name, element type, offset and length in "
+                "bytes,\n# mean and standard deviation of the real (random) weights.\n")
 # cuda/gpu_options.hpp: the batch sizes with a captured CUDA graph.
 GRAPH_BATCH_SIZES = "1,8,32"
 MAX_BATCH = {"vision": 64, "text": 32}
@@ -188,14 +196,14 @@ def externalize(model_file, output_shapes):
     """Moves every initializer above EXTERNAL_THRESHOLD bytes, and every parameter
     (is_parameter), into weights.bin next to `model_file` (offsets ALIGNMENT-aligned), fixes
     the outputs' dimensions besides the batch and rewrites model_file; returns (the weights'
-    length in bytes, how many tensors moved)."""
+    length in bytes, weights.stats's lines: one per tensor moved)."""
     model = onnx.load(str(model_file))
     lift_large_constants(model)
     fix_output_dims(model, output_shapes)
     reads = readers(model.graph)
     weights = model_file.parent / WEIGHTS_FILE
     offset = 0
-    moved = 0
+    stats = []
     with open(weights, "wb") as f:
         for t in model.graph.initializer:
             a = onnx.numpy_helper.to_array(t)
@@ -213,10 +221,12 @@ def externalize(model_file, output_shapes):
                          ("length", str(len(raw)))):
                 e = t.external_data.add()
                 e.key, e.value = k, v
+            a64 = a.astype(np.float64)
+            stats.append(f"{name} {onnx.TensorProto.DataType.Name(t.data_type)} {offset} "
+                         f"{len(raw)} {a64.mean():.9g} {a64.std():.9g}")
             offset += len(raw)
-            moved += 1
     onnx.save(model, str(model_file))
-    return offset, moved
+    return offset, stats
 
 
 def config_pbtxt(name, model, kind):
@@ -240,24 +250,26 @@ def write_model(out, name, m, with_reference):
     with torch.no_grad():
         outs = m.module(*(torch.from_numpy(v) for v in m.inputs.values()))
     outs = outs if isinstance(outs, tuple) else (outs,)
-    weights_bytes, moved = externalize(onnx_file, [tuple(o.shape) for o in outs])
+    weights_bytes, stats = externalize(onnx_file, [tuple(o.shape) for o in outs])
+    (model_dir / STATS_FILE).write_text(STATS_HEADER + "".join(l + "\n" for l in stats))
     model = onnx.load(str(onnx_file), load_external_data=False)
     onnx.checker.check_model(str(onnx_file))  # by path: follows the external data
     (model_dir / "config.pbtxt").write_text(config_pbtxt(name, model, m.kind))
     outs = None
     if with_reference:
         outs = onnx_zoo.write_reference(out, name, onnx_file, m.inputs, model)
-    return onnx_file.stat().st_size, weights_bytes, moved, outs
+    return onnx_file.stat().st_size, weights_bytes, len(stats), outs
 
 
 def write_fixture(out, name, fixtures):
-    """The committed part: config.pbtxt, 1/model.onnx and weights.size."""
+    """The committed part: config.pbtxt, 1/model.onnx, weights.size and weights.stats."""
     src = out / "models" / name
     dst = fixtures / name
     shutil.rmtree(dst, ignore_errors=True)
     (dst / "1").mkdir(parents=True)
     shutil.copyfile(src / "config.pbtxt", dst / "config.pbtxt")
     shutil.copyfile(src / "1" / "model.onnx", dst / "1" / "model.onnx")
+    shutil.copyfile(src / STATS_FILE, dst / STATS_FILE)
     (dst / "weights.size").write_text(f"{(src / '1' / WEIGHTS_FILE).stat().st_size}\n")
 
 

@@ -19,6 +19,7 @@
 
 #include <sys/stat.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -100,6 +101,53 @@ TEST_CASE("staging a fixture copies it and creates a sparse weights.bin of the r
   REQUIRE_FALSE(missing);
   CHECK(missing.error().message.find("no_such_model") != std::string::npos);
   fs::remove_all(*dir);
+}
+
+TEST_CASE("pseudo-random staging gives every external tensor its real mean and deviation, the "
+          "same bytes for the same seed") {
+  auto stats = testing::gpu_zoo_weights_stats("mobilenet_v3_small");
+  REQUIRE_MESSAGE(stats, (stats ? "" : stats.error().message));
+  REQUIRE(stats->size() > 10);
+  testing::gpu_zoo_stage_config cfg;
+  cfg.weights = testing::zoo_weights::pseudo_random;
+  auto dir = testing::stage_gpu_zoo_model("mobilenet_v3_small", stage_root, cfg);
+  REQUIRE_MESSAGE(dir, (dir ? "" : dir.error().message));
+  auto g = onnx::import_model(*dir / "1/model.onnx");
+  REQUIRE_MESSAGE(g, (g ? "" : g.error().message));
+  size_t checked = 0;
+  for (const auto& t : *stats) {
+    CAPTURE(t.name);
+    for (const auto& v : g->values) {
+      if (v.name != t.name || !v.constant) continue;
+      REQUIRE(v.constant->dtype == datatype::fp32);
+      const float* x = v.constant->as<float>();
+      const int64_t n = v.constant->elements();
+      REQUIRE(static_cast<uint64_t>(n) * 4 == t.length);
+      double sum = 0, sq = 0;
+      for (int64_t i = 0; i < n; ++i) sum += x[i];
+      const double mean = sum / n;
+      for (int64_t i = 0; i < n; ++i) sq += (x[i] - mean) * (x[i] - mean);
+      const double sd = std::sqrt(sq / n);
+      // A uniform sample of n values: the mean is off by about sd / sqrt(n),
+      // the deviation by about sd / sqrt(n) too (n >= 256 here).
+      const double tol = 6 * t.stddev / std::sqrt(static_cast<double>(n)) + 1e-6;
+      CHECK(std::abs(mean - t.mean) <= tol);
+      CHECK(std::abs(sd - t.stddev) <= tol);
+      ++checked;
+    }
+  }
+  CHECK(checked == stats->size());
+
+  // The same seed gives the same bytes; another seed other bytes.
+  auto first = read_text(*dir / "1/weights.bin");
+  auto again = testing::stage_gpu_zoo_model("mobilenet_v3_small", stage_root, cfg);
+  REQUIRE(again);
+  CHECK(read_text(*again / "1/weights.bin") == first);
+  cfg.seed += 1;
+  auto other = testing::stage_gpu_zoo_model("mobilenet_v3_small", stage_root, cfg);
+  REQUIRE(other);
+  CHECK(read_text(*other / "1/weights.bin") != first);
+  fs::remove_all(*other);
 }
 
 TEST_CASE("every GPU target fixture imports, completes its config and optimizes with the CUDA "
