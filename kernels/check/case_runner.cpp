@@ -1,5 +1,6 @@
 #include "check/case_runner.hpp"
 
+#include "check/case_runner_elementwise.hpp"
 #include "cpu/half.hpp"
 #include "cpu/reference.hpp"
 #include "cuda/add_layer_norm.hpp"
@@ -666,6 +667,11 @@ std::unique_ptr<case_run> make_case_run(const kernel_case& c, const case_size& s
       return std::make_unique<convert_run>(c, s, cfg);
     case op::softmax_top_k:
       return std::make_unique<top_k_run>(c, s, cfg);
+    case op::binary:
+    case op::unary:
+    case op::where:
+    case op::cast:
+      return make_elementwise_run(c, s, cfg);
   }
   return nullptr;
 }
@@ -686,6 +692,11 @@ std::string describe(op o, const case_size& s) {
       return x({s.rows});
     case op::softmax_top_k:
       return x({s.rows, s.cols}) + " k" + std::to_string(s.k);
+    case op::binary:
+    case op::unary:
+    case op::where:
+    case op::cast:
+      return describe_elementwise(s);
     default:
       return x({s.rows, s.cols});
   }

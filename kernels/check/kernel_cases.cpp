@@ -20,6 +20,14 @@ const char* op_name(op o) {
       return "convert";
     case op::softmax_top_k:
       return "softmax_top_k";
+    case op::binary:
+      return "binary";
+    case op::unary:
+      return "unary";
+    case op::where:
+      return "where";
+    case op::cast:
+      return "cast";
   }
   return "?";
 }
@@ -281,6 +289,7 @@ std::vector<kernel_case> build_table() {
     c.bench = {top_k(4096, 1000, 5)};
     t.push_back(c);
   }
+  add_elementwise_cases(t);
   return t;
 }
 

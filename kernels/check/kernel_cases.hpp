@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "check/kernel_cases_elementwise.hpp"
 #include "cpu/types.hpp"
 
 namespace caf_serving::kernels {
@@ -25,6 +26,10 @@ enum class op {
   scatter,        ///< batch buffer -> requests
   convert,        ///< f32 <-> f16/bf16
   softmax_top_k,  ///< softmax then top-k per row
+  binary,         ///< element-wise, broadcast (kernel_cases_elementwise.hpp)
+  unary,          ///< element-wise
+  where,          ///< element-wise select, broadcast
+  cast,           ///< every pair of dtypes
 };
 
 const char* op_name(op o);
@@ -59,13 +64,14 @@ struct kernel_case {
   std::string name;
   op operation = op::epilogue;
   dtype type = dtype::f32;           ///< for convert: the source type
-  dtype convert_to = dtype::f32;     ///< convert only
+  dtype convert_to = dtype::f32;     ///< convert and cast only
   activation act = activation::none; ///< epilogue only
   bool bias = false;                 ///< epilogue only
   bool residual = false;             ///< epilogue and add_layer_norm
   mask_kind mask = mask_kind::none;  ///< softmax only
   int head_dim = 64;                 ///< attention only
   bool padded = false;               ///< attention: random per-sequence key lengths
+  elementwise_spec elementwise;      ///< binary, unary, where only
   tolerance tol;
   std::string why; ///< why the tolerance is what it is
   std::vector<case_size> sweep;

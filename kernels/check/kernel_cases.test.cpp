@@ -8,6 +8,21 @@
 
 using namespace caf_serving::kernels;
 
+namespace {
+
+bool is_elementwise(op o) {
+  return o == op::binary || o == op::unary || o == op::where || o == op::cast;
+}
+
+std::int64_t element_count_of(const std::vector<std::int64_t>& dims) {
+  std::int64_t n = 1;
+  for (auto d : dims)
+    n *= d;
+  return n;
+}
+
+} // namespace
+
 TEST_CASE("every case has a unique name, sizes, and a tolerance with a reason") {
   std::set<std::string> names;
   for (const auto& c : kernel_cases()) {
@@ -19,6 +34,8 @@ TEST_CASE("every case has a unique name, sizes, and a tolerance with a reason") 
     CHECK(c.tol.rel >= 0);
     bool exact = c.operation == op::gather || c.operation == op::scatter
                  || c.operation == op::convert;
+    if (is_elementwise(c.operation)) // exact where the why says so (see kernel_cases_elementwise.cpp)
+      exact = c.why.rfind("exact", 0) == 0;
     CHECK(exact == (c.tol.abs == 0 && c.tol.rel == 0));
   }
 }
@@ -37,6 +54,12 @@ TEST_CASE("every case includes a size that does not divide the vector width or t
           break;
         case op::epilogue:
           ragged = ragged || (s.rows * s.cols * s.inner) % 8 != 0;
+          break;
+        case op::binary:
+        case op::unary:
+        case op::where:
+        case op::cast:
+          ragged = ragged || element_count_of(pattern_shapes(c, s).output) % 8 != 0;
           break;
         default:
           ragged = ragged || s.cols % 8 != 0;
@@ -61,7 +84,7 @@ TEST_CASE("the table covers every op, datatype of the issue, and the benchmark t
       }
     }
   }
-  CHECK(ops.size() == 8);
+  CHECK(ops.size() == 12);
   for (dtype t : {dtype::f32, dtype::f16, dtype::bf16}) {
     CHECK(typed.count({op::epilogue, t}) == 1);
     CHECK(typed.count({op::add_layer_norm, t}) == 1);
@@ -72,4 +95,65 @@ TEST_CASE("the table covers every op, datatype of the issue, and the benchmark t
   CHECK(attention_128);
   CHECK(attention_512);
   CHECK(padded);
+}
+
+TEST_CASE("the element-wise cases cover every operator, type, cast pair and broadcast") {
+  std::set<std::pair<binary_op, dtype>> binary;
+  std::set<binary_op> binary_ops;
+  std::set<unary_op> unary_ops;
+  std::set<std::pair<unary_op, dtype>> unary;
+  std::set<dtype> where_types;
+  std::set<std::pair<dtype, dtype>> casts;
+  std::set<broadcast_pattern> patterns;
+  for (const auto& c : kernel_cases()) {
+    if (!is_elementwise(c.operation))
+      continue;
+    INFO(c.name);
+    const auto& e = c.elementwise;
+    if (c.operation == op::binary) {
+      CHECK(binary_supported(e.binary, c.type));
+      binary.insert({e.binary, c.type});
+      binary_ops.insert(e.binary);
+      patterns.insert(e.pattern);
+    } else if (c.operation == op::unary) {
+      CHECK(unary_supported(e.unary, c.type));
+      unary.insert({e.unary, c.type});
+      unary_ops.insert(e.unary);
+    } else if (c.operation == op::where) {
+      where_types.insert(c.type);
+      patterns.insert(e.pattern);
+    } else {
+      casts.insert({c.type, c.convert_to});
+    }
+    for (const auto& s : c.sweep) { // every pattern's shapes broadcast to its output
+      auto shapes = pattern_shapes(c, s);
+      std::size_t operands = c.operation == op::binary ? 2 : c.operation == op::where ? 3 : 1;
+      REQUIRE(shapes.operands.size() == operands);
+      if (operands == 2)
+        CHECK(broadcast_shape({shapes.operands[0], shapes.operands[1]}) == shapes.output);
+      if (operands == 3)
+        CHECK(broadcast_shape({shapes.operands[0], shapes.operands[1], shapes.operands[2]})
+              == shapes.output);
+    }
+  }
+  CHECK(binary_ops.size() == 15);
+  for (dtype t : {dtype::f32, dtype::f16, dtype::bf16}) {
+    CHECK(binary.count({binary_op::add, t}) == 1);
+    CHECK(binary.count({binary_op::mul, t}) == 1);
+    CHECK(binary.count({binary_op::div, t}) == 1);
+    CHECK(binary.count({binary_op::pow, t}) == 1);
+  }
+  for (dtype t : {dtype::i64, dtype::i32, dtype::boolean}) {
+    bool any = false;
+    for (const auto& [o, bt] : binary)
+      any = any || bt == t;
+    CHECK(any);
+  }
+  CHECK(unary_ops.size() == 26);
+  for (const auto& [o, t] : unary)
+    if (t == dtype::f32 && o != unary_op::identity)
+      CHECK(unary.count({o, dtype::f16}) == 1);
+  CHECK(where_types.size() >= 6);
+  CHECK(casts.size() == 8 * 7);
+  CHECK(patterns.size() == 10);
 }

@@ -5,15 +5,41 @@
 
 namespace caf_serving::kernels {
 
-/// Element type of a kernel's floating-point tensors.
+/// Element type of a kernel's tensors. The fused kernels take the floating-point
+/// types (f32, f16, bf16); the element-wise kernels (`cuda/elementwise.hpp`) also the
+/// integer types and `boolean` (one byte, 0 or 1).
 enum class dtype {
   f32,
   f16,
   bf16,
+  i64,
+  i32,
+  i8,
+  u8,
+  boolean,
 };
 
-inline std::size_t dtype_size(dtype t) {
-  return t == dtype::f32 ? 4 : 2;
+constexpr std::size_t dtype_size(dtype t) {
+  switch (t) {
+    case dtype::f32:
+    case dtype::i32:
+      return 4;
+    case dtype::f16:
+    case dtype::bf16:
+      return 2;
+    case dtype::i64:
+      return 8;
+    case dtype::i8:
+    case dtype::u8:
+    case dtype::boolean:
+      return 1;
+  }
+  return 0;
+}
+
+/// f32, f16 or bf16: the types the fused (non-element-wise) kernels take.
+constexpr bool is_floating(dtype t) {
+  return t == dtype::f32 || t == dtype::f16 || t == dtype::bf16;
 }
 
 inline const char* dtype_name(dtype t) {
@@ -24,6 +50,16 @@ inline const char* dtype_name(dtype t) {
       return "f16";
     case dtype::bf16:
       return "bf16";
+    case dtype::i64:
+      return "i64";
+    case dtype::i32:
+      return "i32";
+    case dtype::i8:
+      return "i8";
+    case dtype::u8:
+      return "u8";
+    case dtype::boolean:
+      return "bool";
   }
   return "?";
 }

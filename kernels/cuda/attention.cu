@@ -320,9 +320,10 @@ void launch_for_type(const attention_args& a, int rows_per_warp, cudaStream_t st
 } // namespace
 
 void launch_attention(const attention_args& a, cudaStream_t stream) {
-  if (a.type == dtype::f32)
-    throw std::invalid_argument("attention: f32 is not supported; convert Q, K and V to f16 "
-                                "or bf16 (launch_convert) first");
+  if (a.type != dtype::f16 && a.type != dtype::bf16)
+    throw std::invalid_argument(std::string("attention: ") + dtype_name(a.type)
+                                + " is not supported; convert Q, K and V to f16 or bf16 "
+                                  "(launch_convert) first");
   if (a.head_dim != 64 && a.head_dim != 128)
     throw std::invalid_argument("attention: head dimension " + std::to_string(a.head_dim)
                                 + " is not supported; it must be 64 or 128");

@@ -81,11 +81,13 @@ bool aligned16(const void* p) {
 } // namespace
 
 void launch_convert(const convert_args& a, cudaStream_t stream) {
-  bool ok = (a.from == dtype::f32) != (a.to == dtype::f32);
+  auto half = [](dtype t) { return t == dtype::f16 || t == dtype::bf16; };
+  bool ok = (a.from == dtype::f32 && half(a.to)) || (half(a.from) && a.to == dtype::f32);
   if (!ok)
     throw std::invalid_argument(std::string("convert: cannot convert ") + dtype_name(a.from)
                                 + " to " + dtype_name(a.to)
-                                + "; supported are f32 to f16/bf16 and back");
+                                + "; supported are f32 to f16/bf16 and back (launch_cast converts "
+                                  "between every pair)");
   if (a.count == 0)
     return;
   bool vectorized = aligned16(a.input) && aligned16(a.output);

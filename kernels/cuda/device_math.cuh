@@ -5,6 +5,8 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <stdexcept>
+#include <string>
 #include <type_traits>
 
 #include "cpu/types.hpp"
@@ -137,20 +139,29 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
   return v;
 }
 
-/// Maps a public dtype to the device storage type and calls `f` with a value of it.
+/// Maps a floating-point dtype to the device storage type and calls `f` with a value
+/// of it. The fused kernels take only these; any other type is an invalid argument.
 template <class F>
 void dispatch_dtype(dtype t, F&& f) {
   switch (t) {
     case dtype::f32:
       f(float{});
-      break;
+      return;
     case dtype::f16:
       f(__half{});
-      break;
+      return;
     case dtype::bf16:
       f(__nv_bfloat16{});
+      return;
+    case dtype::i64:
+    case dtype::i32:
+    case dtype::i8:
+    case dtype::u8:
+    case dtype::boolean:
       break;
   }
+  throw std::invalid_argument(std::string("element type ") + dtype_name(t)
+                              + " is not supported by this kernel; it takes f32, f16 or bf16");
 }
 
 /// Blocks for a grid-stride loop over `work` items: enough to fill the device
