@@ -10,8 +10,6 @@
 #include "check/case_runner.hpp"
 #include "cuda/attention.hpp"
 #include "cuda/check.hpp"
-#include "cuda/convert.hpp"
-#include "cuda/elementwise.hpp"
 #include "cuda/softmax_top_k.hpp"
 
 #include <cstdio>
@@ -59,27 +57,6 @@ TEST_CASE("every kernel case matches the unfused references at every size and co
                 c.name.c_str(), runs, worst, c.tol.abs, c.tol.rel, c.why.c_str());
   }
   CAF_CUDA_CHECK(cudaStreamDestroy(stream));
-}
-
-TEST_CASE("element-wise launchers reject operators a type does not have, and bad layouts") {
-  binary_args b;
-  b.op = binary_op::logical_and;
-  b.type = dtype::f32;
-  CHECK_THROWS_WITH_AS(launch_binary(b, nullptr), doctest::Contains("And is not defined on f32"),
-                       std::invalid_argument);
-  b.op = binary_op::add;
-  b.layout.rank = 7;
-  CHECK_THROWS_WITH_AS(launch_binary(b, nullptr), doctest::Contains("rank 7"),
-                       std::invalid_argument);
-  unary_args u;
-  u.op = unary_op::exp;
-  u.type = dtype::i64;
-  CHECK_THROWS_WITH_AS(launch_unary(u, nullptr), doctest::Contains("Exp is not defined on i64"),
-                       std::invalid_argument);
-  convert_args c; // convert keeps to f32 <-> f16/bf16; Cast does the rest
-  c.from = dtype::f32;
-  c.to = dtype::i64;
-  CHECK_THROWS_AS(launch_convert(c, nullptr), std::invalid_argument);
 }
 
 TEST_CASE("launchers reject what they cannot do with a message that says so") {
