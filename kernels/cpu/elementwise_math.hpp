@@ -37,6 +37,15 @@
 #define CAF_KERNELS_HD inline
 #endif
 
+// Loops over the (at most 6) dims unroll in the device pass, so that every index into
+// a layout is a constant: a kernel-parameter array indexed at run time is copied to
+// local memory first. Host compilers warn about the pragma, so they do not see it.
+#if defined(__CUDA_ARCH__)
+#define CAF_EW_UNROLL _Pragma("unroll")
+#else
+#define CAF_EW_UNROLL
+#endif
+
 namespace caf_serving::kernels {
 
 // ---- operators ---------------------------------------------------------------------
@@ -325,19 +334,33 @@ void require_valid_layout(const broadcast_layout<N>& l, const char* who) {
 
 /// Walks the output in order, keeping each operand's element offset: `seek` divides
 /// once per dim; `next` steps the innermost dim and seeks again only when it wraps.
+/// Within one row of the innermost dim (`inner + k < inner_shape`), operand `k`'s
+/// elements are `inner_step[k]` apart.
 template <int N, class Index>
 struct broadcast_cursor {
-  Index inner = 0; ///< coordinate in the innermost dim
+  Index inner = 0;       ///< coordinate in the innermost dim
+  Index inner_shape = 1; ///< size of the innermost dim
   Index offsets[N] = {};
+  Index inner_step[N] = {}; ///< each operand's stride in the innermost dim
 
   CAF_KERNELS_HD void seek(const broadcast_layout<N, Index>& l, Index i) {
     for (int k = 0; k < N; ++k)
       offsets[k] = 0;
-    for (int d = l.rank - 1; d >= 0; --d) {
+    bool innermost = true; // (not `d == rank - 1`: the compiler turns that back into
+                           // a run-time index, and the layout into local memory)
+    CAF_EW_UNROLL
+    for (int d = max_elementwise_dims - 1; d >= 0; --d) {
+      if (d >= l.rank)
+        continue;
       Index c = i % l.shape[d];
       i /= l.shape[d];
-      if (d == l.rank - 1)
+      if (innermost) {
         inner = c;
+        inner_shape = l.shape[d];
+        for (int k = 0; k < N; ++k)
+          inner_step[k] = l.strides[k][d];
+        innermost = false;
+      }
       for (int k = 0; k < N; ++k)
         offsets[k] += c * l.strides[k][d];
     }
@@ -345,13 +368,12 @@ struct broadcast_cursor {
 
   /// Moves to output element `i_next`, which must follow the current one.
   CAF_KERNELS_HD void next(const broadcast_layout<N, Index>& l, Index i_next) {
-    int d = l.rank - 1;
-    if (++inner == l.shape[d]) {
+    if (++inner == inner_shape) {
       seek(l, i_next);
       return;
     }
     for (int k = 0; k < N; ++k)
-      offsets[k] += l.strides[k][d];
+      offsets[k] += inner_step[k];
   }
 };
 

@@ -152,6 +152,12 @@ TEST_CASE("the cursor visits the same operand elements as the naive broadcast") 
         REQUIRE(walk.offsets[k] == naive_offset(out, in[k], i));
         REQUIRE(jump.offsets[k] == naive_offset(out, in[k], i));
       }
+      // The kernels' chunk path: the rest of the row is `inner_step` apart.
+      REQUIRE(jump.inner == walk.inner);
+      REQUIRE(jump.inner_shape == plan.shape[plan.rank - 1]);
+      for (std::int64_t j = 1; jump.inner + j < jump.inner_shape; ++j)
+        for (int k = 0; k < 3; ++k)
+          REQUIRE(jump.offsets[k] + j * jump.inner_step[k] == naive_offset(out, in[k], i + j));
     }
     for (int k = 0; k < 3; ++k)
       CHECK(operand_extent(plan, k) == count_of(in[k]));

@@ -200,13 +200,12 @@ __global__ void where_strided_kernel(broadcast_layout<3, Index> l, const std::ui
     broadcast_cursor<3, Index> cursor;
     cursor.seek(l, i0);
     S ov[chunk];
-    int inner = l.rank - 1;
-    if (n == Index{chunk} && cursor.inner + chunk <= l.shape[inner]) { // within one row
+    if (n == Index{chunk} && cursor.inner + chunk <= cursor.inner_shape) { // within one row
       std::uint8_t cv[chunk];
       S yv[chunk];
-      load_operand_chunk(condition, cursor.offsets[0], l.strides[0][inner], cv);
-      load_operand_chunk(x, cursor.offsets[1], l.strides[1][inner], ov);
-      load_operand_chunk(y, cursor.offsets[2], l.strides[2][inner], yv);
+      load_operand_chunk(condition, cursor.offsets[0], cursor.inner_step[0], cv);
+      load_operand_chunk(x, cursor.offsets[1], cursor.inner_step[1], ov);
+      load_operand_chunk(y, cursor.offsets[2], cursor.inner_step[2], yv);
 #pragma unroll
       for (int j = 0; j < chunk; ++j)
         ov[j] = cv[j] != 0 ? ov[j] : yv[j];

@@ -96,14 +96,13 @@ __global__ void binary_strided_kernel(broadcast_layout<2, Index> l, const void* 
     broadcast_cursor<2, Index> cursor;
     cursor.seek(l, i0);
     out ov[chunk];
-    int inner = l.rank - 1;
-    if (n == Index{chunk} && cursor.inner + chunk <= l.shape[inner]) {
+    if (n == Index{chunk} && cursor.inner + chunk <= cursor.inner_shape) {
       // The chunk stays within one row of the innermost dim (the common case for
       // [B,S,H]+[H], masks and squeeze-excite): each operand is one element, a
       // vector, or a fixed stride.
       in av[chunk], bv[chunk];
-      load_operand_chunk(a, cursor.offsets[0], l.strides[0][inner], av);
-      load_operand_chunk(b, cursor.offsets[1], l.strides[1][inner], bv);
+      load_operand_chunk(a, cursor.offsets[0], cursor.inner_step[0], av);
+      load_operand_chunk(b, cursor.offsets[1], cursor.inner_step[1], bv);
 #pragma unroll
       for (int j = 0; j < chunk; ++j)
         ov[j] = fn::apply(av[j], bv[j]);
