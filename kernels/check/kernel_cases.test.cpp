@@ -4,6 +4,7 @@
 
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <set>
 
 using namespace caf_serving::kernels;
@@ -117,6 +118,10 @@ TEST_CASE("the element-wise cases cover every operator, type, cast pair and broa
       patterns.insert(e.pattern);
     } else if (c.operation == op::unary) {
       CHECK(unary_supported(e.unary, c.type));
+      if (e.unary == unary_op::clip) // finite bounds, or Clip is checked as Identity
+        CHECK((std::isfinite(e.params.lo) && std::isfinite(e.params.hi)));
+      if (e.unary == unary_op::leaky_relu || e.unary == unary_op::hard_sigmoid)
+        CHECK(e.params.alpha != 0);
       unary.insert({e.unary, c.type});
       unary_ops.insert(e.unary);
     } else if (c.operation == op::where) {

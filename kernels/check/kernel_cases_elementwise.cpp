@@ -217,8 +217,9 @@ kernel_case unary_case(unary_op o, dtype t, elementwise_spec spec = {}) {
   c.operation = op::unary;
   c.type = t;
   spec.unary = o;
-  if (spec.params.alpha == 0 && spec.params.beta == 0)
-    spec.params = default_params(o) ;
+  bool has_alpha = o == unary_op::leaky_relu || o == unary_op::elu || o == unary_op::hard_sigmoid;
+  if (has_alpha && spec.params.alpha == 0 && spec.params.beta == 0)
+    spec.params = default_params(o); // ONNX's defaults unless the case sets its own
   c.elementwise = spec;
   c.name = std::string("unary ") + unary_op_name(o) + " "
            + (spec.pattern == broadcast_pattern::misaligned ? "misaligned " : "") + dtype_name(t);

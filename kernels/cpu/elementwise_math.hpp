@@ -31,19 +31,24 @@
 
 #include "cpu/types.hpp"
 
+// (Defined alike by every shared host/device header of kernels/cpu.)
+#ifndef CAF_KERNELS_HD
 #if defined(__CUDACC__)
 #define CAF_KERNELS_HD __host__ __device__ __forceinline__
 #else
 #define CAF_KERNELS_HD inline
 #endif
+#endif
 
 // Loops over the (at most 6) dims unroll in the device pass, so that every index into
 // a layout is a constant: a kernel-parameter array indexed at run time is copied to
 // local memory first. Host compilers warn about the pragma, so they do not see it.
+#ifndef CAF_KERNELS_UNROLL
 #if defined(__CUDA_ARCH__)
-#define CAF_EW_UNROLL _Pragma("unroll")
+#define CAF_KERNELS_UNROLL _Pragma("unroll")
 #else
-#define CAF_EW_UNROLL
+#define CAF_KERNELS_UNROLL
+#endif
 #endif
 
 namespace caf_serving::kernels {
@@ -348,7 +353,7 @@ struct broadcast_cursor {
       offsets[k] = 0;
     bool innermost = true; // (not `d == rank - 1`: the compiler turns that back into
                            // a run-time index, and the layout into local memory)
-    CAF_EW_UNROLL
+    CAF_KERNELS_UNROLL
     for (int d = max_elementwise_dims - 1; d >= 0; --d) {
       if (d >= l.rank)
         continue;
