@@ -51,6 +51,14 @@ case_size top_k(std::size_t rows, std::size_t cols, std::size_t k) {
   return s;
 }
 
+case_size scores(std::size_t batch, std::size_t heads, std::size_t queries, std::size_t keys) {
+  case_size s = matrix(batch * heads * queries, keys);
+  s.batch = batch;
+  s.heads = heads;
+  s.seq = queries;
+  return s;
+}
+
 namespace {
 
 // Tolerances. Inputs are generated already rounded to the case's type, so the
@@ -96,6 +104,13 @@ std::vector<case_size> softmax_sweep() {
   // two-pass one.
   return {matrix(1, 1),   matrix(5, 33),   matrix(64, 128), matrix(7, 512),
           matrix(3, 1000), matrix(3, 4096), matrix(2, 5000)};
+}
+
+std::vector<case_size> scores_sweep() {
+  // Attention scores with a broadcast mask: ragged keys, another query length than
+  // key length, a warp row (<= 1024 keys) and a block row (1500).
+  return {scores(1, 1, 1, 1),   scores(2, 3, 5, 7),   scores(2, 2, 17, 17),
+          scores(3, 2, 9, 40),  scores(2, 12, 16, 128), scores(1, 2, 3, 1500)};
 }
 
 std::vector<case_size> attention_sweep() {
@@ -167,6 +182,16 @@ kernel_case softmax_case(std::string name, dtype type, mask_kind mask) {
             "fp32 error above";
   }
   c.sweep = softmax_sweep();
+  return c;
+}
+
+/// An fp32 softmax over attention scores with an additive mask read in place
+/// through strides: what the CUDA backend's FusedAttention step runs between its
+/// two batched GEMMs (libcaf_serving/cuda/steps_attention.cpp).
+kernel_case scores_softmax_case(std::string name, softmax_mask_shape shape) {
+  kernel_case c = softmax_case(std::move(name), dtype::f32, mask_kind::additive);
+  c.mask_shape = shape;
+  c.sweep = scores_sweep();
   return c;
 }
 
@@ -243,6 +268,10 @@ std::vector<kernel_case> build_table() {
   t.push_back(softmax_case("softmax boolean mask bf16", dtype::bf16, mask_kind::boolean));
   t.push_back(softmax_case("softmax f16", dtype::f16, mask_kind::none));
   t.back().bench = {matrix(65536, 512), matrix(8192, 4096)};
+  t.push_back(scores_softmax_case("softmax padding mask f32", softmax_mask_shape::padding));
+  t.back().bench = {scores(32, 12, 128, 128)}; // BERT-base, seq 128, batch 32
+  t.push_back(scores_softmax_case("softmax causal mask f32", softmax_mask_shape::causal));
+  t.push_back(scores_softmax_case("softmax full mask f32", softmax_mask_shape::full));
   // Fused attention. The bench sizes are the 2x-over-unfused targets: seq 128, 512.
   t.push_back(attention_case("attention d64 f16", dtype::f16, 64, false));
   t.back().bench = {heads(64, 16, 128), heads(16, 16, 512)};

@@ -29,9 +29,20 @@ enum class op {
 
 const char* op_name(op o);
 
+/// How a softmax case's additive or boolean mask lines up with its rows.
+enum class softmax_mask_shape {
+  rows,    ///< [2, cols]: row r reads mask row r % 2 (the second one masks everything)
+  /// The rows are attention scores [batch, heads, seq] x cols keys, and the mask is
+  /// read in place through strides (mask_strides in cpu/types.hpp):
+  padding, ///< [batch, 1, 1, keys]; batch row 1 masks every key
+  causal,  ///< [seq, keys]: -inf above the diagonal (rows past it fully masked when seq > keys)
+  full,    ///< [batch, heads, seq, keys]
+};
+
 /// Sizes of one run. Each op reads the fields it needs:
 /// epilogue rows/cols/inner (cols = channels; inner = spatial size per channel, 1 for
-/// a GEMM's [rows, cols] output); add_layer_norm, softmax rows/cols; attention
+/// a GEMM's [rows, cols] output); add_layer_norm, softmax rows/cols (with a broadcast
+/// mask also batch/heads/seq, rows = batch * heads * seq); attention
 /// batch/heads/seq; gather and scatter rows = requests, cols = largest request's
 /// bytes; convert rows = elements; softmax_top_k rows/cols/k.
 struct case_size {
@@ -48,6 +59,8 @@ case_size matrix(std::size_t rows, std::size_t cols);
 case_size nchw(std::size_t n, std::size_t channels, std::size_t spatial);
 case_size heads(std::size_t batch, std::size_t heads, std::size_t seq);
 case_size top_k(std::size_t rows, std::size_t cols, std::size_t k);
+/// Attention scores [batch, heads, queries, keys] as softmax rows x cols.
+case_size scores(std::size_t batch, std::size_t heads, std::size_t queries, std::size_t keys);
 
 /// |got - want| <= abs + rel * |want| for every element; NaN never passes.
 struct tolerance {
@@ -64,6 +77,7 @@ struct kernel_case {
   bool bias = false;                 ///< epilogue only
   bool residual = false;             ///< epilogue and add_layer_norm
   mask_kind mask = mask_kind::none;  ///< softmax only
+  softmax_mask_shape mask_shape = softmax_mask_shape::rows; ///< softmax only
   int head_dim = 64;                 ///< attention only
   bool padded = false;               ///< attention: random per-sequence key lengths
   tolerance tol;

@@ -79,7 +79,7 @@ std::vector<float> softmax(const std::vector<float>& x, row_shape shape,
   std::vector<double> logits(shape.cols);
   constexpr double neg_inf = -std::numeric_limits<double>::infinity();
   for (std::size_t r = 0; r < shape.rows; ++r) {
-    std::size_t mask_row = (r % mask.mask_rows) * shape.cols;
+    std::size_t mask_row = mask_row_offset(mask.layout, mask.mask_rows, shape.cols, r);
     double max = neg_inf;
     for (std::size_t c = 0; c < shape.cols; ++c) {
       double v = x[r * shape.cols + c];

@@ -87,6 +87,42 @@ TEST_CASE("softmax honours additive and boolean masks") {
   CHECK(masked[5] == 0.0f);
 }
 
+TEST_CASE("softmax reads a broadcast attention mask through its strides") {
+  // Scores [B=2, H=2, Q=2] x K=2, all zero: each row is uniform but for its mask.
+  std::vector<float> x(8 * 2, 0.0f);
+  const float inf = std::numeric_limits<float>::infinity();
+  ref::softmax_mask padding; // [B, 1, 1, K]: batch 0 hides key 1, batch 1 hides both
+  padding.kind = mask_kind::additive;
+  padding.additive = {0.0f, -inf, -inf, -inf};
+  padding.layout = {2, 2, 2, 0, 0};
+  auto p = ref::softmax(x, {8, 2}, padding);
+  for (std::size_t r = 0; r < 8; ++r) {
+    INFO(r);
+    CHECK(p[r * 2] == (r < 4 ? 1.0f : 0.0f));
+    CHECK(p[r * 2 + 1] == 0.0f);
+  }
+  ref::softmax_mask causal; // [Q, K], the same for every batch and head
+  causal.kind = mask_kind::additive;
+  causal.additive = {0.0f, -inf, 0.0f, 0.0f};
+  causal.layout = {2, 2, 0, 0, 2};
+  auto c = ref::softmax(x, {8, 2}, causal);
+  for (std::size_t r = 0; r < 8; ++r) {
+    INFO(r);
+    CHECK(c[r * 2] == (r % 2 == 0 ? 1.0f : 0.5f));
+  }
+  ref::softmax_mask head; // [1, H, 1, K]: head 1 prefers key 1 by log 3
+  head.kind = mask_kind::additive;
+  head.additive = {0.0f, 0.0f, 0.0f, std::log(3.0f)};
+  head.layout = {2, 2, 0, 2, 0};
+  auto h = ref::softmax(x, {8, 2}, head);
+  for (std::size_t r = 0; r < 8; ++r) {
+    INFO(r);
+    CHECK(h[r * 2 + 1] == doctest::Approx((r / 2) % 2 == 1 ? 0.75 : 0.5));
+  }
+  CHECK(mask_row_offset(mask_strides{3, 5, 100, 10, 1}, 1, 7, (2 * 3 + 1) * 5 + 4) == 214);
+  CHECK(mask_row_offset(mask_strides{}, 2, 7, 5) == 7); // rows: r % mask_rows
+}
+
 TEST_CASE("matmul handles both layouts of B") {
   std::vector<float> a{1, 2, 3, 4, 5, 6};      // [2,3]
   std::vector<float> b{1, 0, 0, 1, 1, 1};      // [3,2]

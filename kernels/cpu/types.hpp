@@ -51,4 +51,31 @@ enum class mask_kind {
   boolean,  ///< uint8: nonzero keeps the element, zero masks it.
 };
 
+/// A softmax mask read in place through strides, for attention scores: the rows
+/// are [outer, heads, queries] (row r is query r % queries of head
+/// (r / queries) % heads of outer index r / (queries * heads)), and the mask row of
+/// (o, h, q) starts at o * outer + h * head + q * query elements, its columns
+/// contiguous. A stride of 0 broadcasts, so that a [B, 1, 1, S] padding mask, an
+/// [S, S] causal mask and a full [B, H, S, S] mask are all read without expanding
+/// them. `heads` = 0 leaves it unused.
+struct mask_strides {
+  std::size_t heads = 0;
+  std::size_t queries = 1;
+  std::size_t outer = 0;
+  std::size_t head = 0;
+  std::size_t query = 0;
+};
+
+/// Element offset of the mask row that row `r` of a [rows, cols] softmax reads:
+/// through `strides` when set, else row r % mask_rows of a [mask_rows, cols] mask.
+/// constexpr, so that the CUDA kernels call it too (--expt-relaxed-constexpr).
+constexpr std::size_t mask_row_offset(const mask_strides& strides, std::size_t mask_rows,
+                                      std::size_t cols, std::size_t r) {
+  if (strides.heads == 0)
+    return (r % mask_rows) * cols;
+  std::size_t q = r % strides.queries, t = r / strides.queries;
+  return (t / strides.heads) * strides.outer + (t % strides.heads) * strides.head
+         + q * strides.query;
+}
+
 } // namespace caf_serving::kernels
