@@ -70,3 +70,28 @@ TEST_CASE("planning needs no device and refuses what a GPU instance cannot run, 
   REQUIRE_FALSE(r);
   CHECK(r.error().message.find("variable dimension") != std::string::npos);
 }
+
+TEST_CASE("attention runs on the device: every fixture with FusedAttention, at every bucket") {
+  // Padding masks [B,1,1,S] (BERT, DistilBERT, the contrib Attention's key
+  // lengths), causal masks (constant [S,S] / [1,1,S,S]), no mask (ViT's MHA), and
+  // ONNX's own Attention (23) with a float mask or is_causal.
+  for (const char* name : {"pattern_attention_padding_dynamo", "pattern_attention_padding_torchscript17",
+                           "pattern_attention_causal_dynamo", "pattern_attention_causal_torchscript17",
+                           "pattern_mha_vit_torchscript17", "bert_2layer_opset13", "bert_2layer_opset17",
+                           "distilbert_2layer_opset13", "contrib_attention",
+                           "contrib_bert_2layer_ort_optimized", "opset21_transformer",
+                           "op_attention_float_mask", "op_attention_4d_causal"}) {
+    CAPTURE(name);
+    auto r = plan(name, "1,3,8");
+    REQUIRE_MESSAGE(r, (r ? "" : r.error().message));
+    REQUIRE(r->buckets.size() == 3);
+    size_t layers = count(r->buckets[0], "attention");
+    CHECK(layers >= 1);
+    for (const auto& b : r->buckets) {
+      CAPTURE(b.rows);
+      CHECK(count(b, "attention") == layers);
+      CHECK(count(b, "host:FusedAttention") == 0);
+      for (const auto& n : b.host_nodes) CHECK(n.rfind("FusedAttention", 0) != 0);
+    }
+  }
+}

@@ -117,6 +117,7 @@ const device_table& device_steps();
 
 /// The families (one source file each).
 std::vector<device_kernel> core_steps(); ///< steps_core.cpp
+std::vector<device_kernel> attention_steps(); ///< steps_attention.cpp
 
 /// Wraps a family's step function as a registration's build function that
 /// first requires every input and output to be fp32.
