@@ -4,6 +4,7 @@
 
 #include "cuda/cuda_backend.hpp"
 #include "repository/model_repository.hpp"
+#include "support/gpu_zoo.hpp"
 
 #include <doctest/doctest.h>
 
@@ -92,6 +93,29 @@ TEST_CASE("attention runs on the device: every fixture with FusedAttention, at e
       CHECK(count(b, "attention") == layers);
       CHECK(count(b, "host:FusedAttention") == 0);
       for (const auto& n : b.host_nodes) CHECK(n.rfind("FusedAttention", 0) != 0);
+    }
+  }
+}
+
+TEST_CASE("the target transformers run every attention layer on the device, at every bucket") {
+  // tests/gpu/zoo at real size (weights zeros: the plan depends on shapes only).
+  // BERT-base, DistilBERT and MiniLM: padding masks; GPT-2: causal; ViT: none.
+  const fs::path root = fs::current_path() / "plan_model_zoo";
+  for (auto [name, layers] : {std::pair{"bert_base", 12}, std::pair{"distilbert_base", 6},
+                              std::pair{"minilm_l6", 6}, std::pair{"gpt2", 12},
+                              std::pair{"vit_b_16", 12}}) {
+    CAPTURE(name);
+    auto dir = testing::stage_gpu_zoo_model(name, root);
+    REQUIRE_MESSAGE(dir, (dir ? "" : dir.error().message));
+    auto entry = repository::load_model_config(root, name, {true});
+    REQUIRE(entry.config);
+    auto r = cuda::plan_model({*dir / "1/model.onnx", entry.config->config, {}});
+    REQUIRE_MESSAGE(r, (r ? "" : r.error().message));
+    REQUIRE(!r->buckets.empty());
+    for (const auto& b : r->buckets) {
+      CAPTURE(b.rows);
+      CHECK(count(b, "attention") == static_cast<size_t>(layers));
+      CHECK(count(b, "host:FusedAttention") == 0);
     }
   }
 }
