@@ -22,7 +22,8 @@
 /// - A row whose mask is -inf throughout gives zeros (the softmax kernel's rule),
 ///   which is nan_to_zero's result; without nan_to_zero the reference kernel gives
 ///   NaN there (and the CPU backend's softmax finite values): no model the passes
-///   write relies on that row.
+///   write relies on that row. A row with a NaN score (NaN in Q or K) stays NaN
+///   here, where nan_to_zero's reference would give zeros.
 ///
 /// Stays on the host (its reference kernel): non-fp32 tensors; Q, K, V not
 /// [B, S, H*D] with H*D divisible by num_heads, K and V of one shape and Q's
