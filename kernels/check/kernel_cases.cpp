@@ -107,10 +107,12 @@ std::vector<case_size> softmax_sweep() {
 }
 
 std::vector<case_size> scores_sweep() {
-  // Attention scores with a broadcast mask: ragged keys, another query length than
-  // key length, a warp row (<= 1024 keys) and a block row (1500).
-  return {scores(1, 1, 1, 1),   scores(2, 3, 5, 7),   scores(2, 2, 17, 17),
-          scores(3, 2, 9, 40),  scores(2, 12, 16, 128), scores(1, 2, 3, 1500)};
+  // Attention scores with a broadcast mask: ragged keys, more keys than queries and
+  // fewer (a causal mask then hides the first rows throughout), a warp row (<= 1024
+  // keys) and a block row (1500).
+  return {scores(1, 1, 1, 1),  scores(2, 3, 5, 7),     scores(2, 2, 9, 4),
+          scores(2, 2, 17, 17), scores(3, 2, 9, 40), scores(2, 12, 16, 128),
+          scores(1, 2, 3, 1500)};
 }
 
 std::vector<case_size> attention_sweep() {
