@@ -37,9 +37,14 @@ size_t count(const cuda::plan_report::bucket& b, const std::string& kernel) {
 TEST_CASE("a convolutional network plans its convolutions and pools on the device") {
   auto r = plan("resnet_narrow_opset17", "1,4");
   REQUIRE_MESSAGE(r, (r ? "" : r.error().message));
-  REQUIRE(r->buckets.size() == 2);
+  // The buckets stop short of max_batch_size 8: 8 is planned too, uncaptured.
+  REQUIRE(r->buckets.size() == 3);
   CHECK(r->buckets[0].rows == 1);
   CHECK(r->buckets[1].rows == 4);
+  CHECK(r->buckets[2].rows == 8);
+  CHECK(r->buckets[0].captured);
+  CHECK(r->buckets[1].captured);
+  CHECK_FALSE(r->buckets[2].captured);
   for (const auto& b : r->buckets) {
     CAPTURE(b.rows);
     CHECK(count(b, "cudnn_conv") > 0);
@@ -118,4 +123,16 @@ TEST_CASE("the target transformers run every attention layer on the device, at e
       CHECK(count(b, "host:FusedAttention") == 0);
     }
   }
+}
+
+TEST_CASE("cuda_graph_batch_sizes \"none\" captures nothing but still plans every size") {
+  auto r = plan("resnet_narrow_opset17", "none");
+  REQUIRE_MESSAGE(r, (r ? "" : r.error().message));
+  std::vector<uint32_t> rows;
+  for (const auto& b : r->buckets) {
+    rows.push_back(b.rows);
+    CHECK_FALSE(b.captured);
+    CHECK(count(b, "cudnn_conv") > 0);
+  }
+  CHECK(rows == std::vector<uint32_t>{1, 2, 4, 8});
 }
