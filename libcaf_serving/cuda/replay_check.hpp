@@ -5,9 +5,11 @@
 ///
 /// For every captured size and every staging slot the backend writes the same
 /// random inputs (replay_inputs) into the slot, launches the size's steps
-/// directly, reads every graph output, overwrites them, replays the graph and
-/// compares every output (compare_replay). A mismatch fails the load, naming
-/// the size, the slot and the output.
+/// directly, reads every output the config declares (what clients receive; an
+/// undeclared graph output lives in the arena and its bytes may be reused once
+/// nothing reads it), overwrites them with NaN, replays the graph and compares
+/// each output (compare_replay). A mismatch fails the load, naming the size,
+/// the slot and the output.
 ///
 /// Random inputs, not zeros: on zeros most layers compute zeros or a bias, so a
 /// graph that reads a stale pointer or skips a step can still match.
