@@ -169,6 +169,12 @@ permute_plan plan_permute(const permute_shape& shape, std::size_t element_size,
 
 // ---- gather along an axis ----------------------------------------------------------
 
+/// The element type of Gather's indices.
+enum class index_type {
+  i64,
+  i32,
+};
+
 /// ONNX Gather as [outer, axis_dim, inner] -> [outer, index_count, inner]: output row
 /// (o, j) is data row (o, indices[j]).
 struct gather_shape {

@@ -28,11 +28,6 @@
 
 namespace caf_serving::kernels {
 
-enum class index_type {
-  i64,
-  i32,
-};
-
 struct gather_axis_args {
   const void* data = nullptr;
   const void* indices = nullptr; ///< `index_count` of `indices_type`, any shape
