@@ -19,9 +19,12 @@
 
 #if defined(__CUDACC__)
 #define CAF_KERNELS_HD __host__ __device__ __forceinline__
-#define CAF_KERNELS_UNROLL _Pragma("unroll")
 #else
 #define CAF_KERNELS_HD inline
+#endif
+#if defined(__CUDA_ARCH__) // the device pass only: host compilers warn on the pragma
+#define CAF_KERNELS_UNROLL _Pragma("unroll")
+#else
 #define CAF_KERNELS_UNROLL
 #endif
 
