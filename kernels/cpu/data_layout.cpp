@@ -140,12 +140,14 @@ copy_plan widen_box(const strided_box& b, std::size_t element_size, std::uintptr
   return {b, element_size};
 }
 
-void contiguous_strides(const tensor_dims& t, std::int64_t (&strides)[max_rank]) {
+std::array<std::int64_t, max_rank> contiguous_strides(const tensor_dims& t) {
+  std::array<std::int64_t, max_rank> strides{};
   std::int64_t s = 1;
   for (int d = t.rank - 1; d >= 0; --d) {
     strides[d] = s;
     s *= t.dims[d];
   }
+  return strides;
 }
 
 strided_box slice_box(const tensor_dims& input, const std::int64_t* starts,
@@ -156,9 +158,8 @@ strided_box slice_box(const tensor_dims& input, const std::int64_t* starts,
   check_rank(input.rank, "slice");
   strided_box b;
   b.rank = output.rank;
-  std::int64_t in_strides[max_rank], out_strides[max_rank];
-  contiguous_strides(input, in_strides);
-  contiguous_strides(output, out_strides);
+  auto in_strides = contiguous_strides(input);
+  auto out_strides = contiguous_strides(output);
   for (int d = 0; d < b.rank; ++d) {
     if (steps[d] == 0)
       refuse("slice", "step 0 on axis " + std::to_string(d) + "; ONNX Slice steps are nonzero");
@@ -179,9 +180,8 @@ strided_box place_box(const tensor_dims& input, const tensor_dims& output,
   check_rank(input.rank, "place");
   strided_box b;
   b.rank = input.rank;
-  std::int64_t in_strides[max_rank], out_strides[max_rank];
-  contiguous_strides(input, in_strides);
-  contiguous_strides(output, out_strides);
+  auto in_strides = contiguous_strides(input);
+  auto out_strides = contiguous_strides(output);
   for (int d = 0; d < b.rank; ++d) {
     b.dims[d] = input.dims[d];
     b.src_strides[d] = in_strides[d];
@@ -198,9 +198,8 @@ strided_box expand_box(const tensor_dims& input, const tensor_dims& output) {
                        + std::to_string(output.rank));
   strided_box b;
   b.rank = output.rank;
-  std::int64_t in_strides[max_rank], out_strides[max_rank];
-  contiguous_strides(input, in_strides);
-  contiguous_strides(output, out_strides);
+  auto in_strides = contiguous_strides(input);
+  auto out_strides = contiguous_strides(output);
   int shift = output.rank - input.rank;
   for (int d = 0; d < b.rank; ++d) {
     b.dims[d] = output.dims[d];

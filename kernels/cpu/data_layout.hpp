@@ -13,6 +13,7 @@
 /// Every size, stride and offset is in elements of the plan's element size.
 #pragma once
 
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -109,7 +110,7 @@ struct tensor_dims {
 };
 
 /// Row-major strides of `t` in elements.
-void contiguous_strides(const tensor_dims& t, std::int64_t (&strides)[max_rank]);
+std::array<std::int64_t, max_rank> contiguous_strides(const tensor_dims& t);
 
 /// The box of ONNX Slice (and of one output of Split) from contiguous `input` into
 /// contiguous `output`: on every axis, output index k reads input index
