@@ -1,5 +1,7 @@
 #include "check/case_runner.hpp"
 
+#include "check/case_runner_data.hpp"
+
 #include "cpu/half.hpp"
 #include "cpu/reference.hpp"
 #include "cuda/add_layer_norm.hpp"
@@ -709,6 +711,11 @@ std::unique_ptr<case_run> make_case_run(const kernel_case& c, const case_size& s
       return std::make_unique<convert_run>(c, s, cfg);
     case op::softmax_top_k:
       return std::make_unique<top_k_run>(c, s, cfg);
+    case op::permute:
+    case op::strided_copy:
+    case op::gather_axis:
+    case op::reduce:
+      return make_data_case_run(c, s, cfg);
   }
   return nullptr;
 }
@@ -732,6 +739,11 @@ std::string describe(op o, const case_size& s) {
     case op::softmax: // attention scores: batch x heads x queries x keys
       return s.batch * s.heads * s.seq > 1 ? x({s.batch, s.heads, s.seq, s.cols})
                                            : x({s.rows, s.cols});
+    case op::permute:
+    case op::strided_copy:
+    case op::gather_axis:
+    case op::reduce:
+      return describe_data(s);
     default:
       return x({s.rows, s.cols});
   }

@@ -20,6 +20,14 @@ const char* op_name(op o) {
       return "convert";
     case op::softmax_top_k:
       return "softmax_top_k";
+    case op::permute:
+      return "permute";
+    case op::strided_copy:
+      return "strided_copy";
+    case op::gather_axis:
+      return "gather_axis";
+    case op::reduce:
+      return "reduce";
   }
   return "?";
 }
@@ -312,6 +320,7 @@ std::vector<kernel_case> build_table() {
     c.bench = {top_k(4096, 1000, 5)};
     t.push_back(c);
   }
+  append_data_cases(t);
   return t;
 }
 

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "check/kernel_cases_data.hpp"
 #include "cpu/types.hpp"
 
 namespace caf_serving::kernels {
@@ -25,6 +26,10 @@ enum class op {
   scatter,        ///< batch buffer -> requests
   convert,        ///< f32 <-> f16/bf16
   softmax_top_k,  ///< softmax then top-k per row
+  permute,        ///< Transpose (check/kernel_cases_data.hpp)
+  strided_copy,   ///< Slice, Split, Concat, Expand, Pad as boxes
+  gather_axis,    ///< ONNX Gather along an axis
+  reduce,         ///< Reduce* over adjacent axes
 };
 
 const char* op_name(op o);
@@ -53,6 +58,8 @@ struct case_size {
   std::size_t heads = 1;
   std::size_t seq = 1;
   std::size_t k = 1;
+  std::vector<std::int64_t> shape;  ///< N-d ops (check/kernel_cases_data.hpp)
+  std::vector<std::int64_t> params; ///< N-d ops: what data_case says per op
 };
 
 case_size matrix(std::size_t rows, std::size_t cols);
@@ -80,6 +87,7 @@ struct kernel_case {
   softmax_mask_shape mask_shape = softmax_mask_shape::rows; ///< softmax only
   int head_dim = 64;                 ///< attention only
   bool padded = false;               ///< attention: random per-sequence key lengths
+  data_case data;                    ///< permute, strided_copy, gather_axis, reduce
   tolerance tol;
   std::string why; ///< why the tolerance is what it is
   std::vector<case_size> sweep;
