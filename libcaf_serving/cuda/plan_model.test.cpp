@@ -136,3 +136,26 @@ TEST_CASE("cuda_graph_batch_sizes \"none\" captures nothing but still plans ever
   }
   CHECK(rows == std::vector<uint32_t>{1, 2, 4, 8});
 }
+
+TEST_CASE("grouped convolutions, every fused activation and Gemm plan on the device") {
+  // Depthwise and grouped convolutions with Clip/HardSwish/ReLU (MobileNetV3's
+  // blocks), Gemm classifier heads (transB, bias): none is a host step any more.
+  for (const char* name : {"op_conv_group", "op_gemm", "resnet_narrow_opset13",
+                           "resnet_narrow_opset17", "pattern_mobilenetv3_block_opset17",
+                           "zoo_mobilenet_v3_block_dynamo_opset18",
+                           "zoo_mobilenet_v3_block_dynamo_opset20"}) {
+    CAPTURE(name);
+    auto r = plan(name, "1,8");
+    REQUIRE_MESSAGE(r, (r ? "" : r.error().message));
+    for (const auto& b : r->buckets) {
+      CAPTURE(b.rows);
+      CHECK(count(b, "host:FusedConv") == 0);
+      CHECK(count(b, "host:FusedGemm") == 0);
+      CHECK(count(b, "cudnn_conv") + count(b, "cudnn_conv+epilogue") + count(b, "cublaslt") > 0);
+    }
+  }
+  // The grouped convolution runs as cuDNN's convolution and the epilogue kernel.
+  auto r = plan("op_conv_group", "1");
+  REQUIRE(r);
+  CHECK(count(r->buckets[0], "cudnn_conv+epilogue") == 1);
+}

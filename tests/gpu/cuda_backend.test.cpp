@@ -150,6 +150,15 @@ void check_model(const std::string& name, cuda::precision p, double tolerance) {
   REQUIRE_MESSAGE(inst, (inst ? "" : inst.error().message));
   MESSAGE(name << " " << cuda::to_string(p) << ": " << inst->report.arena << ", "
                << inst->report.steps << " steps, " << inst->report.host_steps << " on the host");
+  if (!model->options.buckets.empty()) { // the dry run without a device chose the same steps
+    auto dry = cuda::plan_model({file, cfg, {}});
+    REQUIRE_MESSAGE(dry, (dry ? "" : dry.error().message));
+    const auto& first = *std::min_element(
+      dry->buckets.begin(), dry->buckets.end(),
+      [](const auto& a, const auto& b) { return a.rows < b.rows; });
+    CHECK(inst->report.steps == first.steps);
+    CHECK(inst->report.host_steps == first.host_nodes.size());
+  }
   auto& gpu = *inst->backend;
   auto [inputs, reference] = read_reference(name);
 
@@ -208,9 +217,11 @@ TEST_CASE("fp32: the attention fixtures match ONNX Runtime and the CPU executor 
     check_model(name, cuda::precision::fp32, 1e-4);
 }
 
-TEST_CASE("fp16 and bf16 compute on the ResNet and BERT fixtures") {
+TEST_CASE("fp16 and bf16 compute on the ResNet, MobileNetV3-block, Gemm and BERT fixtures") {
   if (!have_gpu()) return;
-  for (const char* name : {"resnet_narrow_opset17", "bert_2layer_opset17"}) {
+  for (const char* name : {"resnet_narrow_opset17", "bert_2layer_opset17", "op_conv_group",
+                           "op_gemm", "pattern_mobilenetv3_block_opset17",
+                           "zoo_mobilenet_v3_block_dynamo_opset18"}) {
     check_model(name, cuda::precision::fp16, 1e-2);
     check_model(name, cuda::precision::bf16, 4e-2);
   }
