@@ -161,3 +161,61 @@ TEST_CASE("FusedMatMul takes every epilogue activation") {
     CHECK(t.kernel() == "cublaslt");
   }
 }
+
+namespace {
+
+/// What cuBLASLt computes (its documented column-major semantics) from the
+/// operands lt_layout gives: D = alpha op(A) op(B) + beta C, element (i, j) of
+/// a stored operand at [i + j * ld].
+std::vector<float> column_major_gemm(const cuda::lt_operands& o, const std::vector<float>& a,
+                                     const std::vector<float>& b, const std::vector<float>& c,
+                                     float alpha, float beta) {
+  auto at = [](const cuda::lt_operand& l, const std::vector<float>& x, uint64_t i, uint64_t j) {
+    return l.transposed ? x[j + i * l.ld] : x[i + j * l.ld];
+  };
+  uint64_t rows = o.a.transposed ? o.a.cols : o.a.rows; // op(A) is rows x inner
+  uint64_t inner = o.a.transposed ? o.a.rows : o.a.cols;
+  uint64_t cols = o.b.transposed ? o.b.rows : o.b.cols; // op(B) is inner x cols
+  REQUIRE((o.b.transposed ? o.b.cols : o.b.rows) == inner);
+  REQUIRE(o.d.rows == rows);
+  REQUIRE(o.d.cols == cols);
+  std::vector<float> d(o.d.ld * cols);
+  for (uint64_t i = 0; i < rows; ++i)
+    for (uint64_t j = 0; j < cols; ++j) {
+      double sum = 0;
+      for (uint64_t p = 0; p < inner; ++p) sum += double(at(o.a, a, i, p)) * at(o.b, b, p, j);
+      d[i + j * o.d.ld] = float(alpha * sum + beta * c[i + j * o.d.ld]);
+    }
+  return d;
+}
+
+} // namespace
+
+TEST_CASE("cuBLASLt's column-major operands compute Gemm's row-major result, every transpose") {
+  const uint64_t m = 3, n = 5, k = 4;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      CAPTURE(ta);
+      CAPTURE(tb);
+      cuda::lt_gemm_config g;
+      g.m = m;
+      g.n = n;
+      g.k = k;
+      g.a_transposed = ta;
+      g.w_transposed = tb;
+      // Row-major A [m, k] (transA: stored [k, m]), W [k, n] (transB: [n, k]), C [m, n].
+      std::vector<float> a(m * k), w(k * n), c(m * n);
+      for (size_t i = 0; i < a.size(); ++i) a[i] = float(i % 7) - 3.0f + 0.25f * float(i);
+      for (size_t i = 0; i < w.size(); ++i) w[i] = float(i % 5) * 0.5f - 1.0f;
+      for (size_t i = 0; i < c.size(); ++i) c[i] = float(i);
+      auto a_at = [&](uint64_t r, uint64_t p) { return ta ? a[p * m + r] : a[r * k + p]; };
+      auto w_at = [&](uint64_t p, uint64_t col) { return tb ? w[col * k + p] : w[p * n + col]; };
+      auto got = column_major_gemm(cuda::lt_layout(g), w, a, c, 0.5f, 2.0f);
+      for (uint64_t r = 0; r < m; ++r)
+        for (uint64_t col = 0; col < n; ++col) {
+          double want = 2.0 * c[r * n + col];
+          for (uint64_t p = 0; p < k; ++p) want += 0.5 * double(a_at(r, p)) * w_at(p, col);
+          CHECK(got[r * n + col] == doctest::Approx(want).epsilon(1e-6));
+        }
+    }
+}

@@ -146,6 +146,21 @@ struct lt_gemm_config {
   void* d = nullptr;
 };
 
+/// One cuBLASLt operand: the column-major matrix as stored (rows x cols, leading
+/// dimension `ld`), and whether cuBLASLt transposes it (CUBLAS_OP_T).
+struct lt_operand {
+  uint64_t rows = 0, cols = 0;
+  int64_t ld = 0;
+  bool transposed = false;
+};
+
+/// cuBLASLt's view of `g`: its A is `w`, its B is `a`, its C and D are `d`
+/// (row-major d[m, n] is column-major n x m, so d^T = op(w)^T op(a)^T).
+struct lt_operands {
+  lt_operand a, b, d;
+};
+lt_operands lt_layout(const lt_gemm_config& g);
+
 /// Creates `g`'s descriptors and chooses its algorithm now (at load), keeping them
 /// in `ctx`; the function enqueues the GEMM. Throws when cuBLASLt has no algorithm.
 std::function<void(cudaStream_t)> plan_lt_gemm(step_context& ctx, const lt_gemm_config& g);

@@ -22,20 +22,29 @@ cublasComputeType_t lt_compute_type(precision p) {
   }
 }
 
+lt_operands lt_layout(const lt_gemm_config& g) {
+  // Row-major w [k, n] read column-major is already op(w)^T (n x k, ld n); stored
+  // [n, k] (transB) it is k x n (ld k), and cuBLASLt transposes it. Likewise a:
+  // [m, k] is k x m (ld k); stored [k, m] (transA) it is m x k (ld m), transposed.
+  lt_operands o;
+  o.a = g.w_transposed ? lt_operand{g.k, g.n, static_cast<int64_t>(g.k), true}
+                       : lt_operand{g.n, g.k, static_cast<int64_t>(g.n), false};
+  o.b = g.a_transposed ? lt_operand{g.m, g.k, static_cast<int64_t>(g.m), true}
+                       : lt_operand{g.k, g.m, static_cast<int64_t>(g.k), false};
+  o.d = lt_operand{g.n, g.m, static_cast<int64_t>(g.n), false};
+  return o;
+}
+
 std::function<void(cudaStream_t)> plan_lt_gemm(step_context& ctx, const lt_gemm_config& g) {
-  // cuBLASLt is column-major: row-major d[m, n] is its n x m matrix d^T, and
-  // d^T = op(w)^T op(a)^T, so its "A" is w and its "B" is a. Row-major w [k, n]
-  // read column-major is already op(w)^T (n x k, ld n); stored [n, k] (transB) it
-  // is k x n (ld k) and cuBLASLt transposes it. Likewise a: [m, k] is k x m (ld k),
-  // stored [k, m] (transA) it is m x k (ld m), transposed.
-  cublasOperation_t op_w = g.w_transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
-  cublasOperation_t op_a = g.a_transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const lt_operands o = lt_layout(g);
+  cublasOperation_t op_w = o.a.transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
+  cublasOperation_t op_a = o.b.transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
   cublasLtMatmulDesc_t desc;
   cublasLtMatrixLayout_t lw, la, ld;
   CAF_CUDA_CHECK(cublasLtMatmulDescCreate(&desc, lt_compute_type(ctx.compute), CUDA_R_32F));
-  CAF_CUDA_CHECK(cublasLtMatrixLayoutCreate(&lw, CUDA_R_32F, 1, 1, 1));
-  CAF_CUDA_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_32F, 1, 1, 1));
-  CAF_CUDA_CHECK(cublasLtMatrixLayoutCreate(&ld, CUDA_R_32F, 1, 1, 1));
+  CAF_CUDA_CHECK(cublasLtMatrixLayoutCreate(&lw, CUDA_R_32F, o.a.rows, o.a.cols, o.a.ld));
+  CAF_CUDA_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_32F, o.b.rows, o.b.cols, o.b.ld));
+  CAF_CUDA_CHECK(cublasLtMatrixLayoutCreate(&ld, CUDA_R_32F, o.d.rows, o.d.cols, o.d.ld));
   // Kept from here on, so that a throw below leaks nothing.
   ctx.keep.push_back(std::shared_ptr<void>(nullptr, [desc, lw, la, ld](void*) {
     cublasLtMatrixLayoutDestroy(lw); cublasLtMatrixLayoutDestroy(la);
@@ -45,18 +54,6 @@ std::function<void(cudaStream_t)> plan_lt_gemm(step_context& ctx, const lt_gemm_
                                                 sizeof op_w));
   CAF_CUDA_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_a,
                                                 sizeof op_a));
-  auto set_layout = [](cublasLtMatrixLayout_t l, uint64_t rows, uint64_t cols) {
-    int64_t lead = static_cast<int64_t>(rows);
-    CAF_CUDA_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_ROWS, &rows,
-                                                    sizeof rows));
-    CAF_CUDA_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_COLS, &cols,
-                                                    sizeof cols));
-    CAF_CUDA_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_LD, &lead,
-                                                    sizeof lead));
-  };
-  set_layout(lw, g.w_transposed ? g.k : g.n, g.w_transposed ? g.n : g.k);
-  set_layout(la, g.a_transposed ? g.m : g.k, g.a_transposed ? g.k : g.m);
-  set_layout(ld, g.n, g.m);
   cublasLtMatmulPreference_t pref;
   CAF_CUDA_CHECK(cublasLtMatmulPreferenceCreate(&pref));
   size_t ws = workspace_bytes;
