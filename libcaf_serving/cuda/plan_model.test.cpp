@@ -142,6 +142,7 @@ TEST_CASE("grouped convolutions, every fused activation and Gemm plan on the dev
   // blocks), Gemm classifier heads (transB, bias): none is a host step any more.
   for (const char* name : {"op_conv_group", "op_gemm", "resnet_narrow_opset13",
                            "resnet_narrow_opset17", "pattern_mobilenetv3_block_opset17",
+                           "pattern_mbconv_block_opset17",
                            "zoo_mobilenet_v3_block_dynamo_opset18",
                            "zoo_mobilenet_v3_block_dynamo_opset20"}) {
     CAPTURE(name);
@@ -158,6 +159,13 @@ TEST_CASE("grouped convolutions, every fused activation and Gemm plan on the dev
   auto r = plan("op_conv_group", "1");
   REQUIRE(r);
   CHECK(count(r->buckets[0], "cudnn_conv+epilogue") == 1);
+  // SiLU, Clip(0, 6) depthwise, Sigmoid, residual -> HardSwish and a grouped 3x3: all six
+  // convolutions of the MBConv block take that path; only the excitation's Mul stays.
+  r = plan("pattern_mbconv_block_opset17", "1");
+  REQUIRE(r);
+  CHECK(count(r->buckets[0], "cudnn_conv+epilogue") == 6);
+  CHECK(count(r->buckets[0], "cublaslt") == 1);
+  CHECK(r->buckets[0].host_nodes.size() == 1);
 }
 
 TEST_CASE("no target model leaves a convolution or a GEMM on the host") {
