@@ -1,6 +1,8 @@
 #include "check/case_runner.hpp"
 
 #include "check/case_runner_elementwise.hpp"
+#include "check/case_runner_data.hpp"
+
 #include "cpu/half.hpp"
 #include "cpu/reference.hpp"
 #include "cuda/add_layer_norm.hpp"
@@ -182,10 +184,12 @@ public:
       res_ = to_device(res);
     out_ = device_buffer(count * dtype_size(c.type));
     count_ = count;
-    if (cfg.with_reference) { // the unfused chain: bias, activation, residual
+    if (cfg.with_reference) { // the unfused chain: bias, activation and residual in order
       auto y = c.bias ? ref::add_bias(x.values, bias.values, layout_) : x.values;
-      y = ref::apply_activation(y, c.act);
-      want_ = c.residual ? ref::add(y, res.values) : y;
+      if (c.residual && c.residual_first)
+        y = ref::add(y, res.values);
+      y = ref::apply_activation(y, c.act, c.act_params);
+      want_ = c.residual && !c.residual_first ? ref::add(y, res.values) : y;
     }
   }
   void poison(cudaStream_t stream) override {
@@ -201,6 +205,8 @@ public:
     a.count = count_;
     a.layout = layout_;
     a.act = c_.act;
+    a.params = c_.act_params;
+    a.residual_first = c_.residual_first;
     a.threads = cfg.threads;
     launch_epilogue(a, stream);
   }
@@ -297,10 +303,16 @@ public:
     auto x = random_tensor(c.type, s.rows * s.cols, -8.0f, 8.0f, rng);
     in_ = to_device(x);
     out_ = device_buffer(x.bytes.size());
+    mask_.kind = c.mask;
+    if (c.mask_shape != softmax_mask_shape::rows) {
+      scores_mask(c.mask_shape, s, rng);
+      if (cfg.with_reference)
+        want_ = ref::softmax(x.values, shape_, mask_);
+      return;
+    }
     // Two mask rows broadcast over all rows; the second one masks everything, to
     // check that fully masked rows come out as zeros.
     mask_.mask_rows = std::min<std::size_t>(2, s.rows);
-    mask_.kind = c.mask;
     std::size_t mask_elems = mask_.mask_rows * s.cols;
     if (c.mask == mask_kind::additive) {
       std::uniform_real_distribution<float> dist(-4.0f, 4.0f);
@@ -331,6 +343,7 @@ public:
     a.mask = c_.mask;
     a.mask_data = mask_data_.get();
     a.mask_rows = mask_.mask_rows;
+    a.mask_layout = mask_.layout;
     a.threads = cfg.threads;
     launch_softmax(a, stream);
   }
@@ -342,6 +355,42 @@ public:
   }
 
 private:
+  /// An additive attention mask of `shape` for scores [batch, heads, seq] x cols,
+  /// with its strides: values in [-4, 4] and -inf, fully masked rows included.
+  void scores_mask(softmax_mask_shape shape, const case_size& s, std::mt19937_64& rng) {
+    std::uniform_real_distribution<float> dist(-4.0f, 4.0f);
+    std::size_t keys = s.cols;
+    auto& l = mask_.layout;
+    l.heads = s.heads;
+    l.queries = s.seq;
+    auto& m = mask_.additive;
+    switch (shape) {
+      case softmax_mask_shape::padding: // [B, 1, 1, K]
+        l.outer = keys;
+        for (std::size_t b = 0; b < s.batch; ++b)
+          for (std::size_t k = 0; k < keys; ++k)
+            m.push_back(b == 1 || (k > 0 && k % 5 == 0) ? -INFINITY : dist(rng));
+        break;
+      case softmax_mask_shape::causal: // [Q, K], aligned at the end as torch's is_causal
+        l.query = keys;
+        for (std::size_t q = 0; q < s.seq; ++q)
+          for (std::size_t k = 0; k < keys; ++k)
+            m.push_back(k + s.seq > q + keys ? -INFINITY : dist(rng));
+        break;
+      case softmax_mask_shape::full: // [B, H, Q, K]
+        l.query = keys;
+        l.head = s.seq * keys;
+        l.outer = s.heads * s.seq * keys;
+        for (std::size_t i = 0; i < s.rows * keys; ++i)
+          m.push_back(i % 5 == 0 ? -INFINITY : dist(rng));
+        break;
+      case softmax_mask_shape::rows:
+        break;
+    }
+    mask_data_ = device_buffer(m.size() * sizeof(float));
+    mask_data_.upload(m.data());
+  }
+
   const kernel_case& c_;
   ref::row_shape shape_;
   ref::softmax_mask mask_;
@@ -672,6 +721,11 @@ std::unique_ptr<case_run> make_case_run(const kernel_case& c, const case_size& s
     case op::where:
     case op::cast:
       return make_elementwise_run(c, s, cfg);
+    case op::permute:
+    case op::strided_copy:
+    case op::gather_axis:
+    case op::reduce:
+      return make_data_case_run(c, s, cfg);
   }
   return nullptr;
 }
@@ -697,6 +751,14 @@ std::string describe(op o, const case_size& s) {
     case op::where:
     case op::cast:
       return describe_elementwise(s);
+    case op::softmax: // attention scores: batch x heads x queries x keys
+      return s.batch * s.heads * s.seq > 1 ? x({s.batch, s.heads, s.seq, s.cols})
+                                           : x({s.rows, s.cols});
+    case op::permute:
+    case op::strided_copy:
+    case op::gather_axis:
+    case op::reduce:
+      return describe_data(s);
     default:
       return x({s.rows, s.cols});
   }

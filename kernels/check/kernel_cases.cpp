@@ -1,5 +1,8 @@
 #include "check/kernel_cases.hpp"
 
+#include <string>
+#include <tuple>
+
 namespace caf_serving::kernels {
 
 const char* op_name(op o) {
@@ -28,6 +31,14 @@ const char* op_name(op o) {
       return "where";
     case op::cast:
       return "cast";
+    case op::permute:
+      return "permute";
+    case op::strided_copy:
+      return "strided_copy";
+    case op::gather_axis:
+      return "gather_axis";
+    case op::reduce:
+      return "reduce";
   }
   return "?";
 }
@@ -56,6 +67,14 @@ case_size heads(std::size_t batch, std::size_t heads, std::size_t seq) {
 case_size top_k(std::size_t rows, std::size_t cols, std::size_t k) {
   case_size s = matrix(rows, cols);
   s.k = k;
+  return s;
+}
+
+case_size scores(std::size_t batch, std::size_t heads, std::size_t queries, std::size_t keys) {
+  case_size s = matrix(batch * heads * queries, keys);
+  s.batch = batch;
+  s.heads = heads;
+  s.seq = queries;
   return s;
 }
 
@@ -104,6 +123,15 @@ std::vector<case_size> softmax_sweep() {
   // two-pass one.
   return {matrix(1, 1),   matrix(5, 33),   matrix(64, 128), matrix(7, 512),
           matrix(3, 1000), matrix(3, 4096), matrix(2, 5000)};
+}
+
+std::vector<case_size> scores_sweep() {
+  // Attention scores with a broadcast mask: ragged keys, more keys than queries and
+  // fewer (a causal mask then hides the first rows throughout), a warp row (<= 1024
+  // keys) and a block row (1500).
+  return {scores(1, 1, 1, 1),  scores(2, 3, 5, 7),     scores(2, 2, 9, 4),
+          scores(2, 2, 17, 17), scores(3, 2, 9, 40), scores(2, 12, 16, 128),
+          scores(1, 2, 3, 1500)};
 }
 
 std::vector<case_size> attention_sweep() {
@@ -178,6 +206,16 @@ kernel_case softmax_case(std::string name, dtype type, mask_kind mask) {
   return c;
 }
 
+/// An fp32 softmax over attention scores with an additive mask read in place
+/// through strides: what the CUDA backend's FusedAttention step runs between its
+/// two batched GEMMs (libcaf_serving/cuda/steps_attention.cpp).
+kernel_case scores_softmax_case(std::string name, softmax_mask_shape shape) {
+  kernel_case c = softmax_case(std::move(name), dtype::f32, mask_kind::additive);
+  c.mask_shape = shape;
+  c.sweep = scores_sweep();
+  return c;
+}
+
 kernel_case attention_case(std::string name, dtype type, int head_dim, bool padded) {
   kernel_case c;
   c.name = std::move(name);
@@ -238,6 +276,51 @@ std::vector<kernel_case> build_table() {
     conv.bench = {nchw(32, 256, 56 * 56)};
     t.push_back(conv);
   }
+  // Every other activation the engine fuses into FusedConv/FusedMatMul/FusedGemm, in
+  // each datatype once, with parameters whose thresholds fall inside the inputs'
+  // range (x + bias in [-4, 4]), so both sides of every clamp are checked.
+  {
+    struct act_case {
+      const char* name;
+      activation act;
+      activation_params params;
+      dtype type;
+    };
+    const act_case acts[] = {
+      {"tanh", activation::tanh, {}, dtype::f32},
+      {"sigmoid", activation::sigmoid, {}, dtype::f16},
+      {"clip(-1,2)", activation::clip, {-1.0f, 2.0f}, dtype::f32},
+      {"hard_swish", activation::hard_swish, {1.0f / 6, 0.5f}, dtype::f32},
+      {"hard_swish", activation::hard_swish, {1.0f / 6, 0.5f}, dtype::bf16},
+      {"hard_sigmoid", activation::hard_sigmoid, {0.2f, 0.5f}, dtype::f32},
+      {"swish(1)", activation::swish, {1.0f, 0.0f}, dtype::f32},
+      {"swish(1)", activation::swish, {1.0f, 0.0f}, dtype::f16},
+      {"swish(1.702)", activation::swish, {1.702f, 0.0f}, dtype::bf16},
+      {"leaky_relu(0.1)", activation::leaky_relu, {0.1f, 0.0f}, dtype::f32},
+    };
+    for (const auto& a : acts) {
+      auto c = epilogue_case(std::string("epilogue bias+") + a.name + " " + dtype_name(a.type),
+                             a.type, a.act, true, false);
+      c.act_params = a.params;
+      // EfficientNet's SiLU and MobileNetV3's hard-swish, at the size the GELU
+      // epilogues are timed at: the extra arithmetic should cost no bandwidth.
+      if ((a.act == activation::swish && a.type == dtype::f16)
+          || (a.act == activation::hard_swish && a.type == dtype::bf16))
+        c.bench = epilogue_bench();
+      t.push_back(c);
+    }
+    // FusedConv's order: the residual before the activation, over NCHW channels.
+    for (auto [act, params, name] :
+         {std::tuple{activation::swish, activation_params{1.0f, 0.0f}, "swish"},
+          std::tuple{activation::clip, activation_params{0.0f, 2.0f}, "clip(0,2)"}}) {
+      auto c = epilogue_case(std::string("epilogue NCHW bias+residual+") + name + " f32",
+                             dtype::f32, act, true, true);
+      c.act_params = params;
+      c.residual_first = true;
+      c.sweep = {nchw(2, 5, 49), nchw(3, 16, 3136), nchw(1, 3, 1)};
+      t.push_back(c);
+    }
+  }
   // Residual add + LayerNorm.
   t.push_back(norm_case("add_layer_norm f32", dtype::f32, true));
   t.push_back(norm_case("add_layer_norm f16", dtype::f16, true));
@@ -251,6 +334,10 @@ std::vector<kernel_case> build_table() {
   t.push_back(softmax_case("softmax boolean mask bf16", dtype::bf16, mask_kind::boolean));
   t.push_back(softmax_case("softmax f16", dtype::f16, mask_kind::none));
   t.back().bench = {matrix(65536, 512), matrix(8192, 4096)};
+  t.push_back(scores_softmax_case("softmax padding mask f32", softmax_mask_shape::padding));
+  t.back().bench = {scores(32, 12, 128, 128)}; // BERT-base, seq 128, batch 32
+  t.push_back(scores_softmax_case("softmax causal mask f32", softmax_mask_shape::causal));
+  t.push_back(scores_softmax_case("softmax full mask f32", softmax_mask_shape::full));
   // Fused attention. The bench sizes are the 2x-over-unfused targets: seq 128, 512.
   t.push_back(attention_case("attention d64 f16", dtype::f16, 64, false));
   t.back().bench = {heads(64, 16, 128), heads(16, 16, 512)};
@@ -290,6 +377,7 @@ std::vector<kernel_case> build_table() {
     t.push_back(c);
   }
   add_elementwise_cases(t);
+  append_data_cases(t);
   return t;
 }
 

@@ -13,12 +13,13 @@
 #include <vector>
 
 #include "check/kernel_cases_elementwise.hpp"
+#include "check/kernel_cases_data.hpp"
 #include "cpu/types.hpp"
 
 namespace caf_serving::kernels {
 
 enum class op {
-  epilogue,       ///< act(x + bias) + residual
+  epilogue,       ///< act(x + bias) + residual, or act(x + bias + residual)
   add_layer_norm, ///< LayerNorm(x + residual)
   softmax,        ///< row softmax with a mask
   attention,      ///< fused multi-head attention
@@ -30,13 +31,28 @@ enum class op {
   unary,          ///< element-wise
   where,          ///< element-wise select, broadcast
   cast,           ///< every pair of dtypes
+  permute,        ///< Transpose (check/kernel_cases_data.hpp)
+  strided_copy,   ///< Slice, Split, Concat, Expand, Pad as boxes
+  gather_axis,    ///< ONNX Gather along an axis
+  reduce,         ///< Reduce* over adjacent axes
 };
 
 const char* op_name(op o);
 
+/// How a softmax case's additive or boolean mask lines up with its rows.
+enum class softmax_mask_shape {
+  rows,    ///< [2, cols]: row r reads mask row r % 2 (the second one masks everything)
+  /// The rows are attention scores [batch, heads, seq] x cols keys, and the mask is
+  /// read in place through strides (mask_strides in cpu/types.hpp):
+  padding, ///< [batch, 1, 1, keys]; batch row 1 masks every key
+  causal,  ///< [seq, keys]: -inf above the diagonal (rows past it fully masked when seq > keys)
+  full,    ///< [batch, heads, seq, keys]
+};
+
 /// Sizes of one run. Each op reads the fields it needs:
 /// epilogue rows/cols/inner (cols = channels; inner = spatial size per channel, 1 for
-/// a GEMM's [rows, cols] output); add_layer_norm, softmax rows/cols; attention
+/// a GEMM's [rows, cols] output); add_layer_norm, softmax rows/cols (with a broadcast
+/// mask also batch/heads/seq, rows = batch * heads * seq); attention
 /// batch/heads/seq; gather and scatter rows = requests, cols = largest request's
 /// bytes; convert rows = elements; softmax_top_k rows/cols/k.
 struct case_size {
@@ -47,12 +63,16 @@ struct case_size {
   std::size_t heads = 1;
   std::size_t seq = 1;
   std::size_t k = 1;
+  std::vector<std::int64_t> shape;  ///< N-d ops (check/kernel_cases_data.hpp)
+  std::vector<std::int64_t> params; ///< N-d ops: what data_case says per op
 };
 
 case_size matrix(std::size_t rows, std::size_t cols);
 case_size nchw(std::size_t n, std::size_t channels, std::size_t spatial);
 case_size heads(std::size_t batch, std::size_t heads, std::size_t seq);
 case_size top_k(std::size_t rows, std::size_t cols, std::size_t k);
+/// Attention scores [batch, heads, queries, keys] as softmax rows x cols.
+case_size scores(std::size_t batch, std::size_t heads, std::size_t queries, std::size_t keys);
 
 /// |got - want| <= abs + rel * |want| for every element; NaN never passes.
 struct tolerance {
@@ -66,12 +86,16 @@ struct kernel_case {
   dtype type = dtype::f32;           ///< for convert: the source type
   dtype convert_to = dtype::f32;     ///< convert and cast only
   activation act = activation::none; ///< epilogue only
+  activation_params act_params;      ///< epilogue only: the activation's alpha, beta
   bool bias = false;                 ///< epilogue only
   bool residual = false;             ///< epilogue and add_layer_norm
+  bool residual_first = false;       ///< epilogue: act(x + bias + residual) (FusedConv's)
   mask_kind mask = mask_kind::none;  ///< softmax only
+  softmax_mask_shape mask_shape = softmax_mask_shape::rows; ///< softmax only
   int head_dim = 64;                 ///< attention only
   bool padded = false;               ///< attention: random per-sequence key lengths
   elementwise_spec elementwise;      ///< binary, unary, where only
+  data_case data;                    ///< permute, strided_copy, gather_axis, reduce
   tolerance tol;
   std::string why; ///< why the tolerance is what it is
   std::vector<case_size> sweep;

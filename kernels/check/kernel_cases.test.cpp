@@ -34,7 +34,8 @@ TEST_CASE("every case has a unique name, sizes, and a tolerance with a reason") 
     CHECK(c.tol.abs >= 0);
     CHECK(c.tol.rel >= 0);
     bool exact = c.operation == op::gather || c.operation == op::scatter
-                 || c.operation == op::convert;
+                 || c.operation == op::convert || c.operation == op::permute
+                 || c.operation == op::strided_copy || c.operation == op::gather_axis;
     if (is_elementwise(c.operation)) // exact where the why says so (see kernel_cases_elementwise.cpp)
       exact = c.why.rfind("exact", 0) == 0;
     CHECK(exact == (c.tol.abs == 0 && c.tol.rel == 0));
@@ -62,6 +63,12 @@ TEST_CASE("every case includes a size that does not divide the vector width or t
         case op::cast:
           ragged = ragged || element_count_of(pattern_shapes(c, s).output) % 8 != 0;
           break;
+        case op::permute:
+        case op::strided_copy:
+        case op::gather_axis:
+        case op::reduce:
+          ragged = ragged || s.shape.back() % 8 != 0 || s.params.back() % 8 != 0;
+          break;
         default:
           ragged = ragged || s.cols % 8 != 0;
       }
@@ -85,7 +92,7 @@ TEST_CASE("the table covers every op, datatype of the issue, and the benchmark t
       }
     }
   }
-  CHECK(ops.size() == 12);
+  CHECK(ops.size() == 16);
   for (dtype t : {dtype::f32, dtype::f16, dtype::bf16}) {
     CHECK(typed.count({op::epilogue, t}) == 1);
     CHECK(typed.count({op::add_layer_norm, t}) == 1);
@@ -161,4 +168,24 @@ TEST_CASE("the element-wise cases cover every operator, type, cast pair and broa
   CHECK(where_types.size() >= 6);
   CHECK(casts.size() == 8 * 7);
   CHECK(patterns.size() == 10);
+}
+
+TEST_CASE("the epilogue is checked with every activation, and with the residual on both sides") {
+  std::set<activation> acts;
+  bool residual_after = false, residual_first = false;
+  for (const auto& c : kernel_cases()) {
+    if (c.operation != op::epilogue) continue;
+    acts.insert(c.act);
+    residual_after = residual_after || (c.residual && !c.residual_first);
+    residual_first = residual_first || (c.residual && c.residual_first);
+  }
+  for (activation a : {activation::none, activation::relu, activation::gelu_erf,
+                       activation::gelu_tanh, activation::tanh, activation::sigmoid,
+                       activation::clip, activation::hard_swish, activation::hard_sigmoid,
+                       activation::swish, activation::leaky_relu}) {
+    INFO(static_cast<int>(a));
+    CHECK(acts.count(a) == 1);
+  }
+  CHECK(residual_after);
+  CHECK(residual_first);
 }

@@ -16,14 +16,16 @@
 
 namespace caf_serving::kernels::ref {
 
-float activate(activation act, float x);
+/// `act(x)` in double precision, rounded once to float.
+float activate(activation act, float x, activation_params params = {});
 
 /// `x + bias` broadcast by `layout`.
 std::vector<float> add_bias(const std::vector<float>& x,
                             const std::vector<float>& bias, bias_layout layout);
 
 /// `act(x)` element-wise.
-std::vector<float> apply_activation(const std::vector<float>& x, activation act);
+std::vector<float> apply_activation(const std::vector<float>& x, activation act,
+                                    activation_params params = {});
 
 /// `a + b` element-wise; the sizes must match.
 std::vector<float> add(const std::vector<float>& a, const std::vector<float>& b);
@@ -41,13 +43,15 @@ std::vector<float> layer_norm(const std::vector<float>& x, row_shape shape,
                               const std::vector<float>& beta, float eps);
 
 /// A softmax mask of `mask_rows` rows, row r of the input using mask row
-/// `r % mask_rows` (so one mask row can serve a whole batch). A row whose every
-/// element is masked becomes all zeros rather than NaN.
+/// `r % mask_rows` (so one mask row can serve a whole batch), or, when
+/// `layout.heads` > 0, through the strides of `layout` (types.hpp). A row whose
+/// every element is masked becomes all zeros rather than NaN.
 struct softmax_mask {
   mask_kind kind = mask_kind::none;
   std::vector<float> additive;
   std::vector<std::uint8_t> keep;
   std::size_t mask_rows = 1;
+  mask_strides layout;
 };
 
 /// Row softmax with an optional mask.

@@ -44,6 +44,26 @@ TEST_CASE("activations match their closed forms") {
   CHECK(ref::activate(activation::gelu_erf, -1.0f) == doctest::Approx(-0.1586553).epsilon(1e-6));
   CHECK(ref::activate(activation::gelu_tanh, 1.0f) == doctest::Approx(0.8411920).epsilon(1e-6));
   CHECK(ref::activate(activation::none, -3.0f) == -3.0f);
+  CHECK(ref::activate(activation::tanh, 0.5f) == doctest::Approx(0.4621172).epsilon(1e-6));
+  CHECK(ref::activate(activation::sigmoid, 1.0f) == doctest::Approx(0.7310586).epsilon(1e-6));
+  CHECK(ref::activate(activation::sigmoid, -200.0f) == 0.0f);
+  CHECK(ref::activate(activation::clip, 7.0f, {0.0f, 6.0f}) == 6.0f);
+  CHECK(ref::activate(activation::clip, -1.0f, {0.0f, 6.0f}) == 0.0f);
+  CHECK(ref::activate(activation::clip, 2.5f, {0.0f, 6.0f}) == 2.5f);
+  activation_params hs{1.0f / 6, 0.5f};
+  CHECK(ref::activate(activation::hard_swish, 1.0f, hs) == doctest::Approx(2.0 / 3).epsilon(1e-6));
+  CHECK(ref::activate(activation::hard_swish, -3.5f, hs) == 0.0f);
+  CHECK(ref::activate(activation::hard_swish, 4.0f, hs) == 4.0f);
+  CHECK(ref::activate(activation::hard_sigmoid, 1.0f, {0.2f, 0.5f})
+        == doctest::Approx(0.7).epsilon(1e-6));
+  CHECK(ref::activate(activation::hard_sigmoid, 3.0f, {0.2f, 0.5f}) == 1.0f);
+  CHECK(ref::activate(activation::swish, 1.0f, {1.0f, 0.0f})
+        == doctest::Approx(0.7310586).epsilon(1e-6));
+  CHECK(ref::activate(activation::swish, 1.0f, {2.0f, 0.0f})
+        == doctest::Approx(0.8807971).epsilon(1e-6));
+  CHECK(ref::activate(activation::leaky_relu, -2.0f, {0.1f, 0.0f})
+        == doctest::Approx(-0.2).epsilon(1e-6));
+  CHECK(ref::activate(activation::leaky_relu, 2.0f, {0.1f, 0.0f}) == 2.0f);
 }
 
 TEST_CASE("bias broadcasts along columns for GEMM and along channels for NCHW") {
@@ -85,6 +105,42 @@ TEST_CASE("softmax honours additive and boolean masks") {
   CHECK(masked[3] == 0.0f); // a fully masked row is zeros, not NaN
   CHECK(masked[4] == 0.0f);
   CHECK(masked[5] == 0.0f);
+}
+
+TEST_CASE("softmax reads a broadcast attention mask through its strides") {
+  // Scores [B=2, H=2, Q=2] x K=2, all zero: each row is uniform but for its mask.
+  std::vector<float> x(8 * 2, 0.0f);
+  const float inf = std::numeric_limits<float>::infinity();
+  ref::softmax_mask padding; // [B, 1, 1, K]: batch 0 hides key 1, batch 1 hides both
+  padding.kind = mask_kind::additive;
+  padding.additive = {0.0f, -inf, -inf, -inf};
+  padding.layout = {2, 2, 2, 0, 0};
+  auto p = ref::softmax(x, {8, 2}, padding);
+  for (std::size_t r = 0; r < 8; ++r) {
+    INFO(r);
+    CHECK(p[r * 2] == (r < 4 ? 1.0f : 0.0f));
+    CHECK(p[r * 2 + 1] == 0.0f);
+  }
+  ref::softmax_mask causal; // [Q, K], the same for every batch and head
+  causal.kind = mask_kind::additive;
+  causal.additive = {0.0f, -inf, 0.0f, 0.0f};
+  causal.layout = {2, 2, 0, 0, 2};
+  auto c = ref::softmax(x, {8, 2}, causal);
+  for (std::size_t r = 0; r < 8; ++r) {
+    INFO(r);
+    CHECK(c[r * 2] == (r % 2 == 0 ? 1.0f : 0.5f));
+  }
+  ref::softmax_mask head; // [1, H, 1, K]: head 1 prefers key 1 by log 3
+  head.kind = mask_kind::additive;
+  head.additive = {0.0f, 0.0f, 0.0f, std::log(3.0f)};
+  head.layout = {2, 2, 0, 2, 0};
+  auto h = ref::softmax(x, {8, 2}, head);
+  for (std::size_t r = 0; r < 8; ++r) {
+    INFO(r);
+    CHECK(h[r * 2 + 1] == doctest::Approx((r / 2) % 2 == 1 ? 0.75 : 0.5));
+  }
+  CHECK(mask_row_offset(mask_strides{3, 5, 100, 10, 1}, 1, 7, (2 * 3 + 1) * 5 + 4) == 214);
+  CHECK(mask_row_offset(mask_strides{}, 2, 7, 5) == 7); // rows: r % mask_rows
 }
 
 TEST_CASE("matmul handles both layouts of B") {

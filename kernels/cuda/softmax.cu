@@ -61,7 +61,7 @@ __global__ void softmax_kernel(softmax_params p) {
   std::size_t cols = p.a.cols;
   const T* in = static_cast<const T*>(p.a.input) + (active ? r : 0) * cols;
   T* out = static_cast<T*>(p.a.output) + (active ? r : 0) * cols;
-  std::size_t mask_offset = (active ? r % p.a.mask_rows : 0) * cols;
+  std::size_t mask_offset = active ? mask_row_offset(p.a.mask_layout, p.a.mask_rows, cols, r) : 0;
   int step = p.vectorized ? 8 : 1;
 
   max_sum acc{-INFINITY, 0.0f};
@@ -145,7 +145,7 @@ __global__ void softmax_cached_kernel(softmax_params p) {
   std::size_t cols = p.a.cols;
   const T* in = static_cast<const T*>(p.a.input) + (active ? r : 0) * cols;
   T* out = static_cast<T*>(p.a.output) + (active ? r : 0) * cols;
-  std::size_t mask_offset = (active ? r % p.a.mask_rows : 0) * cols;
+  std::size_t mask_offset = active ? mask_row_offset(p.a.mask_layout, p.a.mask_rows, cols, r) : 0;
   float x[V][8];
   bool here[V];
 #pragma unroll

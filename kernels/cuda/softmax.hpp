@@ -20,6 +20,10 @@ struct softmax_args {
   /// boolean one; row r uses mask row r % mask_rows. A fully masked row becomes zeros.
   const void* mask_data = nullptr;
   std::size_t mask_rows = 1;
+  /// When `mask_layout.heads` > 0, the mask is read through these strides
+  /// instead (attention scores [B, H, Sq, Sk] with a broadcast mask; types.hpp),
+  /// and `mask_rows` is not used.
+  mask_strides mask_layout;
   int threads = 0; ///< threads per block; 0 picks by row length
 };
 

@@ -2,7 +2,11 @@
 
 #include "cuda/capture_order.hpp"
 #include "cuda/cuda_check.hpp"
+#include "cuda/cuda_errors.hpp"
 #include "cuda/device_arena.hpp"
+#include "cuda/graph_plan.hpp"
+#include "cuda/plan_sizes.hpp"
+#include "cuda/replay_check.hpp"
 #include "cuda/steps.hpp"
 #include "onnx/importer.hpp"
 #include "onnx/memory_plan.hpp"
@@ -45,41 +49,11 @@ constant_key key_of(const onnx::tensor_data& t) {
   return {static_cast<int>(t.dtype), t.shape, h};
 }
 
-/// One bucket's optimized graph and its liveness plan (host side only).
-struct bucket_graph {
-  uint32_t rows = 0;
-  onnx::graph g;
-  onnx::memory_plan memory;
-};
-
-/// The graph's input shapes at `rows` batch rows.
-std::vector<dims_t> shapes_at(const model_config& config, uint32_t rows) {
-  std::vector<dims_t> shapes;
-  for (const auto& t : config.inputs) {
-    dims_t d = t.dims;
-    if (config.max_batch_size > 0) d.insert(d.begin(), rows);
-    shapes.push_back(d);
-  }
-  return shapes;
-}
-
-/// One bucket's optimized graph and its memory plan; the graph's inputs and the
-/// outputs it hands back live in the I/O slots, everything else in the arena.
-result<bucket_graph> plan_bucket(const onnx::graph& graph, const model_config& config,
-                                 const onnx::pass_config& passes, uint32_t rows) {
-  auto opt = onnx::optimize(graph, shapes_at(config, rows), passes);
-  if (!opt) return opt.error();
-  bucket_graph bg;
-  bg.rows = rows;
-  bg.g = std::move(*opt);
-  std::vector<bool> external(bg.g.values.size(), false);
-  for (int v : bg.g.inputs) external[v] = true;
-  for (int v : bg.g.outputs) external[v] = true;
-  onnx::memory_plan_config mc;
-  mc.external = [&](int v) { return external[v]; };
-  mc.alignment = device_alignment;
-  bg.memory = onnx::plan_memory(bg.g, mc);
-  return bg;
+/// One planned size's graph and memory plan (graph_plan.hpp): the graph's
+/// inputs and declared outputs in the I/O slots, everything else in the arena.
+result<planned_graph> plan_at(const onnx::graph& graph, const model_config& config,
+                              const onnx::pass_config& passes, uint32_t rows) {
+  return plan_graph({&graph, &config, passes, rows, device_alignment});
 }
 
 // ---------------------------------------------------------------- the backend
@@ -94,19 +68,23 @@ public:
     gpu_placement place;
   };
 
-  explicit cuda_backend(setup s) : s_(std::move(s)) {}
+  explicit cuda_backend(setup s)
+      : s_(std::move(s)),
+        health_("model '" + s_.config.name + "' on GPU " + std::to_string(s_.place.device)) {}
 
+  /// Never throws and never aborts, also after a sticky error (every call then
+  /// fails at once, and its error is ignored here).
   ~cuda_backend() override {
     cudaSetDevice(s_.place.device);
     for (auto& [key, g] : graphs_) cudaGraphExecDestroy(g);
     if (compute_) cudaStreamSynchronize(compute_);
-    for (auto& [rows, mem] : direct_arenas_) cudaFree(mem);
     if (base_) cudaFree(base_);
     for (auto* p : staging_) if (p) cudaFreeHost(p);
     if (ctx_.cudnn) cudnnDestroy(ctx_.cudnn);
     if (ctx_.lt) cublasLtDestroy(ctx_.lt);
     for (auto st : {copy_in_, compute_, copy_out_}) if (st) cudaStreamDestroy(st);
     for (auto ev : {in_done_, compute_done_}) if (ev) cudaEventDestroy(ev);
+    cudaGetLastError();
   }
 
   bool blocks() const override { return true; }
@@ -114,21 +92,35 @@ public:
   /// Everything of the class comment: handles, plans, arena, capture.
   instance_report prepare();
 
+  /// Runs a batch on the smallest planned size holding it. Allocates, plans and
+  /// searches nothing. After a CUDA error: recover() (a recoverable error
+  /// answers this batch and the instance goes on; a sticky one throws
+  /// executor::executor_broken, here and for every later batch).
   exec_result execute(const executor::batch_view& batch, executor::output_writer& out) override;
 
 private:
-  result<bucket_graph> plan_bucket(uint32_t rows) const {
-    return cuda::plan_bucket(*s_.graph, s_.config, s_.passes, rows);
+  result<planned_graph> plan_rows(uint32_t rows) const {
+    return plan_at(*s_.graph, s_.config, s_.passes, rows);
   }
-  /// Pointer table of `bg` with activations at `arena` and I/O in `slot`.
-  std::vector<void*> pointers(const bucket_graph& bg, uint8_t* arena, uint32_t slot) const;
-  std::vector<gpu_step> build_steps(const bucket_graph& bg, uint8_t* arena, uint32_t slot);
+  /// Pointer table of `pg` with activations at `arena` and I/O in `slot`.
+  std::vector<void*> pointers(const planned_graph& pg, uint8_t* arena, uint32_t slot) const;
+  std::vector<gpu_step> build_steps(const planned_graph& pg, uint8_t* arena, uint32_t slot);
   void run_steps(const std::vector<gpu_step>& steps) {
     for (const auto& st : steps) st.launch(compute_);
   }
   bool batched() const { return s_.config.max_batch_size > 0; }
+  /// Bytes of each declared output at `rows` rows, read from `slot`'s buffers.
+  std::vector<std::vector<uint8_t>> read_outputs(uint32_t slot, uint32_t rows);
+  /// The captured graph of (`size`, `slot`) against that size's steps launched
+  /// directly, on the same random inputs; throws, naming what differs.
+  void verify_replay(uint32_t size, uint32_t slot);
+  exec_result run_batch(const executor::batch_view& batch, executor::output_writer& out);
+  /// After a failed batch: waits for the three streams, reads and clears the
+  /// error state, and classifies it (cuda_errors.hpp).
+  serving_error recover(const std::string& detail);
 
   setup s_;
+  instance_health health_;
   step_context ctx_; ///< handles and workspace every step uses
   cudaStream_t copy_in_ = nullptr, compute_ = nullptr, copy_out_ = nullptr;
   cudaEvent_t in_done_ = nullptr, compute_done_ = nullptr;
@@ -136,24 +128,23 @@ private:
   device_arena_layout layout_;
   std::vector<uint8_t*> staging_;
   std::map<constant_key, const void*> constants_;
-  std::map<uint32_t, bucket_graph> buckets_;
-  std::map<std::pair<uint32_t, uint32_t>, cudaGraphExec_t> graphs_; ///< (bucket, slot)
-  std::map<std::pair<uint32_t, uint32_t>, std::vector<gpu_step>> direct_steps_;
-  std::map<uint32_t, bucket_graph> direct_graphs_;
-  std::map<uint32_t, void*> direct_arenas_;
+  size_plan sizes_;
+  std::map<uint32_t, planned_graph> plans_; ///< by planned size
+  std::map<std::pair<uint32_t, uint32_t>, cudaGraphExec_t> graphs_; ///< (captured size, slot)
+  std::map<std::pair<uint32_t, uint32_t>, std::vector<gpu_step>> direct_steps_; ///< (size, slot)
   uint32_t next_slot_ = 0;
   uint32_t max_rows_ = 1;
 };
 
-std::vector<void*> cuda_backend::pointers(const bucket_graph& bg, uint8_t* arena,
+std::vector<void*> cuda_backend::pointers(const planned_graph& pg, uint8_t* arena,
                                           uint32_t slot) const {
-  const auto& g = bg.g;
+  const auto& g = pg.g;
   std::vector<void*> p(g.values.size(), nullptr);
   for (size_t v = 0; v < g.values.size(); ++v) {
     if (g.values[v].constant)
       p[v] = const_cast<void*>(constants_.at(key_of(*g.values[v].constant)));
-    else if (bg.memory.offsets[v] >= 0)
-      p[v] = arena + bg.memory.offsets[v];
+    else if (pg.memory.offsets[v] >= 0)
+      p[v] = arena + pg.memory.offsets[v];
   }
   for (size_t i = 0; i < g.inputs.size(); ++i)
     p[g.inputs[i]] = base_ + layout_.inputs[slot][i].offset;
@@ -164,11 +155,54 @@ std::vector<void*> cuda_backend::pointers(const bucket_graph& bg, uint8_t* arena
   return p;
 }
 
-std::vector<gpu_step> cuda_backend::build_steps(const bucket_graph& bg, uint8_t* arena,
+std::vector<gpu_step> cuda_backend::build_steps(const planned_graph& pg, uint8_t* arena,
                                                 uint32_t slot) {
-  step_builder b{&ctx_, bg.g, pointers(bg, arena, slot), {}};
+  step_builder b{&ctx_, pg.g, pointers(pg, arena, slot), {}};
   b.build();
   return std::move(b.steps);
+}
+
+std::vector<std::vector<uint8_t>> cuda_backend::read_outputs(uint32_t slot, uint32_t rows) {
+  std::vector<std::vector<uint8_t>> outs;
+  for (size_t i = 0; i < s_.config.outputs.size(); ++i) {
+    const auto& r = layout_.outputs[slot][i];
+    std::vector<uint8_t> bytes(r.bytes / max_rows_ * (batched() ? rows : 1));
+    CAF_CUDA_CHECK(cudaMemcpy(bytes.data(), base_ + r.offset, bytes.size(),
+                              cudaMemcpyDeviceToHost));
+    outs.push_back(std::move(bytes));
+  }
+  return outs;
+}
+
+void cuda_backend::verify_replay(uint32_t size, uint32_t slot) {
+  // The same random inputs for both runs (replay_check.hpp says why random).
+  for (size_t i = 0; i < s_.config.inputs.size(); ++i) {
+    const auto& t = s_.config.inputs[i];
+    size_t elements = static_cast<size_t>(onnx::element_count(t.dims)) * (batched() ? size : 1);
+    auto bytes = replay_inputs(t.dtype, elements, uint64_t{size} * 1000 + slot * 100 + i);
+    CAF_CUDA_CHECK(cudaMemcpy(base_ + layout_.inputs[slot][i].offset, bytes.data(), bytes.size(),
+                              cudaMemcpyHostToDevice));
+  }
+  // Legacy-stream copies do not order against the non-blocking streams.
+  CAF_CUDA_CHECK(cudaDeviceSynchronize());
+  run_steps(direct_steps_.at({size, slot}));
+  CAF_CUDA_CHECK(cudaStreamSynchronize(compute_));
+  auto direct = read_outputs(slot, size);
+  // NaN everywhere (0xff bytes), so an output the graph does not write differs.
+  for (const auto& r : layout_.outputs[slot])
+    CAF_CUDA_CHECK(cudaMemset(base_ + r.offset, 0xff, r.bytes));
+  CAF_CUDA_CHECK(cudaDeviceSynchronize());
+  CAF_CUDA_CHECK(cudaGraphLaunch(graphs_.at({size, slot}), compute_));
+  CAF_CUDA_CHECK(cudaStreamSynchronize(compute_));
+  auto replay = read_outputs(slot, size);
+  for (size_t i = 0; i < s_.config.outputs.size(); ++i) {
+    const auto& t = s_.config.outputs[i];
+    if (auto why = compare_replay(t.name, t.dtype, replay[i], direct[i]))
+      throw std::runtime_error("the captured graph of batch size " + std::to_string(size)
+                               + " (staging slot " + std::to_string(slot)
+                               + ") does not compute what its steps compute launched directly: "
+                               + *why);
+  }
 }
 
 instance_report cuda_backend::prepare() {
@@ -182,26 +216,29 @@ instance_report cuda_backend::prepare() {
   CAF_CUDA_CHECK(cudnnSetStream(ctx_.cudnn, compute_));
   ctx_.compute = s_.options.compute;
 
-  // Plan every bucket on the host; collect the constants they read.
+  // Plan every size a batch can run at (plan_sizes.hpp), here at load; collect
+  // the constants they read (with "none" too: the old backend planned no size
+  // then, uploaded no weights and failed every request).
   max_rows_ = static_cast<uint32_t>(std::max(s_.config.max_batch_size, 1));
+  sizes_ = plan_sizes(s_.options.buckets, s_.config.max_batch_size);
   device_arena_request req;
   std::vector<const onnx::tensor_data*> unique;
   std::map<constant_key, size_t> seen;
-  for (uint32_t rows : s_.options.buckets) {
-    auto bg = plan_bucket(rows);
-    if (!bg) throw std::runtime_error(bg.error().message);
-    for (const auto& v : bg->g.values)
+  for (uint32_t rows : sizes_.planned) {
+    auto pg = plan_rows(rows);
+    if (!pg) throw std::runtime_error(pg.error().message);
+    for (const auto& v : pg->g.values)
       if (v.constant && seen.emplace(key_of(*v.constant), unique.size()).second)
         unique.push_back(v.constant.get());
-    req.bucket_arenas.push_back(bg->memory.arena_bytes);
-    buckets_.emplace(rows, std::move(*bg));
+    req.bucket_arenas.push_back(pg->memory.arena_bytes);
+    plans_.emplace(rows, std::move(*pg));
   }
   for (const auto* t : unique) req.weights.push_back(t->bytes.size());
   size_t max_channels = 1;
-  for (const auto& [rows, bg] : buckets_)
-    for (const auto& n : bg.g.nodes)
-      if (n.op == "FusedConv") max_channels = std::max<size_t>(max_channels, bg.g.values[n.outputs[0]].shape[1]);
-  req.weights.push_back(max_channels * sizeof(float)); // zeros_
+  for (const auto& [rows, pg] : plans_)
+    for (const auto& n : pg.g.nodes)
+      if (n.op == "FusedConv") max_channels = std::max<size_t>(max_channels, pg.g.values[n.outputs[0]].shape[1]);
+  req.weights.push_back(max_channels * sizeof(float)); // ctx_.zeros
   auto row_bytes = [&](const tensor_config& t) {
     return static_cast<size_t>(onnx::element_count(t.dims)) * element_size(t.dtype);
   };
@@ -234,40 +271,32 @@ instance_report cuda_backend::prepare() {
   report.pinned_bytes = layout_.staging_bytes_per_slot * staging_slots;
   report.arena = describe(layout_);
 
-  // Steps per (bucket, slot), then warm-up / capture / verify in capture_order.
+  // Steps per (planned size, slot): descriptors, cuBLASLt heuristics and cuDNN's
+  // algorithm search all happen here, none on the request path.
   uint8_t* arena = base_ + layout_.activations.offset;
-  for (auto& [rows, bg] : buckets_)
+  for (auto& [rows, pg] : plans_)
     for (uint32_t slot = 0; slot < staging_slots; ++slot)
-      direct_steps_[{rows, slot}] = build_steps(bg, arena, slot);
-  if (!buckets_.empty()) {
-    const auto& first = direct_steps_.begin()->second;
-    report.steps = first.size();
-    report.host_steps = std::count_if(first.begin(), first.end(), [](const gpu_step& s) { return s.host; });
-  }
-  auto order = capture_order(s_.options.buckets);
+      direct_steps_[{rows, slot}] = build_steps(pg, arena, slot);
+  const auto& largest = direct_steps_.at({sizes_.planned.back(), 0});
+  report.steps = largest.size();
+  report.host_steps = std::count_if(largest.begin(), largest.end(), [](const gpu_step& s) { return s.host; });
+  // Sizes that run uncaptured get their first launch (lazy module loading,
+  // library set-up) here too, largest first as the captured ones.
+  for (auto it = sizes_.planned.rbegin(); it != sizes_.planned.rend(); ++it)
+    if (!std::binary_search(sizes_.captured.begin(), sizes_.captured.end(), *it))
+      for (uint32_t slot = 0; slot < staging_slots; ++slot)
+        run_steps(direct_steps_.at({*it, slot}));
+  CAF_CUDA_CHECK(cudaStreamSynchronize(compute_));
+  // Then warm-up / capture / verify of the captured sizes in capture_order.
+  auto order = capture_order(sizes_.captured);
   if (auto broken = check_capture_order(order); !broken.empty())
     throw std::logic_error("capture order: " + broken);
-  std::map<uint32_t, std::vector<uint8_t>> warm_outputs;
-  auto read_outputs = [&](uint32_t rows) {
-    std::vector<uint8_t> bytes;
-    for (size_t i = 0; i < s_.config.outputs.size(); ++i) {
-      size_t n = req.output_row_bytes[i] * (batched() ? rows : 1);
-      size_t at = bytes.size();
-      bytes.resize(at + n);
-      CAF_CUDA_CHECK(cudaMemcpy(bytes.data() + at, base_ + layout_.outputs[0][i].offset, n,
-                                cudaMemcpyDeviceToHost));
-    }
-    return bytes;
-  };
   for (const auto& step : order) {
-    auto key = std::make_pair(step.bucket, 0u);
     switch (step.action) {
       case prepare_action::warm_up:
-        // Inputs are zeros (the arena was cleared): a fixed, deterministic batch.
         for (uint32_t slot = 0; slot < staging_slots; ++slot)
           run_steps(direct_steps_.at({step.bucket, slot}));
         CAF_CUDA_CHECK(cudaStreamSynchronize(compute_));
-        warm_outputs[step.bucket] = read_outputs(step.bucket);
         break;
       case prepare_action::capture:
         for (uint32_t slot = 0; slot < staging_slots; ++slot) {
@@ -281,16 +310,11 @@ instance_report cuda_backend::prepare() {
           graphs_[{step.bucket, slot}] = exec;
         }
         break;
-      case prepare_action::verify: {
-        CAF_CUDA_CHECK(cudaMemsetAsync(base_ + layout_.outputs[0][0].offset, 0xff,
-                                       layout_.outputs[0][0].bytes, compute_));
-        CAF_CUDA_CHECK(cudaGraphLaunch(graphs_.at(key), compute_));
-        CAF_CUDA_CHECK(cudaStreamSynchronize(compute_));
-        if (read_outputs(step.bucket) != warm_outputs.at(step.bucket))
-          throw std::runtime_error("the captured graph of batch size " + std::to_string(step.bucket)
-                                   + " computed other outputs than its direct launch");
+      case prepare_action::verify:
+        // Every slot's graph: each reads and writes its own I/O buffers.
+        for (uint32_t slot = 0; slot < staging_slots; ++slot)
+          verify_replay(step.bucket, slot);
         break;
-      }
       case prepare_action::ready:
         break;
     }
@@ -299,90 +323,88 @@ instance_report cuda_backend::prepare() {
 }
 
 exec_result cuda_backend::execute(const executor::batch_view& batch, executor::output_writer& out) {
+  health_.ensure_usable();
   try {
-    CAF_CUDA_CHECK(cudaSetDevice(s_.place.device));
-    uint32_t rows = batched() ? batch.rows : 1;
-    if (rows > max_rows_)
-      return serving_error{status_code::bad_request,
-                           "model '" + s_.config.name + "': batch of " + std::to_string(rows)
-                             + " rows exceeds max_batch_size " + std::to_string(max_rows_)};
-    auto shape = shape_for(s_.options.buckets, rows);
-    uint32_t slot = next_slot_;
-    next_slot_ = (next_slot_ + 1) % staging_slots;
-    uint8_t* stage = staging_[slot];
-    size_t slot_base = layout_.inputs[slot].empty() ? layout_.outputs[slot][0].offset
-                                                    : layout_.inputs[slot][0].offset;
-    // Copy in: the real rows through pinned staging; padding rows are zeroed on
-    // the device, so the graph of the bucket reads a defined batch.
-    for (size_t i = 0; i < s_.config.inputs.size(); ++i) {
-      const auto& t = batch.inputs.at(i);
-      const auto& r = layout_.inputs[slot][i];
-      if (t.size > r.bytes)
-        return serving_error{status_code::bad_request,
-                             "model '" + s_.config.name + "': input '" + std::string(t.name)
-                               + "' has " + std::to_string(t.size) + " bytes, more than "
-                               + std::to_string(r.bytes) + " for " + std::to_string(max_rows_)
-                               + " rows"};
-      std::memcpy(stage + (r.offset - slot_base), t.data, t.size);
-      CAF_CUDA_CHECK(cudaMemcpyAsync(base_ + r.offset, stage + (r.offset - slot_base), t.size,
-                                     cudaMemcpyHostToDevice, copy_in_));
-      size_t padded = t.size / std::max(rows, 1u) * shape.bucket;
-      if (padded > t.size)
-        CAF_CUDA_CHECK(cudaMemsetAsync(base_ + r.offset + t.size, 0, padded - t.size, copy_in_));
-    }
-    CAF_CUDA_CHECK(cudaEventRecord(in_done_, copy_in_));
-    CAF_CUDA_CHECK(cudaStreamWaitEvent(compute_, in_done_, 0));
-    if (shape.graph) {
-      CAF_CUDA_CHECK(cudaGraphLaunch(graphs_.at({shape.bucket, slot}), compute_));
-    } else {
-      auto key = std::make_pair(rows, slot);
-      if (!direct_steps_.count(key)) {
-        if (!direct_graphs_.count(rows)) {
-          auto bg = plan_bucket(rows);
-          if (!bg) return serving_error{status_code::bad_request, bg.error().message};
-          for (const auto& v : bg->g.values)
-            if (v.constant && !constants_.count(key_of(*v.constant)))
-              return serving_error{status_code::internal,
-                                   "model '" + s_.config.name + "': the plan at batch "
-                                     + std::to_string(rows) + " folds a constant ('" + v.name
-                                     + "') no captured bucket has; list this size in "
-                                       "parameter cuda_graph_batch_sizes"};
-          void* mem = nullptr;
-          CAF_CUDA_CHECK(cudaMalloc(&mem, std::max<size_t>(bg->memory.arena_bytes, 1)));
-          direct_arenas_[rows] = mem;
-          direct_graphs_.emplace(rows, std::move(*bg));
-        }
-        direct_steps_[key] = build_steps(direct_graphs_.at(rows),
-                                         static_cast<uint8_t*>(direct_arenas_.at(rows)), slot);
-      }
-      run_steps(direct_steps_.at(key));
-    }
-    CAF_CUDA_CHECK(cudaEventRecord(compute_done_, compute_));
-    CAF_CUDA_CHECK(cudaStreamWaitEvent(copy_out_, compute_done_, 0));
-    std::vector<std::pair<size_t, size_t>> out_spans; // (staging offset, bytes)
-    for (size_t i = 0; i < s_.config.outputs.size(); ++i) {
-      const auto& r = layout_.outputs[slot][i];
-      size_t bytes = r.bytes / max_rows_ * (batched() ? rows : 1);
-      CAF_CUDA_CHECK(cudaMemcpyAsync(stage + (r.offset - slot_base), base_ + r.offset, bytes,
-                                     cudaMemcpyDeviceToHost, copy_out_));
-      out_spans.emplace_back(r.offset - slot_base, bytes);
-    }
-    CAF_CUDA_CHECK(cudaStreamSynchronize(copy_out_));
-    for (size_t i = 0; i < s_.config.outputs.size(); ++i) {
-      const auto& t = s_.config.outputs[i];
-      dims_t shape_out = t.dims;
-      if (batched()) shape_out.insert(shape_out.begin(), rows);
-      uint8_t* dst = out.allocate(t.name, t.dtype, shape_out, out_spans[i].second);
-      std::memcpy(dst, stage + out_spans[i].first, out_spans[i].second);
-    }
-    return {};
+    return run_batch(batch, out);
+  } catch (const executor::executor_broken&) {
+    throw;
   } catch (const std::exception& e) {
-    return serving_error{status_code::internal,
-                         "model '" + s_.config.name + "' on GPU " + std::to_string(s_.place.device)
-                           + ": " + e.what()};
+    return recover(e.what());
   }
 }
 
+serving_error cuda_backend::recover(const std::string& detail) {
+  // Drain what the failed batch enqueued, so the next batch starts on idle
+  // streams; each call returns a sticky error if the context has one.
+  cudaError_t codes[] = {cudaSetDevice(s_.place.device), cudaStreamSynchronize(copy_in_),
+                         cudaStreamSynchronize(compute_), cudaStreamSynchronize(copy_out_),
+                         cudaGetLastError()}; // the last also clears a recoverable error
+  std::string what = detail;
+  for (auto c : codes)
+    if (c != cudaSuccess && what.find(cudaGetErrorName(c)) == std::string::npos)
+      what += std::string("; then ") + cudaGetErrorName(c);
+  auto fault = worst_fault({codes[0], codes[1], codes[2], codes[3], codes[4]});
+  return health_.after_failure(fault, what);
+}
+
+exec_result cuda_backend::run_batch(const executor::batch_view& batch,
+                                    executor::output_writer& out) {
+  CAF_CUDA_CHECK(cudaSetDevice(s_.place.device));
+  uint32_t rows = batched() ? batch.rows : 1;
+  auto run = run_shape_for(sizes_, rows);
+  if (!run)
+    return serving_error{status_code::bad_request,
+                         "model '" + s_.config.name + "': batch of " + std::to_string(rows)
+                           + " rows exceeds max_batch_size " + std::to_string(max_rows_)};
+  uint32_t slot = next_slot_;
+  next_slot_ = (next_slot_ + 1) % staging_slots;
+  uint8_t* stage = staging_[slot];
+  size_t slot_base = layout_.inputs[slot].empty() ? layout_.outputs[slot][0].offset
+                                                  : layout_.inputs[slot][0].offset;
+  // Copy in: the real rows through pinned staging; padding rows are zeroed on
+  // the device, so the planned size reads a defined batch.
+  for (size_t i = 0; i < s_.config.inputs.size(); ++i) {
+    const auto& t = batch.inputs.at(i);
+    const auto& r = layout_.inputs[slot][i];
+    if (t.size > r.bytes)
+      return serving_error{status_code::bad_request,
+                           "model '" + s_.config.name + "': input '" + std::string(t.name)
+                             + "' has " + std::to_string(t.size) + " bytes, more than "
+                             + std::to_string(r.bytes) + " for " + std::to_string(max_rows_)
+                             + " rows"};
+    std::memcpy(stage + (r.offset - slot_base), t.data, t.size);
+    CAF_CUDA_CHECK(cudaMemcpyAsync(base_ + r.offset, stage + (r.offset - slot_base), t.size,
+                                   cudaMemcpyHostToDevice, copy_in_));
+    size_t padded = t.size / rows * run->size;
+    if (padded > t.size)
+      CAF_CUDA_CHECK(cudaMemsetAsync(base_ + r.offset + t.size, 0, padded - t.size, copy_in_));
+  }
+  CAF_CUDA_CHECK(cudaEventRecord(in_done_, copy_in_));
+  CAF_CUDA_CHECK(cudaStreamWaitEvent(compute_, in_done_, 0));
+  if (run->graph)
+    CAF_CUDA_CHECK(cudaGraphLaunch(graphs_.at({run->size, slot}), compute_));
+  else
+    run_steps(direct_steps_.at({run->size, slot}));
+  CAF_CUDA_CHECK(cudaEventRecord(compute_done_, compute_));
+  CAF_CUDA_CHECK(cudaStreamWaitEvent(copy_out_, compute_done_, 0));
+  std::vector<std::pair<size_t, size_t>> out_spans; // (staging offset, bytes)
+  for (size_t i = 0; i < s_.config.outputs.size(); ++i) {
+    const auto& r = layout_.outputs[slot][i];
+    size_t bytes = r.bytes / max_rows_ * (batched() ? rows : 1);
+    CAF_CUDA_CHECK(cudaMemcpyAsync(stage + (r.offset - slot_base), base_ + r.offset, bytes,
+                                   cudaMemcpyDeviceToHost, copy_out_));
+    out_spans.emplace_back(r.offset - slot_base, bytes);
+  }
+  CAF_CUDA_CHECK(cudaStreamSynchronize(copy_out_));
+  for (size_t i = 0; i < s_.config.outputs.size(); ++i) {
+    const auto& t = s_.config.outputs[i];
+    dims_t shape_out = t.dims;
+    if (batched()) shape_out.insert(shape_out.begin(), rows);
+    uint8_t* dst = out.allocate(t.name, t.dtype, shape_out, out_spans[i].second);
+    std::memcpy(dst, stage + out_spans[i].first, out_spans[i].second);
+  }
+  return {};
+}
 
 } // namespace
 
@@ -455,17 +477,16 @@ result<plan_report> plan_model(const cuda_model_config& mcfg) {
   if (!options) return options.error();
   auto gg = import_for_gpu(mcfg);
   if (!gg) return gg.error();
-  std::vector<uint32_t> sizes = options->buckets;
-  if (sizes.empty())
-    sizes.push_back(static_cast<uint32_t>(std::max(gg->config.max_batch_size, 1)));
+  auto sizes = plan_sizes(options->buckets, gg->config.max_batch_size);
   plan_report report;
-  for (uint32_t rows : sizes) {
-    auto bg = plan_bucket(*gg->graph, gg->config, gg->passes, rows);
+  for (uint32_t rows : sizes.planned) {
+    auto bg = plan_at(*gg->graph, gg->config, gg->passes, rows);
     if (!bg) return bg.error();
     step_builder b{nullptr, bg->g, std::vector<void*>(bg->g.values.size(), nullptr), {}};
     b.build();
     plan_report::bucket pb;
     pb.rows = rows;
+    pb.captured = std::binary_search(sizes.captured.begin(), sizes.captured.end(), rows);
     pb.arena_bytes = bg->memory.arena_bytes;
     for (size_t i = 0; i < b.steps.size(); ++i) {
       const auto& st = b.steps[i];
@@ -507,6 +528,10 @@ result<cuda_model> load_cuda_model(const cuda_model_config& mcfg) {
      << " instance(s), graphs at batch sizes [";
   for (size_t i = 0; i < options->buckets.size(); ++i)
     os << (i ? "," : "") << options->buckets[i];
+  auto sizes = plan_sizes(options->buckets, gg->config.max_batch_size);
+  os << "], planned at [";
+  for (size_t i = 0; i < sizes.planned.size(); ++i)
+    os << (i ? "," : "") << sizes.planned[i];
   os << "]";
   m.summary = os.str();
   m.make_instance = [shared, c = m.config, o = *options, passes = gg->passes](

@@ -6,19 +6,32 @@
 ///
 ///     auto model = cuda::load_cuda_model({file, cfg, options});
 ///     if (!model) fail(model.error().message);       // also: no GPU visible
-///     auto be = model->make_instance(placement);       // captures every bucket's graph
+///     auto be = model->make_instance(placement);       // plans every size, captures the buckets
 ///     if (!be) fail(be.error().message);
 ///     policy.captured_batch_sizes = model->options.buckets;
 ///
 /// Each instance owns, on its device: three streams (copy in, compute, copy out),
 /// a cuBLASLt and a cuDNN handle, one device allocation laid out by
-/// plan_device_arena (weights deduplicated across buckets, one activation arena
-/// reused by every bucket, two I/O slots) and pinned host staging for both slots.
-/// At construction it plans every bucket, chooses each convolution's algorithm
-/// (cudnnFind, once), then walks capture_order(): warm-up, capture one graph per
-/// bucket and slot, verify the replay, ready. A batch runs on the graph of the
-/// smallest bucket holding it, padding rows zeroed in and dropped out; a batch no
-/// bucket holds runs its steps directly on a plan built on first use.
+/// plan_device_arena (weights deduplicated across sizes, one activation arena
+/// reused by every planned size, two I/O slots) and pinned host staging for both
+/// slots. At construction it plans every batch size a batch can run at (the
+/// buckets, plus max_batch_size when they stop short of it; with
+/// cuda_graph_batch_sizes "none", sizes that are planned but not captured:
+/// plan_sizes.hpp), chooses each convolution's algorithm (cudnnFind, once),
+/// then walks capture_order(): warm-up, capture one graph per bucket and slot,
+/// verify every slot's replay against the direct launch on random inputs
+/// (replay_check.hpp), ready. A batch runs on the smallest planned size holding
+/// it, padding rows zeroed in and dropped out: its graph's replay when the size
+/// is captured, its steps launched directly otherwise. Nothing is planned,
+/// allocated or searched on the request path. Graph outputs the config does not
+/// declare live in the activation arena (graph_plan.hpp).
+///
+/// A CUDA error in a batch (cuda_errors.hpp): the streams are synchronized and
+/// the error read; a recoverable one is cleared and answers that batch with an
+/// error; a sticky one (the context is lost) throws executor::executor_broken
+/// for that batch and every later one, so the executor stops, the scheduler
+/// sends the batch elsewhere and stops choosing the instance, and readiness and
+/// /metrics count it out. The process keeps running.
 ///
 /// Steps: FusedConv (cuDNN convolution + bias + residual + ReLU in one call),
 /// pooling (cuDNN), FusedMatMul (cuBLASLt, then the engine's epilogue kernel for
@@ -94,6 +107,8 @@ struct cuda_model {
 struct plan_report {
   struct bucket {
     uint32_t rows = 0;
+    /// Replayed as a CUDA graph (a bucket); else its steps launch directly.
+    bool captured = false;
     size_t steps = 0;
     size_t arena_bytes = 0;
     std::map<std::string, size_t> kernels; ///< steps per kernel ("cudnn_conv", "host:Gather")

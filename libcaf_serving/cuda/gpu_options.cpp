@@ -110,17 +110,4 @@ result<gpu_options> read_gpu_options(const model_config& cfg) {
   return o;
 }
 
-std::optional<uint32_t> bucket_for(const std::vector<uint32_t>& buckets, uint32_t rows) {
-  auto it = std::lower_bound(buckets.begin(), buckets.end(), rows);
-  if (it == buckets.end())
-    return std::nullopt;
-  return *it;
-}
-
-batch_shape shape_for(const std::vector<uint32_t>& buckets, uint32_t rows) {
-  if (auto b = bucket_for(buckets, rows))
-    return {rows, *b, true};
-  return {rows, rows, false};
-}
-
 } // namespace caf_serving::cuda

@@ -9,7 +9,7 @@
 ///     auto opts = cuda::read_gpu_options(cfg);
 ///     if (!opts) fail(opts.error().message);
 ///     for (const auto& p : opts->placements) spawn(p.device);  // one per instance
-///     auto b = cuda::bucket_for(opts->buckets, rows);           // graph to replay
+///     auto sizes = cuda::plan_sizes(opts->buckets, cfg.max_batch_size); // plan_sizes.hpp
 ///
 /// config.pbtxt fields read (Triton's names, plus the engine's own parameters):
 /// - `instance_group { kind: KIND_GPU count: 2 gpus: [0, 1] }`: `count` instances
@@ -17,14 +17,14 @@
 /// - `parameters { key: "precision" value: { string_value: "fp16" } }`: fp32
 ///   (default), fp16 or bf16 (see precision below).
 /// - `parameters { key: "cuda_graph_batch_sizes" value: { string_value: "1,4,16" } }`:
-///   overrides the buckets; "none" captures no graph (every batch launches directly).
+///   overrides the buckets; "none" captures no graph (every batch launches its
+///   steps directly, on sizes still planned at load: plan_sizes.hpp).
 /// - `dynamic_batching { preferred_batch_size: [...] }`: the default buckets.
 
 #include "core/error.hpp"
 #include "core/model_config.hpp"
 
 #include <cstdint>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -71,20 +71,6 @@ result<gpu_options> read_gpu_options(const model_config& cfg);
 /// batch (max_batch_size 0).
 std::vector<uint32_t> default_buckets(const model_config& cfg);
 
-/// The smallest bucket holding `rows`, or nothing when `rows` exceeds every
-/// bucket (that batch launches its kernels directly).
-std::optional<uint32_t> bucket_for(const std::vector<uint32_t>& buckets, uint32_t rows);
-
-/// How a batch of `rows` runs: on the graph of `bucket` rows with `bucket - rows`
-/// padding rows (zeros in, discarded out), or directly (`graph` false, bucket ==
-/// rows) when no bucket holds it.
-struct batch_shape {
-  uint32_t rows = 0;
-  uint32_t bucket = 0;
-  bool graph = false;
-  uint32_t padding() const { return bucket - rows; }
-};
-
-batch_shape shape_for(const std::vector<uint32_t>& buckets, uint32_t rows);
+/// Which batch sizes are planned and how a batch runs on them: plan_sizes.hpp.
 
 } // namespace caf_serving::cuda

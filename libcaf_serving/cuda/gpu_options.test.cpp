@@ -30,23 +30,6 @@ TEST_CASE("preferred batch sizes are the buckets, plus max_batch_size") {
   CHECK(default_buckets(c) == std::vector<uint32_t>{4, 8, 16, 32});
 }
 
-TEST_CASE("bucket choice: smallest bucket holding the rows, padding counted") {
-  std::vector<uint32_t> b{1, 2, 4, 8};
-  CHECK(*bucket_for(b, 1) == 1);
-  CHECK(*bucket_for(b, 3) == 4);
-  CHECK(*bucket_for(b, 8) == 8);
-  CHECK_FALSE(bucket_for(b, 9).has_value());
-  auto s = shape_for(b, 5);
-  CHECK(s.graph);
-  CHECK(s.bucket == 8);
-  CHECK(s.padding() == 3);
-  auto direct = shape_for(b, 9);
-  CHECK_FALSE(direct.graph);
-  CHECK(direct.bucket == 9);
-  CHECK(direct.padding() == 0);
-  CHECK_FALSE(shape_for({}, 1).graph);
-}
-
 TEST_CASE("precision parameter") {
   auto c = gpu_model(4);
   CHECK(read_gpu_options(c)->compute == precision::fp32);

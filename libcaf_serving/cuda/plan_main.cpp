@@ -35,7 +35,8 @@ int main(int argc, char** argv) {
   }
   size_t host = 0;
   for (const auto& b : report->buckets) {
-    std::cout << "batch " << b.rows << ": " << b.steps << " steps, " << b.host_nodes.size()
+    std::cout << "batch " << b.rows << (b.captured ? " (CUDA graph)" : " (direct launches)")
+              << ": " << b.steps << " steps, " << b.host_nodes.size()
               << " on the host, activation arena " << b.arena_bytes << " bytes\n";
     for (const auto& [kernel, count] : b.kernels)
       std::cout << "  " << kernel << " x" << count << "\n";

@@ -4,6 +4,7 @@
 
 #include "cuda/cuda_backend.hpp"
 #include "repository/model_repository.hpp"
+#include "support/gpu_zoo.hpp"
 
 #include <doctest/doctest.h>
 
@@ -36,9 +37,14 @@ size_t count(const cuda::plan_report::bucket& b, const std::string& kernel) {
 TEST_CASE("a convolutional network plans its convolutions and pools on the device") {
   auto r = plan("resnet_narrow_opset17", "1,4");
   REQUIRE_MESSAGE(r, (r ? "" : r.error().message));
-  REQUIRE(r->buckets.size() == 2);
+  // The buckets stop short of max_batch_size 8: 8 is planned too, uncaptured.
+  REQUIRE(r->buckets.size() == 3);
   CHECK(r->buckets[0].rows == 1);
   CHECK(r->buckets[1].rows == 4);
+  CHECK(r->buckets[2].rows == 8);
+  CHECK(r->buckets[0].captured);
+  CHECK(r->buckets[1].captured);
+  CHECK_FALSE(r->buckets[2].captured);
   for (const auto& b : r->buckets) {
     CAPTURE(b.rows);
     CHECK(count(b, "cudnn_conv") > 0);
@@ -69,4 +75,126 @@ TEST_CASE("planning needs no device and refuses what a GPU instance cannot run, 
   auto r = plan("dyn_cnn_opset17");
   REQUIRE_FALSE(r);
   CHECK(r.error().message.find("variable dimension") != std::string::npos);
+}
+
+TEST_CASE("attention runs on the device: every fixture with FusedAttention, at every bucket") {
+  // Padding masks [B,1,1,S] (BERT, DistilBERT, the contrib Attention's key
+  // lengths), causal masks (constant [S,S] / [1,1,S,S]), no mask (ViT's MHA), and
+  // ONNX's own Attention (23) with a float mask or is_causal.
+  for (const char* name : {"pattern_attention_padding_dynamo", "pattern_attention_padding_torchscript17",
+                           "pattern_attention_causal_dynamo", "pattern_attention_causal_torchscript17",
+                           "pattern_mha_vit_torchscript17", "bert_2layer_opset13", "bert_2layer_opset17",
+                           "distilbert_2layer_opset13", "contrib_attention",
+                           "contrib_bert_2layer_ort_optimized", "opset21_transformer",
+                           "op_attention_float_mask", "op_attention_4d_causal"}) {
+    CAPTURE(name);
+    auto r = plan(name, "1,3,8");
+    REQUIRE_MESSAGE(r, (r ? "" : r.error().message));
+    REQUIRE(r->buckets.size() == 3);
+    size_t layers = count(r->buckets[0], "attention");
+    CHECK(layers >= 1);
+    for (const auto& b : r->buckets) {
+      CAPTURE(b.rows);
+      CHECK(count(b, "attention") == layers);
+      CHECK(count(b, "host:FusedAttention") == 0);
+      for (const auto& n : b.host_nodes) CHECK(n.rfind("FusedAttention", 0) != 0);
+    }
+  }
+}
+
+TEST_CASE("the target transformers run every attention layer on the device, at every bucket") {
+  // tests/gpu/zoo at real size (weights zeros: the plan depends on shapes only).
+  // BERT-base, DistilBERT and MiniLM: padding masks; GPT-2: causal; ViT: none.
+  const fs::path root = fs::current_path() / "plan_model_zoo";
+  for (auto [name, layers] : {std::pair{"bert_base", 12}, std::pair{"distilbert_base", 6},
+                              std::pair{"minilm_l6", 6}, std::pair{"gpt2", 12},
+                              std::pair{"vit_b_16", 12}}) {
+    CAPTURE(name);
+    auto dir = testing::stage_gpu_zoo_model(name, root);
+    REQUIRE_MESSAGE(dir, (dir ? "" : dir.error().message));
+    auto entry = repository::load_model_config(root, name, {true});
+    REQUIRE(entry.config);
+    auto r = cuda::plan_model({*dir / "1/model.onnx", entry.config->config, {}});
+    REQUIRE_MESSAGE(r, (r ? "" : r.error().message));
+    REQUIRE(!r->buckets.empty());
+    for (const auto& b : r->buckets) {
+      CAPTURE(b.rows);
+      CHECK(count(b, "attention") == static_cast<size_t>(layers));
+      CHECK(count(b, "host:FusedAttention") == 0);
+    }
+  }
+}
+
+TEST_CASE("cuda_graph_batch_sizes \"none\" captures nothing but still plans every size") {
+  auto r = plan("resnet_narrow_opset17", "none");
+  REQUIRE_MESSAGE(r, (r ? "" : r.error().message));
+  std::vector<uint32_t> rows;
+  for (const auto& b : r->buckets) {
+    rows.push_back(b.rows);
+    CHECK_FALSE(b.captured);
+    CHECK(count(b, "cudnn_conv") > 0);
+  }
+  CHECK(rows == std::vector<uint32_t>{1, 2, 4, 8});
+}
+
+TEST_CASE("grouped convolutions, every fused activation and Gemm plan on the device") {
+  // Depthwise and grouped convolutions with Clip/HardSwish/ReLU (MobileNetV3's
+  // blocks), Gemm classifier heads (transB, bias): none is a host step any more.
+  for (const char* name : {"op_conv_group", "op_gemm", "resnet_narrow_opset13",
+                           "resnet_narrow_opset17", "pattern_mobilenetv3_block_opset17",
+                           "pattern_mbconv_block_opset17",
+                           "zoo_mobilenet_v3_block_dynamo_opset18",
+                           "zoo_mobilenet_v3_block_dynamo_opset20"}) {
+    CAPTURE(name);
+    auto r = plan(name, "1,8");
+    REQUIRE_MESSAGE(r, (r ? "" : r.error().message));
+    for (const auto& b : r->buckets) {
+      CAPTURE(b.rows);
+      CHECK(count(b, "host:FusedConv") == 0);
+      CHECK(count(b, "host:FusedGemm") == 0);
+      CHECK(count(b, "cudnn_conv") + count(b, "cudnn_conv+epilogue") + count(b, "cublaslt") > 0);
+    }
+  }
+  // The grouped convolution runs as cuDNN's convolution and the epilogue kernel.
+  auto r = plan("op_conv_group", "1");
+  REQUIRE(r);
+  CHECK(count(r->buckets[0], "cudnn_conv+epilogue") == 1);
+  // SiLU, Clip(0, 6) depthwise, Sigmoid, residual -> HardSwish and a grouped 3x3: all six
+  // convolutions of the MBConv block take that path; only the excitation's Mul stays.
+  r = plan("pattern_mbconv_block_opset17", "1");
+  REQUIRE(r);
+  CHECK(count(r->buckets[0], "cudnn_conv+epilogue") == 6);
+  CHECK(count(r->buckets[0], "cublaslt") == 1);
+  CHECK(r->buckets[0].host_nodes.size() == 1);
+}
+
+TEST_CASE("no target model leaves a convolution or a GEMM on the host") {
+  // Issue 20's models at real size (tests/gpu/zoo, weights staged as sparse
+  // zeros: the plan depends on operators and shapes only). Before grouped
+  // convolutions, the other activations and FusedGemm had device steps,
+  // MobileNetV2 left 35 FusedConv on the host, EfficientNet-B0 65, and every
+  // classifier head, ViT's and GPT-2's Gemms too.
+  const fs::path root = fs::current_path() / "plan_model_zoo";
+  auto models = testing::gpu_zoo_models();
+  REQUIRE(models.size() >= 11);
+  for (const auto& name : models) {
+    CAPTURE(name);
+    auto dir = testing::stage_gpu_zoo_model(name, root);
+    REQUIRE_MESSAGE(dir, (dir ? "" : dir.error().message));
+    auto entry = repository::load_model_config(root, name, {true});
+    REQUIRE(entry.config);
+    model_config cfg = entry.config->config;
+    cfg.parameters["cuda_graph_batch_sizes"] = "1,8";
+    auto r = cuda::plan_model({entry.version_dirs.back() / "model.onnx", cfg, {}});
+    REQUIRE_MESSAGE(r, (r ? "" : r.error().message));
+    for (const auto& b : r->buckets) {
+      CAPTURE(b.rows);
+      for (const char* op : {"host:FusedConv", "host:FusedGemm", "host:FusedMatMul"}) {
+        CAPTURE(op);
+        CHECK(count(b, op) == 0);
+      }
+      CHECK(count(b, "cudnn_conv") + count(b, "cudnn_conv+epilogue") + count(b, "cublaslt") > 0);
+    }
+  }
+  fs::remove_all(root);
 }

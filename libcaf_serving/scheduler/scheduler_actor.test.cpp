@@ -7,6 +7,7 @@
 #include <caf/send.hpp>
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <cstring>
 #include <map>
@@ -348,4 +349,118 @@ TEST_CASE("gather_batch pads shorter sequences to the longest with the pad value
   CHECK(scheduler::shape_class_of(model, jobs[0].job.request.reader())
         != scheduler::shape_class_of(model, jobs[2].job.request.reader()));
   CHECK(scheduler::padded_length(*padding, jobs[1].job.request.reader()) == 5);
+}
+
+namespace {
+
+/// Answers like the identity model until `lost` is set; from then on every
+/// batch breaks the executor, as a CUDA instance does after a sticky device
+/// error (cuda/cuda_errors.hpp: executor::executor_broken, for good).
+class losing_backend final : public executor::backend {
+public:
+  std::atomic<bool> lost{false};
+
+  bool blocks() const override { return true; } // a thread of its own, as on a GPU
+  std::variant<std::monostate, serving_error> execute(const executor::batch_view& batch,
+                                                      executor::output_writer& out) override {
+    if (lost.load())
+      throw executor::executor_broken("injected: the device context is lost");
+    const auto& in = batch.inputs.at(0);
+    std::memcpy(out.allocate("OUTPUT0", in.dtype, in.shape, in.size), in.data, in.size);
+    return {};
+  }
+};
+
+/// Two instances that are not restarted when they stop (what model_manager
+/// configures for KIND_GPU: no respawn_executor).
+struct gpu_like_pipeline {
+  caf::actor_system_config cfg;
+  std::unique_ptr<caf::actor_system> sys;
+  std::shared_ptr<model_stats> stats = std::make_shared<model_stats>("id", 1);
+  std::vector<std::shared_ptr<losing_backend>> backends;
+  scheduler::scheduler_actor sched;
+
+  explicit gpu_like_pipeline(const model_config& model) {
+    cfg.set("scheduler.max-threads", size_t{2});
+    sys = std::make_unique<caf::actor_system>(cfg);
+    scheduler::scheduler_config sc;
+    sc.model = model;
+    sc.policy = scheduler::make_policy_config(model, 64);
+    sc.stats = stats;
+    for (int i = 0; i < 2; ++i) {
+      backends.push_back(std::make_shared<losing_backend>());
+      sc.executors.push_back(executor::spawn_executor(*sys, backends.back(), model));
+    }
+    postprocess::postprocessor_config pc;
+    pc.stats = stats;
+    sc.postprocessor = postprocess::spawn_postprocessor(*sys, pc);
+    sched = scheduler::spawn_scheduler(*sys, std::move(sc));
+  }
+
+  ~gpu_like_pipeline() {
+    caf::anon_send(sched, drain_atom::value);
+    sys->await_all_actors_done();
+  }
+};
+
+uint16_t status_of(collector& c, int id) {
+  std::lock_guard<std::mutex> guard(c.mutex);
+  auto& rs = c.by_id[std::to_string(id)];
+  REQUIRE(rs.size() == 1);
+  return rs[0].reader().getError().getStatus();
+}
+
+std::string message_of(collector& c, int id) {
+  std::lock_guard<std::mutex> guard(c.mutex);
+  return c.by_id[std::to_string(id)].at(0).reader().getError().getMessage().cStr();
+}
+
+} // namespace
+
+TEST_CASE("instances that lose their device stop being chosen; with none left, 503 at once") {
+  auto model = identity_model(8, 0, 64);
+  collector c;
+  gpu_like_pipeline p(model);
+  caf::anon_send(p.sched, make_job(0, c));
+  REQUIRE(c.wait_for(1));
+  CHECK(status_of(c, 0) == 0);
+  CHECK(p.stats->healthy_executors.load() == 2);
+
+  // One instance loses its device. Requests one at a time until its executor
+  // has stopped: each is answered 200, the broken one's batch by the other
+  // instance (retried once).
+  p.backends[0]->lost = true;
+  int sent = 1;
+  while (p.stats->live_executors.load() == 2 && sent < 200) {
+    caf::anon_send(p.sched, make_job(sent, c));
+    REQUIRE(c.wait_for(static_cast<size_t>(++sent)));
+  }
+  CHECK(p.stats->live_executors.load() == 1);
+  CHECK(p.stats->healthy_executors.load() == 1);
+  for (int id = 1; id < sent; ++id)
+    CHECK(status_of(c, id) == 0);
+  CHECK(p.stats->executor_restarts.load() == 0); // not restarted: it stays out
+  // The healthy instance serves everything from now on.
+  for (int k = 0; k < 10; ++k)
+    caf::anon_send(p.sched, make_job(sent + k, c));
+  REQUIRE(c.wait_for(static_cast<size_t>(sent + 10)));
+  for (int k = 0; k < 10; ++k)
+    CHECK(status_of(c, sent + k) == 0);
+  sent += 10;
+
+  // The last instance loses its device: its batch cannot be run anywhere.
+  p.backends[1]->lost = true;
+  caf::anon_send(p.sched, make_job(sent, c));
+  REQUIRE(c.wait_for(static_cast<size_t>(sent + 1)));
+  CHECK(status_of(c, sent) >= 500);
+  CHECK(p.stats->live_executors.load() == 0);
+  CHECK(p.stats->healthy_executors.load() == 0);
+  // Every later request is answered 503 at once, saying why: no hang.
+  ++sent;
+  caf::anon_send(p.sched, make_job(sent, c));
+  REQUIRE(c.wait_for(static_cast<size_t>(sent + 1)));
+  CHECK(status_of(c, sent) == 503);
+  auto why = message_of(c, sent);
+  CHECK(why.find("model 'id'") != std::string::npos);
+  CHECK(why.find("no executor") != std::string::npos);
 }

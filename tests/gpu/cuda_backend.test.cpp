@@ -19,8 +19,11 @@
 #include "onnx_cpu/onnx_backend.hpp"
 #include "repository/model_repository.hpp"
 
+#include <cuda_runtime_api.h>
+
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -147,6 +150,16 @@ void check_model(const std::string& name, cuda::precision p, double tolerance) {
   REQUIRE_MESSAGE(inst, (inst ? "" : inst.error().message));
   MESSAGE(name << " " << cuda::to_string(p) << ": " << inst->report.arena << ", "
                << inst->report.steps << " steps, " << inst->report.host_steps << " on the host");
+  { // the dry run without a device chose the same steps (the report's: the largest size's)
+    auto dry = cuda::plan_model({file, cfg, {}});
+    REQUIRE_MESSAGE(dry, (dry ? "" : dry.error().message));
+    REQUIRE(!dry->buckets.empty());
+    const auto& largest = *std::max_element(
+      dry->buckets.begin(), dry->buckets.end(),
+      [](const auto& a, const auto& b) { return a.rows < b.rows; });
+    CHECK(inst->report.steps == largest.steps);
+    CHECK(inst->report.host_steps == largest.host_nodes.size());
+  }
   auto& gpu = *inst->backend;
   auto [inputs, reference] = read_reference(name);
 
@@ -188,9 +201,42 @@ TEST_CASE("fp32: every fixture matches ONNX Runtime and the CPU executor at ever
   for (const auto& name : fixture_models()) check_model(name, cuda::precision::fp32, 1e-4);
 }
 
-TEST_CASE("fp16 and bf16 compute on the ResNet and BERT fixtures") {
+/// The fixtures whose FusedAttention runs as the device attention step
+/// (cuda.plan_model.test asserts it), named here so that they are checked even
+/// when a fixture before them in the loop above stops that case: padding masks
+/// (BERT, DistilBERT, the contrib Attention's key lengths), causal masks, no mask
+/// (ViT's MHA), ONNX's Attention (23) with a float mask or is_causal. fp32's 1e-4:
+/// both products run CUBLAS_COMPUTE_32F, the softmax in fp32 (__expf).
+TEST_CASE("fp32: the attention fixtures match ONNX Runtime and the CPU executor at every bucket") {
   if (!have_gpu()) return;
-  for (const char* name : {"resnet_narrow_opset17", "bert_2layer_opset17"}) {
+  for (const char* name : {"pattern_attention_padding_dynamo", "pattern_attention_padding_torchscript17",
+                           "pattern_attention_causal_dynamo", "pattern_attention_causal_torchscript17",
+                           "pattern_mha_vit_torchscript17", "bert_2layer_opset13", "bert_2layer_opset17",
+                           "distilbert_2layer_opset13", "contrib_attention",
+                           "contrib_bert_2layer_ort_optimized", "opset21_transformer",
+                           "op_attention_float_mask", "op_attention_4d_causal"})
+    check_model(name, cuda::precision::fp32, 1e-4);
+}
+
+/// The fixtures of grouped and depthwise convolutions, the epilogue's activations
+/// after a convolution (SiLU, Clip, HardSwish, Sigmoid, the residual before the
+/// activation) and Gemm (transB, alpha, beta, broadcast C, Tanh), named for the
+/// same reason. fp32's 1e-4: cuDNN with CUDNN_FMA_MATH, cuBLASLt CUBLAS_COMPUTE_32F,
+/// the epilogue in fp32 (expf, tanhf).
+TEST_CASE("fp32: the convolution and Gemm fixtures match ONNX Runtime and the CPU executor") {
+  if (!have_gpu()) return;
+  for (const char* name : {"op_conv", "op_conv_group", "op_gemm", "resnet_narrow_opset17",
+                           "pattern_mobilenetv3_block_opset17", "pattern_mbconv_block_opset17",
+                           "zoo_mobilenet_v3_block_dynamo_opset18"})
+    check_model(name, cuda::precision::fp32, 1e-4);
+}
+
+TEST_CASE("fp16 and bf16 compute on the ResNet, MobileNet/EfficientNet-block, Gemm and BERT fixtures") {
+  if (!have_gpu()) return;
+  for (const char* name : {"resnet_narrow_opset17", "bert_2layer_opset17", "op_conv_group",
+                           "op_gemm", "pattern_mobilenetv3_block_opset17",
+                           "pattern_mbconv_block_opset17",
+                           "zoo_mobilenet_v3_block_dynamo_opset18"}) {
     check_model(name, cuda::precision::fp16, 1e-2);
     check_model(name, cuda::precision::bf16, 4e-2);
   }
@@ -205,6 +251,132 @@ TEST_CASE("without a GPU, loading says so and how to fix it") {
   REQUIRE_FALSE(m);
   CHECK(m.error().message.find("no CUDA device is visible") != std::string::npos);
   CHECK(m.error().message.find("KIND_CPU") != std::string::npos);
+}
+
+namespace {
+
+/// A fixture loaded for one GPU instance with `parameters` set and, when
+/// `outputs` is not empty, only those outputs declared.
+struct gpu_fixture {
+  fs::path file;
+  model_config config; ///< completed, as the instance serves it
+  cuda::gpu_options options;
+  std::shared_ptr<executor::backend> backend;
+};
+
+gpu_fixture load_fixture(const std::string& name,
+                         const std::map<std::string, std::string>& parameters,
+                         const std::vector<std::string>& outputs = {}) {
+  auto entry = repository::load_model_config(fixtures / "models", name, {true});
+  REQUIRE(entry.config);
+  model_config cfg = entry.config->config;
+  cfg.instance_groups = {{"gpu", 1, instance_kind::gpu, {0}}};
+  for (const auto& [k, v] : parameters) cfg.parameters[k] = v;
+  if (!outputs.empty()) {
+    std::vector<tensor_config> kept;
+    for (const auto& o : cfg.outputs)
+      if (std::find(outputs.begin(), outputs.end(), o.name) != outputs.end()) kept.push_back(o);
+    REQUIRE(kept.size() == outputs.size());
+    cfg.outputs = kept;
+  }
+  gpu_fixture f;
+  f.file = entry.version_dirs.back() / "model.onnx";
+  auto model = cuda::load_cuda_model({f.file, cfg, {}});
+  REQUIRE_MESSAGE(model, (model ? "" : model.error().message));
+  auto inst = model->make_instance({0, 0});
+  REQUIRE_MESSAGE(inst, (inst ? "" : inst.error().message));
+  f.config = model->config;
+  f.options = model->options;
+  f.backend = inst->backend;
+  return f;
+}
+
+/// The GPU instance against the CPU executor at each of `batch_rows`.
+void check_against_cpu(gpu_fixture& f, const std::vector<uint32_t>& batch_rows, double tolerance) {
+  auto [inputs, reference] = read_reference(f.file.parent_path().parent_path().filename());
+  onnx::onnx_model_config oc{f.file, f.config, 1, {}};
+  auto cpu_model = onnx::load_onnx_model(oc);
+  REQUIRE_MESSAGE(cpu_model, (cpu_model ? "" : cpu_model.error().message));
+  auto cpu = cpu_model->make_instance();
+  for (uint32_t rows : batch_rows) {
+    CAPTURE(rows);
+    auto batch = tile(inputs, rows);
+    auto want = run(*cpu, batch);
+    auto got = run(*f.backend, batch);
+    REQUIRE(got.size() == f.config.outputs.size());
+    for (const auto& [oname, bytes] : want) {
+      REQUIRE(got.at(oname).size() == bytes.size()); // padding rows dropped
+      CHECK_MESSAGE(relative_error(got.at(oname), bytes) < tolerance, oname);
+    }
+  }
+}
+
+/// Free device memory now (cudaMemGetInfo through the backend's runtime).
+size_t free_device_bytes() {
+  size_t free = 0, total = 0;
+  REQUIRE(cudaMemGetInfo(&free, &total) == cudaSuccess);
+  return free;
+}
+
+} // namespace
+
+TEST_CASE("cuda_graph_batch_sizes \"none\": a model with weights serves every batch size") {
+  if (!have_gpu()) return;
+  // The old backend planned no size with "none", uploaded no weights, and
+  // failed every request.
+  auto f = load_fixture("resnet_narrow_opset17", {{"cuda_graph_batch_sizes", "none"}});
+  CHECK(f.options.buckets.empty());
+  check_against_cpu(f, {1, 2, 3, 5, 8}, 1e-4);
+}
+
+TEST_CASE("a batch between buckets runs on a size planned at load, allocating nothing") {
+  if (!have_gpu()) return;
+  // Buckets 1 and 2 stop short of max_batch_size 8: 8 is planned at load and
+  // runs uncaptured; 3..8 rows pad up to it.
+  auto f = load_fixture("resnet_narrow_opset17", {{"cuda_graph_batch_sizes", "1,2"}});
+  size_t before = free_device_bytes();
+  check_against_cpu(f, {5, 3, 8, 2, 1}, 1e-4);
+  // The old backend planned 5 and 3 here, on the request path, and cudaMalloc'd
+  // an arena for each that it never freed.
+  CHECK(free_device_bytes() == before);
+}
+
+TEST_CASE("outputs the config does not declare live in the arena; declared ones are served") {
+  if (!have_gpu()) return;
+  // Each fixture's graph has several outputs; only one is declared, so the
+  // others have no I/O buffer. The old plan gave them no address at all, and
+  // their kernels wrote through null pointers.
+  for (const char* model : {"opset19_pools", "bert_2layer_opset13", "contrib_gelus"}) {
+    CAPTURE(model);
+    auto entry = repository::load_model_config(fixtures / "models", model, {true});
+    REQUIRE(entry.config);
+    const auto& outs = entry.config->config.outputs;
+    REQUIRE(outs.size() >= 2);
+    // The last output alone, then the first alone.
+    for (const auto& keep : {outs.back().name, outs.front().name}) {
+      CAPTURE(keep);
+      auto f = load_fixture(model, {}, {keep});
+      auto [inputs, reference] = read_reference(model);
+      auto out = run(*f.backend, inputs);
+      REQUIRE(out.size() == 1);
+      for (const auto& r : reference)
+        if (r.name == keep) CHECK(relative_error(out.at(keep), r.bytes) < 1e-4);
+      check_against_cpu(f, {1, 3, 8}, 1e-4);
+    }
+  }
+}
+
+TEST_CASE("every captured graph, each bucket and slot, is verified at load on random inputs") {
+  if (!have_gpu()) return;
+  // make_instance fails when any (bucket, slot) replay differs from the direct
+  // launch (replay_check.hpp); BERT's integer inputs get valid ids and masks.
+  for (const char* name : {"resnet_narrow_opset17", "bert_2layer_opset17"}) {
+    CAPTURE(name);
+    auto f = load_fixture(name, {{"cuda_graph_batch_sizes", "1,3,8"}});
+    CHECK(f.options.buckets == std::vector<uint32_t>{1, 3, 8});
+    // Both slots serve: consecutive batches alternate between them.
+    check_against_cpu(f, {3, 3, 8, 8, 1, 1}, 1e-4);
+  }
 }
 
 int main(int argc, char** argv) {
