@@ -319,6 +319,7 @@ instance_report cuda_backend::prepare() {
         break;
     }
   }
+  ctx_.flags.take(); // warm-up and verification ran random inputs: their flags say nothing
   return report;
 }
 
@@ -396,6 +397,8 @@ exec_result cuda_backend::run_batch(const executor::batch_view& batch,
     out_spans.emplace_back(r.offset - slot_base, bytes);
   }
   CAF_CUDA_CHECK(cudaStreamSynchronize(copy_out_));
+  if (auto bad = ctx_.flags.take()) // a device step's error flag (Gather's indices)
+    return serving_error{status_code::bad_request, "model '" + s_.config.name + "': " + *bad};
   for (size_t i = 0; i < s_.config.outputs.size(); ++i) {
     const auto& t = s_.config.outputs[i];
     dims_t shape_out = t.dims;

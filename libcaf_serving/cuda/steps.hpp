@@ -16,6 +16,7 @@
 /// the checks the real build makes. A node that no registration takes runs its
 /// reference kernel on the host (step_builder::host), between device copies.
 
+#include "cuda/device_flags.hpp"
 #include "cuda/gpu_options.hpp"
 #include "onnx/ir.hpp"
 #include "onnx/op_registry.hpp"
@@ -76,6 +77,7 @@ struct step_context {
   const void* zeros = nullptr; ///< a zero bias long enough for any convolution
   std::vector<std::shared_ptr<void>> keep;
   std::vector<conv_desc> convs;
+  device_flags flags; ///< set by device steps (Gather), read after each batch
 
   step_context() = default;
   step_context(const step_context&) = delete;
@@ -118,6 +120,7 @@ const device_table& device_steps();
 /// The families (one source file each).
 std::vector<device_kernel> core_steps(); ///< steps_core.cpp
 std::vector<device_kernel> attention_steps(); ///< steps_attention.cpp
+std::vector<device_kernel> data_steps(); ///< steps_data.cpp
 
 /// Wraps a family's step function as a registration's build function that
 /// first requires every input and output to be fp32.
