@@ -319,7 +319,6 @@ instance_report cuda_backend::prepare() {
         break;
     }
   }
-  ctx_.flags.take(); // warm-up and verification ran random inputs: their flags say nothing
   return report;
 }
 
@@ -357,6 +356,7 @@ exec_result cuda_backend::run_batch(const executor::batch_view& batch,
     return serving_error{status_code::bad_request,
                          "model '" + s_.config.name + "': batch of " + std::to_string(rows)
                            + " rows exceeds max_batch_size " + std::to_string(max_rows_)};
+  ctx_.flags.take(); // set by warm-up's random inputs or a failed batch: not this batch's
   uint32_t slot = next_slot_;
   next_slot_ = (next_slot_ + 1) % staging_slots;
   uint8_t* stage = staging_[slot];

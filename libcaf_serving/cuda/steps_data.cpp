@@ -510,24 +510,38 @@ std::optional<gpu_step> reduce_step(step_builder& b, const onnx::node& n) {
   }};
 }
 
+/// A step function whose box or shape the kernels' planners (cpu/data_layout.hpp)
+/// refuse with std::invalid_argument: the node stays a host step. Nothing before
+/// those checks has side effects (the Gather's flag comes after them).
+std::function<std::optional<gpu_step>(step_builder&, const onnx::graph&, const onnx::node&)>
+refusable(step_function f) {
+  return [f](step_builder& b, const onnx::graph&, const onnx::node& n) -> std::optional<gpu_step> {
+    try {
+      return f(b, n);
+    } catch (const std::invalid_argument&) {
+      return std::nullopt;
+    }
+  };
+}
+
 } // namespace
 
 std::vector<device_kernel> data_steps() {
   std::vector<device_kernel> steps = {
-    {"Transpose", {}, "permute", any_type(transpose_step)},
-    {"Concat", {}, "concat", any_type(concat_step)},
-    {"Split", {}, "split", any_type(split_step)},
-    {"Slice", {}, "slice", any_type(slice_step)},
-    {"Gather", {}, "gather", any_type(gather_step)},
-    {"Expand", {}, "expand", any_type(expand_step)},
-    {"Tile", {}, "tile", any_type(tile_step)},
-    {"Pad", {}, "pad", any_type(pad_step)},
+    {"Transpose", {}, "permute", refusable(transpose_step)},
+    {"Concat", {}, "concat", refusable(concat_step)},
+    {"Split", {}, "split", refusable(split_step)},
+    {"Slice", {}, "slice", refusable(slice_step)},
+    {"Gather", {}, "gather", refusable(gather_step)},
+    {"Expand", {}, "expand", refusable(expand_step)},
+    {"Tile", {}, "tile", refusable(tile_step)},
+    {"Pad", {}, "pad", refusable(pad_step)},
   };
   // ReduceL2, ReduceSumSquare and GlobalMaxPool join once the operator registry
   // (onnx/ops*.cpp) has them: until then the importer refuses such models.
   for (const char* op : {"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd",
                          "ReduceL2", "ReduceSumSquare", "GlobalAveragePool", "GlobalMaxPool"})
-    if (onnx::find_operator(op)) steps.push_back({op, {}, "reduce", any_type(reduce_step)});
+    if (onnx::find_operator(op)) steps.push_back({op, {}, "reduce", refusable(reduce_step)});
   return steps;
 }
 
