@@ -654,6 +654,59 @@ def export_mobilenetv3_block(out, seed):
     write_model(out, "pattern_mobilenetv3_block_opset17", lambda p: onnx.save(m, str(p)), {"x": x})
 
 
+def export_mbconv_block(out, seed):
+    """The convolutions and activations of EfficientNet-B0 and MobileNetV2 the CUDA backend
+    runs as a convolution then the epilogue kernel (issue 20): Conv -> SiLU (Sigmoid, Mul),
+    depthwise stride-2 Conv -> Clip(0, 6), squeeze-excite with a SiLU 1x1 Conv and a
+    Sigmoid one, a projection Conv + residual -> HardSwish (the residual before the
+    activation), a grouped Conv, then Gemm (alpha, beta, C [1, N]) -> Tanh."""
+    rng = np.random.default_rng(seed)
+    F = TensorProto.FLOAT
+
+    def w(name, *shape, scale=1.0):
+        return const(name, (rng.standard_normal(shape, dtype=np.float32) * np.float32(scale)))
+
+    N = helper.make_node
+    nodes = [
+        N("Conv", ["x", "c1.w", "c1.b"], ["c1"], kernel_shape=[1, 1]),
+        N("Sigmoid", ["c1"], ["c1s"]),
+        N("Mul", ["c1", "c1s"], ["a1"]),
+        N("Conv", ["a1", "dw.w", "dw.b"], ["dw"], kernel_shape=[3, 3], strides=[2, 2],
+          pads=[1, 1, 1, 1], group=24),
+        N("Clip", ["dw", "lo", "hi"], ["a2"]),
+        N("GlobalAveragePool", ["a2"], ["pooled"]),
+        N("Conv", ["pooled", "se1.w", "se1.b"], ["se1"], kernel_shape=[1, 1]),
+        N("Sigmoid", ["se1"], ["se1s"]),
+        N("Mul", ["se1s", "se1"], ["se1a"]),
+        N("Conv", ["se1a", "se2.w", "se2.b"], ["se2"], kernel_shape=[1, 1]),
+        N("Sigmoid", ["se2"], ["scale"]),
+        N("Mul", ["a2", "scale"], ["excited"]),
+        N("Conv", ["excited", "pj.w", "pj.b"], ["pj"], kernel_shape=[1, 1]),
+        N("Add", ["pj", "a2"], ["sum"]),
+        N("HardSwish", ["sum"], ["a3"]),
+        N("Conv", ["a3", "gc.w", "gc.b"], ["gc"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], group=4),
+        N("GlobalAveragePool", ["gc"], ["gap"]),
+        N("Flatten", ["gap"], ["flat"], axis=1),
+        N("Gemm", ["flat", "fc.w", "fc.c"], ["fc"], alpha=0.7, beta=0.5),
+        N("Tanh", ["fc"], ["logits"]),
+    ]
+    inits = [w("c1.w", 24, 16, 1, 1, scale=0.25), w("c1.b", 24, scale=0.5),
+             w("dw.w", 24, 1, 3, 3, scale=1 / 3), w("dw.b", 24, scale=0.5),
+             const("lo", np.float32(0.0)), const("hi", np.float32(6.0)),
+             w("se1.w", 8, 24, 1, 1, scale=0.2), w("se1.b", 8, scale=0.5),
+             w("se2.w", 24, 8, 1, 1, scale=0.35), w("se2.b", 24, scale=0.5),
+             w("pj.w", 24, 24, 1, 1, scale=0.2), w("pj.b", 24, scale=0.5),
+             w("gc.w", 24, 6, 3, 3, scale=1 / 7), w("gc.b", 24, scale=0.5),
+             w("fc.w", 24, 10, scale=0.3), w("fc.c", 1, 10, scale=0.5)]
+    g = helper.make_graph(nodes, "mbconv_block",
+                          [helper.make_tensor_value_info("x", F, ["batch", 16, 10, 10])],
+                          [helper.make_tensor_value_info("logits", F, ["batch", 10])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    x = rng.standard_normal((2, 16, 10, 10), dtype=np.float32)
+    write_model(out, "pattern_mbconv_block_opset17", lambda p: onnx.save(m, str(p)), {"x": x})
+
+
 # --------------------------------------------------------------------------- sets
 
 
@@ -684,6 +737,7 @@ def fixtures(out):
     export_single_ops(out, 60)
     export_patterns(out, 70)
     export_mobilenetv3_block(out, 80)
+    export_mbconv_block(out, 81)
     opset_fixtures.export(out, write_model)
     # torch's SDPA as both exporters write it (needs onnxscript for dynamo=True).
     pattern_fixtures.export(out, write_model)

@@ -183,10 +183,12 @@ public:
       res_ = to_device(res);
     out_ = device_buffer(count * dtype_size(c.type));
     count_ = count;
-    if (cfg.with_reference) { // the unfused chain: bias, activation, residual
+    if (cfg.with_reference) { // the unfused chain: bias, activation and residual in order
       auto y = c.bias ? ref::add_bias(x.values, bias.values, layout_) : x.values;
-      y = ref::apply_activation(y, c.act);
-      want_ = c.residual ? ref::add(y, res.values) : y;
+      if (c.residual && c.residual_first)
+        y = ref::add(y, res.values);
+      y = ref::apply_activation(y, c.act, c.act_params);
+      want_ = c.residual && !c.residual_first ? ref::add(y, res.values) : y;
     }
   }
   void poison(cudaStream_t stream) override {
@@ -202,6 +204,8 @@ public:
     a.count = count_;
     a.layout = layout_;
     a.act = c_.act;
+    a.params = c_.act_params;
+    a.residual_first = c_.residual_first;
     a.threads = cfg.threads;
     launch_epilogue(a, stream);
   }

@@ -1,5 +1,8 @@
 #include "check/kernel_cases.hpp"
 
+#include <string>
+#include <tuple>
+
 namespace caf_serving::kernels {
 
 const char* op_name(op o) {
@@ -264,6 +267,51 @@ std::vector<kernel_case> build_table() {
     conv.sweep = {nchw(2, 5, 49), nchw(3, 16, 3136), nchw(1, 3, 1)};
     conv.bench = {nchw(32, 256, 56 * 56)};
     t.push_back(conv);
+  }
+  // Every other activation the engine fuses into FusedConv/FusedMatMul/FusedGemm, in
+  // each datatype once, with parameters whose thresholds fall inside the inputs'
+  // range (x + bias in [-4, 4]), so both sides of every clamp are checked.
+  {
+    struct act_case {
+      const char* name;
+      activation act;
+      activation_params params;
+      dtype type;
+    };
+    const act_case acts[] = {
+      {"tanh", activation::tanh, {}, dtype::f32},
+      {"sigmoid", activation::sigmoid, {}, dtype::f16},
+      {"clip(-1,2)", activation::clip, {-1.0f, 2.0f}, dtype::f32},
+      {"hard_swish", activation::hard_swish, {1.0f / 6, 0.5f}, dtype::f32},
+      {"hard_swish", activation::hard_swish, {1.0f / 6, 0.5f}, dtype::bf16},
+      {"hard_sigmoid", activation::hard_sigmoid, {0.2f, 0.5f}, dtype::f32},
+      {"swish(1)", activation::swish, {1.0f, 0.0f}, dtype::f32},
+      {"swish(1)", activation::swish, {1.0f, 0.0f}, dtype::f16},
+      {"swish(1.702)", activation::swish, {1.702f, 0.0f}, dtype::bf16},
+      {"leaky_relu(0.1)", activation::leaky_relu, {0.1f, 0.0f}, dtype::f32},
+    };
+    for (const auto& a : acts) {
+      auto c = epilogue_case(std::string("epilogue bias+") + a.name + " " + dtype_name(a.type),
+                             a.type, a.act, true, false);
+      c.act_params = a.params;
+      // EfficientNet's SiLU and MobileNetV3's hard-swish, at the size the GELU
+      // epilogues are timed at: the extra arithmetic should cost no bandwidth.
+      if ((a.act == activation::swish && a.type == dtype::f16)
+          || (a.act == activation::hard_swish && a.type == dtype::bf16))
+        c.bench = epilogue_bench();
+      t.push_back(c);
+    }
+    // FusedConv's order: the residual before the activation, over NCHW channels.
+    for (auto [act, params, name] :
+         {std::tuple{activation::swish, activation_params{1.0f, 0.0f}, "swish"},
+          std::tuple{activation::clip, activation_params{0.0f, 2.0f}, "clip(0,2)"}}) {
+      auto c = epilogue_case(std::string("epilogue NCHW bias+residual+") + name + " f32",
+                             dtype::f32, act, true, true);
+      c.act_params = params;
+      c.residual_first = true;
+      c.sweep = {nchw(2, 5, 49), nchw(3, 16, 3136), nchw(1, 3, 1)};
+      t.push_back(c);
+    }
   }
   // Residual add + LayerNorm.
   t.push_back(norm_case("add_layer_norm f32", dtype::f32, true));

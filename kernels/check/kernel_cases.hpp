@@ -18,7 +18,7 @@
 namespace caf_serving::kernels {
 
 enum class op {
-  epilogue,       ///< act(x + bias) + residual
+  epilogue,       ///< act(x + bias) + residual, or act(x + bias + residual)
   add_layer_norm, ///< LayerNorm(x + residual)
   softmax,        ///< row softmax with a mask
   attention,      ///< fused multi-head attention
@@ -81,8 +81,10 @@ struct kernel_case {
   dtype type = dtype::f32;           ///< for convert: the source type
   dtype convert_to = dtype::f32;     ///< convert only
   activation act = activation::none; ///< epilogue only
+  activation_params act_params;      ///< epilogue only: the activation's alpha, beta
   bool bias = false;                 ///< epilogue only
   bool residual = false;             ///< epilogue and add_layer_norm
+  bool residual_first = false;       ///< epilogue: act(x + bias + residual) (FusedConv's)
   mask_kind mask = mask_kind::none;  ///< softmax only
   softmax_mask_shape mask_shape = softmax_mask_shape::rows; ///< softmax only
   int head_dim = 64;                 ///< attention only

@@ -80,3 +80,23 @@ TEST_CASE("the table covers every op, datatype of the issue, and the benchmark t
   CHECK(attention_512);
   CHECK(padded);
 }
+
+TEST_CASE("the epilogue is checked with every activation, and with the residual on both sides") {
+  std::set<activation> acts;
+  bool residual_after = false, residual_first = false;
+  for (const auto& c : kernel_cases()) {
+    if (c.operation != op::epilogue) continue;
+    acts.insert(c.act);
+    residual_after = residual_after || (c.residual && !c.residual_first);
+    residual_first = residual_first || (c.residual && c.residual_first);
+  }
+  for (activation a : {activation::none, activation::relu, activation::gelu_erf,
+                       activation::gelu_tanh, activation::tanh, activation::sigmoid,
+                       activation::clip, activation::hard_swish, activation::hard_sigmoid,
+                       activation::swish, activation::leaky_relu}) {
+    INFO(static_cast<int>(a));
+    CHECK(acts.count(a) == 1);
+  }
+  CHECK(residual_after);
+  CHECK(residual_first);
+}

@@ -8,7 +8,10 @@
 
 namespace caf_serving::kernels::ref {
 
-float activate(activation act, float x) {
+float activate(activation act, float x, activation_params params) {
+  double xd = x, alpha = params.alpha, beta = params.beta;
+  auto clamp01 = [](double v) { return std::min(std::max(v, 0.0), 1.0); };
+  auto sigmoid = [](double v) { return 1.0 / (1.0 + std::exp(-v)); };
   switch (act) {
     case activation::none:
       return x;
@@ -17,10 +20,23 @@ float activate(activation act, float x) {
     case activation::gelu_erf:
       return static_cast<float>(0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0))));
     case activation::gelu_tanh: {
-      double xd = x;
       double inner = std::sqrt(2.0 / M_PI) * (xd + 0.044715 * xd * xd * xd);
       return static_cast<float>(0.5 * xd * (1.0 + std::tanh(inner)));
     }
+    case activation::tanh:
+      return static_cast<float>(std::tanh(xd));
+    case activation::sigmoid:
+      return static_cast<float>(sigmoid(xd));
+    case activation::clip:
+      return std::min(std::max(x, params.alpha), params.beta);
+    case activation::hard_swish:
+      return static_cast<float>(xd * clamp01(alpha * xd + beta));
+    case activation::hard_sigmoid:
+      return static_cast<float>(clamp01(alpha * xd + beta));
+    case activation::swish:
+      return static_cast<float>(xd * sigmoid(alpha * xd));
+    case activation::leaky_relu:
+      return static_cast<float>(xd >= 0.0 ? xd : alpha * xd);
   }
   return x;
 }
@@ -34,10 +50,11 @@ std::vector<float> add_bias(const std::vector<float>& x,
   return out;
 }
 
-std::vector<float> apply_activation(const std::vector<float>& x, activation act) {
+std::vector<float> apply_activation(const std::vector<float>& x, activation act,
+                                    activation_params params) {
   std::vector<float> out(x.size());
   std::transform(x.begin(), x.end(), out.begin(),
-                 [act](float v) { return activate(act, v); });
+                 [act, params](float v) { return activate(act, v, params); });
   return out;
 }
 

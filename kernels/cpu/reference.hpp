@@ -16,14 +16,16 @@
 
 namespace caf_serving::kernels::ref {
 
-float activate(activation act, float x);
+/// `act(x)` in double precision, rounded once to float.
+float activate(activation act, float x, activation_params params = {});
 
 /// `x + bias` broadcast by `layout`.
 std::vector<float> add_bias(const std::vector<float>& x,
                             const std::vector<float>& bias, bias_layout layout);
 
 /// `act(x)` element-wise.
-std::vector<float> apply_activation(const std::vector<float>& x, activation act);
+std::vector<float> apply_activation(const std::vector<float>& x, activation act,
+                                    activation_params params = {});
 
 /// `a + b` element-wise; the sizes must match.
 std::vector<float> add(const std::vector<float>& a, const std::vector<float>& b);

@@ -44,6 +44,26 @@ TEST_CASE("activations match their closed forms") {
   CHECK(ref::activate(activation::gelu_erf, -1.0f) == doctest::Approx(-0.1586553).epsilon(1e-6));
   CHECK(ref::activate(activation::gelu_tanh, 1.0f) == doctest::Approx(0.8411920).epsilon(1e-6));
   CHECK(ref::activate(activation::none, -3.0f) == -3.0f);
+  CHECK(ref::activate(activation::tanh, 0.5f) == doctest::Approx(0.4621172).epsilon(1e-6));
+  CHECK(ref::activate(activation::sigmoid, 1.0f) == doctest::Approx(0.7310586).epsilon(1e-6));
+  CHECK(ref::activate(activation::sigmoid, -200.0f) == 0.0f);
+  CHECK(ref::activate(activation::clip, 7.0f, {0.0f, 6.0f}) == 6.0f);
+  CHECK(ref::activate(activation::clip, -1.0f, {0.0f, 6.0f}) == 0.0f);
+  CHECK(ref::activate(activation::clip, 2.5f, {0.0f, 6.0f}) == 2.5f);
+  activation_params hs{1.0f / 6, 0.5f};
+  CHECK(ref::activate(activation::hard_swish, 1.0f, hs) == doctest::Approx(2.0 / 3).epsilon(1e-6));
+  CHECK(ref::activate(activation::hard_swish, -3.5f, hs) == 0.0f);
+  CHECK(ref::activate(activation::hard_swish, 4.0f, hs) == 4.0f);
+  CHECK(ref::activate(activation::hard_sigmoid, 1.0f, {0.2f, 0.5f})
+        == doctest::Approx(0.7).epsilon(1e-6));
+  CHECK(ref::activate(activation::hard_sigmoid, 3.0f, {0.2f, 0.5f}) == 1.0f);
+  CHECK(ref::activate(activation::swish, 1.0f, {1.0f, 0.0f})
+        == doctest::Approx(0.7310586).epsilon(1e-6));
+  CHECK(ref::activate(activation::swish, 1.0f, {2.0f, 0.0f})
+        == doctest::Approx(0.8807971).epsilon(1e-6));
+  CHECK(ref::activate(activation::leaky_relu, -2.0f, {0.1f, 0.0f})
+        == doctest::Approx(-0.2).epsilon(1e-6));
+  CHECK(ref::activate(activation::leaky_relu, 2.0f, {0.1f, 0.0f}) == 2.0f);
 }
 
 TEST_CASE("bias broadcasts along columns for GEMM and along channels for NCHW") {

@@ -28,12 +28,28 @@ inline const char* dtype_name(dtype t) {
   return "?";
 }
 
-/// Element-wise activation applied by the GEMM/convolution epilogue.
+/// Element-wise activation applied by the GEMM/convolution epilogue: every
+/// activation the ONNX engine fuses into FusedConv, FusedMatMul and FusedGemm.
+/// Those with parameters read them from `activation_params` (ONNX's alpha, beta).
 enum class activation {
   none,
   relu,
-  gelu_erf,  ///< x/2 (1 + erf(x/sqrt 2)): BERT's exact GELU.
-  gelu_tanh, ///< x/2 (1 + tanh(sqrt(2/pi)(x + 0.044715 x^3))): GPT-2's approximation.
+  gelu_erf,     ///< x/2 (1 + erf(x/sqrt 2)): BERT's exact GELU.
+  gelu_tanh,    ///< x/2 (1 + tanh(sqrt(2/pi)(x + 0.044715 x^3))): GPT-2's approximation.
+  tanh,         ///< tanh(x)
+  sigmoid,      ///< 1 / (1 + exp(-x))
+  clip,         ///< min(max(x, alpha), beta): ReLU6 is alpha 0, beta 6.
+  hard_swish,   ///< x clamp(alpha x + beta, 0, 1): MobileNetV3's, alpha 1/6, beta 1/2.
+  hard_sigmoid, ///< clamp(alpha x + beta, 0, 1): ONNX's default alpha 0.2, beta 0.5.
+  swish,        ///< x sigmoid(alpha x): SiLU (EfficientNet's) at alpha 1.
+  leaky_relu,   ///< x for x >= 0, alpha x below.
+};
+
+/// The parameters of `clip`, `hard_swish`, `hard_sigmoid`, `swish` and
+/// `leaky_relu`, named as ONNX names them; the other activations ignore them.
+struct activation_params {
+  float alpha = 0.0f;
+  float beta = 0.0f;
 };
 
 /// How a bias vector lines up with a tensor: element `i` takes

@@ -3,6 +3,8 @@
 #include "cuda/check.hpp"
 #include "cuda/device_math.cuh"
 
+#include <type_traits>
+
 namespace caf_serving::kernels {
 namespace {
 
@@ -17,7 +19,10 @@ struct epilogue_params {
   std::size_t count;
   std::size_t channels;
   std::size_t inner;
-  bool vectorized; // 8 elements per step; see launch_epilogue for when
+  float alpha; // the activation's parameters (activation_params)
+  float beta;
+  bool residual_first; // act(x + bias + residual) instead of act(x + bias) + residual
+  bool vectorized;     // 8 elements per step; see launch_epilogue for when
 };
 
 // One MUFU.RCP, nothing else: `rcp.approx.ftz` is within 1 ulp, where `__frcp_rn`
@@ -41,8 +46,20 @@ __device__ __forceinline__ float erf_fast(float x) {
   return copysignf(1.0f - y * __expf(-ax * ax), x);
 }
 
+// 1 / (1 + e^-x) with the accurate expf (2 ulp; __expf loses ~1 ulp per unit of
+// |x|) and the 1-ulp reciprocal: e^-x = inf for x < -88 gives 0, as it should.
+__device__ __forceinline__ float sigmoid(float x) {
+  return rcp_approx(1.0f + expf(-x));
+}
+
+__device__ __forceinline__ float clamp01(float x) {
+  return fminf(fmaxf(x, 0.0f), 1.0f);
+}
+
+// The activation; `alpha` and `beta` are activation_params, read by those that have
+// parameters and compiled away from the others.
 template <activation Act>
-__device__ __forceinline__ float activate(float x) {
+__device__ __forceinline__ float activate(float x, float alpha, float beta) {
   if constexpr (Act == activation::relu) {
     return fmaxf(x, 0.0f);
   } else if constexpr (Act == activation::gelu_erf) {
@@ -50,6 +67,20 @@ __device__ __forceinline__ float activate(float x) {
   } else if constexpr (Act == activation::gelu_tanh) {
     float inner = 0.79788456080286536f * (x + 0.044715f * x * x * x);
     return 0.5f * x * (1.0f + tanhf(inner));
+  } else if constexpr (Act == activation::tanh) {
+    return tanhf(x);
+  } else if constexpr (Act == activation::sigmoid) {
+    return sigmoid(x);
+  } else if constexpr (Act == activation::clip) {
+    return fminf(fmaxf(x, alpha), beta);
+  } else if constexpr (Act == activation::hard_swish) {
+    return x * clamp01(fmaf(alpha, x, beta));
+  } else if constexpr (Act == activation::hard_sigmoid) {
+    return clamp01(fmaf(alpha, x, beta));
+  } else if constexpr (Act == activation::swish) {
+    return x * sigmoid(alpha * x);
+  } else if constexpr (Act == activation::leaky_relu) {
+    return x >= 0.0f ? x : alpha * x;
   } else {
     return x;
   }
@@ -75,9 +106,15 @@ __device__ __forceinline__ void epilogue_vector(const epilogue_params& p, const 
         x[j] += b;
     }
   }
+  if (p.residual && p.residual_first) {
 #pragma unroll
-  for (int j = 0; j < 8; ++j)
-    x[j] = activate<Act>(x[j]) + (p.residual ? r[j] : 0.0f);
+    for (int j = 0; j < 8; ++j)
+      x[j] = activate<Act>(x[j] + r[j], p.alpha, p.beta);
+  } else {
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      x[j] = activate<Act>(x[j], p.alpha, p.beta) + (p.residual ? r[j] : 0.0f);
+  }
 }
 
 // The loops of one variant; `Index` is 32-bit whenever the tensor allows, since the
@@ -127,8 +164,10 @@ __device__ __forceinline__ void epilogue_body(const epilogue_params& p) {
       float x = to_f32(in[i]);
       if (bias)
         x += to_f32(bias[(i / inner) % channels]);
-      x = activate<Act>(x);
-      if (res)
+      if (res && p.residual_first)
+        x += to_f32(res[i]);
+      x = activate<Act>(x, p.alpha, p.beta);
+      if (res && !p.residual_first)
         x += to_f32(res[i]);
       out[i] = from_f32<T>(x);
     }
@@ -145,6 +184,9 @@ __global__ void epilogue_kernel(epilogue_params p) {
     epilogue_body<T, Act, std::size_t>(p);
 }
 
+template <activation Act>
+using act_tag = std::integral_constant<activation, Act>;
+
 bool aligned16(const void* p) {
   return (reinterpret_cast<std::uintptr_t>(p) & 15) == 0;
 }
@@ -154,8 +196,10 @@ bool aligned16(const void* p) {
 void launch_epilogue(const epilogue_args& a, cudaStream_t stream) {
   if (a.count == 0)
     return;
-  epilogue_params p{a.input, a.bias, a.residual, a.output, a.count,
-                    a.layout.channels, a.layout.inner, false};
+  epilogue_params p{a.input,          a.bias,           a.residual,
+                    a.output,         a.count,          a.layout.channels,
+                    a.layout.inner,   a.params.alpha,   a.params.beta,
+                    a.residual_first, false};
   bool bias_vector_ok = a.bias == nullptr
                         || (a.layout.inner == 1 && a.layout.channels % 8 == 0
                             && aligned16(a.bias))
@@ -166,19 +210,21 @@ void launch_epilogue(const epilogue_args& a, cudaStream_t stream) {
   int blocks = detail::grid_stride_blocks(p.vectorized ? a.count / 8 : a.count, threads);
   detail::dispatch_dtype(a.type, [&](auto tag) {
     using T = decltype(tag);
+    auto launch = [&](auto act) {
+      epilogue_kernel<T, decltype(act)::value><<<blocks, threads, 0, stream>>>(p);
+    };
     switch (a.act) {
-      case activation::none:
-        epilogue_kernel<T, activation::none><<<blocks, threads, 0, stream>>>(p);
-        break;
-      case activation::relu:
-        epilogue_kernel<T, activation::relu><<<blocks, threads, 0, stream>>>(p);
-        break;
-      case activation::gelu_erf:
-        epilogue_kernel<T, activation::gelu_erf><<<blocks, threads, 0, stream>>>(p);
-        break;
-      case activation::gelu_tanh:
-        epilogue_kernel<T, activation::gelu_tanh><<<blocks, threads, 0, stream>>>(p);
-        break;
+      case activation::none: launch(act_tag<activation::none>{}); break;
+      case activation::relu: launch(act_tag<activation::relu>{}); break;
+      case activation::gelu_erf: launch(act_tag<activation::gelu_erf>{}); break;
+      case activation::gelu_tanh: launch(act_tag<activation::gelu_tanh>{}); break;
+      case activation::tanh: launch(act_tag<activation::tanh>{}); break;
+      case activation::sigmoid: launch(act_tag<activation::sigmoid>{}); break;
+      case activation::clip: launch(act_tag<activation::clip>{}); break;
+      case activation::hard_swish: launch(act_tag<activation::hard_swish>{}); break;
+      case activation::hard_sigmoid: launch(act_tag<activation::hard_sigmoid>{}); break;
+      case activation::swish: launch(act_tag<activation::swish>{}); break;
+      case activation::leaky_relu: launch(act_tag<activation::leaky_relu>{}); break;
     }
   });
   CAF_CUDA_CHECK(cudaGetLastError());

@@ -1,5 +1,7 @@
 /// GEMM / convolution epilogue for the patterns cuBLASLt and cuDNN cannot fuse:
-/// `output = act(input + bias) + residual`, in one pass, computed in fp32.
+/// `output = act(input + bias) + residual` (FusedMatMul's order), or with
+/// `residual_first` `act(input + bias + residual)` (FusedConv's), in one pass,
+/// computed in fp32.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -19,6 +21,8 @@ struct epilogue_args {
   std::size_t count = 0;
   bias_layout layout;
   activation act = activation::none;
+  activation_params params;      ///< alpha, beta of the activations that have them
+  bool residual_first = false;   ///< add the residual before the activation, not after
   int threads = 0; ///< threads per block; 0 picks the default
 };
 

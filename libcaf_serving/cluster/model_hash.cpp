@@ -33,7 +33,7 @@ result<std::vector<fs::path>> list_files(const fs::path& dir) {
 
 } // namespace
 
-result<std::string> hash_model_dir(const fs::path& dir) {
+result<std::string> hash_model_dir(const fs::path& dir, const std::string& config_override) {
   auto files = list_files(dir);
   if (!files)
     return files.error();
@@ -55,6 +55,15 @@ result<std::string> hash_model_dir(const fs::path& dir) {
       in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
       EVP_DigestUpdate(ctx.get(), buffer.data(), static_cast<size_t>(in.gcount()));
     }
+  }
+  if (!config_override.empty()) {
+    // A name no file can have (a path holds no NUL), then the override's size
+    // and text, as for a file.
+    static const char marker[] = "\0config override";
+    auto size = std::to_string(config_override.size());
+    EVP_DigestUpdate(ctx.get(), marker, sizeof(marker));
+    EVP_DigestUpdate(ctx.get(), size.c_str(), size.size() + 1);
+    EVP_DigestUpdate(ctx.get(), config_override.data(), config_override.size());
   }
   unsigned char digest[EVP_MAX_MD_SIZE];
   unsigned int length = 0;

@@ -16,8 +16,13 @@ namespace caf_serving::cluster {
 /// SHA-256 (hex) over every regular file under `dir`, in the order of their
 /// relative paths: each path, its size and its bytes. Two directories hash the
 /// same exactly when they hold the same files with the same contents, wherever
-/// they are and whatever their timestamps. Fails when `dir` cannot be read.
-result<std::string> hash_model_dir(const std::filesystem::path& dir);
+/// they are and whatever their timestamps. A model loaded with a "config" load
+/// parameter (model_pipeline::config_override; empty: none) runs that
+/// configuration, not its config.pbtxt alone, so the override is hashed after
+/// the files: a config-only load changes the hash although no file changed.
+/// Fails when `dir` cannot be read.
+result<std::string> hash_model_dir(const std::filesystem::path& dir,
+                                   const std::string& config_override = {});
 
 /// Every regular file under `dir` with its path relative to it. Fails when
 /// they add up to more than `max_bytes` (the error names the flag to raise).

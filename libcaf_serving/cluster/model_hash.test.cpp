@@ -50,6 +50,28 @@ TEST_CASE("the hash follows the files' contents and paths, not where the directo
   CHECK(!hash_model_dir(a.path / "missing"));
 }
 
+TEST_CASE("a config override is part of the hash: a config-only load changes it") {
+  temp_dir a, b;
+  for (auto* d : {&a, &b}) {
+    write(d->path / "config.pbtxt", "name: \"m\"\nbackend: \"builtin\"");
+    write(d->path / "1/model.txt", "builtin");
+  }
+  auto plain = hash_model_dir(a.path);
+  auto with_16 = hash_model_dir(a.path, R"({"max_batch_size": 16})");
+  auto with_32 = hash_model_dir(a.path, R"({"max_batch_size": 32})");
+  REQUIRE(plain);
+  REQUIRE(with_16);
+  REQUIRE(with_32);
+  CHECK(*with_16 != *plain);
+  CHECK(*with_32 != *with_16);
+  // The same files with the same override hash alike wherever they are.
+  CHECK(*hash_model_dir(b.path, R"({"max_batch_size": 16})") == *with_16);
+  CHECK(*hash_model_dir(b.path, "") == *plain);
+  // The override is not a file: one of that text in the directory hashes otherwise.
+  write(b.path / "config override", R"({"max_batch_size": 16})");
+  CHECK(*hash_model_dir(b.path) != *with_16);
+}
+
 TEST_CASE("shipped files are written as a whole directory with the same hash") {
   temp_dir src, dst;
   write(src.path / "config.pbtxt", "name: \"m\"");

@@ -209,7 +209,7 @@ std::map<std::string, std::string> served_hashes(self_ptr self) {
     auto it = st.hashes.find(addr);
     if (it == st.hashes.end()) {
       auto dir = newest->files ? newest->files->path() : st.models->repository() / row.name;
-      auto hash = hash_model_dir(dir);
+      auto hash = hash_model_dir(dir, newest->config_override);
       if (!hash)
         continue;
       it = st.hashes.emplace(addr, std::make_pair(row.name, *hash)).first;
@@ -265,9 +265,9 @@ void ask_load(self_ptr self, const std::string& key, const std::string& name,
   bool ship = source == load_source::shipped_files;
   auto& st = self->state;
   auto& w = st.workers.at(key);
-  model_shipment s{name, hash, {}};
+  auto versions = st.models->versions(name);
+  model_shipment s{name, hash, {}, versions.empty() ? "" : versions.back()->config_override};
   if (ship) {
-    auto versions = st.models->versions(name);
     auto dir = !versions.empty() && versions.back()->files ? versions.back()->files->path()
                                                            : st.models->repository() / name;
     auto files = read_model_files(dir, st.cfg.max_ship_bytes);

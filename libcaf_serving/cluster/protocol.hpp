@@ -49,9 +49,9 @@ struct worker_model {
   std::string name;
   int64_t version = 0;
   std::vector<caf::actor> executors;
-  /// model_hash.hpp's hash of the model's directory (config and files) as the
-  /// worker loaded it; the server uses the executors only when it is the hash
-  /// of what the server serves.
+  /// model_hash.hpp's hash of the model's directory (config and files), and of
+  /// the config override it was loaded with, as the worker loaded it; the
+  /// server uses the executors only when it is the hash of what the server serves.
   std::string hash;
   /// Loaded from files the server shipped (not from the worker's repository).
   bool shipped = false;
@@ -76,16 +76,19 @@ typename Inspector::result_type inspect(Inspector& f, model_file& x) {
 
 /// A load asked of a worker: with `files`, the model's whole directory, which
 /// the worker writes into its cache and checks against `hash`; without, the
-/// worker (re)loads the model from its own repository.
+/// worker (re)loads the model from its own repository. With `config` (the
+/// "config" load parameter the server's copy was loaded with), the worker loads
+/// with the same parameter, and it is part of the hash.
 struct model_shipment {
   std::string name;
   std::string hash;
   std::vector<model_file> files;
+  std::string config;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, model_shipment& x) {
-  return f(caf::meta::type_name("model_shipment"), x.name, x.hash, x.files);
+  return f(caf::meta::type_name("model_shipment"), x.name, x.hash, x.files, x.config);
 }
 
 /// A worker's answer to a server that proved the secret.

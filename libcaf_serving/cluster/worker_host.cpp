@@ -111,6 +111,14 @@ std::filesystem::path model_dir(const server::model_manager& models, const std::
   return models.repository() / name;
 }
 
+/// The hash of `name` as `models` serves it now: its directory and the config
+/// override its newest version was loaded with (model_hash.hpp).
+result<std::string> served_hash(const server::model_manager& models, const std::string& name) {
+  auto versions = models.versions(name);
+  return hash_model_dir(model_dir(models, name),
+                        versions.empty() ? std::string() : versions.back()->config_override);
+}
+
 /// One worker_model per served version of `name`, each with a gate per executor.
 std::vector<worker_model> describe(caf::actor_system& sys, const server::model_manager& models,
                                    const std::string& name, const std::string& hash,
@@ -187,6 +195,19 @@ caf::typed_response_promise<std::vector<worker_model>> load_for_server(host_ptr 
   std::error_code ec;
   bool from_files = !s.files.empty() || st.cfg.repository.empty()
                     || (st.shipped && serves_shipped(st, s.name));
+  if (!s.files.empty() && !st.cfg.repository.empty()) {
+    // The server ships a model it has no word of in this worker (say, it was
+    // unloaded there and loaded again): a copy in the worker's own repository
+    // is loaded instead, and the hashes then tell whether it is the server's.
+    bool own_copy = std::filesystem::exists(st.cfg.repository / s.name, ec);
+    if (own_copy && !serves_shipped(st, s.name)) {
+      std::cout << "model " << s.name << ": loading this worker's own copy in "
+                << st.cfg.repository.string() << ", not the files the server shipped"
+                << std::endl;
+      s.files.clear();
+      from_files = false;
+    }
+  }
   if (!s.files.empty()) {
     if (!st.cfg.repository.empty() && (!st.shipped
                                        || std::filesystem::exists(st.cfg.repository / s.name, ec))) {
@@ -210,7 +231,7 @@ caf::typed_response_promise<std::vector<worker_model>> load_for_server(host_ptr 
       rp.deliver(load_error(written.error().message));
       return rp;
     }
-    auto hash = hash_model_dir(dir);
+    auto hash = hash_model_dir(dir, s.config);
     if (!hash || *hash != s.hash) {
       rp.deliver(load_error("the files of model '" + s.name + "' arrived with hash "
                             + (hash ? hash->substr(0, 12) : std::string("(unreadable)"))
@@ -223,20 +244,31 @@ caf::typed_response_promise<std::vector<worker_model>> load_for_server(host_ptr 
   auto id = ++st.next_load;
   st.loads.emplace(id, rp);
   auto me = caf::actor_cast<caf::actor>(self);
-  auto& manager = from_files ? files_manager(st) : *st.models;
-  auto dir = model_dir(manager, s.name);
-  manager.load_async(s.name, [me, id, name = s.name, dir, from_files](
-                               std::variant<std::monostate, serving_error> r) {
+  auto manager = from_files && st.shipped ? st.shipped : st.models;
+  // The hash of what was loaded, override included: a load without one keeps
+  // an override loaded before (model_manager), which the server then sees.
+  // Called on the manager's loader thread, which the manager joins before it
+  // goes: the manager outlives the call.
+  auto done = [me, id, name = s.name, from_files, models = manager.get()](
+                std::variant<std::monostate, serving_error> r) {
     std::string error, hash;
     if (auto* e = std::get_if<serving_error>(&r)) {
       error = e->message;
-    } else if (auto h = hash_model_dir(dir)) {
+    } else if (auto h = served_hash(*models, name)) {
       hash = *h;
     } else {
       error = h.error().message;
     }
     caf::anon_send(me, load_done_atom::value, id, name, error, hash, from_files);
-  });
+  };
+  if (s.config.empty()) {
+    manager->load_async(s.name, std::move(done));
+  } else {
+    // The server's copy runs a config override: load with the same parameter.
+    server::load_parameters params;
+    params.config = s.config;
+    manager->request_load(s.name, std::move(params), std::move(done));
+  }
   return rp;
 }
 
@@ -332,7 +364,7 @@ result<worker_host> start_worker(caf::actor_system& sys, worker_config config) {
   std::map<std::string, std::vector<worker_model>> served;
   for (const auto& row : host.models->index()) {
     if (row.state == "READY" && !served.count(row.name)) {
-      auto hash = hash_model_dir(model_dir(*host.models, row.name));
+      auto hash = served_hash(*host.models, row.name);
       if (!hash) {
         host.failed.push_back(row.name + ": " + hash.error().message);
         continue;

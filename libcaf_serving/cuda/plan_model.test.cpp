@@ -136,3 +136,65 @@ TEST_CASE("cuda_graph_batch_sizes \"none\" captures nothing but still plans ever
   }
   CHECK(rows == std::vector<uint32_t>{1, 2, 4, 8});
 }
+
+TEST_CASE("grouped convolutions, every fused activation and Gemm plan on the device") {
+  // Depthwise and grouped convolutions with Clip/HardSwish/ReLU (MobileNetV3's
+  // blocks), Gemm classifier heads (transB, bias): none is a host step any more.
+  for (const char* name : {"op_conv_group", "op_gemm", "resnet_narrow_opset13",
+                           "resnet_narrow_opset17", "pattern_mobilenetv3_block_opset17",
+                           "pattern_mbconv_block_opset17",
+                           "zoo_mobilenet_v3_block_dynamo_opset18",
+                           "zoo_mobilenet_v3_block_dynamo_opset20"}) {
+    CAPTURE(name);
+    auto r = plan(name, "1,8");
+    REQUIRE_MESSAGE(r, (r ? "" : r.error().message));
+    for (const auto& b : r->buckets) {
+      CAPTURE(b.rows);
+      CHECK(count(b, "host:FusedConv") == 0);
+      CHECK(count(b, "host:FusedGemm") == 0);
+      CHECK(count(b, "cudnn_conv") + count(b, "cudnn_conv+epilogue") + count(b, "cublaslt") > 0);
+    }
+  }
+  // The grouped convolution runs as cuDNN's convolution and the epilogue kernel.
+  auto r = plan("op_conv_group", "1");
+  REQUIRE(r);
+  CHECK(count(r->buckets[0], "cudnn_conv+epilogue") == 1);
+  // SiLU, Clip(0, 6) depthwise, Sigmoid, residual -> HardSwish and a grouped 3x3: all six
+  // convolutions of the MBConv block take that path; only the excitation's Mul stays.
+  r = plan("pattern_mbconv_block_opset17", "1");
+  REQUIRE(r);
+  CHECK(count(r->buckets[0], "cudnn_conv+epilogue") == 6);
+  CHECK(count(r->buckets[0], "cublaslt") == 1);
+  CHECK(r->buckets[0].host_nodes.size() == 1);
+}
+
+TEST_CASE("no target model leaves a convolution or a GEMM on the host") {
+  // Issue 20's models at real size (tests/gpu/zoo, weights staged as sparse
+  // zeros: the plan depends on operators and shapes only). Before grouped
+  // convolutions, the other activations and FusedGemm had device steps,
+  // MobileNetV2 left 35 FusedConv on the host, EfficientNet-B0 65, and every
+  // classifier head, ViT's and GPT-2's Gemms too.
+  const fs::path root = fs::current_path() / "plan_model_zoo";
+  auto models = testing::gpu_zoo_models();
+  REQUIRE(models.size() >= 11);
+  for (const auto& name : models) {
+    CAPTURE(name);
+    auto dir = testing::stage_gpu_zoo_model(name, root);
+    REQUIRE_MESSAGE(dir, (dir ? "" : dir.error().message));
+    auto entry = repository::load_model_config(root, name, {true});
+    REQUIRE(entry.config);
+    model_config cfg = entry.config->config;
+    cfg.parameters["cuda_graph_batch_sizes"] = "1,8";
+    auto r = cuda::plan_model({entry.version_dirs.back() / "model.onnx", cfg, {}});
+    REQUIRE_MESSAGE(r, (r ? "" : r.error().message));
+    for (const auto& b : r->buckets) {
+      CAPTURE(b.rows);
+      for (const char* op : {"host:FusedConv", "host:FusedGemm", "host:FusedMatMul"}) {
+        CAPTURE(op);
+        CHECK(count(b, op) == 0);
+      }
+      CHECK(count(b, "cudnn_conv") + count(b, "cudnn_conv+epilogue") + count(b, "cublaslt") > 0);
+    }
+  }
+  fs::remove_all(root);
+}

@@ -16,6 +16,7 @@
 /// the checks the real build makes. A node that no registration takes runs its
 /// reference kernel on the host (step_builder::host), between device copies.
 
+#include "cpu/types.hpp"
 #include "cuda/device_flags.hpp"
 #include "cuda/gpu_options.hpp"
 #include "onnx/ir.hpp"
@@ -121,6 +122,51 @@ const device_table& device_steps();
 std::vector<device_kernel> core_steps(); ///< steps_core.cpp
 std::vector<device_kernel> attention_steps(); ///< steps_attention.cpp
 std::vector<device_kernel> data_steps(); ///< steps_data.cpp
+std::vector<device_kernel> gemm_steps(); ///< steps_gemm.cpp
+
+/// A fused node's activation (its `activation`, `act_alpha` and `act_beta`
+/// attributes) as the epilogue kernel's; nothing for one it does not have.
+struct epilogue_activation {
+  kernels::activation act = kernels::activation::none;
+  kernels::activation_params params;
+};
+std::optional<epilogue_activation> activation_of(const onnx::node& n);
+
+/// cuBLASLt's compute type for the instance's `precision` (fp32 accumulation).
+cublasComputeType_t lt_compute_type(precision p);
+
+/// One row-major GEMM on cuBLASLt over fp32 tensors:
+/// d[m, n] = alpha op(a)[m, k] op(w)[k, n] + beta c[m, n].
+struct lt_gemm_config {
+  uint64_t m = 0, n = 0, k = 0;
+  bool a_transposed = false; ///< `a` is stored [k, m] (Gemm's transA)
+  bool w_transposed = false; ///< `w` is stored [n, k] (Gemm's transB)
+  float alpha = 1.0f;
+  float beta = 0.0f; ///< 0 when there is no `c`
+  const void* a = nullptr;
+  const void* w = nullptr;
+  const void* c = nullptr; ///< [m, n], or null for none
+  void* d = nullptr;
+};
+
+/// One cuBLASLt operand: the column-major matrix as stored (rows x cols, leading
+/// dimension `ld`), and whether cuBLASLt transposes it (CUBLAS_OP_T).
+struct lt_operand {
+  uint64_t rows = 0, cols = 0;
+  int64_t ld = 0;
+  bool transposed = false;
+};
+
+/// cuBLASLt's view of `g`: its A is `w`, its B is `a`, its C and D are `d`
+/// (row-major d[m, n] is column-major n x m, so d^T = op(w)^T op(a)^T).
+struct lt_operands {
+  lt_operand a, b, d;
+};
+lt_operands lt_layout(const lt_gemm_config& g);
+
+/// Creates `g`'s descriptors and chooses its algorithm now (at load), keeping them
+/// in `ctx`; the function enqueues the GEMM. Throws when cuBLASLt has no algorithm.
+std::function<void(cudaStream_t)> plan_lt_gemm(step_context& ctx, const lt_gemm_config& g);
 
 /// Wraps a family's step function as a registration's build function that
 /// first requires every input and output to be fp32.

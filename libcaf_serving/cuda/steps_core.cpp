@@ -53,7 +53,7 @@ fp32_only(step_function f) {
 const device_table& device_steps() {
   static const device_table table([] {
     std::vector<device_kernel> all;
-    for (auto family : {core_steps, attention_steps, data_steps})
+    for (auto family : {core_steps, attention_steps, gemm_steps, data_steps})
       for (auto& k : family()) all.push_back(std::move(k));
     return all;
   }());
@@ -152,24 +152,27 @@ void step_builder::host(const onnx::node& n) {
 }
 
 
+std::optional<epilogue_activation> activation_of(const onnx::node& n) {
+  static const std::pair<const char*, k::activation> names[] = {
+    {"", k::activation::none},
+    {"Relu", k::activation::relu},
+    {"Gelu", k::activation::gelu_erf},
+    {"Tanh", k::activation::tanh},
+    {"Sigmoid", k::activation::sigmoid},
+    {"Clip", k::activation::clip},
+    {"HardSwish", k::activation::hard_swish},
+    {"HardSigmoid", k::activation::hard_sigmoid},
+    {"Swish", k::activation::swish},
+    {"LeakyRelu", k::activation::leaky_relu},
+  };
+  auto name = n.get_s("activation", "");
+  for (const auto& [onnx_name, act] : names)
+    if (name == onnx_name)
+      return epilogue_activation{act, {n.get_f("act_alpha", 0.0f), n.get_f("act_beta", 0.0f)}};
+  return std::nullopt;
+}
+
 namespace {
-
-k::activation activation_of(const std::string& a, bool& ok) {
-  ok = true;
-  if (a.empty()) return k::activation::none;
-  if (a == "Relu") return k::activation::relu;
-  if (a == "Gelu") return k::activation::gelu_erf;
-  ok = false;
-  return k::activation::none;
-}
-
-cublasComputeType_t compute_type(precision p) {
-  switch (p) {
-    case precision::fp16: return CUBLAS_COMPUTE_32F_FAST_16F;
-    case precision::bf16: return CUBLAS_COMPUTE_32F_FAST_16BF;
-    default: return CUBLAS_COMPUTE_32F;
-  }
-}
 
 /// Reshape, Flatten, Squeeze, Unsqueeze, Identity: same bytes, new shape.
 std::optional<gpu_step> copy_step(step_builder& b, const onnx::node& n) {
@@ -253,76 +256,66 @@ std::optional<gpu_step> matmul_step(step_builder& b, const onnx::node& n) {
   const int y = step_builder::out(n, 0);
   if (!(n.op == "FusedMatMul" && b.g.values[in(1)].constant && shape(in(1)).size() == 2))
     return std::nullopt;
-  bool ok = true;
-  auto act = activation_of(n.get_s("activation", ""), ok);
-  if (!ok) return std::nullopt;
+  auto act = activation_of(n);
+  if (!act) return std::nullopt;
   if (b.dry()) return b.planned("cublaslt");
-  const auto& as = shape(in(0));
-  uint64_t kk = as.back(), nn = shape(in(1))[1];
-  uint64_t m = onnx::element_count(as) / kk;
-  // Row-major C[m,n] = A[m,k] W[k,n] is column-major C^T = W^T A^T: cuBLASLt's
-  // "A" is W (n x k, ld n), its "B" is A (k x m, ld k).
-  cublasLtMatmulDesc_t desc;
-  cublasLtMatrixLayout_t lw, la, lc;
-  CAF_CUDA_CHECK(cublasLtMatmulDescCreate(&desc, compute_type(b.ctx->compute), CUDA_R_32F));
-  CAF_CUDA_CHECK(cublasLtMatrixLayoutCreate(&lw, CUDA_R_32F, nn, kk, nn));
-  CAF_CUDA_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_32F, kk, m, kk));
-  CAF_CUDA_CHECK(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, nn, m, nn));
-  cublasLtMatmulPreference_t pref;
-  CAF_CUDA_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-  size_t ws = workspace_bytes;
-  CAF_CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(
-    pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
-  cublasLtMatmulHeuristicResult_t heur{};
-  int found = 0;
-  CAF_CUDA_CHECK(cublasLtMatmulAlgoGetHeuristic(b.ctx->lt, desc, lw, la, lc, lc, pref, 1, &heur, &found));
-  cublasLtMatmulPreferenceDestroy(pref);
-  if (found == 0) return std::nullopt;
-  auto keep = std::shared_ptr<void>(nullptr, [desc, lw, la, lc](void*) {
-    cublasLtMatrixLayoutDestroy(lw); cublasLtMatrixLayoutDestroy(la);
-    cublasLtMatrixLayoutDestroy(lc); cublasLtMatmulDescDestroy(desc);
-  });
-  b.ctx->keep.push_back(keep);
-  const void* w = b.ptrs[in(1)];
-  const void* a = b.ptrs[in(0)];
-  void* c = b.ptrs[y];
-  auto lt = b.ctx->lt;
-  void* workspace = b.ctx->workspace;
-  auto algo = heur.algo;
+  lt_gemm_config g;
+  g.k = shape(in(0)).back();
+  g.n = shape(in(1))[1];
+  g.m = onnx::element_count(shape(in(0))) / g.k;
+  g.a = b.ptrs[in(0)];
+  g.w = b.ptrs[in(1)];
+  g.d = b.ptrs[y];
+  auto gemm = plan_lt_gemm(*b.ctx, g);
   k::epilogue_args e;
-  e.input = c;
-  e.output = c;
-  e.count = m * nn;
-  e.act = act;
-  if (in(2) >= 0) { e.bias = b.ptrs[in(2)]; e.layout = {nn, 1}; }
+  e.input = g.d;
+  e.output = g.d;
+  e.count = g.m * g.n;
+  e.act = act->act;
+  e.params = act->params;
+  if (in(2) >= 0) { e.bias = b.ptrs[in(2)]; e.layout = {g.n, 1}; }
   if (in(3) >= 0) e.residual = b.ptrs[in(3)];
-  bool needs_epilogue = e.bias || e.residual || act != k::activation::none;
-  return gpu_step{"cublaslt", false, [=](cudaStream_t s) {
-    float one = 1.f, zero = 0.f;
-    CAF_CUDA_CHECK(cublasLtMatmul(lt, desc, &one, w, lw, a, la, &zero, c, lc, c, lc, &algo,
-                                  workspace, workspace_bytes, s));
+  bool needs_epilogue = e.bias || e.residual || e.act != k::activation::none;
+  return gpu_step{"cublaslt", false, [gemm, e, needs_epilogue](cudaStream_t s) {
+    gemm(s);
     if (needs_epilogue) k::launch_epilogue(e, s);
   }};
 }
 
-/// FusedConv (2-D, group 1, symmetric pads, Relu or none) on cuDNN.
+/// FusedConv (2-D, any group, symmetric pads, every activation of activation_of)
+/// on cuDNN, as act(conv(X, W) + B + R) (onnx/ops.hpp). Group 1 with ReLU or no
+/// activation is cuDNN's fused call (convolution, residual, bias, activation in
+/// one). Every other activation, and every grouped (depthwise) convolution, is the
+/// plain convolution with the algorithm cudnnFind times fastest, then the epilogue
+/// kernel in place (bias, residual, activation, in FusedConv's order): the fused
+/// call runs only RELU and IDENTITY (the latter only with IMPLICIT_PRECOMP_GEMM),
+/// and for grouped convolutions its algorithms are not the plain call's.
 std::optional<gpu_step> conv_step(step_builder& b, const onnx::node& n) {
   auto in = [&](size_t i) { return step_builder::in(n, i); };
   auto shape = [&](int v) -> const dims_t& { return b.shape(v); };
   const int y = step_builder::out(n, 0);
   if (!(n.op == "FusedConv" && b.g.values[in(1)].constant && shape(in(0)).size() == 4
-        && n.get_i("group", 1) == 1))
+        && shape(in(1)).size() == 4))
     return std::nullopt;
-  auto act = n.get_s("activation", "");
-  if (!act.empty() && act != "Relu") return std::nullopt;
+  auto act = activation_of(n);
+  if (!act) return std::nullopt;
   const auto& xs = shape(in(0));
   const auto& ws = shape(in(1));
   const auto& ys = shape(y);
+  const int64_t group = n.get_i("group", 1);
+  // cuDNN's grouped filter is [K, C / group, kh, kw], as ONNX's.
+  if (group < 1 || xs[1] % group != 0 || ws[0] % group != 0 || ws[1] * group != xs[1])
+    return std::nullopt;
   auto st = n.get_ints("strides", {1, 1});
   auto pd = n.get_ints("pads", {0, 0, 0, 0});
   auto dl = n.get_ints("dilations", {1, 1});
-  if (pd[0] != pd[2] || pd[1] != pd[3]) return std::nullopt; // cuDNN pads symmetrically
-  if (b.dry()) return b.planned("cudnn_conv");
+  if (st.size() != 2 || pd.size() != 4 || dl.size() != 2) return std::nullopt;
+  // cuDNN pads each side alike; none of the target models pads asymmetrically.
+  if (pd[0] != pd[2] || pd[1] != pd[3]) return std::nullopt;
+  const bool fused = group == 1
+                     && (act->act == k::activation::relu || act->act == k::activation::none);
+  const char* kernel = fused ? "cudnn_conv" : "cudnn_conv+epilogue";
+  if (b.dry()) return b.planned(kernel);
   conv_desc d;
   auto mk4 = [](cudnnTensorDescriptor_t& t, const dims_t& s) {
     CAF_CUDA_CHECK(cudnnCreateTensorDescriptor(&t));
@@ -340,14 +333,17 @@ std::optional<gpu_step> conv_step(step_builder& b, const onnx::node& n) {
   CAF_CUDA_CHECK(cudnnSetConvolution2dDescriptor(d.conv, pd[0], pd[1], st[0], st[1], dl[0],
                                                  dl[1], CUDNN_CROSS_CORRELATION,
                                                  CUDNN_DATA_FLOAT));
+  CAF_CUDA_CHECK(cudnnSetConvolutionGroupCount(d.conv, static_cast<int>(group)));
   CAF_CUDA_CHECK(cudnnSetConvolutionMathType(
     d.conv, b.ctx->compute == precision::fp32 ? CUDNN_FMA_MATH
                                                       : CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION));
   CAF_CUDA_CHECK(cudnnCreateActivationDescriptor(&d.act));
   CAF_CUDA_CHECK(cudnnSetActivationDescriptor(
-    d.act, act.empty() ? CUDNN_ACTIVATION_IDENTITY : CUDNN_ACTIVATION_RELU,
+    d.act, act->act == k::activation::relu ? CUDNN_ACTIVATION_RELU : CUDNN_ACTIVATION_IDENTITY,
     CUDNN_NOT_PROPAGATE_NAN, 0.0));
-  if (act.empty()) {
+  // Kept (and destroyed with the context) from here on, whatever throws below.
+  b.ctx->convs.push_back(d);
+  if (fused && act->act == k::activation::none) {
     // cuDNN's fused call runs IDENTITY only with this algorithm.
     d.algo = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM;
   } else {
@@ -367,21 +363,45 @@ std::optional<gpu_step> conv_step(step_builder& b, const onnx::node& n) {
   size_t need = 0;
   CAF_CUDA_CHECK(cudnnGetConvolutionForwardWorkspaceSize(b.ctx->cudnn, d.x, d.w, d.conv, d.y,
                                                          d.algo, &need));
-  if (need > workspace_bytes) { d.destroy(); return std::nullopt; }
-  b.ctx->convs.push_back(d);
+  if (need > workspace_bytes)
+    throw k::cuda_error("FusedConv '" + n.name + "': cuDNN's algorithm needs "
+                        + std::to_string(need) + " bytes of workspace, more than the "
+                        + std::to_string(workspace_bytes) + " every step shares");
+  b.ctx->convs.back().algo = d.algo;
   const void* x = b.ptrs[in(0)];
   const void* w = b.ptrs[in(1)];
-  const void* bias = in(2) >= 0 ? b.ptrs[in(2)] : b.ctx->zeros;
-  const void* z = in(3) >= 0 ? b.ptrs[in(3)] : b.ptrs[y];
-  float alpha2 = in(3) >= 0 ? 1.f : 0.f;
   void* out = b.ptrs[y];
   auto h = b.ctx->cudnn;
   void* workspace = b.ctx->workspace;
-  return gpu_step{"cudnn_conv", false, [=](cudaStream_t) {
-    float one = 1.f;
-    CAF_CUDA_CHECK(cudnnConvolutionBiasActivationForward(
-      h, &one, d.x, x, d.w, w, d.conv, d.algo, workspace, workspace_bytes, &alpha2, d.z, z,
-      d.b, bias, d.act, d.y, out));
+  if (fused) {
+    const void* bias = in(2) >= 0 ? b.ptrs[in(2)] : b.ctx->zeros;
+    const void* z = in(3) >= 0 ? b.ptrs[in(3)] : b.ptrs[y];
+    float alpha2 = in(3) >= 0 ? 1.f : 0.f;
+    return gpu_step{kernel, false, [=](cudaStream_t) {
+      float one = 1.f;
+      CAF_CUDA_CHECK(cudnnConvolutionBiasActivationForward(
+        h, &one, d.x, x, d.w, w, d.conv, d.algo, workspace, workspace_bytes, &alpha2, d.z, z,
+        d.b, bias, d.act, d.y, out));
+    }};
+  }
+  k::epilogue_args e;
+  e.input = out;
+  e.output = out;
+  e.count = onnx::element_count(ys);
+  e.act = act->act;
+  e.params = act->params;
+  if (in(2) >= 0) {
+    e.bias = b.ptrs[in(2)];
+    e.layout = {static_cast<size_t>(ys[1]), static_cast<size_t>(ys[2] * ys[3])};
+  }
+  if (in(3) >= 0) e.residual = b.ptrs[in(3)];
+  e.residual_first = true;
+  bool needs_epilogue = e.bias || e.residual || e.act != k::activation::none;
+  return gpu_step{kernel, false, [=](cudaStream_t s) {
+    float one = 1.f, zero = 0.f;
+    CAF_CUDA_CHECK(cudnnConvolutionForward(h, &one, d.x, x, d.w, w, d.conv, d.algo, workspace,
+                                           workspace_bytes, &zero, d.y, out));
+    if (needs_epilogue) k::launch_epilogue(e, s);
   }};
 }
 

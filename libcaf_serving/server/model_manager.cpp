@@ -645,6 +645,8 @@ auto model_manager::load_model(const std::string& name, const load_parameters* p
     completed.config = version_cfg;
     p->config_json = repository::model_config_json(completed);
     p->files = files;
+    if (config_json != nullptr)
+      p->config_override = *config_json;
     scheduler::scheduler_config sc;
     sc.model = version_cfg;
     sc.policy = policy;

@@ -45,6 +45,10 @@ struct model_pipeline {
   /// The directory of files sent with the load request it came from, if any:
   /// removed once no pipeline needs it.
   std::shared_ptr<const load_directory> files;
+  /// The "config" load parameter it was loaded with (JSON), kept by later loads
+  /// without parameters; empty when config.pbtxt is its configuration. Part of
+  /// what a cluster's server and workers compare (cluster/model_hash.hpp).
+  std::string config_override;
   /// The executors spawned in this process at load (none without
   /// local_executors): a worker hands them to its servers (cluster/worker_host).
   std::vector<executor::executor_actor> executors;

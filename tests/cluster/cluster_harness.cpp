@@ -3,6 +3,7 @@
 #include "support/http_client.hpp"
 #include "support/tensor_bytes.hpp"
 
+#include <cstdlib>
 #include <sstream>
 #include <stdexcept>
 #include <thread>
@@ -164,6 +165,57 @@ bool wait_for_v2(uint16_t port, const std::string& text, std::chrono::millisecon
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   return false;
+}
+
+uint16_t cluster_port(const support::server_process& server) {
+  const std::string line = "cluster listening on 127.0.0.1:";
+  if (!server.wait_for_output(line, std::chrono::seconds(5)))
+    throw std::runtime_error("the server did not listen for workers; its output:\n"
+                             + server.output());
+  auto out = server.output();
+  auto at = out.find(line) + line.size();
+  for (int i = 0; i < 200 && out.find('\n', at) == std::string::npos; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    out = server.output();
+  }
+  return static_cast<uint16_t>(std::stoul(out.substr(at, out.find('\n', at) - at)));
+}
+
+namespace {
+
+/// Runs `cmd` through the shell, its output discarded; throws when it fails.
+void shell(const std::string& cmd) {
+  if (std::system((cmd + " >/dev/null 2>&1").c_str()) != 0)
+    throw std::runtime_error("failed: " + cmd);
+}
+
+} // namespace
+
+void make_test_ca(const std::filesystem::path& dir, const std::string& ca) {
+  auto d = dir.string() + "/";
+  shell("openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout "
+        + d + ca + ".key -out " + d + ca + ".pem -subj /CN=" + ca + " -days 2");
+}
+
+void make_test_cert(const std::filesystem::path& dir, const std::string& ca,
+                    const std::string& name) {
+  auto d = dir.string() + "/";
+  shell("openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout " + d
+        + name + ".key -out " + d + name + ".csr -subj /CN=" + name);
+  shell("openssl x509 -req -in " + d + name + ".csr -CA " + d + ca + ".pem -CAkey " + d + ca
+        + ".key -CAcreateserial -out " + d + name + ".pem -days 2");
+}
+
+std::vector<std::string> tls_flags(const std::filesystem::path& dir, const std::string& ca,
+                                   const std::string& name) {
+  auto d = dir.string() + "/";
+  return {"--tls-certificate", d + name + ".pem", "--tls-key", d + name + ".key", "--tls-ca",
+          d + ca + ".pem"};
+}
+
+std::vector<std::string> concat(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
 }
 
 } // namespace caf_serving::cluster_test

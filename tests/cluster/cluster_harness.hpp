@@ -16,6 +16,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <mutex>
 #include <optional>
@@ -86,5 +87,24 @@ double metric_sum(uint16_t port, const std::string& metric, const std::string& l
 
 /// GET /v2 until its body contains `text`, or `timeout` passes.
 bool wait_for_v2(uint16_t port, const std::string& text, std::chrono::milliseconds timeout);
+
+/// The port of the server's "cluster listening on 127.0.0.1:PORT" line (--cluster-port 0);
+/// throws when the line does not come within 5 s.
+uint16_t cluster_port(const support::server_process& server);
+
+/// Throwaway certificates for the TLS flags, made with the openssl CLI in `dir`
+/// (keep it out of any model repository): a self-signed CA `NAME.pem`/`NAME.key`,
+/// and a certificate `NAME.pem`/`NAME.key` that a CA signed. Throw with the
+/// command when openssl fails.
+void make_test_ca(const std::filesystem::path& dir, const std::string& ca);
+void make_test_cert(const std::filesystem::path& dir, const std::string& ca,
+                    const std::string& name);
+
+/// --tls-certificate, --tls-key and --tls-ca for certificate `name` of CA `ca` in `dir`.
+std::vector<std::string> tls_flags(const std::filesystem::path& dir, const std::string& ca,
+                                   const std::string& name);
+
+/// `a` followed by `b`.
+std::vector<std::string> concat(std::vector<std::string> a, const std::vector<std::string>& b);
 
 } // namespace caf_serving::cluster_test

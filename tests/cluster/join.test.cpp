@@ -15,17 +15,6 @@
 using namespace caf_serving;
 using namespace caf_serving::cluster_test;
 
-namespace {
-
-uint16_t cluster_port(const support::server_process& server) {
-  REQUIRE(server.wait_for_output("cluster listening on 127.0.0.1:", std::chrono::seconds(5)));
-  auto out = server.output();
-  auto at = out.find("cluster listening on 127.0.0.1:") + 31;
-  return static_cast<uint16_t>(std::stoul(out.substr(at, out.find('\n', at) - at)));
-}
-
-} // namespace
-
 TEST_CASE("a worker joining mid-load takes batches at once") {
   setenv("CAF_SERVING_CLUSTER_SECRET", "join-test-secret", 1);
   support::temp_repository repo;

@@ -5,7 +5,8 @@
 /// files shipped; and load,
 /// unload and reload on the server (explicit control) reach the worker, a
 /// reload under load without a request lost; and a worker killed under ONNX load
-/// loses no request and duplicates none.
+/// loses no request and duplicates none; and a config-only load (the "config"
+/// load parameter) reaches the workers as any other.
 
 #include "cluster_harness.hpp"
 
@@ -323,4 +324,121 @@ TEST_CASE("an ONNX model on two workers, one killed under load: every request an
   CHECK(metric_sum(server.metrics_port(), "caf_serving_inference_request_success",
                    "model=\"opset21_cnn\"")
         == 120);
+}
+
+namespace {
+
+std::string json_quote(const std::string& text) {
+  std::string out = "\"";
+  for (char c : text) {
+    if (c == '"' || c == '\\')
+      out += '\\';
+    out += c;
+  }
+  return out + "\"";
+}
+
+/// An identity request to "fast" whose first value is `first` (then 1..15).
+std::string fast_body(int first) {
+  std::string data = "[" + std::to_string(first);
+  for (int k = 1; k < 16; ++k)
+    data += "," + std::to_string(k);
+  return "{\"inputs\":[{\"name\":\"INPUT0\",\"datatype\":\"FP32\",\"shape\":[1,16],\"data\":"
+         + data + "]}]}";
+}
+
+/// How many of `n` requests to "fast" holding the fault marker -1 the
+/// injected fault answered (500), and how many were answered as identity.
+/// Keep `n` under 3: an executor that fails 3 batches in a row is quarantined.
+std::pair<int, int> marker_answers(uint16_t port, int n) {
+  support::http_client http(port);
+  int faulted = 0, identity = 0;
+  for (int i = 0; i < n; ++i) {
+    auto r = http.post("/v2/models/fast/infer", fast_body(-1),
+                       {{"Content-Type", "application/json"}});
+    faulted += r.status == 500 && r.body.find("injected fault") != std::string::npos;
+    identity += r.status == 200 && r.body.find("\"data\":[-1,1,2,3") != std::string::npos;
+    if (r.status != 200 && r.status != 500)
+      MESSAGE("request " << i << ": " << r.status << " " << r.body.substr(0, 300));
+  }
+  return {faulted, identity};
+}
+
+/// The "models" list of the worker at `w`'s address in /v2 (empty without a row).
+std::string worker_models(uint16_t port, const worker_process& w) {
+  auto body = support::http_client(port).get("/v2").body;
+  auto at = body.find("\"address\":\"" + w.address() + "\"");
+  if (at == std::string::npos || (at = body.find("\"models\":[", at)) == std::string::npos)
+    return "";
+  return body.substr(at, body.find(']', at) - at + 1);
+}
+
+bool wait_for_ready(uint16_t port, const std::string& model, std::chrono::milliseconds timeout) {
+  auto until = std::chrono::steady_clock::now() + timeout;
+  support::http_client http(port);
+  while (http.get("/v2/models/" + model + "/ready").status != 200) {
+    if (std::chrono::steady_clock::now() >= until)
+      return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return true;
+}
+
+} // namespace
+
+TEST_CASE("a config-only load reaches the workers: both run the server's new configuration") {
+  setenv("CAF_SERVING_CLUSTER_SECRET", "models-test-secret", 1);
+  support::temp_repository repo, scratch;
+  write_test_models(repo, 0);
+  // w1 has its own copy of the repository; w2 none (the files are shipped).
+  worker_process w1({repo.path().string(), "w1", {}, {}});
+  worker_process w2({"", "w2", {"--model-cache-dir", (scratch.path() / "cache").string()}, {}});
+  support::server_process server({CAF_SERVING_BINARY, repo.path().string(),
+                                  {"--worker", w1.address(), "--worker", w2.address(),
+                                   "--local-executors", "false", "--model-control-mode",
+                                   "explicit", "--load-model", "*"}});
+  auto port = server.http_port();
+  for (auto* w : {&w1, &w2})
+    REQUIRE(wait_for_v2(port,
+                        "\"address\":\"" + w->address()
+                          + "\",\"state\":\"ready\",\"models\":[\"fast:1\",\"slow:1\"]",
+                        std::chrono::seconds(15)));
+  CHECK(wait_for_ready(port, "fast", std::chrono::seconds(5)));
+  auto before = marker_answers(port, 2);
+  CHECK(before.second == 2); // config.pbtxt: plain identity
+
+  // The same files, another configuration: the fault "error" on inputs holding -1.
+  const std::string config = R"({"parameters":{"function":{"string_value":"identity"},)"
+                             R"("fault":{"string_value":"error"},)"
+                             R"("fault_marker":{"string_value":"-1"}}})";
+  support::http_client http(port);
+  auto r = http.post("/v2/repository/models/fast/load",
+                     "{\"parameters\":{\"config\":" + json_quote(config) + "}}",
+                     {{"Content-Type", "application/json"}});
+  REQUIRE_MESSAGE(r.status == 200, r.body);
+  // Each worker loads it with the override: w1 from its repository, w2 from
+  // files shipped again (its second load of "fast").
+  CHECK(wait_for_count(w1, "model fast loaded for the server", 1, std::chrono::seconds(10)));
+  CHECK(wait_for_count(w2, "model fast loaded for the server", 2, std::chrono::seconds(10)));
+  CHECK(wait_for_ready(port, "fast", std::chrono::seconds(5)));
+  CHECK(wait_for_v2_without(port, "models_refused", std::chrono::seconds(5)));
+  for (auto* w : {&w1, &w2})
+    CHECK(worker_models(port, *w).find("\"fast:1\"") != std::string::npos);
+  // Served by the workers with the new configuration, never the old one.
+  auto after = marker_answers(port, 2);
+  CHECK(after.first == 2);
+  CHECK(after.second == 0);
+  CHECK(run_load(port, {2, 10, "fast", nullptr, 0}).correct == 20); // no marker: identity
+  CHECK(metric_sum(server.metrics_port(), "caf_serving_worker_model_refused") == 0);
+
+  // Unloaded and loaded without parameters: config.pbtxt again, on the workers too.
+  CHECK(http.post("/v2/repository/models/fast/unload", "").status == 200);
+  CHECK(wait_for_v2_without(port, "\"fast:1\"", std::chrono::seconds(5)));
+  CHECK(http.post("/v2/repository/models/fast/load", "").status == 200);
+  CHECK(wait_for_count(w1, "model fast loaded for the server", 2, std::chrono::seconds(10)));
+  CHECK(wait_for_count(w2, "model fast loaded for the server", 3, std::chrono::seconds(10)));
+  CHECK(wait_for_ready(port, "fast", std::chrono::seconds(5)));
+  auto plain = marker_answers(port, 2);
+  CHECK(plain.second == 2);
+  CHECK(wait_for_v2_without(port, "models_refused", std::chrono::seconds(1)));
 }

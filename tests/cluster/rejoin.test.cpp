@@ -17,13 +17,6 @@ using namespace caf_serving::cluster_test;
 
 namespace {
 
-uint16_t cluster_port(const support::server_process& server) {
-  REQUIRE(server.wait_for_output("cluster listening on 127.0.0.1:", std::chrono::seconds(5)));
-  auto out = server.output();
-  auto at = out.find("cluster listening on 127.0.0.1:") + 31;
-  return static_cast<uint16_t>(std::stoul(out.substr(at, out.find('\n', at) - at)));
-}
-
 size_t count(const std::string& text, const std::string& what) {
   size_t n = 0;
   for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + 1))

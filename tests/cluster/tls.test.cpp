@@ -17,50 +17,6 @@
 using namespace caf_serving;
 using namespace caf_serving::cluster_test;
 
-namespace {
-
-/// Runs `cmd` through the shell; its output goes to the test's log.
-void shell(const std::string& cmd) {
-  INFO(cmd);
-  REQUIRE(std::system((cmd + " >/dev/null 2>&1").c_str()) == 0);
-}
-
-/// A CA (`ca.pem`/`ca.key`) and a certificate it signed (`NAME.pem`/`NAME.key`) in `dir`.
-void make_ca(const std::filesystem::path& dir, const std::string& ca) {
-  auto d = dir.string() + "/";
-  shell("openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout "
-        + d + ca + ".key -out " + d + ca + ".pem -subj /CN=" + ca + " -days 2");
-}
-
-void make_cert(const std::filesystem::path& dir, const std::string& ca, const std::string& name) {
-  auto d = dir.string() + "/";
-  shell("openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout " + d
-        + name + ".key -out " + d + name + ".csr -subj /CN=" + name);
-  shell("openssl x509 -req -in " + d + name + ".csr -CA " + d + ca + ".pem -CAkey " + d + ca
-        + ".key -CAcreateserial -out " + d + name + ".pem -days 2");
-}
-
-std::vector<std::string> tls_flags(const std::filesystem::path& dir, const std::string& ca,
-                                   const std::string& name) {
-  auto d = dir.string() + "/";
-  return {"--tls-certificate", d + name + ".pem", "--tls-key", d + name + ".key", "--tls-ca",
-          d + ca + ".pem"};
-}
-
-std::vector<std::string> concat(std::vector<std::string> a, const std::vector<std::string>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
-
-uint16_t cluster_port(const support::server_process& server) {
-  REQUIRE(server.wait_for_output("cluster listening on 127.0.0.1:", std::chrono::seconds(5)));
-  auto out = server.output();
-  auto at = out.find("cluster listening on 127.0.0.1:") + 31;
-  return static_cast<uint16_t>(std::stoul(out.substr(at, out.find('\n', at) - at)));
-}
-
-} // namespace
-
 TEST_CASE("joined and dialled workers serve over TLS; foreign and plain workers stay out") {
   REQUIRE_MESSAGE(std::system("openssl version >/dev/null 2>&1") == 0,
                   "this test needs the openssl CLI (scripts/install-deps installs it)");
@@ -69,11 +25,11 @@ TEST_CASE("joined and dialled workers serve over TLS; foreign and plain workers 
   write_test_models(repo, 1000);
   support::temp_repository pki_dir; // not in the model repository
   auto pki = pki_dir.path();
-  make_ca(pki, "ca");
-  make_ca(pki, "rogue-ca");
+  make_test_ca(pki, "ca");
+  make_test_ca(pki, "rogue-ca");
   for (auto name : {"server", "w1", "w2"})
-    make_cert(pki, "ca", name);
-  make_cert(pki, "rogue-ca", "rogue");
+    make_test_cert(pki, "ca", name);
+  make_test_cert(pki, "rogue-ca", "rogue");
 
   worker_process w1({repo.path().string(), "w1", tls_flags(pki, "ca", "w1"), {}});
   CHECK(w1.wait_for_output("cluster links use TLS", std::chrono::seconds(1)));
@@ -126,10 +82,10 @@ TEST_CASE("a server the worker cannot verify is not served; TLS flags are checke
   write_test_models(repo, 0);
   support::temp_repository pki_dir; // not in the model repository
   auto pki = pki_dir.path();
-  make_ca(pki, "ca");
-  make_ca(pki, "rogue-ca");
-  make_cert(pki, "ca", "w1");
-  make_cert(pki, "rogue-ca", "rogue");
+  make_test_ca(pki, "ca");
+  make_test_ca(pki, "rogue-ca");
+  make_test_cert(pki, "ca", "w1");
+  make_test_cert(pki, "rogue-ca", "rogue");
 
   // The server dials a TLS worker with a certificate of another CA: the worker
   // stays out of /v2's ready rows and runs nothing; the server answers itself.

@@ -150,6 +150,16 @@ void check_model(const std::string& name, cuda::precision p, double tolerance) {
   REQUIRE_MESSAGE(inst, (inst ? "" : inst.error().message));
   MESSAGE(name << " " << cuda::to_string(p) << ": " << inst->report.arena << ", "
                << inst->report.steps << " steps, " << inst->report.host_steps << " on the host");
+  { // the dry run without a device chose the same steps (the report's: the largest size's)
+    auto dry = cuda::plan_model({file, cfg, {}});
+    REQUIRE_MESSAGE(dry, (dry ? "" : dry.error().message));
+    REQUIRE(!dry->buckets.empty());
+    const auto& largest = *std::max_element(
+      dry->buckets.begin(), dry->buckets.end(),
+      [](const auto& a, const auto& b) { return a.rows < b.rows; });
+    CHECK(inst->report.steps == largest.steps);
+    CHECK(inst->report.host_steps == largest.host_nodes.size());
+  }
   auto& gpu = *inst->backend;
   auto [inputs, reference] = read_reference(name);
 
@@ -252,9 +262,25 @@ TEST_CASE("a token id past the vocabulary answers that batch with an error namin
     CHECK_MESSAGE(relative_error(out.at(r.name), r.bytes) < 1e-4, r.name);
 }
 
-TEST_CASE("fp16 and bf16 compute on the ResNet and BERT fixtures") {
+/// The fixtures of grouped and depthwise convolutions, the epilogue's activations
+/// after a convolution (SiLU, Clip, HardSwish, Sigmoid, the residual before the
+/// activation) and Gemm (transB, alpha, beta, broadcast C, Tanh), named for the
+/// same reason. fp32's 1e-4: cuDNN with CUDNN_FMA_MATH, cuBLASLt CUBLAS_COMPUTE_32F,
+/// the epilogue in fp32 (expf, tanhf).
+TEST_CASE("fp32: the convolution and Gemm fixtures match ONNX Runtime and the CPU executor") {
   if (!have_gpu()) return;
-  for (const char* name : {"resnet_narrow_opset17", "bert_2layer_opset17"}) {
+  for (const char* name : {"op_conv", "op_conv_group", "op_gemm", "resnet_narrow_opset17",
+                           "pattern_mobilenetv3_block_opset17", "pattern_mbconv_block_opset17",
+                           "zoo_mobilenet_v3_block_dynamo_opset18"})
+    check_model(name, cuda::precision::fp32, 1e-4);
+}
+
+TEST_CASE("fp16 and bf16 compute on the ResNet, MobileNet/EfficientNet-block, Gemm and BERT fixtures") {
+  if (!have_gpu()) return;
+  for (const char* name : {"resnet_narrow_opset17", "bert_2layer_opset17", "op_conv_group",
+                           "op_gemm", "pattern_mobilenetv3_block_opset17",
+                           "pattern_mbconv_block_opset17",
+                           "zoo_mobilenet_v3_block_dynamo_opset18"}) {
     check_model(name, cuda::precision::fp16, 1e-2);
     check_model(name, cuda::precision::bf16, 4e-2);
   }
