@@ -112,8 +112,10 @@ std::optional<gpu_step> data_step(step_builder& b, const onnx::node& n) {
 
 std::vector<device_kernel> data_steps() {
   std::vector<device_kernel> steps;
-  for (const char* op : {"Transpose", "Concat", "Split", "Slice", "Gather", "Expand", "Tile", "Pad"})
-    steps.push_back({op, {}, "data", any_type(data_step)});
+  for (auto [op, kernel] : {std::pair{"Transpose", "permute"}, {"Concat", "concat"}, {"Split", "split"},
+                            {"Slice", "slice"}, {"Gather", "gather"}, {"Expand", "expand"},
+                            {"Tile", "tile"}, {"Pad", "pad"}})
+    steps.push_back({op, {}, kernel, any_type(data_step)});
   // ReduceL2, ReduceSumSquare and GlobalMaxPool join once the operator registry
   // (onnx/ops*.cpp) has them: until then the importer refuses such models.
   for (const char* op : {"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd",
