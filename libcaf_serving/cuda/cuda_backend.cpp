@@ -356,6 +356,7 @@ exec_result cuda_backend::run_batch(const executor::batch_view& batch,
     return serving_error{status_code::bad_request,
                          "model '" + s_.config.name + "': batch of " + std::to_string(rows)
                            + " rows exceeds max_batch_size " + std::to_string(max_rows_)};
+  ctx_.flags.take(); // set by warm-up's random inputs or a failed batch: not this batch's
   uint32_t slot = next_slot_;
   next_slot_ = (next_slot_ + 1) % staging_slots;
   uint8_t* stage = staging_[slot];
@@ -396,6 +397,8 @@ exec_result cuda_backend::run_batch(const executor::batch_view& batch,
     out_spans.emplace_back(r.offset - slot_base, bytes);
   }
   CAF_CUDA_CHECK(cudaStreamSynchronize(copy_out_));
+  if (auto bad = ctx_.flags.take()) // a device step's error flag (Gather's indices)
+    return serving_error{status_code::bad_request, "model '" + s_.config.name + "': " + *bad};
   for (size_t i = 0; i < s_.config.outputs.size(); ++i) {
     const auto& t = s_.config.outputs[i];
     dims_t shape_out = t.dims;

@@ -17,6 +17,7 @@
 /// reference kernel on the host (step_builder::host), between device copies.
 
 #include "cpu/types.hpp"
+#include "cuda/device_flags.hpp"
 #include "cuda/gpu_options.hpp"
 #include "onnx/ir.hpp"
 #include "onnx/op_registry.hpp"
@@ -77,6 +78,7 @@ struct step_context {
   const void* zeros = nullptr; ///< a zero bias long enough for any convolution
   std::vector<std::shared_ptr<void>> keep;
   std::vector<conv_desc> convs;
+  device_flags flags; ///< set by device steps (Gather), read after each batch
 
   step_context() = default;
   step_context(const step_context&) = delete;
@@ -119,6 +121,7 @@ const device_table& device_steps();
 /// The families (one source file each).
 std::vector<device_kernel> core_steps(); ///< steps_core.cpp
 std::vector<device_kernel> attention_steps(); ///< steps_attention.cpp
+std::vector<device_kernel> data_steps(); ///< steps_data.cpp
 std::vector<device_kernel> gemm_steps(); ///< steps_gemm.cpp
 
 /// A fused node's activation (its `activation`, `act_alpha` and `act_beta`

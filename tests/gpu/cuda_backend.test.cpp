@@ -218,6 +218,50 @@ TEST_CASE("fp32: the attention fixtures match ONNX Runtime and the CPU executor 
     check_model(name, cuda::precision::fp32, 1e-4);
 }
 
+/// The fixtures whose data-movement and reduction nodes run as device steps
+/// (steps_data.cpp; cuda.steps_data.test asserts which), named here for the same
+/// reason. They move bytes or reduce in fp32, so fp32's 1e-4 holds.
+TEST_CASE("fp32: the data-movement and reduction fixtures match ONNX Runtime at every bucket") {
+  if (!have_gpu()) return;
+  for (const char* name : {"op_transpose", "op_split", "opset18_split_num_outputs", "op_tile",
+                           "op_pad", "op_reducemax", "op_reducemax_opset20", "op_reduceprod",
+                           "op_reducesum", "opset18_reduce_axes", "op_globalaveragepool",
+                           "zoo_vit_tiny_dynamo_opset18"})
+    check_model(name, cuda::precision::fp32, 1e-4);
+}
+
+TEST_CASE("a token id past the vocabulary answers that batch with an error naming the Gather") {
+  if (!have_gpu()) return;
+  auto entry = repository::load_model_config(fixtures / "models", "bert_2layer_opset17", {true});
+  REQUIRE(entry.config);
+  model_config cfg = entry.config->config;
+  cfg.instance_groups = {{"gpu", 1, instance_kind::gpu, {0}}};
+  auto model = cuda::load_cuda_model({entry.version_dirs.back() / "model.onnx", cfg, {}});
+  REQUIRE_MESSAGE(model, (model ? "" : model.error().message));
+  auto inst = model->make_instance({0, 0});
+  REQUIRE_MESSAGE(inst, (inst ? "" : inst.error().message));
+  auto [inputs, reference] = read_reference("bert_2layer_opset17");
+  auto bad = inputs;
+  for (auto& t : bad)
+    if (t.name == "input_ids") reinterpret_cast<int64_t*>(t.bytes.data())[3] = int64_t{1} << 40;
+  executor::batch_view view;
+  view.rows = static_cast<uint32_t>(bad[0].shape[0]);
+  for (const auto& t : bad)
+    view.inputs.push_back({t.name, t.dtype, t.shape,
+                           reinterpret_cast<const uint8_t*>(t.bytes.data()), t.bytes.size()});
+  collect c;
+  auto status = inst->backend->execute(view, c);
+  auto* e = std::get_if<serving_error>(&status);
+  REQUIRE(e);
+  CHECK(e->status == status_code::bad_request);
+  CHECK(e->message.find("Gather") != std::string::npos);
+  CHECK(e->message.find("input_ids") != std::string::npos);
+  // The flag was the batch's own: the next batch runs and matches ONNX Runtime.
+  auto out = run(*inst->backend, inputs);
+  for (const auto& r : reference)
+    CHECK_MESSAGE(relative_error(out.at(r.name), r.bytes) < 1e-4, r.name);
+}
+
 /// The fixtures of grouped and depthwise convolutions, the epilogue's activations
 /// after a convolution (SiLU, Clip, HardSwish, Sigmoid, the residual before the
 /// activation) and Gemm (transB, alpha, beta, broadcast C, Tanh), named for the
