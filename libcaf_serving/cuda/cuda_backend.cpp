@@ -1,5 +1,6 @@
 #include "cuda/cuda_backend.hpp"
 
+#include "core/clock.hpp"
 #include "cuda/capture_order.hpp"
 #include "cuda/cuda_check.hpp"
 #include "cuda/cuda_errors.hpp"
@@ -7,6 +8,7 @@
 #include "cuda/graph_plan.hpp"
 #include "cuda/plan_sizes.hpp"
 #include "cuda/replay_check.hpp"
+#include "cuda/staging_slots.hpp"
 #include "cuda/steps.hpp"
 #include "onnx/importer.hpp"
 #include "onnx/memory_plan.hpp"
@@ -19,10 +21,15 @@
 #include <cudnn.h>
 
 #include <algorithm>
+#include <array>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <sstream>
+#include <thread>
 
 namespace caf_serving::cuda {
 
@@ -75,6 +82,14 @@ public:
   /// Never throws and never aborts, also after a sticky error (every call then
   /// fails at once, and its error is ignored here).
   ~cuda_backend() override {
+    // First the completion thread: it completes every batch submitted (the
+    // contract of executor::backend::submit), waiting for the device to end it.
+    {
+      std::lock_guard<std::mutex> guard(mutex_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    if (completer_.joinable()) completer_.join();
     cudaSetDevice(s_.place.device);
     for (auto& [key, g] : graphs_) cudaGraphExecDestroy(g);
     if (compute_) cudaStreamSynchronize(compute_);
@@ -83,11 +98,19 @@ public:
     if (ctx_.cudnn) cudnnDestroy(ctx_.cudnn);
     if (ctx_.lt) cublasLtDestroy(ctx_.lt);
     for (auto st : {copy_in_, compute_, copy_out_}) if (st) cudaStreamDestroy(st);
-    for (auto ev : {in_done_, compute_done_}) if (ev) cudaEventDestroy(ev);
+    for (auto& ev : events_)
+      for (auto e : {ev.in_done, ev.compute_start, ev.compute_done, ev.out_done})
+        if (e) cudaEventDestroy(e);
     cudaGetLastError();
   }
 
   bool blocks() const override { return true; }
+
+  /// Batches overlap (issue 20, item 6): while batch N computes, batch N+1 is
+  /// copied in on the copy stream, and N's outputs go out during N+1's compute.
+  bool asynchronous() const override { return true; }
+  /// One batch per pinned staging slot.
+  uint32_t pipeline_depth() const override { return staging_slots; }
 
   /// Everything of the class comment: handles, plans, arena, capture.
   instance_report prepare();
@@ -97,6 +120,18 @@ public:
   /// answers this batch and the instance goes on; a sticky one throws
   /// executor::executor_broken, here and for every later batch).
   exec_result execute(const executor::batch_view& batch, executor::output_writer& out) override;
+
+  /// execute() without waiting: takes a free staging slot (waiting while both
+  /// hold a batch), copies the inputs into its pinned staging and enqueues
+  /// copy-in (copy stream), the size's graph (compute stream, after the
+  /// copy-in) and copy-out (copy stream, after the compute), then returns. The
+  /// completion thread waits for the batches in order, copies each one's
+  /// outputs from staging into `out`, frees its slot and calls `done`. Errors
+  /// as in execute(): a bad batch or a recoverable CUDA error completes with an
+  /// error value; a sticky one throws executor_broken here, or completes with
+  /// it when the device reports it later.
+  void submit(const executor::batch_view& batch, executor::output_writer& out,
+              executor::completion_handler done) override;
 
 private:
   result<planned_graph> plan_rows(uint32_t rows) const {
@@ -114,16 +149,36 @@ private:
   /// The captured graph of (`size`, `slot`) against that size's steps launched
   /// directly, on the same random inputs; throws, naming what differs.
   void verify_replay(uint32_t size, uint32_t slot);
-  exec_result run_batch(const executor::batch_view& batch, executor::output_writer& out);
+  /// Enqueues `batch` in `slot` (inputs staged, copy-in, compute, copy-out,
+  /// the slot's events); the rows it runs, or why it cannot run. Throws on a
+  /// CUDA error.
+  result<uint32_t> enqueue(const executor::batch_view& batch, uint32_t slot);
+  /// Copies `rows` rows of each output from `slot`'s staging into `out`, once
+  /// the slot's copy-out is done.
+  void write_outputs(uint32_t slot, uint32_t rows, executor::output_writer& out);
   /// After a failed batch: waits for the three streams, reads and clears the
-  /// error state, and classifies it (cuda_errors.hpp).
+  /// error state, and classifies it (cuda_errors.hpp). Either thread may call it.
   serving_error recover(const std::string& detail);
+  void ensure_usable() {
+    std::lock_guard<std::mutex> guard(health_mutex_);
+    health_.ensure_usable();
+  }
+  /// The completion thread's body: batches in submission order.
+  void complete_in_order();
 
   setup s_;
+  std::mutex health_mutex_; ///< the submitting and the completion thread
   instance_health health_;
   step_context ctx_; ///< handles and workspace every step uses
   cudaStream_t copy_in_ = nullptr, compute_ = nullptr, copy_out_ = nullptr;
-  cudaEvent_t in_done_ = nullptr, compute_done_ = nullptr;
+  /// Per staging slot, as two batches are in flight at once: copy-in done (the
+  /// compute stream waits on it), compute start and end (timed: the stage
+  /// times), copy-out done (the completion thread waits on it).
+  struct slot_events {
+    cudaEvent_t in_done = nullptr, compute_start = nullptr, compute_done = nullptr,
+                out_done = nullptr;
+  };
+  std::array<slot_events, staging_slots> events_{};
   uint8_t* base_ = nullptr;
   device_arena_layout layout_;
   std::vector<uint8_t*> staging_;
@@ -132,8 +187,32 @@ private:
   std::map<uint32_t, planned_graph> plans_; ///< by planned size
   std::map<std::pair<uint32_t, uint32_t>, cudaGraphExec_t> graphs_; ///< (captured size, slot)
   std::map<std::pair<uint32_t, uint32_t>, std::vector<gpu_step>> direct_steps_; ///< (size, slot)
-  uint32_t next_slot_ = 0;
   uint32_t max_rows_ = 1;
+
+  // -- batches in flight (submit / the completion thread) ----------------------
+  //
+  // One activation arena serves both slots: every batch's steps run on the one
+  // compute stream, so the steps of two batches never run at once, and a
+  // batch's activations are dead once its compute ends. What two batches in
+  // flight do share in time is each slot's own: its input and output buffers
+  // (copy-in of N+1 while N computes, copy-out of N while N+1 computes) and its
+  // pinned staging, which the slot holds until its outputs are copied out of
+  // staging. The device workspace and cuDNN/cuBLASLt handles, like the arena,
+  // are used on the compute stream only.
+  struct in_flight {
+    uint32_t slot = 0;
+    uint32_t rows = 0;
+    executor::output_writer* out = nullptr;
+    executor::completion_handler done;
+    /// Failed before it reached the device: completed with this, in order.
+    std::optional<serving_error> failed;
+  };
+  staging_slot_pool slots_{staging_slots};
+  std::mutex mutex_; ///< queue_ and stopping_
+  std::condition_variable cv_;
+  std::deque<in_flight> queue_;
+  bool stopping_ = false;
+  std::thread completer_; ///< started by prepare(), joined first by the destructor
 };
 
 std::vector<void*> cuda_backend::pointers(const planned_graph& pg, uint8_t* arena,
@@ -157,6 +236,7 @@ std::vector<void*> cuda_backend::pointers(const planned_graph& pg, uint8_t* aren
 
 std::vector<gpu_step> cuda_backend::build_steps(const planned_graph& pg, uint8_t* arena,
                                                 uint32_t slot) {
+  ctx_.slot = slot; // the device flags its steps add are this slot's
   step_builder b{&ctx_, pg.g, pointers(pg, arena, slot), {}};
   b.build();
   return std::move(b.steps);
@@ -209,8 +289,12 @@ instance_report cuda_backend::prepare() {
   CAF_CUDA_CHECK(cudaSetDevice(s_.place.device));
   for (auto* st : {&copy_in_, &compute_, &copy_out_})
     CAF_CUDA_CHECK(cudaStreamCreateWithFlags(st, cudaStreamNonBlocking));
-  CAF_CUDA_CHECK(cudaEventCreateWithFlags(&in_done_, cudaEventDisableTiming));
-  CAF_CUDA_CHECK(cudaEventCreateWithFlags(&compute_done_, cudaEventDisableTiming));
+  for (auto& ev : events_) {
+    CAF_CUDA_CHECK(cudaEventCreateWithFlags(&ev.in_done, cudaEventDisableTiming));
+    CAF_CUDA_CHECK(cudaEventCreate(&ev.compute_start));
+    CAF_CUDA_CHECK(cudaEventCreate(&ev.compute_done));
+    CAF_CUDA_CHECK(cudaEventCreate(&ev.out_done));
+  }
   CAF_CUDA_CHECK(cublasLtCreate(&ctx_.lt));
   CAF_CUDA_CHECK(cudnnCreate(&ctx_.cudnn));
   CAF_CUDA_CHECK(cudnnSetStream(ctx_.cudnn, compute_));
@@ -319,13 +403,26 @@ instance_report cuda_backend::prepare() {
         break;
     }
   }
+  completer_ = std::thread([this] { complete_in_order(); });
   return report;
 }
 
 exec_result cuda_backend::execute(const executor::batch_view& batch, executor::output_writer& out) {
-  health_.ensure_usable();
+  ensure_usable();
+  uint32_t slot = slots_.acquire();
+  struct release_at_end {
+    cuda_backend* self;
+    uint32_t slot;
+    ~release_at_end() { self->slots_.release(slot); }
+  } release{this, slot};
   try {
-    return run_batch(batch, out);
+    auto rows = enqueue(batch, slot);
+    if (!rows) return rows.error();
+    CAF_CUDA_CHECK(cudaEventSynchronize(events_[slot].out_done));
+    if (auto bad = ctx_.flags.take(slot)) // a device step's error flag (Gather's indices)
+      return serving_error{status_code::bad_request, "model '" + s_.config.name + "': " + *bad};
+    write_outputs(slot, *rows, out);
+    return {};
   } catch (const executor::executor_broken&) {
     throw;
   } catch (const std::exception& e) {
@@ -333,9 +430,86 @@ exec_result cuda_backend::execute(const executor::batch_view& batch, executor::o
   }
 }
 
+void cuda_backend::submit(const executor::batch_view& batch, executor::output_writer& out,
+                          executor::completion_handler done) {
+  ensure_usable();
+  in_flight f;
+  f.slot = slots_.acquire();
+  f.out = &out;
+  f.done = std::move(done);
+  try {
+    auto rows = enqueue(batch, f.slot);
+    if (rows)
+      f.rows = *rows;
+    else
+      f.failed = rows.error();
+  } catch (const executor::executor_broken&) {
+    slots_.release(f.slot);
+    throw;
+  } catch (const std::exception& e) {
+    try {
+      f.failed = recover(e.what());
+    } catch (...) { // sticky: executor_broken, and `done` is not called
+      slots_.release(f.slot);
+      throw;
+    }
+  }
+  {
+    std::lock_guard<std::mutex> guard(mutex_);
+    queue_.push_back(std::move(f));
+  }
+  cv_.notify_all();
+}
+
+void cuda_backend::complete_in_order() {
+  cudaSetDevice(s_.place.device);
+  std::unique_lock<std::mutex> lock(mutex_);
+  for (;;) {
+    cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+    if (queue_.empty()) return; // stopping, and every batch completed
+    auto f = std::move(queue_.front());
+    queue_.pop_front();
+    lock.unlock();
+    executor::batch_completion c;
+    if (f.failed) {
+      c.status = *f.failed;
+    } else {
+      try {
+        const auto& ev = events_[f.slot];
+        CAF_CUDA_CHECK(cudaEventSynchronize(ev.out_done));
+        // The device's own times, placed on the host clock by the moment the
+        // copy-out was seen done: compute_start is when the stream reached
+        // this batch's graph (after its copy-in and the batch before it).
+        int64_t seen = now_ns();
+        float compute_ms = 0, copy_out_ms = 0;
+        CAF_CUDA_CHECK(cudaEventElapsedTime(&compute_ms, ev.compute_start, ev.compute_done));
+        CAF_CUDA_CHECK(cudaEventElapsedTime(&copy_out_ms, ev.compute_done, ev.out_done));
+        c.compute_end_ns = seen - static_cast<int64_t>(copy_out_ms * 1e6);
+        c.compute_start_ns = c.compute_end_ns - static_cast<int64_t>(compute_ms * 1e6);
+        if (auto bad = ctx_.flags.take(f.slot)) // a device step's error flag (Gather's indices)
+          c.status = serving_error{status_code::bad_request,
+                                   "model '" + s_.config.name + "': " + *bad};
+        else
+          write_outputs(f.slot, f.rows, *f.out);
+      } catch (const std::exception& e) {
+        try {
+          c.status = recover(e.what());
+        } catch (...) { // sticky: executor_broken stops the executor
+          c.thrown = std::current_exception();
+        }
+      }
+    }
+    slots_.release(f.slot);
+    f.done(std::move(c));
+    lock.lock();
+  }
+}
+
 serving_error cuda_backend::recover(const std::string& detail) {
   // Drain what the failed batch enqueued, so the next batch starts on idle
-  // streams; each call returns a sticky error if the context has one.
+  // streams; each call returns a sticky error if the context has one. With a
+  // batch in flight in the other slot this waits for it too, which is harmless:
+  // it completes as it would have.
   cudaError_t codes[] = {cudaSetDevice(s_.place.device), cudaStreamSynchronize(copy_in_),
                          cudaStreamSynchronize(compute_), cudaStreamSynchronize(copy_out_),
                          cudaGetLastError()}; // the last also clears a recoverable error
@@ -344,11 +518,11 @@ serving_error cuda_backend::recover(const std::string& detail) {
     if (c != cudaSuccess && what.find(cudaGetErrorName(c)) == std::string::npos)
       what += std::string("; then ") + cudaGetErrorName(c);
   auto fault = worst_fault({codes[0], codes[1], codes[2], codes[3], codes[4]});
+  std::lock_guard<std::mutex> guard(health_mutex_);
   return health_.after_failure(fault, what);
 }
 
-exec_result cuda_backend::run_batch(const executor::batch_view& batch,
-                                    executor::output_writer& out) {
+result<uint32_t> cuda_backend::enqueue(const executor::batch_view& batch, uint32_t slot) {
   CAF_CUDA_CHECK(cudaSetDevice(s_.place.device));
   uint32_t rows = batched() ? batch.rows : 1;
   auto run = run_shape_for(sizes_, rows);
@@ -356,12 +530,13 @@ exec_result cuda_backend::run_batch(const executor::batch_view& batch,
     return serving_error{status_code::bad_request,
                          "model '" + s_.config.name + "': batch of " + std::to_string(rows)
                            + " rows exceeds max_batch_size " + std::to_string(max_rows_)};
-  ctx_.flags.take(); // set by warm-up's random inputs or a failed batch: not this batch's
-  uint32_t slot = next_slot_;
-  next_slot_ = (next_slot_ + 1) % staging_slots;
+  // Set by warm-up's random inputs or this slot's previous batch: not this
+  // batch's. The other slot's flags belong to the batch in flight there.
+  ctx_.flags.take(slot);
   uint8_t* stage = staging_[slot];
   size_t slot_base = layout_.inputs[slot].empty() ? layout_.outputs[slot][0].offset
                                                   : layout_.inputs[slot][0].offset;
+  const auto& ev = events_[slot];
   // Copy in: the real rows through pinned staging; padding rows are zeroed on
   // the device, so the planned size reads a defined batch.
   for (size_t i = 0; i < s_.config.inputs.size(); ++i) {
@@ -380,33 +555,39 @@ exec_result cuda_backend::run_batch(const executor::batch_view& batch,
     if (padded > t.size)
       CAF_CUDA_CHECK(cudaMemsetAsync(base_ + r.offset + t.size, 0, padded - t.size, copy_in_));
   }
-  CAF_CUDA_CHECK(cudaEventRecord(in_done_, copy_in_));
-  CAF_CUDA_CHECK(cudaStreamWaitEvent(compute_, in_done_, 0));
+  CAF_CUDA_CHECK(cudaEventRecord(ev.in_done, copy_in_));
+  CAF_CUDA_CHECK(cudaStreamWaitEvent(compute_, ev.in_done, 0));
+  CAF_CUDA_CHECK(cudaEventRecord(ev.compute_start, compute_));
   if (run->graph)
     CAF_CUDA_CHECK(cudaGraphLaunch(graphs_.at({run->size, slot}), compute_));
   else
     run_steps(direct_steps_.at({run->size, slot}));
-  CAF_CUDA_CHECK(cudaEventRecord(compute_done_, compute_));
-  CAF_CUDA_CHECK(cudaStreamWaitEvent(copy_out_, compute_done_, 0));
-  std::vector<std::pair<size_t, size_t>> out_spans; // (staging offset, bytes)
+  CAF_CUDA_CHECK(cudaEventRecord(ev.compute_done, compute_));
+  CAF_CUDA_CHECK(cudaStreamWaitEvent(copy_out_, ev.compute_done, 0));
   for (size_t i = 0; i < s_.config.outputs.size(); ++i) {
     const auto& r = layout_.outputs[slot][i];
     size_t bytes = r.bytes / max_rows_ * (batched() ? rows : 1);
     CAF_CUDA_CHECK(cudaMemcpyAsync(stage + (r.offset - slot_base), base_ + r.offset, bytes,
                                    cudaMemcpyDeviceToHost, copy_out_));
-    out_spans.emplace_back(r.offset - slot_base, bytes);
   }
-  CAF_CUDA_CHECK(cudaStreamSynchronize(copy_out_));
-  if (auto bad = ctx_.flags.take()) // a device step's error flag (Gather's indices)
-    return serving_error{status_code::bad_request, "model '" + s_.config.name + "': " + *bad};
+  CAF_CUDA_CHECK(cudaEventRecord(ev.out_done, copy_out_));
+  return rows;
+}
+
+void cuda_backend::write_outputs(uint32_t slot, uint32_t rows, executor::output_writer& out) {
+  CAF_CUDA_CHECK(cudaEventSynchronize(events_[slot].out_done));
+  uint8_t* stage = staging_[slot];
+  size_t slot_base = layout_.inputs[slot].empty() ? layout_.outputs[slot][0].offset
+                                                  : layout_.inputs[slot][0].offset;
   for (size_t i = 0; i < s_.config.outputs.size(); ++i) {
     const auto& t = s_.config.outputs[i];
+    const auto& r = layout_.outputs[slot][i];
+    size_t bytes = r.bytes / max_rows_ * (batched() ? rows : 1);
     dims_t shape_out = t.dims;
     if (batched()) shape_out.insert(shape_out.begin(), rows);
-    uint8_t* dst = out.allocate(t.name, t.dtype, shape_out, out_spans[i].second);
-    std::memcpy(dst, stage + out_spans[i].first, out_spans[i].second);
+    uint8_t* dst = out.allocate(t.name, t.dtype, shape_out, bytes);
+    std::memcpy(dst, stage + (r.offset - slot_base), bytes);
   }
-  return {};
 }
 
 } // namespace

@@ -26,6 +26,17 @@
 /// allocated or searched on the request path. Graph outputs the config does not
 /// declare live in the activation arena (graph_plan.hpp).
 ///
+/// The backend is asynchronous (executor/backend.hpp, issue 20 item 6): its
+/// executor submits a batch and is given the next while it computes, one per
+/// staging slot. submit() stages the inputs in a free slot's pinned buffer and
+/// enqueues copy-in (copy stream), the graph (compute stream, after the
+/// copy-in's event) and copy-out (copy stream, after the compute's event); one
+/// completion thread per instance waits for the batches in order, copies each
+/// one's outputs from staging into its result and completes it. So batch N+1's
+/// copy-in overlaps N's compute, and N's copy-out overlaps N+1's. The stage
+/// times come from the device's events. execute() runs one batch the same way
+/// and waits for it (tests, benchmarks).
+///
 /// A CUDA error in a batch (cuda_errors.hpp): the streams are synchronized and
 /// the error read; a recoverable one is cleared and answers that batch with an
 /// error; a sticky one (the context is lost) throws executor::executor_broken

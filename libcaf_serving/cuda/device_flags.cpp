@@ -10,7 +10,7 @@ device_flags::~device_flags() {
   for (auto& b : blocks_) cudaFreeHost(b.host);
 }
 
-int* device_flags::add(std::string what) {
+int* device_flags::add(std::string what, uint32_t group) {
   size_t i = flags_.size() % block_flags;
   if (i == 0) {
     block b;
@@ -23,16 +23,17 @@ int* device_flags::add(std::string what) {
     b.device = static_cast<int*>(d);
     blocks_.push_back(b);
   }
-  flags_.emplace_back(blocks_.back().host + i, std::move(what));
+  flags_.push_back({blocks_.back().host + i, group, std::move(what)});
   return blocks_.back().device + i;
 }
 
-std::optional<std::string> device_flags::take() {
+std::optional<std::string> device_flags::take(uint32_t group) {
   std::optional<std::string> first;
-  for (auto& [flag, what] : flags_) {
-    volatile int* f = flag;
+  for (auto& fl : flags_) {
+    if (fl.group != group) continue;
+    volatile int* f = fl.host;
     if (*f != 0) {
-      if (!first) first = what;
+      if (!first) first = fl.what;
       *f = 0;
     }
   }

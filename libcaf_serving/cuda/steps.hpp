@@ -79,6 +79,10 @@ struct step_context {
   std::vector<std::shared_ptr<void>> keep;
   std::vector<conv_desc> convs;
   device_flags flags; ///< set by device steps (Gather), read after each batch
+  /// The staging slot whose steps are being built. Two batches may be in
+  /// flight, one per slot, so each slot's steps get their own device flags
+  /// (flags.add(what, slot)), read and cleared only with that slot's batch.
+  uint32_t slot = 0;
 
   step_context() = default;
   step_context(const step_context&) = delete;

@@ -1,5 +1,7 @@
 #include "executor/builtin_backend.hpp"
 
+#include "executor/threaded_backend.hpp"
+
 #include <cerrno>
 #include <chrono>
 #include <climits>
@@ -17,7 +19,8 @@ using exec_result = std::variant<std::monostate, serving_error>;
 /// What the identity function does to a batch that holds the fault marker, for
 /// the supervision tests: fail it with an error value, throw from execute, or
 /// break the executor (executor_broken).
-enum class fault_kind { none, error, exception, broken, hang };
+/// `hold` (asynchronous only) holds the batch until another is submitted after it.
+enum class fault_kind { none, error, exception, broken, hang, hold };
 
 struct fault_config {
   fault_kind kind = fault_kind::none;
@@ -41,6 +44,20 @@ struct cost_config {
   }
   bool any() const { return per_batch.count() > 0 || per_item.count() > 0; }
 };
+
+/// Whether an FP32 element of the batch's first input equals `marker`.
+bool holds_marker(const batch_view& batch, float marker) {
+  if (batch.inputs.empty() || batch.inputs[0].dtype != datatype::fp32)
+    return false;
+  const auto& in = batch.inputs[0];
+  for (size_t i = 0; i + sizeof(float) <= in.size; i += sizeof(float)) {
+    float v;
+    std::memcpy(&v, in.data + i, sizeof v);
+    if (v == marker)
+      return true;
+  }
+  return false;
+}
 
 std::chrono::nanoseconds thread_cpu_time() {
   timespec ts{};
@@ -70,7 +87,7 @@ public:
 
   exec_result execute(const batch_view& batch, output_writer& out) override {
     spend(cost_, batch.rows);
-    if (fault_.kind != fault_kind::none && holds_marker(batch)) {
+    if (fault_.kind != fault_kind::none && holds_marker(batch, fault_.marker)) {
       switch (fault_.kind) {
         case fault_kind::error:
           return serving_error{status_code::internal,
@@ -85,6 +102,7 @@ public:
           std::this_thread::sleep_for(std::chrono::seconds(30));
           break;
         case fault_kind::none:
+        case fault_kind::hold: // threaded_backend holds it
           break;
       }
     }
@@ -98,19 +116,6 @@ public:
   }
 
 private:
-  bool holds_marker(const batch_view& batch) const {
-    if (batch.inputs.empty() || batch.inputs[0].dtype != datatype::fp32)
-      return false;
-    const auto& in = batch.inputs[0];
-    for (size_t i = 0; i + sizeof(float) <= in.size; i += sizeof(float)) {
-      float v;
-      std::memcpy(&v, in.data + i, sizeof v);
-      if (v == fault_.marker)
-        return true;
-    }
-    return false;
-  }
-
   std::string name_;
   std::vector<tensor_config> outputs_;
   cost_config cost_;
@@ -284,9 +289,11 @@ result<std::shared_ptr<backend>> make_builtin_backend(const model_config& cfg) {
         fault.kind = fault_kind::broken;
       else if (f->second == "hang")
         fault.kind = fault_kind::hang;
+      else if (f->second == "hold")
+        fault.kind = fault_kind::hold;
       else
-        return config_error(cfg, "parameter fault must be \"error\", \"throw\", \"crash\" or "
-                                 "\"hang\", "
+        return config_error(cfg, "parameter fault must be \"error\", \"throw\", \"crash\", "
+                                 "\"hang\" or \"hold\" (with asynchronous \"true\"), "
                                  "not '" + f->second + "'");
       auto m = cfg.parameters.find("fault_marker");
       char* end = nullptr;
@@ -295,7 +302,28 @@ result<std::shared_ptr<backend>> make_builtin_backend(const model_config& cfg) {
         return config_error(cfg, "parameter fault needs fault_marker: the FP32 value that "
                                  "marks a batch to fault, e.g. \"-999\"");
     }
-    return std::shared_ptr<backend>(std::make_shared<identity_backend>(cfg, cost, fault));
+    auto identity = std::make_shared<identity_backend>(cfg, cost, fault);
+    auto a = cfg.parameters.find("asynchronous");
+    if (a == cfg.parameters.end() || a->second == "false") {
+      if (fault.kind == fault_kind::hold)
+        return config_error(cfg, "parameter fault \"hold\" needs asynchronous \"true\"");
+      return std::shared_ptr<backend>(identity);
+    }
+    if (a->second != "true")
+      return config_error(cfg, "parameter asynchronous must be \"true\" or \"false\", not '"
+                                 + a->second + "'");
+    threaded_config tc;
+    if (auto d = cfg.parameters.find("pipeline_depth"); d != cfg.parameters.end()) {
+      char* end = nullptr;
+      auto n = std::strtol(d->second.c_str(), &end, 10);
+      if (d->second.empty() || *end != '\0' || n < 1 || n > 64)
+        return config_error(cfg, "parameter pipeline_depth must be a number of batches from 1 "
+                                 "to 64, not '" + d->second + "'");
+      tc.pipeline_depth = static_cast<uint32_t>(n);
+    }
+    if (fault.kind == fault_kind::hold)
+      tc.hold = [marker = fault.marker](const batch_view& b) { return holds_marker(b, marker); };
+    return make_threaded_backend(std::move(identity), std::move(tc));
   }
   if (fn->second == "add_sub") {
     if (cfg.inputs.size() != 2 || cfg.outputs.size() != 2)

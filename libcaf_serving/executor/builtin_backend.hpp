@@ -17,6 +17,12 @@
 ///   the marker: an error value, an exception from execute, a broken
 ///   executor (executor_broken), or a batch that takes 30 s. `load_delay_us` makes loading the model take
 ///   that long. They exist for the supervision and model-control tests.
+///   `asynchronous: "true"` runs the batches as an asynchronous backend
+///   (threaded_backend.hpp: a thread of its own, `pipeline_depth` batches at
+///   once, default 2), like a GPU's pipeline; then `fault: "hold"` holds a
+///   marked batch until another batch has been submitted after it (10 s at
+///   most, then it fails), which shows whether the executor is given batches
+///   while one computes.
 /// - `add_sub`:  OUTPUT0 = INPUT0 + INPUT1, OUTPUT1 = INPUT0 - INPUT1 (INT32 or FP32).
 
 #include "core/error.hpp"

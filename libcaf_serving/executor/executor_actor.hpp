@@ -17,6 +17,8 @@ namespace caf_serving::executor {
 using executor_actor
   = caf::typed_actor<caf::replies_to<run_batch>::with<batch_result_message>>;
 
+/// An asynchronous backend (backend::asynchronous) gets the executor of
+/// async_executor.hpp: several batches in flight, each answered when it completes.
 executor_actor spawn_executor(caf::actor_system& sys, std::shared_ptr<backend> be,
                               const model_config& config);
 

@@ -54,7 +54,9 @@ struct scheduler_config {
   /// Padded batching (padded_batching.hpp); disabled when it has no inputs.
   padded_batching_config padding;
   /// Batches each executor may hold at once. 1 keeps batches in the queue (where
-  /// they can still grow) until an executor can start them.
+  /// they can still grow) until an executor can start them; an asynchronous
+  /// backend needs at least its pipeline depth to overlap batches (the model
+  /// manager sets that).
   uint32_t executor_depth = 1;
   /// How often one batch may be sent again after its executor was lost before its
   /// requests are answered 503 (a batch that kills every executor stops here).

@@ -1,6 +1,7 @@
 #include "scheduler/scheduler_actor.hpp"
 
 #include "executor/builtin_backend.hpp"
+#include "executor/testing.hpp"
 
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
@@ -278,6 +279,61 @@ TEST_CASE("a killed post-processor or executor is replaced; later requests are a
     auto& rs = c.by_id[std::to_string(i * 10)];
     REQUIRE(rs.size() == 1);
     CHECK(rs[0].reader().getError().getStatus() == 0);
+  }
+}
+
+TEST_CASE("an asynchronous executor is sent batches up to its credit window while earlier "
+          "ones compute") {
+  // max_batch_size 1: each request is a batch of its own.
+  auto model = identity_model(1, 0, 64);
+  executor::testing::latched_config lc;
+  lc.add = 0; // identity: each response holds its own request's values
+  auto be = std::make_shared<executor::testing::latched_backend>(model, lc);
+  collector c;
+  {
+    caf::actor_system_config cfg;
+    cfg.set("scheduler.max-threads", size_t{2});
+    caf::actor_system sys{cfg};
+    scheduler::scheduler_config sc;
+    sc.model = model;
+    sc.policy = scheduler::make_policy_config(model, 64);
+    sc.stats = std::make_shared<model_stats>("id", 1);
+    sc.executor_depth = be->pipeline_depth();
+    sc.executors.push_back(executor::spawn_executor(sys, be, model));
+    postprocess::postprocessor_config pc;
+    pc.stats = sc.stats;
+    sc.postprocessor = postprocess::spawn_postprocessor(sys, pc);
+    auto sched = scheduler::spawn_scheduler(sys, std::move(sc));
+    for (int id : {10, 20, 30})
+      caf::anon_send(sched, make_job(id, c));
+    // Two batches reach the backend before either completes; the third waits
+    // in the queue for a credit.
+    REQUIRE(be->wait_submitted(2));
+    auto first_two = be->submitted_keys();
+    REQUIRE(first_two.size() == 2);
+    CHECK(c.total == 0);
+    // The later one completes first and is answered first; its credit goes
+    // to the third.
+    be->release(first_two[1]);
+    REQUIRE(c.wait_for(1));
+    CHECK(c.by_id.count(std::to_string(first_two[1])) == 1);
+    REQUIRE(be->wait_submitted(3));
+    for (int key : be->submitted_keys())
+      if (key != first_two[1])
+        be->release(key);
+    REQUIRE(c.wait_for(3));
+    caf::anon_send(sched, drain_atom::value);
+    sys.await_all_actors_done();
+  }
+  for (int id : {10, 20, 30}) {
+    auto& rs = c.by_id[std::to_string(id)];
+    REQUIRE(rs.size() == 1);
+    auto r = rs[0].reader();
+    REQUIRE(r.getError().getStatus() == 0);
+    int32_t values[4];
+    std::memcpy(values, r.getOutputs()[0].getData().begin(), 16);
+    for (int e = 0; e < 4; ++e)
+      CHECK(values[e] == id + e);
   }
 }
 

@@ -659,8 +659,14 @@ auto model_manager::load_model(const std::string& name, const load_parameters* p
     for (const auto& g : cfg.instance_groups)
       instances += g.kind == instance_kind::gpu ? g.count * std::max<int>(1, static_cast<int>(g.gpus.size()))
                                                 : g.count;
-    for (int i = 0; cfg_.local_executors && i < std::max(instances, 1); ++i)
-      sc.executors.push_back(executor::spawn_executor(sys_, make_instance(), version_cfg));
+    for (int i = 0; cfg_.local_executors && i < std::max(instances, 1); ++i) {
+      auto instance = make_instance();
+      // An asynchronous backend overlaps consecutive batches (copy-in of the
+      // next during compute of this one): its executor gets at least its
+      // pipeline depth in credits; --executor-depth can give every executor more.
+      sc.executor_depth = std::max(sc.executor_depth, instance->pipeline_depth());
+      sc.executors.push_back(executor::spawn_executor(sys_, std::move(instance), version_cfg));
+    }
     p->executors = sc.executors;
     // Supervision: an executor that stops is replaced by a new one of the same
     // model instance (backends are shared by the factory or rebuilt by it). Not

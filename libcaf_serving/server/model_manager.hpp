@@ -96,7 +96,9 @@ struct model_manager_config {
   std::filesystem::path repository;
   /// Replaces Triton's max_queue_size 0 ("unbounded") for every model.
   uint32_t max_queue_size = 1024;
-  /// Batches each executor may hold at once.
+  /// Batches each executor may hold at once (--executor-depth). An
+  /// asynchronous backend's executor gets at least the backend's pipeline
+  /// depth (executor::backend::pipeline_depth), so that it overlaps batches.
   uint32_t executor_depth = 1;
   /// The process's compute threads (thread_config::executor_threads): the
   /// size of compute_pool, or of a pool per model without one.
