@@ -127,6 +127,7 @@ std::vector<device_kernel> core_steps(); ///< steps_core.cpp
 std::vector<device_kernel> attention_steps(); ///< steps_attention.cpp
 std::vector<device_kernel> data_steps(); ///< steps_data.cpp
 std::vector<device_kernel> gemm_steps(); ///< steps_gemm.cpp
+std::vector<device_kernel> elementwise_steps(); ///< steps_elementwise.cpp
 
 /// A fused node's activation (its `activation`, `act_alpha` and `act_beta`
 /// attributes) as the epilogue kernel's; nothing for one it does not have.

@@ -53,7 +53,7 @@ fp32_only(step_function f) {
 const device_table& device_steps() {
   static const device_table table([] {
     std::vector<device_kernel> all;
-    for (auto family : {core_steps, attention_steps, gemm_steps, data_steps})
+    for (auto family : {core_steps, attention_steps, gemm_steps, data_steps, elementwise_steps})
       for (auto& k : family()) all.push_back(std::move(k));
     return all;
   }());

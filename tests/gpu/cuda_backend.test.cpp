@@ -240,6 +240,20 @@ TEST_CASE("fp32: the data-movement and reduction fixtures match ONNX Runtime at 
     check_model(name, cuda::precision::fp32, 1e-4);
 }
 
+/// The fixtures whose element-wise nodes run as device steps
+/// (steps_elementwise.cpp; cuda.steps_elementwise.test asserts which), named here
+/// for the same reason. fp32's 1e-4: the kernels compute in f32 (transcendentals
+/// by CUDA's functions, within a few ulp).
+TEST_CASE("fp32: the element-wise fixtures match ONNX Runtime at every bucket") {
+  if (!have_gpu()) return;
+  for (const char* name : {"op_abs", "op_ceil", "op_clip", "op_cos", "op_elu", "op_exp",
+                           "op_floor", "op_gelu", "op_gelu_tanh", "op_hardsigmoid",
+                           "op_hardswish", "op_leakyrelu", "op_log", "op_neg", "op_reciprocal",
+                           "op_round", "op_sigmoid", "op_sin", "op_softplus", "op_tanh",
+                           "op_min", "type_half_casts"})
+    check_model(name, cuda::precision::fp32, 1e-4);
+}
+
 TEST_CASE("a token id past the vocabulary answers that batch with an error naming the Gather") {
   if (!have_gpu()) return;
   auto entry = repository::load_model_config(fixtures / "models", "bert_2layer_opset17", {true});
