@@ -23,12 +23,12 @@ TEST_CASE("the registry answers which operators have device steps") {
   for (const char* op : {"FusedConv", "FusedMatMul", "FusedGemm", "FusedLayerNorm", "FusedGelu", "Softmax",
                          "Relu", "Add", "MaxPool", "AveragePool", "GlobalAveragePool",
                          "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity",
-                         "FusedAttention"}) {
+                         "FusedAttention", "Mul", "Where", "Cast", "HardSigmoid"}) {
     INFO(op);
     CHECK(has(op));
   }
   // Every other operator runs its reference kernel on the host.
-  for (const char* op : {"ArgMax", "GatherElements", "Mul"}) {
+  for (const char* op : {"ArgMax", "GatherElements", "Mod"}) {
     INFO(op);
     CHECK(!has(op));
   }
