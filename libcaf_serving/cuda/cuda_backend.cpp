@@ -39,6 +39,11 @@ using exec_result = std::variant<std::monostate, serving_error>;
 
 constexpr uint32_t staging_slots = 2;
 
+/// Device memory an instance needs beyond its arena: cuDNN's and cuBLASLt's
+/// handles and internal buffers, the instantiated CUDA graphs. A margin, not a
+/// measurement; check_fits keeps it back from what cudaMemGetInfo reports free.
+constexpr size_t reserve_bytes = size_t{256} << 20;
+
 /// Content key of a constant, so the folded weights of different bucket plans
 /// (new tensor_data objects with equal bytes) share one device copy.
 struct constant_key {
@@ -333,6 +338,11 @@ instance_report cuda_backend::prepare() {
   req.workspace = workspace_bytes;
   layout_ = plan_device_arena(req);
 
+  // A model that does not fit is a clear load error, before any allocation.
+  size_t free_bytes = 0, total_bytes = 0;
+  CAF_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  if (auto why = check_fits(layout_, free_bytes, reserve_bytes, s_.config.name, s_.place.device))
+    throw std::runtime_error(*why);
   CAF_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&base_), layout_.total_bytes));
   CAF_CUDA_CHECK(cudaMemset(base_, 0, layout_.total_bytes));
   for (size_t i = 0; i < unique.size(); ++i) {

@@ -64,4 +64,18 @@ std::string describe(const device_arena_layout& l) {
   return buf;
 }
 
+std::optional<std::string> check_fits(const device_arena_layout& l, size_t free_bytes,
+                                      size_t reserve_bytes, const std::string& model, int device) {
+  if (l.total_bytes + reserve_bytes <= free_bytes) return std::nullopt;
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "model '%s' does not fit on GPU %d: an instance needs %.1f MiB (%s) plus %.1f "
+                "MiB for cuDNN, cuBLASLt and its CUDA graphs, and the GPU has %.1f MiB free; "
+                "lower max_batch_size or the largest size in parameter cuda_graph_batch_sizes, "
+                "use fewer instances per GPU (instance_group count), or unload other models",
+                model.c_str(), device, l.total_bytes / 1048576.0, describe(l).c_str(),
+                reserve_bytes / 1048576.0, free_bytes / 1048576.0);
+  return std::string(buf);
+}
+
 } // namespace caf_serving::cuda

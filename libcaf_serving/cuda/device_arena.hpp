@@ -17,6 +17,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -68,5 +69,12 @@ device_arena_layout plan_device_arena(const device_arena_request& request);
 
 /// One line: MiB of weights, activations, I/O slots and workspace.
 std::string describe(const device_arena_layout& layout);
+
+/// Where an instance's one device allocation does not fit in what the device
+/// has free (cudaMemGetInfo, with `reserve_bytes` kept back for cuDNN's and
+/// cuBLASLt's own allocations and the CUDA graphs): the load error, naming the
+/// model, the GPU, both sizes and what to change. Nothing when it fits.
+std::optional<std::string> check_fits(const device_arena_layout& layout, size_t free_bytes,
+                                      size_t reserve_bytes, const std::string& model, int device);
 
 } // namespace caf_serving::cuda

@@ -71,3 +71,19 @@ TEST_CASE("zero slots means one; an empty request is empty") {
   CHECK(empty.activations.bytes == 0);
   CHECK(describe(l).find("device arena") == 0);
 }
+
+TEST_CASE("an instance that does not fit in the GPU's free memory is a load error saying what to change") {
+  device_arena_request req;
+  req.weights = {100u << 20};
+  req.input_row_bytes = {4096};
+  req.output_row_bytes = {40};
+  req.max_rows = 32;
+  req.workspace = 64u << 20;
+  auto l = plan_device_arena(req);
+  CHECK_FALSE(check_fits(l, l.total_bytes + (256u << 20), 256u << 20, "m", 0));
+  auto why = check_fits(l, l.total_bytes + (255u << 20), 256u << 20, "resnet", 1);
+  REQUIRE(why);
+  CHECK(why->find("model 'resnet' does not fit on GPU 1") == 0);
+  CHECK(why->find("max_batch_size") != std::string::npos);
+  CHECK(why->find("instance_group count") != std::string::npos);
+}
