@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -63,6 +64,9 @@ result<bool> write_pseudo_random(int fd, const std::string& name,
 } // namespace
 
 fs::path gpu_zoo_dir() {
+  // A build carried to another machine (scripts/device-bundle) finds the
+  // fixtures in that machine's copy of the tree.
+  if (const char* dir = std::getenv("CAF_SERVING_GPU_ZOO_DIR")) return dir;
   return CAF_SERVING_GPU_ZOO_DIR;
 }
 

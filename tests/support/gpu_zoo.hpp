@@ -38,7 +38,8 @@
 
 namespace caf_serving::testing {
 
-/// The committed fixtures (tests/gpu/zoo in the source tree).
+/// The committed fixtures: $CAF_SERVING_GPU_ZOO_DIR, else tests/gpu/zoo in the
+/// source tree this was built from.
 std::filesystem::path gpu_zoo_dir();
 
 /// The fixtures' names (directories of gpu_zoo_dir() holding a config.pbtxt),
