@@ -2,9 +2,7 @@
 /// runs of the step selection: no device needed. The numerics run on a GPU in
 /// tests/gpu/cuda_backend.test.cpp against ONNX Runtime.
 
-#include "cuda/cuda_backend.hpp"
-#include "cuda/steps.hpp"
-#include "repository/model_repository.hpp"
+#include "cuda/dry_run_testing.hpp"
 
 #include <doctest/doctest.h>
 
@@ -20,33 +18,11 @@ namespace {
 
 const fs::path fixtures = CAF_SERVING_ONNX_FIXTURES;
 
-/// Steps of `kernel` at every planned size of fixture `name`, or -1 if the sizes disagree.
 long steps_of(const std::string& name, const std::string& kernel) {
-  auto entry = repository::load_model_config(fixtures / "models", name, {true});
-  REQUIRE(entry.config);
-  auto r = plan_model({entry.version_dirs.back() / "model.onnx", entry.config->config, {}});
-  REQUIRE_MESSAGE(r, (r ? "" : r.error().message));
-  REQUIRE(!r->buckets.empty());
-  long first = -1;
-  for (const auto& b : r->buckets) {
-    auto it = b.kernels.find(kernel);
-    long n = it == b.kernels.end() ? 0 : static_cast<long>(it->second);
-    if (first < 0) first = n;
-    if (n != first) return -1;
-  }
-  return first;
+  return cuda::testing::steps_of(fixtures, name, kernel);
 }
 
-/// The kernel the dry run chooses for the one node `make` adds to a graph.
-std::string chosen(const std::function<void(onnx::graph&)>& make, int64_t opset = 18) {
-  onnx::graph g;
-  g.opset = opset;
-  make(g);
-  step_builder b{nullptr, g, std::vector<void*>(g.values.size(), nullptr), {}};
-  b.build();
-  REQUIRE(b.steps.size() == 1);
-  return b.steps[0].kernel;
-}
+using cuda::testing::chosen;
 
 /// A one-node graph of `op` over inputs of `types`/`shapes` to an output of `out`/`out_shape`.
 std::string node_of(const std::string& op, std::vector<datatype> types,
