@@ -1,4 +1,5 @@
 #include "check/case_runner_data.hpp"
+#include "check/device_buffer.hpp"
 
 #include "cpu/data_reference.hpp"
 #include "cpu/half.hpp"
@@ -22,54 +23,8 @@ namespace {
 
 using bytes = std::vector<std::uint8_t>;
 
-/// An owned device allocation.
-class device_bytes {
-public:
-  device_bytes() = default;
-  explicit device_bytes(std::size_t n) : size_(n) {
-    if (size_ > 0)
-      CAF_CUDA_CHECK(cudaMalloc(&ptr_, size_));
-  }
-  device_bytes(const device_bytes&) = delete;
-  device_bytes& operator=(const device_bytes&) = delete;
-  device_bytes(device_bytes&& o) noexcept
-    : ptr_(std::exchange(o.ptr_, nullptr)), size_(std::exchange(o.size_, 0)) {
-  }
-  device_bytes& operator=(device_bytes&& o) noexcept {
-    std::swap(ptr_, o.ptr_);
-    std::swap(size_, o.size_);
-    return *this;
-  }
-  ~device_bytes() {
-    if (ptr_)
-      cudaFree(ptr_);
-  }
-  std::uint8_t* get() const {
-    return static_cast<std::uint8_t*>(ptr_);
-  }
-  void upload(const void* host) const {
-    if (size_ > 0)
-      CAF_CUDA_CHECK(cudaMemcpy(ptr_, host, size_, cudaMemcpyHostToDevice));
-  }
-  void set(int byte, cudaStream_t stream) const {
-    if (size_ > 0)
-      CAF_CUDA_CHECK(cudaMemsetAsync(ptr_, byte, size_, stream));
-  }
-  bytes download() const {
-    bytes host(size_);
-    CAF_CUDA_CHECK(cudaDeviceSynchronize());
-    if (size_ > 0)
-      CAF_CUDA_CHECK(cudaMemcpy(host.data(), ptr_, size_, cudaMemcpyDeviceToHost));
-    return host;
-  }
-
-private:
-  void* ptr_ = nullptr;
-  std::size_t size_ = 0;
-};
-
-device_bytes to_device(const bytes& host) {
-  device_bytes d(host.size());
+device_buffer to_device(const bytes& host) {
+  device_buffer d(host.size());
   d.upload(host.data());
   return d;
 }
@@ -135,7 +90,7 @@ public:
     }
     auto in = random_bytes(static_cast<std::size_t>(count_of(dims_of(s.shape))) * size_, rng);
     in_ = to_device(in);
-    out_ = device_bytes(in.size());
+    out_ = device_buffer(in.size());
     total_ = in.size();
     if (cfg.with_reference)
       want_ = ref::permute(in, size_, shape_);
@@ -163,7 +118,7 @@ private:
   std::size_t size_;
   permute_shape shape_;
   std::size_t total_ = 0;
-  device_bytes in_, out_;
+  device_buffer in_, out_;
   bytes want_;
 };
 
@@ -180,7 +135,7 @@ public:
     std::int64_t src_count = plan.src_elements, dst_count = plan.dst_elements;
     auto src = random_bytes(static_cast<std::size_t>(src_count) * size_, rng);
     src_ = to_device(src);
-    dst_ = device_bytes(static_cast<std::size_t>(dst_count) * size_);
+    dst_ = device_buffer(static_cast<std::size_t>(dst_count) * size_);
     src_count_ = src_count;
     dst_count_ = dst_count;
     if (!cfg.with_reference)
@@ -212,8 +167,8 @@ public:
     std::vector<strided_copy_args> copies;
     for (const auto& p : boxes_) {
       strided_copy_args a;
-      a.src = src_.get() + p.src_at * size_;
-      a.dst = dst_.get() + p.dst_at * size_;
+      a.src = static_cast<const std::uint8_t*>(src_.get()) + p.src_at * size_;
+      a.dst = static_cast<std::uint8_t*>(dst_.get()) + p.dst_at * size_;
       a.element_size = size_;
       a.box = p.box;
       a.src_elements = src_count_ - p.src_at;
@@ -244,7 +199,7 @@ private:
   std::vector<placed_box> boxes_;
   std::uint64_t pad_value_ = 0;
   std::int64_t src_count_ = 0, dst_count_ = 0;
-  device_bytes src_, dst_;
+  device_buffer src_, dst_;
   bytes want_;
 };
 
@@ -286,8 +241,8 @@ public:
     }
     indices_ = to_device(index_bytes);
     out_bytes_ = static_cast<std::size_t>(shape_.outer * count * shape_.inner) * size_;
-    out_ = device_bytes(out_bytes_);
-    flag_ = device_bytes(sizeof(int));
+    out_ = device_buffer(out_bytes_);
+    flag_ = device_buffer(sizeof(int));
     if (cfg.with_reference)
       want_ = ref::gather_axis(data, size_, shape_, indices);
   }
@@ -336,7 +291,7 @@ private:
   int axis_ = 0;
   gather_shape shape_;
   std::size_t out_bytes_ = 0;
-  device_bytes data_, indices_, out_, flag_;
+  device_buffer data_, indices_, out_, flag_;
   ref::gather_result want_;
 };
 
@@ -385,7 +340,7 @@ public:
     }
     in_ = to_device(raw);
     outputs_ = static_cast<std::size_t>(shape_.outer * shape_.inner);
-    out_ = device_bytes(outputs_ * width_);
+    out_ = device_buffer(outputs_ * width_);
     if (cfg.with_reference)
       want_ = ref::reduce(values, shape_, c.data.reduce);
   }
@@ -437,7 +392,7 @@ private:
   int axes_[max_rank] = {};
   reduce_shape shape_;
   std::size_t outputs_ = 0;
-  device_bytes in_, out_;
+  device_buffer in_, out_;
   std::vector<float> want_;
 };
 
