@@ -241,8 +241,7 @@ std::vector<void*> cuda_backend::pointers(const planned_graph& pg, uint8_t* aren
 
 std::vector<gpu_step> cuda_backend::build_steps(const planned_graph& pg, uint8_t* arena,
                                                 uint32_t slot) {
-  ctx_.slot = slot; // the device flags its steps add are this slot's
-  step_builder b{&ctx_, pg.g, pointers(pg, arena, slot), {}};
+  step_builder b{&ctx_, pg.g, pointers(pg, arena, slot), {}, slot};
   b.build();
   return std::move(b.steps);
 }

@@ -79,10 +79,6 @@ struct step_context {
   std::vector<std::shared_ptr<void>> keep;
   std::vector<conv_desc> convs;
   device_flags flags; ///< set by device steps (Gather), read after each batch
-  /// The staging slot whose steps are being built. Two batches may be in
-  /// flight, one per slot, so each slot's steps get their own device flags
-  /// (flags.add(what, slot)), read and cleared only with that slot's batch.
-  uint32_t slot = 0;
 
   step_context() = default;
   step_context(const step_context&) = delete;
@@ -97,6 +93,10 @@ struct step_builder {
   const onnx::graph& g;
   std::vector<void*> ptrs; ///< per value: device address (all null in a dry run)
   std::vector<gpu_step> steps;
+  /// The staging slot these steps serve. Two batches may be in flight, one per
+  /// slot, so each slot's steps get their own device flags (flags.add(what,
+  /// slot)), read and cleared only with that slot's batch.
+  uint32_t slot = 0;
 
   bool dry() const { return ctx == nullptr; }
   /// What a dry run records for a node a device step takes.

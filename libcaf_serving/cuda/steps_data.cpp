@@ -72,7 +72,7 @@ std::optional<gpu_step> data_step(step_builder& b, const onnx::node& n) {
     a.axis = p->gather_axis;
     a.index_count = p->index_count;
     // Runtime indices are checked on the device: the flag is read after the batch.
-    a.error_flag = b.ctx->flags.add(gather_error(b.g, n, *p), b.ctx->slot);
+    a.error_flag = b.ctx->flags.add(gather_error(b.g, n, *p), b.slot);
     bool empty = p->index_count == 0 || p->output_elements == 0;
     return gpu_step{"gather", false, [a, empty](cudaStream_t s) {
       if (!empty) k::launch_gather_axis(a, s);
