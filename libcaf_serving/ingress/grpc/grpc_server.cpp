@@ -1435,10 +1435,8 @@ std::unique_ptr<grpc_server> grpc_server::start(const grpc_server_config& cfg,
                              + " (--grpc-port, --grpc-address): the port is in use or the "
                                "address is not this machine's; grpc's log above says which "
                                "(--allow-grpc false serves without gRPC)");
-  for (auto& q : s->cqs)
+  for (auto& q : s->cqs) {
     s->cq_threads.emplace_back([&st = *s, async, cq = q.get()] {
-      // Named, so that top, perf and the tests tell them from grpc's own.
-      pthread_setname_np(pthread_self(), "grpc-cq");
       cq_unary_infer::listen(*async, *cq, st);
       cq_stream_infer::listen(*async, *cq, st);
       void* tag = nullptr;
@@ -1446,6 +1444,11 @@ std::unique_ptr<grpc_server> grpc_server::start(const grpc_server_config& cfg,
       while (cq->Next(&tag, &ok))
         static_cast<cq_tag*>(tag)->on_event(ok);
     });
+    // Named, so that top, perf and the tests tell them from grpc's own; named
+    // here rather than by the thread itself, so the name is set before the
+    // server announces its port.
+    pthread_setname_np(s->cq_threads.back().native_handle(), "grpc-cq");
+  }
   return std::unique_ptr<grpc_server>(new grpc_server(std::move(s)));
 }
 
