@@ -65,6 +65,19 @@ TEST_CASE("operators that compute across batch rows are found, the others are no
   CHECK_FALSE(batch_coupling(one_node("Softmax", none))); // axis -1
   CHECK_FALSE(batch_coupling(one_node("ArgMax", [](graph&, node& n) { n.set_i("axis", 2); })));
   CHECK_FALSE(batch_coupling(one_node("Relu", none)));
+
+  // The other reductions alike; GlobalMaxPool, like GlobalAveragePool, keeps the batch axis.
+  for (const char* op : {"ReduceL1", "ReduceL2", "ReduceSumSquare", "ReduceLogSum",
+                         "ReduceLogSumExp"}) {
+    CAPTURE(op);
+    CHECK(batch_coupling(one_node(op, [](graph& g, node& n) {
+      n.inputs.push_back(axes_constant(g, {0, 2}));
+    })));
+    CHECK_FALSE(batch_coupling(one_node(op, [](graph& g, node& n) {
+      n.inputs.push_back(axes_constant(g, {-1}));
+    })));
+  }
+  CHECK_FALSE(batch_coupling(one_node("GlobalMaxPool", none)));
 }
 
 TEST_CASE("an axis from a Constant node is read, as the TorchScript exporter writes them") {

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 
 namespace caf_serving::onnx {
 
@@ -176,8 +177,14 @@ std::optional<std::string> check_node_version(const graph& g, const node& n) {
            + std::to_string(first) + " on" + at + "; re-export the model with opset "
            + std::to_string(first) + " or newer, or without the attribute";
   };
-  if (n.op == "ReduceMean" || n.op == "ReduceSum") {
-    int64_t input_from = n.op == "ReduceMean" ? 18 : 13;
+  // The reductions whose axes became an input (ReduceSum at 13, these at 18).
+  // ReduceMax, ReduceMin and ReduceProd are left to their shape inference
+  // (ops_more.cpp), which refuses the axes input before opset 18.
+  static const std::set<std::string> axes_input_reductions{
+    "ReduceMean", "ReduceSum", "ReduceL1", "ReduceL2", "ReduceSumSquare", "ReduceLogSum",
+    "ReduceLogSumExp"};
+  if (axes_input_reductions.count(n.op)) {
+    int64_t input_from = n.op == "ReduceSum" ? 13 : 18;
     if (v >= input_from && n.has("axes"))
       return "attribute 'axes' was replaced by the second input 'axes' in " + n.op + "-"
              + std::to_string(input_from) + at + "; pass the axes as a constant input";

@@ -63,6 +63,13 @@ TEST_CASE("a model's opset selects the largest version at or below it") {
   CHECK(operator_version("AveragePool", 21) == 19);
   CHECK(operator_version("Mod", 27) == 13);
   CHECK(operator_version("Mod", 28) == 28);
+  CHECK(operator_version("ReduceL2", 17) == 13);
+  CHECK(operator_version("ReduceL2", 18) == 18);
+  CHECK(operator_version("ReduceL2", 28) == 18);
+  CHECK(operator_version("ReduceLogSumExp", 27) == 18);
+  CHECK(operator_version("ReduceLogSumExp", 28) == 28); // floats only
+  CHECK(operator_version("GlobalMaxPool", 21) == 1);
+  CHECK(operator_version("GlobalMaxPool", 22) == 22);
   // Defined only after the opset: unsupported there.
   CHECK_FALSE(operator_version("HardSwish", 13));
   CHECK(operator_version("HardSwish", 14) == 14);
@@ -191,6 +198,19 @@ TEST_CASE("attributes that the selected operator version does not define are ref
   msg = refusal(make_model(17, {{"ReduceMean", {"X"}, {"Y"}, {{"noop_with_empty_axes", 1}}}}));
   CHECK(msg.find("attribute 'noop_with_empty_axes' exists from ReduceMean-18 on (opset 17 "
                  "selects ReduceMean-13)") != std::string::npos);
+  // The same for the other reductions whose axes became an input at 18.
+  msg = refusal(make_model(17, {{"ReduceL2", {"X", "ax"}, {"Y"}, {}}}, {{"ax", {1}}}));
+  CHECK(msg == "m.onnx: node 'n' (ReduceL2, opset 17): ReduceL2-13 takes its axes as an "
+               "attribute; the second input 'axes' exists from ReduceL2-18 on (opset 17 selects "
+               "ReduceL2-13); re-export with a newer opset");
+  msg = refusal(make_model(18, {{"ReduceLogSumExp", {"X"}, {"Y"},
+                                 {{"axes", std::vector<int64_t>{1}}}}}));
+  CHECK(msg.find("attribute 'axes' was replaced by the second input 'axes' in "
+                 "ReduceLogSumExp-18") != std::string::npos);
+  loads(make_model(17, {{"ReduceSumSquare", {"X"}, {"Y"}, {{"axes", std::vector<int64_t>{1}}}}}));
+  loads(make_model(18, {{"ReduceL1", {"X", "ax"}, {"Y"}, {{"noop_with_empty_axes", 1}}}},
+                   {{"ax", {-1}}}));
+  loads(make_model(22, {{"GlobalMaxPool", {"X"}, {"Y"}, {}}}));
 
   // Split's num_outputs exists from Split-18; it must match the outputs.
   msg = refusal(make_model(17, {{"Split", {"X"}, {"a", "b"}, {{"num_outputs", 2}}}}));

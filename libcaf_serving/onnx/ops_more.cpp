@@ -26,6 +26,7 @@ infer_result infer_prelu(const graph& g, const node& n);
 infer_result infer_rms_norm(const graph& g, const node& n);
 infer_result infer_lrn(const graph& g, const node& n);
 infer_result infer_reduce(const graph& g, const node& n);
+infer_result infer_global_max_pool(const graph& g, const node& n);
 infer_result infer_quantize(const graph& g, const node& n);
 infer_result infer_dequantize(const graph& g, const node& n);
 infer_result infer_attention(const graph& g, const node& n);
@@ -46,6 +47,10 @@ const std::vector<datatype> numbers{datatype::fp32, datatype::int64, datatype::i
 const std::vector<datatype> numbers_and_bool{datatype::fp32, datatype::int64, datatype::int32,
                                              datatype::int8, datatype::uint8, datatype::bool_};
 const std::vector<datatype> quantized{datatype::int8, datatype::uint8, datatype::int32};
+/// ONNX's "high-precision numeric" types of ReduceL1/L2/SumSquare/LogSum/LogSumExp:
+/// no 8- or 16-bit integers (float16, bfloat16 and double arrive as FP32).
+const std::vector<datatype> wide_numbers{datatype::fp32, datatype::int64, datatype::int32,
+                                         datatype::uint64, datatype::uint32};
 
 const std::map<std::string, op_entry>& table() {
   static const std::map<std::string, op_entry> ops{
@@ -58,6 +63,7 @@ const std::map<std::string, op_entry>& table() {
     {"Elu", {{1, 6, 22}, float_only, infer_unary}},
     {"Floor", {{1, 6, 13}, float_only, infer_unary}},
     {"Gelu", {{20}, float_only, infer_unary}},
+    {"GlobalMaxPool", {{1, 22}, float_only, infer_global_max_pool}}, // 22: bfloat16
     {"LeakyRelu", {{1, 6, 16}, float_only, infer_unary}},
     {"LRN", {{1, 13}, float_only, infer_lrn}},
     {"Mish", {{18, 22}, float_only, infer_unary}},
@@ -68,6 +74,14 @@ const std::map<std::string, op_entry>& table() {
     {"ReduceMax", {{1, 11, 12, 13, 18, 20}, numbers_and_bool, infer_reduce}},
     {"ReduceMin", {{1, 11, 12, 13, 18, 20}, numbers_and_bool, infer_reduce}},
     {"ReduceProd", {{1, 11, 13, 18}, numbers, infer_reduce}},
+    // 18: axes as an input, noop_with_empty_axes (which still applies the
+    // element-wise part: |x|, x squared, log x); 28: floats only (ReduceLogSum
+    // and ReduceLogSumExp of integers are refused from opset 28 on).
+    {"ReduceL1", {{1, 11, 13, 18}, wide_numbers, infer_reduce}},
+    {"ReduceL2", {{1, 11, 13, 18}, wide_numbers, infer_reduce}},
+    {"ReduceLogSum", {{1, 11, 13, 18, 28}, wide_numbers, infer_reduce}},
+    {"ReduceLogSumExp", {{1, 11, 13, 18, 28}, wide_numbers, infer_reduce}},
+    {"ReduceSumSquare", {{1, 11, 13, 18}, wide_numbers, infer_reduce}},
     {"RMSNormalization", {{23}, float_only, infer_rms_norm}},
     {"Round", {{11, 22}, float_only, infer_unary}},
     {"Selu", {{1, 6, 22}, float_only, infer_unary}},
@@ -298,8 +312,9 @@ void run_lrn(const node& n, const tensor_ref& x, const tensor_ref& y) {
 
 // ------------------------------------------------------------------ reductions
 
-/// The reduced axes of ReduceMax/Min/Prod, sorted; `empty_noop` when the model
-/// asks for no reduction at all.
+/// The reduced axes of a reduction of this file, sorted; `noop` when the model
+/// asks for no reduction at all (each output element is then the reduction of
+/// one input element).
 struct reduction {
   std::vector<int64_t> axes;
   bool noop = false;
@@ -347,6 +362,11 @@ infer_result infer_reduce(const graph& g, const node& n) {
   if (x.dtype == datatype::bool_ && g.opset != 0 && g.opset < 20)
     return n.op + " of BOOL exists from opset 20, but the model imports opset "
            + std::to_string(g.opset);
+  if ((n.op == "ReduceLogSum" || n.op == "ReduceLogSumExp") && x.dtype != datatype::fp32
+      && g.opset >= 28)
+    return "input '" + x.name + "' is " + type_name(x.dtype) + "; " + n.op
+           + "-28 (opset " + std::to_string(g.opset)
+           + ") takes floating-point tensors only: Cast it to FLOAT first";
   std::vector<int64_t> axes;
   bool from_input = has_input(n, 1);
   if (from_input) {
@@ -361,7 +381,9 @@ infer_result infer_reduce(const graph& g, const node& n) {
   if (auto* e = std::get_if<std::string>(&r))
     return *e;
   const auto& red = std::get<reduction>(r);
-  if (n.op != "ReduceProd" && !red.noop)
+  // Only the maximum and minimum of nothing were undefined before opset 18;
+  // products and sums have their identity (1, 0, log 0) at every version.
+  if ((n.op == "ReduceMax" || n.op == "ReduceMin") && !red.noop)
     for (auto a : red.axes)
       if (x.shape[a] == 0 && g.opset != 0 && g.opset < 18)
         return n.op + " of an empty axis " + std::to_string(a) + " of " + shape_string(x.shape)
@@ -413,6 +435,144 @@ void run_reduce(const node& n, const std::vector<tensor_ref>& in, const tensor_r
       o = kind == 0 ? std::max(o, v) : std::min(o, v);
     }
   });
+}
+
+/// The reductions that sum a function of each element, then perhaps transform
+/// the sum: |x| (ReduceL1), x squared (ReduceSumSquare; ReduceL2 then takes the
+/// square root), x (ReduceLogSum, then the log), e^x (ReduceLogSumExp, then the log).
+enum class sum_kind { l1, l2, sum_square, log_sum, log_sum_exp };
+
+sum_kind sum_kind_of(const std::string& op) {
+  if (op == "ReduceL1") return sum_kind::l1;
+  if (op == "ReduceL2") return sum_kind::l2;
+  if (op == "ReduceSumSquare") return sum_kind::sum_square;
+  if (op == "ReduceLogSum") return sum_kind::log_sum;
+  return sum_kind::log_sum_exp;
+}
+
+/// `v` in integer type T, truncated toward zero as a cast does; NaN, infinities
+/// and values out of T's range (the log of 0, or of a negative sum) saturate
+/// instead of being undefined behaviour.
+template <class T>
+T saturated(double v) {
+  if (std::isnan(v))
+    return T(0);
+  if (v <= static_cast<double>(std::numeric_limits<T>::lowest()))
+    return std::numeric_limits<T>::lowest();
+  if (v >= static_cast<double>(std::numeric_limits<T>::max()))
+    return std::numeric_limits<T>::max();
+  return static_cast<T>(v);
+}
+
+/// ReduceL1, ReduceL2, ReduceSumSquare, ReduceLogSum, ReduceLogSumExp. Floats
+/// sum in double. Integers of ReduceL1 and ReduceSumSquare sum exactly,
+/// wrapping as a sum in the integer type does; the others are computed in
+/// double and truncated. ReduceLogSumExp subtracts each
+/// output's largest finite input before exp, so that large inputs do not
+/// overflow. An empty reduction gives the empty sum's value: 0, and log 0 =
+/// minus infinity for the logs (the lowest integer for integer types).
+template <class T>
+void run_sum_reduce(const node& n, const std::vector<tensor_ref>& in, const tensor_ref& y) {
+  const auto& x = in[0];
+  std::vector<int64_t> axes;
+  bool from_input = in.size() > 1 && in[1].data;
+  if (from_input)
+    axes = ref_ints(in[1]);
+  auto red = std::get<reduction>(reduction_of(n, from_input ? &axes : nullptr, x.shape.size()));
+  // The output's strides over the input's dimensions, 0 where reduced.
+  std::array<shape_t, 1> st{broadcast_strides(reduced_shape(x.shape, red, true), x.shape)};
+  const T* a = x.as<T>();
+  T* out = y.as<T>();
+  int64_t count = y.elements();
+  sum_kind kind = sum_kind_of(n.op);
+  if constexpr (std::is_integral_v<T>) {
+    if (kind == sum_kind::l1 || kind == sum_kind::sum_square) {
+      // Unsigned arithmetic wraps modulo 2^64, which the cast to T keeps.
+      std::vector<uint64_t> acc(count, 0);
+      broadcast_loop<1>(x.shape, st, [&](int64_t i, const std::array<int64_t, 1>& off) {
+        auto v = static_cast<uint64_t>(a[i]);
+        if constexpr (std::is_signed_v<T>)
+          if (kind == sum_kind::l1 && a[i] < 0)
+            v = 0 - v;
+        acc[off[0]] += kind == sum_kind::l1 ? v : v * v;
+      });
+      for (int64_t o = 0; o < count; ++o) out[o] = static_cast<T>(acc[o]);
+      return;
+    }
+  }
+  // e^(x - shift): the largest finite input, 0 where there is none (all of
+  // them infinite or NaN, or none at all), as ONNX's reference does.
+  std::vector<double> shift(count, 0.0);
+  if (kind == sum_kind::log_sum_exp) {
+    std::vector<double> largest(count, -std::numeric_limits<double>::infinity());
+    broadcast_loop<1>(x.shape, st, [&](int64_t i, const std::array<int64_t, 1>& off) {
+      double v = static_cast<double>(a[i]);
+      if (std::isfinite(v) && v > largest[off[0]])
+        largest[off[0]] = v;
+    });
+    for (int64_t o = 0; o < count; ++o)
+      if (std::isfinite(largest[o]))
+        shift[o] = largest[o];
+  }
+  std::vector<double> acc(count, 0.0);
+  broadcast_loop<1>(x.shape, st, [&](int64_t i, const std::array<int64_t, 1>& off) {
+    double v = static_cast<double>(a[i]);
+    switch (kind) {
+      case sum_kind::l1: acc[off[0]] += std::fabs(v); break;
+      case sum_kind::l2:
+      case sum_kind::sum_square: acc[off[0]] += v * v; break;
+      case sum_kind::log_sum: acc[off[0]] += v; break;
+      case sum_kind::log_sum_exp: acc[off[0]] += std::exp(v - shift[off[0]]); break;
+    }
+  });
+  for (int64_t o = 0; o < count; ++o) {
+    double r = acc[o];
+    if (kind == sum_kind::l2)
+      r = std::sqrt(r);
+    else if (kind == sum_kind::log_sum)
+      r = std::log(r);
+    else if (kind == sum_kind::log_sum_exp)
+      r = std::log(r) + shift[o];
+    if constexpr (std::is_integral_v<T>)
+      out[o] = saturated<T>(r);
+    else
+      out[o] = static_cast<T>(r);
+  }
+}
+
+// ------------------------------------------------------------------ GlobalMaxPool
+
+/// [N, C, d1..dk] -> [N, C, 1..1]: the maximum of each channel's plane.
+infer_result infer_global_max_pool(const graph& g, const node& n) {
+  const auto& x = g.values[n.inputs[0]];
+  if (x.shape.size() < 2)
+    return "GlobalMaxPool needs an input of rank 2 or more ([N, C, d1, ...]); '" + x.name
+           + "' is " + shape_string(x.shape);
+  shape_t s = x.shape;
+  for (size_t d = 2; d < s.size(); ++d) s[d] = 1;
+  return one(x.dtype, s);
+}
+
+/// The maximum of each [N, C] plane; NaN wins, as in ReduceMax; an empty plane
+/// (a zero spatial dimension) gives minus infinity.
+void run_global_max_pool(const tensor_ref& x, const tensor_ref& y) {
+  int64_t planes = x.shape[0] * x.shape[1];
+  int64_t plane = 1;
+  for (size_t d = 2; d < x.shape.size(); ++d) plane *= x.shape[d];
+  const float* in = x.as<float>();
+  float* out = y.as<float>();
+  for (int64_t p = 0; p < planes; ++p) {
+    float m = -std::numeric_limits<float>::infinity();
+    for (int64_t i = 0; i < plane; ++i) {
+      float v = in[p * plane + i];
+      if (std::isnan(v)) {
+        m = v;
+        break;
+      }
+      m = std::max(m, v);
+    }
+    out[p] = m;
+  }
 }
 
 // ------------------------------------------------------------------ quantization
@@ -768,6 +928,15 @@ void run_more_op(const node& n, const std::vector<tensor_ref>& in,
     run_attention(n, in, out);
   } else if (op == "ReduceMax" || op == "ReduceMin" || op == "ReduceProd") {
     dispatch(in[0].dtype, [&](auto tag) { run_reduce<decltype(tag)>(n, in, y); });
+  } else if (op == "ReduceL1" || op == "ReduceL2" || op == "ReduceSumSquare"
+             || op == "ReduceLogSum" || op == "ReduceLogSumExp") {
+    dispatch(in[0].dtype, [&](auto tag) {
+      using T = decltype(tag);
+      if constexpr (!std::is_same_v<T, bool>) // refused by type at inference
+        run_sum_reduce<T>(n, in, y);
+    });
+  } else if (op == "GlobalMaxPool") {
+    run_global_max_pool(in[0], y);
   } else if (op == "QuantizeLinear") {
     auto w = walk_of(n, in[0], in[1]);
     bool zp = in.size() > 2 && in[2].data;

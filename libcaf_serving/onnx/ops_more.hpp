@@ -2,7 +2,9 @@
 /// The element-wise, normalization and attention operators that current
 /// exporters emit besides those of ops.cpp and ops_simple.cpp: Gelu (20),
 /// RMSNormalization and Attention (23), QuantizeLinear and DequantizeLinear
-/// (per tensor and per axis, INT8/UINT8), LRN, ReduceMax/ReduceMin/ReduceProd,
+/// (per tensor and per axis, INT8/UINT8), LRN, the reductions besides ReduceSum
+/// and ReduceMean (ReduceMax, ReduceMin, ReduceProd, ReduceL1, ReduceL2,
+/// ReduceSumSquare, ReduceLogSum, ReduceLogSumExp) and GlobalMaxPool,
 /// PRelu and the unary functions (Sin, Cos, Floor, Ceil, Round, Sign, Selu, Elu,
 /// LeakyRelu, Softplus, Softsign, ThresholdedRelu, Mish). Each is registered
 /// once, in ops_more.cpp's table: its ONNX versions, the datatypes it takes,

@@ -2,21 +2,28 @@
 /// reference (masks, is_causal, grouped-query heads, a query that sees no key),
 /// Gelu against FusedGelu, quantization's rounding and saturation worked out by
 /// hand, the reductions' edge cases, the errors that name what the engine does
-/// not take. ONNX Runtime's outputs for these operators are checked through the
-/// server by onnx.server.test (tests/onnx/fixtures/models/op_*).
+/// not take; then a model of FP16 ReduceL2 and GlobalMaxPool, imported and
+/// served by the CPU backend. ONNX Runtime's outputs for these operators are
+/// checked through the server by onnx.server.test (tests/onnx/fixtures/models/op_*).
 
 #include "onnx/ops_more.hpp"
 
 #include "onnx/importer.hpp"
 #include "onnx/ops_testing.hpp"
 #include "onnx/testing.hpp"
+#include "onnx_cpu/onnx_backend.hpp"
 
 #include <doctest/doctest.h>
+#include <onnx/onnx_pb.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
+#include <map>
 #include <random>
+#include <string>
+#include <vector>
 
 using namespace caf_serving;
 using namespace caf_serving::onnx;
@@ -25,6 +32,7 @@ using namespace caf_serving::onnx::testing;
 namespace {
 
 constexpr float inf_f = std::numeric_limits<float>::infinity();
+constexpr float nan_f = std::numeric_limits<float>::quiet_NaN();
 
 bool has(const std::string& s, const std::string& part) {
   return s.find(part) != std::string::npos;
@@ -57,7 +65,7 @@ TEST_CASE("the importer lists the operators of ops_more.cpp") {
   CHECK(std::adjacent_find(all.begin(), all.end()) == all.end());
   for (const auto& op : more_operators())
     CHECK_MESSAGE(std::binary_search(all.begin(), all.end(), op), op);
-  CHECK(more_operators().size() == 23);
+  CHECK(more_operators().size() == 29);
 }
 
 TEST_CASE("Attention matches FusedAttention: 3-D heads, float and BOOL masks, is_causal") {
@@ -240,6 +248,267 @@ TEST_CASE("ReduceMax, ReduceMin, ReduceProd: axes as attribute and input, keepdi
   CHECK(ok1({"ReduceMin", {flags}, {}, 20}).values<uint8_t>() == std::vector<uint8_t>{0});
   CHECK(has(refused({"ReduceMax", {flags, axis1}, {}, 18}), "BOOL exists from opset 20"));
   CHECK(has(refused({"ReduceProd", {flags}, {}, 20}), "is BOOL"));
+}
+
+namespace {
+
+/// Each of `got` equals `want` within `tolerance` relative; NaN and infinities exactly.
+void check_near(const std::vector<float>& got, const std::vector<double>& want,
+                double tolerance = 1e-6) {
+  REQUIRE(got.size() == want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    INFO("element " << i << ": got " << got[i] << ", want " << want[i]);
+    if (std::isnan(want[i]))
+      CHECK(std::isnan(got[i]));
+    else if (std::isinf(want[i]))
+      CHECK(static_cast<double>(got[i]) == want[i]);
+    else
+      CHECK(std::fabs(got[i] - want[i]) <= tolerance * std::max(1.0, std::fabs(want[i])));
+  }
+}
+
+} // namespace
+
+TEST_CASE("ReduceL1, ReduceL2, ReduceSumSquare, ReduceLogSum, ReduceLogSumExp: axes as "
+          "attribute and input, keepdims, negative axes") {
+  // Rows {3, -4, 0} and {-1, 2, 2}: |x| sums 7 and 5, squares 25 and 9; columns'
+  // |x| sums 4, 6, 2 and squares 10, 20, 4.
+  auto x = f32({2, 3}, {3, -4, 0, -1, 2, 2});
+  auto l1 = ok1({"ReduceL1", {x}, attrs({{"axes", ints_attr({1})}, {"keepdims", int_attr(0)}})});
+  CHECK(l1.shape == std::vector<int64_t>{2});
+  CHECK(l1.values<float>() == std::vector<float>{7, 5});
+  auto l2 = ok1({"ReduceL2", {x, constant(i64({1}, {0}))}, {}, 18});
+  CHECK(l2.shape == std::vector<int64_t>{1, 3});
+  check_near(l2.values<float>(), {std::sqrt(10.0), std::sqrt(20.0), 2});
+  auto sq = ok1({"ReduceSumSquare", {x, constant(i64({1}, {-1}))}, {}, 18});
+  CHECK(sq.shape == std::vector<int64_t>{2, 1});
+  CHECK(sq.values<float>() == std::vector<float>{25, 9});
+  auto sq13 = ok1({"ReduceSumSquare", {x},
+                   attrs({{"axes", ints_attr({-2})}, {"keepdims", int_attr(0)}}), 13});
+  CHECK(sq13.shape == std::vector<int64_t>{3});
+  CHECK(sq13.values<float>() == std::vector<float>{10, 20, 4});
+  // Positive rows summing to 8 and 1, 9 in all.
+  auto p = f32({2, 3}, {1, 2, 5, 0.5f, 0.25f, 0.25f});
+  auto all = ok1({"ReduceLogSum", {p}, {}, 13});
+  CHECK(all.shape == std::vector<int64_t>{1, 1});
+  check_near(all.values<float>(), {std::log(9.0)});
+  auto rows = ok1({"ReduceLogSum", {p, constant(i64({1}, {1}))},
+                   attrs({{"keepdims", int_attr(0)}}), 18});
+  check_near(rows.values<float>(), {std::log(8.0), 0});
+  auto lse = ok1({"ReduceLogSumExp", {x, constant(i64({1}, {1}))},
+                  attrs({{"keepdims", int_attr(0)}}), 18});
+  CHECK(lse.shape == std::vector<int64_t>{2});
+  check_near(lse.values<float>(), {std::log(std::exp(3.0) + std::exp(-4.0) + 1.0),
+                                   std::log(std::exp(-1.0) + 2 * std::exp(2.0))});
+}
+
+TEST_CASE("ReduceLogSumExp stays finite where e^x overflows; infinities and NaN") {
+  // log(2 e^1000) = 1000 + log 2; e^1000 is infinite even in double.
+  auto big = f32({2, 2}, {1000, 1000, -1000, -1000});
+  auto y = ok1({"ReduceLogSumExp", {big}, attrs({{"axes", ints_attr({1})}}), 13});
+  check_near(y.values<float>(), {1000 + std::log(2.0), -1000 + std::log(2.0)});
+  // log(e^inf + e^1) = inf, log(0 + 0) = -inf, NaN stays NaN.
+  auto edges = f32({3, 2}, {inf_f, 1, -inf_f, -inf_f, nan_f, 0});
+  auto e = ok1({"ReduceLogSumExp", {edges}, attrs({{"axes", ints_attr({1})}}), 13});
+  check_near(e.values<float>(), {INFINITY, -INFINITY, NAN});
+}
+
+TEST_CASE("the sum reductions' noop_with_empty_axes still applies |x|, x squared, log x") {
+  // ONNX 1.23: reducing over no axes leaves each element's own reduction.
+  auto x = f32({2, 3}, {3, -4, 0, -1, 2, 2});
+  auto none = constant(i64({0}, {}));
+  auto noop = attrs({{"noop_with_empty_axes", int_attr(1)}});
+  auto abs_x = std::vector<float>{3, 4, 0, 1, 2, 2};
+  auto l1 = ok1({"ReduceL1", {x, none}, noop, 18});
+  CHECK(l1.shape == std::vector<int64_t>{2, 3});
+  CHECK(l1.values<float>() == abs_x);
+  CHECK(ok1({"ReduceL1", {x}, noop, 18}).values<float>() == abs_x); // axes left out
+  CHECK(ok1({"ReduceL2", {x, none}, noop, 18}).values<float>() == abs_x);
+  CHECK(ok1({"ReduceSumSquare", {x, none}, noop, 18}).values<float>()
+        == std::vector<float>{9, 16, 0, 1, 4, 4});
+  CHECK(ok1({"ReduceLogSumExp", {x, none}, noop, 18}).values<float>() == x.values<float>());
+  auto p = f32({4}, {1, 2, 0.5f, 0});
+  check_near(ok1({"ReduceLogSum", {p, none}, noop, 18}).values<float>(),
+             {0, std::log(2.0), std::log(0.5), -INFINITY});
+  // Without noop_with_empty_axes, empty axes reduce every axis.
+  auto every = ok1({"ReduceL1", {x, none}, {}, 18});
+  CHECK(every.shape == std::vector<int64_t>{1, 1});
+  CHECK(every.values<float>() == std::vector<float>{12});
+}
+
+TEST_CASE("the sum reductions of an empty axis: 0, and log 0 for the logs, at every opset") {
+  auto empty = f32({2, 0}, {});
+  auto axis1 = constant(i64({1}, {1}));
+  for (const char* op : {"ReduceL1", "ReduceL2", "ReduceSumSquare"}) {
+    CAPTURE(op);
+    auto y = ok1({op, {empty, axis1}, attrs({{"keepdims", int_attr(0)}}), 18});
+    CHECK(y.shape == std::vector<int64_t>{2});
+    CHECK(y.values<float>() == std::vector<float>{0, 0});
+    // Unlike ReduceMax's, their empty sums are defined before opset 18 too.
+    CHECK(ok1({op, {empty}, attrs({{"axes", ints_attr({1})}}), 13}).values<float>()
+          == std::vector<float>{0, 0});
+  }
+  for (const char* op : {"ReduceLogSum", "ReduceLogSumExp"}) {
+    CAPTURE(op);
+    CHECK(ok1({op, {empty, axis1}, {}, 18}).values<float>() == std::vector<float>{-inf_f, -inf_f});
+  }
+}
+
+TEST_CASE("the sum reductions of integers; the types and forms they refuse") {
+  CHECK(ok1({"ReduceL1", {i64({3}, {-3, 4, -5})}}).values<int64_t>() == std::vector<int64_t>{12});
+  CHECK(ok1({"ReduceL1", {make<uint32_t>(datatype::uint32, {2}, {7, 8})}}).values<uint32_t>()
+        == std::vector<uint32_t>{15});
+  // 65536^2 + 1 = 2^32 + 1 wraps to 1 in INT32, as the type's own sum does.
+  CHECK(ok1({"ReduceSumSquare", {make<int32_t>(datatype::int32, {2}, {65536, 1})}})
+          .values<int32_t>() == std::vector<int32_t>{1});
+  // sqrt(26) = 5.10 and log(7) = 1.95 truncate.
+  CHECK(ok1({"ReduceL2", {i64({3}, {3, 4, 1})}}).values<int64_t>() == std::vector<int64_t>{5});
+  CHECK(ok1({"ReduceLogSum", {i64({2}, {2, 5})}, {}, 27}).values<int64_t>()
+        == std::vector<int64_t>{1});
+  // ReduceLogSum-28 and ReduceLogSumExp-28 take floats only.
+  CHECK(refused({"ReduceLogSumExp", {i64({2}, {1, 2})}, {}, 28})
+        == "input 'in0' is INT64; ReduceLogSumExp-28 (opset 28) takes floating-point tensors "
+           "only: Cast it to FLOAT first");
+  CHECK(has(refused({"ReduceLogSum", {i64({2}, {1, 2})}, {}, 28}), "ReduceLogSum-28"));
+  CHECK(refused({"ReduceL1", {make<int8_t>(datatype::int8, {2}, {1, -1})}})
+        == "input 'in0' is INT8; the engine runs ReduceL1 on FP32, INT64, INT32, UINT64, UINT32");
+  auto x = f32({2, 3}, {3, -4, 0, -1, 2, 2});
+  CHECK(refused({"ReduceL2", {x, constant(i64({1}, {1}))}, {}, 17})
+        == "ReduceL2's axes input exists from opset 18; before it axes is an attribute");
+  CHECK(has(refused({"ReduceSumSquare", {x, i64({1}, {1})}, {}, 18}),
+            "known before the model runs"));
+  CHECK(refused({"ReduceLogSumExp", {x}, attrs({{"axes", ints_attr({2})}})})
+        == "axis 2 is out of range for rank 2");
+}
+
+TEST_CASE("GlobalMaxPool: the maximum of each channel, NaN as ReduceMax, an empty plane") {
+  auto x = f32({1, 2, 2, 2}, {1, 5, -3, 2, -1, -7, -2, -4});
+  for (int64_t opset : {13, 22}) {
+    auto y = ok1({"GlobalMaxPool", {x}, {}, opset});
+    CHECK(y.shape == std::vector<int64_t>{1, 2, 1, 1});
+    CHECK(y.values<float>() == std::vector<float>{5, -1});
+  }
+  // A NaN anywhere in the plane wins; all -inf stays -inf.
+  auto odd = ok1({"GlobalMaxPool", {f32({3, 1, 3}, {1, nan_f, 3, -inf_f, -inf_f, -inf_f, nan_f,
+                                                     1, 2})}});
+  CHECK(odd.shape == std::vector<int64_t>{3, 1, 1});
+  check_near(odd.values<float>(), {NAN, -INFINITY, NAN});
+  // Rank 2 has no spatial axes: each element is its own plane.
+  auto flat = ok1({"GlobalMaxPool", {f32({2, 2}, {1, 2, 3, 4})}});
+  CHECK(flat.shape == std::vector<int64_t>{2, 2});
+  CHECK(flat.values<float>() == std::vector<float>{1, 2, 3, 4});
+  auto empty = ok1({"GlobalMaxPool", {f32({1, 2, 0}, {})}});
+  CHECK(empty.shape == std::vector<int64_t>{1, 2, 1});
+  CHECK(empty.values<float>() == std::vector<float>{-inf_f, -inf_f});
+  CHECK(refused({"GlobalMaxPool", {f32({3}, {1, 2, 3})}})
+        == "GlobalMaxPool needs an input of rank 2 or more ([N, C, d1, ...]); 'in0' is [3]");
+  CHECK(refused({"GlobalMaxPool", {i64({1, 1, 2}, {1, 2})}})
+        == "input 'in0' is INT64; the engine runs GlobalMaxPool on FP32");
+}
+
+namespace {
+
+namespace pb = ::onnx;
+
+/// FP16 x [batch, 2, 2, 2] -> l2 = ReduceL2(x, axes [2, 3], keepdims 0)  FP16 [batch, 2]
+///                         -> max = GlobalMaxPool(x)                      FP16 [batch, 2, 1, 1]
+/// at opset 18, as an exporter writes it (the axes an INT64 initializer).
+std::string half_reductions_model() {
+  pb::ModelProto m;
+  m.set_ir_version(8);
+  m.set_producer_name("ops_more.test");
+  m.add_opset_import()->set_version(18);
+  auto* g = m.mutable_graph();
+  g->set_name("half_reductions");
+  auto declare = [](pb::ValueInfoProto* v, const std::string& name,
+                    const std::vector<int64_t>& dims) {
+    v->set_name(name);
+    auto* tt = v->mutable_type()->mutable_tensor_type();
+    tt->set_elem_type(pb::TensorProto::FLOAT16);
+    tt->mutable_shape()->add_dim()->set_dim_param("batch");
+    for (auto d : dims) tt->mutable_shape()->add_dim()->set_dim_value(d);
+  };
+  declare(g->add_input(), "x", {2, 2, 2});
+  auto* axes = g->add_initializer();
+  axes->set_name("axes");
+  axes->set_data_type(pb::TensorProto::INT64);
+  axes->add_dims(2);
+  axes->add_int64_data(2);
+  axes->add_int64_data(3);
+  auto* l2 = g->add_node();
+  l2->set_op_type("ReduceL2");
+  l2->set_name("l2");
+  l2->add_input("x");
+  l2->add_input("axes");
+  l2->add_output("l2");
+  auto* keep = l2->add_attribute();
+  keep->set_name("keepdims");
+  keep->set_type(pb::AttributeProto::INT);
+  keep->set_i(0);
+  auto* pool = g->add_node();
+  pool->set_op_type("GlobalMaxPool");
+  pool->set_name("max");
+  pool->add_input("x");
+  pool->add_output("max");
+  declare(g->add_output(), "l2", {2});
+  declare(g->add_output(), "max", {2, 1, 1});
+  return m.SerializeAsString();
+}
+
+struct named_writer final : executor::output_writer {
+  std::map<std::string, std::vector<uint8_t>> buffers;
+  std::map<std::string, datatype> types;
+  std::map<std::string, std::vector<int64_t>> shapes;
+  uint8_t* allocate(std::string_view name, datatype t, const std::vector<int64_t>& shape,
+                    size_t bytes) override {
+    std::string key(name);
+    types[key] = t;
+    shapes[key] = shape;
+    buffers[key].resize(bytes);
+    return buffers[key].data();
+  }
+  std::vector<uint16_t> halves(const std::string& name) const {
+    const auto& b = buffers.at(name);
+    std::vector<uint16_t> v(b.size() / 2);
+    std::memcpy(v.data(), b.data(), b.size());
+    return v;
+  }
+};
+
+} // namespace
+
+// FP16 bits worked out by hand: 1 = 0x3C00, 2 = 0x4000, 3 = 0x4200, 4 = 0x4400,
+// 6 = 0x4600, 0.5 = 0x3800, a minus sign 0x8000. Between 4 and 8 an FP16 step is
+// 2^-8: sqrt(30) = 5.47723 -> 1402 steps = 5.4765625 = 0x4400 + 378 = 0x457A;
+// sqrt(49.25) = 7.01783 -> 1797 steps = 7.01953125 = 0x4400 + 773 = 0x4705.
+TEST_CASE("an FP16 model of ReduceL2 and GlobalMaxPool loads and runs through the CPU backend") {
+  auto g = import_model_bytes(half_reductions_model(), "half_reductions.onnx");
+  REQUIRE_MESSAGE(g, (g ? "" : g.error().message));
+  onnx_model_config cfg;
+  cfg.model_file = "half_reductions.onnx";
+  cfg.config.name = "half_reductions";
+  auto model = load_onnx_graph(std::move(*g), cfg);
+  REQUIRE_MESSAGE(model, (model ? "" : model.error().message));
+  auto instance = model->make_instance();
+
+  // Row 0: channels {1, 2, -3, 4} and {0.5, -2, 3, 6}; row 1: all -1, all 0.
+  std::vector<uint16_t> x{0x3C00, 0x4000, 0xC200, 0x4400, 0x3800, 0xC000, 0x4200, 0x4600,
+                          0xBC00, 0xBC00, 0xBC00, 0xBC00, 0x0000, 0x0000, 0x0000, 0x0000};
+  executor::batch_view view;
+  view.rows = 2;
+  view.inputs.push_back({"x", datatype::fp16, {2, 2, 2, 2},
+                         reinterpret_cast<const uint8_t*>(x.data()), x.size() * 2});
+  named_writer out;
+  auto r = instance->execute(view, out);
+  if (auto* e = std::get_if<serving_error>(&r))
+    FAIL(e->message);
+  CHECK(out.types.at("l2") == datatype::fp16);
+  CHECK(out.shapes.at("l2") == std::vector<int64_t>{2, 2});
+  // sqrt(1 + 4 + 9 + 16), sqrt(0.25 + 4 + 9 + 36), sqrt(4 * 1) = 2, 0.
+  CHECK(out.halves("l2") == std::vector<uint16_t>{0x457A, 0x4705, 0x4000, 0x0000});
+  CHECK(out.types.at("max") == datatype::fp16);
+  CHECK(out.shapes.at("max") == std::vector<int64_t>{2, 2, 1, 1});
+  CHECK(out.halves("max") == std::vector<uint16_t>{0x4400, 0x4600, 0xBC00, 0x0000});
 }
 
 TEST_CASE("the unary functions and PRelu at their edges") {
