@@ -242,7 +242,7 @@ TEST_CASE("Gather: any axis, int64 and int32 indices, negative indices, a scalar
   c.check("gather");
 }
 
-TEST_CASE("reductions: attribute and input axes, keepdims, every axis, the global pool") {
+TEST_CASE("reductions: attribute and input axes, keepdims, every axis, no axis, the global pools") {
   node_case a;
   a.add("ReduceMean", {a.input(datatype::fp32, {2, 3, 4}), a.ints({1})});
   a.check("reduce");
@@ -259,6 +259,20 @@ TEST_CASE("reductions: attribute and input axes, keepdims, every axis, the globa
   node_case e;
   e.add("GlobalAveragePool", {e.input(datatype::fp32, {2, 3, 4, 5})});
   e.check("reduce");
+  node_case f;
+  f.add("ReduceL2", {f.input(datatype::fp32, {2, 3, 4}), f.ints({1, 2})}, 1,
+        [](onnx::node& n) { n.set_i("keepdims", 0); });
+  f.check("reduce");
+  node_case g;
+  g.add("ReduceSumSquare", {g.input(datatype::fp32, {3, 5}), g.ints({-1})});
+  g.check("reduce");
+  node_case h; // no axes: each element squared, in the kernel and the reference
+  h.add("ReduceSumSquare", {h.input(datatype::fp32, {3, 5})}, 1,
+        [](onnx::node& n) { n.set_i("noop_with_empty_axes", 1); });
+  h.check("reduce");
+  node_case i;
+  i.add("GlobalMaxPool", {i.input(datatype::fp32, {2, 3, 4, 5})});
+  i.check("reduce");
 }
 
 TEST_CASE("what the kernels cannot take has no plan") {

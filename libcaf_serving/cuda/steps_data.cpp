@@ -1,8 +1,9 @@
 /// The data-movement and reduction device steps: Transpose, Concat, Split, Slice,
 /// Gather, Expand, Pad (constant), Tile, the reductions (ReduceMean/Sum/Max/Min/
-/// Prod, and ReduceL2/SumSquare/GlobalMaxPool once the operator registry has them)
-/// and GlobalAveragePool where cuDNN's pool step (steps_core.cpp) does not take it,
-/// over the kernels of kernels/cuda/{permute,strided_copy,gather_axis,reduce}.
+/// Prod/L2/SumSquare, GlobalMaxPool) and GlobalAveragePool where cuDNN's pool step
+/// (steps_core.cpp) does not take it, over the kernels of
+/// kernels/cuda/{permute,strided_copy,gather_axis,reduce}. ReduceL1, ReduceLogSum
+/// and ReduceLogSumExp have no device kernel: they run on the host.
 ///
 /// The movement steps work on the element size alone (1, 2, 4 or 8 bytes: any
 /// dtype); the reductions on fp32, fp16 and bf16 (fp32 accumulation). Boxes,
@@ -116,11 +117,9 @@ std::vector<device_kernel> data_steps() {
                             {"Slice", "slice"}, {"Gather", "gather"}, {"Expand", "expand"},
                             {"Tile", "tile"}, {"Pad", "pad"}})
     steps.push_back({op, {}, kernel, any_type(data_step)});
-  // ReduceL2, ReduceSumSquare and GlobalMaxPool join once the operator registry
-  // (onnx/ops*.cpp) has them: until then the importer refuses such models.
   for (const char* op : {"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd",
                          "ReduceL2", "ReduceSumSquare", "GlobalAveragePool", "GlobalMaxPool"})
-    if (onnx::find_operator(op)) steps.push_back({op, {}, "reduce", any_type(data_step)});
+    steps.push_back({op, {}, "reduce", any_type(data_step)});
   return steps;
 }
 

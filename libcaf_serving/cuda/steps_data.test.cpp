@@ -138,3 +138,45 @@ TEST_CASE("the GlobalAveragePools cuDNN's step leaves (fp16, 3-D) are reductions
   CHECK(pool("GlobalAveragePool", datatype::fp32, {2, 8, 7}) == "reduce");
   CHECK(pool("GlobalAveragePool", datatype::int32, {2, 8, 7, 7}) == "host:GlobalAveragePool");
 }
+
+TEST_CASE("ReduceL2, ReduceSumSquare and GlobalMaxPool plan as reductions; ReduceL1, "
+          "ReduceLogSum and ReduceLogSumExp, which have no device kernel, as host steps") {
+  // x [2, 3, 4] over its last axis (the axes input of opset 18).
+  auto last_axis = [](const std::string& op, datatype t) {
+    return chosen([=](onnx::graph& g) {
+      int x = g.add_value("x", t, {2, 3, 4}, true);
+      int y = g.add_value("y", t, {2, 3, 1}, true);
+      g.add_node(op, "r", {x, int64s(g, "axes", {-1})}, {y});
+    });
+  };
+  for (const char* op : {"ReduceL2", "ReduceSumSquare"}) {
+    CAPTURE(op);
+    CHECK(last_axis(op, datatype::fp32) == "reduce");
+    CHECK(last_axis(op, datatype::bf16) == "reduce");
+    CHECK(last_axis(op, datatype::int64) == std::string("host:") + op); // integers: the host
+  }
+  for (const char* op : {"ReduceL1", "ReduceLogSum", "ReduceLogSumExp"}) {
+    CAPTURE(op);
+    CHECK(last_axis(op, datatype::fp32) == std::string("host:") + op);
+  }
+  // ReduceSumSquare-18 over no axes squares each element: the kernel's zero-axis form.
+  CHECK(chosen([](onnx::graph& g) {
+          int x = g.add_value("x", datatype::fp32, {2, 3}, true);
+          int y = g.add_value("y", datatype::fp32, {2, 3}, true);
+          g.add_node("ReduceSumSquare", "r", {x}, {y}).set_i("noop_with_empty_axes", 1);
+        })
+        == "reduce");
+  auto pool = [](datatype t, std::vector<int64_t> xs) {
+    return chosen([=](onnx::graph& g) {
+      int x = g.add_value("x", t, xs, true);
+      auto ys = xs;
+      for (size_t d = 2; d < ys.size(); ++d) ys[d] = 1;
+      int y = g.add_value("y", t, ys, true);
+      g.add_node("GlobalMaxPool", "p", {x}, {y});
+    });
+  };
+  CHECK(pool(datatype::fp32, {2, 8, 7, 7}) == "reduce");
+  CHECK(pool(datatype::fp16, {2, 8, 7}) == "reduce");
+  CHECK(pool(datatype::fp32, {2, 8}) == "host:GlobalMaxPool"); // no spatial axes to reduce
+  CHECK(pool(datatype::int32, {2, 8, 7, 7}) == "host:GlobalMaxPool");
+}
