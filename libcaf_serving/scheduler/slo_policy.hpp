@@ -28,6 +28,14 @@
 ///   open batch or opens one) and made again from the queue only after
 ///   requests left it or one was queued ahead of others; laying it visits
 ///   batches, not requests.
+/// - Growth. Near and above capacity (the rows offered per second lately, over
+///   what the executors serve in full batches), the open batch of each class
+///   is priced at the rows it is expected to hold when it starts: those it
+///   holds plus those arriving meanwhile. Priced at its rows of the moment,
+///   its first members were admitted with slack for a small batch only, and
+///   every later arrival that would have filled it was shed for making them
+///   late: under overload the executors ran small batches at a fixed cost
+///   each.
 /// - Dispatch. The first batch of the plan on an executor goes out when it is
 ///   full (the size that maximises throughput: the cost per row falls with size
 ///   on every backend we have), or when the executor is free, or one `margin`
@@ -194,6 +202,7 @@ private:
   /// again from the queue only after requests left it or one was queued ahead
   /// of others: admission no longer visits the queued requests.
   struct cut_batch {
+    std::pair<uint64_t, uint64_t> batch_class;
     std::vector<const entry*> members;
     uint32_t rows = 0;
     uint64_t bytes = 0;
@@ -223,6 +232,9 @@ private:
   void refresh_cut();
   /// Lays the batches of the cut onto the executors in order, each where it
   /// finishes first given their outstanding work: every batch's completion.
+  /// The open batch of each class (the one new requests join) is priced at
+  /// the rows it is expected to hold when it starts (expected_rows), not at
+  /// the rows it holds now.
   std::vector<laid_batch> lay(time_point now, const std::vector<executor_load>& executors) const;
   /// Queued requests predicted to finish past their deadline less the margin.
   size_t late_requests(const std::vector<laid_batch>& laid, std::chrono::nanoseconds margin) const;
@@ -251,6 +263,26 @@ private:
   uint64_t entries_visited_ = 0;
   /// When the last probe was admitted.
   std::optional<time_point> last_probe_;
+  /// The last `arrival_window` requests offered (admitted or not): when they
+  /// came and how many rows (a ring).
+  struct arrival {
+    time_point at;
+    uint32_t rows;
+  };
+  static constexpr size_t arrival_window = 256;
+  std::vector<arrival> arrivals_;
+  size_t arrivals_next_ = 0;
+  /// Counts an arrival of `rows` at `now`.
+  void note_arrival(time_point now, uint32_t rows);
+  /// Rows offered per nanosecond lately (0 when fewer than two requests came
+  /// within the last four targets).
+  double arrival_rate(time_point now) const;
+  /// The share (0 to 1) of the expected arrivals the open batches are priced
+  /// with: none up to the executors' full-batch capacity, all from 120% of it.
+  double growth_share(double rate, const std::vector<executor_load>& executors) const;
+  /// Rows the open batch `b` is priced at when it starts `start_ns` from now:
+  /// its rows and those arriving meanwhile at `rate`, up to a full batch.
+  uint32_t expected_rows(const cut_batch& b, size_t k, double rate, int64_t start_ns) const;
   /// Whether the request at `where` (about to be shed) may go as a probe;
   /// marks it so when it may.
   bool take_as_probe(entry& e, time_point now, const std::vector<executor_load>& executors);
