@@ -132,6 +132,13 @@ int main(int argc, char** argv) {
     rc.server_name = "caf-serving-" + std::to_string(getpid());
     rc.credits = opts.cluster.remote_credits;
     rc.max_ship_bytes = opts.cluster.max_ship_bytes;
+    // The bulk channel is plain TCP: under TLS every batch stays on the
+    // encrypted CAF link.
+    rc.bulk_threshold = tls->enabled() ? 0 : opts.cluster.bulk_threshold_bytes;
+    if (tls->enabled() && opts.cluster.bulk_threshold_bytes > 0)
+      std::cout << "bulk channel off: the cluster runs TLS, so large batches stay on the "
+                   "encrypted CAF link"
+                << std::endl;
     rc.remote_timeout.unmeasured = std::chrono::milliseconds(opts.cluster.remote_timeout_ms);
     rc.remote_timeout.factor = opts.cluster.remote_timeout_factor;
     rc.remote_timeout.floor = std::chrono::milliseconds(opts.cluster.remote_timeout_floor_ms);

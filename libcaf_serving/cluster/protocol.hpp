@@ -103,12 +103,18 @@ struct worker_info {
   /// The worker has a repository of its own (--model-repository): a model it
   /// holds otherwise than the server is reloaded from there, not shipped.
   bool own_repository = false;
+  /// The worker's bulk channel (bulk_channel.hpp): its port (0: none), the host
+  /// to reach it at when the server did not dial the worker (empty: unknown),
+  /// and the 16-byte token made for this server, which admits one connection.
+  uint16_t bulk_port = 0;
+  std::string bulk_host;
+  std::string bulk_token;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, worker_info& x) {
   return f(caf::meta::type_name("worker_info"), x.name, x.models, x.placement,
-           x.accepts_files, x.own_repository);
+           x.accepts_files, x.own_repository, x.bulk_port, x.bulk_host, x.bulk_token);
 }
 
 /// Timing of failure detection; the same on servers and workers.
