@@ -554,6 +554,11 @@ bool bulk_client::connected() const {
   return core_->ready && !core_->closed;
 }
 
+bool bulk_client::closed() const {
+  std::lock_guard<std::mutex> guard(core_->mutex);
+  return core_->closed;
+}
+
 bool bulk_client::send_batch(const run_batch& batch, uint64_t target, caf::actor proxy,
                              uint64_t id) {
   auto segs = bulk::segments_of(batch);

@@ -129,6 +129,8 @@ public:
   bool send_batch(const run_batch& batch, uint64_t target, caf::actor proxy, uint64_t id);
 
   bool connected() const;
+  /// Closed: it could not connect, broke, or was closed; batches take CAF's link.
+  bool closed() const;
 
 private:
   explicit bulk_client(std::shared_ptr<bulk_core> core) : core_(std::move(core)) {}

@@ -264,7 +264,10 @@ TEST_CASE("over loopback: batches reach the gate by token, answers come back byt
     std::atomic<bool> lost{false};
     auto client = bulk_client::connect(sys, "127.0.0.1", port, std::string(16, 'a'), "w",
                                        quick, [&](const std::string&) { lost = true; });
-    std::this_thread::sleep_for(std::chrono::milliseconds(700));
+    // Until the connect is refused (or times out after 500 ms).
+    for (int i = 0; i < 500 && !client->closed(); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    REQUIRE(client->closed());
     caf::scoped_actor self{sys};
     CHECK_FALSE(client->connected());
     CHECK_FALSE(client->send_batch(run_batch{make_batch(100, 1), nullptr}, gate.id(),
@@ -272,4 +275,70 @@ TEST_CASE("over loopback: batches reach the gate by token, answers come back byt
     CHECK_FALSE(lost.load()); // never connected: not a lost worker
   }
   caf::anon_send_exit(gate, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("a malformed answer breaks the channel: its batches go back as lost, once") {
+  caf::actor_system_config cfg;
+  cluster::configure_actor_system(cfg, {});
+  caf::actor_system sys{cfg};
+  // A fake worker: takes the token and one frame, then answers garbage.
+  int lfd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+  REQUIRE(::listen(lfd, 1) == 0);
+  socklen_t len = sizeof(a);
+  ::getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &len);
+  std::string token_seen;
+  std::thread fake([&] {
+    int fd = ::accept(lfd, nullptr, nullptr);
+    char buf[16 + bulk::header_bytes];
+    size_t got = 0;
+    while (got < sizeof(buf)) {
+      auto n = ::recv(fd, buf + got, sizeof(buf) - got, 0);
+      if (n <= 0)
+        break;
+      got += static_cast<size_t>(n);
+    }
+    token_seen.assign(buf, 16);
+    auto garbage = raw_header(0xdeadbeef, 2, 1, 1, 0, 8);
+    (void) !::send(fd, garbage.data(), garbage.size(), 0);
+    char c;
+    while (::recv(fd, &c, 1, 0) > 0) {
+    }
+    ::close(fd);
+  });
+  std::mutex m;
+  std::vector<std::string> lost;
+  auto client = bulk_client::connect(sys, "127.0.0.1", ntohs(a.sin_port),
+                                     std::string(16, 't'), "fake", {},
+                                     [&](const std::string& why) {
+                                       std::lock_guard<std::mutex> g(m);
+                                       lost.push_back(why);
+                                     });
+  for (int i = 0; i < 500 && !client->connected(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  REQUIRE(client->connected());
+  caf::scoped_actor self{sys};
+  REQUIRE(client->send_batch(run_batch{make_batch(100, 1), nullptr}, 7,
+                             caf::actor_cast<caf::actor>(self), 3));
+  self->receive([&](bulk_lost_atom, const std::string& why) {
+                  CHECK(why.find("magic") != std::string::npos);
+                },
+                caf::after(std::chrono::seconds(10)) >> [&] { FAIL("no loss in 10 s"); });
+  fake.join();
+  ::close(lfd);
+  CHECK(token_seen == std::string(16, 't'));
+  CHECK(client->closed());
+  // on_lost runs on the reader thread right after the batches were sent back.
+  for (int i = 0; i < 500; ++i) {
+    std::lock_guard<std::mutex> g(m);
+    if (!lost.empty())
+      break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  std::lock_guard<std::mutex> g(m);
+  REQUIRE(lost.size() == 1);
+  CHECK(lost[0].find("magic") != std::string::npos);
 }
