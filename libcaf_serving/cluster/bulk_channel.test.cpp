@@ -332,12 +332,12 @@ TEST_CASE("a malformed answer breaks the channel: its batches go back as lost, o
   CHECK(token_seen == std::string(16, 't'));
   CHECK(client->closed());
   // on_lost runs on the reader thread right after the batches were sent back.
-  for (int i = 0; i < 500; ++i) {
+  auto told = [&] {
     std::lock_guard<std::mutex> g(m);
-    if (!lost.empty())
-      break;
+    return !lost.empty();
+  };
+  for (int i = 0; i < 500 && !told(); ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
   std::lock_guard<std::mutex> g(m);
   REQUIRE(lost.size() == 1);
   CHECK(lost[0].find("magic") != std::string::npos);
