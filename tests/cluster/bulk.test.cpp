@@ -16,6 +16,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
 #include <mutex>
 #include <thread>
@@ -238,4 +239,114 @@ TEST_CASE("kill -9 of a worker holding large batches loses no request and answer
   CHECK(wait_for_v2(server.http_port(), "\"name\":\"w1\",\"address\":\"" + w1->address()
                                           + "\",\"state\":\"lost\"",
                     std::chrono::seconds(5)));
+}
+
+namespace {
+
+/// Whether `ss -K` destroys a TCP connection here: tried on one of our own.
+bool ss_kill_works() {
+  if (::geteuid() != 0)
+    return false;
+  int l = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  if (::bind(l, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 || ::listen(l, 1) != 0
+      || ::getsockname(l, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    ::close(l);
+    return false;
+  }
+  int c = ::socket(AF_INET, SOCK_STREAM, 0);
+  bool works = false;
+  if (::connect(c, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) {
+    int s = ::accept(l, nullptr, nullptr);
+    auto cmd = "ss -K dst 127.0.0.1 dport = " + std::to_string(ntohs(a.sin_port))
+               + " >/dev/null 2>&1";
+    if (std::system(cmd.c_str()) == 0) {
+      timeval tv{2, 0};
+      ::setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+      char ch;
+      // Destroyed: an error at once (ECONNABORTED), not a 2 s timeout.
+      works = ::recv(c, &ch, 1, 0) < 0 && errno != EAGAIN && errno != EWOULDBLOCK;
+    }
+    ::close(s);
+  }
+  ::close(c);
+  ::close(l);
+  return works;
+}
+
+/// Occurrences of `text` in `out`.
+size_t count_of(const std::string& out, const std::string& text) {
+  size_t n = 0;
+  for (auto at = out.find(text); at != std::string::npos; at = out.find(text, at + 1))
+    ++n;
+  return n;
+}
+
+} // namespace
+
+TEST_CASE("a bulk channel cut under load: the worker is lost and back, every request right") {
+  // The server's end of the bulk connection is destroyed from outside with
+  // `ss -K` (root and a kernel with sock_destroy); the CAF link stays up.
+  if (!ss_kill_works()) {
+    MESSAGE("skipped: ss -K cannot destroy sockets here (needs root and sock_destroy)");
+    return;
+  }
+  setenv("CAF_SERVING_CLUSTER_SECRET", "bulk-test-secret", 1);
+  support::temp_repository repo;
+  write_test_models(repo, 0);
+  write_wide_model(repo, 20000); // a batch in flight long enough to be cut
+  worker_process w1({repo.path().string(), "w1", {}, {}});
+  worker_process w2({repo.path().string(), "w2", {}, {}});
+  auto port = bulk_port(w1);
+  support::server_process server({CAF_SERVING_BINARY, repo.path().string(),
+                                  {"--worker", w1.address(), "--worker", w2.address(),
+                                   "--local-executors", "false", "--bulk-threshold-bytes",
+                                   threshold}});
+  REQUIRE(wait_for_v2(server.http_port(), "\"name\":\"w1\"", std::chrono::seconds(10)));
+  REQUIRE(wait_for_v2(server.http_port(), "\"name\":\"w2\"", std::chrono::seconds(10)));
+  auto connected = [&] { return count_of(server.output(), "bulk channel connected"); };
+  for (int i = 0; i < 500 && connected() < 2; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  REQUIRE(connected() == 2);
+  auto p = server.metrics_port();
+  int cut = -1;
+  double held = -1;
+  auto midway = [&] {
+    // Cut while w1 holds batches, so that they must be run elsewhere.
+    auto until = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+    do
+      held = worker_metric(p, "caf_serving_worker_batches_in_flight", "w1");
+    while (held < 1 && std::chrono::steady_clock::now() < until);
+    cut = std::system(("ss -K dst 127.0.0.1 dport = " + std::to_string(port) + " >/dev/null 2>&1")
+                        .c_str());
+  };
+  auto totals = run_wide_load(server.http_port(), 4, 30, 0, midway, 20);
+  INFO(totals.first_failure);
+  CHECK(totals.correct == 120);
+  CHECK(totals.wrong == 0);
+  CHECK(totals.failed == 0);
+  CHECK(metric_sum(p, "caf_serving_inference_request_success", "model=\"wide\"") == 120);
+  CHECK(metric_sum(p, "caf_serving_inference_request_failure", "model=\"wide\"") == 0);
+  if (cut != 0) {
+    MESSAGE("ss -K did not run (exit " << cut << "): the cut was not made");
+    return;
+  }
+  // A third connection: w1 was greeted again, with a new token.
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (connected() < 3 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  CHECK(connected() == 3);
+  auto lost = worker_metric(p, "caf_serving_worker_batches_lost_total", "w1");
+  MESSAGE("w1 held " << held << " batches at the cut; " << lost << " went back to the queue");
+  CHECK(lost >= 1);
+  CHECK(wait_for_v2(server.http_port(), "\"name\":\"w1\",\"address\":\"" + w1.address()
+                                          + "\",\"state\":\"ready\"",
+                    std::chrono::seconds(5)));
+  // And it carries large batches again.
+  auto before = worker_metric(p, "caf_serving_worker_bulk_batches_total", "w1");
+  CHECK(run_wide_load(server.http_port(), 2, 10, 9000).correct == 20);
+  CHECK(worker_metric(p, "caf_serving_worker_bulk_batches_total", "w1") > before);
 }
