@@ -275,9 +275,13 @@ int main(int argc, char** argv) {
   if (tls->enabled())
     std::cout << "cluster links use TLS; peers must show a certificate of " << tls->ca
               << std::endl;
-  std::cout << "worker " << wc.name << " listening on " << shown << ":" << *port << std::endl;
+  // Each line in one write (tests read the ports from them; other threads print).
+  std::cout << ("worker " + wc.name + " listening on " + shown + ":" + std::to_string(*port)
+                + "\n")
+            << std::flush;
   if (wc.bulk)
-    std::cout << "bulk channel on " << shown << ":" << wc.bulk->port() << std::endl;
+    std::cout << ("bulk channel on " + shown + ":" + std::to_string(wc.bulk->port()) + "\n")
+              << std::flush;
   else
     std::cout << "bulk channel off: the cluster runs TLS, so large batches stay on the "
                  "encrypted CAF link"

@@ -155,8 +155,11 @@ int main(int argc, char** argv) {
                   << *opts.cluster.listen_port << ": " << sys.render(port.error()) << "\n";
         return 1;
       }
-      std::cout << "cluster listening on " << (addr.empty() ? "127.0.0.1" : addr) << ":"
-                << *port << std::endl;
+      // Each line in one write: actor and channel threads print beside this one,
+      // and the tests read the ports from these lines.
+      std::cout << ("cluster listening on " + (addr.empty() ? std::string("127.0.0.1") : addr)
+                    + ":" + std::to_string(*port) + "\n")
+                << std::flush;
     }
   }
 
@@ -182,7 +185,8 @@ int main(int argc, char** argv) {
       return 1;
     }
     auto host = opts.grpc.address == "0.0.0.0" ? std::string("127.0.0.1") : opts.grpc.address;
-    std::cout << "GRPC listening on " << host << ":" << grpc->port() << std::endl;
+    std::cout << ("GRPC listening on " + host + ":" + std::to_string(grpc->port()) + "\n")
+              << std::flush;
     opts.http.on_stop = [&] {
       grpc->begin_drain();
       grpc_stopper = std::thread([&grpc, &grpc_stopped, secs = opts.http.exit_timeout_secs] {
@@ -196,9 +200,11 @@ int main(int argc, char** argv) {
   try {
     stopped = ingress::run_http_server(opts.http, models, [&](ingress::listening_ports p) {
       auto host = opts.http.address == "0.0.0.0" ? std::string("127.0.0.1") : opts.http.address;
-      std::cout << "HTTP listening on " << host << ":" << p.http << std::endl;
+      std::cout << ("HTTP listening on " + host + ":" + std::to_string(p.http) + "\n")
+                << std::flush;
       if (p.metrics)
-        std::cout << "metrics listening on " << host << ":" << p.metrics << std::endl;
+        std::cout << ("metrics listening on " + host + ":" + std::to_string(p.metrics) + "\n")
+                  << std::flush;
     });
   } catch (const std::exception& e) {
     std::cerr << "caf-serving: " << e.what() << "\n";

@@ -532,13 +532,16 @@ std::shared_ptr<bulk_client> bulk_client::connect(caf::actor_system& sys,
       }
     }
     if (fd < 0) {
-      std::cerr << "caf-serving: cannot connect to the bulk channel of worker '" << core->peer
-                << "' at " << host << ":" << port << " (" << why
-                << "); its batches stay on the CAF link" << std::endl;
+      std::cerr << ("caf-serving: cannot connect to the bulk channel of worker '" + core->peer
+                    + "' at " + host + ":" + std::to_string(port) + " (" + why
+                    + "); its batches stay on the CAF link\n")
+                << std::flush;
       return;
     }
-    std::cout << "worker " << core->peer << ": bulk channel connected to " << host << ":"
-              << port << std::endl;
+    // Each log line in one write: other threads print beside this one.
+    std::cout << ("worker " + core->peer + ": bulk channel connected to " + host + ":"
+                  + std::to_string(port) + "\n")
+              << std::flush;
     std::thread(client_read_loop, core).detach();
     core->write_loop();
   }).detach();
@@ -699,8 +702,9 @@ void worker_read_loop(std::shared_ptr<bulk_core> core, std::shared_ptr<bulk_list
       why = "its first 16 bytes are not a token this worker handed out";
   }
   if (!why.empty()) {
-    std::cerr << "caf-serving-worker: refused a bulk channel connection from " << core->peer
-              << ": " << why << std::endl;
+    std::cerr << ("caf-serving-worker: refused a bulk channel connection from " + core->peer
+                  + ": " + why + "\n")
+              << std::flush;
     core->close(why, false);
     return;
   }
@@ -710,8 +714,8 @@ void worker_read_loop(std::shared_ptr<bulk_core> core, std::shared_ptr<bulk_list
     std::lock_guard<std::mutex> guard(core->mutex);
     core->ready = true;
   }
-  std::cout << "bulk channel from " << core->peer << " accepted (server node " << *server
-            << ")" << std::endl;
+  std::cout << ("bulk channel from " + core->peer + " accepted (server node " + *server + ")\n")
+            << std::flush;
   auto actor = st->sys->spawn(session, core, st);
   std::thread([core] { core->write_loop(); }).detach();
   for (;;) {
@@ -727,8 +731,9 @@ void worker_read_loop(std::shared_ptr<bulk_core> core, std::shared_ptr<bulk_list
                    std::move(batch));
   }
   if (why != "the peer closed the connection")
-    std::cerr << "caf-serving-worker: bulk channel from " << core->peer << " closed: " << why
-              << std::endl;
+    std::cerr << ("caf-serving-worker: bulk channel from " + core->peer + " closed: " + why
+                  + "\n")
+              << std::flush;
   core->close(why, true);
   caf::anon_send_exit(actor, caf::exit_reason::user_shutdown);
 }

@@ -198,9 +198,11 @@ void set_state(self_ptr self, const std::string& key, const std::string& state,
   auto& w = self->state.workers.at(key);
   if (w.status.state != state || w.status.reason != reason) {
     auto& out = state == "ready" ? std::cout : std::cerr;
-    out << "worker " << (w.status.name.empty() ? key : w.status.name) << " at "
-        << w.status.address << ": " << state << (reason.empty() ? "" : " (" + reason + ")")
-        << std::endl;
+    // One write: the server's main thread prints its listening ports meanwhile.
+    out << ("worker " + (w.status.name.empty() ? key : w.status.name) + " at "
+            + w.status.address + ": " + state + (reason.empty() ? "" : " (" + reason + ")")
+            + "\n")
+        << std::flush;
   }
   w.status.state = state;
   w.status.reason = reason;
