@@ -242,23 +242,26 @@ int main(int argc, char** argv) {
     executor::executor_actor bulk_proxy;
     std::shared_ptr<cluster::bulk_client> client;
     if (with_bulk) {
-      client = cluster::bulk_client::connect(
-        server_sys, "127.0.0.1", bulk_port,
-        tokens.substr(i * cluster::bulk::token_bytes, cluster::bulk::token_bytes), "loopback",
-        {}, [](const std::string& why) {
-          std::fprintf(stderr, "bulk channel lost: %s\n", why.c_str());
-          std::_Exit(1);
-        });
+      cluster::bulk_client_config bc;
+      bc.host = "127.0.0.1";
+      bc.port = bulk_port;
+      bc.token = tokens.substr(i * cluster::bulk::token_bytes, cluster::bulk::token_bytes);
+      bc.worker = "loopback";
+      bc.on_lost = [](const std::string& why) {
+        std::fprintf(stderr, "bulk channel lost: %s\n", why.c_str());
+        std::_Exit(1);
+      };
+      client = cluster::bulk_client::connect(server_sys, std::move(bc));
       for (int k = 0; k < 500 && !client->connected(); ++k)
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
       if (!client->connected()) {
         std::fprintf(stderr, "the bulk channel did not connect\n");
         return 1;
       }
-      auto bc = rc;
-      bc.bulk = client;
-      bc.bulk_threshold = 1 << 20;
-      bulk_proxy = cluster::spawn_remote_executor(server_sys, bc);
+      auto with = rc;
+      with.bulk = client;
+      with.bulk_threshold = 1 << 20;
+      bulk_proxy = cluster::spawn_remote_executor(server_sys, with);
     }
     auto local_ex = executor::spawn_executor(server_sys, be, cfg);
     caf::scoped_actor self{server_sys};

@@ -68,7 +68,10 @@ void encode_header(const frame_header& h, uint8_t* out) {
   put<uint64_t>(out, h.payload_bytes);
 }
 
-std::string parse_header(const uint8_t* in, uint64_t max_frame_bytes, frame_header& out) {
+namespace {
+
+/// Reads the header's fields into `out`; what is wrong with them, or empty.
+std::string read_header(const uint8_t* in, uint64_t max_frame_bytes, frame_header& out) {
   if (get<uint32_t>(in) != frame_magic)
     return "a frame does not start with the bulk channel's magic (not a caf-serving peer, or "
            "the stream lost its place)";
@@ -104,20 +107,29 @@ std::string parse_header(const uint8_t* in, uint64_t max_frame_bytes, frame_head
   return {};
 }
 
-std::string check_segment_table(const frame_header& h, const std::vector<uint64_t>& sizes,
-                                uint64_t& total_words) {
+} // namespace
+
+parsed_header parse_header(const uint8_t* in, uint64_t max_frame_bytes) {
+  parsed_header out;
+  out.error = read_header(in, max_frame_bytes, out.header);
+  return out;
+}
+
+segment_table check_segment_table(const frame_header& h, const std::vector<uint64_t>& sizes) {
+  segment_table out;
   // The header's payload, less the table, is what the segments must fill exactly.
   uint64_t room = (h.payload_bytes - sizes.size() * sizeof(uint64_t)) / sizeof(capnp::word);
-  total_words = 0;
   for (auto s : sizes) {
-    if (s > room - total_words)
-      return "a frame's segment table claims more words than the frame holds";
-    total_words += s;
+    if (s > room - out.total_words) {
+      out.error = "a frame's segment table claims more words than the frame holds";
+      return out;
+    }
+    out.total_words += s;
   }
-  if (total_words != room)
-    return "a frame's segment table claims " + std::to_string(total_words)
-           + " words but the frame holds " + std::to_string(room);
-  return {};
+  if (out.total_words != room)
+    out.error = "a frame's segment table claims " + std::to_string(out.total_words)
+                + " words but the frame holds " + std::to_string(room);
+  return out;
 }
 
 kj::ArrayPtr<const kj::ArrayPtr<const capnp::word>> segments_of(const run_batch& b) {
@@ -237,36 +249,45 @@ outgoing make_message_frame(bulk::frame_kind kind, uint64_t request, uint64_t ta
 }
 
 /// A frame that arrived: its header and, for batches and results, the message
-/// read in place; for errors, the error's bytes.
+/// read in place; for errors, the error's bytes. Or, with `error` set, why the
+/// connection must close.
 struct incoming {
   bulk::frame_header header;
   std::shared_ptr<const received_message> message;
   std::vector<char> error_bytes;
+  std::string error;
 };
 
-/// Reads one frame; empty on success, else why the connection must close.
-std::string read_frame(int fd, uint64_t max_frame_bytes, incoming& out) {
+/// Reads one frame.
+incoming read_frame(int fd, uint64_t max_frame_bytes) {
+  incoming out;
   uint8_t head[bulk::header_bytes];
-  if (auto why = read_full(fd, head, sizeof(head)); !why.empty())
-    return why;
-  if (auto why = bulk::parse_header(head, max_frame_bytes, out.header); !why.empty())
-    return why;
+  if (out.error = read_full(fd, head, sizeof(head)); !out.error.empty())
+    return out;
+  auto parsed = bulk::parse_header(head, max_frame_bytes);
+  out.header = parsed.header;
+  if (out.error = parsed.error; !out.error.empty())
+    return out;
   const auto& h = out.header;
   if (h.kind == bulk::frame_kind::error) {
     out.error_bytes.resize(h.payload_bytes);
-    return read_full(fd, out.error_bytes.data(), out.error_bytes.size());
+    out.error = read_full(fd, out.error_bytes.data(), out.error_bytes.size());
+    return out;
   }
   std::vector<uint64_t> sizes(h.segments);
-  if (auto why = read_full(fd, sizes.data(), sizes.size() * sizeof(uint64_t)); !why.empty())
-    return why;
-  uint64_t total = 0;
-  if (auto why = bulk::check_segment_table(h, sizes, total); !why.empty())
-    return why;
+  if (out.error = read_full(fd, sizes.data(), sizes.size() * sizeof(uint64_t));
+      !out.error.empty())
+    return out;
+  auto table = bulk::check_segment_table(h, sizes);
+  if (out.error = table.error; !out.error.empty())
+    return out;
+  auto total = table.total_words;
   auto msg = std::make_shared<received_message>();
   msg->words = kj::heapArray<capnp::word>(total);
   if (total > 0)
-    if (auto why = read_full(fd, msg->words.begin(), total * sizeof(capnp::word)); !why.empty())
-      return why;
+    if (out.error = read_full(fd, msg->words.begin(), total * sizeof(capnp::word));
+        !out.error.empty())
+      return out;
   auto segs = kj::heapArrayBuilder<kj::ArrayPtr<const capnp::word>>(sizes.size());
   size_t at = 0;
   for (auto s : sizes) {
@@ -278,15 +299,25 @@ std::string read_frame(int fd, uint64_t max_frame_bytes, incoming& out) {
                                                   : capnp::Schema::from<wire::BatchResult>();
   // As wire_format::load: checked before anything reads it, read more than once.
   auto problem = wire_format::unreadable_reason(msg->segments, schema);
-  if (!problem.empty())
-    return "a Cap'n Proto message that is not a valid "
-           + std::string{schema.getShortDisplayName().cStr()} + " arrived: " + problem;
+  if (!problem.empty()) {
+    out.error = "a Cap'n Proto message that is not a valid "
+                + std::string{schema.getShortDisplayName().cStr()} + " arrived: " + problem;
+    return out;
+  }
   capnp::ReaderOptions options;
   options.traversalLimitInWords = total * 8 + (uint64_t{1} << 20);
   msg->reader = std::make_unique<capnp::SegmentArrayMessageReader>(msg->segments, options);
   out.message = std::move(msg);
-  return {};
+  return out;
 }
+
+/// Whether a frame waits for room in the queue (the server's batches) or not
+/// (the worker's answers, and errors).
+enum class queue_room { bounded, unbounded };
+
+/// Who closes a connection: it broke (a read or write failed, a frame was
+/// malformed), or its owner closed it.
+enum class closing { broke, by_owner };
 
 void set_nodelay(int fd) {
   int one = 1;
@@ -318,21 +349,22 @@ struct bulk_core {
   };
   std::map<uint64_t, waiting> pending;
   uint64_t next_request = 1;
-  bulk_client::lost_handler on_lost;
+  std::function<void(const std::string&)> on_lost;
 
   ~bulk_core() {
     if (fd >= 0)
       ::close(fd);
   }
 
-  /// Queues a frame; `bounded`: only when it fits max_queued_bytes (or the queue
-  /// is empty).
-  bool enqueue(outgoing o, bool bounded) {
+  /// Queues a frame; a bounded one only when it fits max_queued_bytes (or the
+  /// queue is empty).
+  bool enqueue(outgoing o, queue_room room) {
     {
       std::lock_guard<std::mutex> guard(mutex);
       if (closed || !ready)
         return false;
-      if (bounded && queued_bytes > 0 && queued_bytes + o.bytes > cfg.max_queued_bytes)
+      if (room == queue_room::bounded && queued_bytes > 0
+          && queued_bytes + o.bytes > cfg.max_queued_bytes)
         return false;
       queued_bytes += o.bytes;
       queue.push_back(std::move(o));
@@ -342,11 +374,11 @@ struct bulk_core {
   }
 
   /// Closes the connection (once): the threads stop, every batch waiting for an
-  /// answer goes back to its proxy as lost, and when the channel broke
-  /// (`broke`) rather than being closed by its owner, on_lost is told.
-  void close(const std::string& why, bool broke) {
+  /// answer goes back to its proxy as lost, and when the channel broke rather
+  /// than being closed by its owner, on_lost is told.
+  void close(const std::string& why, closing how) {
     std::map<uint64_t, waiting> orphans;
-    bulk_client::lost_handler tell;
+    std::function<void(const std::string&)> tell;
     {
       std::lock_guard<std::mutex> guard(mutex);
       if (closed)
@@ -357,7 +389,7 @@ struct bulk_core {
       queue.clear();
       queued_bytes = 0;
       orphans.swap(pending);
-      if (broke && ready)
+      if (how == closing::broke && ready)
         tell = std::move(on_lost);
       on_lost = nullptr;
     }
@@ -393,7 +425,7 @@ struct bulk_core {
         queued_bytes -= std::min(queued_bytes, o.bytes);
       }
       if (!why.empty()) {
-        close("writing to the bulk channel failed: " + why, true);
+        close("writing to the bulk channel failed: " + why, closing::broke);
         return;
       }
     }
@@ -452,12 +484,12 @@ int connect_to(const std::string& host, uint16_t port, std::chrono::milliseconds
 /// Server side: reads results and errors and hands each to its batch's proxy.
 void client_read_loop(std::shared_ptr<bulk_core> core) {
   for (;;) {
-    incoming in;
-    auto why = read_frame(core->fd, core->cfg.max_frame_bytes, in);
+    auto in = read_frame(core->fd, core->cfg.max_frame_bytes);
+    auto why = std::move(in.error);
     if (why.empty() && in.header.kind == bulk::frame_kind::batch)
       why = "the worker sent a batch frame; only results and errors come this way";
     if (!why.empty()) {
-      core->close(why, true);
+      core->close(why, closing::broke);
       return;
     }
     bulk_core::waiting w;
@@ -473,7 +505,7 @@ void client_read_loop(std::shared_ptr<bulk_core> core) {
       }
     }
     if (!why.empty()) {
-      core->close(why, true);
+      core->close(why, closing::broke);
       return;
     }
     if (in.header.kind == bulk::frame_kind::result) {
@@ -484,7 +516,7 @@ void client_read_loop(std::shared_ptr<bulk_core> core) {
       caf::error err;
       caf::binary_deserializer source(*core->sys, in.error_bytes);
       if (auto e = source(err); e || !err) {
-        core->close("an error frame that does not hold a caf::error", true);
+        core->close("an error frame that does not hold a caf::error", closing::broke);
         return;
       }
       caf::anon_send(w.proxy, bulk_error_atom::value, w.id, std::move(err));
@@ -495,17 +527,14 @@ void client_read_loop(std::shared_ptr<bulk_core> core) {
 } // namespace
 
 std::shared_ptr<bulk_client> bulk_client::connect(caf::actor_system& sys,
-                                                  const std::string& host, uint16_t port,
-                                                  const std::string& token,
-                                                  const std::string& worker, bulk_config cfg,
-                                                  lost_handler on_lost) {
+                                                  bulk_client_config cfg) {
   auto core = std::make_shared<bulk_core>();
   core->sys = &sys;
-  core->cfg = cfg;
-  core->peer = worker;
-  core->on_lost = std::move(on_lost);
+  core->cfg = cfg.limits;
+  core->peer = cfg.worker;
+  core->on_lost = std::move(cfg.on_lost);
   // The connect runs on the writer thread: no actor waits for it.
-  std::thread([core, host, port, token] {
+  std::thread([core, host = cfg.host, port = cfg.port, token = cfg.token] {
     std::string why;
     int fd = connect_to(host, port, core->cfg.connect_timeout, why);
     if (fd >= 0) {
@@ -549,7 +578,7 @@ std::shared_ptr<bulk_client> bulk_client::connect(caf::actor_system& sys,
 }
 
 bulk_client::~bulk_client() {
-  core_->close("the server closed the bulk channel", false);
+  core_->close("the server closed the bulk channel", closing::by_owner);
 }
 
 bool bulk_client::connected() const {
@@ -579,7 +608,7 @@ bool bulk_client::send_batch(const run_batch& batch, uint64_t target, caf::actor
   }
   auto frame = make_message_frame(bulk::frame_kind::batch, request, target, segs,
                                   std::move(keep));
-  if (core_->enqueue(std::move(frame), true))
+  if (core_->enqueue(std::move(frame), queue_room::bounded))
     return true;
   std::lock_guard<std::mutex> guard(core_->mutex);
   core_->pending.erase(request);
@@ -663,7 +692,7 @@ caf::behavior session(caf::event_based_actor* self, std::shared_ptr<bulk_core> c
         bulk::encode_header(h, o.head.data());
         std::memcpy(o.head.data() + bulk::header_bytes, bytes.data(), bytes.size());
         o.bytes = o.head.size();
-        core->enqueue(std::move(o), false);
+        core->enqueue(std::move(o), queue_room::unbounded);
       };
       auto gate = st->target(static_cast<caf::actor_id>(target));
       if (!gate) {
@@ -681,7 +710,7 @@ caf::behavior session(caf::event_based_actor* self, std::shared_ptr<bulk_core> c
             auto segs = bulk::segments_of(result);
             core->enqueue(make_message_frame(bulk::frame_kind::result, request, 0, segs,
                                              result.owner()),
-                          false);
+                          queue_room::unbounded);
           },
           [send_error](caf::error& err) { send_error(err, executor_was_lost(err)); });
     },
@@ -705,7 +734,7 @@ void worker_read_loop(std::shared_ptr<bulk_core> core, std::shared_ptr<bulk_list
     std::cerr << ("caf-serving-worker: refused a bulk channel connection from " + core->peer
                   + ": " + why + "\n")
               << std::flush;
-    core->close(why, false);
+    core->close(why, closing::by_owner);
     return;
   }
   tv = {0, 0};
@@ -719,8 +748,8 @@ void worker_read_loop(std::shared_ptr<bulk_core> core, std::shared_ptr<bulk_list
   auto actor = st->sys->spawn(session, core, st);
   std::thread([core] { core->write_loop(); }).detach();
   for (;;) {
-    incoming in;
-    why = read_frame(core->fd, core->cfg.max_frame_bytes, in);
+    auto in = read_frame(core->fd, core->cfg.max_frame_bytes);
+    why = std::move(in.error);
     if (why.empty() && in.header.kind != bulk::frame_kind::batch)
       why = "the server sent a result or error frame; only batches come this way";
     if (!why.empty())
@@ -734,7 +763,7 @@ void worker_read_loop(std::shared_ptr<bulk_core> core, std::shared_ptr<bulk_list
     std::cerr << ("caf-serving-worker: bulk channel from " + core->peer + " closed: " + why
                   + "\n")
               << std::flush;
-  core->close(why, true);
+  core->close(why, closing::broke);
   caf::anon_send_exit(actor, caf::exit_reason::user_shutdown);
 }
 

@@ -71,17 +71,29 @@ struct frame_header {
   uint64_t payload_bytes = 0;
 };
 
+/// Writes `h` into the header_bytes at `out`.
 void encode_header(const frame_header& h, uint8_t* out);
 
-/// Reads a header that arrived; returns what is wrong with it (empty: valid).
-/// A frame whose payload is larger than `max_frame_bytes` is refused before
-/// anything is allocated for it.
-std::string parse_header(const uint8_t* in, uint64_t max_frame_bytes, frame_header& out);
+struct parsed_header {
+  frame_header header;
+  /// What is wrong with it; empty: valid.
+  std::string error;
+};
 
-/// Checks a received segment table against its header (the words must fill
-/// the payload exactly); `total_words` is their sum. Empty: valid.
-std::string check_segment_table(const frame_header& h, const std::vector<uint64_t>& sizes,
-                                uint64_t& total_words);
+/// Reads the header_bytes at `in` that arrived. A frame whose payload is larger
+/// than `max_frame_bytes` is refused before anything is allocated for it.
+parsed_header parse_header(const uint8_t* in, uint64_t max_frame_bytes);
+
+struct segment_table {
+  /// The sum of the segments' words.
+  uint64_t total_words = 0;
+  /// What is wrong with it; empty: valid.
+  std::string error;
+};
+
+/// Checks a received segment table against its header: the words must fill
+/// the payload exactly.
+segment_table check_segment_table(const frame_header& h, const std::vector<uint64_t>& sizes);
 
 /// The message's segments as they would be written (the CAF path writes the same).
 kj::ArrayPtr<const kj::ArrayPtr<const capnp::word>> segments_of(const run_batch& b);
@@ -105,19 +117,28 @@ struct bulk_config {
 
 struct bulk_core;
 
+/// Where the server's end of a bulk channel connects, and what it tells.
+struct bulk_client_config {
+  std::string host;
+  uint16_t port = 0;
+  /// The 16 bytes the worker handed out in its greeting.
+  std::string token;
+  /// The worker's name, for log lines.
+  std::string worker;
+  bulk_config limits;
+  /// Called once, from a channel thread, when a connected channel breaks (not
+  /// when it cannot connect, nor when its owner closes it).
+  std::function<void(const std::string& why)> on_lost;
+};
+
 /// The server's end of one worker's bulk channel. Made when the worker greets
 /// the server; connects on its own thread (nothing waits for it): until it is
 /// connected, and for good if it cannot connect, send_batch says no and the
 /// batches take CAF's link.
 class bulk_client {
 public:
-  /// Called once, from a channel thread, when a connected channel breaks.
-  using lost_handler = std::function<void(const std::string& why)>;
-
-  static std::shared_ptr<bulk_client> connect(caf::actor_system& sys, const std::string& host,
-                                              uint16_t port, const std::string& token,
-                                              const std::string& worker, bulk_config cfg,
-                                              lost_handler on_lost);
+  static std::shared_ptr<bulk_client> connect(caf::actor_system& sys,
+                                              bulk_client_config cfg);
   ~bulk_client();
   bulk_client(const bulk_client&) = delete;
   bulk_client& operator=(const bulk_client&) = delete;

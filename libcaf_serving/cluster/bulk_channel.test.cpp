@@ -72,8 +72,9 @@ TEST_CASE("a header is written at the documented offsets and read back") {
   bulk::encode_header(h, bytes.data());
   CHECK(bytes == raw_header(0x31425343, 2, 3, 77, 1234, 824));
   CHECK(std::string(bytes.begin(), bytes.begin() + 4) == "CSB1");
-  bulk::frame_header back;
-  CHECK(bulk::parse_header(bytes.data(), 1 << 20, back) == "");
+  auto parsed = bulk::parse_header(bytes.data(), 1 << 20);
+  CHECK(parsed.error == "");
+  auto back = parsed.header;
   CHECK(back.kind == bulk::frame_kind::result);
   CHECK(back.segments == 3);
   CHECK(back.request == 77);
@@ -82,37 +83,35 @@ TEST_CASE("a header is written at the documented offsets and read back") {
 }
 
 TEST_CASE("a frame longer than the largest accepted is refused before it is allocated") {
-  bulk::frame_header out;
   auto fits = raw_header(0x31425343, 1, 1, 1, 1, 4096);
-  CHECK(bulk::parse_header(fits.data(), 4096, out) == "");
+  CHECK(bulk::parse_header(fits.data(), 4096).error == "");
   auto over = raw_header(0x31425343, 1, 1, 1, 1, 4104);
-  auto why = bulk::parse_header(over.data(), 4096, out);
+  auto why = bulk::parse_header(over.data(), 4096).error;
   CHECK(why.find("more than the largest accepted (4096)") != std::string::npos);
   // 2^63 bytes: refused by the bound, not by an allocation that fails.
   auto huge = raw_header(0x31425343, 1, 1, 1, 1, uint64_t{1} << 63);
-  CHECK(bulk::parse_header(huge.data(), uint64_t{1} << 32, out) != "");
+  CHECK(bulk::parse_header(huge.data(), uint64_t{1} << 32).error != "");
 }
 
 TEST_CASE("malformed headers are refused with what is wrong") {
-  bulk::frame_header out;
   auto magic = raw_header(0x12345678, 1, 1, 1, 1, 16);
-  CHECK(bulk::parse_header(magic.data(), 1 << 20, out).find("magic") != std::string::npos);
+  CHECK(bulk::parse_header(magic.data(), 1 << 20).error.find("magic") != std::string::npos);
   auto kind = raw_header(0x31425343, 9, 1, 1, 1, 16);
-  CHECK(bulk::parse_header(kind.data(), 1 << 20, out).find("unknown kind 9")
+  CHECK(bulk::parse_header(kind.data(), 1 << 20).error.find("unknown kind 9")
         != std::string::npos);
   auto none = raw_header(0x31425343, 1, 0, 1, 1, 16);
-  CHECK(bulk::parse_header(none.data(), 1 << 20, out).find("0 segments") != std::string::npos);
+  CHECK(bulk::parse_header(none.data(), 1 << 20).error.find("0 segments") != std::string::npos);
   auto many = raw_header(0x31425343, 1, 513, 1, 1, 513 * 16);
-  CHECK(bulk::parse_header(many.data(), 1 << 20, out).find("513 segments")
+  CHECK(bulk::parse_header(many.data(), 1 << 20).error.find("513 segments")
         != std::string::npos);
   auto ragged = raw_header(0x31425343, 1, 1, 1, 1, 13);
-  CHECK(bulk::parse_header(ragged.data(), 1 << 20, out).find("whole segments")
+  CHECK(bulk::parse_header(ragged.data(), 1 << 20).error.find("whole segments")
         != std::string::npos);
   auto big_error = raw_header(0x31425343, 3, 0, 1, 0, 65537);
-  CHECK(bulk::parse_header(big_error.data(), 1 << 20, out).find("error frame")
+  CHECK(bulk::parse_header(big_error.data(), 1 << 20).error.find("error frame")
         != std::string::npos);
   auto error = raw_header(0x31425343, 3, 0, 1, 0, 200);
-  CHECK(bulk::parse_header(error.data(), 1 << 20, out) == "");
+  CHECK(bulk::parse_header(error.data(), 1 << 20).error == "");
 }
 
 TEST_CASE("the segment table must fill the frame exactly, without wrapping") {
@@ -120,13 +119,13 @@ TEST_CASE("the segment table must fill the frame exactly, without wrapping") {
   h.kind = bulk::frame_kind::batch;
   h.segments = 2;
   h.payload_bytes = 2 * 8 + (5 + 7) * 8; // table + 12 words
-  uint64_t total = 0;
-  CHECK(bulk::check_segment_table(h, {5, 7}, total) == "");
-  CHECK(total == 12);
-  CHECK(bulk::check_segment_table(h, {5, 6}, total).find("holds 12") != std::string::npos);
-  CHECK(bulk::check_segment_table(h, {5, 8}, total) != "");
+  auto table = bulk::check_segment_table(h, {5, 7});
+  CHECK(table.error == "");
+  CHECK(table.total_words == 12);
+  CHECK(bulk::check_segment_table(h, {5, 6}).error.find("holds 12") != std::string::npos);
+  CHECK(bulk::check_segment_table(h, {5, 8}).error != "");
   // Sizes whose sum wraps around 2^64 to 12.
-  CHECK(bulk::check_segment_table(h, {13, ~uint64_t{0}}, total) != "");
+  CHECK(bulk::check_segment_table(h, {13, ~uint64_t{0}}).error != "");
 }
 
 TEST_CASE("wire_bytes is the size CAF's serializer writes for the same batch") {
@@ -160,6 +159,16 @@ caf::behavior echo_gate(caf::event_based_actor*) {
       return m;
     },
   };
+}
+
+bulk_client_config client_config(uint16_t port, std::string token) {
+  bulk_client_config c;
+  c.host = "127.0.0.1";
+  c.port = port;
+  c.token = std::move(token);
+  c.worker = "w";
+  c.on_lost = [](const std::string&) {};
+  return c;
 }
 
 int connect_loopback(uint16_t port) {
@@ -198,8 +207,7 @@ TEST_CASE("over loopback: batches reach the gate by token, answers come back byt
   SUBCASE("a token admits one connection, and its batches are answered") {
     auto token = (*listener)->issue_token("server-a");
     caf::scoped_actor self{sys};
-    auto client = bulk_client::connect(sys, "127.0.0.1", (*listener)->port(), token, "w",
-                                       {}, [](const std::string&) {});
+    auto client = bulk_client::connect(sys, client_config((*listener)->port(), token));
     for (int i = 0; i < 500 && !client->connected(); ++i)
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     REQUIRE(client->connected());
@@ -239,8 +247,7 @@ TEST_CASE("over loopback: batches reach the gate by token, answers come back byt
   SUBCASE("a batch for an executor the worker no longer has is answered as lost") {
     auto token = (*listener)->issue_token("server-a");
     caf::scoped_actor self{sys};
-    auto client = bulk_client::connect(sys, "127.0.0.1", (*listener)->port(), token, "w",
-                                       {}, [](const std::string&) {});
+    auto client = bulk_client::connect(sys, client_config((*listener)->port(), token));
     for (int i = 0; i < 500 && !client->connected(); ++i)
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     REQUIRE(client->connected());
@@ -262,8 +269,10 @@ TEST_CASE("over loopback: batches reach the gate by token, answers come back byt
     bulk_config quick;
     quick.connect_timeout = std::chrono::milliseconds(500);
     std::atomic<bool> lost{false};
-    auto client = bulk_client::connect(sys, "127.0.0.1", port, std::string(16, 'a'), "w",
-                                       quick, [&](const std::string&) { lost = true; });
+    auto bc = client_config(port, std::string(16, 'a'));
+    bc.limits = quick;
+    bc.on_lost = [&](const std::string&) { lost = true; };
+    auto client = bulk_client::connect(sys, std::move(bc));
     // Until the connect is refused (or times out after 500 ms).
     for (int i = 0; i < 500 && !client->closed(); ++i)
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -311,12 +320,12 @@ TEST_CASE("a malformed answer breaks the channel: its batches go back as lost, o
   });
   std::mutex m;
   std::vector<std::string> lost;
-  auto client = bulk_client::connect(sys, "127.0.0.1", ntohs(a.sin_port),
-                                     std::string(16, 't'), "fake", {},
-                                     [&](const std::string& why) {
-                                       std::lock_guard<std::mutex> g(m);
-                                       lost.push_back(why);
-                                     });
+  auto bc = client_config(ntohs(a.sin_port), std::string(16, 't'));
+  bc.on_lost = [&](const std::string& why) {
+    std::lock_guard<std::mutex> g(m);
+    lost.push_back(why);
+  };
+  auto client = bulk_client::connect(sys, std::move(bc));
   for (int i = 0; i < 500 && !client->connected(); ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   REQUIRE(client->connected());

@@ -76,7 +76,8 @@ std::string cluster_status::json() const {
            + std::to_string(w.counters ? w.counters->timed_out.load() : 0);
     out += ",\"late_answers_dropped\":"
            + std::to_string(w.counters ? w.counters->late_dropped.load() : 0);
-    out += ",\"bulk_batches\":" + std::to_string(w.counters ? w.counters->bulk_batches.load() : 0);
+    out += ",\"bulk_batches\":"
+           + std::to_string(w.counters ? w.counters->bulk_batches.load() : 0);
     out += '}';
   }
   return out + "]}";
@@ -403,12 +404,16 @@ void open_bulk(self_ptr self, const std::string& key, const worker_info& info) {
   auto generation = ++st.bulk_generations;
   w.bulk_generation = generation;
   auto me = caf::actor_cast<caf::actor>(self);
-  w.bulk = bulk_client::connect(self->system(), host, info.bulk_port, info.bulk_token,
-                                info.name, st.cfg.bulk,
-                                [me, key, generation](const std::string& why) {
-                                  caf::anon_send(me, bulk_lost_atom::value, key, generation,
-                                                 why);
-                                });
+  bulk_client_config bc;
+  bc.host = host;
+  bc.port = info.bulk_port;
+  bc.token = info.bulk_token;
+  bc.worker = info.name;
+  bc.limits = st.cfg.bulk;
+  bc.on_lost = [me, key, generation](const std::string& why) {
+    caf::anon_send(me, bulk_lost_atom::value, key, generation, why);
+  };
+  w.bulk = bulk_client::connect(self->system(), std::move(bc));
 }
 
 /// Proves the secret to the worker behind `handle` and, once it answers with its

@@ -7,9 +7,12 @@
 ///   connect (middleman)          ------->
 ///   challenge_atom               ------->  nonce (remembered per server node)
 ///   hello_atom, proof            ------->  checks HMAC(secret, "server|"+nonce);
-///                                <-------  worker_info: its models and executors
+///                                <-------  worker_info: its models and executors,
+///                                          its bulk port and a token for this server
 ///   run_batch (to an executor)   ------->  executor checks the sender's node
 ///                                <-------  batch_result_message
+///   (batches from --bulk-threshold-bytes up, and their answers, go over the
+///    bulk channel instead: bulk_channel.hpp)
 /// ```
 /// A worker can also join a server that listens for workers (`--cluster-port`):
 /// it proves the secret to the server the same way (role "worker", join_atom with
