@@ -39,6 +39,7 @@ struct worker_options {
   unsigned executor_threads = 0;
   std::string address = "0.0.0.0";
   uint16_t port = 9100;
+  uint16_t bulk_port = 0;
   std::optional<std::string> join;
   std::optional<std::string> secret_file;
   std::string name;
@@ -64,6 +65,9 @@ const char* usage_text =
   "                             from the cores this process may use, as the server)\n"
   "  --address ADDR             address to publish on (default 0.0.0.0)\n"
   "  --port N                   port to publish on (default 9100; 0 picks one)\n"
+  "  --bulk-port N              port of the bulk channel, on the same address, that\n"
+  "                             servers send large batches over (default 0: any free\n"
+  "                             port, announced to each server; not opened under TLS)\n"
   "  --join HOST:PORT           join the server listening there (--cluster-port)\n"
   "  --name NAME                this worker's name in /v2 and /metrics (default host:port)\n"
   "  --cluster-secret-file F    the cluster's shared secret (else the environment\n"
@@ -134,6 +138,11 @@ std::variant<worker_options, std::string, bool> parse(int argc, char** argv) {
       if (!n)
         return "flag --port: '" + value + "' is not a port number (0-65535)";
       o.port = static_cast<uint16_t>(*n);
+    } else if (flag == "--bulk-port") {
+      auto n = number(65535);
+      if (!n)
+        return "flag --bulk-port: '" + value + "' is not a port number (0-65535)";
+      o.bulk_port = static_cast<uint16_t>(*n);
     } else if (flag == "--join") {
       if (auto hp = cluster::parse_host_port(value); !hp)
         return "flag --join: " + hp.error().message;
@@ -232,6 +241,17 @@ int main(int argc, char** argv) {
   // executor of every model.
   wc.models.executor_threads = threads.executor_threads;
   wc.models.compute_pool = std::make_shared<onnx::work_pool>(threads.executor_threads);
+  // The bulk channel (docs/cluster.md): plain TCP, so not under TLS.
+  if (!tls->enabled()) {
+    auto bulk = cluster::bulk_listener::listen(sys, opts.address, opts.bulk_port, {});
+    if (!bulk) {
+      std::cerr << "caf-serving-worker: " << bulk.error().message << "\n";
+      return 1;
+    }
+    wc.bulk = *bulk;
+    if (opts.address != "0.0.0.0")
+      wc.bulk_host = opts.address;
+  }
   auto host = cluster::start_worker(sys, wc);
   if (!host) {
     std::cerr << "caf-serving-worker: " << host.error().message << "\n";
@@ -255,7 +275,17 @@ int main(int argc, char** argv) {
   if (tls->enabled())
     std::cout << "cluster links use TLS; peers must show a certificate of " << tls->ca
               << std::endl;
-  std::cout << "worker " << wc.name << " listening on " << shown << ":" << *port << std::endl;
+  // Each line in one write (tests read the ports from them; other threads print).
+  std::cout << ("worker " + wc.name + " listening on " + shown + ":" + std::to_string(*port)
+                + "\n")
+            << std::flush;
+  if (wc.bulk)
+    std::cout << ("bulk channel on " + shown + ":" + std::to_string(wc.bulk->port()) + "\n")
+              << std::flush;
+  else
+    std::cout << "bulk channel off: the cluster runs TLS, so large batches stay on the "
+                 "encrypted CAF link"
+              << std::endl;
 
   int sig = 0;
   sigwait(&stop_signals, &sig);
@@ -265,5 +295,6 @@ int main(int argc, char** argv) {
   host->models->shutdown();
   if (host->shipped)
     host->shipped->shutdown();
+  wc.bulk.reset();
   return 0;
 }

@@ -132,6 +132,13 @@ int main(int argc, char** argv) {
     rc.server_name = "caf-serving-" + std::to_string(getpid());
     rc.credits = opts.cluster.remote_credits;
     rc.max_ship_bytes = opts.cluster.max_ship_bytes;
+    // The bulk channel is plain TCP: under TLS every batch stays on the
+    // encrypted CAF link.
+    rc.bulk_threshold = tls->enabled() ? 0 : opts.cluster.bulk_threshold_bytes;
+    if (tls->enabled() && opts.cluster.bulk_threshold_bytes > 0)
+      std::cout << "bulk channel off: the cluster runs TLS, so large batches stay on the "
+                   "encrypted CAF link"
+                << std::endl;
     rc.remote_timeout.unmeasured = std::chrono::milliseconds(opts.cluster.remote_timeout_ms);
     rc.remote_timeout.factor = opts.cluster.remote_timeout_factor;
     rc.remote_timeout.floor = std::chrono::milliseconds(opts.cluster.remote_timeout_floor_ms);
@@ -148,8 +155,11 @@ int main(int argc, char** argv) {
                   << *opts.cluster.listen_port << ": " << sys.render(port.error()) << "\n";
         return 1;
       }
-      std::cout << "cluster listening on " << (addr.empty() ? "127.0.0.1" : addr) << ":"
-                << *port << std::endl;
+      // Each line in one write: actor and channel threads print beside this one,
+      // and the tests read the ports from these lines.
+      std::cout << ("cluster listening on " + (addr.empty() ? std::string("127.0.0.1") : addr)
+                    + ":" + std::to_string(*port) + "\n")
+                << std::flush;
     }
   }
 
@@ -175,7 +185,8 @@ int main(int argc, char** argv) {
       return 1;
     }
     auto host = opts.grpc.address == "0.0.0.0" ? std::string("127.0.0.1") : opts.grpc.address;
-    std::cout << "GRPC listening on " << host << ":" << grpc->port() << std::endl;
+    std::cout << ("GRPC listening on " + host + ":" + std::to_string(grpc->port()) + "\n")
+              << std::flush;
     opts.http.on_stop = [&] {
       grpc->begin_drain();
       grpc_stopper = std::thread([&grpc, &grpc_stopped, secs = opts.http.exit_timeout_secs] {
@@ -189,9 +200,11 @@ int main(int argc, char** argv) {
   try {
     stopped = ingress::run_http_server(opts.http, models, [&](ingress::listening_ports p) {
       auto host = opts.http.address == "0.0.0.0" ? std::string("127.0.0.1") : opts.http.address;
-      std::cout << "HTTP listening on " << host << ":" << p.http << std::endl;
+      std::cout << ("HTTP listening on " + host + ":" + std::to_string(p.http) + "\n")
+                << std::flush;
       if (p.metrics)
-        std::cout << "metrics listening on " << host << ":" << p.metrics << std::endl;
+        std::cout << ("metrics listening on " + host + ":" + std::to_string(p.metrics) + "\n")
+                  << std::flush;
     });
   } catch (const std::exception& e) {
     std::cerr << "caf-serving: " << e.what() << "\n";

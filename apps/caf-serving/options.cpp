@@ -141,6 +141,10 @@ std::string usage() {
          "  --node-timeout-ms N        a silent node is lost after this (default 1000)\n"
          "  --max-ship-bytes N         largest model shipped to a worker that lacks it\n"
          "                             (default 1073741824)\n"
+         "  --bulk-threshold-bytes N   batches of at least N bytes go to a worker over its\n"
+         "                             bulk channel, a TCP connection beside CAF's, and\n"
+         "                             their results come back that way (default 1048576;\n"
+         "                             0: off; always off under TLS)\n"
          + std::string(cluster::tls_usage_text) +
          "  --print-plan MODEL         print MODEL's optimized ONNX plan (each step's\n"
          "                             kernel, layouts, thread split, shapes) and exit\n"
@@ -423,6 +427,12 @@ std::variant<server_options, show_help, std::string> parse_options(int argc, cha
       if (value.empty() || *end != '\0' || v == 0)
         return bad("a positive number of bytes");
       o.cluster.max_ship_bytes = v;
+    } else if (flag == "--bulk-threshold-bytes") {
+      char* end = nullptr;
+      auto v = std::strtoull(value.c_str(), &end, 10);
+      if (value.empty() || *end != '\0' || value[0] == '-')
+        return bad("a number of bytes (0 turns the bulk channel off)");
+      o.cluster.bulk_threshold_bytes = v;
     } else if (flag == "--http-restricted-api") {
       // Triton's flag, repeatable: API[,API...]:KEY=VALUE.
       if (auto err = o.http.restricted.add(value))

@@ -40,6 +40,9 @@ struct cluster_options {
   uint32_t node_timeout_ms = 1000;
   /// Largest model shipped to a worker without a repository (--max-ship-bytes).
   uint64_t max_ship_bytes = 1ull << 30;
+  /// Batches (and results) of at least this many bytes go over the workers' bulk
+  /// channels (--bulk-threshold-bytes); 0: never. Off under TLS.
+  uint64_t bulk_threshold_bytes = 1ull << 20;
   /// --tls-certificate/--tls-key/--tls-ca/--tls-passphrase-file: TLS on every link.
   cluster::tls_config tls;
 

@@ -348,3 +348,20 @@ TEST_CASE("--http-threads sets the number of HTTP event loops") {
         != std::string::npos);
   CHECK(usage().find("--http-threads N") != std::string::npos);
 }
+
+TEST_CASE("--bulk-threshold-bytes: bytes from which batches take the bulk channel, 0 off") {
+  auto d = parse({"--model-repository", "/m"});
+  REQUIRE(std::holds_alternative<server_options>(d));
+  CHECK(std::get<server_options>(d).cluster.bulk_threshold_bytes == 1048576);
+  for (auto [text, bytes] : {std::pair{"0", 0ull}, std::pair{"65536", 65536ull}}) {
+    auto r = parse({"--model-repository", "/m", "--bulk-threshold-bytes", text});
+    REQUIRE(std::holds_alternative<server_options>(r));
+    CHECK(std::get<server_options>(r).cluster.bulk_threshold_bytes == bytes);
+  }
+  for (const char* bad : {"-1", "x", "", "1e6"}) {
+    CAPTURE(bad);
+    auto e = parse({"--model-repository", "/m", "--bulk-threshold-bytes", bad});
+    REQUIRE(std::holds_alternative<std::string>(e));
+    CHECK(std::get<std::string>(e).find("--bulk-threshold-bytes") != std::string::npos);
+  }
+}

@@ -6,11 +6,19 @@
 /// each batch size it sends batches one at a time (no overlap) and reports the
 /// median and P99 round trip of each path and their difference.
 ///
-///   cluster_remote_overhead [iterations] [TLS_DIR]
+///   cluster_remote_overhead [iterations [rounds]] [TLS_DIR]
+///
+/// Without TLS each remote batch is timed both ways, in alternating rounds
+/// (default 3): over CAF's link (BASP) and as the server sends it by default
+/// (--bulk-threshold-bytes 1 MiB: the bulk channel, bulk_channel.hpp, for
+/// batches of 1 MiB and more, BASP below). Each path's P50 is the median of
+/// its rounds' P50s; every round's value is printed too.
 ///
 /// With TLS_DIR (holding ca.pem, and node.pem/node.key signed by it; both
-/// processes use that one certificate), the link is TLS as with --tls-* flags.
+/// processes use that one certificate), the link is TLS as with --tls-* flags,
+/// and there is no bulk channel (as in the server).
 
+#include "cluster/bulk_channel.hpp"
 #include "cluster/protocol.hpp"
 #include "cluster/remote_executor.hpp"
 #include "cluster/tls.hpp"
@@ -30,6 +38,8 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include <csignal>
@@ -108,7 +118,17 @@ const std::vector<shape> shapes{{1, 16}, {8, 16}, {64, 16}, {8, 4096}, {64, 4096
 /// TLS on the link when a directory is given (see the usage above).
 cluster::tls_config bench_tls;
 
-/// The worker process: one published executor per shape; ports go to `fd`.
+std::shared_ptr<cluster::bulk_listener> bulk_listener_for_bench(caf::actor_system& sys) {
+  auto l = cluster::bulk_listener::listen(sys, "127.0.0.1", 0, {});
+  if (!l) {
+    std::fprintf(stderr, "%s\n", l.error().message.c_str());
+    std::_Exit(1);
+  }
+  return *l;
+}
+
+/// The worker process: one published executor per shape; their ports, the bulk
+/// port and one bulk token per shape go to `fd`.
 [[noreturn]] void run_worker(int fd) {
   cluster::liveness_config live;
   caf::actor_system_config cfg;
@@ -117,6 +137,10 @@ cluster::tls_config bench_tls;
   cfg.set("scheduler.max-threads", size_t{2});
   caf::actor_system sys{cfg};
   std::vector<uint16_t> ports;
+  // The bulk channel as the worker runs it (no gates here: the executors are
+  // its targets), and one token per shape.
+  auto bulk = bulk_listener_for_bench(sys);
+  std::string tokens;
   for (auto [rows, floats] : shapes) {
     auto mc = identity_model(floats);
     auto ex = executor::spawn_executor(sys, *executor::make_builtin_backend(mc), mc);
@@ -124,8 +148,12 @@ cluster::tls_config bench_tls;
     auto port = bench_tls.enabled() ? caf::openssl::publish(ex, 0, "127.0.0.1")
                                     : caf::io::publish(ex, 0, "127.0.0.1");
     ports.push_back(port ? *port : 0);
+    bulk->add_target(caf::actor_cast<caf::actor>(ex));
+    tokens += bulk->issue_token("bench");
   }
+  ports.push_back(bulk->port());
   (void) !write(fd, ports.data(), ports.size() * sizeof(uint16_t));
+  (void) !write(fd, tokens.data(), tokens.size());
   close(fd);
   pause(); // until the parent kills it
   std::_Exit(0);
@@ -135,8 +163,14 @@ cluster::tls_config bench_tls;
 
 int main(int argc, char** argv) {
   int iterations = argc > 1 ? std::atoi(argv[1]) : 300;
-  if (argc > 2) {
-    std::string dir = argv[2];
+  int rounds = 3;
+  int tls_arg = 2;
+  if (argc > 2 && std::string(argv[2]).find_first_not_of("0123456789") == std::string::npos) {
+    rounds = std::max(1, std::atoi(argv[2]));
+    tls_arg = 3;
+  }
+  if (argc > tls_arg) {
+    std::string dir = argv[tls_arg];
     auto tls = cluster::check_tls_files({dir + "/node.pem", dir + "/node.key", dir + "/ca.pem"});
     if (!tls) {
       std::fprintf(stderr, "%s\n", tls.error().message.c_str());
@@ -157,17 +191,22 @@ int main(int argc, char** argv) {
     run_worker(fds[1]);
   }
   close(fds[1]);
-  std::vector<uint16_t> ports(shapes.size());
-  size_t got = 0;
-  while (got < ports.size() * sizeof(uint16_t)) {
-    auto n = read(fds[0], reinterpret_cast<char*>(ports.data()) + got,
-                  ports.size() * sizeof(uint16_t) - got);
-    if (n <= 0) {
-      std::fprintf(stderr, "the worker process did not start\n");
-      return 1;
+  std::vector<uint16_t> ports(shapes.size() + 1);
+  std::string tokens(shapes.size() * cluster::bulk::token_bytes, '\0');
+  auto read_all = [&](char* to, size_t size) {
+    size_t got = 0;
+    while (got < size) {
+      auto n = read(fds[0], to + got, size - got);
+      if (n <= 0) {
+        std::fprintf(stderr, "the worker process did not start\n");
+        std::exit(1);
+      }
+      got += size_t(n);
     }
-    got += size_t(n);
-  }
+  };
+  read_all(reinterpret_cast<char*>(ports.data()), ports.size() * sizeof(uint16_t));
+  read_all(tokens.data(), tokens.size());
+  auto bulk_port = ports.back();
 
   cluster::liveness_config live;
   caf::actor_system_config scfg;
@@ -176,8 +215,11 @@ int main(int argc, char** argv) {
   scfg.set("scheduler.max-threads", size_t{2});
   caf::actor_system server_sys{scfg};
 
-  std::printf("%-24s %12s %12s %12s %12s %12s\n", "batch", "local p50", "remote p50",
-              "extra p50", "remote p99", "MB/s (2 way)");
+  bool with_bulk = !bench_tls.enabled();
+  if (with_bulk)
+    std::printf("%d alternating rounds; remote p50 = median of the rounds' p50s\n", rounds);
+  std::printf("%-24s %12s %12s %12s %12s %12s %12s %12s\n", "batch", "local p50",
+              "BASP p50", "extra p50", "BASP p99", "MB/s (2 way)", "bulk p50", "MB/s (2 way)");
   for (size_t i = 0; i < shapes.size(); ++i) {
     auto [rows, floats] = shapes[i];
     auto cfg = identity_model(floats);
@@ -196,19 +238,76 @@ int main(int argc, char** argv) {
     rc.model = cfg.name;
     rc.counters = std::make_shared<cluster::node_counters>();
     auto proxy = cluster::spawn_remote_executor(server_sys, rc);
+    // The same executor through the bulk channel, as the server sends by default.
+    executor::executor_actor bulk_proxy;
+    std::shared_ptr<cluster::bulk_client> client;
+    if (with_bulk) {
+      cluster::bulk_client_config bc;
+      bc.host = "127.0.0.1";
+      bc.port = bulk_port;
+      bc.token = tokens.substr(i * cluster::bulk::token_bytes, cluster::bulk::token_bytes);
+      bc.worker = "loopback";
+      bc.on_lost = [](const std::string& why) {
+        std::fprintf(stderr, "bulk channel lost: %s\n", why.c_str());
+        std::_Exit(1);
+      };
+      client = cluster::bulk_client::connect(server_sys, std::move(bc));
+      for (int k = 0; k < 500 && !client->connected(); ++k)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      if (!client->connected()) {
+        std::fprintf(stderr, "the bulk channel did not connect\n");
+        return 1;
+      }
+      auto with = rc;
+      with.bulk = client;
+      with.bulk_threshold = 1 << 20;
+      bulk_proxy = cluster::spawn_remote_executor(server_sys, with);
+    }
     auto local_ex = executor::spawn_executor(server_sys, be, cfg);
     caf::scoped_actor self{server_sys};
     auto batch = make_batch(rows, floats);
     int iters = floats >= 65536 ? std::max(iterations / 10, 20) : iterations;
     auto local = time_path(self, local_ex, batch, iters);
-    auto remote = time_path(self, proxy, batch, iters);
+    std::vector<double> basp_p50, bulk_p50;
+    stats remote{};
+    std::string each;
+    for (int r = 0; r < (with_bulk ? rounds : 1); ++r) {
+      // Alternating: ABBA over the rounds, so a drift in load hits both.
+      bool basp_first = r % 2 == 0;
+      for (int leg = 0; leg < (with_bulk ? 2 : 1); ++leg) {
+        bool basp = (leg == 0) == basp_first || !with_bulk;
+        auto st = time_path(self, basp ? proxy : bulk_proxy, batch, iters);
+        (basp ? basp_p50 : bulk_p50).push_back(st.p50_us);
+        if (basp)
+          remote.p99_us = std::max(remote.p99_us, st.p99_us);
+      }
+      if (with_bulk) {
+        char one[96];
+        std::snprintf(one, sizeof(one), " [%.0f/%.0f]", basp_p50.back(), bulk_p50.back());
+        each += one;
+      }
+    }
+    auto median = [](std::vector<double> v) {
+      std::sort(v.begin(), v.end());
+      return v.empty() ? 0.0 : v[v.size() / 2];
+    };
+    remote.p50_us = median(basp_p50);
     double mb = double(rows) * floats * 4 / 1e6;
     char name[64];
     std::snprintf(name, sizeof(name), "%d x %d fp32 (%.3f MB)", rows, floats, mb);
-    std::printf("%-24s %10.1fus %10.1fus %10.1fus %10.1fus %12.0f\n", name, local.p50_us,
+    std::printf("%-24s %10.1fus %10.1fus %10.1fus %10.1fus %12.0f", name, local.p50_us,
                 remote.p50_us, remote.p50_us - local.p50_us, remote.p99_us,
                 2 * mb / (remote.p50_us / 1e6));
+    if (with_bulk) {
+      auto b = median(bulk_p50);
+      std::printf(" %10.1fus %12.0f  rounds BASP/bulk us:%s", b, 2 * mb / (b / 1e6),
+                  each.c_str());
+    }
+    std::printf("\n");
+    std::fflush(stdout);
     self->send_exit(proxy, caf::exit_reason::user_shutdown);
+    if (with_bulk)
+      self->send_exit(bulk_proxy, caf::exit_reason::user_shutdown);
     self->send_exit(local_ex, caf::exit_reason::user_shutdown);
   }
   kill(child, SIGKILL);

@@ -11,6 +11,7 @@
 #include <caf/actor_cast.hpp>
 #include <caf/event_based_actor.hpp>
 #include <caf/io/middleman.hpp>
+#include <caf/send.hpp>
 #include <caf/stateful_actor.hpp>
 
 #include <algorithm>
@@ -75,6 +76,8 @@ std::string cluster_status::json() const {
            + std::to_string(w.counters ? w.counters->timed_out.load() : 0);
     out += ",\"late_answers_dropped\":"
            + std::to_string(w.counters ? w.counters->late_dropped.load() : 0);
+    out += ",\"bulk_batches\":"
+           + std::to_string(w.counters ? w.counters->bulk_batches.load() : 0);
     out += '}';
   }
   return out + "]}";
@@ -103,6 +106,9 @@ std::string cluster_status::prometheus() const {
   std::string late = "# HELP caf_serving_worker_late_answers_dropped_total Answers that came "
                      "after their batch had been re-run elsewhere, dropped\n"
                      "# TYPE caf_serving_worker_late_answers_dropped_total counter\n";
+  std::string bulk = "# HELP caf_serving_worker_bulk_batches_total Batches sent over the "
+                     "worker's bulk channel instead of the CAF link\n"
+                     "# TYPE caf_serving_worker_bulk_batches_total counter\n";
   for (const auto& w : ws) {
     for (const auto& r : w.models_refused)
       refused += "caf_serving_worker_model_refused{worker=\"" + prometheus_label_value(w.name)
@@ -122,11 +128,13 @@ std::string cluster_status::prometheus() const {
                  + std::to_string(w.counters ? w.counters->timed_out.load() : 0) + "\n";
     late += "caf_serving_worker_late_answers_dropped_total" + name_label + " "
             + std::to_string(w.counters ? w.counters->late_dropped.load() : 0) + "\n";
+    bulk += "caf_serving_worker_bulk_batches_total" + name_label + " "
+            + std::to_string(w.counters ? w.counters->bulk_batches.load() : 0) + "\n";
   }
   bool any_refused = false;
   for (const auto& w : ws)
     any_refused = any_refused || !w.models_refused.empty();
-  return up + inflight + total + lost + timed_out + late
+  return up + inflight + total + lost + timed_out + late + bulk
          + (any_refused ? refused : std::string());
 }
 
@@ -153,6 +161,13 @@ struct worker_record {
   std::map<std::string, std::string> tried;
   std::set<std::string> pending;
   std::map<std::string, std::string> load_errors;
+  /// The worker's bulk channel on this connection (null: none) and its number,
+  /// which tells a report of a broken channel from one of an older connection.
+  std::shared_ptr<bulk_client> bulk;
+  uint64_t bulk_generation = 0;
+  /// A joined worker whose bulk channel broke while its CAF link stayed up:
+  /// greeted again at the next sync (a dialled one is connected again).
+  caf::actor regreet;
 };
 
 struct registry_state {
@@ -169,6 +184,7 @@ struct registry_state {
   /// a worker that kept timing out) is replaced at the next sync, unless the
   /// worker no longer serves that executor (a reload retired it).
   std::map<caf::actor_addr, std::tuple<std::string, caf::actor_addr, caf::actor_addr>> proxies;
+  uint64_t bulk_generations = 0;
 };
 
 using self_ptr = caf::stateful_actor<registry_state>*;
@@ -183,9 +199,11 @@ void set_state(self_ptr self, const std::string& key, const std::string& state,
   auto& w = self->state.workers.at(key);
   if (w.status.state != state || w.status.reason != reason) {
     auto& out = state == "ready" ? std::cout : std::cerr;
-    out << "worker " << (w.status.name.empty() ? key : w.status.name) << " at "
-        << w.status.address << ": " << state << (reason.empty() ? "" : " (" + reason + ")")
-        << std::endl;
+    // One write: the server's main thread prints its listening ports meanwhile.
+    out << ("worker " + (w.status.name.empty() ? key : w.status.name) + " at "
+            + w.status.address + ": " + state + (reason.empty() ? "" : " (" + reason + ")")
+            + "\n")
+        << std::flush;
   }
   w.status.state = state;
   w.status.reason = reason;
@@ -241,6 +259,8 @@ void attach_model(self_ptr self, const std::string& key, const std::string& name
         rc.model = m.name;
         rc.timeout = st.cfg.remote_timeout;
         rc.counters = w.status.counters;
+        rc.bulk = w.bulk;
+        rc.bulk_threshold = st.cfg.bulk_threshold;
         auto proxy = spawn_remote_executor(self->system(), std::move(rc));
         self->monitor(proxy);
         st.proxies.emplace(proxy.address(),
@@ -364,6 +384,38 @@ void attach(self_ptr self, const std::string& key) {
   }
 }
 
+/// Opens the bulk channel the worker announced in its greeting (it connects on
+/// a thread of its own; until then, and if it cannot, batches take the CAF link).
+void open_bulk(self_ptr self, const std::string& key, const worker_info& info) {
+  auto& st = self->state;
+  auto& w = st.workers.at(key);
+  w.bulk.reset();
+  if (st.cfg.bulk_threshold == 0 || info.bulk_port == 0
+      || info.bulk_token.size() != bulk::token_bytes)
+    return;
+  // A dialled worker is reached where it was dialled; one that joined, at the
+  // --address it announced.
+  auto host = w.address ? w.address->host : info.bulk_host;
+  if (host.empty() || host == "0.0.0.0" || host == "::") {
+    std::cerr << "worker " << info.name << " joined without an --address of its own: its "
+              << "bulk channel cannot be reached, its batches stay on the CAF link" << std::endl;
+    return;
+  }
+  auto generation = ++st.bulk_generations;
+  w.bulk_generation = generation;
+  auto me = caf::actor_cast<caf::actor>(self);
+  bulk_client_config bc;
+  bc.host = host;
+  bc.port = info.bulk_port;
+  bc.token = info.bulk_token;
+  bc.worker = info.name;
+  bc.limits = st.cfg.bulk;
+  bc.on_lost = [me, key, generation](const std::string& why) {
+    caf::anon_send(me, bulk_lost_atom::value, key, generation, why);
+  };
+  w.bulk = bulk_client::connect(self->system(), std::move(bc));
+}
+
 /// Proves the secret to the worker behind `handle` and, once it answers with its
 /// models, attaches its executors.
 void greet(self_ptr self, const std::string& key, caf::actor handle) {
@@ -406,6 +458,7 @@ void greet(self_ptr self, const std::string& key, caf::actor handle) {
               w.status.models.clear();
               w.status.models_refused.clear();
               self->monitor(handle);
+              open_bulk(self, key, info);
               set_state(self, key, "ready", "");
               attach(self, key);
             },
@@ -480,8 +533,11 @@ node_registry start_registry(caf::actor_system& sys, server::model_manager& mode
         return;
       }
       for (auto& [key, w] : self->state.workers) {
+        if (w.regreet && w.regreet.address() == dm.source)
+          w.regreet = nullptr;
         if (w.handle && w.handle.address() == dm.source) {
           w.handle = nullptr;
+          w.bulk.reset();
           w.attached.clear();
           set_state(self, key, "lost", "node down: " + self->system().render(dm.reason));
         }
@@ -492,12 +548,40 @@ node_registry start_registry(caf::actor_system& sys, server::model_manager& mode
       [self](sync_atom) {
         auto& st = self->state;
         for (auto& [key, w] : st.workers) {
-          if (!w.handle && !w.busy && w.address)
+          if (!w.handle && !w.busy && w.address) {
             connect(self, key);
+          } else if (!w.handle && !w.busy && w.regreet) {
+            auto handle = std::move(w.regreet);
+            w.regreet = nullptr;
+            greet(self, key, handle);
+          }
           else if (w.handle)
             attach(self, key);
         }
         self->delayed_send(self, st.cfg.sync_interval, sync_atom::value);
+      },
+      // A worker's bulk channel broke (bulk_channel.hpp): the worker is lost as
+      // when its CAF link drops. Its proxies fail their batches back to the
+      // schedulers, which run them elsewhere; then it is connected (or greeted)
+      // again, with a new token.
+      [self](bulk_lost_atom, const std::string& key, uint64_t generation,
+             const std::string& why) {
+        auto& st = self->state;
+        auto it = st.workers.find(key);
+        if (it == st.workers.end() || it->second.bulk_generation != generation
+            || !it->second.handle)
+          return;
+        auto& w = it->second;
+        for (const auto& [proxy, where] : st.proxies)
+          if (std::get<0>(where) == key)
+            if (auto p = caf::actor_cast<caf::actor>(proxy))
+              caf::anon_send(p, bulk_lost_atom::value, why);
+        if (!w.address)
+          w.regreet = w.handle;
+        w.handle = nullptr;
+        w.attached.clear();
+        w.bulk.reset();
+        set_state(self, key, "lost", "its bulk channel broke: " + why);
       },
       [self](challenge_atom) -> std::string {
         auto nonce = make_nonce();

@@ -45,6 +45,11 @@ struct registry_config {
   /// Largest model (sum of its files) shipped to a worker without a repository
   /// (--max-ship-bytes).
   uint64_t max_ship_bytes = 1ull << 30;
+  /// Batches whose CAF message is at least this many bytes go over the worker's
+  /// bulk channel (bulk_channel.hpp), their results too; 0: never (the channel
+  /// is not opened). Set to 0 when the cluster runs TLS.
+  uint64_t bulk_threshold = 1 << 20;
+  bulk_config bulk;
   /// A load asked of a worker (shipping and compiling included) may take this long.
   std::chrono::milliseconds load_timeout{300000};
 };

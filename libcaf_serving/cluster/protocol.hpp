@@ -7,9 +7,12 @@
 ///   connect (middleman)          ------->
 ///   challenge_atom               ------->  nonce (remembered per server node)
 ///   hello_atom, proof            ------->  checks HMAC(secret, "server|"+nonce);
-///                                <-------  worker_info: its models and executors
+///                                <-------  worker_info: its models and executors,
+///                                          its bulk port and a token for this server
 ///   run_batch (to an executor)   ------->  executor checks the sender's node
 ///                                <-------  batch_result_message
+///   (batches from --bulk-threshold-bytes up, and their answers, go over the
+///    bulk channel instead: bulk_channel.hpp)
 /// ```
 /// A worker can also join a server that listens for workers (`--cluster-port`):
 /// it proves the secret to the server the same way (role "worker", join_atom with
@@ -103,12 +106,18 @@ struct worker_info {
   /// The worker has a repository of its own (--model-repository): a model it
   /// holds otherwise than the server is reloaded from there, not shipped.
   bool own_repository = false;
+  /// The worker's bulk channel (bulk_channel.hpp): its port (0: none), the host
+  /// to reach it at when the server did not dial the worker (empty: unknown),
+  /// and the 16-byte token made for this server, which admits one connection.
+  uint16_t bulk_port = 0;
+  std::string bulk_host;
+  std::string bulk_token;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, worker_info& x) {
   return f(caf::meta::type_name("worker_info"), x.name, x.models, x.placement,
-           x.accepts_files, x.own_repository);
+           x.accepts_files, x.own_repository, x.bulk_port, x.bulk_host, x.bulk_token);
 }
 
 /// Timing of failure detection; the same on servers and workers.

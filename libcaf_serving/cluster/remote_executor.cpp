@@ -131,54 +131,72 @@ void forward_held(self_ptr self) {
   }
 }
 
-/// Sends batch `id` to the remote executor and handles its one answer.
+/// The worker answered batch `id` (over CAF's link or the bulk channel).
+void on_answer(self_ptr self, uint64_t id, batch_result_message& result) {
+  auto& st = self->state;
+  if (st.lost)
+    return;
+  auto now = now_ns();
+  auto it = st.pending.find(id);
+  if (it == st.pending.end()) {
+    if (st.abandoned.erase(id) > 0) {
+      // Re-run elsewhere already: this answer must not reach anyone.
+      st.cfg.counters->late_dropped.fetch_add(1);
+      std::cerr << "caf-serving: dropped a late answer of worker '" << st.cfg.node
+                << "' to a batch of model '" << st.cfg.model << "' that was re-run elsewhere"
+                << std::endl;
+    }
+    st.last_answer_ns = now;
+    forward_held(self);
+    return;
+  }
+  auto start = std::max(it->second.sent_ns, st.last_answer_ns);
+  st.cost.observe(it->second.rows, now - start);
+  st.last_answer_ns = now;
+  st.cfg.counters->in_flight.fetch_sub(1);
+  it->second.promise.deliver(std::move(result));
+  st.pending.erase(it);
+  forward_held(self);
+}
+
+/// The worker answered batch `id` with an error, or CAF reported its loss.
+void on_error(self_ptr self, uint64_t id, caf::error& err) {
+  auto& st = self->state;
+  if (st.lost)
+    return;
+  auto it = st.pending.find(id);
+  if (it == st.pending.end()) {
+    st.abandoned.erase(id);
+    forward_held(self);
+    return;
+  }
+  if (executor_was_lost(err)) {
+    // The remote executor is gone.
+    lose(self, self->system().render(err));
+    return;
+  }
+  // The worker answered with an error (e.g. it refused this server).
+  st.cfg.counters->in_flight.fetch_sub(1);
+  it->second.promise.deliver(std::move(err));
+  st.pending.erase(it);
+  forward_held(self);
+}
+
+/// Sends batch `id` to the remote executor and handles its one answer: over the
+/// bulk channel when the batch is large and the channel takes it, else (and
+/// whenever it is not connected or its queue is full) over CAF's link.
 void forward(self_ptr self, uint64_t id, run_batch batch) {
   auto& st = self->state;
+  if (st.cfg.bulk && st.cfg.bulk_threshold > 0
+      && bulk::wire_bytes(bulk::segments_of(batch)) >= st.cfg.bulk_threshold
+      && st.cfg.bulk->send_batch(batch, st.cfg.remote->id(), caf::actor_cast<caf::actor>(self),
+                                 id)) {
+    st.cfg.counters->bulk_batches.fetch_add(1);
+    return; // answered by bulk_answer_atom or bulk_error_atom (the default handler)
+  }
   self->request(st.remote, caf::infinite, std::move(batch))
-    .then(
-      [self, id](batch_result_message& result) {
-        auto& st = self->state;
-        auto now = now_ns();
-        auto it = st.pending.find(id);
-        if (it == st.pending.end()) {
-          if (st.abandoned.erase(id) > 0) {
-            // Re-run elsewhere already: this answer must not reach anyone.
-            st.cfg.counters->late_dropped.fetch_add(1);
-            std::cerr << "caf-serving: dropped a late answer of worker '" << st.cfg.node
-                      << "' to a batch of model '" << st.cfg.model
-                      << "' that was re-run elsewhere" << std::endl;
-          }
-          st.last_answer_ns = now;
-          forward_held(self);
-          return;
-        }
-        auto start = std::max(it->second.sent_ns, st.last_answer_ns);
-        st.cost.observe(it->second.rows, now - start);
-        st.last_answer_ns = now;
-        st.cfg.counters->in_flight.fetch_sub(1);
-        it->second.promise.deliver(std::move(result));
-        st.pending.erase(it);
-        forward_held(self);
-      },
-      [self, id](caf::error& err) {
-        auto& st = self->state;
-        auto it = st.pending.find(id);
-        if (it == st.pending.end()) {
-          st.abandoned.erase(id);
-          forward_held(self);
-          return;
-        }
-        if (executor_was_lost(err)) {
-          // The remote executor is gone.
-          lose(self, self->system().render(err));
-          return;
-        }
-        // The worker answered with an error (e.g. it refused this server).
-        st.cfg.counters->in_flight.fetch_sub(1);
-        it->second.promise.deliver(std::move(err));
-        st.pending.erase(it);
-        forward_held(self);
-      });
+    .then([self, id](batch_result_message& result) { on_answer(self, id, result); },
+          [self, id](caf::error& err) { on_error(self, id, err); });
 }
 
 } // namespace
@@ -198,7 +216,18 @@ executor::executor_actor spawn_remote_executor(caf::actor_system& sys,
     self->set_default_handler([self](caf::scheduled_actor*, caf::message_view& x)
                                 -> caf::result<caf::message> {
       auto msg = x.move_content_to_message();
-      msg.apply([self](deadline_atom, uint64_t id) { abandon(self, id); });
+      msg.apply({
+        [self](deadline_atom, uint64_t id) { abandon(self, id); },
+        [self](bulk_answer_atom, uint64_t id, batch_result_message& result) {
+          on_answer(self, id, result);
+        },
+        [self](bulk_error_atom, uint64_t id, caf::error& err) { on_error(self, id, err); },
+        // The bulk channel broke: the worker counts as lost, as when its CAF
+        // link drops (its batches run elsewhere; the registry reconnects it).
+        [self](bulk_lost_atom, const std::string& why) {
+          lose(self, "its bulk channel broke: " + why);
+        },
+      });
       return caf::message{};
     });
     return {

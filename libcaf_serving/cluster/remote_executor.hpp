@@ -18,6 +18,7 @@
 /// batch it holds with executor_lost and quits: the scheduler sends those batches
 /// to other executors and drops this one.
 
+#include "cluster/bulk_channel.hpp"
 #include "executor/executor_actor.hpp"
 
 #include <caf/actor.hpp>
@@ -40,6 +41,8 @@ struct node_counters {
   std::atomic<uint64_t> timed_out{0};
   /// Answers that came after their batch had been presumed lost (and re-run).
   std::atomic<uint64_t> late_dropped{0};
+  /// Batches sent over the bulk channel (bulk_channel.hpp) instead of CAF's link.
+  std::atomic<uint64_t> bulk_batches{0};
 };
 
 /// When a remote batch counts as lost: max(factor x predicted, floor).
@@ -59,6 +62,10 @@ struct remote_executor_config {
   std::string model;
   remote_timeout_config timeout;
   std::shared_ptr<node_counters> counters;
+  /// The worker's bulk channel (null: none); batches whose CAF message would be
+  /// at least `bulk_threshold` bytes go over it while it is connected.
+  std::shared_ptr<bulk_client> bulk;
+  uint64_t bulk_threshold = 0;
 };
 
 /// The deadline of a batch, in ns after it was sent, given the predicted service

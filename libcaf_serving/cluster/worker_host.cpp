@@ -65,7 +65,10 @@ caf::actor spawn_gate(caf::actor_system& sys, executor::executor_actor target,
     return {
       [self, target, model, auth](run_batch& msg) -> caf::result<batch_result_message> {
         auto sender = self->current_sender();
-        if (!sender || !auth->contains(sender->node())) {
+        // A sender on this node is the bulk channel's session actor, which
+        // runs only batches of servers that presented their token.
+        bool local = sender && sender->node() == self->node();
+        if (!sender || (!local && !auth->contains(sender->node()))) {
           std::cerr << "caf-serving-worker: refused a batch for model '" << model
                     << "' from node "
                     << (sender ? to_string(sender->node()) : std::string("(anonymous)"))
@@ -122,7 +125,8 @@ result<std::string> served_hash(const server::model_manager& models, const std::
 /// One worker_model per served version of `name`, each with a gate per executor.
 std::vector<worker_model> describe(caf::actor_system& sys, const server::model_manager& models,
                                    const std::string& name, const std::string& hash,
-                                   bool shipped, const std::shared_ptr<authorized_nodes>& auth) {
+                                   bool shipped, const std::shared_ptr<authorized_nodes>& auth,
+                                   bulk_listener* bulk) {
   std::vector<worker_model> out;
   for (const auto& p : models.versions(name)) {
     worker_model m;
@@ -130,8 +134,11 @@ std::vector<worker_model> describe(caf::actor_system& sys, const server::model_m
     m.version = p->version;
     m.hash = hash;
     m.shipped = shipped;
-    for (const auto& e : p->executors)
+    for (const auto& e : p->executors) {
       m.executors.push_back(spawn_gate(sys, e, name, auth));
+      if (bulk)
+        bulk->add_target(m.executors.back());
+    }
     out.push_back(std::move(m));
   }
   return out;
@@ -369,7 +376,8 @@ result<worker_host> start_worker(caf::actor_system& sys, worker_config config) {
         host.failed.push_back(row.name + ": " + hash.error().message);
         continue;
       }
-      served[row.name] = describe(sys, *host.models, row.name, *hash, everything_shipped, auth);
+      served[row.name] = describe(sys, *host.models, row.name, *hash, everything_shipped, auth,
+                                  config.bulk.get());
       for (const auto& m : served[row.name])
         host.loaded.push_back(row.name + " version " + std::to_string(m.version) + " ("
                               + std::to_string(m.executors.size()) + " executors)");
@@ -419,7 +427,13 @@ result<worker_host> start_worker(caf::actor_system& sys, worker_config config) {
         }
         st.auth->add(node);
         std::cout << "accepted server node " << to_string(node) << std::endl;
-        return make_info(self);
+        auto info = make_info(self);
+        if (st.cfg.bulk) {
+          info.bulk_port = st.cfg.bulk->port();
+          info.bulk_host = st.cfg.bulk_host;
+          info.bulk_token = st.cfg.bulk->issue_token(to_string(node));
+        }
+        return info;
       },
       [self](load_model_atom, model_shipment& s) { return load_for_server(self, s); },
       [self](load_done_atom, uint64_t id, const std::string& name, const std::string& error,
@@ -438,7 +452,7 @@ result<worker_host> start_worker(caf::actor_system& sys, worker_config config) {
         }
         auto& models = st.served[name];
         models = describe(self->system(), from_files ? files_manager(st) : *st.models, name,
-                          hash, from_files, st.auth);
+                          hash, from_files, st.auth, st.cfg.bulk.get());
         std::cout << "model " << name << " loaded for the server (hash " << hash.substr(0, 12)
                   << ")" << std::endl;
         rp.deliver(models);

@@ -16,6 +16,7 @@
 /// handle (a gate in front of a local executor) checks that a batch comes from
 /// such a server's node; anything else is refused and logged.
 
+#include "cluster/bulk_channel.hpp"
 #include "cluster/protocol.hpp"
 #include "core/error.hpp"
 #include "server/model_manager.hpp"
@@ -57,6 +58,10 @@ struct worker_config {
   std::optional<host_port> join_to;
   std::chrono::milliseconds retry_interval{1000};
   std::chrono::milliseconds request_timeout{5000};
+  /// The bulk channel's listener (null: no bulk channel, as under TLS), and the
+  /// address servers that this worker joins reach it at (empty: they cannot).
+  std::shared_ptr<bulk_listener> bulk;
+  std::string bulk_host;
   /// How the models are loaded (threads, compute pool, limits). Its
   /// repository, control mode and startup models are set by start_worker.
   server::model_manager_config models;

@@ -33,12 +33,15 @@ TEST_CASE("joined and dialled workers serve over TLS; foreign and plain workers 
 
   worker_process w1({repo.path().string(), "w1", tls_flags(pki, "ca", "w1"), {}});
   CHECK(w1.wait_for_output("cluster links use TLS", std::chrono::seconds(1)));
+  // The bulk channel is plain TCP: under TLS neither end opens it.
+  CHECK(w1.wait_for_output("bulk channel off", std::chrono::seconds(1)));
   support::server_process server(
     {CAF_SERVING_BINARY, repo.path().string(),
      concat({"--worker", w1.address(), "--cluster-port", "0", "--cluster-address", "127.0.0.1",
              "--local-executors", "false"},
             tls_flags(pki, "ca", "server"))});
   CHECK(server.wait_for_output("cluster links use TLS", std::chrono::seconds(5)));
+  CHECK(server.wait_for_output("bulk channel off", std::chrono::seconds(5)));
   auto join_to = "127.0.0.1:" + std::to_string(cluster_port(server));
   worker_process w2(
     {repo.path().string(), "w2", concat({"--join", join_to}, tls_flags(pki, "ca", "w2")), {}});
