@@ -391,17 +391,23 @@ infer_result infer_reduce(const graph& g, const node& n) {
   return one(x.dtype, reduced_shape(x.shape, red, n.get_i("keepdims", 1) != 0));
 }
 
+/// The reduced axes of a reduction node at run time: from its axes input when
+/// it has one (checked at load), else from its attribute.
+reduction reduction_at_run(const node& n, const std::vector<tensor_ref>& in) {
+  std::vector<int64_t> axes;
+  bool from_input = in.size() > 1 && in[1].data;
+  if (from_input)
+    axes = ref_ints(in[1]);
+  return std::get<reduction>(reduction_of(n, from_input ? &axes : nullptr, in[0].shape.size()));
+}
+
 /// Every input element folds into its output element; output strides are 0 on
 /// the reduced axes. An empty reduction gives ReduceMax's lowest value (minus
 /// infinity for floats), ReduceMin's highest, ReduceProd's 1, as ONNX 18 says.
 template <class T>
 void run_reduce(const node& n, const std::vector<tensor_ref>& in, const tensor_ref& y) {
   const auto& x = in[0];
-  std::vector<int64_t> axes;
-  bool from_input = in.size() > 1 && in[1].data;
-  if (from_input)
-    axes = ref_ints(in[1]);
-  auto red = std::get<reduction>(reduction_of(n, from_input ? &axes : nullptr, x.shape.size()));
+  auto red = reduction_at_run(n, in);
   T init;
   if constexpr (std::is_same_v<T, bool>)
     init = n.op == "ReduceMin"; // any for ReduceMax, all for ReduceMin
@@ -474,11 +480,7 @@ T saturated(double v) {
 template <class T>
 void run_sum_reduce(const node& n, const std::vector<tensor_ref>& in, const tensor_ref& y) {
   const auto& x = in[0];
-  std::vector<int64_t> axes;
-  bool from_input = in.size() > 1 && in[1].data;
-  if (from_input)
-    axes = ref_ints(in[1]);
-  auto red = std::get<reduction>(reduction_of(n, from_input ? &axes : nullptr, x.shape.size()));
+  auto red = reduction_at_run(n, in);
   // The output's strides over the input's dimensions, 0 where reduced.
   std::array<shape_t, 1> st{broadcast_strides(reduced_shape(x.shape, red, true), x.shape)};
   const T* a = x.as<T>();
