@@ -84,6 +84,32 @@ bool worker_process::wait_for_output(const std::string& text,
 
 // -- load -------------------------------------------------------------------------
 
+namespace {
+
+/// Whether the answer's first "data" array holds exactly `expected`, compared
+/// as numbers: the server writes each float in its shortest form ("1e+05" for
+/// 100000), not as the request spelled it.
+bool answer_data_is(const std::string& answer, const std::vector<double>& expected) {
+  auto at = answer.find("\"data\":[");
+  if (at == std::string::npos)
+    return false;
+  const char* p = answer.c_str() + at + 8;
+  std::vector<double> got;
+  while (*p && *p != ']') {
+    char* end = nullptr;
+    double v = std::strtod(p, &end);
+    if (end == p)
+      return false;
+    got.push_back(v);
+    p = end;
+    if (*p == ',')
+      ++p;
+  }
+  return *p == ']' && got == expected;
+}
+
+} // namespace
+
 load_totals run_load(uint16_t http_port, const load_config& cfg) {
   std::mutex mutex;
   load_totals totals;
@@ -97,8 +123,11 @@ load_totals run_load(uint16_t http_port, const load_config& cfg) {
       for (int i = 0; i < cfg.requests_per_client; ++i) {
         float base = static_cast<float>(c * 10000 + i * 16);
         std::string data = "[";
-        for (int k = 0; k < 16; ++k)
+        std::vector<double> values;
+        for (int k = 0; k < 16; ++k) {
           data += (k ? "," : "") + std::to_string(static_cast<int>(base) + k);
+          values.push_back(static_cast<double>(static_cast<int>(base) + k));
+        }
         data += "]";
         std::string body = "{\"inputs\":[{\"name\":\"INPUT0\",\"datatype\":\"FP32\","
                            "\"shape\":[1,16],\"data\":"
@@ -117,13 +146,14 @@ load_totals run_load(uint16_t http_port, const load_config& cfg) {
         {
           std::lock_guard<std::mutex> guard(mutex);
           ++totals.sent;
-          if (status == 200 && answer.find("\"data\":" + data) != std::string::npos)
+          bool right = status == 200 && answer_data_is(answer, values);
+          if (right)
             ++totals.correct;
           else if (status == 200)
             ++totals.wrong;
           else
             ++totals.failed;
-          if (status != 200 || answer.find("\"data\":" + data) == std::string::npos)
+          if (!right)
             if (totals.first_failure.empty())
               totals.first_failure = std::to_string(status) + " " + answer.substr(0, 300);
         }
