@@ -14,7 +14,11 @@
 # reference input/output (bench-models/reference/<model>). The client
 # (scaling_client.py) checks every answer against the reference output.
 # Environment: NETEM_US (default 200), NO_NETNS=1 to stay on loopback,
-# CORES="0 1" (the cores the workers are pinned to, in turn), REPEAT=N rounds of
+# CORES="0 1" (the cores the workers are pinned to, in turn), WORKER_CPU_PCT=P
+# (each worker also in a CPU cgroup of its own with a quota of P% of one core, so
+# that on a machine with no core to spare for them the server and the client run
+# on the rest of the workers' cores: every worker gets the same compute, and the
+# server and client never take it; cgroup v1 or v2, root), REPEAT=N rounds of
 # the 1- and 2-worker runs in ABBA order (default 1), with their medians and the
 # median of the per-round ratios at the end.
 set -euo pipefail
@@ -33,8 +37,15 @@ work=$(mktemp -d)
 pids=()
 export CAF_SERVING_CLUSTER_SECRET=bench-secret-$$
 
+cpu_pct=${WORKER_CPU_PCT:-}
 cleanup() {
   for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+  # Made inside the runs' subshells too: remove whatever exists (once its
+  # processes are gone).
+  for d in /sys/fs/cgroup/cpu/csb$$-w* /sys/fs/cgroup/csb$$-w*; do
+    [ -d "$d" ] || continue
+    for _ in 1 2 3 4 5 6 7 8 9 10; do rmdir "$d" 2>/dev/null && break; sleep 0.1; done
+  done
   # Made inside the runs' subshells: remove whatever exists.
   for n in 1 2; do
     ip link del "csbh$n" 2>/dev/null || true
@@ -78,6 +89,23 @@ wait_line() { # file pattern [tries of 0.1 s]
   echo "timed out waiting for '$2' in $1" >&2; cat "$1" >&2; exit 1
 }
 
+# The CPU cgroup of worker i with the quota WORKER_CPU_PCT (made once, removed by
+# cleanup); prints its cgroup.procs.
+worker_cgroup() {
+  local i=$1 d quota=$((cpu_pct * 1000))
+  if [ -f /sys/fs/cgroup/cpu/cpu.cfs_quota_us ]; then      # cgroup v1
+    d=/sys/fs/cgroup/cpu/csb$$-w$i
+    [ -d "$d" ] || { mkdir "$d" && echo 100000 > "$d/cpu.cfs_period_us" \
+                     && echo "$quota" > "$d/cpu.cfs_quota_us"; }
+  elif [ -f /sys/fs/cgroup/cgroup.controllers ]; then      # cgroup v2
+    d=/sys/fs/cgroup/csb$$-w$i
+    [ -d "$d" ] || { mkdir "$d" && echo "$quota 100000" > "$d/cpu.max"; }
+  else
+    echo "WORKER_CPU_PCT: no CPU cgroup controller here (/sys/fs/cgroup)" >&2; exit 1
+  fi
+  echo "$d/cgroup.procs"
+}
+
 worker_pids=()
 worker_addr=
 # Starts worker i pinned to its core (in namespace i when available); sets worker_addr.
@@ -89,7 +117,15 @@ start_worker() {
     prefix=(ip netns exec "csb$$-$i")
     addr=10.233.$i.2
   fi
-  "${prefix[@]}" taskset -c "$core" "$worker_bin" --model-repository "$work/repo" \
+  local cg=()
+  if [ -n "$cpu_pct" ]; then
+    # The shell joins the cgroup and becomes the worker: every thread it starts is
+    # in it. Outside `ip netns exec`, whose own /sys has no cgroup mounts.
+    local procs
+    procs=$(worker_cgroup "$i")
+    cg=(sh -c 'echo $$ > "$0" && exec "$@"' "$procs")
+  fi
+  "${cg[@]}" "${prefix[@]}" taskset -c "$core" "$worker_bin" --model-repository "$work/repo" \
     --address "$addr" --port "$port" --name "w$i" --executor-threads 1 > "$log" 2>&1 &
   pids+=($!)
   worker_pids[$i]=$!
@@ -132,7 +168,7 @@ run() { # label, workers, kill-halfway (0/1)
 }
 
 echo "model $model ($model_dir), ${seconds} s per run, ${concurrency} clients," \
-     "workers pinned to cores ${cores[*]} with --executor-threads 1;" \
+     "workers pinned to cores ${cores[*]} with --executor-threads 1$([ -n "$cpu_pct" ] && echo ", each limited to ${cpu_pct}% of its core (cgroup)");" \
      "$([ "$use_netns" = 1 ] && echo "each worker in a netns (netem ${netem_us} us each way where tc has it)" \
                              || echo "loopback (no netns)"); $(nproc) cores"
 results=$work/results.txt
