@@ -9,6 +9,7 @@
 #include "onnx/ops_more.hpp"
 
 #include "onnx/importer.hpp"
+#include "onnx/output_testing.hpp"
 #include "onnx/ops_testing.hpp"
 #include "onnx/testing.hpp"
 #include "onnx_cpu/onnx_backend.hpp"
@@ -455,26 +456,6 @@ std::string half_reductions_model() {
   return m.SerializeAsString();
 }
 
-struct named_writer final : executor::output_writer {
-  std::map<std::string, std::vector<uint8_t>> buffers;
-  std::map<std::string, datatype> types;
-  std::map<std::string, std::vector<int64_t>> shapes;
-  uint8_t* allocate(std::string_view name, datatype t, const std::vector<int64_t>& shape,
-                    size_t bytes) override {
-    std::string key(name);
-    types[key] = t;
-    shapes[key] = shape;
-    buffers[key].resize(bytes);
-    return buffers[key].data();
-  }
-  std::vector<uint16_t> halves(const std::string& name) const {
-    const auto& b = buffers.at(name);
-    std::vector<uint16_t> v(b.size() / 2);
-    std::memcpy(v.data(), b.data(), b.size());
-    return v;
-  }
-};
-
 } // namespace
 
 // FP16 bits worked out by hand: 1 = 0x3C00, 2 = 0x4000, 3 = 0x4200, 4 = 0x4400,
@@ -505,10 +486,10 @@ TEST_CASE("an FP16 model of ReduceL2 and GlobalMaxPool loads and runs through th
   CHECK(out.types.at("l2") == datatype::fp16);
   CHECK(out.shapes.at("l2") == std::vector<int64_t>{2, 2});
   // sqrt(1 + 4 + 9 + 16), sqrt(0.25 + 4 + 9 + 36), sqrt(4 * 1) = 2, 0.
-  CHECK(out.halves("l2") == std::vector<uint16_t>{0x457A, 0x4705, 0x4000, 0x0000});
+  CHECK(out.values<uint16_t>("l2") == std::vector<uint16_t>{0x457A, 0x4705, 0x4000, 0x0000});
   CHECK(out.types.at("max") == datatype::fp16);
   CHECK(out.shapes.at("max") == std::vector<int64_t>{2, 2, 1, 1});
-  CHECK(out.halves("max") == std::vector<uint16_t>{0x4400, 0x4600, 0xBC00, 0x0000});
+  CHECK(out.values<uint16_t>("max") == std::vector<uint16_t>{0x4400, 0x4600, 0xBC00, 0x0000});
 }
 
 TEST_CASE("the unary functions and PRelu at their edges") {

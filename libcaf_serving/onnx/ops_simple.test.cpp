@@ -8,6 +8,7 @@
 #include "onnx/ops_simple.hpp"
 
 #include "onnx/importer.hpp"
+#include "onnx/output_testing.hpp"
 #include "onnx_cpu/onnx_backend.hpp"
 #include "onnx/ops.hpp"
 #include "onnx/passes.hpp"
@@ -25,6 +26,7 @@
 
 using namespace caf_serving;
 using namespace caf_serving::onnx;
+using caf_serving::onnx::testing::named_writer;
 
 namespace {
 
@@ -504,27 +506,6 @@ std::string elementwise_model() {
   add_tensor_value(g->add_output(), "argmax", pb::TensorProto::INT64, {-1});
   return m.SerializeAsString();
 }
-
-struct named_writer final : executor::output_writer {
-  std::map<std::string, std::vector<uint8_t>> buffers;
-  std::map<std::string, datatype> types;
-  std::map<std::string, std::vector<int64_t>> shapes;
-  uint8_t* allocate(std::string_view name, datatype t, const std::vector<int64_t>& shape,
-                    size_t bytes) override {
-    std::string key(name);
-    types[key] = t;
-    shapes[key] = shape;
-    buffers[key].resize(bytes);
-    return buffers[key].data();
-  }
-  template <class T>
-  std::vector<T> values(const std::string& name) {
-    const auto& b = buffers.at(name);
-    std::vector<T> v(b.size() / sizeof(T));
-    std::memcpy(v.data(), b.data(), v.size() * sizeof(T));
-    return v;
-  }
-};
 
 } // namespace
 
