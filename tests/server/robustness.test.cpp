@@ -140,9 +140,14 @@ TEST_CASE("three 200 MB requests queued together pass a Data field's 512 MiB and
   // inside the scheduler, which killed the model. With the default cap they go
   // out in batches of at most two.
   test_server server({}, model_control_api({"--max-body-bytes", "268435456"}));
-  // The first (small) request holds the executor for 3 s, while the three big
-  // ones arrive and queue together behind it.
-  add_model(server.repo, "huge", variable_identity_config("huge", 3000000, 4));
+  // The first (small) request, of 4 rows at 2 s a row, holds the executor for
+  // 8 s, while the three big ones (a row each) arrive and queue together behind
+  // it. (A 3 s hold was not enough in a full CI run on 2 busy cores: building,
+  // sending and parsing 600 MB took longer, the first answer came back before
+  // the third big request was queued, and four were never pending at once.)
+  add_model(server.repo, "huge",
+            variable_identity_config("huge", 0, 4)
+              + "parameters { key: \"delay_per_item_us\" value: { string_value: \"2000000\" } }\n");
   REQUIRE(server.client().post("/v2/repository/models/huge/load", "").status == 200);
   constexpr int64_t width = 50'000'000; // 200 MB of FP32
   auto send = [&](int tag) -> std::string {
@@ -167,7 +172,7 @@ TEST_CASE("three 200 MB requests queued together pass a Data field's 512 MiB and
     return "";
   };
   auto first = std::async(std::launch::async,
-                          [&] { return check_identity(server.port(), "huge", 0, 1, 5); });
+                          [&] { return check_identity(server.port(), "huge", 0, 4, 5); });
   REQUIRE(wait_pending(server, "huge", 1));
   std::vector<std::future<std::string>> answers;
   for (int i = 1; i <= 3; ++i)
