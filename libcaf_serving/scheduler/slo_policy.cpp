@@ -155,35 +155,33 @@ int64_t slo_policy::completion_ns(const executor_load& x, uint32_t rows) const {
 }
 
 void slo_policy::note_arrival(time_point now, uint32_t rows) {
-  if (arrivals_.size() < arrival_window) {
-    arrivals_.push_back({now, rows});
-    return;
+  forget_arrivals(now);
+  arrivals_.push_back({now, rows});
+  arrival_rows_ += rows;
+  if (arrivals_.size() > arrival_window) {
+    arrival_rows_ -= arrivals_.front().rows;
+    arrivals_.pop_front();
   }
-  arrivals_[arrivals_next_] = {now, rows};
-  arrivals_next_ = (arrivals_next_ + 1) % arrival_window;
+}
+
+void slo_policy::forget_arrivals(time_point now) {
+  // Four targets: long enough to hold about a hundred arrivals near capacity,
+  // short enough that the silence between bursts is forgotten.
+  const time_point since = now - 4 * cfg_.target;
+  while (!arrivals_.empty() && arrivals_.front().at < since) {
+    arrival_rows_ -= arrivals_.front().rows;
+    arrivals_.pop_front();
+  }
 }
 
 double slo_policy::arrival_rate(time_point now) const {
-  // Over the arrivals within the last four targets (long enough to hold about
-  // a hundred arrivals near capacity, short enough that the silence between
-  // bursts is forgotten): the rows of all but the first,
-  // over the time from the first to now (a silence since the last arrival
-  // lowers it).
-  const time_point since = now - 4 * cfg_.target;
-  std::optional<time_point> first;
-  uint64_t rows = 0, first_rows = 0;
-  for (const auto& a : arrivals_) {
-    if (a.at < since)
-      continue;
-    rows += a.rows;
-    if (!first || a.at < *first) {
-      first = a.at;
-      first_rows = a.rows;
-    }
-  }
-  if (!first || now <= *first || rows <= first_rows)
+  // A silence since the last arrival lowers it.
+  if (arrivals_.empty() || now <= arrivals_.front().at)
     return 0;
-  return static_cast<double>(rows - first_rows) / static_cast<double>((now - *first).count());
+  uint64_t rows = arrival_rows_ - arrivals_.front().rows;
+  if (rows == 0)
+    return 0;
+  return static_cast<double>(rows) / static_cast<double>((now - arrivals_.front().at).count());
 }
 
 uint32_t slo_policy::expected_rows(const cut_batch& b, size_t k, double rate,
@@ -454,6 +452,7 @@ slo_enqueue_result slo_policy::admit_reordered(std::map<key, entry>::iterator wh
 }
 
 slo_poll_result slo_policy::poll(time_point now, const std::vector<executor_load>& executors) {
+  forget_arrivals(now);
   slo_poll_result out;
   if (queue_.empty()) {
     out.next = idle{};

@@ -75,6 +75,7 @@
 #include "scheduler/executor_choice.hpp"
 
 #include <chrono>
+#include <deque>
 #include <map>
 #include <optional>
 #include <tuple>
@@ -263,19 +264,22 @@ private:
   uint64_t entries_visited_ = 0;
   /// When the last probe was admitted.
   std::optional<time_point> last_probe_;
-  /// The last `arrival_window` requests offered (admitted or not): when they
-  /// came and how many rows (a ring).
+  /// The last `arrival_window` requests offered (admitted or not) within the
+  /// last four targets, oldest first: when they came and how many rows, and
+  /// the sum of those rows (so that the rate costs no scan).
   struct arrival {
     time_point at;
     uint32_t rows;
   };
   static constexpr size_t arrival_window = 256;
-  std::vector<arrival> arrivals_;
-  size_t arrivals_next_ = 0;
+  std::deque<arrival> arrivals_;
+  uint64_t arrival_rows_ = 0;
   /// Counts an arrival of `rows` at `now`.
   void note_arrival(time_point now, uint32_t rows);
-  /// Rows offered per nanosecond lately (0 when fewer than two requests came
-  /// within the last four targets).
+  /// Forgets the arrivals older than four targets before `now`.
+  void forget_arrivals(time_point now);
+  /// Rows offered per nanosecond lately: the rows of the arrivals kept after the
+  /// oldest, over the time since it (0 with fewer than two).
   double arrival_rate(time_point now) const;
   /// The share (0 to 1) of the expected arrivals the open batches are priced
   /// with: none up to the executors' full-batch capacity, all from 120% of it.
