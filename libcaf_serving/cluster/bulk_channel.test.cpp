@@ -181,6 +181,27 @@ int connect_loopback(uint16_t port) {
   return fd;
 }
 
+/// Connects to the listener on `port` by hand, sends `token`, and checks that
+/// the listener closes the connection (within 5 s, not by timing out).
+void check_refused(uint16_t port, const std::string& token) {
+  int fd = connect_loopback(port);
+  REQUIRE(::send(fd, token.data(), token.size(), 0) == static_cast<ssize_t>(token.size()));
+  char c;
+  timeval tv{5, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  CHECK(::recv(fd, &c, 1, 0) == 0);
+  ::close(fd);
+}
+
+/// A bulk_client made from `cfg`, once it has connected (within 5 s).
+std::shared_ptr<bulk_client> connected_client(caf::actor_system& sys, bulk_client_config cfg) {
+  auto client = bulk_client::connect(sys, std::move(cfg));
+  for (int i = 0; i < 500 && !client->connected(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  REQUIRE(client->connected());
+  return client;
+}
+
 } // namespace
 
 TEST_CASE("over loopback: batches reach the gate by token, answers come back byte for byte") {
@@ -194,23 +215,13 @@ TEST_CASE("over loopback: batches reach the gate by token, answers come back byt
 
   SUBCASE("a wrong token is refused and the connection closed") {
     (*listener)->issue_token("server-a");
-    int fd = connect_loopback((*listener)->port());
-    std::string wrong(bulk::token_bytes, 'x');
-    REQUIRE(::send(fd, wrong.data(), wrong.size(), 0) == 16);
-    char c;
-    timeval tv{5, 0};
-    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    CHECK(::recv(fd, &c, 1, 0) == 0); // closed by the listener, not timed out
-    ::close(fd);
+    check_refused((*listener)->port(), std::string(bulk::token_bytes, 'x'));
   }
 
   SUBCASE("a token admits one connection, and its batches are answered") {
     auto token = (*listener)->issue_token("server-a");
     caf::scoped_actor self{sys};
-    auto client = bulk_client::connect(sys, client_config((*listener)->port(), token));
-    for (int i = 0; i < 500 && !client->connected(); ++i)
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    REQUIRE(client->connected());
+    auto client = connected_client(sys, client_config((*listener)->port(), token));
     std::vector<batch_message> sent;
     for (uint64_t id : {1, 2, 3}) {
       sent.push_back(make_batch(id == 2 ? 600000 : 1000 * id, id));
@@ -235,22 +246,13 @@ TEST_CASE("over loopback: batches reach the gate by token, answers come back byt
     CHECK(seen == std::set<uint64_t>{10, 20, 30});
 
     // The same token again: refused (one connection per token).
-    int fd = connect_loopback((*listener)->port());
-    REQUIRE(::send(fd, token.data(), token.size(), 0) == 16);
-    char c;
-    timeval tv{5, 0};
-    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    CHECK(::recv(fd, &c, 1, 0) == 0);
-    ::close(fd);
+    check_refused((*listener)->port(), token);
   }
 
   SUBCASE("a batch for an executor the worker no longer has is answered as lost") {
     auto token = (*listener)->issue_token("server-a");
     caf::scoped_actor self{sys};
-    auto client = bulk_client::connect(sys, client_config((*listener)->port(), token));
-    for (int i = 0; i < 500 && !client->connected(); ++i)
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    REQUIRE(client->connected());
+    auto client = connected_client(sys, client_config((*listener)->port(), token));
     REQUIRE(client->send_batch(run_batch{make_batch(100, 1), nullptr}, gate.id() + 999,
                                caf::actor_cast<caf::actor>(self), 5));
     self->receive(
@@ -325,10 +327,7 @@ TEST_CASE("a malformed answer breaks the channel: its batches go back as lost, o
     std::lock_guard<std::mutex> g(m);
     lost.push_back(why);
   };
-  auto client = bulk_client::connect(sys, std::move(bc));
-  for (int i = 0; i < 500 && !client->connected(); ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  REQUIRE(client->connected());
+  auto client = connected_client(sys, std::move(bc));
   caf::scoped_actor self{sys};
   REQUIRE(client->send_batch(run_batch{make_batch(100, 1), nullptr}, 7,
                              caf::actor_cast<caf::actor>(self), 3));
