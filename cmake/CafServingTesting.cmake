@@ -4,6 +4,7 @@
 #                        [TIMEOUT seconds] [ARGS arg...])
 #
 # ARGS are passed to the test binary by CTest (a doctest filter, for example).
+# A test that cannot run here exits 77, which CTest reports as skipped, not passed.
 #
 # The test file is a doctest file; doctest's main is compiled in through
 # DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN so no test needs a main of its own.
@@ -16,7 +17,7 @@ function(caf_serving_add_test)
   target_link_libraries(${T_NAME} PRIVATE doctest::doctest ${T_LIBS})
   target_compile_definitions(${T_NAME} PRIVATE DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN)
   add_test(NAME ${T_NAME} COMMAND ${T_NAME} ${T_ARGS})
-  set_tests_properties(${T_NAME} PROPERTIES TIMEOUT ${T_TIMEOUT})
+  set_tests_properties(${T_NAME} PROPERTIES TIMEOUT ${T_TIMEOUT} SKIP_RETURN_CODE 77)
   if(T_LABELS)
     set_tests_properties(${T_NAME} PROPERTIES LABELS "${T_LABELS}")
   endif()
