@@ -4,6 +4,7 @@
 #include "cuda/device_math.cuh"
 
 #include <algorithm>
+#include <stdexcept>
 #include <type_traits>
 
 namespace caf_serving::kernels {
@@ -38,10 +39,14 @@ __device__ __forceinline__ max_sum merge(max_sum a, max_sum b) {
   return {a.max, a.sum + b.sum * __expf(b.max - a.max)};
 }
 
-template <mask_kind Mask>
-__device__ __forceinline__ float masked(float x, const void* mask, std::size_t i) {
+// An additive mask is float, or of the scores' type T (mask_type; the launcher
+// checks it is one of the two): a uniform branch, no extra instantiations.
+template <class T, mask_kind Mask>
+__device__ __forceinline__ float masked(float x, const softmax_args& a, std::size_t i) {
+  const void* mask = a.mask_data;
   if constexpr (Mask == mask_kind::additive)
-    return x + static_cast<const float*>(mask)[i];
+    return x + (a.mask_type == dtype::f32 ? static_cast<const float*>(mask)[i]
+                                          : to_f32(static_cast<const T*>(mask)[i]));
   else if constexpr (Mask == mask_kind::boolean)
     return static_cast<const std::uint8_t*>(mask)[i] ? x : -INFINITY;
   else
@@ -78,7 +83,7 @@ __global__ void softmax_kernel(softmax_params p) {
       for (int j = 0; j < 8; ++j) {
         if (j >= step)
           break;
-        x[j] = masked<Mask>(x[j], p.a.mask_data, mask_offset + c + j);
+        x[j] = masked<T, Mask>(x[j], p.a, mask_offset + c + j);
         chunk_max = fmaxf(chunk_max, x[j]);
       }
       float chunk_sum = 0.0f;
@@ -119,7 +124,7 @@ __global__ void softmax_kernel(softmax_params p) {
 #pragma unroll
     for (int j = 0; j < 8; ++j)
       if (j < step)
-        x[j] = __expf(masked<Mask>(x[j], p.a.mask_data, mask_offset + c + j) - max) * inv;
+        x[j] = __expf(masked<T, Mask>(x[j], p.a, mask_offset + c + j) - max) * inv;
     if (p.vectorized)
       detail::store8(out + c, x);
     else
@@ -161,7 +166,7 @@ __global__ void softmax_cached_kernel(softmax_params p) {
     std::size_t c = (static_cast<std::size_t>(t) + v * p.group) * 8;
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      x[v][j] = here[v] ? masked<Mask>(x[v][j], p.a.mask_data, mask_offset + c + j) : -INFINITY;
+      x[v][j] = here[v] ? masked<T, Mask>(x[v][j], p.a, mask_offset + c + j) : -INFINITY;
       m = fmaxf(m, x[v][j]);
     }
   }
@@ -242,6 +247,8 @@ bool aligned16(const void* p) {
 void launch_softmax(const softmax_args& a, cudaStream_t stream) {
   if (a.rows == 0 || a.cols == 0)
     return;
+  if (a.mask == mask_kind::additive && a.mask_type != dtype::f32 && a.mask_type != a.type)
+    throw std::invalid_argument("softmax: an additive mask is f32 or of the scores' type");
   softmax_params p{a, 32, a.cols % 8 == 0 && aligned16(a.input) && aligned16(a.output), false};
   int threads = a.threads;
   if (threads <= 0) { // a warp per row up to 1024 elements, then a block per row

@@ -39,18 +39,20 @@ std::vector<attention_chunk> plan_attention_chunks(int64_t batch, int64_t heads,
   return out;
 }
 
-std::vector<attention_launches> plan_attention_launches(const attention_operands& op,
-                                                        const std::vector<attention_chunk>& chunks) {
+template <class T>
+std::vector<basic_attention_launches<T>>
+plan_attention_launches(const basic_attention_operands<T>& op,
+                        const std::vector<attention_chunk>& chunks) {
   const int64_t sq = op.q_len, sk = op.k_len, d = op.head_dim, hd = op.heads * op.head_dim;
   const int64_t pair = sq * sk;
-  std::vector<attention_launches> out;
+  std::vector<basic_attention_launches<T>> out;
   for (const auto& c : chunks) {
-    attention_launches w;
+    basic_attention_launches<T> w;
     // Pairs (bi, hi .. ) or (bi .., hi), `count` of them, the Q/O and K/V operands
     // advancing by `qo_stride` and `kv_stride`, the scores by `scores_stride`.
     auto add = [&](int64_t bi, int64_t hi, int64_t count, int64_t qo_stride, int64_t kv_stride,
                    int64_t scores_stride) {
-      float* s = op.scores + ((bi - c.batch) * c.heads + hi - c.head) * pair;
+      T* s = op.scores + ((bi - c.batch) * c.heads + hi - c.head) * pair;
       gemm_shape g1{true, sk, sq, d, hd, hd, sk, count, kv_stride, qo_stride, scores_stride};
       w.scores.push_back({g1, op.scale, op.k + bi * sk * hd + hi * d, op.q + bi * sq * hd + hi * d, s});
       gemm_shape g2{false, d, sq, sk, hd, sk, hd, count, kv_stride, scores_stride, qo_stride};
@@ -79,5 +81,11 @@ std::vector<attention_launches> plan_attention_launches(const attention_operands
   }
   return out;
 }
+
+template std::vector<basic_attention_launches<float>>
+plan_attention_launches(const basic_attention_operands<float>&, const std::vector<attention_chunk>&);
+template std::vector<basic_attention_launches<uint16_t>>
+plan_attention_launches(const basic_attention_operands<uint16_t>&,
+                        const std::vector<attention_chunk>&);
 
 } // namespace caf_serving::cuda

@@ -70,48 +70,59 @@ struct gemm_shape {
   }
 };
 
-/// A product over fixed pointers.
-struct attention_gemm {
+/// A product over fixed pointers to elements of type T: float, or a 16-bit
+/// element (uint16_t) for tensors stored in fp16/bf16 (precision, gpu_options.hpp);
+/// only the address arithmetic depends on it.
+template <class T>
+struct basic_attention_gemm {
   gemm_shape shape;
   float alpha = 1.f;
-  const float* a = nullptr;
-  const float* b = nullptr;
-  float* c = nullptr;
+  const T* a = nullptr;
+  const T* b = nullptr;
+  T* c = nullptr;
 };
+using attention_gemm = basic_attention_gemm<float>;
 
 /// A softmax over `rows` x `cols` scores in place, adding the mask when there is
 /// one: row r (of [batches, heads, Sq]) reads the mask row at mask + o * outer +
 /// h * head + q * query (kernels' mask_strides).
-struct attention_softmax {
-  float* scores = nullptr;
+template <class T>
+struct basic_attention_softmax {
+  T* scores = nullptr;
   int64_t rows = 0, cols = 0;
-  const float* mask = nullptr; ///< null: no mask
+  const T* mask = nullptr; ///< null: no mask
   int64_t heads = 1, queries = 1;
   int64_t outer = 0, head = 0, query = 0;
 };
+using attention_softmax = basic_attention_softmax<float>;
 
 /// One chunk's launches, in order: the scores products, the softmax, the output
 /// products.
-struct attention_launches {
-  std::vector<attention_gemm> scores;
-  attention_softmax softmax;
-  std::vector<attention_gemm> output;
+template <class T>
+struct basic_attention_launches {
+  std::vector<basic_attention_gemm<T>> scores;
+  basic_attention_softmax<T> softmax;
+  std::vector<basic_attention_gemm<T>> output;
 };
+using attention_launches = basic_attention_launches<float>;
 
 /// A FusedAttention node over fixed pointers: Q [B, Sq, H*D], K and V [B, Sk, H*D],
 /// the output like Q, the mask with its strides over [B, H, Sq, Sk] (or null), and
-/// room for the largest chunk's scores.
-struct attention_operands {
+/// room for the largest chunk's scores, all of one element type T (the scores
+/// are stored in the tensors' type; the softmax computes in fp32).
+template <class T>
+struct basic_attention_operands {
   int64_t batch = 1, q_len = 1, k_len = 1, heads = 1, head_dim = 1;
-  const float* q = nullptr;
-  const float* k = nullptr;
-  const float* v = nullptr;
-  const float* mask = nullptr;
+  const T* q = nullptr;
+  const T* k = nullptr;
+  const T* v = nullptr;
+  const T* mask = nullptr;
   std::array<int64_t, 4> mask_strides{0, 0, 0, 0};
-  float* out = nullptr;
-  float* scores = nullptr;
+  T* out = nullptr;
+  T* scores = nullptr;
   float scale = 1.f;
 };
+using attention_operands = basic_attention_operands<float>;
 
 /// The launches of every chunk. Scores of pair (b, h) of a chunk lie at
 /// ((b - chunk.batch) * chunk.heads + h - chunk.head) * Sq * Sk in `scores`. Row-
@@ -119,7 +130,10 @@ struct attention_operands {
 /// transposed) times Q_h^T (D x Sq); row-major O_h[Sq, D] = P V_h is O_h^T[D, Sq]
 /// = V_h^T (D x Sk) P^T (Sk x Sq). Q, K, V and O are read and written in place:
 /// a head is D columns of rows H*D long.
-std::vector<attention_launches> plan_attention_launches(const attention_operands& op,
-                                                        const std::vector<attention_chunk>& chunks);
+/// Defined for T float and uint16_t (fp16/bf16 storage).
+template <class T>
+std::vector<basic_attention_launches<T>>
+plan_attention_launches(const basic_attention_operands<T>& op,
+                        const std::vector<attention_chunk>& chunks);
 
 } // namespace caf_serving::cuda

@@ -261,3 +261,43 @@ TEST_CASE("the launches handle keys of another length than the queries") {
         }
   }
 }
+
+TEST_CASE("half storage plans the same launches in elements: offsets scale by the element size") {
+  // The 16-bit instantiation (fp16/bf16 storage) against the float one the cases
+  // above check numerically: every operand at the same element offset from its
+  // tensor, every shape and stride alike.
+  const int64_t b = 3, sq = 4, sk = 6, h = 4, d = 8;
+  std::vector<float> f(1 << 12);
+  std::vector<uint16_t> u(1 << 12);
+  auto fp = [&](size_t at) { return f.data() + at; };
+  auto up = [&](size_t at) { return u.data() + at; };
+  auto strides = *attention_mask_strides({b, 1, 1, sk}, {b, h, sq, sk});
+  attention_operands of{b, sq, sk, h, d, fp(0), fp(100), fp(300), fp(500), strides, fp(600),
+                        fp(900), 0.25f};
+  basic_attention_operands<uint16_t> oh{b, sq, sk, h, d, up(0), up(100), up(300), up(500),
+                                        strides, up(600), up(900), 0.25f};
+  for (int64_t max_pairs : {1, 5, 12}) {
+    CAPTURE(max_pairs);
+    auto chunks = plan_attention_chunks(b, h, max_pairs);
+    auto lf = plan_attention_launches(of, chunks);
+    auto lh = plan_attention_launches(oh, chunks);
+    REQUIRE(lf.size() == lh.size());
+    auto same = [&](const auto& x, const auto& y) {
+      CHECK(x.shape.key() == y.shape.key());
+      CHECK(x.alpha == y.alpha);
+      CHECK(x.a - f.data() == y.a - u.data());
+      CHECK(x.b - f.data() == y.b - u.data());
+      CHECK(x.c - f.data() == y.c - u.data());
+    };
+    for (size_t i = 0; i < lf.size(); ++i) {
+      REQUIRE(lf[i].scores.size() == lh[i].scores.size());
+      REQUIRE(lf[i].output.size() == lh[i].output.size());
+      for (size_t j = 0; j < lf[i].scores.size(); ++j) same(lf[i].scores[j], lh[i].scores[j]);
+      for (size_t j = 0; j < lf[i].output.size(); ++j) same(lf[i].output[j], lh[i].output[j]);
+      CHECK(lf[i].softmax.scores - f.data() == lh[i].softmax.scores - u.data());
+      CHECK(lf[i].softmax.mask - f.data() == lh[i].softmax.mask - u.data());
+      CHECK(lf[i].softmax.rows == lh[i].softmax.rows);
+      CHECK(lf[i].softmax.cols == lh[i].softmax.cols);
+    }
+  }
+}

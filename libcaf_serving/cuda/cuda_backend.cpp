@@ -63,9 +63,13 @@ constant_key key_of(const onnx::tensor_data& t) {
 
 /// One planned size's graph and memory plan (graph_plan.hpp): the graph's
 /// inputs and declared outputs in the I/O slots, everything else in the arena.
+/// At precision fp16/bf16 the graph stores its values in that type, its weights
+/// converted once per `constants` (storage_plan.hpp).
 result<planned_graph> plan_at(const onnx::graph& graph, const model_config& config,
-                              const onnx::pass_config& passes, uint32_t rows) {
-  return plan_graph({&graph, &config, passes, rows, device_alignment});
+                              const onnx::pass_config& passes, uint32_t rows, precision p,
+                              half_constants& constants) {
+  return plan_graph({&graph, &config, passes, rows, device_alignment, storage_type(p),
+                     &constants});
 }
 
 // ---------------------------------------------------------------- the backend
@@ -139,8 +143,8 @@ public:
               executor::completion_handler done) override;
 
 private:
-  result<planned_graph> plan_rows(uint32_t rows) const {
-    return plan_at(*s_.graph, s_.config, s_.passes, rows);
+  result<planned_graph> plan_rows(uint32_t rows) {
+    return plan_at(*s_.graph, s_.config, s_.passes, rows, s_.options.compute, half_weights_);
   }
   /// Pointer table of `pg` with activations at `arena` and I/O in `slot`.
   std::vector<void*> pointers(const planned_graph& pg, uint8_t* arena, uint32_t slot) const;
@@ -189,6 +193,8 @@ private:
   std::vector<uint8_t*> staging_;
   std::map<constant_key, const void*> constants_;
   size_plan sizes_;
+  /// The weights' half copies at precision fp16/bf16, made once for every size.
+  half_constants half_weights_;
   std::map<uint32_t, planned_graph> plans_; ///< by planned size
   std::map<std::pair<uint32_t, uint32_t>, cudaGraphExec_t> graphs_; ///< (captured size, slot)
   std::map<std::pair<uint32_t, uint32_t>, std::vector<gpu_step>> direct_steps_; ///< (size, slot)
@@ -241,7 +247,7 @@ std::vector<void*> cuda_backend::pointers(const planned_graph& pg, uint8_t* aren
 
 std::vector<gpu_step> cuda_backend::build_steps(const planned_graph& pg, uint8_t* arena,
                                                 uint32_t slot) {
-  step_builder b{&ctx_, pg.g, pointers(pg, arena, slot), {}, slot};
+  step_builder b{&ctx_, pg.g, pointers(pg, arena, slot), {}, slot, pg.storage, &pg.narrowed};
   b.build();
   return std::move(b.steps);
 }
@@ -672,15 +678,21 @@ result<plan_report> plan_model(const cuda_model_config& mcfg) {
   if (!gg) return gg.error();
   auto sizes = plan_sizes(options->buckets, gg->config.max_batch_size);
   plan_report report;
+  report.storage = storage_type(options->compute);
+  half_constants constants;
   for (uint32_t rows : sizes.planned) {
-    auto bg = plan_at(*gg->graph, gg->config, gg->passes, rows);
+    auto bg = plan_at(*gg->graph, gg->config, gg->passes, rows, options->compute, constants);
     if (!bg) return bg.error();
-    step_builder b{nullptr, bg->g, std::vector<void*>(bg->g.values.size(), nullptr), {}};
+    step_builder b{nullptr, bg->g, std::vector<void*>(bg->g.values.size(), nullptr), {}, 0,
+                   bg->storage, &bg->narrowed};
     b.build();
     plan_report::bucket pb;
     pb.rows = rows;
     pb.captured = std::binary_search(sizes.captured.begin(), sizes.captured.end(), rows);
     pb.arena_bytes = bg->memory.arena_bytes;
+    for (size_t v = 0; v < bg->g.values.size(); ++v)
+      if (bg->memory.offsets[v] >= 0)
+        pb.arena_types[std::string(to_string(bg->g.values[v].dtype))] += 1;
     for (size_t i = 0; i < b.steps.size(); ++i) {
       const auto& st = b.steps[i];
       pb.kernels[st.kernel] += 1;

@@ -114,7 +114,10 @@ struct cuda_model {
 /// dry run of the step selection (cuda/steps.hpp) over each planned batch
 /// size's optimized graph. A node no device step takes is a host step (its
 /// reference kernel between device copies): each is a performance gap, and
-/// the target models must have none (tests/gpu/zoo).
+/// the target models must have none (tests/gpu/zoo). At precision fp16/bf16 the
+/// edge conversions are the steps of kernel "convert" (one per fp32 input and
+/// declared fp32 output); a step that converts around itself names it in its
+/// kernel ("...+convert").
 struct plan_report {
   struct bucket {
     uint32_t rows = 0;
@@ -124,7 +127,12 @@ struct plan_report {
     size_t arena_bytes = 0;
     std::map<std::string, size_t> kernels; ///< steps per kernel ("cudnn_conv", "host:Gather")
     std::vector<std::string> host_nodes;   ///< "Gather '/embeddings/Gather'"
+    /// Values in the activation arena per stored type ("FP16": 812, "INT64": 3):
+    /// at precision fp16/bf16 no float value there is fp32.
+    std::map<std::string, size_t> arena_types;
   };
+  /// What float values between steps are stored in (precision, gpu_options.hpp).
+  datatype storage = datatype::fp32;
   std::vector<bucket> buckets;
 };
 

@@ -4,12 +4,14 @@
 
 #include "cuda/cuda_backend.hpp"
 #include "cuda/steps.hpp"
+#include "cuda/storage_plan.hpp"
 
 #include "onnx/op_registry.hpp"
 
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <functional>
 #include <string>
 
 using namespace caf_serving;
@@ -32,8 +34,9 @@ TEST_CASE("the registry answers which operators have device steps") {
     INFO(op);
     CHECK(!has(op));
   }
+  CHECK(has(cuda::storage_cast_op)); // half storage's edge conversions
   for (const auto& op : ops)
-    if (op.rfind("Fused", 0) != 0) {
+    if (op.rfind("Fused", 0) != 0 && op != cuda::storage_cast_op) {
       INFO(op);
       CHECK(onnx::find_operator(op) != nullptr);
     }
@@ -67,6 +70,24 @@ struct one_node {
   /// The kernel the dry run chooses ("host:..." when no device step takes it).
   std::string kernel() const {
     cuda::step_builder b{nullptr, g, std::vector<void*>(g.values.size(), nullptr), {}};
+    b.build();
+    REQUIRE(b.steps.size() == 1);
+    return b.steps[0].kernel;
+  }
+
+  /// The same, with every fp32 value (constants converted) stored as `type`, for
+  /// an instance whose storage type is `storage`, as store_in_half leaves it.
+  std::string kernel_stored(datatype type, datatype storage) {
+    std::vector<bool> narrowed(g.values.size(), false);
+    for (size_t v = 0; v < g.values.size(); ++v) {
+      auto& val = g.values[v];
+      if (val.dtype != datatype::fp32) continue;
+      if (val.constant) val.constant = cuda::half_copy(*val.constant, type);
+      val.dtype = type;
+      narrowed[v] = true;
+    }
+    cuda::step_builder b{nullptr, g, std::vector<void*>(g.values.size(), nullptr), {}, 0,
+                         storage, &narrowed};
     b.build();
     REQUIRE(b.steps.size() == 1);
     return b.steps[0].kernel;
@@ -218,4 +239,122 @@ TEST_CASE("cuBLASLt's column-major operands compute Gemm's row-major result, eve
           CHECK(got[r * n + col] == doctest::Approx(want).epsilon(1e-6));
         }
     }
+}
+
+TEST_CASE("half storage: each family takes the instance's storage type, and no other") {
+  struct sample {
+    std::string name;
+    std::function<one_node()> make;
+    const char* kernel;
+  };
+  auto matmul = [] {
+    one_node t("FusedMatMul", {{4, 16}, {16, 8}, {8}}, {false, true, true}, {4, 8});
+    t.n().set_s("activation", "Gelu");
+    return t;
+  };
+  auto layer_norm = [] {
+    one_node t("FusedLayerNorm", {{4, 16}, {16}, {16}}, {false, true, true}, {4, 16});
+    t.n().set_i("axis", -1);
+    return t;
+  };
+  auto gemm = [] {
+    one_node t("FusedGemm", {{4, 16}, {8, 16}, {8}}, {false, true, true}, {4, 8});
+    t.n().set_i("transB", 1);
+    t.n().set_f("beta", 0.5f); // scaled once at load, in the storage type
+    return t;
+  };
+  const sample samples[] = {
+    {"conv", [] { return conv(1, "Relu", true, true); }, "cudnn_conv"},
+    {"depthwise conv", [] { return conv(8, "HardSwish", true, false); }, "cudnn_conv+epilogue"},
+    {"matmul", matmul, "cublaslt"},
+    {"gemm", gemm, "cublaslt"},
+    {"layer norm", layer_norm, "layer_norm"},
+    {"softmax", [] { return one_node("Softmax", {{4, 16}}, {false}, {4, 16}); }, "softmax"},
+    {"epilogue", [] { return one_node("FusedGelu", {{4, 16}, {16}}, {false, true}, {4, 16}); },
+     "epilogue"},
+    {"pool", [] {
+       one_node t("MaxPool", {{2, 8, 9, 9}}, {false}, {2, 8, 4, 4});
+       t.n().set_ints("kernel_shape", {2, 2});
+       t.n().set_ints("strides", {2, 2});
+       return t;
+     }, "cudnn_pool"},
+  };
+  for (const auto& s : samples) {
+    CAPTURE(s.name);
+    CHECK(s.make().kernel() == s.kernel);
+    for (auto half : {datatype::fp16, datatype::bf16}) {
+      CAPTURE(to_string(half));
+      CHECK(s.make().kernel_stored(half, half) == s.kernel);
+      // Half tensors in an instance that stores fp32 (or the other half type):
+      // a host step, which converts its half values around the reference kernel.
+      auto other = half == datatype::fp16 ? datatype::bf16 : datatype::fp16;
+      auto op = s.make().g.nodes[0].op;
+      CHECK(s.make().kernel_stored(half, datatype::fp32) == "host:" + op + "+convert");
+      CHECK(s.make().kernel_stored(half, other) == "host:" + op + "+convert");
+    }
+  }
+  // One value of another float type than the rest: a host step.
+  auto mixed = matmul();
+  mixed.g.values[mixed.n().outputs[0]].dtype = datatype::fp16;
+  cuda::step_builder b{nullptr, mixed.g, std::vector<void*>(mixed.g.values.size(), nullptr), {},
+                       0, datatype::fp16, nullptr};
+  b.build();
+  CHECK(b.steps.at(0).kernel == "host:FusedMatMul");
+}
+
+TEST_CASE("StorageCast converts between fp32 and the storage type, either way") {
+  for (auto half : {datatype::fp16, datatype::bf16}) {
+    for (bool to_half : {true, false}) {
+      onnx::graph g;
+      int x = g.add_value("x", to_half ? datatype::fp32 : half, {3, 5}, true);
+      int y = g.add_value("y", to_half ? half : datatype::fp32, {3, 5}, true);
+      g.add_node(cuda::storage_cast_op, "c", {x}, {y});
+      cuda::step_builder b{nullptr, g, std::vector<void*>(2, nullptr), {}, 0, half, nullptr};
+      b.build();
+      CHECK(b.steps.at(0).kernel == "convert");
+    }
+  }
+  onnx::graph g; // not a conversion the kernel makes
+  int x = g.add_value("x", datatype::int64, {3}, true);
+  int y = g.add_value("y", datatype::fp16, {3}, true);
+  g.add_node(cuda::storage_cast_op, "c", {x}, {y});
+  cuda::step_builder b{nullptr, g, std::vector<void*>(2, nullptr), {}, 0, datatype::fp16, nullptr};
+  b.build();
+  CHECK(b.steps.at(0).host);
+}
+
+TEST_CASE("cuBLASLt and cuDNN types: half tensors with fp32 accumulation and fp32 scale") {
+  for (auto p : {cuda::precision::fp32, cuda::precision::fp16, cuda::precision::bf16}) {
+    CAPTURE(cuda::to_string(p));
+    // fp32 tensors: as before, the precision sets the compute type only.
+    auto f = cuda::lt_types(datatype::fp32, p);
+    CHECK(f.data == CUDA_R_32F);
+    CHECK(f.scale == CUDA_R_32F);
+    CHECK(f.compute == cuda::lt_compute_type(p));
+    auto c = cuda::conv_types(datatype::fp32, p);
+    CHECK(c.data == CUDNN_DATA_FLOAT);
+    CHECK(c.compute == CUDNN_DATA_FLOAT);
+    CHECK(c.math == (p == cuda::precision::fp32 ? CUDNN_FMA_MATH
+                                                : CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION));
+  }
+  CHECK(cuda::lt_compute_type(cuda::precision::fp32) == CUBLAS_COMPUTE_32F);
+  struct want {
+    datatype storage;
+    cudaDataType_t lt;
+    cudnnDataType_t dnn;
+  };
+  for (auto w : {want{datatype::fp16, CUDA_R_16F, CUDNN_DATA_HALF},
+                 want{datatype::bf16, CUDA_R_16BF, CUDNN_DATA_BFLOAT16}}) {
+    CAPTURE(to_string(w.storage));
+    auto t = cuda::lt_types(w.storage, cuda::storage_type(cuda::precision::fp16) == w.storage
+                                          ? cuda::precision::fp16
+                                          : cuda::precision::bf16);
+    CHECK(t.data == w.lt);
+    CHECK(t.compute == CUBLAS_COMPUTE_32F); // fp32 accumulation, never 16F
+    CHECK(t.scale == CUDA_R_32F);           // alpha and beta stay float
+    auto c = cuda::conv_types(w.storage, cuda::precision::fp16);
+    CHECK(c.data == w.dnn);
+    CHECK(c.compute == CUDNN_DATA_FLOAT);
+    CHECK(c.math == CUDNN_TENSOR_OP_MATH);
+  }
 }

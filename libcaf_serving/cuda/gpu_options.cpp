@@ -14,6 +14,15 @@ const char* to_string(precision p) {
   return "?";
 }
 
+datatype storage_type(precision p) {
+  switch (p) {
+    case precision::fp16: return datatype::fp16;
+    case precision::bf16: return datatype::bf16;
+    case precision::fp32: break;
+  }
+  return datatype::fp32;
+}
+
 bool wants_gpu(const model_config& cfg) {
   return std::any_of(cfg.instance_groups.begin(), cfg.instance_groups.end(),
                      [](const instance_group_config& g) { return g.kind == instance_kind::gpu; });

@@ -21,6 +21,7 @@
 ///   steps directly, on sizes still planned at load: plan_sizes.hpp).
 /// - `dynamic_batching { preferred_batch_size: [...] }`: the default buckets.
 
+#include "core/datatype.hpp"
 #include "core/error.hpp"
 #include "core/model_config.hpp"
 
@@ -30,11 +31,22 @@
 
 namespace caf_serving::cuda {
 
-/// Compute precision of GEMMs and convolutions. Tensors between steps stay fp32
-/// in every mode; fp16 and bf16 let cuBLASLt and cuDNN run tensor cores on inputs
-/// rounded to that type with fp32 accumulation (CUBLAS_COMPUTE_32F_FAST_16F/16BF,
-/// CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION), and attention runs in that type.
+/// The precision an instance computes and stores in (issue 20, "half precision
+/// end to end"). fp32 (default): every tensor is fp32; GEMMs and convolutions
+/// run CUBLAS_COMPUTE_32F and cuDNN's FMA math. fp16 and bf16: every fp32 value
+/// between steps is stored in that type in the device arena (about half the
+/// activation bytes), the weights are converted once at load and uploaded in
+/// it, the model's fp32 inputs are converted after copy-in and its fp32 outputs
+/// before copy-out (one StorageCast step each: the wire format and the config's
+/// declared types do not change), and every kernel accumulates in fp32:
+/// cuBLASLt with half A/B/C/D and CUBLAS_COMPUTE_32F, cuDNN with half tensors
+/// and CUDNN_DATA_FLOAT compute, the engine's kernels with dtype f16/bf16.
+/// Integer and bool tensors (token ids, masks, shapes) keep their types.
+/// cuda/storage_plan.hpp rewrites each planned graph so.
 enum class precision { fp32, fp16, bf16 };
+
+/// The type values between steps are stored in at `p`: fp32, fp16 or bf16.
+datatype storage_type(precision p);
 
 const char* to_string(precision p);
 

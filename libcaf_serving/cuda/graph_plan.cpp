@@ -31,6 +31,12 @@ result<planned_graph> plan_graph(const graph_plan_config& cfg) {
   planned_graph p;
   p.rows = cfg.rows;
   p.g = std::move(*opt);
+  p.storage = cfg.storage;
+  if (cfg.storage != datatype::fp32) {
+    auto declared = io_values(p.g, *cfg.config);
+    p.narrowed = store_in_half(p.g, {cfg.storage, [&declared](int v) { return declared[v]; },
+                                     cfg.constants});
+  }
   auto io = io_values(p.g, *cfg.config);
   onnx::memory_plan_config mc;
   mc.external = [&io](int v) { return io[v]; };

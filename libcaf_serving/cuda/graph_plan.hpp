@@ -11,7 +11,8 @@
 ///
 /// Usage:
 ///
-///     auto p = cuda::plan_graph({&graph, &config, passes, rows, device_alignment});
+///     auto p = cuda::plan_graph({&graph, &config, passes, rows, device_alignment,
+///                                storage_type(precision::fp16), &half_weights});
 ///     if (!p) fail(p.error().message);
 ///     arena_bytes = std::max(arena_bytes, p->memory.arena_bytes);
 
@@ -20,6 +21,7 @@
 #include "onnx/ir.hpp"
 #include "onnx/memory_plan.hpp"
 #include "onnx/passes.hpp"
+#include "cuda/storage_plan.hpp"
 
 #include <cstdint>
 #include <vector>
@@ -30,6 +32,11 @@ struct planned_graph {
   uint32_t rows = 0;
   onnx::graph g;
   onnx::memory_plan memory;
+  /// The type values between steps are stored in: fp32, or the half type of
+  /// `precision` fp16/bf16 (storage_plan.hpp).
+  datatype storage = datatype::fp32;
+  /// Per value: fp32 in the optimized graph, stored in `storage` (empty at fp32).
+  std::vector<bool> narrowed;
 };
 
 struct graph_plan_config {
@@ -40,6 +47,11 @@ struct graph_plan_config {
   onnx::pass_config passes;
   uint32_t rows = 1;
   size_t alignment = 256;
+  /// fp32, or fp16/bf16: the graph is rewritten by store_in_half (storage_plan.hpp)
+  /// before the memory plan, so the arena holds half values.
+  datatype storage = datatype::fp32;
+  /// Half copies of the weights, shared by the planned sizes (optional).
+  half_constants* constants = nullptr;
 };
 
 /// The input shapes at `rows` rows (the batch dimension first when the model

@@ -97,6 +97,12 @@ struct step_builder {
   /// slot, so each slot's steps get their own device flags (flags.add(what,
   /// slot)), read and cleared only with that slot's batch.
   uint32_t slot = 0;
+  /// What float values between steps are stored in: fp32, or the instance's half
+  /// type (precision fp16/bf16, storage_plan.hpp).
+  datatype storage = datatype::fp32;
+  /// Per value: narrowed from fp32 to `storage` (null or empty at fp32). A host
+  /// step widens those back to fp32 around the reference kernel.
+  const std::vector<bool>* narrowed = nullptr;
 
   bool dry() const { return ctx == nullptr; }
   /// What a dry run records for a node a device step takes.
@@ -108,7 +114,9 @@ struct step_builder {
     return i < n.outputs.size() ? n.outputs[i] : -1;
   }
   const dims_t& shape(int v) const { return g.values[v].shape; }
-  bool all_fp32(const onnx::node& n) const;
+  /// The one float type every present input and output of `n` has, when it is
+  /// fp32 or `storage`; nothing for a node mixing types or with others.
+  std::optional<datatype> float_type(const onnx::node& n) const;
 
   /// Every node in order: its device step, or its reference kernel on the host.
   void build();
@@ -140,12 +148,34 @@ std::optional<epilogue_activation> activation_of(const onnx::node& n);
 /// cuBLASLt's compute type for the instance's `precision` (fp32 accumulation).
 cublasComputeType_t lt_compute_type(precision p);
 
-/// One row-major GEMM on cuBLASLt over fp32 tensors:
+/// cuBLASLt's types for a GEMM over tensors stored in `storage`: fp32 tensors
+/// compute as `compute` says (lt_compute_type: tensor cores on rounded inputs at
+/// fp16/bf16); half tensors are cuBLASLt's A, B, C and D in that type with
+/// CUBLAS_COMPUTE_32F (fp32 accumulation); the scale (alpha, beta) is fp32 always.
+struct lt_data_types {
+  cudaDataType_t data = CUDA_R_32F;
+  cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
+  cudaDataType_t scale = CUDA_R_32F;
+};
+lt_data_types lt_types(datatype storage, precision compute);
+
+/// cuDNN's types for a convolution or pooling over tensors stored in `storage`:
+/// the tensor and filter type, the convolution's compute type (fp32 always) and
+/// math type (tensor cores for half tensors; for fp32 ones as `compute` says).
+struct conv_data_types {
+  cudnnDataType_t data = CUDNN_DATA_FLOAT;
+  cudnnDataType_t compute = CUDNN_DATA_FLOAT;
+  cudnnMathType_t math = CUDNN_FMA_MATH;
+};
+conv_data_types conv_types(datatype storage, precision compute);
+
+/// One row-major GEMM on cuBLASLt over tensors of one float type:
 /// d[m, n] = alpha op(a)[m, k] op(w)[k, n] + beta c[m, n].
 struct lt_gemm_config {
   uint64_t m = 0, n = 0, k = 0;
   bool a_transposed = false; ///< `a` is stored [k, m] (Gemm's transA)
   bool w_transposed = false; ///< `w` is stored [n, k] (Gemm's transB)
+  datatype type = datatype::fp32; ///< of a, w, c and d: fp32, fp16 or bf16
   float alpha = 1.0f;
   float beta = 0.0f; ///< 0 when there is no `c`
   const void* a = nullptr;
@@ -173,11 +203,15 @@ lt_operands lt_layout(const lt_gemm_config& g);
 /// in `ctx`; the function enqueues the GEMM. Throws when cuBLASLt has no algorithm.
 std::function<void(cudaStream_t)> plan_lt_gemm(step_context& ctx, const lt_gemm_config& g);
 
+/// The kernels' dtype of a float storage type (fp32, fp16, bf16).
+kernels::dtype kernel_dtype(datatype t);
+
 /// Wraps a family's step function as a registration's build function that
-/// first requires every input and output to be fp32.
+/// first requires every input and output to be of one float type, fp32 or the
+/// instance's storage type (step_builder::float_type).
 using step_function = std::optional<gpu_step> (*)(step_builder&, const onnx::node&);
 std::function<std::optional<gpu_step>(step_builder&, const onnx::graph&, const onnx::node&)>
-fp32_only(step_function f);
+float_storage(step_function f);
 std::function<std::optional<gpu_step>(step_builder&, const onnx::graph&, const onnx::node&)>
 any_type(step_function f);
 

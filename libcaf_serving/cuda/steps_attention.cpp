@@ -25,17 +25,20 @@
 ///   write relies on that row. A row with a NaN score (NaN in Q or K) stays NaN
 ///   here, where nan_to_zero's reference would give zeros.
 ///
-/// Stays on the host (its reference kernel): non-fp32 tensors; Q, K, V not
+/// Stays on the host (its reference kernel): tensors not all fp32 or all the
+/// storage type (mask included); Q, K, V not
 /// [B, S, H*D] with H*D divisible by num_heads, K and V of one shape and Q's
 /// batch and width; a mask that does not broadcast to [B, H, Sq, Sk] or is
 /// constant along the keys; one pair's scores larger than the scores part of the
 /// workspace (Sq * Sk > ~15.7M); and, on a device, no cuBLASLt algorithm for a
 /// product (not expected for fp32).
 ///
-/// The precision option (gpu_options.hpp) sets the GEMMs' compute type, as for
-/// FusedMatMul: fp16/bf16 round Q, K, V and P to that type on tensor cores with
-/// fp32 accumulation; tensors and the softmax stay fp32. kernels/cuda/attention
-/// (fused, fp16/bf16 storage, key-length masks) is not used yet.
+/// At precision fp16/bf16 (gpu_options.hpp) Q, K, V, the mask, the output and
+/// the scores are stored in that type: the GEMMs take half A/B/C with
+/// CUBLAS_COMPUTE_32F (fp32 accumulation), the softmax reads half scores and the
+/// half additive mask and computes in fp32, then stores P in the half type, as
+/// ONNX Runtime's unfused fp16 attention does. kernels/cuda/attention (fused,
+/// key-length masks only) is not used: the graphs' masks are additive tensors.
 
 #include "cuda/steps.hpp"
 
@@ -89,19 +92,13 @@ std::optional<attention_geometry> geometry_of(const step_builder& b, const onnx:
     a.mask = in(3);
     a.mask_strides = *st;
   }
-  int64_t pair_bytes = a.q_len * a.k_len * static_cast<int64_t>(sizeof(float));
+  // The scores are stored in the tensors' type (fp32, or the half storage type).
+  int64_t pair_bytes =
+    a.q_len * a.k_len * static_cast<int64_t>(element_size(b.g.values[in(0)].dtype));
   a.chunks = plan_attention_chunks(a.batch, a.heads,
                                    static_cast<int64_t>(attention_scores_bytes) / pair_bytes);
   if (a.chunks.empty()) return std::nullopt;
   return a;
-}
-
-cublasComputeType_t compute_type(precision p) {
-  switch (p) {
-    case precision::fp16: return CUBLAS_COMPUTE_32F_FAST_16F;
-    case precision::bf16: return CUBLAS_COMPUTE_32F_FAST_16BF;
-    default: return CUBLAS_COMPUTE_32F;
-  }
 }
 
 /// A product's cuBLASLt descriptors and algorithm, chosen once.
@@ -132,16 +129,16 @@ struct gemm_call {
 
 /// The largest power of two (at most 256) dividing the address of every batch of
 /// an operand: what cuBLASLt may assume of its alignment.
-uint32_t alignment_of(const void* p, int64_t stride_elements, int64_t count) {
+uint32_t alignment_of(const void* p, int64_t stride_elements, int64_t count, size_t element) {
   uint64_t bits = reinterpret_cast<uintptr_t>(p) | 256;
-  if (count > 1) bits |= static_cast<uint64_t>(stride_elements) * sizeof(float);
+  if (count > 1) bits |= static_cast<uint64_t>(stride_elements) * element;
   return static_cast<uint32_t>(bits & (~bits + 1));
 }
 
-cublasLtMatrixLayout_t make_layout(uint64_t rows, uint64_t cols, int64_t ld, int64_t count,
-                                   int64_t stride) {
+cublasLtMatrixLayout_t make_layout(cudaDataType_t type, uint64_t rows, uint64_t cols, int64_t ld,
+                                   int64_t count, int64_t stride) {
   cublasLtMatrixLayout_t l{};
-  CAF_CUDA_CHECK(cublasLtMatrixLayoutCreate(&l, CUDA_R_32F, rows, cols, ld));
+  CAF_CUDA_CHECK(cublasLtMatrixLayoutCreate(&l, type, rows, cols, ld));
   if (count > 1) {
     auto n = static_cast<int32_t>(count);
     CAF_CUDA_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &n,
@@ -154,17 +151,17 @@ cublasLtMatrixLayout_t make_layout(uint64_t rows, uint64_t cols, int64_t ld, int
 
 /// The descriptors and the heuristic's first algorithm for `s` with operands at
 /// least `align` bytes aligned (A, B, C); null when cuBLASLt has none.
-std::shared_ptr<lt_gemm> make_gemm(step_context& ctx, const gemm_shape& s,
+std::shared_ptr<lt_gemm> make_gemm(step_context& ctx, const lt_data_types& t, const gemm_shape& s,
                                    std::array<uint32_t, 3> align) {
   auto g = std::make_shared<lt_gemm>();
-  CAF_CUDA_CHECK(cublasLtMatmulDescCreate(&g->desc, compute_type(ctx.compute), CUDA_R_32F));
+  CAF_CUDA_CHECK(cublasLtMatmulDescCreate(&g->desc, t.compute, t.scale));
   cublasOperation_t ta = s.transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   CAF_CUDA_CHECK(cublasLtMatmulDescSetAttribute(g->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta,
                                                 sizeof ta));
-  g->a = s.transpose_a ? make_layout(s.k, s.m, s.lda, s.count, s.stride_a)
-                       : make_layout(s.m, s.k, s.lda, s.count, s.stride_a);
-  g->b = make_layout(s.k, s.n, s.ldb, s.count, s.stride_b);
-  g->c = make_layout(s.m, s.n, s.ldc, s.count, s.stride_c);
+  g->a = s.transpose_a ? make_layout(t.data, s.k, s.m, s.lda, s.count, s.stride_a)
+                       : make_layout(t.data, s.m, s.k, s.lda, s.count, s.stride_a);
+  g->b = make_layout(t.data, s.k, s.n, s.ldb, s.count, s.stride_b);
+  g->c = make_layout(t.data, s.m, s.n, s.ldc, s.count, s.stride_c);
   cublasLtMatmulPreference_t pref;
   CAF_CUDA_CHECK(cublasLtMatmulPreferenceCreate(&pref));
   size_t ws = attention_gemm_workspace_bytes;
@@ -192,25 +189,25 @@ struct chunk_work {
   std::vector<gemm_call> output; ///< P_h V_h into the output
 };
 
-std::optional<gpu_step> attention_step(step_builder& b, const onnx::node& n) {
-  auto geo = geometry_of(b, n);
-  if (!geo) return std::nullopt;
-  if (b.dry()) return b.planned("attention");
-
-  const auto& a = *geo;
-  attention_operands op;
+/// The step over tensors of element type T (float, or uint16_t for fp16/bf16).
+template <class T>
+std::optional<gpu_step> build_attention(step_builder& b, const onnx::node& n,
+                                        const attention_geometry& a) {
+  const datatype type = b.g.values[step_builder::out(n, 0)].dtype;
+  const lt_data_types types = lt_types(type, b.ctx->compute);
+  basic_attention_operands<T> op;
   op.batch = a.batch;
   op.q_len = a.q_len;
   op.k_len = a.k_len;
   op.heads = a.heads;
   op.head_dim = a.head_dim;
-  op.q = static_cast<const float*>(b.ptrs[step_builder::in(n, 0)]);
-  op.k = static_cast<const float*>(b.ptrs[step_builder::in(n, 1)]);
-  op.v = static_cast<const float*>(b.ptrs[step_builder::in(n, 2)]);
-  op.mask = a.mask >= 0 ? static_cast<const float*>(b.ptrs[a.mask]) : nullptr;
+  op.q = static_cast<const T*>(b.ptrs[step_builder::in(n, 0)]);
+  op.k = static_cast<const T*>(b.ptrs[step_builder::in(n, 1)]);
+  op.v = static_cast<const T*>(b.ptrs[step_builder::in(n, 2)]);
+  op.mask = a.mask >= 0 ? static_cast<const T*>(b.ptrs[a.mask]) : nullptr;
   op.mask_strides = a.mask_strides;
-  op.out = static_cast<float*>(b.ptrs[step_builder::out(n, 0)]);
-  op.scores = static_cast<float*>(b.ctx->workspace);
+  op.out = static_cast<T*>(b.ptrs[step_builder::out(n, 0)]);
+  op.scores = static_cast<T*>(b.ctx->workspace);
   op.scale = n.get_f("scale", 1.0f);
   auto launches = plan_attention_launches(op, a.chunks);
 
@@ -220,9 +217,9 @@ std::optional<gpu_step> attention_step(step_builder& b, const onnx::node& n) {
   for (const auto& l : launches)
     for (const auto* calls : {&l.scores, &l.output})
       for (const auto& c : *calls) {
-        std::array<uint32_t, 3> al{alignment_of(c.a, c.shape.stride_a, c.shape.count),
-                                   alignment_of(c.b, c.shape.stride_b, c.shape.count),
-                                   alignment_of(c.c, c.shape.stride_c, c.shape.count)};
+        std::array<uint32_t, 3> al{alignment_of(c.a, c.shape.stride_a, c.shape.count, sizeof(T)),
+                                   alignment_of(c.b, c.shape.stride_b, c.shape.count, sizeof(T)),
+                                   alignment_of(c.c, c.shape.stride_c, c.shape.count, sizeof(T))};
         auto [it, fresh] = align.emplace(c.shape.key(), al);
         if (!fresh)
           for (size_t i = 0; i < al.size(); ++i) it->second[i] = std::min(it->second[i], al[i]);
@@ -233,7 +230,7 @@ std::optional<gpu_step> attention_step(step_builder& b, const onnx::node& n) {
       for (const auto& c : *calls) {
         auto key = c.shape.key();
         if (gemms.count(key)) continue;
-        auto g = make_gemm(*b.ctx, c.shape, align.at(key));
+        auto g = make_gemm(*b.ctx, types, c.shape, align.at(key));
         if (!g) return std::nullopt; // no algorithm: the reference kernel on the host
         gemms[key] = g;
         b.ctx->keep.push_back(g);
@@ -242,19 +239,20 @@ std::optional<gpu_step> attention_step(step_builder& b, const onnx::node& n) {
   auto work = std::make_shared<std::vector<chunk_work>>();
   for (const auto& l : launches) {
     chunk_work w;
-    auto bind = [&](const attention_gemm& g) {
+    auto bind = [&](const basic_attention_gemm<T>& g) {
       return gemm_call{gemms.at(g.shape.key()).get(), g.alpha, g.a, g.b, g.c};
     };
     for (const auto& g : l.scores) w.scores.push_back(bind(g));
     for (const auto& g : l.output) w.output.push_back(bind(g));
     const auto& sm = l.softmax;
-    w.softmax.type = k::dtype::f32;
+    w.softmax.type = kernel_dtype(type);
     w.softmax.input = sm.scores;
     w.softmax.output = sm.scores;
     w.softmax.rows = static_cast<size_t>(sm.rows);
     w.softmax.cols = static_cast<size_t>(sm.cols);
     if (sm.mask) {
       w.softmax.mask = k::mask_kind::additive;
+      w.softmax.mask_type = kernel_dtype(type); // the mask is stored as the scores
       w.softmax.mask_data = sm.mask;
       w.softmax.mask_layout = {static_cast<size_t>(sm.heads), static_cast<size_t>(sm.queries),
                                static_cast<size_t>(sm.outer), static_cast<size_t>(sm.head),
@@ -280,11 +278,20 @@ std::optional<gpu_step> attention_step(step_builder& b, const onnx::node& n) {
   }};
 }
 
+std::optional<gpu_step> attention_step(step_builder& b, const onnx::node& n) {
+  auto geo = geometry_of(b, n);
+  if (!geo) return std::nullopt;
+  if (b.dry()) return b.planned("attention");
+  if (b.g.values[step_builder::out(n, 0)].dtype == datatype::fp32)
+    return build_attention<float>(b, n, *geo);
+  return build_attention<uint16_t>(b, n, *geo);
+}
+
 } // namespace
 
-/// FusedAttention on fp32 tensors.
+/// FusedAttention on fp32 tensors, or on tensors in the storage type.
 std::vector<device_kernel> attention_steps() {
-  return {{"FusedAttention", {}, "attention", fp32_only(attention_step)}};
+  return {{"FusedAttention", {}, "attention", float_storage(attention_step)}};
 }
 
 } // namespace caf_serving::cuda

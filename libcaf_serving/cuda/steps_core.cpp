@@ -5,9 +5,12 @@
 #include "cuda/steps.hpp"
 
 #include "cuda/add_layer_norm.hpp"
+#include "cuda/convert.hpp"
 #include "cuda/cuda_check.hpp"
+#include "cuda/storage_plan.hpp"
 #include "cuda/epilogue.hpp"
 #include "cuda/softmax.hpp"
+#include "onnx/half.hpp"
 #include "onnx/ops.hpp"
 
 #include <algorithm>
@@ -31,10 +34,24 @@ step_context::~step_context() {
   for (auto& d : convs) d.destroy();
 }
 
-bool step_builder::all_fp32(const onnx::node& n) const {
-  for (int v : n.inputs) if (v >= 0 && g.values[v].dtype != datatype::fp32) return false;
-  for (int v : n.outputs) if (v >= 0 && g.values[v].dtype != datatype::fp32) return false;
-  return true;
+std::optional<datatype> step_builder::float_type(const onnx::node& n) const {
+  std::optional<datatype> t;
+  for (const auto* vs : {&n.inputs, &n.outputs})
+    for (int v : *vs) {
+      if (v < 0) continue;
+      auto d = g.values[v].dtype;
+      if ((d != datatype::fp32 && d != storage) || (t && *t != d)) return std::nullopt;
+      t = d;
+    }
+  return t;
+}
+
+k::dtype kernel_dtype(datatype t) {
+  switch (t) {
+    case datatype::fp16: return k::dtype::f16;
+    case datatype::bf16: return k::dtype::bf16;
+    default: return k::dtype::f32;
+  }
 }
 
 std::function<std::optional<gpu_step>(step_builder&, const onnx::graph&, const onnx::node&)>
@@ -43,9 +60,9 @@ any_type(step_function f) {
 }
 
 std::function<std::optional<gpu_step>(step_builder&, const onnx::graph&, const onnx::node&)>
-fp32_only(step_function f) {
+float_storage(step_function f) {
   return [f](step_builder& b, const onnx::graph&, const onnx::node& n) -> std::optional<gpu_step> {
-    if (!b.all_fp32(n)) return std::nullopt;
+    if (!b.float_type(n)) return std::nullopt;
     return f(b, n);
   };
 }
@@ -71,6 +88,19 @@ void step_builder::build() {
 
 namespace {
 
+/// A half-stored tensor of a host step, widened to fp32 for the reference
+/// kernel (which computes on the model's own types) and narrowed back.
+struct widened {
+  datatype storage = datatype::fp16;
+  uint16_t* half = nullptr; ///< the pinned copy of the device bytes
+  std::vector<float> wide;
+};
+
+void widen(const uint16_t* h, datatype t, std::vector<float>& out) {
+  for (size_t i = 0; i < out.size(); ++i)
+    out[i] = t == datatype::fp16 ? onnx::fp16_to_float(h[i]) : onnx::bf16_to_float(h[i]);
+}
+
 struct host_fallback {
   onnx::node n;
   std::vector<onnx::tensor_ref> ins, outs;
@@ -78,10 +108,17 @@ struct host_fallback {
   std::vector<void*> device_out;
   std::vector<size_t> in_bytes, out_bytes;
   std::vector<std::unique_ptr<uint8_t, cudaError_t (*)(void*)>> pinned;
+  std::vector<widened> wide_in, wide_out; ///< at precision fp16/bf16
+  std::vector<std::vector<float>> wide_constants;
 
   static void CUDART_CB run(void* self) {
     auto* f = static_cast<host_fallback*>(self);
+    for (auto& w : f->wide_in) widen(w.half, w.storage, w.wide);
     onnx::run_reference(f->n, f->ins, f->outs);
+    for (auto& w : f->wide_out)
+      for (size_t i = 0; i < w.wide.size(); ++i)
+        w.half[i] = w.storage == datatype::fp16 ? onnx::fp16_from_float(w.wide[i])
+                                                : onnx::bf16_from_float(w.wide[i]);
   }
 };
 
@@ -96,25 +133,47 @@ uint8_t* pinned_alloc(size_t bytes) {
 cudaError_t pinned_free(void* p) { return cudaFreeHost(p); }
 
 void step_builder::host(const onnx::node& n) {
+  auto is_narrowed = [&](int v) {
+    return v >= 0 && narrowed && static_cast<size_t>(v) < narrowed->size() && (*narrowed)[v];
+  };
+  // At precision fp16/bf16 the host step converts its half values on the host.
+  bool converts = std::any_of(n.inputs.begin(), n.inputs.end(), is_narrowed)
+                  || std::any_of(n.outputs.begin(), n.outputs.end(), is_narrowed);
+  std::string kernel = "host:" + n.op + (converts ? "+convert" : "");
   if (dry()) {
-    steps.push_back({"host:" + n.op, true, {}});
+    steps.push_back({kernel, true, {}});
     return;
   }
   auto f = std::make_shared<host_fallback>();
   f->n = n;
+  // Reserved so that the widened buffers' addresses stay put.
+  f->wide_in.reserve(n.inputs.size());
+  f->wide_out.reserve(n.outputs.size());
+  f->wide_constants.reserve(n.inputs.size());
   for (int v : n.inputs) {
     onnx::tensor_ref r;
     if (v >= 0) {
       const auto& val = g.values[v];
-      r.dtype = val.dtype;
+      const auto count = static_cast<size_t>(onnx::element_count(val.shape));
+      r.dtype = is_narrowed(v) ? datatype::fp32 : val.dtype;
       r.shape = val.shape;
       if (val.constant) {
         r.data = const_cast<uint8_t*>(val.constant->bytes.data());
+        if (is_narrowed(v)) {
+          f->wide_constants.emplace_back(count);
+          widen(val.constant->as<uint16_t>(), val.dtype, f->wide_constants.back());
+          r.data = f->wide_constants.back().data();
+        }
         f->device_in.push_back(nullptr);
         f->in_bytes.push_back(0);
       } else {
         f->pinned.emplace_back(pinned_alloc(value_bytes(val)), pinned_free);
         r.data = f->pinned.back().get();
+        if (is_narrowed(v)) {
+          f->wide_in.push_back({val.dtype, reinterpret_cast<uint16_t*>(r.data),
+                                std::vector<float>(count)});
+          r.data = f->wide_in.back().wide.data();
+        }
         f->device_in.push_back(ptrs[v]);
         f->in_bytes.push_back(value_bytes(val));
       }
@@ -133,12 +192,19 @@ void step_builder::host(const onnx::node& n) {
     }
     const auto& val = g.values[v];
     f->pinned.emplace_back(pinned_alloc(value_bytes(val)), pinned_free);
-    f->outs.push_back({val.dtype, val.shape, f->pinned.back().get()});
+    void* data = f->pinned.back().get();
+    if (is_narrowed(v)) {
+      f->wide_out.push_back({val.dtype, static_cast<uint16_t*>(data),
+                             std::vector<float>(onnx::element_count(val.shape))});
+      f->outs.push_back({datatype::fp32, val.shape, f->wide_out.back().wide.data()});
+    } else {
+      f->outs.push_back({val.dtype, val.shape, data});
+    }
     f->device_out.push_back(ptrs[v]);
     f->out_bytes.push_back(value_bytes(val));
   }
   ctx->keep.push_back(f);
-  steps.push_back({"host:" + n.op, true, [f = f.get()](cudaStream_t s) {
+  steps.push_back({kernel, true, [f = f.get()](cudaStream_t s) {
     for (size_t i = 0; i < f->ins.size(); ++i)
       if (f->device_in[i])
         CAF_CUDA_CHECK(cudaMemcpyAsync(f->ins[i].data, f->device_in[i], f->in_bytes[i],
@@ -197,6 +263,7 @@ std::optional<gpu_step> epilogue_step(step_builder& b, const onnx::node& n) {
     return std::nullopt;
   if (b.dry()) return b.planned("epilogue");
   k::epilogue_args a;
+  a.type = kernel_dtype(b.g.values[y].dtype);
   a.input = b.ptrs[in(0)];
   a.output = b.ptrs[y];
   a.count = onnx::element_count(shape(y));
@@ -222,6 +289,7 @@ std::optional<gpu_step> softmax_step(step_builder& b, const onnx::node& n) {
     return std::nullopt;
   if (b.dry()) return b.planned("softmax");
   k::softmax_args a;
+  a.type = kernel_dtype(b.g.values[y].dtype);
   a.input = b.ptrs[in(0)];
   a.output = b.ptrs[y];
   a.cols = shape(y).back();
@@ -239,6 +307,7 @@ std::optional<gpu_step> layer_norm_step(step_builder& b, const onnx::node& n) {
   if (shape(y).back() > static_cast<int64_t>(k::add_layer_norm_max_cols)) return std::nullopt;
   if (b.dry()) return b.planned("layer_norm");
   k::add_layer_norm_args a;
+  a.type = kernel_dtype(b.g.values[y].dtype);
   a.input = b.ptrs[in(0)];
   a.gamma = b.ptrs[in(1)];
   a.beta = b.ptrs[in(2)];
@@ -263,11 +332,13 @@ std::optional<gpu_step> matmul_step(step_builder& b, const onnx::node& n) {
   g.k = shape(in(0)).back();
   g.n = shape(in(1))[1];
   g.m = onnx::element_count(shape(in(0))) / g.k;
+  g.type = b.g.values[y].dtype;
   g.a = b.ptrs[in(0)];
   g.w = b.ptrs[in(1)];
   g.d = b.ptrs[y];
   auto gemm = plan_lt_gemm(*b.ctx, g);
   k::epilogue_args e;
+  e.type = kernel_dtype(g.type);
   e.input = g.d;
   e.output = g.d;
   e.count = g.m * g.n;
@@ -316,10 +387,11 @@ std::optional<gpu_step> conv_step(step_builder& b, const onnx::node& n) {
                      && (act->act == k::activation::relu || act->act == k::activation::none);
   const char* kernel = fused ? "cudnn_conv" : "cudnn_conv+epilogue";
   if (b.dry()) return b.planned(kernel);
+  const auto types = conv_types(b.g.values[y].dtype, b.ctx->compute);
   conv_desc d;
-  auto mk4 = [](cudnnTensorDescriptor_t& t, const dims_t& s) {
+  auto mk4 = [&types](cudnnTensorDescriptor_t& t, const dims_t& s) {
     CAF_CUDA_CHECK(cudnnCreateTensorDescriptor(&t));
-    CAF_CUDA_CHECK(cudnnSetTensor4dDescriptor(t, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT,
+    CAF_CUDA_CHECK(cudnnSetTensor4dDescriptor(t, CUDNN_TENSOR_NCHW, types.data,
                                               s[0], s[1], s[2], s[3]));
   };
   mk4(d.x, xs);
@@ -327,16 +399,13 @@ std::optional<gpu_step> conv_step(step_builder& b, const onnx::node& n) {
   mk4(d.z, ys);
   mk4(d.b, {1, ys[1], 1, 1});
   CAF_CUDA_CHECK(cudnnCreateFilterDescriptor(&d.w));
-  CAF_CUDA_CHECK(cudnnSetFilter4dDescriptor(d.w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, ws[0],
+  CAF_CUDA_CHECK(cudnnSetFilter4dDescriptor(d.w, types.data, CUDNN_TENSOR_NCHW, ws[0],
                                             ws[1], ws[2], ws[3]));
   CAF_CUDA_CHECK(cudnnCreateConvolutionDescriptor(&d.conv));
   CAF_CUDA_CHECK(cudnnSetConvolution2dDescriptor(d.conv, pd[0], pd[1], st[0], st[1], dl[0],
-                                                 dl[1], CUDNN_CROSS_CORRELATION,
-                                                 CUDNN_DATA_FLOAT));
+                                                 dl[1], CUDNN_CROSS_CORRELATION, types.compute));
   CAF_CUDA_CHECK(cudnnSetConvolutionGroupCount(d.conv, static_cast<int>(group)));
-  CAF_CUDA_CHECK(cudnnSetConvolutionMathType(
-    d.conv, b.ctx->compute == precision::fp32 ? CUDNN_FMA_MATH
-                                                      : CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION));
+  CAF_CUDA_CHECK(cudnnSetConvolutionMathType(d.conv, types.math));
   CAF_CUDA_CHECK(cudnnCreateActivationDescriptor(&d.act));
   CAF_CUDA_CHECK(cudnnSetActivationDescriptor(
     d.act, act->act == k::activation::relu ? CUDNN_ACTIVATION_RELU : CUDNN_ACTIVATION_IDENTITY,
@@ -385,6 +454,7 @@ std::optional<gpu_step> conv_step(step_builder& b, const onnx::node& n) {
     }};
   }
   k::epilogue_args e;
+  e.type = kernel_dtype(b.g.values[y].dtype);
   e.input = out;
   e.output = out;
   e.count = onnx::element_count(ys);
@@ -435,10 +505,12 @@ std::optional<gpu_step> pool_step(step_builder& b, const onnx::node& n) {
                                              pd[0], pd[1], st[0], st[1]));
   CAF_CUDA_CHECK(cudnnCreateTensorDescriptor(&tx));
   CAF_CUDA_CHECK(cudnnCreateTensorDescriptor(&ty));
-  CAF_CUDA_CHECK(cudnnSetTensor4dDescriptor(tx, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, xs[0],
-                                            xs[1], xs[2], xs[3]));
-  CAF_CUDA_CHECK(cudnnSetTensor4dDescriptor(ty, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, ys[0],
-                                            ys[1], ys[2], ys[3]));
+  // Half tensors pool in fp32 with float alpha/beta, as the convolutions.
+  const auto data = conv_types(b.g.values[y].dtype, b.ctx->compute).data;
+  CAF_CUDA_CHECK(cudnnSetTensor4dDescriptor(tx, CUDNN_TENSOR_NCHW, data, xs[0], xs[1], xs[2],
+                                            xs[3]));
+  CAF_CUDA_CHECK(cudnnSetTensor4dDescriptor(ty, CUDNN_TENSOR_NCHW, data, ys[0], ys[1], ys[2],
+                                            ys[3]));
   b.ctx->keep.push_back(std::shared_ptr<void>(nullptr, [pool, tx, ty](void*) {
     cudnnDestroyPoolingDescriptor(pool); cudnnDestroyTensorDescriptor(tx);
     cudnnDestroyTensorDescriptor(ty);
@@ -452,9 +524,43 @@ std::optional<gpu_step> pool_step(step_builder& b, const onnx::node& n) {
   }};
 }
 
+/// StorageCast (storage_plan.hpp): an fp32 input converted to the storage type
+/// after copy-in, or a declared output converted back before copy-out.
+std::optional<gpu_step> storage_cast_step(step_builder& b, const onnx::node& n) {
+  const int x = step_builder::in(n, 0), y = step_builder::out(n, 0);
+  if (x < 0 || y < 0 || b.shape(x) != b.shape(y)) return std::nullopt;
+  const auto from = b.g.values[x].dtype, to = b.g.values[y].dtype;
+  auto half = [&](datatype t) { return t == datatype::fp16 || t == datatype::bf16; };
+  if (!((from == datatype::fp32 && half(to)) || (half(from) && to == datatype::fp32)))
+    return std::nullopt;
+  if (b.dry()) return b.planned("convert");
+  k::convert_args a;
+  a.from = kernel_dtype(from);
+  a.to = kernel_dtype(to);
+  a.input = b.ptrs[x];
+  a.output = b.ptrs[y];
+  a.count = static_cast<size_t>(onnx::element_count(b.shape(y)));
+  return gpu_step{"convert", false, [a](cudaStream_t s) {
+    if (a.count > 0) k::launch_convert(a, s);
+  }};
+}
+
 } // namespace
 
-/// Besides the copies, the core steps take fp32 tensors only.
+conv_data_types conv_types(datatype storage, precision compute) {
+  switch (storage) {
+    case datatype::fp16:
+      return {CUDNN_DATA_HALF, CUDNN_DATA_FLOAT, CUDNN_TENSOR_OP_MATH};
+    case datatype::bf16:
+      return {CUDNN_DATA_BFLOAT16, CUDNN_DATA_FLOAT, CUDNN_TENSOR_OP_MATH};
+    default:
+      return {CUDNN_DATA_FLOAT, CUDNN_DATA_FLOAT,
+              compute == precision::fp32 ? CUDNN_FMA_MATH : CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION};
+  }
+}
+
+/// Besides the copies, the core steps take one float type: fp32, or the
+/// instance's storage type (float_storage).
 std::vector<device_kernel> core_steps() {
   return {
     {"Reshape", {}, "copy", any_type(copy_step)},
@@ -462,16 +568,17 @@ std::vector<device_kernel> core_steps() {
     {"Squeeze", {}, "copy", any_type(copy_step)},
     {"Unsqueeze", {}, "copy", any_type(copy_step)},
     {"Identity", {}, "copy", any_type(copy_step)},
-    {"Relu", {}, "epilogue", fp32_only(epilogue_step)},
-    {"Add", {}, "epilogue", fp32_only(epilogue_step)},
-    {"FusedGelu", {}, "epilogue", fp32_only(epilogue_step)},
-    {"Softmax", {}, "softmax", fp32_only(softmax_step)},
-    {"FusedLayerNorm", {}, "layer_norm", fp32_only(layer_norm_step)},
-    {"FusedMatMul", {}, "cublaslt", fp32_only(matmul_step)},
-    {"FusedConv", {}, "cudnn_conv", fp32_only(conv_step)},
-    {"MaxPool", {}, "cudnn_pool", fp32_only(pool_step)},
-    {"AveragePool", {}, "cudnn_pool", fp32_only(pool_step)},
-    {"GlobalAveragePool", {}, "cudnn_pool", fp32_only(pool_step)},
+    {storage_cast_op, {}, "convert", any_type(storage_cast_step)},
+    {"Relu", {}, "epilogue", float_storage(epilogue_step)},
+    {"Add", {}, "epilogue", float_storage(epilogue_step)},
+    {"FusedGelu", {}, "epilogue", float_storage(epilogue_step)},
+    {"Softmax", {}, "softmax", float_storage(softmax_step)},
+    {"FusedLayerNorm", {}, "layer_norm", float_storage(layer_norm_step)},
+    {"FusedMatMul", {}, "cublaslt", float_storage(matmul_step)},
+    {"FusedConv", {}, "cudnn_conv", float_storage(conv_step)},
+    {"MaxPool", {}, "cudnn_pool", float_storage(pool_step)},
+    {"AveragePool", {}, "cudnn_pool", float_storage(pool_step)},
+    {"GlobalAveragePool", {}, "cudnn_pool", float_storage(pool_step)},
   };
 }
 

@@ -6,8 +6,10 @@
 
 #include "cuda/cuda_check.hpp"
 #include "cuda/epilogue.hpp"
+#include "onnx/half.hpp"
 #include "onnx/ops.hpp"
 
+#include <cstring>
 #include <string>
 
 namespace caf_serving::cuda {
@@ -19,6 +21,14 @@ cublasComputeType_t lt_compute_type(precision p) {
     case precision::fp16: return CUBLAS_COMPUTE_32F_FAST_16F;
     case precision::bf16: return CUBLAS_COMPUTE_32F_FAST_16BF;
     default: return CUBLAS_COMPUTE_32F;
+  }
+}
+
+lt_data_types lt_types(datatype storage, precision compute) {
+  switch (storage) {
+    case datatype::fp16: return {CUDA_R_16F, CUBLAS_COMPUTE_32F, CUDA_R_32F};
+    case datatype::bf16: return {CUDA_R_16BF, CUBLAS_COMPUTE_32F, CUDA_R_32F};
+    default: return {CUDA_R_32F, lt_compute_type(compute), CUDA_R_32F};
   }
 }
 
@@ -41,10 +51,11 @@ std::function<void(cudaStream_t)> plan_lt_gemm(step_context& ctx, const lt_gemm_
   cublasOperation_t op_a = o.b.transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
   cublasLtMatmulDesc_t desc;
   cublasLtMatrixLayout_t lw, la, ld;
-  CAF_CUDA_CHECK(cublasLtMatmulDescCreate(&desc, lt_compute_type(ctx.compute), CUDA_R_32F));
-  CAF_CUDA_CHECK(cublasLtMatrixLayoutCreate(&lw, CUDA_R_32F, o.a.rows, o.a.cols, o.a.ld));
-  CAF_CUDA_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_32F, o.b.rows, o.b.cols, o.b.ld));
-  CAF_CUDA_CHECK(cublasLtMatrixLayoutCreate(&ld, CUDA_R_32F, o.d.rows, o.d.cols, o.d.ld));
+  const lt_data_types t = lt_types(g.type, ctx.compute);
+  CAF_CUDA_CHECK(cublasLtMatmulDescCreate(&desc, t.compute, t.scale));
+  CAF_CUDA_CHECK(cublasLtMatrixLayoutCreate(&lw, t.data, o.a.rows, o.a.cols, o.a.ld));
+  CAF_CUDA_CHECK(cublasLtMatrixLayoutCreate(&la, t.data, o.b.rows, o.b.cols, o.b.ld));
+  CAF_CUDA_CHECK(cublasLtMatrixLayoutCreate(&ld, t.data, o.d.rows, o.d.cols, o.d.ld));
   // Kept from here on, so that a throw below leaks nothing.
   ctx.keep.push_back(std::shared_ptr<void>(nullptr, [desc, lw, la, ld](void*) {
     cublasLtMatrixLayoutDestroy(lw); cublasLtMatrixLayoutDestroy(la);
@@ -66,7 +77,8 @@ std::function<void(cudaStream_t)> plan_lt_gemm(step_context& ctx, const lt_gemm_
   cublasLtMatmulPreferenceDestroy(pref);
   CAF_CUDA_CHECK(status);
   if (found == 0)
-    throw k::cuda_error("cuBLASLt has no algorithm for the fp32 GEMM [" + std::to_string(g.m)
+    throw k::cuda_error("cuBLASLt has no algorithm for the " + std::string(to_string(g.type))
+                        + " GEMM [" + std::to_string(g.m)
                         + " x " + std::to_string(g.k) + "] x [" + std::to_string(g.k) + " x "
                         + std::to_string(g.n) + "]");
   auto lt = ctx.lt;
@@ -82,6 +94,25 @@ std::function<void(cudaStream_t)> plan_lt_gemm(step_context& ctx, const lt_gemm_
 }
 
 namespace {
+
+/// beta * C of a constant broadcast C (`count` elements) in C's own type (fp32,
+/// or the half storage type, scaled in fp32 and rounded once), as bytes.
+std::vector<uint8_t> scaled_bias(const onnx::tensor_data& c, float beta, size_t count) {
+  std::vector<uint8_t> out(count * element_size(c.dtype));
+  for (size_t i = 0; i < count; ++i) {
+    if (c.dtype == datatype::fp32) {
+      float v = beta * c.as<float>()[i];
+      std::memcpy(out.data() + i * sizeof v, &v, sizeof v);
+      continue;
+    }
+    const uint16_t h = c.as<uint16_t>()[i];
+    const bool f16 = c.dtype == datatype::fp16;
+    float v = beta * (f16 ? onnx::fp16_to_float(h) : onnx::bf16_to_float(h));
+    uint16_t r = f16 ? onnx::fp16_from_float(v) : onnx::bf16_from_float(v);
+    std::memcpy(out.data() + i * sizeof r, &r, sizeof r);
+  }
+  return out;
+}
 
 /// How FusedGemm's C reaches the [m, n] output.
 enum class c_kind {
@@ -137,6 +168,7 @@ std::optional<gpu_step> gemm_step(step_builder& b, const onnx::node& n) {
   g.a_transposed = ta;
   g.w_transposed = tb;
   g.alpha = alpha;
+  g.type = b.g.values[y].dtype;
   g.a = b.ptrs[in(0)];
   g.w = b.ptrs[in(1)];
   g.d = b.ptrs[y];
@@ -146,6 +178,7 @@ std::optional<gpu_step> gemm_step(step_builder& b, const onnx::node& n) {
   }
   auto gemm = plan_lt_gemm(*b.ctx, g);
   k::epilogue_args e;
+  e.type = kernel_dtype(g.type);
   e.input = g.d;
   e.output = g.d;
   e.count = m * nn;
@@ -156,15 +189,11 @@ std::optional<gpu_step> gemm_step(step_builder& b, const onnx::node& n) {
     if (beta == 1.0f) {
       e.bias = b.ptrs[cv];
     } else { // beta C, once, in memory of its own that the context keeps
-      const auto& cst = *b.g.values[cv].constant;
-      std::vector<float> scaled(layout.channels);
-      const auto* src = reinterpret_cast<const float*>(cst.bytes.data());
-      for (size_t i = 0; i < scaled.size(); ++i) scaled[i] = beta * src[i];
+      auto scaled = scaled_bias(*b.g.values[cv].constant, beta, layout.channels);
       void* mem = nullptr;
-      CAF_CUDA_CHECK(cudaMalloc(&mem, scaled.size() * sizeof(float)));
+      CAF_CUDA_CHECK(cudaMalloc(&mem, scaled.size()));
       b.ctx->keep.push_back(std::shared_ptr<void>(mem, [](void* p) { cudaFree(p); }));
-      CAF_CUDA_CHECK(cudaMemcpy(mem, scaled.data(), scaled.size() * sizeof(float),
-                                cudaMemcpyHostToDevice));
+      CAF_CUDA_CHECK(cudaMemcpy(mem, scaled.data(), scaled.size(), cudaMemcpyHostToDevice));
       e.bias = mem;
     }
   }
@@ -177,10 +206,10 @@ std::optional<gpu_step> gemm_step(step_builder& b, const onnx::node& n) {
 
 } // namespace
 
-/// fp32 tensors only, as the core steps.
+/// One float type, fp32 or the storage type, as the core steps.
 std::vector<device_kernel> gemm_steps() {
   return {
-    {"FusedGemm", {}, "cublaslt", fp32_only(gemm_step)},
+    {"FusedGemm", {}, "cublaslt", float_storage(gemm_step)},
   };
 }
 

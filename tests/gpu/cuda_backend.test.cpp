@@ -6,11 +6,13 @@
 /// Tolerances (relative error of the whole output, ||gpu - ref|| / ||ref||):
 /// - fp32: 1e-4, as the CPU backend's own test; cuBLASLt and cuDNN run true fp32
 ///   (CUBLAS_COMPUTE_32F, CUDNN_FMA_MATH) and only summation order differs.
-/// - fp16: 1e-2. Each GEMM/convolution input is rounded to 11 significant bits
-///   (relative error 2^-11 ~ 4.9e-4 per element); with fp32 accumulation the
-///   error of a K-term dot product grows like sqrt(K) of independent roundings
-///   relative to its norm, ~1.5e-2 worst case at K = 1152 for random signs but
-///   ~3e-3 measured on such data elsewhere; a few layers deep, 1e-2 holds with margin.
+/// - fp16: 1e-2. Storage mode (gpu_options.hpp): every value between steps and
+///   every weight is rounded to 11 significant bits (relative error 2^-11 ~ 4.9e-4
+///   per element), each kernel accumulates in fp32 and rounds its output once;
+///   the error of a K-term dot product grows like sqrt(K) of independent
+///   roundings relative to its norm, ~1.5e-2 worst case at K = 1152 for random
+///   signs but ~3e-3 measured on such data elsewhere, and each layer adds one
+///   rounding of its output (4.9e-4); a few layers deep, 1e-2 holds with margin.
 /// - bf16: 4e-2: 8 significant bits (2^-8 ~ 3.9e-3 per rounding), the same
 ///   argument scaled by 8x.
 
@@ -170,6 +172,15 @@ void check_model(const std::string& name, cuda::precision p, double tolerance) {
       [](const auto& a, const auto& b) { return a.rows < b.rows; });
     CHECK(inst->report.steps == largest.steps);
     CHECK(inst->report.host_steps == largest.host_nodes.size());
+    if (p != cuda::precision::fp32) { // storage mode: half values, edge conversions only
+      CHECK(dry->storage == cuda::storage_type(p));
+      CHECK(largest.arena_types.count("FP32") == 0);
+      size_t float_edges = 0;
+      for (const auto* ts : {&cfg.inputs, &cfg.outputs})
+        for (const auto& t : *ts) float_edges += t.dtype == datatype::fp32;
+      auto it = largest.kernels.find("convert");
+      CHECK((it == largest.kernels.end() ? 0 : it->second) == float_edges);
+    }
   }
   auto& gpu = *inst->backend;
   auto [inputs, reference] = read_reference(name);
@@ -334,7 +345,10 @@ TEST_CASE("fp32: the convolution and Gemm fixtures match ONNX Runtime and the CP
     check_model(name, cuda::precision::fp32, 1e-4);
 }
 
-TEST_CASE("fp16 and bf16 compute on the ResNet, MobileNet/EfficientNet-block, Gemm and BERT fixtures") {
+/// Storage mode (values, weights and kernels in the half type, fp32 at the edges)
+/// against ONNX Runtime's fp32 outputs and the CPU executor, at the tolerances
+/// stated at the top.
+TEST_CASE("fp16 and bf16 storage on the ResNet, MobileNet/EfficientNet-block, Gemm and BERT fixtures") {
   if (!have_gpu()) return;
   for (const char* name : {"resnet_narrow_opset17", "bert_2layer_opset17", "op_conv_group",
                            "op_gemm", "pattern_mobilenetv3_block_opset17",
@@ -572,12 +586,34 @@ TEST_CASE("batches submitted back to back overlap and each gets exactly the sync
 /// Issue 20's target models (tests/gpu/zoo), their weights pseudo-random with
 /// the real ones' mean and deviation (stage_gpu_zoo_model): every node runs on
 /// the device (the dry run says so, cuda.target_models_plan.test), and the
-/// instance must agree with the CPU backend on the same weights at batch 1 and
-/// at a padded batch. fp32, relative error 1e-3 of the whole output: both sides
-/// sum in other orders through 12 (BERT, GPT-2, ViT) to 53 (ResNet-50) layers,
-/// and cuDNN may choose Winograd or FFT convolutions, whose fp32 rounding differs
-/// from a direct convolution's by about 1e-5 per layer.
-TEST_CASE("the target models on the device agree with the CPU backend") {
+/// instance must agree with the CPU backend (fp32) on the same weights at batch 1
+/// and at a padded batch, at fp32 and in fp16 storage mode.
+///
+/// fp32, relative error 1e-3 of the whole output: both sides sum in other orders
+/// through 12 (BERT, GPT-2, ViT) to 53 (ResNet-50) layers, and cuDNN may choose
+/// Winograd or FFT convolutions, whose fp32 rounding differs from a direct
+/// convolution's by about 1e-5 per layer.
+///
+/// fp16 storage, per model (fp16_tolerance): each layer rounds its output to
+/// 2^-11 ~ 4.9e-4 and its GEMMs add the sqrt(K) term of the fixtures' 1e-2, so
+/// the error grows like sqrt(layers) times that:
+/// - BERT-base, DistilBERT, MiniLM, ViT-B/16: 1e-2. 6 to 12 encoder layers, each
+///   ending in a LayerNorm that rescales the residual stream, so errors do not
+///   compound in magnitude; ~5e-4 * sqrt(12 * 4 roundings) ~ 3.5e-3 plus GEMMs.
+/// - GPT-2: 2e-2. 12 decoder layers without a final rescale of the residual
+///   stream before the LM head's 768-term dot products over the vocabulary.
+/// - ResNet-18/50, MobileNetV2/V3, EfficientNet-B0: 2e-2. 18 to 53 convolutions
+///   with batch norm folded (no renormalisation between them), depthwise
+///   convolutions with K = 9 or 25 whose outputs round with little averaging,
+///   and Swish/HardSwish gates that pass the rounding of both factors on.
+/// Not yet measured on a device: the first device run confirms or tightens these.
+double fp16_tolerance(const std::string& model) {
+  for (const char* encoder : {"bert_base", "distilbert_base", "minilm_l6", "vit_b_16"})
+    if (model == encoder) return 1e-2;
+  return 2e-2;
+}
+
+TEST_CASE("the target models on the device agree with the CPU backend, fp32 and fp16 storage") {
   if (!have_gpu()) return;
   auto root = fs::temp_directory_path() / "caf-gpu-target-models";
   for (const auto& name : testing::gpu_zoo_models()) {
@@ -586,29 +622,35 @@ TEST_CASE("the target models on the device agree with the CPU backend") {
     REQUIRE_MESSAGE(dir, (dir ? "" : dir.error().message));
     auto entry = repository::load_model_config(root, name, {true});
     REQUIRE(entry.config);
-    model_config cfg = entry.config->config;
     fs::path file = entry.version_dirs.back() / "model.onnx";
-    auto model = cuda::load_cuda_model({file, cfg, {}});
-    REQUIRE_MESSAGE(model, (model ? "" : model.error().message));
-    auto inst = model->make_instance({0, 0});
-    REQUIRE_MESSAGE(inst, (inst ? "" : inst.error().message));
-    MESSAGE(name << ": " << inst->report.arena << ", " << inst->report.steps << " steps, "
-                 << inst->report.host_steps << " on the host");
-    CHECK(inst->report.host_steps == 0);
-    model_config cpu_cfg = model->config;
-    cpu_cfg.instance_groups = {{"cpu", 1, instance_kind::cpu, {}}};
-    onnx::onnx_model_config oc{file, cpu_cfg, 1, {}};
-    auto cpu_model = onnx::load_onnx_model(oc);
-    REQUIRE_MESSAGE(cpu_model, (cpu_model ? "" : cpu_model.error().message));
-    auto cpu = cpu_model->make_instance();
-    for (uint32_t rows : {1u, 7u}) {
-      CAPTURE(rows);
-      auto batch = random_inputs(model->config, rows, rows);
-      auto want = run(*cpu, batch);
-      auto got = run(*inst->backend, batch);
-      for (const auto& [oname, bytes] : want) {
-        REQUIRE(got.at(oname).size() == bytes.size());
-        CHECK_MESSAGE(relative_error(got.at(oname), bytes) < 1e-3, oname);
+    for (auto p : {cuda::precision::fp32, cuda::precision::fp16}) {
+      CAPTURE(cuda::to_string(p));
+      const double tolerance = p == cuda::precision::fp32 ? 1e-3 : fp16_tolerance(name);
+      model_config cfg = entry.config->config;
+      cfg.parameters[cuda::precision_key] = cuda::to_string(p);
+      auto model = cuda::load_cuda_model({file, cfg, {}});
+      REQUIRE_MESSAGE(model, (model ? "" : model.error().message));
+      auto inst = model->make_instance({0, 0});
+      REQUIRE_MESSAGE(inst, (inst ? "" : inst.error().message));
+      MESSAGE(name << " " << cuda::to_string(p) << ": " << inst->report.arena << ", "
+                   << inst->report.steps << " steps, " << inst->report.host_steps
+                   << " on the host");
+      CHECK(inst->report.host_steps == 0);
+      model_config cpu_cfg = model->config;
+      cpu_cfg.instance_groups = {{"cpu", 1, instance_kind::cpu, {}}};
+      onnx::onnx_model_config oc{file, cpu_cfg, 1, {}};
+      auto cpu_model = onnx::load_onnx_model(oc);
+      REQUIRE_MESSAGE(cpu_model, (cpu_model ? "" : cpu_model.error().message));
+      auto cpu = cpu_model->make_instance();
+      for (uint32_t rows : {1u, 7u}) {
+        CAPTURE(rows);
+        auto batch = random_inputs(model->config, rows, rows);
+        auto want = run(*cpu, batch);
+        auto got = run(*inst->backend, batch);
+        for (const auto& [oname, bytes] : want) {
+          REQUIRE(got.at(oname).size() == bytes.size());
+          CHECK_MESSAGE(relative_error(got.at(oname), bytes) < tolerance, oname);
+        }
       }
     }
     fs::remove_all(root / name);

@@ -1,0 +1,96 @@
+#include "cuda/storage_plan.hpp"
+
+#include "onnx/half.hpp"
+
+#include <cassert>
+
+namespace caf_serving::cuda {
+
+onnx::constant_ptr half_copy(const onnx::tensor_data& t, datatype storage) {
+  assert(t.dtype == datatype::fp32 && (storage == datatype::fp16 || storage == datatype::bf16));
+  auto out = std::make_shared<onnx::tensor_data>();
+  out->dtype = storage;
+  out->shape = t.shape;
+  const auto n = static_cast<size_t>(t.bytes.size() / sizeof(float));
+  out->bytes.resize(n * sizeof(uint16_t));
+  const float* src = t.as<float>();
+  auto* dst = out->as_mut<uint16_t>();
+  for (size_t i = 0; i < n; ++i)
+    dst[i] = storage == datatype::fp16 ? onnx::fp16_from_float(src[i])
+                                       : onnx::bf16_from_float(src[i]);
+  return out;
+}
+
+std::vector<bool> store_in_half(onnx::graph& g, const storage_config& cfg) {
+  assert(cfg.storage == datatype::fp16 || cfg.storage == datatype::bf16);
+  const size_t original = g.values.size();
+  std::vector<bool> external(original, false);
+  for (int v : g.inputs) external[v] = true;
+  for (int v : g.outputs)
+    if (cfg.declared_output && cfg.declared_output(v)) external[v] = true;
+
+  // One half copy per fp32 constant, shared through the cache.
+  half_constants local;
+  half_constants& cache = cfg.cache ? *cfg.cache : local;
+  std::vector<bool> narrowed(original, false);
+  for (size_t v = 0; v < original; ++v) {
+    auto& val = g.values[v];
+    if (val.dtype != datatype::fp32) continue;
+    if (val.constant) {
+      auto& slot = cache.copies[val.constant.get()];
+      if (!slot.second) slot = {val.constant, half_copy(*val.constant, cfg.storage)};
+      val.constant = slot.second;
+    } else if (external[v]) {
+      continue;
+    }
+    // Values between steps, and the constants they read.
+    val.dtype = cfg.storage;
+    narrowed[v] = true;
+  }
+  // A Cast into a narrowed value now casts to the storage type.
+  const int64_t storage_code = cfg.storage == datatype::fp16 ? 10 : 16;
+  for (auto& n : g.nodes)
+    if (n.op == "Cast" && !n.outputs.empty() && n.outputs[0] >= 0 && narrowed[n.outputs[0]])
+      n.set_i("to", storage_code);
+
+  auto rewire_inputs = [&g](int from, int to) {
+    for (auto& n : g.nodes)
+      for (int& v : n.inputs)
+        if (v == from) v = to;
+  };
+  // Edges: fp32 inputs converted first, declared fp32 outputs converted last.
+  std::vector<onnx::node> first, last;
+  for (int x : g.inputs) {
+    if (g.values[x].dtype != datatype::fp32) continue;
+    int h = g.add_value(g.values[x].name + "/storage", cfg.storage, g.values[x].shape, true);
+    rewire_inputs(x, h);
+    onnx::node n;
+    n.op = storage_cast_op;
+    n.name = g.values[x].name + "/to_" + std::string(to_string(cfg.storage));
+    n.inputs = {x};
+    n.outputs = {h};
+    first.push_back(std::move(n));
+  }
+  auto producers = g.producers();
+  for (int y : g.outputs) {
+    if (!external[y] || g.values[y].dtype != datatype::fp32 || producers[y] < 0) continue;
+    int h = g.add_value(g.values[y].name + "/storage", cfg.storage, g.values[y].shape, true);
+    rewire_inputs(y, h);
+    for (int& o : g.nodes[producers[y]].outputs)
+      if (o == y) o = h;
+    onnx::node n;
+    n.op = storage_cast_op;
+    n.name = g.values[y].name + "/from_" + std::string(to_string(cfg.storage));
+    n.inputs = {h};
+    n.outputs = {y};
+    last.push_back(std::move(n));
+  }
+  g.nodes.insert(g.nodes.begin(), std::make_move_iterator(first.begin()),
+                 std::make_move_iterator(first.end()));
+  g.nodes.insert(g.nodes.end(), std::make_move_iterator(last.begin()),
+                 std::make_move_iterator(last.end()));
+  narrowed.resize(g.values.size(), true); // the edge values are in the storage type
+  return narrowed;
+}
+
+} // namespace caf_serving::cuda

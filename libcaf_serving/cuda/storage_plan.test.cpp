@@ -1,0 +1,155 @@
+/// store_in_half (storage_plan.hpp): which values a CUDA plan stores in fp16 or
+/// bf16, the edge conversions it adds, the weights' half copies; and the same
+/// through plan_graph (the memory plan's arena shrinks). No device needed.
+
+#include "cuda/graph_plan.hpp"
+#include "cuda/storage_plan.hpp"
+#include "onnx/half.hpp"
+
+#include <doctest/doctest.h>
+
+#include <cstring>
+
+using namespace caf_serving;
+using namespace caf_serving::cuda;
+
+namespace {
+
+onnx::constant_ptr fp32_constant(std::vector<float> v, std::vector<int64_t> shape) {
+  auto t = std::make_shared<onnx::tensor_data>();
+  t->dtype = datatype::fp32;
+  t->shape = std::move(shape);
+  t->bytes.resize(v.size() * sizeof(float));
+  std::memcpy(t->bytes.data(), v.data(), t->bytes.size());
+  return t;
+}
+
+/// x [2, 4] fp32, ids [2] int64 -> MatMul(x, w) -> h -> Relu -> y (declared),
+/// Cast(ids, FLOAT) -> f, Add(h, f) -> z (a graph output the config does not declare).
+struct sample {
+  onnx::graph g;
+  int x, ids, w, h, y, f, z;
+};
+
+sample make_sample() {
+  sample s;
+  auto& g = s.g;
+  s.x = g.add_value("x", datatype::fp32, {2, 4}, true);
+  s.ids = g.add_value("ids", datatype::int64, {2, 1}, true);
+  s.w = g.add_constant("w", fp32_constant({1.f, 0.1f, -2.5f, 65504.f, 1e-8f, 3.f, 0.f, 1.f},
+                                          {4, 2}));
+  s.h = g.add_value("h", datatype::fp32, {2, 2}, true);
+  s.y = g.add_value("y", datatype::fp32, {2, 2}, true);
+  s.f = g.add_value("f", datatype::fp32, {2, 1}, true);
+  s.z = g.add_value("z", datatype::fp32, {2, 2}, true);
+  g.add_node("MatMul", "mm", {s.x, s.w}, {s.h});
+  g.add_node("Relu", "relu", {s.h}, {s.y});
+  g.add_node("Cast", "cast", {s.ids}, {s.f}).set_i("to", 1);
+  g.add_node("Add", "add", {s.h, s.f}, {s.z});
+  g.inputs = {s.x, s.ids};
+  g.outputs = {s.y, s.z};
+  return s;
+}
+
+size_t count_op(const onnx::graph& g, const std::string& op) {
+  size_t n = 0;
+  for (const auto& node : g.nodes) n += node.op == op;
+  return n;
+}
+
+} // namespace
+
+TEST_CASE("fp16 storage: values between steps and weights in fp16, fp32 only at the edges") {
+  auto s = make_sample();
+  auto narrowed = store_in_half(s.g, {datatype::fp16, [&](int v) { return v == s.y; }, nullptr});
+  const auto& g = s.g;
+  REQUIRE(narrowed.size() == g.values.size());
+  // The wire types stay: x and y are fp32 in their I/O slots, ids int64.
+  CHECK(g.values[s.x].dtype == datatype::fp32);
+  CHECK(g.values[s.y].dtype == datatype::fp32);
+  CHECK(g.values[s.ids].dtype == datatype::int64);
+  CHECK_FALSE(narrowed[s.x]);
+  CHECK_FALSE(narrowed[s.ids]);
+  // Between steps, the undeclared output z too, and the Cast's output.
+  for (int v : {s.h, s.f, s.z}) {
+    CAPTURE(g.values[v].name);
+    CHECK(g.values[v].dtype == datatype::fp16);
+    CHECK(narrowed[v]);
+  }
+  CHECK(g.nodes[3].op == "Cast"); // after the input conversion, mm and relu
+  CHECK(g.nodes[3].get_i("to", 0) == 10);
+  // The weight, rounded to nearest even once.
+  REQUIRE(g.values[s.w].constant);
+  CHECK(g.values[s.w].dtype == datatype::fp16);
+  CHECK(g.values[s.w].constant->dtype == datatype::fp16);
+  CHECK(g.values[s.w].constant->bytes.size() == 8 * 2);
+  const auto* wh = g.values[s.w].constant->as<uint16_t>();
+  CHECK(wh[0] == onnx::fp16_from_float(1.f));
+  CHECK(wh[1] == onnx::fp16_from_float(0.1f));
+  CHECK(onnx::fp16_to_float(wh[3]) == 65504.f);
+  CHECK(wh[4] == 0); // 1e-8 is below fp16's smallest subnormal
+  // One conversion per fp32 input (first) and per declared fp32 output (last).
+  CHECK(count_op(g, storage_cast_op) == 2);
+  const auto& in = g.nodes.front();
+  CHECK(in.op == storage_cast_op);
+  CHECK(in.inputs == std::vector<int>{s.x});
+  CHECK(g.values[in.outputs[0]].dtype == datatype::fp16);
+  CHECK(g.nodes[1].inputs[0] == in.outputs[0]); // the MatMul reads the converted x
+  const auto& out = g.nodes.back();
+  CHECK(out.op == storage_cast_op);
+  CHECK(out.outputs == std::vector<int>{s.y});
+  CHECK(g.values[out.inputs[0]].dtype == datatype::fp16);
+  CHECK(g.nodes[2].outputs[0] == out.inputs[0]); // Relu writes the half copy of y
+  // Every node sees one float type besides the conversions' fp32 ends.
+  for (size_t i = 1; i + 1 < g.nodes.size(); ++i)
+    for (const auto* vs : {&g.nodes[i].inputs, &g.nodes[i].outputs})
+      for (int v : *vs) CHECK(g.values[v].dtype != datatype::fp32);
+}
+
+TEST_CASE("bf16 storage rounds the weights to bf16; the cache converts each weight once") {
+  auto a = make_sample();
+  auto b = make_sample();
+  b.g.values[b.w].constant = a.g.values[a.w].constant; // one weight shared by two plans
+  half_constants cache;
+  auto declared = [](int) { return true; };
+  store_in_half(a.g, {datatype::bf16, declared, &cache});
+  store_in_half(b.g, {datatype::bf16, declared, &cache});
+  CHECK(cache.copies.size() == 1);
+  CHECK(a.g.values[a.w].constant == b.g.values[b.w].constant);
+  CHECK(a.g.values[a.w].constant->as<uint16_t>()[1] == onnx::bf16_from_float(0.1f));
+  CHECK(a.g.values[a.f].dtype == datatype::bf16);
+  // z is declared here: converted back too.
+  CHECK(count_op(a.g, storage_cast_op) == 3);
+}
+
+TEST_CASE("plan_graph at fp16 halves the arena and keeps the I/O values fp32") {
+  onnx::graph g;
+  int x = g.add_value("x", datatype::fp32, {-1, 64}, true);
+  int a = g.add_value("a", datatype::fp32);
+  int b = g.add_value("b", datatype::fp32);
+  int y = g.add_value("y", datatype::fp32);
+  g.add_node("Relu", "relu", {x}, {a});
+  g.add_node("Neg", "neg", {a}, {b});
+  g.add_node("Sigmoid", "sig", {b}, {y});
+  g.inputs = {x};
+  g.outputs = {y};
+  model_config c;
+  c.name = "m";
+  c.max_batch_size = 8;
+  c.inputs = {{"x", datatype::fp32, {64}}};
+  c.outputs = {{"y", datatype::fp32, {64}}};
+  auto full = plan_graph({&g, &c, {}, 8, 256});
+  auto half = plan_graph({&g, &c, {}, 8, 256, datatype::fp16, nullptr});
+  REQUIRE(full);
+  REQUIRE(half);
+  CHECK(full->narrowed.empty());
+  CHECK(half->storage == datatype::fp16);
+  CHECK(half->memory.arena_bytes > 0);
+  CHECK(half->memory.arena_bytes * 2 <= full->memory.arena_bytes + 256);
+  CHECK(half->memory.arena_bytes < full->memory.arena_bytes);
+  for (size_t v = 0; v < half->g.values.size(); ++v) {
+    CAPTURE(half->g.values[v].name);
+    if (half->memory.offsets[v] >= 0) CHECK(half->g.values[v].dtype == datatype::fp16);
+    else if (!half->g.values[v].constant) CHECK(half->g.values[v].dtype == datatype::fp32);
+  }
+}
