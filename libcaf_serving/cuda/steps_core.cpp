@@ -318,7 +318,9 @@ std::optional<gpu_step> layer_norm_step(step_builder& b, const onnx::node& n) {
   return gpu_step{"layer_norm", false, [a](cudaStream_t s) { k::launch_add_layer_norm(a, s); }};
 }
 
-/// FusedMatMul with constant 2-D weights on cuBLASLt, its epilogue after.
+/// FusedMatMul with constant 2-D weights on cuBLASLt, its epilogue after. With
+/// half A and W and an fp32 output (gemm_types), cuBLASLt writes D in fp32 and
+/// the epilogue runs on it with the fp32 bias.
 std::optional<gpu_step> matmul_step(step_builder& b, const onnx::node& n) {
   auto in = [&](size_t i) { return step_builder::in(n, i); };
   auto shape = [&](int v) -> const dims_t& { return b.shape(v); };
@@ -327,18 +329,21 @@ std::optional<gpu_step> matmul_step(step_builder& b, const onnx::node& n) {
     return std::nullopt;
   auto act = activation_of(n);
   if (!act) return std::nullopt;
-  if (b.dry()) return b.planned("cublaslt");
+  const auto types = *gemm_types(b, n);
+  const char* kernel = types.widens() ? "cublaslt+convert" : "cublaslt";
+  if (b.dry()) return b.planned(kernel);
   lt_gemm_config g;
   g.k = shape(in(0)).back();
   g.n = shape(in(1))[1];
   g.m = onnx::element_count(shape(in(0))) / g.k;
-  g.type = b.g.values[y].dtype;
+  g.type = types.inputs;
+  g.out_type = types.output;
   g.a = b.ptrs[in(0)];
   g.w = b.ptrs[in(1)];
   g.d = b.ptrs[y];
   auto gemm = plan_lt_gemm(*b.ctx, g);
   k::epilogue_args e;
-  e.type = kernel_dtype(g.type);
+  e.type = kernel_dtype(g.out_type);
   e.input = g.d;
   e.output = g.d;
   e.count = g.m * g.n;
@@ -347,7 +352,7 @@ std::optional<gpu_step> matmul_step(step_builder& b, const onnx::node& n) {
   if (in(2) >= 0) { e.bias = b.ptrs[in(2)]; e.layout = {g.n, 1}; }
   if (in(3) >= 0) e.residual = b.ptrs[in(3)];
   bool needs_epilogue = e.bias || e.residual || e.act != k::activation::none;
-  return gpu_step{"cublaslt", false, [gemm, e, needs_epilogue](cudaStream_t s) {
+  return gpu_step{kernel, false, [gemm, e, needs_epilogue](cudaStream_t s) {
     gemm(s);
     if (needs_epilogue) k::launch_epilogue(e, s);
   }};
@@ -560,7 +565,8 @@ conv_data_types conv_types(datatype storage, precision compute) {
 }
 
 /// Besides the copies, the core steps take one float type: fp32, or the
-/// instance's storage type (float_storage).
+/// instance's storage type (float_storage); FusedMatMul also half A and W
+/// writing an fp32 output (gemm_storage).
 std::vector<device_kernel> core_steps() {
   return {
     {"Reshape", {}, "copy", any_type(copy_step)},
@@ -574,7 +580,7 @@ std::vector<device_kernel> core_steps() {
     {"FusedGelu", {}, "epilogue", float_storage(epilogue_step)},
     {"Softmax", {}, "softmax", float_storage(softmax_step)},
     {"FusedLayerNorm", {}, "layer_norm", float_storage(layer_norm_step)},
-    {"FusedMatMul", {}, "cublaslt", float_storage(matmul_step)},
+    {"FusedMatMul", {}, "cublaslt", gemm_storage(matmul_step)},
     {"FusedConv", {}, "cudnn_conv", float_storage(conv_step)},
     {"MaxPool", {}, "cudnn_pool", float_storage(pool_step)},
     {"AveragePool", {}, "cudnn_pool", float_storage(pool_step)},
