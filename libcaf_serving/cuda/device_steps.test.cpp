@@ -130,6 +130,35 @@ TEST_CASE("FusedConv: grouped and depthwise, with every activation, is a device 
         }
 }
 
+TEST_CASE("FusedConv's path: fused where cuDNN's call runs it, split where a bf16 one is refused") {
+  using cuda::conv_path;
+  namespace k = caf_serving::kernels;
+  const k::activation acts[] = {k::activation::none, k::activation::relu, k::activation::gelu_erf,
+                                k::activation::clip, k::activation::hard_swish};
+  for (auto type : {datatype::fp32, datatype::fp16, datatype::bf16})
+    for (int64_t group : {1, 2, 8})
+      for (auto act : acts) {
+        CAPTURE(to_string(type));
+        CAPTURE(group);
+        CAPTURE(static_cast<int>(act));
+        const bool fusable = group == 1 && (act == k::activation::none || act == k::activation::relu);
+        // Before cuDNN is asked (and in a dry run): fused wherever the call can run it.
+        cuda::conv_path_query q{group, act, type};
+        CHECK(cuda::choose_conv_path(q) == (fusable ? conv_path::fused : conv_path::split));
+        // cuDNN refused the fused call: split at bf16; at fp32 and fp16 the fused
+        // call is expected to run, so a refusal stays the error it is.
+        q.fused_status = CUDNN_STATUS_NOT_SUPPORTED;
+        const bool split = !fusable || type == datatype::bf16;
+        CHECK(cuda::choose_conv_path(q) == (split ? conv_path::split : conv_path::fused));
+        // Any other failure is no reason to run another path.
+        for (auto status : {CUDNN_STATUS_BAD_PARAM, CUDNN_STATUS_EXECUTION_FAILED,
+                            CUDNN_STATUS_SUCCESS}) {
+          q.fused_status = status;
+          CHECK(cuda::choose_conv_path(q) == (fusable ? conv_path::fused : conv_path::split));
+        }
+      }
+}
+
 TEST_CASE("FusedConv that cuDNN cannot run stays on the host") {
   auto asymmetric = conv(1, "Relu", true, false);
   asymmetric.n().set_ints("pads", {0, 0, 1, 1}); // cuDNN pads both sides alike

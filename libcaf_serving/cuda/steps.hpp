@@ -172,6 +172,30 @@ struct conv_data_types {
 };
 conv_data_types conv_types(datatype storage, precision compute);
 
+/// How a FusedConv runs on cuDNN.
+enum class conv_path {
+  fused, ///< cudnnConvolutionBiasActivationForward: convolution, residual, bias, activation
+  split, ///< cudnnConvolutionForward, then the epilogue kernel in place (kernel "+epilogue")
+};
+
+/// What the choice of a conv_path depends on.
+struct conv_path_query {
+  int64_t group = 1;
+  kernels::activation act = kernels::activation::none;
+  datatype type = datatype::fp32; ///< of the tensors: fp32 or the storage type
+  /// What cuDNN answered when the fused call was tried at load (its algorithm
+  /// search, then one run); success before it is tried (and in a dry run).
+  cudnnStatus_t fused_status = CUDNN_STATUS_SUCCESS;
+};
+
+/// fused for an ungrouped convolution with ReLU or no activation: the fused call
+/// runs only RELU and IDENTITY, and for grouped convolutions its algorithms are
+/// not the plain call's. split for every other convolution, and for a bf16 one
+/// whose fused call cuDNN refused with CUDNN_STATUS_NOT_SUPPORTED (some cuDNN
+/// versions and algorithms do): the split call computes the same, the epilogue
+/// kernel at bf16. Any other failure of the fused call stays an error.
+conv_path choose_conv_path(const conv_path_query& q);
+
 /// One row-major GEMM on cuBLASLt:
 /// d[m, n] = alpha op(a)[m, k] op(w)[k, n] + beta c[m, n].
 struct lt_gemm_config {
