@@ -268,8 +268,7 @@ public:
       std::uniform_real_distribution<float> dist(-4.0f, 4.0f);
       for (std::size_t i = 0; i < mask_elems; ++i)
         mask_.additive.push_back(i % 5 == 0 ? -INFINITY : dist(rng));
-      mask_data_ = device_buffer(mask_elems * sizeof(float));
-      mask_data_.upload(mask_.additive.data());
+      upload_additive_mask();
     } else if (c.mask == mask_kind::boolean) {
       std::bernoulli_distribution keep(0.7);
       for (std::size_t i = 0; i < mask_elems; ++i)
@@ -292,6 +291,7 @@ public:
     a.cols = shape_.cols;
     a.mask = c_.mask;
     a.mask_data = mask_data_.get();
+    a.mask_type = c_.mask_type;
     a.mask_rows = mask_.mask_rows;
     a.mask_layout = mask_.layout;
     a.threads = cfg.threads;
@@ -337,8 +337,20 @@ private:
       case softmax_mask_shape::rows:
         break;
     }
-    mask_data_ = device_buffer(m.size() * sizeof(float));
-    mask_data_.upload(m.data());
+    upload_additive_mask();
+  }
+
+  /// Stores the additive mask in the case's mask_type on the device, and keeps
+  /// for the reference the values the kernel reads (rounded to that type).
+  void upload_additive_mask() {
+    const dtype t = c_.mask_type;
+    std::vector<std::uint8_t> bytes(mask_.additive.size() * dtype_size(t));
+    for (std::size_t i = 0; i < mask_.additive.size(); ++i) {
+      store(t, mask_.additive[i], bytes.data() + i * dtype_size(t));
+      mask_.additive[i] = load(t, bytes.data() + i * dtype_size(t));
+    }
+    mask_data_ = device_buffer(bytes.size());
+    mask_data_.upload(bytes.data());
   }
 
   const kernel_case& c_;

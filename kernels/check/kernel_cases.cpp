@@ -206,11 +206,22 @@ kernel_case softmax_case(std::string name, dtype type, mask_kind mask) {
   return c;
 }
 
-/// An fp32 softmax over attention scores with an additive mask read in place
-/// through strides: what the CUDA backend's FusedAttention step runs between its
-/// two batched GEMMs (libcaf_serving/cuda/steps_attention.cpp).
-kernel_case scores_softmax_case(std::string name, softmax_mask_shape shape) {
-  kernel_case c = softmax_case(std::move(name), dtype::f32, mask_kind::additive);
+/// A softmax of `type` with an additive mask stored in the same half type
+/// (softmax_args::mask_type). The reference adds the mask values as rounded to
+/// that type (-inf stays -inf), so the tolerance is the output's, as above.
+kernel_case half_mask(kernel_case c) {
+  c.mask_type = c.type;
+  c.why += "; the mask stored in the same type, the reference adding its rounded values";
+  return c;
+}
+
+/// A softmax over attention scores with an additive mask read in place through
+/// strides: what the CUDA backend's FusedAttention step runs between its two
+/// batched GEMMs (libcaf_serving/cuda/steps_attention.cpp), in fp32 or, at
+/// precision fp16/bf16, on half scores (then half_mask: the mask is half too).
+kernel_case scores_softmax_case(std::string name, softmax_mask_shape shape,
+                                dtype type = dtype::f32) {
+  kernel_case c = softmax_case(std::move(name), type, mask_kind::additive);
   c.mask_shape = shape;
   c.sweep = scores_sweep();
   return c;
@@ -338,6 +349,15 @@ std::vector<kernel_case> build_table() {
   t.back().bench = {scores(32, 12, 128, 128)}; // BERT-base, seq 128, batch 32
   t.push_back(scores_softmax_case("softmax causal mask f32", softmax_mask_shape::causal));
   t.push_back(scores_softmax_case("softmax full mask f32", softmax_mask_shape::full));
+  // Half masks (mask_type = type): the attention step's at precision fp16/bf16.
+  t.push_back(half_mask(
+    softmax_case("softmax additive f16 mask f16", dtype::f16, mask_kind::additive)));
+  t.push_back(half_mask(
+    softmax_case("softmax additive bf16 mask bf16", dtype::bf16, mask_kind::additive)));
+  t.push_back(half_mask(scores_softmax_case("softmax padding f16 mask f16",
+                                            softmax_mask_shape::padding, dtype::f16)));
+  t.push_back(half_mask(scores_softmax_case("softmax causal bf16 mask bf16",
+                                            softmax_mask_shape::causal, dtype::bf16)));
   // Fused attention. The bench sizes are the 2x-over-unfused targets: seq 128, 512.
   t.push_back(attention_case("attention d64 f16", dtype::f16, 64, false));
   t.back().bench = {heads(64, 16, 128), heads(16, 16, 512)};

@@ -91,6 +91,9 @@ struct kernel_case {
   bool residual = false;             ///< epilogue and add_layer_norm
   bool residual_first = false;       ///< epilogue: act(x + bias + residual) (FusedConv's)
   mask_kind mask = mask_kind::none;  ///< softmax only
+  /// softmax with an additive mask: the mask's type, f32 or `type` (a mask stored
+  /// in half like the scores: the CUDA backend's attention at precision fp16/bf16)
+  dtype mask_type = dtype::f32;
   softmax_mask_shape mask_shape = softmax_mask_shape::rows; ///< softmax only
   int head_dim = 64;                 ///< attention only
   bool padded = false;               ///< attention: random per-sequence key lengths

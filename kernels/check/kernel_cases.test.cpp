@@ -189,3 +189,24 @@ TEST_CASE("the epilogue is checked with every activation, and with the residual 
   CHECK(residual_after);
   CHECK(residual_first);
 }
+
+TEST_CASE("the softmax is checked with additive masks stored in f16 and bf16") {
+  std::set<std::pair<dtype, softmax_mask_shape>> half_masks;
+  for (const auto& c : kernel_cases()) {
+    if (c.mask_type == dtype::f32) continue;
+    INFO(c.name);
+    // The launcher takes an additive mask of f32 or the scores' own type only.
+    CHECK(c.operation == op::softmax);
+    CHECK(c.mask == mask_kind::additive);
+    CHECK(c.mask_type == c.type);
+    half_masks.insert({c.type, c.mask_shape});
+  }
+  for (dtype t : {dtype::f16, dtype::bf16}) {
+    INFO(dtype_name(t));
+    bool rows = false, scores = false; // a row mask, and one read through strides
+    for (const auto& [type, shape] : half_masks)
+      if (type == t) (shape == softmax_mask_shape::rows ? rows : scores) = true;
+    CHECK(rows);
+    CHECK(scores);
+  }
+}

@@ -107,6 +107,39 @@ TEST_CASE("softmax honours additive and boolean masks") {
   CHECK(masked[5] == 0.0f);
 }
 
+TEST_CASE("softmax with an additive mask stored in fp16 or bf16, as the kernel reads it") {
+  // The kernel widens a half mask (softmax_args::mask_type) to fp32 before adding
+  // it; the check cases give the reference the same rounded values. Rounding keeps
+  // what a mask means: -inf and large negatives still hide their key, a fully
+  // masked row is still zeros, and a small bias moves the result by its rounding.
+  const float inf = std::numeric_limits<float>::infinity();
+  auto as_fp16 = [](float x) { return to_float(to_fp16(x)); };
+  auto as_bf16 = [](float x) { return to_float(to_bf16(x)); };
+  for (auto round : {+as_fp16, +as_bf16}) {
+    ref::softmax_mask m;
+    m.kind = mask_kind::additive;
+    m.mask_rows = 3;
+    // Row 0 hides key 1 with -inf and key 2 with -1e4; row 1 hides every key;
+    // row 2 favours key 0 by 0.1 (not exact in either half type).
+    for (float v : {0.0f, -inf, -1e4f, -inf, -inf, -inf, 0.1f, 0.0f, 0.0f})
+      m.additive.push_back(round(v));
+    CHECK(m.additive[1] == -inf);
+    CHECK(m.additive[2] < -9000.0f);
+    CHECK(m.additive[6] != 0.1f);
+    auto p = ref::softmax({1, 2, 3, 1, 2, 3, 0, 0, 0}, {3, 3}, m);
+    CHECK(p[0] == 1.0f);
+    CHECK(p[1] == 0.0f);
+    CHECK(p[2] == 0.0f);
+    for (int i = 3; i < 6; ++i) CHECK(p[i] == 0.0f); // fully masked: zeros, not NaN
+    const double e = std::exp(double(m.additive[6]));
+    CHECK(p[6] == doctest::Approx(e / (e + 2)));
+    CHECK(std::fabs(p[6] - std::exp(0.1) / (std::exp(0.1) + 2)) < 1e-3); // bf16: 0.1 +- 4e-4
+  }
+  // fp16 cannot hold fp32's lowest (the mask value PyTorch's exporters use): it
+  // rounds to -inf, which still masks; adding it to a finite logit never gives NaN.
+  CHECK(as_fp16(std::numeric_limits<float>::lowest()) == -inf);
+}
+
 TEST_CASE("softmax reads a broadcast attention mask through its strides") {
   // Scores [B=2, H=2, Q=2] x K=2, all zero: each row is uniform but for its mask.
   std::vector<float> x(8 * 2, 0.0f);

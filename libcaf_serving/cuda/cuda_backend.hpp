@@ -116,8 +116,9 @@ struct cuda_model {
 /// reference kernel between device copies): each is a performance gap, and
 /// the target models must have none (tests/gpu/zoo). At precision fp16/bf16 the
 /// edge conversions are the steps of kernel "convert" (one per fp32 input and
-/// declared fp32 output); a step that converts around itself names it in its
-/// kernel ("...+convert").
+/// declared fp32 output) and the GEMMs that write a declared fp32 output from
+/// half operands ("cublaslt+convert", instead of a "convert" after them); a host
+/// step that converts around itself is "host:Op+convert".
 struct plan_report {
   struct bucket {
     uint32_t rows = 0;

@@ -130,6 +130,35 @@ TEST_CASE("FusedConv: grouped and depthwise, with every activation, is a device 
         }
 }
 
+TEST_CASE("FusedConv's path: fused where cuDNN's call runs it, split where a bf16 one is refused") {
+  using cuda::conv_path;
+  namespace k = caf_serving::kernels;
+  const k::activation acts[] = {k::activation::none, k::activation::relu, k::activation::gelu_erf,
+                                k::activation::clip, k::activation::hard_swish};
+  for (auto type : {datatype::fp32, datatype::fp16, datatype::bf16})
+    for (int64_t group : {1, 2, 8})
+      for (auto act : acts) {
+        CAPTURE(to_string(type));
+        CAPTURE(group);
+        CAPTURE(static_cast<int>(act));
+        const bool fusable = group == 1 && (act == k::activation::none || act == k::activation::relu);
+        // Before cuDNN is asked (and in a dry run): fused wherever the call can run it.
+        cuda::conv_path_query q{group, act, type};
+        CHECK(cuda::choose_conv_path(q) == (fusable ? conv_path::fused : conv_path::split));
+        // cuDNN refused the fused call: split at bf16; at fp32 and fp16 the fused
+        // call is expected to run, so a refusal stays the error it is.
+        q.fused_status = CUDNN_STATUS_NOT_SUPPORTED;
+        const bool split = !fusable || type == datatype::bf16;
+        CHECK(cuda::choose_conv_path(q) == (split ? conv_path::split : conv_path::fused));
+        // Any other failure is no reason to run another path.
+        for (auto status : {CUDNN_STATUS_BAD_PARAM, CUDNN_STATUS_EXECUTION_FAILED,
+                            CUDNN_STATUS_SUCCESS}) {
+          q.fused_status = status;
+          CHECK(cuda::choose_conv_path(q) == (fusable ? conv_path::fused : conv_path::split));
+        }
+      }
+}
+
 TEST_CASE("FusedConv that cuDNN cannot run stays on the host") {
   auto asymmetric = conv(1, "Relu", true, false);
   asymmetric.n().set_ints("pads", {0, 0, 1, 1}); // cuDNN pads both sides alike
@@ -327,8 +356,9 @@ TEST_CASE("cuBLASLt and cuDNN types: half tensors with fp32 accumulation and fp3
   for (auto p : {cuda::precision::fp32, cuda::precision::fp16, cuda::precision::bf16}) {
     CAPTURE(cuda::to_string(p));
     // fp32 tensors: as before, the precision sets the compute type only.
-    auto f = cuda::lt_types(datatype::fp32, p);
-    CHECK(f.data == CUDA_R_32F);
+    auto f = cuda::lt_types(datatype::fp32, datatype::fp32, p);
+    CHECK(f.inputs == CUDA_R_32F);
+    CHECK(f.output == CUDA_R_32F);
     CHECK(f.scale == CUDA_R_32F);
     CHECK(f.compute == cuda::lt_compute_type(p));
     auto c = cuda::conv_types(datatype::fp32, p);
@@ -346,10 +376,12 @@ TEST_CASE("cuBLASLt and cuDNN types: half tensors with fp32 accumulation and fp3
   for (auto w : {want{datatype::fp16, CUDA_R_16F, CUDNN_DATA_HALF},
                  want{datatype::bf16, CUDA_R_16BF, CUDNN_DATA_BFLOAT16}}) {
     CAPTURE(to_string(w.storage));
-    auto t = cuda::lt_types(w.storage, cuda::storage_type(cuda::precision::fp16) == w.storage
-                                          ? cuda::precision::fp16
-                                          : cuda::precision::bf16);
-    CHECK(t.data == w.lt);
+    auto t = cuda::lt_types(w.storage, w.storage,
+                            cuda::storage_type(cuda::precision::fp16) == w.storage
+                              ? cuda::precision::fp16
+                              : cuda::precision::bf16);
+    CHECK(t.inputs == w.lt);
+    CHECK(t.output == w.lt);
     CHECK(t.compute == CUBLAS_COMPUTE_32F); // fp32 accumulation, never 16F
     CHECK(t.scale == CUDA_R_32F);           // alpha and beta stay float
     auto c = cuda::conv_types(w.storage, cuda::precision::fp16);
@@ -357,4 +389,120 @@ TEST_CASE("cuBLASLt and cuDNN types: half tensors with fp32 accumulation and fp3
     CHECK(c.compute == CUDNN_DATA_FLOAT);
     CHECK(c.math == CUDNN_TENSOR_OP_MATH);
   }
+}
+
+TEST_CASE("cuBLASLt types of a GEMM writing fp32 from half A and B: fp32 C and D") {
+  for (auto [half, lt] : {std::pair{datatype::fp16, CUDA_R_16F}, {datatype::bf16, CUDA_R_16BF}})
+    for (auto p : {cuda::precision::fp16, cuda::precision::bf16}) {
+      CAPTURE(to_string(half));
+      CAPTURE(cuda::to_string(p));
+      auto t = cuda::lt_types(half, datatype::fp32, p);
+      CHECK(t.inputs == lt);                  // A and B as stored
+      CHECK(t.output == CUDA_R_32F);          // C and D: the fp32 output slot
+      CHECK(t.compute == CUBLAS_COMPUTE_32F); // fp32 accumulation, as half A/B/C/D
+      CHECK(t.scale == CUDA_R_32F);
+    }
+}
+
+namespace {
+
+/// `t`'s A and W (inputs 0 and 1) stored as `ab`, the rest (constants
+/// converted) and the output as `out`, planned for an instance storing `storage`.
+std::string kernel_widening(one_node t, datatype ab, datatype out, datatype storage) {
+  auto& g = t.g;
+  std::vector<bool> narrowed(g.values.size(), false);
+  auto store = [&](int v, datatype type) {
+    if (v < 0 || type == datatype::fp32) return;
+    auto& val = g.values[v];
+    if (val.constant) val.constant = cuda::half_copy(*val.constant, type);
+    val.dtype = type;
+    narrowed[v] = true;
+  };
+  const auto& n = t.n();
+  for (size_t i = 0; i < n.inputs.size(); ++i) store(n.inputs[i], i < 2 ? ab : out);
+  store(n.outputs[0], out);
+  cuda::step_builder b{nullptr, g, std::vector<void*>(g.values.size(), nullptr), {}, 0,
+                       storage, &narrowed};
+  b.build();
+  REQUIRE(b.steps.size() == 1);
+  return b.steps[0].kernel;
+}
+
+} // namespace
+
+TEST_CASE("GEMM steps take half A and W with an fp32 bias and output, and no other mix") {
+  auto matmul = [] {
+    one_node t("FusedMatMul", {{2, 4, 16}, {16, 8}, {8}}, {false, true, true}, {2, 4, 8});
+    t.n().set_s("activation", "Gelu");
+    return t;
+  };
+  auto gemm = [](std::vector<int64_t> c) {
+    one_node t("FusedGemm", {{4, 16}, {8, 16}, c}, {false, true, true}, {4, 8});
+    t.n().set_i("transB", 1);
+    t.n().set_f("beta", 0.5f);
+    return t;
+  };
+  const auto f32 = datatype::fp32;
+  for (auto half : {datatype::fp16, datatype::bf16}) {
+    CAPTURE(to_string(half));
+    CHECK(kernel_widening(matmul(), half, f32, half) == "cublaslt+convert");
+    CHECK(kernel_widening(gemm({8}), half, f32, half) == "cublaslt+convert");    // bias: epilogue
+    CHECK(kernel_widening(gemm({4, 8}), half, f32, half) == "cublaslt+convert"); // C: cuBLASLt's
+    // One type throughout is the plain step.
+    CHECK(kernel_widening(matmul(), half, half, half) == "cublaslt");
+    // cuBLASLt has no fp32 A/B with half D; an instance storing fp32 (or the
+    // other half type) has no half GEMM; a half bias with an fp32 output
+    // would have to be added in fp32.
+    auto other = half == datatype::fp16 ? datatype::bf16 : datatype::fp16;
+    CHECK(kernel_widening(matmul(), f32, half, half) == "host:FusedMatMul+convert");
+    CHECK(kernel_widening(matmul(), half, f32, f32) == "host:FusedMatMul+convert");
+    CHECK(kernel_widening(matmul(), half, f32, other) == "host:FusedMatMul+convert");
+    auto half_bias = matmul();
+    half_bias.g.values[half_bias.n().inputs[2]].constant =
+      cuda::half_copy(*half_bias.g.values[half_bias.n().inputs[2]].constant, half);
+    half_bias.g.values[half_bias.n().inputs[2]].dtype = half;
+    CHECK(kernel_widening(half_bias, half, f32, half) == "host:FusedMatMul+convert");
+  }
+}
+
+TEST_CASE("what store_in_half lets a GEMM write in fp32, its GEMM step writes") {
+  // The rewrite's rule (writes_fp32_output) and the steps' (gemm_types) agree:
+  // each node below ends a graph as its declared output's producer.
+  struct sample {
+    std::string name;
+    std::function<one_node()> make;
+  };
+  const sample samples[] = {
+    {"lm head", [] { return one_node("FusedMatMul", {{2, 4, 16}, {16, 8}}, {false, true}, {2, 4, 8}); }},
+    {"matmul with bias", [] {
+       one_node t("FusedMatMul", {{4, 16}, {16, 8}, {8}}, {false, true, true}, {4, 8});
+       t.n().set_s("activation", "Tanh");
+       return t;
+     }},
+    {"classifier gemm", [] {
+       one_node t("FusedGemm", {{4, 16}, {8, 16}, {8}}, {false, true, true}, {4, 8});
+       t.n().set_i("transB", 1);
+       return t;
+     }},
+    {"gemm with full C", [] {
+       return one_node("FusedGemm", {{4, 16}, {16, 8}, {4, 8}}, {false, true, true}, {4, 8});
+     }},
+  };
+  for (const auto& s : samples)
+    for (auto half : {datatype::fp16, datatype::bf16}) {
+      CAPTURE(s.name);
+      CAPTURE(to_string(half));
+      auto t = s.make();
+      t.g.inputs = {t.n().inputs[0]};
+      t.g.outputs = {t.n().outputs[0]};
+      CHECK(cuda::writes_fp32_output(t.g, t.n()));
+      auto narrowed = cuda::store_in_half(t.g, {half, [](int) { return true; }, nullptr});
+      cuda::step_builder b{nullptr, t.g, std::vector<void*>(t.g.values.size(), nullptr), {}, 0,
+                           half, &narrowed};
+      b.build();
+      std::vector<std::string> kernels;
+      for (const auto& st : b.steps) kernels.push_back(st.kernel);
+      // The input's conversion, then the GEMM writing the fp32 output.
+      CHECK(kernels == std::vector<std::string>{"convert", "cublaslt+convert"});
+    }
 }

@@ -37,8 +37,9 @@ namespace caf_serving::cuda {
 /// between steps is stored in that type in the device arena (about half the
 /// activation bytes), the weights are converted once at load and uploaded in
 /// it, the model's fp32 inputs are converted after copy-in and its fp32 outputs
-/// before copy-out (one StorageCast step each: the wire format and the config's
-/// declared types do not change), and every kernel accumulates in fp32:
+/// before copy-out (one StorageCast step each, or the output's GEMM writes it in
+/// fp32 itself: the wire format and the config's declared types do not change),
+/// and every kernel accumulates in fp32:
 /// cuBLASLt with half A/B/C/D and CUBLAS_COMPUTE_32F, cuDNN with half tensors
 /// and CUDNN_DATA_FLOAT compute, the engine's kernels with dtype f16/bf16.
 /// Integer and bool tensors (token ids, masks, shapes) keep their types.

@@ -148,16 +148,19 @@ std::optional<epilogue_activation> activation_of(const onnx::node& n);
 /// cuBLASLt's compute type for the instance's `precision` (fp32 accumulation).
 cublasComputeType_t lt_compute_type(precision p);
 
-/// cuBLASLt's types for a GEMM over tensors stored in `storage`: fp32 tensors
-/// compute as `compute` says (lt_compute_type: tensor cores on rounded inputs at
-/// fp16/bf16); half tensors are cuBLASLt's A, B, C and D in that type with
-/// CUBLAS_COMPUTE_32F (fp32 accumulation); the scale (alpha, beta) is fp32 always.
+/// cuBLASLt's types for a GEMM whose A and B are stored in `inputs` and whose C
+/// and D are stored in `output`: the same type, or half A/B with fp32 C/D (a
+/// GEMM that writes a declared fp32 output itself, storage_plan.hpp). fp32
+/// tensors compute as `compute` says (lt_compute_type: tensor cores on rounded
+/// inputs at fp16/bf16); half A/B compute with CUBLAS_COMPUTE_32F (fp32
+/// accumulation); the scale (alpha, beta) is fp32 always. Any other pair is a bug.
 struct lt_data_types {
-  cudaDataType_t data = CUDA_R_32F;
+  cudaDataType_t inputs = CUDA_R_32F; ///< A and B
+  cudaDataType_t output = CUDA_R_32F; ///< C and D
   cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
   cudaDataType_t scale = CUDA_R_32F;
 };
-lt_data_types lt_types(datatype storage, precision compute);
+lt_data_types lt_types(datatype inputs, datatype output, precision compute);
 
 /// cuDNN's types for a convolution or pooling over tensors stored in `storage`:
 /// the tensor and filter type, the convolution's compute type (fp32 always) and
@@ -169,13 +172,38 @@ struct conv_data_types {
 };
 conv_data_types conv_types(datatype storage, precision compute);
 
-/// One row-major GEMM on cuBLASLt over tensors of one float type:
+/// How a FusedConv runs on cuDNN.
+enum class conv_path {
+  fused, ///< cudnnConvolutionBiasActivationForward: convolution, residual, bias, activation
+  split, ///< cudnnConvolutionForward, then the epilogue kernel in place (kernel "+epilogue")
+};
+
+/// What the choice of a conv_path depends on.
+struct conv_path_query {
+  int64_t group = 1;
+  kernels::activation act = kernels::activation::none;
+  datatype type = datatype::fp32; ///< of the tensors: fp32 or the storage type
+  /// What cuDNN answered when the fused call was tried at load (its algorithm
+  /// search, then one run); success before it is tried (and in a dry run).
+  cudnnStatus_t fused_status = CUDNN_STATUS_SUCCESS;
+};
+
+/// fused for an ungrouped convolution with ReLU or no activation: the fused call
+/// runs only RELU and IDENTITY, and for grouped convolutions its algorithms are
+/// not the plain call's. split for every other convolution, and for a bf16 one
+/// whose fused call cuDNN refused with CUDNN_STATUS_NOT_SUPPORTED (some cuDNN
+/// versions and algorithms do): the split call computes the same, the epilogue
+/// kernel at bf16. Any other failure of the fused call stays an error.
+conv_path choose_conv_path(const conv_path_query& q);
+
+/// One row-major GEMM on cuBLASLt:
 /// d[m, n] = alpha op(a)[m, k] op(w)[k, n] + beta c[m, n].
 struct lt_gemm_config {
   uint64_t m = 0, n = 0, k = 0;
   bool a_transposed = false; ///< `a` is stored [k, m] (Gemm's transA)
   bool w_transposed = false; ///< `w` is stored [n, k] (Gemm's transB)
-  datatype type = datatype::fp32; ///< of a, w, c and d: fp32, fp16 or bf16
+  datatype type = datatype::fp32;     ///< of a and w: fp32, fp16 or bf16
+  datatype out_type = datatype::fp32; ///< of c and d: `type`, or fp32 (lt_types)
   float alpha = 1.0f;
   float beta = 0.0f; ///< 0 when there is no `c`
   const void* a = nullptr;
@@ -212,6 +240,22 @@ kernels::dtype kernel_dtype(datatype t);
 using step_function = std::optional<gpu_step> (*)(step_builder&, const onnx::node&);
 std::function<std::optional<gpu_step>(step_builder&, const onnx::graph&, const onnx::node&)>
 float_storage(step_function f);
+
+/// A GEMM node's float types: of A and W (inputs 0 and 1), and of everything
+/// else (bias, C, residual: added to D) and the output.
+struct gemm_float_types {
+  datatype inputs = datatype::fp32;
+  datatype output = datatype::fp32;
+  /// The GEMM writes fp32 from half A and W (kernel "cublaslt+convert").
+  bool widens() const { return inputs != output; }
+};
+/// `n`'s types when they are one float type (step_builder::float_type), or A
+/// and W in the instance's half storage type and the rest fp32 (a declared fp32
+/// output written by its GEMM, storage_plan.hpp); nothing otherwise.
+std::optional<gemm_float_types> gemm_types(const step_builder& b, const onnx::node& n);
+/// Wraps a GEMM step function: the node must have gemm_types.
+std::function<std::optional<gpu_step>(step_builder&, const onnx::graph&, const onnx::node&)>
+gemm_storage(step_function f);
 std::function<std::optional<gpu_step>(step_builder&, const onnx::graph&, const onnx::node&)>
 any_type(step_function f);
 

@@ -158,10 +158,10 @@ std::shared_ptr<lt_gemm> make_gemm(step_context& ctx, const lt_data_types& t, co
   cublasOperation_t ta = s.transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   CAF_CUDA_CHECK(cublasLtMatmulDescSetAttribute(g->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta,
                                                 sizeof ta));
-  g->a = s.transpose_a ? make_layout(t.data, s.k, s.m, s.lda, s.count, s.stride_a)
-                       : make_layout(t.data, s.m, s.k, s.lda, s.count, s.stride_a);
-  g->b = make_layout(t.data, s.k, s.n, s.ldb, s.count, s.stride_b);
-  g->c = make_layout(t.data, s.m, s.n, s.ldc, s.count, s.stride_c);
+  g->a = s.transpose_a ? make_layout(t.inputs, s.k, s.m, s.lda, s.count, s.stride_a)
+                       : make_layout(t.inputs, s.m, s.k, s.lda, s.count, s.stride_a);
+  g->b = make_layout(t.inputs, s.k, s.n, s.ldb, s.count, s.stride_b);
+  g->c = make_layout(t.output, s.m, s.n, s.ldc, s.count, s.stride_c);
   cublasLtMatmulPreference_t pref;
   CAF_CUDA_CHECK(cublasLtMatmulPreferenceCreate(&pref));
   size_t ws = attention_gemm_workspace_bytes;
@@ -194,7 +194,7 @@ template <class T>
 std::optional<gpu_step> build_attention(step_builder& b, const onnx::node& n,
                                         const attention_geometry& a) {
   const datatype type = b.g.values[step_builder::out(n, 0)].dtype;
-  const lt_data_types types = lt_types(type, b.ctx->compute);
+  const lt_data_types types = lt_types(type, type, b.ctx->compute);
   basic_attention_operands<T> op;
   op.batch = a.batch;
   op.q_len = a.q_len;

@@ -14,6 +14,8 @@
 #include "onnx/ops.hpp"
 
 #include <algorithm>
+#include <iostream>
+#include <mutex>
 
 namespace caf_serving::cuda {
 
@@ -318,7 +320,9 @@ std::optional<gpu_step> layer_norm_step(step_builder& b, const onnx::node& n) {
   return gpu_step{"layer_norm", false, [a](cudaStream_t s) { k::launch_add_layer_norm(a, s); }};
 }
 
-/// FusedMatMul with constant 2-D weights on cuBLASLt, its epilogue after.
+/// FusedMatMul with constant 2-D weights on cuBLASLt, its epilogue after. With
+/// half A and W and an fp32 output (gemm_types), cuBLASLt writes D in fp32 and
+/// the epilogue runs on it with the fp32 bias.
 std::optional<gpu_step> matmul_step(step_builder& b, const onnx::node& n) {
   auto in = [&](size_t i) { return step_builder::in(n, i); };
   auto shape = [&](int v) -> const dims_t& { return b.shape(v); };
@@ -327,18 +331,21 @@ std::optional<gpu_step> matmul_step(step_builder& b, const onnx::node& n) {
     return std::nullopt;
   auto act = activation_of(n);
   if (!act) return std::nullopt;
-  if (b.dry()) return b.planned("cublaslt");
+  const auto types = *gemm_types(b, n);
+  const char* kernel = types.widens() ? "cublaslt+convert" : "cublaslt";
+  if (b.dry()) return b.planned(kernel);
   lt_gemm_config g;
   g.k = shape(in(0)).back();
   g.n = shape(in(1))[1];
   g.m = onnx::element_count(shape(in(0))) / g.k;
-  g.type = b.g.values[y].dtype;
+  g.type = types.inputs;
+  g.out_type = types.output;
   g.a = b.ptrs[in(0)];
   g.w = b.ptrs[in(1)];
   g.d = b.ptrs[y];
   auto gemm = plan_lt_gemm(*b.ctx, g);
   k::epilogue_args e;
-  e.type = kernel_dtype(g.type);
+  e.type = kernel_dtype(g.out_type);
   e.input = g.d;
   e.output = g.d;
   e.count = g.m * g.n;
@@ -347,20 +354,34 @@ std::optional<gpu_step> matmul_step(step_builder& b, const onnx::node& n) {
   if (in(2) >= 0) { e.bias = b.ptrs[in(2)]; e.layout = {g.n, 1}; }
   if (in(3) >= 0) e.residual = b.ptrs[in(3)];
   bool needs_epilogue = e.bias || e.residual || e.act != k::activation::none;
-  return gpu_step{"cublaslt", false, [gemm, e, needs_epilogue](cudaStream_t s) {
+  return gpu_step{kernel, false, [gemm, e, needs_epilogue](cudaStream_t s) {
     gemm(s);
     if (needs_epilogue) k::launch_epilogue(e, s);
   }};
 }
 
+/// Says once per process that cuDNN refused a fused bf16 convolution and which
+/// path such convolutions take instead (choose_conv_path).
+void log_split_bf16_conv(const onnx::node& n, cudnnConvolutionFwdAlgo_t algo) {
+  static std::once_flag once;
+  std::call_once(once, [&] {
+    std::cerr << "caf-serving: cuDNN " << cudnnGetVersion()
+              << " refused the fused bf16 convolution + bias + activation "
+                 "(cudnnConvolutionBiasActivationForward: CUDNN_STATUS_NOT_SUPPORTED) for "
+                 "FusedConv '"
+              << n.name << "' (algorithm " << static_cast<int>(algo)
+              << "); bf16 convolutions it refuses run as cudnnConvolutionForward plus the "
+                 "epilogue kernel, with the same result (logged once)"
+              << std::endl;
+  });
+}
+
 /// FusedConv (2-D, any group, symmetric pads, every activation of activation_of)
-/// on cuDNN, as act(conv(X, W) + B + R) (onnx/ops.hpp). Group 1 with ReLU or no
-/// activation is cuDNN's fused call (convolution, residual, bias, activation in
-/// one). Every other activation, and every grouped (depthwise) convolution, is the
+/// on cuDNN, as act(conv(X, W) + B + R) (onnx/ops.hpp): cuDNN's fused call, or the
 /// plain convolution with the algorithm cudnnFind times fastest, then the epilogue
-/// kernel in place (bias, residual, activation, in FusedConv's order): the fused
-/// call runs only RELU and IDENTITY (the latter only with IMPLICIT_PRECOMP_GEMM),
-/// and for grouped convolutions its algorithms are not the plain call's.
+/// kernel in place (bias, residual, activation, in FusedConv's order), as
+/// choose_conv_path says. At load the fused call's algorithm is searched and the
+/// call run once, so that a bf16 call cuDNN refuses takes the split path instead.
 std::optional<gpu_step> conv_step(step_builder& b, const onnx::node& n) {
   auto in = [&](size_t i) { return step_builder::in(n, i); };
   auto shape = [&](int v) -> const dims_t& { return b.shape(v); };
@@ -383,11 +404,13 @@ std::optional<gpu_step> conv_step(step_builder& b, const onnx::node& n) {
   if (st.size() != 2 || pd.size() != 4 || dl.size() != 2) return std::nullopt;
   // cuDNN pads each side alike; none of the target models pads asymmetrically.
   if (pd[0] != pd[2] || pd[1] != pd[3]) return std::nullopt;
-  const bool fused = group == 1
-                     && (act->act == k::activation::relu || act->act == k::activation::none);
-  const char* kernel = fused ? "cudnn_conv" : "cudnn_conv+epilogue";
-  if (b.dry()) return b.planned(kernel);
-  const auto types = conv_types(b.g.values[y].dtype, b.ctx->compute);
+  const datatype type = b.g.values[y].dtype;
+  conv_path_query query{group, act->act, type};
+  auto kernel_of = [](conv_path p) {
+    return p == conv_path::fused ? "cudnn_conv" : "cudnn_conv+epilogue";
+  };
+  if (b.dry()) return b.planned(kernel_of(choose_conv_path(query)));
+  const auto types = conv_types(type, b.ctx->compute);
   conv_desc d;
   auto mk4 = [&types](cudnnTensorDescriptor_t& t, const dims_t& s) {
     CAF_CUDA_CHECK(cudnnCreateTensorDescriptor(&t));
@@ -412,49 +435,80 @@ std::optional<gpu_step> conv_step(step_builder& b, const onnx::node& n) {
     CUDNN_NOT_PROPAGATE_NAN, 0.0));
   // Kept (and destroyed with the context) from here on, whatever throws below.
   b.ctx->convs.push_back(d);
-  if (fused && act->act == k::activation::none) {
-    // cuDNN's fused call runs IDENTITY only with this algorithm.
-    d.algo = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM;
-  } else {
-    // Chosen once, here at load, by timing the candidates (cudnnFind).
+  const void* x = b.ptrs[in(0)];
+  const void* w = b.ptrs[in(1)];
+  void* out = b.ptrs[y];
+  auto h = b.ctx->cudnn;
+  void* workspace = b.ctx->workspace;
+
+  // The algorithm cudnnFind times fastest within the workspace (its status: the
+  // search's own).
+  auto search = [&]() -> cudnnStatus_t {
     cudnnConvolutionFwdAlgoPerf_t perf[8];
     int got = 0;
-    CAF_CUDA_CHECK(cudnnFindConvolutionForwardAlgorithmEx(
-      b.ctx->cudnn, d.x, b.ptrs[in(0)], d.w, b.ptrs[in(1)], d.conv, d.y, b.ptrs[y], 8, &got, perf,
-      b.ctx->workspace, workspace_bytes));
+    cudnnStatus_t status = cudnnFindConvolutionForwardAlgorithmEx(
+      h, d.x, x, d.w, w, d.conv, d.y, out, 8, &got, perf, workspace, workspace_bytes);
     d.algo = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM;
     for (int i = 0; i < got; ++i)
       if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= workspace_bytes) {
         d.algo = perf[i].algo;
         break;
       }
+    return status;
+  };
+  auto check_workspace = [&] {
+    size_t need = 0;
+    CAF_CUDA_CHECK(cudnnGetConvolutionForwardWorkspaceSize(h, d.x, d.w, d.conv, d.y, d.algo,
+                                                           &need));
+    if (need > workspace_bytes)
+      throw k::cuda_error("FusedConv '" + n.name + "': cuDNN's algorithm needs "
+                          + std::to_string(need) + " bytes of workspace, more than the "
+                          + std::to_string(workspace_bytes) + " every step shares");
+  };
+  const void* bias = in(2) >= 0 ? b.ptrs[in(2)] : b.ctx->zeros;
+  const void* z = in(3) >= 0 ? b.ptrs[in(3)] : out;
+  const float alpha2 = in(3) >= 0 ? 1.f : 0.f;
+  auto fused_call = [=](const cudnnConvolutionFwdAlgo_t algo) {
+    float one = 1.f;
+    return cudnnConvolutionBiasActivationForward(h, &one, d.x, x, d.w, w, d.conv, algo,
+                                                 workspace, workspace_bytes, &alpha2, d.z, z,
+                                                 d.b, bias, d.act, d.y, out);
+  };
+
+  conv_path path = choose_conv_path(query);
+  if (path == conv_path::fused) {
+    // cuDNN's fused call runs IDENTITY only with IMPLICIT_PRECOMP_GEMM.
+    const char* call = "cudnnFindConvolutionForwardAlgorithmEx";
+    cudnnStatus_t status = CUDNN_STATUS_SUCCESS;
+    if (act->act == k::activation::none)
+      d.algo = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM;
+    else
+      status = search();
+    if (status == CUDNN_STATUS_SUCCESS) {
+      check_workspace();
+      // Once here at load (the arena holds nothing yet): a refusal shows now.
+      call = "cudnnConvolutionBiasActivationForward";
+      status = fused_call(d.algo);
+    }
+    query.fused_status = status;
+    path = choose_conv_path(query);
+    if (path == conv_path::fused)
+      k::cuda_check(status, call, __FILE__, __LINE__);
+    else
+      log_split_bf16_conv(n, d.algo);
   }
-  size_t need = 0;
-  CAF_CUDA_CHECK(cudnnGetConvolutionForwardWorkspaceSize(b.ctx->cudnn, d.x, d.w, d.conv, d.y,
-                                                         d.algo, &need));
-  if (need > workspace_bytes)
-    throw k::cuda_error("FusedConv '" + n.name + "': cuDNN's algorithm needs "
-                        + std::to_string(need) + " bytes of workspace, more than the "
-                        + std::to_string(workspace_bytes) + " every step shares");
+  if (path == conv_path::split) {
+    k::cuda_check(search(), "cudnnFindConvolutionForwardAlgorithmEx", __FILE__, __LINE__);
+    check_workspace();
+  }
   b.ctx->convs.back().algo = d.algo;
-  const void* x = b.ptrs[in(0)];
-  const void* w = b.ptrs[in(1)];
-  void* out = b.ptrs[y];
-  auto h = b.ctx->cudnn;
-  void* workspace = b.ctx->workspace;
-  if (fused) {
-    const void* bias = in(2) >= 0 ? b.ptrs[in(2)] : b.ctx->zeros;
-    const void* z = in(3) >= 0 ? b.ptrs[in(3)] : b.ptrs[y];
-    float alpha2 = in(3) >= 0 ? 1.f : 0.f;
-    return gpu_step{kernel, false, [=](cudaStream_t) {
-      float one = 1.f;
-      CAF_CUDA_CHECK(cudnnConvolutionBiasActivationForward(
-        h, &one, d.x, x, d.w, w, d.conv, d.algo, workspace, workspace_bytes, &alpha2, d.z, z,
-        d.b, bias, d.act, d.y, out));
+  const char* kernel = kernel_of(path);
+  if (path == conv_path::fused)
+    return gpu_step{kernel, false, [fused_call, algo = d.algo](cudaStream_t) {
+      CAF_CUDA_CHECK(fused_call(algo));
     }};
-  }
   k::epilogue_args e;
-  e.type = kernel_dtype(b.g.values[y].dtype);
+  e.type = kernel_dtype(type);
   e.input = out;
   e.output = out;
   e.count = onnx::element_count(ys);
@@ -547,6 +601,15 @@ std::optional<gpu_step> storage_cast_step(step_builder& b, const onnx::node& n) 
 
 } // namespace
 
+conv_path choose_conv_path(const conv_path_query& q) {
+  const bool fusable = q.group == 1
+                       && (q.act == k::activation::relu || q.act == k::activation::none);
+  if (!fusable) return conv_path::split;
+  if (q.type == datatype::bf16 && q.fused_status == CUDNN_STATUS_NOT_SUPPORTED)
+    return conv_path::split;
+  return conv_path::fused;
+}
+
 conv_data_types conv_types(datatype storage, precision compute) {
   switch (storage) {
     case datatype::fp16:
@@ -560,7 +623,8 @@ conv_data_types conv_types(datatype storage, precision compute) {
 }
 
 /// Besides the copies, the core steps take one float type: fp32, or the
-/// instance's storage type (float_storage).
+/// instance's storage type (float_storage); FusedMatMul also half A and W
+/// writing an fp32 output (gemm_storage).
 std::vector<device_kernel> core_steps() {
   return {
     {"Reshape", {}, "copy", any_type(copy_step)},
@@ -574,7 +638,7 @@ std::vector<device_kernel> core_steps() {
     {"FusedGelu", {}, "epilogue", float_storage(epilogue_step)},
     {"Softmax", {}, "softmax", float_storage(softmax_step)},
     {"FusedLayerNorm", {}, "layer_norm", float_storage(layer_norm_step)},
-    {"FusedMatMul", {}, "cublaslt", float_storage(matmul_step)},
+    {"FusedMatMul", {}, "cublaslt", gemm_storage(matmul_step)},
     {"FusedConv", {}, "cudnn_conv", float_storage(conv_step)},
     {"MaxPool", {}, "cudnn_pool", float_storage(pool_step)},
     {"AveragePool", {}, "cudnn_pool", float_storage(pool_step)},

@@ -9,6 +9,7 @@
 #include "onnx/half.hpp"
 #include "onnx/ops.hpp"
 
+#include <cassert>
 #include <cstring>
 #include <string>
 
@@ -24,12 +25,41 @@ cublasComputeType_t lt_compute_type(precision p) {
   }
 }
 
-lt_data_types lt_types(datatype storage, precision compute) {
-  switch (storage) {
-    case datatype::fp16: return {CUDA_R_16F, CUBLAS_COMPUTE_32F, CUDA_R_32F};
-    case datatype::bf16: return {CUDA_R_16BF, CUBLAS_COMPUTE_32F, CUDA_R_32F};
-    default: return {CUDA_R_32F, lt_compute_type(compute), CUDA_R_32F};
+lt_data_types lt_types(datatype inputs, datatype output, precision compute) {
+  assert(output == inputs || output == datatype::fp32);
+  switch (inputs) {
+    case datatype::fp16:
+      return {CUDA_R_16F, output == inputs ? CUDA_R_16F : CUDA_R_32F, CUBLAS_COMPUTE_32F,
+              CUDA_R_32F};
+    case datatype::bf16:
+      return {CUDA_R_16BF, output == inputs ? CUDA_R_16BF : CUDA_R_32F, CUBLAS_COMPUTE_32F,
+              CUDA_R_32F};
+    default:
+      assert(inputs == datatype::fp32);
+      return {CUDA_R_32F, CUDA_R_32F, lt_compute_type(compute), CUDA_R_32F};
   }
+}
+
+std::optional<gemm_float_types> gemm_types(const step_builder& b, const onnx::node& n) {
+  if (auto t = b.float_type(n)) return gemm_float_types{*t, *t};
+  const bool half = b.storage == datatype::fp16 || b.storage == datatype::bf16;
+  if (!half || n.inputs.size() < 2) return std::nullopt;
+  for (size_t i = 0; i < n.inputs.size(); ++i) {
+    const int v = n.inputs[i];
+    if (v >= 0 && b.g.values[v].dtype != (i < 2 ? b.storage : datatype::fp32))
+      return std::nullopt;
+  }
+  for (int v : n.outputs)
+    if (v >= 0 && b.g.values[v].dtype != datatype::fp32) return std::nullopt;
+  return gemm_float_types{b.storage, datatype::fp32};
+}
+
+std::function<std::optional<gpu_step>(step_builder&, const onnx::graph&, const onnx::node&)>
+gemm_storage(step_function f) {
+  return [f](step_builder& b, const onnx::graph&, const onnx::node& n) -> std::optional<gpu_step> {
+    if (!gemm_types(b, n)) return std::nullopt;
+    return f(b, n);
+  };
 }
 
 lt_operands lt_layout(const lt_gemm_config& g) {
@@ -51,11 +81,11 @@ std::function<void(cudaStream_t)> plan_lt_gemm(step_context& ctx, const lt_gemm_
   cublasOperation_t op_a = o.b.transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
   cublasLtMatmulDesc_t desc;
   cublasLtMatrixLayout_t lw, la, ld;
-  const lt_data_types t = lt_types(g.type, ctx.compute);
+  const lt_data_types t = lt_types(g.type, g.out_type, ctx.compute);
   CAF_CUDA_CHECK(cublasLtMatmulDescCreate(&desc, t.compute, t.scale));
-  CAF_CUDA_CHECK(cublasLtMatrixLayoutCreate(&lw, t.data, o.a.rows, o.a.cols, o.a.ld));
-  CAF_CUDA_CHECK(cublasLtMatrixLayoutCreate(&la, t.data, o.b.rows, o.b.cols, o.b.ld));
-  CAF_CUDA_CHECK(cublasLtMatrixLayoutCreate(&ld, t.data, o.d.rows, o.d.cols, o.d.ld));
+  CAF_CUDA_CHECK(cublasLtMatrixLayoutCreate(&lw, t.inputs, o.a.rows, o.a.cols, o.a.ld));
+  CAF_CUDA_CHECK(cublasLtMatrixLayoutCreate(&la, t.inputs, o.b.rows, o.b.cols, o.b.ld));
+  CAF_CUDA_CHECK(cublasLtMatrixLayoutCreate(&ld, t.output, o.d.rows, o.d.cols, o.d.ld));
   // Kept from here on, so that a throw below leaks nothing.
   ctx.keep.push_back(std::shared_ptr<void>(nullptr, [desc, lw, la, ld](void*) {
     cublasLtMatrixLayoutDestroy(lw); cublasLtMatrixLayoutDestroy(la);
@@ -78,6 +108,8 @@ std::function<void(cudaStream_t)> plan_lt_gemm(step_context& ctx, const lt_gemm_
   CAF_CUDA_CHECK(status);
   if (found == 0)
     throw k::cuda_error("cuBLASLt has no algorithm for the " + std::string(to_string(g.type))
+                        + (g.out_type != g.type ? " to " + std::string(to_string(g.out_type))
+                                                : std::string())
                         + " GEMM [" + std::to_string(g.m)
                         + " x " + std::to_string(g.k) + "] x [" + std::to_string(g.k) + " x "
                         + std::to_string(g.n) + "]");
@@ -160,7 +192,9 @@ std::optional<gpu_step> gemm_step(step_builder& b, const onnx::node& n) {
     }
     if (ck == c_kind::bias && beta != 1.0f && !b.g.values[cv].constant) return std::nullopt;
   }
-  if (b.dry()) return b.planned("cublaslt");
+  const auto types = *gemm_types(b, n);
+  const char* kernel = types.widens() ? "cublaslt+convert" : "cublaslt";
+  if (b.dry()) return b.planned(kernel);
   lt_gemm_config g;
   g.m = m;
   g.n = nn;
@@ -168,7 +202,8 @@ std::optional<gpu_step> gemm_step(step_builder& b, const onnx::node& n) {
   g.a_transposed = ta;
   g.w_transposed = tb;
   g.alpha = alpha;
-  g.type = b.g.values[y].dtype;
+  g.type = types.inputs;
+  g.out_type = types.output;
   g.a = b.ptrs[in(0)];
   g.w = b.ptrs[in(1)];
   g.d = b.ptrs[y];
@@ -177,8 +212,8 @@ std::optional<gpu_step> gemm_step(step_builder& b, const onnx::node& n) {
     g.beta = beta;
   }
   auto gemm = plan_lt_gemm(*b.ctx, g);
-  k::epilogue_args e;
-  e.type = kernel_dtype(g.type);
+  k::epilogue_args e; // on D, with C's bias: in the output type
+  e.type = kernel_dtype(g.out_type);
   e.input = g.d;
   e.output = g.d;
   e.count = m * nn;
@@ -198,7 +233,7 @@ std::optional<gpu_step> gemm_step(step_builder& b, const onnx::node& n) {
     }
   }
   bool needs_epilogue = e.bias || e.act != k::activation::none;
-  return gpu_step{"cublaslt", false, [gemm, e, needs_epilogue](cudaStream_t s) {
+  return gpu_step{kernel, false, [gemm, e, needs_epilogue](cudaStream_t s) {
     gemm(s);
     if (needs_epilogue) k::launch_epilogue(e, s);
   }};
@@ -206,10 +241,11 @@ std::optional<gpu_step> gemm_step(step_builder& b, const onnx::node& n) {
 
 } // namespace
 
-/// One float type, fp32 or the storage type, as the core steps.
+/// One float type, fp32 or the storage type, as the core steps; or half A and
+/// W writing an fp32 output (gemm_types).
 std::vector<device_kernel> gemm_steps() {
   return {
-    {"FusedGemm", {}, "cublaslt", float_storage(gemm_step)},
+    {"FusedGemm", {}, "cublaslt", gemm_storage(gemm_step)},
   };
 }
 

@@ -21,13 +21,57 @@ onnx::constant_ptr half_copy(const onnx::tensor_data& t, datatype storage) {
   return out;
 }
 
+bool writes_fp32_output(const onnx::graph& g, const onnx::node& n) {
+  auto in = [&n](size_t i) { return i < n.inputs.size() ? n.inputs[i] : -1; };
+  if (n.outputs.size() != 1 || in(0) < 0 || in(1) < 0) return false;
+  const auto& a = g.values[in(0)];
+  const auto& w = g.values[in(1)];
+  const auto& y = g.values[n.outputs[0]];
+  if (a.dtype != datatype::fp32 || w.dtype != datatype::fp32 || y.dtype != datatype::fp32)
+    return false;
+  if (n.op == "FusedMatMul") {
+    if (!(w.constant && w.shape.size() == 2)) return false;
+  } else if (n.op == "FusedGemm") {
+    if (!(a.shape.size() == 2 && w.shape.size() == 2 && y.shape.size() == 2)) return false;
+  } else {
+    return false;
+  }
+  for (size_t i = 2; i < n.inputs.size(); ++i)
+    if (in(i) >= 0 && !(g.values[in(i)].constant && g.values[in(i)].dtype == datatype::fp32))
+      return false;
+  return true;
+}
+
 std::vector<bool> store_in_half(onnx::graph& g, const storage_config& cfg) {
   assert(cfg.storage == datatype::fp16 || cfg.storage == datatype::bf16);
-  const size_t original = g.values.size();
-  std::vector<bool> external(original, false);
+  std::vector<bool> external(g.values.size(), false);
   for (int v : g.inputs) external[v] = true;
   for (int v : g.outputs)
     if (cfg.declared_output && cfg.declared_output(v)) external[v] = true;
+
+  // Declared fp32 outputs their producer writes in fp32 itself (no StorageCast,
+  // no half copy in the arena). Read by nothing else, so every other node still
+  // sees one float type. The producer's constant bias or C is given a value of
+  // its own holding the fp32 tensor (the constant may be shared), which the
+  // narrowing below leaves alone.
+  auto producers = g.producers();
+  std::vector<size_t> readers(g.values.size(), 0);
+  for (const auto& n : g.nodes)
+    for (int v : n.inputs)
+      if (v >= 0) readers[v] += 1;
+  std::vector<bool> written_wide(g.values.size(), false);
+  for (int y : g.outputs) {
+    if (!external[y] || written_wide[y] || producers[y] < 0 || readers[y] != 0) continue;
+    auto& p = g.nodes[producers[y]];
+    if (!writes_fp32_output(g, p)) continue;
+    written_wide[y] = true;
+    for (size_t i = 2; i < p.inputs.size(); ++i) {
+      const int c = p.inputs[i];
+      if (c >= 0) p.inputs[i] = g.add_constant(g.values[c].name + "/fp32", g.values[c].constant);
+    }
+  }
+  const size_t first_wide_constant = external.size();
+  const size_t original = g.values.size();
 
   // One half copy per fp32 constant, shared through the cache.
   half_constants local;
@@ -35,7 +79,7 @@ std::vector<bool> store_in_half(onnx::graph& g, const storage_config& cfg) {
   std::vector<bool> narrowed(original, false);
   for (size_t v = 0; v < original; ++v) {
     auto& val = g.values[v];
-    if (val.dtype != datatype::fp32) continue;
+    if (val.dtype != datatype::fp32 || v >= first_wide_constant) continue;
     if (val.constant) {
       auto& slot = cache.copies[val.constant.get()];
       if (!slot.second) slot = {val.constant, half_copy(*val.constant, cfg.storage)};
@@ -71,9 +115,10 @@ std::vector<bool> store_in_half(onnx::graph& g, const storage_config& cfg) {
     n.outputs = {h};
     first.push_back(std::move(n));
   }
-  auto producers = g.producers();
   for (int y : g.outputs) {
-    if (!external[y] || g.values[y].dtype != datatype::fp32 || producers[y] < 0) continue;
+    if (!external[y] || g.values[y].dtype != datatype::fp32 || producers[y] < 0
+        || written_wide[y])
+      continue;
     int h = g.add_value(g.values[y].name + "/storage", cfg.storage, g.values[y].shape, true);
     rewire_inputs(y, h);
     for (int& o : g.nodes[producers[y]].outputs)

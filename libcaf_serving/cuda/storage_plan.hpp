@@ -19,7 +19,13 @@
 ///   sizes, so each weight is converted once at load and deduplicated on upload;
 /// - each fp32 graph input gets one StorageCast node (fp32 -> S) first, and each
 ///   declared fp32 output one StorageCast node (S -> fp32) last: the wire format,
-///   the I/O staging slots and the config's declared types do not change.
+///   the I/O staging slots and the config's declared types do not change;
+/// - except a declared fp32 output whose producer writes fp32 itself
+///   (writes_fp32_output: a GEMM whose cuBLASLt D is fp32 while its A and W are
+///   S): that node keeps writing the output slot, with its constant bias or C in
+///   fp32 beside D, and no StorageCast follows it. Its half copy of the output
+///   would otherwise sit in the arena: GPT-2's [B, 128, 50257] logits outweigh
+///   all its other activations.
 /// Integer and bool values (token ids, masks before their Cast, shapes) and
 /// values already in a half type are left as they are.
 ///
@@ -56,6 +62,14 @@ struct storage_config {
   std::function<bool(int)> declared_output;
   half_constants* cache = nullptr; ///< optional: shared across the planned sizes
 };
+
+/// Whether `n` (of `g`, before the rewrite: every float value fp32) can write
+/// its output 0 in fp32 from A and W (inputs 0 and 1) stored in a half type:
+/// FusedMatMul with a constant 2-D W, or FusedGemm over 2-D A, W and output,
+/// each with no input besides A and W but constants (a bias or C, kept in fp32
+/// for D's epilogue). These are the nodes the GEMM steps (steps_core.cpp,
+/// steps_gemm.cpp) take with half A/W and fp32 C/D, as kernel "cublaslt+convert".
+bool writes_fp32_output(const onnx::graph& g, const onnx::node& n);
 
 /// Rewrites `g` as above. Returns, per value of the rewritten graph, whether it
 /// was fp32 and is now stored in `cfg.storage` (the host fallback widens those

@@ -153,3 +153,98 @@ TEST_CASE("plan_graph at fp16 halves the arena and keeps the I/O values fp32") {
     else if (!half->g.values[v].constant) CHECK(half->g.values[v].dtype == datatype::fp32);
   }
 }
+
+namespace {
+
+/// x [2, 4] -> Relu -> r; FusedMatMul(r, W [4, 3], bias [3]) -> y (declared);
+/// the bias also feeds Add(t, bias) -> z (declared), where FusedGemm(r, W2) -> t.
+struct gemm_sample {
+  onnx::graph g;
+  int x, r, w, bias, y, w2, t, z;
+};
+
+gemm_sample make_gemm_sample() {
+  gemm_sample s;
+  auto& g = s.g;
+  s.x = g.add_value("x", datatype::fp32, {2, 4}, true);
+  s.r = g.add_value("r", datatype::fp32, {2, 4}, true);
+  s.w = g.add_constant("w", fp32_constant(std::vector<float>(12, 0.5f), {4, 3}));
+  s.bias = g.add_constant("bias", fp32_constant({0.1f, 0.2f, 0.3f}, {3}));
+  s.y = g.add_value("y", datatype::fp32, {2, 3}, true);
+  s.w2 = g.add_constant("w2", fp32_constant(std::vector<float>(12, 0.25f), {4, 3}));
+  s.t = g.add_value("t", datatype::fp32, {2, 3}, true);
+  s.z = g.add_value("z", datatype::fp32, {2, 3}, true);
+  g.add_node("Relu", "relu", {s.x}, {s.r});
+  g.add_node("FusedMatMul", "head", {s.r, s.w, s.bias}, {s.y});
+  g.add_node("FusedGemm", "gemm", {s.r, s.w2}, {s.t});
+  g.add_node("Add", "add", {s.t, s.bias}, {s.z});
+  g.inputs = {s.x};
+  g.outputs = {s.y, s.z};
+  return s;
+}
+
+} // namespace
+
+TEST_CASE("a GEMM writes its declared fp32 output itself: no StorageCast, no half copy") {
+  for (auto half : {datatype::fp16, datatype::bf16}) {
+    CAPTURE(to_string(half));
+    auto s = make_gemm_sample();
+    auto declared = [&](int v) { return v == s.y || v == s.z; };
+    CHECK(writes_fp32_output(s.g, s.g.nodes[1]));
+    CHECK(writes_fp32_output(s.g, s.g.nodes[2]));
+    CHECK_FALSE(writes_fp32_output(s.g, s.g.nodes[3])); // Add: not a GEMM
+    auto narrowed = store_in_half(s.g, {half, declared, nullptr});
+    const auto& g = s.g;
+    REQUIRE(narrowed.size() == g.values.size());
+    // x's conversion first; z (an Add's) converted last; y none.
+    CHECK(count_op(g, storage_cast_op) == 2);
+    CHECK(g.nodes.back().outputs == std::vector<int>{s.z});
+    const auto& head = g.nodes[2];
+    REQUIRE(head.name == "head");
+    CHECK(head.outputs == std::vector<int>{s.y});
+    CHECK(g.values[s.y].dtype == datatype::fp32);
+    CHECK_FALSE(narrowed[s.y]);
+    CHECK(g.values[head.inputs[0]].dtype == half);
+    CHECK(g.values[head.inputs[1]].dtype == half);
+    // The bias D's epilogue adds: an fp32 value of its own holding the original
+    // tensor; the Add still reads the shared bias in the half type.
+    const int wide_bias = head.inputs[2];
+    CHECK(wide_bias != s.bias);
+    CHECK(g.values[wide_bias].dtype == datatype::fp32);
+    CHECK(g.values[wide_bias].constant->dtype == datatype::fp32);
+    CHECK(g.values[wide_bias].constant->as<float>()[1] == 0.2f);
+    CHECK_FALSE(narrowed[wide_bias]);
+    CHECK(g.values[s.bias].dtype == half);
+    CHECK(g.nodes[4].inputs[1] == s.bias);
+    // t is read by the Add: the FusedGemm writes it in the half type.
+    CHECK(g.values[s.t].dtype == half);
+    CHECK(narrowed[s.t]);
+  }
+}
+
+TEST_CASE("a declared output keeps its StorageCast when its GEMM cannot write fp32") {
+  SUBCASE("a computed bias (it would have to be fp32 too)") {
+    auto s = make_gemm_sample();
+    s.g.nodes[1].inputs[2] = s.r; // shape aside: what matters is that it is no constant
+    CHECK_FALSE(writes_fp32_output(s.g, s.g.nodes[1]));
+  }
+  SUBCASE("weights that are no constant") {
+    auto s = make_gemm_sample();
+    s.g.nodes[1].inputs[1] = s.r;
+    CHECK_FALSE(writes_fp32_output(s.g, s.g.nodes[1]));
+  }
+  SUBCASE("the output is read inside the graph") {
+    auto s = make_gemm_sample();
+    s.g.nodes[3].inputs[0] = s.y; // the Add reads y, which must be half for it
+    store_in_half(s.g, {datatype::fp16, [&](int v) { return v == s.y || v == s.z; }, nullptr});
+    CHECK(count_op(s.g, storage_cast_op) == 3);
+    for (const auto& n : s.g.nodes)
+      if (n.name == "head") CHECK(s.g.values[n.outputs[0]].dtype == datatype::fp16);
+  }
+  SUBCASE("an output the config does not declare is narrowed") {
+    auto s = make_gemm_sample();
+    store_in_half(s.g, {datatype::fp16, [&](int v) { return v == s.z; }, nullptr});
+    CHECK(s.g.values[s.y].dtype == datatype::fp16);
+    CHECK(count_op(s.g, storage_cast_op) == 2);
+  }
+}
