@@ -2,7 +2,9 @@
 
 #include "onnx/half.hpp"
 
+#include <algorithm>
 #include <cassert>
+#include <cmath>
 
 namespace caf_serving::cuda {
 
@@ -15,9 +17,15 @@ onnx::constant_ptr half_copy(const onnx::tensor_data& t, datatype storage) {
   out->bytes.resize(n * sizeof(uint16_t));
   const float* src = t.as<float>();
   auto* dst = out->as_mut<uint16_t>();
-  for (size_t i = 0; i < n; ++i)
-    dst[i] = storage == datatype::fp16 ? onnx::fp16_from_float(src[i])
-                                       : onnx::bf16_from_float(src[i]);
+  // Finite values past the half type's range saturate to its largest finite value
+  // instead of rounding to infinity: exporters write attention masks as
+  // (1 - m) * finfo(float32).min, and 0 * -inf would be NaN where m is 1.
+  const float largest = storage == datatype::fp16 ? 65504.0f : 3.3895313892515355e38f;
+  for (size_t i = 0; i < n; ++i) {
+    float x = src[i];
+    if (std::isfinite(x)) x = std::clamp(x, -largest, largest);
+    dst[i] = storage == datatype::fp16 ? onnx::fp16_from_float(x) : onnx::bf16_from_float(x);
+  }
   return out;
 }
 
@@ -104,16 +112,19 @@ std::vector<bool> store_in_half(onnx::graph& g, const storage_config& cfg) {
   };
   // Edges: fp32 inputs converted first, declared fp32 outputs converted last.
   std::vector<onnx::node> first, last;
+  auto edge_cast = [&cfg](std::string prefix, int from, int to) {
+    onnx::node n;
+    n.op = storage_cast_op;
+    n.name = std::move(prefix) + std::string(to_string(cfg.storage));
+    n.inputs = {from};
+    n.outputs = {to};
+    return n;
+  };
   for (int x : g.inputs) {
     if (g.values[x].dtype != datatype::fp32) continue;
     int h = g.add_value(g.values[x].name + "/storage", cfg.storage, g.values[x].shape, true);
     rewire_inputs(x, h);
-    onnx::node n;
-    n.op = storage_cast_op;
-    n.name = g.values[x].name + "/to_" + std::string(to_string(cfg.storage));
-    n.inputs = {x};
-    n.outputs = {h};
-    first.push_back(std::move(n));
+    first.push_back(edge_cast(g.values[x].name + "/to_", x, h));
   }
   for (int y : g.outputs) {
     if (!external[y] || g.values[y].dtype != datatype::fp32 || producers[y] < 0
@@ -123,12 +134,7 @@ std::vector<bool> store_in_half(onnx::graph& g, const storage_config& cfg) {
     rewire_inputs(y, h);
     for (int& o : g.nodes[producers[y]].outputs)
       if (o == y) o = h;
-    onnx::node n;
-    n.op = storage_cast_op;
-    n.name = g.values[y].name + "/from_" + std::string(to_string(cfg.storage));
-    n.inputs = {h};
-    n.outputs = {y};
-    last.push_back(std::move(n));
+    last.push_back(edge_cast(g.values[y].name + "/from_", h, y));
   }
   g.nodes.insert(g.nodes.begin(), std::make_move_iterator(first.begin()),
                  std::make_move_iterator(first.end()));

@@ -76,7 +76,9 @@ bool writes_fp32_output(const onnx::graph& g, const onnx::node& n);
 /// back to fp32 for the reference kernels).
 std::vector<bool> store_in_half(onnx::graph& g, const storage_config& cfg);
 
-/// `t` (fp32) rounded to `storage` (fp16 or bf16), nearest even.
+/// `t` (fp32) rounded to `storage` (fp16 or bf16), nearest even; finite values
+/// past that type's range saturate to its largest finite value (masks written as
+/// x * finfo(float32).min stay finite), infinities and NaN stay as they are.
 onnx::constant_ptr half_copy(const onnx::tensor_data& t, datatype storage);
 
 } // namespace caf_serving::cuda

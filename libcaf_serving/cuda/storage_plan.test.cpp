@@ -8,7 +8,9 @@
 
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <cstring>
+#include <limits>
 
 using namespace caf_serving;
 using namespace caf_serving::cuda;
@@ -120,6 +122,29 @@ TEST_CASE("bf16 storage rounds the weights to bf16; the cache converts each weig
   CHECK(a.g.values[a.f].dtype == datatype::bf16);
   // z is declared here: converted back too.
   CHECK(count_op(a.g, storage_cast_op) == 3);
+}
+
+TEST_CASE("weights past the half range saturate; infinities and NaN stay what they are") {
+  // A mask written as (1 - m) * finfo(float32).min must stay finite: 0 * -inf is NaN.
+  const float lowest = std::numeric_limits<float>::lowest();
+  const float inf = std::numeric_limits<float>::infinity();
+  auto w = fp32_constant({lowest, -lowest, 1e5f, -inf, std::nanf(""), 1.5f}, {6});
+  auto h = half_copy(*w, datatype::fp16);
+  const auto* f = h->as<uint16_t>();
+  CHECK(onnx::fp16_to_float(f[0]) == -65504.0f);
+  CHECK(onnx::fp16_to_float(f[1]) == 65504.0f);
+  CHECK(onnx::fp16_to_float(f[2]) == 65504.0f);
+  CHECK(onnx::fp16_to_float(f[3]) == -inf);
+  CHECK(std::isnan(onnx::fp16_to_float(f[4])));
+  CHECK(onnx::fp16_to_float(f[5]) == 1.5f);
+  CHECK(0.0f * onnx::fp16_to_float(f[0]) == 0.0f);
+  auto b = half_copy(*w, datatype::bf16);
+  const auto* g = b->as<uint16_t>();
+  CHECK(std::isfinite(onnx::bf16_to_float(g[0])));
+  CHECK(onnx::bf16_to_float(g[0]) < -3.3e38f);
+  CHECK(std::isfinite(onnx::bf16_to_float(g[1])));
+  CHECK(onnx::bf16_to_float(g[3]) == -inf);
+  CHECK(std::isnan(onnx::bf16_to_float(g[4])));
 }
 
 TEST_CASE("plan_graph at fp16 halves the arena and keeps the I/O values fp32") {
