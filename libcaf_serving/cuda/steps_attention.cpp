@@ -42,6 +42,7 @@
 
 #include "cuda/steps.hpp"
 
+#include "cuda/attention.hpp"
 #include "cuda/attention_plan.hpp"
 #include "cuda/cuda_check.hpp"
 #include "cuda/softmax.hpp"
@@ -92,13 +93,41 @@ std::optional<attention_geometry> geometry_of(const step_builder& b, const onnx:
     a.mask = in(3);
     a.mask_strides = *st;
   }
-  // The scores are stored in the tensors' type (fp32, or the half storage type).
+  // On the cuBLASLt path the scores are stored in the tensors' type (fp32, or
+  // the half storage type); empty when one pair's scores do not fit.
   int64_t pair_bytes =
     a.q_len * a.k_len * static_cast<int64_t>(element_size(b.g.values[in(0)].dtype));
   a.chunks = plan_attention_chunks(a.batch, a.heads,
                                    static_cast<int64_t>(attention_scores_bytes) / pair_bytes);
-  if (a.chunks.empty()) return std::nullopt;
   return a;
+}
+
+/// The step on kernels/cuda/attention: one launch, Q, K, V, the mask and the
+/// output read and written in place ([B, S, H*D]: a head is D columns of rows
+/// H*D long). Nothing when an operand is not 16-byte aligned, which cp.async
+/// needs (the arena aligns every value to 256 bytes, so not expected).
+std::optional<gpu_step> build_fused_attention(step_builder& b, const onnx::node& n,
+                                              const attention_geometry& a) {
+  const datatype type = b.g.values[step_builder::out(n, 0)].dtype;
+  k::attention_args args;
+  args.type = kernel_dtype(type);
+  args.q = b.ptrs[step_builder::in(n, 0)];
+  args.k = b.ptrs[step_builder::in(n, 1)];
+  args.v = b.ptrs[step_builder::in(n, 2)];
+  args.o = b.ptrs[step_builder::out(n, 0)];
+  for (const void* p : {args.q, args.k, args.v, static_cast<const void*>(args.o)})
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return std::nullopt;
+  args.strides = {a.q_len * a.width, a.head_dim, a.width};
+  args.batch = static_cast<int>(a.batch);
+  args.heads = static_cast<int>(a.heads);
+  args.seq = static_cast<int>(a.q_len);
+  args.head_dim = static_cast<int>(a.head_dim);
+  args.softmax_scale = n.get_f("scale", 1.0f);
+  if (a.mask >= 0)
+    args.mask = {b.ptrs[a.mask], kernel_dtype(type), a.mask_strides[0], a.mask_strides[1],
+                 a.mask_strides[2]};
+  return gpu_step{"attention_fused", false,
+                  [args](cudaStream_t st) { k::launch_attention(args, st); }};
 }
 
 /// A product's cuBLASLt descriptors and algorithm, chosen once.
@@ -281,9 +310,16 @@ std::optional<gpu_step> build_attention(step_builder& b, const onnx::node& n,
 std::optional<gpu_step> attention_step(step_builder& b, const onnx::node& n) {
   auto geo = geometry_of(b, n);
   if (!geo) return std::nullopt;
+  const bool half = b.g.values[step_builder::out(n, 0)].dtype != datatype::fp32;
+  auto kernel = choose_attention_kernel(
+    {half, geo->batch, geo->heads, geo->q_len, geo->k_len, geo->head_dim});
+  if (kernel == attention_kernel::fused) {
+    if (b.dry()) return b.planned("attention_fused");
+    if (auto fused = build_fused_attention(b, n, *geo)) return fused;
+  }
+  if (geo->chunks.empty()) return std::nullopt; // one pair's scores exceed the workspace
   if (b.dry()) return b.planned("attention");
-  if (b.g.values[step_builder::out(n, 0)].dtype == datatype::fp32)
-    return build_attention<float>(b, n, *geo);
+  if (!half) return build_attention<float>(b, n, *geo);
   return build_attention<uint16_t>(b, n, *geo);
 }
 
