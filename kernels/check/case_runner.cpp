@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <sstream>
 #include <utility>
@@ -360,6 +361,24 @@ private:
   std::vector<float> want_;
 };
 
+/// [batch, heads, seq, dim] bytes rearranged to [batch, seq, heads, dim] (`to_bshd`)
+/// or back: the executor's [B, S, H*D] layout, with the heads interleaved.
+std::vector<std::uint8_t> swap_heads_and_seq(const std::vector<std::uint8_t>& in,
+                                             const ref::attention_shape& s, std::size_t element,
+                                             bool to_bshd) {
+  std::vector<std::uint8_t> out(in.size());
+  std::size_t row = s.head_dim * element;
+  for (std::size_t b = 0; b < s.batch; ++b)
+    for (std::size_t h = 0; h < s.heads; ++h)
+      for (std::size_t i = 0; i < s.seq; ++i) {
+        std::size_t bhsd = ((b * s.heads + h) * s.seq + i) * row;
+        std::size_t bshd = ((b * s.seq + i) * s.heads + h) * row;
+        std::memcpy(out.data() + (to_bshd ? bshd : bhsd), in.data() + (to_bshd ? bhsd : bshd),
+                    row);
+      }
+  return out;
+}
+
 class attention_run : public case_run {
 public:
   attention_run(const kernel_case& c, const case_size& s, case_run_config cfg)
@@ -371,22 +390,25 @@ public:
     auto q = random_tensor(c.type, n, -2.0f, 2.0f, rng);
     auto k = random_tensor(c.type, n, -2.0f, 2.0f, rng);
     auto v = random_tensor(c.type, n, -1.0f, 1.0f, rng);
-    q_ = to_device(q);
-    k_ = to_device(k);
-    v_ = to_device(v);
+    q_ = to_device(laid_out(q));
+    k_ = to_device(laid_out(k));
+    v_ = to_device(laid_out(v));
     o_ = device_buffer(q.bytes.size());
+    ref::attention_masks masks;
     if (c.padded) { // lengths 0..seq, the first always full
       std::uniform_int_distribution<int> len(0, static_cast<int>(s.seq));
       for (std::size_t b = 0; b < s.batch; ++b)
-        lengths_.push_back(b == 0 ? static_cast<int>(s.seq) : len(rng));
+        masks.key_lengths.push_back(b == 0 ? static_cast<int>(s.seq) : len(rng));
       if (s.batch > 1)
-        lengths_[1] = 0; // a sequence with no keys at all
-      lengths_dev_ = device_buffer(lengths_.size() * sizeof(int));
-      lengths_dev_.upload(lengths_.data());
+        masks.key_lengths[1] = 0; // a sequence with no keys at all
+      lengths_dev_ = device_buffer(masks.key_lengths.size() * sizeof(int));
+      lengths_dev_.upload(masks.key_lengths.data());
     }
+    if (c.attention_mask != attention_mask_shape::none)
+      make_mask(s, masks, rng);
     scale_ = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
     if (cfg.with_reference)
-      want_ = ref::attention(q.values, k.values, v.values, shape_, lengths_, scale_);
+      want_ = ref::attention(q.values, k.values, v.values, shape_, masks, scale_);
   }
   void poison(cudaStream_t stream) override {
     o_.poison(stream);
@@ -401,17 +423,29 @@ public:
     a.o = o_.get();
     auto d = static_cast<std::int64_t>(shape_.head_dim);
     auto seq = static_cast<std::int64_t>(shape_.seq);
-    a.strides = {static_cast<std::int64_t>(shape_.heads) * seq * d, seq * d, d};
+    auto h = static_cast<std::int64_t>(shape_.heads);
+    if (c_.heads_interleaved) // [B, S, H*D]
+      a.strides = {seq * h * d, d, h * d};
+    else // [B, H, S, D]
+      a.strides = {h * seq * d, seq * d, d};
     a.batch = static_cast<int>(shape_.batch);
     a.heads = static_cast<int>(shape_.heads);
     a.seq = static_cast<int>(shape_.seq);
     a.head_dim = c_.head_dim;
     a.key_lengths = static_cast<const int*>(lengths_dev_.get());
+    a.mask = mask_;
+    a.mask.data = mask_dev_.get();
     a.softmax_scale = scale_;
     launch_attention(a, stream);
   }
   check_result verify() override {
-    return compare(download_floats(o_, c_.type), want_, c_.tol, "output");
+    auto raw = o_.download();
+    if (c_.heads_interleaved)
+      raw = swap_heads_and_seq(raw, shape_, dtype_size(c_.type), false);
+    std::vector<float> got(raw.size() / dtype_size(c_.type));
+    for (std::size_t i = 0; i < got.size(); ++i)
+      got[i] = load(c_.type, raw.data() + i * dtype_size(c_.type));
+    return compare(got, want_, c_.tol, "output");
   }
   work_size work() const override {
     double bhs = static_cast<double>(shape_.batch * shape_.heads * shape_.seq);
@@ -420,11 +454,79 @@ public:
   }
 
 private:
+  /// A [batch, heads, seq, dim] tensor in the case's layout.
+  host_tensor laid_out(host_tensor t) const {
+    if (c_.heads_interleaved)
+      t.bytes = swap_heads_and_seq(t.bytes, shape_, dtype_size(t.type), true);
+    return t;
+  }
+
+  /// The case's additive mask (attention_mask_shape), rounded to its type, into
+  /// `masks` for the reference and onto the device with its strides.
+  void make_mask(const case_size& s, ref::attention_masks& masks, std::mt19937_64& rng) {
+    std::uniform_real_distribution<float> dist(-2.0f, 2.0f);
+    // What a masked key holds: -inf, or torch's finfo(float32).min in an f32
+    // GPT-2-style mask (the kernel must still give those rows a uniform softmax).
+    const bool lowest = c_.attention_mask == attention_mask_shape::padding_causal
+                        && c_.attention_mask_type == dtype::f32;
+    const float masked = lowest ? std::numeric_limits<float>::lowest() : -INFINITY;
+    std::size_t seq = s.seq;
+    std::vector<float> m;
+    switch (c_.attention_mask) {
+      case attention_mask_shape::padding: // [B, 1, 1, S]
+        masks.batch = seq;
+        for (std::size_t b = 0; b < s.batch; ++b)
+          for (std::size_t j = 0; j < seq; ++j)
+            m.push_back(b == 1 || (j > 0 && j % 7 == 0) ? masked : dist(rng));
+        break;
+      case attention_mask_shape::causal: // [S, S]
+        masks.query = seq;
+        for (std::size_t i = 0; i < seq; ++i)
+          for (std::size_t j = 0; j < seq; ++j)
+            m.push_back(j > i ? masked : dist(rng));
+        break;
+      case attention_mask_shape::padding_causal: { // [B, 1, S, S], left padding
+        masks.batch = seq * seq;
+        masks.query = seq;
+        std::uniform_int_distribution<std::size_t> pad(0, seq / 2);
+        for (std::size_t b = 0; b < s.batch; ++b) {
+          std::size_t p = b == 0 ? 0 : b == 1 ? std::min<std::size_t>(5, seq) : pad(rng);
+          for (std::size_t i = 0; i < seq; ++i)
+            for (std::size_t j = 0; j < seq; ++j)
+              m.push_back(j > i || j < p ? masked : dist(rng));
+        }
+        break;
+      }
+      case attention_mask_shape::per_head: // [B, H, S, S]
+        masks.query = seq;
+        masks.head = seq * seq;
+        masks.batch = s.heads * seq * seq;
+        for (std::size_t i = 0; i < s.batch * s.heads * seq * seq; ++i)
+          m.push_back(i % 5 == 0 ? masked : dist(rng));
+        break;
+      case attention_mask_shape::none:
+        return;
+    }
+    dtype type = c_.attention_mask_type;
+    std::vector<std::uint8_t> bytes(m.size() * dtype_size(type));
+    for (std::size_t i = 0; i < m.size(); ++i) {
+      store(type, m[i], bytes.data() + i * dtype_size(type));
+      m[i] = load(type, bytes.data() + i * dtype_size(type));
+    }
+    masks.additive = m;
+    mask_dev_ = device_buffer(bytes.size());
+    mask_dev_.upload(bytes.data());
+    mask_.type = type;
+    mask_.batch = static_cast<std::int64_t>(masks.batch);
+    mask_.head = static_cast<std::int64_t>(masks.head);
+    mask_.query = static_cast<std::int64_t>(masks.query);
+  }
+
   const kernel_case& c_;
   ref::attention_shape shape_;
-  std::vector<int> lengths_;
+  attention_mask mask_;
   float scale_ = 0;
-  device_buffer q_, k_, v_, o_, lengths_dev_;
+  device_buffer q_, k_, v_, o_, lengths_dev_, mask_dev_;
   std::vector<float> want_;
 };
 

@@ -248,6 +248,25 @@ kernel_case attention_case(std::string name, dtype type, int head_dim, bool padd
   return c;
 }
 
+/// A fused attention case with an additive mask, laid out as the executor's
+/// FusedAttention step launches it ([B, S, H*D], heads interleaved).
+kernel_case masked_attention_case(std::string name, dtype type, int head_dim,
+                                  attention_mask_shape mask, dtype mask_type) {
+  kernel_case c = attention_case(std::move(name), type, head_dim, false);
+  c.attention_mask = mask;
+  c.attention_mask_type = mask_type;
+  c.heads_interleaved = true;
+  // The mask is added in fp32 to the fp32 score and the reference gets the same
+  // (already rounded) mask values, so the unmasked case's tolerance holds; fully
+  // masked rows are exact zeros in both.
+  c.why += "; the mask adds no error (added in fp32, the reference has the same values)";
+  // Batch rows 0 and 1 (row 1 the fully masked one) of ragged and tiled lengths,
+  // three heads so that the interleaved head stride is not the row width.
+  c.sweep = {heads(2, 3, 1), heads(2, 3, 17), heads(3, 2, 64), heads(2, 3, 100),
+             heads(2, 2, 128), heads(2, 1, 257)};
+  return c;
+}
+
 kernel_case convert_case(std::string name, dtype from, dtype to) {
   kernel_case c;
   c.name = std::move(name);
@@ -368,6 +387,33 @@ std::vector<kernel_case> build_table() {
   t.push_back(attention_case("attention d128 bf16", dtype::bf16, 128, false));
   t.push_back(attention_case("attention d64 padded f16", dtype::f16, 64, true));
   t.push_back(attention_case("attention d128 padded bf16", dtype::bf16, 128, true));
+  // Fused attention with the graphs' additive masks (issue 20): BERT/DistilBERT/MiniLM
+  // padding (MiniLM's head dimension is 32), GPT-2's causal-and-padding [B,1,S,S],
+  // a constant causal [S,S], a per-head mask; the mask stored as Q, K, V (half
+  // storage) or in f32.
+  using ams = attention_mask_shape;
+  t.push_back(masked_attention_case("attention d64 padding mask f16", dtype::f16, 64,
+                                    ams::padding, dtype::f16));
+  t.back().bench = {heads(32, 12, 128)}; // BERT-base, batch 32
+  t.push_back(masked_attention_case("attention d64 padding mask bf16", dtype::bf16, 64,
+                                    ams::padding, dtype::bf16));
+  t.push_back(masked_attention_case("attention d32 padding mask f16", dtype::f16, 32,
+                                    ams::padding, dtype::f16));
+  t.push_back(masked_attention_case("attention d32 padding mask bf16", dtype::bf16, 32,
+                                    ams::padding, dtype::bf16));
+  t.push_back(masked_attention_case("attention d64 causal+padding mask f16", dtype::f16, 64,
+                                    ams::padding_causal, dtype::f16));
+  t.back().bench = {heads(32, 12, 128)}; // GPT-2 small, batch 32
+  t.push_back(masked_attention_case("attention d64 causal+padding mask bf16", dtype::bf16, 64,
+                                    ams::padding_causal, dtype::bf16));
+  t.push_back(masked_attention_case("attention d128 causal+padding f32 mask bf16", dtype::bf16,
+                                    128, ams::padding_causal, dtype::f32));
+  t.push_back(masked_attention_case("attention d64 causal mask f32 mask f16", dtype::f16, 64,
+                                    ams::causal, dtype::f32));
+  t.push_back(masked_attention_case("attention d128 per-head mask f16", dtype::f16, 128,
+                                    ams::per_head, dtype::f16));
+  t.push_back(masked_attention_case("attention d32 per-head mask bf16", dtype::bf16, 32,
+                                    ams::per_head, dtype::bf16));
   // Serving edges.
   for (op o : {op::gather, op::scatter}) {
     kernel_case c;

@@ -49,6 +49,18 @@ enum class softmax_mask_shape {
   full,    ///< [batch, heads, seq, keys]
 };
 
+/// The additive mask of an attention case, read by the kernel in place through
+/// strides (attention_mask in cuda/attention.hpp): values in [-2, 2] and -inf.
+enum class attention_mask_shape {
+  none,
+  padding,        ///< [batch, 1, 1, seq], holes as well; batch row 1 masks every key
+  causal,         ///< [seq, seq]: -inf above the diagonal
+  /// [batch, 1, seq, seq], as GPT-2's graph writes it: causal and left padding,
+  /// batch row 1 padded by 5 keys, so its first 5 query rows see no key
+  padding_causal,
+  per_head,       ///< [batch, heads, seq, seq]
+};
+
 /// Sizes of one run. Each op reads the fields it needs:
 /// epilogue rows/cols/inner (cols = channels; inner = spatial size per channel, 1 for
 /// a GEMM's [rows, cols] output); add_layer_norm, softmax rows/cols (with a broadcast
@@ -97,6 +109,13 @@ struct kernel_case {
   softmax_mask_shape mask_shape = softmax_mask_shape::rows; ///< softmax only
   int head_dim = 64;                 ///< attention only
   bool padded = false;               ///< attention: random per-sequence key lengths
+  attention_mask_shape attention_mask = attention_mask_shape::none; ///< attention only
+  /// attention: the mask's element type, f32 or the case's type; f32 with
+  /// padding_causal writes torch's finfo(float32).min instead of -inf
+  dtype attention_mask_type = dtype::f32;
+  /// attention: Q, K, V and O laid out [batch, seq, heads, dim] (the executor's
+  /// [B, S, H*D]) instead of [batch, heads, seq, dim]
+  bool heads_interleaved = false;
   elementwise_spec elementwise;      ///< binary, unary, where only
   data_case data;                    ///< permute, strided_copy, gather_axis, reduce
   tolerance tol;

@@ -105,6 +105,37 @@ TEST_CASE("the table covers every op, datatype of the issue, and the benchmark t
   CHECK(padded);
 }
 
+TEST_CASE("the fused attention cases cover the graphs' masks, head dimensions and layout") {
+  // What the executor's FusedAttention step launches at half storage (issue 20):
+  // each mask shape at f16 and bf16, MiniLM's head dimension 32, an f32 mask, the
+  // [B, S, H*D] layout, and a fully masked row (batch row 1) in every masked case.
+  std::set<std::pair<attention_mask_shape, dtype>> masks;
+  std::set<int> head_dims;
+  bool f32_mask = false;
+  for (const auto& c : kernel_cases()) {
+    if (c.operation != op::attention || c.attention_mask == attention_mask_shape::none)
+      continue;
+    INFO(c.name);
+    masks.insert({c.attention_mask, c.type});
+    head_dims.insert(c.head_dim);
+    f32_mask = f32_mask || c.attention_mask_type == dtype::f32;
+    CHECK((c.attention_mask_type == dtype::f32 || c.attention_mask_type == c.type));
+    CHECK(c.heads_interleaved);
+    bool fully_masked_row = false;
+    for (const auto& s : c.sweep)
+      fully_masked_row = fully_masked_row || s.batch >= 2;
+    CHECK(fully_masked_row);
+  }
+  for (dtype t : {dtype::f16, dtype::bf16})
+    for (auto m : {attention_mask_shape::padding, attention_mask_shape::padding_causal}) {
+      CAPTURE(static_cast<int>(m));
+      CHECK(masks.count({m, t}) == 1);
+    }
+  CHECK(masks.count({attention_mask_shape::causal, dtype::f16}) == 1);
+  CHECK(head_dims == std::set<int>{32, 64, 128});
+  CHECK(f32_mask);
+}
+
 TEST_CASE("the element-wise cases cover every operator, type, cast pair and broadcast") {
   std::set<std::pair<binary_op, dtype>> binary;
   std::set<binary_op> binary_ops;

@@ -141,19 +141,29 @@ std::vector<float> scale(const std::vector<float>& x, float s) {
 
 std::vector<float> attention(const std::vector<float>& q, const std::vector<float>& k,
                              const std::vector<float>& v, attention_shape s,
-                             const std::vector<int>& key_lengths, float softmax_scale) {
+                             const attention_masks& masks, float softmax_scale) {
   std::size_t head_elems = s.seq * s.head_dim;
   assert(q.size() == s.batch * s.heads * head_elems);
+  assert(masks.key_lengths.empty() || masks.key_lengths.size() == s.batch);
   std::vector<float> out(q.size());
   for (std::size_t b = 0; b < s.batch; ++b) {
-    softmax_mask mask;
-    if (!key_lengths.empty()) {
-      mask.kind = mask_kind::boolean;
-      mask.keep.resize(s.seq);
-      for (std::size_t j = 0; j < s.seq; ++j)
-        mask.keep[j] = static_cast<int>(j) < key_lengths[b] ? 1 : 0;
-    }
     for (std::size_t h = 0; h < s.heads; ++h) {
+      // This pair's mask as a [seq, seq] additive one: the additive mask's rows,
+      // and -inf past the key length.
+      softmax_mask mask;
+      if (!masks.key_lengths.empty() || !masks.additive.empty()) {
+        mask.kind = mask_kind::additive;
+        mask.mask_rows = s.seq;
+        mask.additive.assign(s.seq * s.seq, 0.0f);
+        for (std::size_t i = 0; i < s.seq; ++i)
+          for (std::size_t j = 0; j < s.seq; ++j) {
+            float& m = mask.additive[i * s.seq + j];
+            if (!masks.additive.empty())
+              m = masks.additive[b * masks.batch + h * masks.head + i * masks.query + j];
+            if (!masks.key_lengths.empty() && static_cast<int>(j) >= masks.key_lengths[b])
+              m = -std::numeric_limits<float>::infinity();
+          }
+      }
       std::size_t offset = (b * s.heads + h) * head_elems;
       auto slice = [&](const std::vector<float>& t) {
         return std::vector<float>(t.begin() + offset, t.begin() + offset + head_elems);

@@ -81,12 +81,24 @@ struct attention_shape {
   std::size_t head_dim = 64;
 };
 
-/// softmax(scale * Q Kᵀ + padding mask) V, composed from `matmul`, `scale`,
-/// `softmax` and `matmul` per (batch, head). Keys at positions >= `key_lengths[b]`
-/// are masked; an empty `key_lengths` masks nothing.
+/// The masks of `attention`, each optional (empty: none). Keys at positions >=
+/// `key_lengths[b]` are masked. `additive` is added to the scaled scores
+/// [batch, heads, seq, seq]: element (b, h, q, k) is additive[b * batch + h * head
+/// + q * query + k], a stride of 0 broadcasting (padding [B,1,1,S] has query = 0).
+struct attention_masks {
+  std::vector<int> key_lengths;
+  std::vector<float> additive;
+  std::size_t batch = 0;
+  std::size_t head = 0;
+  std::size_t query = 0;
+};
+
+/// softmax(scale * Q Kᵀ + mask) V, composed from `matmul`, `scale`, `softmax` and
+/// `matmul` per (batch, head). A query row with every key masked gives zeros
+/// (`softmax`'s rule).
 std::vector<float> attention(const std::vector<float>& q, const std::vector<float>& k,
                              const std::vector<float>& v, attention_shape shape,
-                             const std::vector<int>& key_lengths, float softmax_scale);
+                             const attention_masks& masks, float softmax_scale);
 
 /// Copies each request's bytes to consecutive places in one batch buffer.
 std::vector<std::uint8_t> gather(const std::vector<std::vector<std::uint8_t>>& requests);

@@ -190,7 +190,7 @@ TEST_CASE("attention over one key returns that key's value; padding hides keys")
   std::vector<float> q{1, 0, 0, 1, 1, 1};
   std::vector<float> k{9, 9, -3, 4, 7, 7};
   std::vector<float> v{1, 2, 3, 4, 5, 6};
-  auto out = ref::attention(q, k, v, s, {1}, 0.5f);
+  auto out = ref::attention(q, k, v, s, {{1}}, 0.5f);
   for (int i = 0; i < 3; ++i) {
     CHECK(out[2 * i] == doctest::Approx(1));
     CHECK(out[2 * i + 1] == doctest::Approx(2));
@@ -201,8 +201,72 @@ TEST_CASE("attention over one key returns that key's value; padding hides keys")
   CHECK(avg[0] == doctest::Approx(3));
   CHECK(avg[1] == doctest::Approx(4));
   // A sequence of length zero gives zeros.
-  auto none = ref::attention(q, k, v, s, {0}, 1.0f);
+  auto none = ref::attention(q, k, v, s, {{0}}, 1.0f);
   CHECK(none == std::vector<float>(6, 0.0f));
+}
+
+TEST_CASE("attention adds a strided mask: padding, causal, both, and fully masked rows") {
+  // Q = K = 0: every score is 0, so each output row is the mask's softmax
+  // weighting of V, whose rows are the key positions (v[j] = {j, 10 j}).
+  const float inf = std::numeric_limits<float>::infinity();
+  ref::attention_shape s{2, 2, 3, 2}; // [B, H, S, D]
+  std::vector<float> zeros(2 * 2 * 3 * 2, 0.0f), v;
+  for (int bh = 0; bh < 4; ++bh)
+    for (int j = 0; j < 3; ++j)
+      v.insert(v.end(), {float(j), 10.0f * j});
+  auto at = [&](const std::vector<float>& o, int b, int h, int i) {
+    return o[static_cast<std::size_t>(((b * 2 + h) * 3 + i) * 2)];
+  };
+  // Padding [B, 1, 1, S]: batch 0 hides key 2; batch 1 weighs key 0 twice.
+  ref::attention_masks padding;
+  padding.additive = {0, 0, -inf, std::log(2.0f), 0, 0};
+  padding.batch = 3;
+  auto p = ref::attention(zeros, zeros, v, s, padding, 1.0f);
+  for (int h = 0; h < 2; ++h)
+    for (int i = 0; i < 3; ++i) {
+      CAPTURE(h);
+      CAPTURE(i);
+      CHECK(at(p, 0, h, i) == doctest::Approx(0.5));        // (0 + 1) / 2
+      CHECK(at(p, 1, h, i) == doctest::Approx(3.0 / 4.0));  // (2·0 + 1 + 2) / 4
+    }
+  // Causal [S, S]: query i sees keys 0..i.
+  ref::attention_masks causal;
+  causal.additive = {0, -inf, -inf, 0, 0, -inf, 0, 0, 0};
+  causal.query = 3;
+  auto c = ref::attention(zeros, zeros, v, s, causal, 1.0f);
+  for (int b = 0; b < 2; ++b)
+    for (int h = 0; h < 2; ++h)
+      for (int i = 0; i < 3; ++i)
+        CHECK(at(c, b, h, i) == doctest::Approx(i / 2.0)); // mean of 0..i
+  // Both at once, [B, 1, S, S] as GPT-2's graph writes it: batch 1 left-padded
+  // by one key, so its query 0 sees no key at all and gives zeros; with
+  // finfo(float32).min instead of -inf that row is uniform (finite logits).
+  const float lowest = std::numeric_limits<float>::lowest();
+  for (float masked : {-inf, lowest}) {
+    CAPTURE(masked);
+    ref::attention_masks both;
+    both.additive = {0,      masked, masked, 0,      0,      masked, 0,      0, 0,
+                     masked, masked, masked, masked, 0,      masked, masked, 0, 0};
+    both.batch = 9;
+    both.query = 3;
+    auto o = ref::attention(zeros, zeros, v, s, both, 1.0f);
+    for (int h = 0; h < 2; ++h) {
+      CHECK(at(o, 0, h, 2) == doctest::Approx(1.0));
+      CHECK(at(o, 1, h, 0) == doctest::Approx(masked == -inf ? 0.0 : 1.0));
+      CHECK(at(o, 1, h, 1) == doctest::Approx(1.0));
+      CHECK(at(o, 1, h, 2) == doctest::Approx(1.5));
+    }
+  }
+  // A per-head mask [1, H, 1, S], and key lengths on top of a mask.
+  ref::attention_masks per_head;
+  per_head.additive = {-inf, 0, 0, 0, -inf, -inf};
+  per_head.head = 3;
+  per_head.key_lengths = {3, 2};
+  auto ph = ref::attention(zeros, zeros, v, s, per_head, 1.0f);
+  CHECK(at(ph, 0, 0, 0) == doctest::Approx(1.5)); // keys 1, 2
+  CHECK(at(ph, 0, 1, 0) == doctest::Approx(0.0)); // key 0
+  CHECK(at(ph, 1, 0, 0) == doctest::Approx(1.0)); // key 1 (key 2 past the length)
+  CHECK(at(ph, 1, 1, 0) == doctest::Approx(0.0)); // key 0
 }
 
 TEST_CASE("gather and scatter are inverses") {

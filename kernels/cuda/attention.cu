@@ -4,6 +4,7 @@
 #include "cuda/device_math.cuh"
 
 #include <atomic>
+#include <cfloat>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -85,6 +86,18 @@ __device__ __forceinline__ float exp2_approx(float x) {
   return y;
 }
 
+// Mask element `offset` in log2 units (the scores' units here). -inf stays -inf
+// (a masked key) and NaN stays NaN; a finite value that overflows once scaled by
+// log2(e) (torch's finfo(float32).min, or bf16's) becomes -FLT_MAX, so that a row
+// masked with it throughout stays finite and uniform, as in the reference.
+template <class T>
+__device__ __forceinline__ float mask_log2(const attention_mask& m, std::int64_t offset) {
+  float v = m.type == dtype::f32 ? static_cast<const float*>(m.data)[offset]
+                                 : detail::to_f32(static_cast<const T*>(m.data)[offset]);
+  float x = v * 1.4426950408889634f;
+  return x == -INFINITY && v != -INFINITY ? -FLT_MAX : x;
+}
+
 // Copies `rows` rows of D elements starting at sequence position `row0` into a
 // shared tile; rows at or past `seq` are zero-filled.
 template <class T, int D>
@@ -109,7 +122,7 @@ __global__ void __launch_bounds__(warps * 32)
   attention_kernel(attention_args a) {
   constexpr int ld = D + pad;
   constexpr int block_rows = warps * 16 * MT;
-  constexpr bool q_in_registers = MT == 1 || D == 64;
+  constexpr bool q_in_registers = MT == 1 || D <= 64;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* q_tile = reinterpret_cast<T*>(smem_raw);
   T* k_tile = q_tile + block_rows * ld;     // two stages
@@ -161,6 +174,17 @@ __global__ void __launch_bounds__(warps * 32)
       row_sum[m][r] = 0.0f;
     }
   const float scale_log2 = a.softmax_scale * 1.4426950408889634f;
+  // Where this thread's mask rows start (rows group and group + 8 of each m-tile);
+  // a row past the sequence reads the last one, and is never stored.
+  const bool masked = a.mask.data != nullptr;
+  std::int64_t mask_row[MT][2];
+#pragma unroll
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      int row = min(q0 + (warp * MT + m) * 16 + group + r * 8, a.seq - 1);
+      mask_row[m][r] = b * a.mask.batch + h * a.mask.head + row * a.mask.query;
+    }
 
   for (int t = 0; t < tiles; ++t) {
     int stage = t & 1;
@@ -201,14 +225,20 @@ __global__ void __launch_bounds__(warps * 32)
     std::uint32_t p_frag[MT][block_keys / 16][4];
 #pragma unroll
     for (int m = 0; m < MT; ++m) {
-      // Scale, mask padded keys, and update the running max per row.
+      // Scale, add the mask, mask keys past the length, and update the running
+      // max per row.
       float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
       for (int n = 0; n < block_keys / 8; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           int key = t * block_keys + n * 8 + quad * 2 + (e & 1);
-          float x = key < keys ? s[m][n][e] * scale_log2 : -INFINITY;
+          float x = -INFINITY;
+          if (key < keys) {
+            x = s[m][n][e] * scale_log2;
+            if (masked)
+              x += mask_log2<T>(a.mask, mask_row[m][e / 2] + key);
+          }
           s[m][n][e] = x;
           tile_max[e / 2] = fmaxf(tile_max[e / 2], x);
         }
@@ -311,7 +341,9 @@ void launch_typed(const attention_args& a, cudaStream_t stream) {
 
 template <class T>
 void launch_for_type(const attention_args& a, int rows_per_warp, cudaStream_t stream) {
-  if (a.head_dim == 64)
+  if (a.head_dim == 32)
+    rows_per_warp == 16 ? launch_typed<T, 32, 1>(a, stream) : launch_typed<T, 32, 2>(a, stream);
+  else if (a.head_dim == 64)
     rows_per_warp == 16 ? launch_typed<T, 64, 1>(a, stream) : launch_typed<T, 64, 2>(a, stream);
   else
     rows_per_warp == 16 ? launch_typed<T, 128, 1>(a, stream) : launch_typed<T, 128, 2>(a, stream);
@@ -324,9 +356,27 @@ void launch_attention(const attention_args& a, cudaStream_t stream) {
     throw std::invalid_argument(std::string("attention: ") + dtype_name(a.type)
                                 + " is not supported; convert Q, K and V to f16 or bf16 "
                                   "(launch_convert) first");
-  if (a.head_dim != 64 && a.head_dim != 128)
+  if (a.head_dim != 32 && a.head_dim != 64 && a.head_dim != 128)
     throw std::invalid_argument("attention: head dimension " + std::to_string(a.head_dim)
-                                + " is not supported; it must be 64 or 128");
+                                + " is not supported; it must be 32, 64 or 128");
+  // cp.async moves 16 bytes: every row of Q, K, V and O must start 16-byte aligned.
+  auto misaligned = [](std::uint64_t x) { return x % 16 != 0; };
+  auto bytes = [](std::int64_t elements) { return static_cast<std::uint64_t>(elements) * 2; };
+  if (misaligned(reinterpret_cast<std::uintptr_t>(a.q))
+      || misaligned(reinterpret_cast<std::uintptr_t>(a.k))
+      || misaligned(reinterpret_cast<std::uintptr_t>(a.v))
+      || misaligned(reinterpret_cast<std::uintptr_t>(a.o)) || misaligned(bytes(a.strides.batch))
+      || misaligned(bytes(a.strides.head)) || misaligned(bytes(a.strides.seq)))
+    throw std::invalid_argument("attention: Q, K, V and O and their batch, head and sequence "
+                                "strides must be 16-byte aligned (multiples of 8 elements)");
+  if (a.mask.data) {
+    if (a.mask.type != dtype::f32 && a.mask.type != a.type)
+      throw std::invalid_argument(std::string("attention: a ") + dtype_name(a.mask.type)
+                                  + " mask is not supported with " + dtype_name(a.type)
+                                  + " Q, K and V; give it in f32 or " + dtype_name(a.type));
+    if (reinterpret_cast<std::uintptr_t>(a.mask.data) % dtype_size(a.mask.type) != 0)
+      throw std::invalid_argument("attention: the mask is not aligned to its element size");
+  }
   if (a.batch > 65535 || a.heads > 65535)
     throw std::invalid_argument("attention: batch and heads must each be at most 65535");
   if (a.seq <= 0 || a.batch <= 0 || a.heads <= 0)

@@ -1,8 +1,18 @@
 #include "cuda/attention_plan.hpp"
 
 #include <algorithm>
+#include <limits>
 
 namespace caf_serving::cuda {
+
+attention_kernel choose_attention_kernel(const attention_kernel_query& q) {
+  constexpr int64_t grid_limit = 65535; // the kernel's grid: y = heads, z = batch rows
+  bool fused = q.half_storage && q.q_len == q.k_len
+               && (q.head_dim == 32 || q.head_dim == 64 || q.head_dim == 128)
+               && q.batch <= grid_limit && q.heads <= grid_limit
+               && q.q_len <= std::numeric_limits<int>::max();
+  return fused ? attention_kernel::fused : attention_kernel::gemm_softmax_gemm;
+}
 
 std::optional<std::array<int64_t, 4>> attention_mask_strides(const std::vector<int64_t>& mask,
                                                              const std::array<int64_t, 4>& scores) {

@@ -1,6 +1,7 @@
 #pragma once
 /// The arithmetic of the CUDA backend's FusedAttention step (steps_attention.cpp),
-/// apart from the device so that it is tested without one: how the mask's shape
+/// apart from the device so that it is tested without one: which kernel runs a
+/// node (the fused one or GEMM-softmax-GEMM), how the mask's shape
 /// reads as strides over the scores [B, H, Sq, Sk], how the (batch row, head)
 /// pairs are cut into chunks whose scores fit the workspace, and the launches
 /// (strided-batched GEMMs as cuBLASLt runs them, and the masked softmax) over
@@ -12,6 +13,8 @@
 ///     auto strides = cuda::attention_mask_strides(mask_shape, {B, H, Sq, Sk});
 ///     if (!strides) ...;  // a mask FusedAttention's device step does not read
 ///     auto chunks = cuda::plan_attention_chunks(B, H, budget / (Sq * Sk * 4));
+///     if (cuda::choose_attention_kernel({half, B, H, Sq, Sk, D}) == attention_kernel::fused)
+///       ...;  // kernels/cuda/attention, the mask through *strides
 ///     auto launches = cuda::plan_attention_launches({dims, q, k, v, mask, *strides, out,
 ///                                                    scores, scale}, chunks);
 
@@ -21,6 +24,30 @@
 #include <vector>
 
 namespace caf_serving::cuda {
+
+/// Which implementation runs a FusedAttention node on the device.
+enum class attention_kernel {
+  /// kernels/cuda/attention: one FlashAttention-style kernel reading Q, K, V and
+  /// the mask in place; no scores in memory.
+  fused,
+  /// cuBLASLt, the masked softmax, cuBLASLt, with the scores in the workspace
+  /// (chunked by plan_attention_chunks).
+  gemm_softmax_gemm,
+};
+
+/// What the choice depends on: the storage type and the node's sizes. Q [B, Sq,
+/// H*D], K and V [B, Sk, H*D]; the mask, when there is one, is any that
+/// attention_mask_strides reads (the fused kernel takes the same strides).
+struct attention_kernel_query {
+  bool half_storage = false; ///< Q, K, V, the mask and the output are fp16 or bf16
+  int64_t batch = 1, heads = 1, q_len = 1, k_len = 1, head_dim = 1;
+};
+
+/// The fused kernel for self-attention (Sq = Sk) stored in fp16/bf16 with head
+/// dimension 32, 64 or 128 and batch and heads within its grid (65535 each);
+/// GEMM-softmax-GEMM otherwise, and always at fp32 (the kernel's MMAs take
+/// fp16/bf16 only).
+attention_kernel choose_attention_kernel(const attention_kernel_query& q);
 
 /// Element strides of a mask of shape `mask` (rank <= 4, right-aligned as ONNX
 /// broadcasts) over scores of shape `scores` [B, H, Sq, Sk]: 0 on every

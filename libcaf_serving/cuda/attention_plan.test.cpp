@@ -20,6 +20,26 @@ using namespace caf_serving::cuda;
 
 using strides = std::array<int64_t, 4>;
 
+TEST_CASE("half-storage self-attention with head dimension 32, 64 or 128 takes the fused kernel") {
+  auto choose = [](attention_kernel_query q) { return choose_attention_kernel(q); };
+  const auto fused = attention_kernel::fused, gemm = attention_kernel::gemm_softmax_gemm;
+  // BERT-base / GPT-2 (d 64), MiniLM (d 32), a d-128 model, ViT's 197 tokens.
+  for (int64_t d : {32, 64, 128}) {
+    CAPTURE(d);
+    CHECK(choose({true, 32, 12, 128, 128, d}) == fused);
+    CHECK(choose({true, 1, 12, 197, 197, d}) == fused);
+    CHECK(choose({false, 32, 12, 128, 128, d}) == gemm); // fp32: the kernel is 16-bit only
+  }
+  for (int64_t d : {16, 80, 96, 256}) {
+    CAPTURE(d);
+    CHECK(choose({true, 32, 12, 128, 128, d}) == gemm);
+  }
+  CHECK(choose({true, 2, 4, 16, 24, 64}) == gemm);     // keys of another length
+  CHECK(choose({true, 65536, 1, 8, 8, 64}) == gemm);   // past the grid's batch rows
+  CHECK(choose({true, 1, 65536, 8, 8, 64}) == gemm);   // past the grid's heads
+  CHECK(choose({true, 1, 1, 100000, 100000, 64}) == fused); // no scores to fit anywhere
+}
+
 TEST_CASE("an attention mask's shape reads as strides over [B, H, Sq, Sk], 0 where it broadcasts") {
   const std::array<int64_t, 4> scores{2, 12, 16, 16};
   CHECK(attention_mask_strides({2, 1, 1, 16}, scores) == strides{16, 0, 0, 1});   // padding

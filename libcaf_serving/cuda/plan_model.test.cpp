@@ -104,7 +104,10 @@ TEST_CASE("attention runs on the device: every fixture with FusedAttention, at e
 
 TEST_CASE("the target transformers run every attention layer on the device, at every bucket") {
   // tests/gpu/zoo at real size (weights zeros: the plan depends on shapes only).
-  // BERT-base, DistilBERT and MiniLM: padding masks; GPT-2: causal; ViT: none.
+  // BERT-base, DistilBERT and MiniLM: padding masks, expanded to [B, 1, S, S] by
+  // the export; GPT-2: causal and padding in one [B, 1, S, S] mask computed at run
+  // time; ViT: none. At fp16/bf16 storage every layer takes the fused kernel
+  // (MiniLM's head dimension is 32, the others' 64); at fp32 cuBLASLt-softmax-cuBLASLt.
   const fs::path root = fs::current_path() / "plan_model_zoo";
   for (auto [name, layers] : {std::pair{"bert_base", 12}, std::pair{"distilbert_base", 6},
                               std::pair{"minilm_l6", 6}, std::pair{"gpt2", 12},
@@ -114,13 +117,20 @@ TEST_CASE("the target transformers run every attention layer on the device, at e
     REQUIRE_MESSAGE(dir, (dir ? "" : dir.error().message));
     auto entry = repository::load_model_config(root, name, {true});
     REQUIRE(entry.config);
-    auto r = cuda::plan_model({*dir / "1/model.onnx", entry.config->config, {}});
-    REQUIRE_MESSAGE(r, (r ? "" : r.error().message));
-    REQUIRE(!r->buckets.empty());
-    for (const auto& b : r->buckets) {
-      CAPTURE(b.rows);
-      CHECK(count(b, "attention") == static_cast<size_t>(layers));
-      CHECK(count(b, "host:FusedAttention") == 0);
+    for (const char* precision : {"fp32", "fp16", "bf16"}) {
+      CAPTURE(precision);
+      auto cfg = entry.config->config;
+      cfg.parameters[cuda::precision_key] = precision;
+      auto r = cuda::plan_model({*dir / "1/model.onnx", cfg, {}});
+      REQUIRE_MESSAGE(r, (r ? "" : r.error().message));
+      REQUIRE(!r->buckets.empty());
+      const bool fp32 = std::string(precision) == "fp32";
+      for (const auto& b : r->buckets) {
+        CAPTURE(b.rows);
+        CHECK(count(b, "attention_fused") == (fp32 ? 0 : static_cast<size_t>(layers)));
+        CHECK(count(b, "attention") == (fp32 ? static_cast<size_t>(layers) : 0));
+        CHECK(count(b, "host:FusedAttention") == 0);
+      }
     }
   }
 }

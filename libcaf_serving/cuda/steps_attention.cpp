@@ -1,7 +1,21 @@
 /// FusedAttention(Q, K, V, M?) [num_heads, scale, nan_to_zero] as a device step
-/// (onnx/ops.hpp defines it): per (batch row, head) pair, scores = scale * Q_h K_h^T
-/// on cuBLASLt, softmax(scores + M) on the engine's softmax kernel, and P_h V_h on
-/// cuBLASLt, written straight into the output's [B, Sq, H*D] layout.
+/// (onnx/ops.hpp defines it), on one of two paths, chosen by
+/// choose_attention_kernel (attention_plan.hpp; the plan names the step):
+///
+/// - "attention_fused": at fp16/bf16 storage, self-attention (Sq = Sk) with head
+///   dimension 32, 64 or 128 runs kernels/cuda/attention, one FlashAttention-style
+///   launch over every (batch row, head): Q, K, V and the output read and written
+///   in place in [B, S, H*D] (head stride D, row stride H*D), the mask read in
+///   place through the strides below (any mask this step takes: [B,1,1,Sk]
+///   padding, [Sq,Sk] or [1,1,Sq,Sk] causal, the exports' [B,1,Sq,Sk] causal and/or
+///   padding, full [B,H,Sq,Sk]), scores and softmax in fp32 registers, P rounded to
+///   the half type before P·V as every fused attention does. No scores in the
+///   workspace, so no limit on Sq * Sk. The five target transformers (BERT-base,
+///   DistilBERT, MiniLM d32, GPT-2, ViT-B/16) take it at every layer.
+/// - "attention": otherwise (fp32, cross-attention, other head dimensions), per
+///   (batch row, head) pair, scores = scale * Q_h K_h^T on cuBLASLt,
+///   softmax(scores + M) on the engine's softmax kernel, and P_h V_h on cuBLASLt,
+///   written straight into the output's [B, Sq, H*D] layout:
 ///
 /// - The GEMMs are strided-batched cuBLASLt calls that read the heads in place
 ///   (a head is D columns of the [B, S, H*D] rows, leading dimension H*D): one
@@ -17,31 +31,32 @@
 ///   convolutions of the other steps use the whole workspace when they run. Pairs
 ///   whose scores exceed the scores part are processed chunk after chunk
 ///   (GEMM, softmax, GEMM per chunk).
-/// - The mask is read in place through strides, 0 on its broadcast dimensions
-///   ([B,1,1,Sk] padding, [Sq,Sk] or [1,1,Sq,Sk] causal, full [B,H,Sq,Sk]).
-/// - A row whose mask is -inf throughout gives zeros (the softmax kernel's rule),
-///   which is nan_to_zero's result; without nan_to_zero the reference kernel gives
-///   NaN there (and the CPU backend's softmax finite values): no model the passes
-///   write relies on that row. A row with a NaN score (NaN in Q or K) stays NaN
-///   here, where nan_to_zero's reference would give zeros.
+///
+/// On both paths:
+/// - The mask is read in place through strides, 0 on its broadcast dimensions.
+/// - A row whose mask is -inf throughout gives zeros (the softmax kernel's and the
+///   fused kernel's rule), which is nan_to_zero's result; without nan_to_zero the
+///   reference kernel gives NaN there (and the CPU backend's softmax finite
+///   values): no model the passes write relies on that row. A row with a NaN score
+///   (NaN in Q or K) stays NaN here, where nan_to_zero's reference would give zeros.
 ///
 /// Stays on the host (its reference kernel): tensors not all fp32 or all the
 /// storage type (mask included); Q, K, V not
 /// [B, S, H*D] with H*D divisible by num_heads, K and V of one shape and Q's
 /// batch and width; a mask that does not broadcast to [B, H, Sq, Sk] or is
-/// constant along the keys; one pair's scores larger than the scores part of the
-/// workspace (Sq * Sk > ~15.7M); and, on a device, no cuBLASLt algorithm for a
-/// product (not expected for fp32).
+/// constant along the keys; on the cuBLASLt path, one pair's scores larger than
+/// the scores part of the workspace (Sq * Sk > ~15.7M at fp32, ~31M at half);
+/// and, on a device, no cuBLASLt algorithm for a product (not expected for fp32).
 ///
-/// At precision fp16/bf16 (gpu_options.hpp) Q, K, V, the mask, the output and
-/// the scores are stored in that type: the GEMMs take half A/B/C with
-/// CUBLAS_COMPUTE_32F (fp32 accumulation), the softmax reads half scores and the
-/// half additive mask and computes in fp32, then stores P in the half type, as
-/// ONNX Runtime's unfused fp16 attention does. kernels/cuda/attention (fused,
-/// key-length masks only) is not used: the graphs' masks are additive tensors.
+/// At precision fp16/bf16 (gpu_options.hpp) Q, K, V, the mask, the output and,
+/// on the cuBLASLt path, the scores are stored in that type: the GEMMs take half
+/// A/B/C with CUBLAS_COMPUTE_32F (fp32 accumulation), the softmax reads half
+/// scores and the half additive mask and computes in fp32, then stores P in the
+/// half type, as ONNX Runtime's unfused fp16 attention does.
 
 #include "cuda/steps.hpp"
 
+#include "cuda/attention.hpp"
 #include "cuda/attention_plan.hpp"
 #include "cuda/cuda_check.hpp"
 #include "cuda/softmax.hpp"
@@ -92,13 +107,41 @@ std::optional<attention_geometry> geometry_of(const step_builder& b, const onnx:
     a.mask = in(3);
     a.mask_strides = *st;
   }
-  // The scores are stored in the tensors' type (fp32, or the half storage type).
+  // On the cuBLASLt path the scores are stored in the tensors' type (fp32, or
+  // the half storage type); empty when one pair's scores do not fit.
   int64_t pair_bytes =
     a.q_len * a.k_len * static_cast<int64_t>(element_size(b.g.values[in(0)].dtype));
   a.chunks = plan_attention_chunks(a.batch, a.heads,
                                    static_cast<int64_t>(attention_scores_bytes) / pair_bytes);
-  if (a.chunks.empty()) return std::nullopt;
   return a;
+}
+
+/// The step on kernels/cuda/attention: one launch, Q, K, V, the mask and the
+/// output read and written in place ([B, S, H*D]: a head is D columns of rows
+/// H*D long). Nothing when an operand is not 16-byte aligned, which cp.async
+/// needs (the arena aligns every value to 256 bytes, so not expected).
+std::optional<gpu_step> build_fused_attention(step_builder& b, const onnx::node& n,
+                                              const attention_geometry& a) {
+  const datatype type = b.g.values[step_builder::out(n, 0)].dtype;
+  k::attention_args args;
+  args.type = kernel_dtype(type);
+  args.q = b.ptrs[step_builder::in(n, 0)];
+  args.k = b.ptrs[step_builder::in(n, 1)];
+  args.v = b.ptrs[step_builder::in(n, 2)];
+  args.o = b.ptrs[step_builder::out(n, 0)];
+  for (const void* p : {args.q, args.k, args.v, static_cast<const void*>(args.o)})
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return std::nullopt;
+  args.strides = {a.q_len * a.width, a.head_dim, a.width};
+  args.batch = static_cast<int>(a.batch);
+  args.heads = static_cast<int>(a.heads);
+  args.seq = static_cast<int>(a.q_len);
+  args.head_dim = static_cast<int>(a.head_dim);
+  args.softmax_scale = n.get_f("scale", 1.0f);
+  if (a.mask >= 0)
+    args.mask = {b.ptrs[a.mask], kernel_dtype(type), a.mask_strides[0], a.mask_strides[1],
+                 a.mask_strides[2]};
+  return gpu_step{"attention_fused", false,
+                  [args](cudaStream_t st) { k::launch_attention(args, st); }};
 }
 
 /// A product's cuBLASLt descriptors and algorithm, chosen once.
@@ -281,9 +324,16 @@ std::optional<gpu_step> build_attention(step_builder& b, const onnx::node& n,
 std::optional<gpu_step> attention_step(step_builder& b, const onnx::node& n) {
   auto geo = geometry_of(b, n);
   if (!geo) return std::nullopt;
+  const bool half = b.g.values[step_builder::out(n, 0)].dtype != datatype::fp32;
+  auto kernel = choose_attention_kernel(
+    {half, geo->batch, geo->heads, geo->q_len, geo->k_len, geo->head_dim});
+  if (kernel == attention_kernel::fused) {
+    if (b.dry()) return b.planned("attention_fused");
+    if (auto fused = build_fused_attention(b, n, *geo)) return fused;
+  }
+  if (geo->chunks.empty()) return std::nullopt; // one pair's scores exceed the workspace
   if (b.dry()) return b.planned("attention");
-  if (b.g.values[step_builder::out(n, 0)].dtype == datatype::fp32)
-    return build_attention<float>(b, n, *geo);
+  if (!half) return build_attention<float>(b, n, *geo);
   return build_attention<uint16_t>(b, n, *geo);
 }
 
