@@ -24,8 +24,18 @@ struct message_storage {
   capnp::MallocMessageBuilder builder;
   /// What the first segment was sized to (Cap'n Proto zeroes all of it).
   unsigned first_segment_words;
-  /// Owners of external bytes this message references (see above).
-  std::vector<std::shared_ptr<const void>> keep_alive;
+  /// Owners of external bytes this message references (see above). The first
+  /// is held inline: a batch or a response references one other message, and
+  /// a vector allocated for it on every request.
+  std::shared_ptr<const void> kept_first;
+  std::vector<std::shared_ptr<const void>> kept_more;
+
+  void keep_alive(std::shared_ptr<const void> owner) {
+    if (!kept_first)
+      kept_first = std::move(owner);
+    else if (owner != kept_first)
+      kept_more.push_back(std::move(owner));
+  }
 };
 
 template <class Schema>
@@ -88,7 +98,7 @@ public:
                                        std::shared_ptr<const void> owner) {
     if (reinterpret_cast<uintptr_t>(data.begin()) % sizeof(void*) != 0)
       return orphanage().newOrphanCopy(data);
-    storage_->keep_alive.push_back(std::move(owner));
+    storage_->keep_alive(std::move(owner));
     return orphanage().referenceExternalData(data);
   }
 

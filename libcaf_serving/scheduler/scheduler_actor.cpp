@@ -99,7 +99,8 @@ result<batch_message> gather_batch(const model_config& model, uint64_t batch_id,
   for (unsigned i = 0; i < first_inputs.size(); ++i)
     plan[i].pad_dim = batched ? padded_dim_of(padding, first_inputs[i]) : 0;
   for (const auto& j : jobs) {
-    auto inputs = j.job.request.reader().getInputs();
+    const bool is_first = &j == &jobs.front();
+    auto inputs = is_first ? first_inputs : j.job.request.reader().getInputs();
     if (inputs.size() != first_inputs.size())
       return serving_error{status_code::internal,
                            "model '" + model.name + "': requests with "
@@ -109,8 +110,10 @@ result<batch_message> gather_batch(const model_config& model, uint64_t batch_id,
     for (unsigned i = 0; i < inputs.size(); ++i) {
       auto a = first_inputs[i];
       auto b = inputs[i];
-      if (a.getDatatype() != b.getDatatype()
-          || !same_item_shape(a.getShape(), b.getShape(), batched, plan[i].pad_dim))
+      // The first request agrees with itself: its shapes are not read twice.
+      if (!is_first
+          && (a.getDatatype() != b.getDatatype()
+              || !same_item_shape(a.getShape(), b.getShape(), batched, plan[i].pad_dim)))
         return serving_error{status_code::internal,
                              "model '" + model.name + "': requests of shapes "
                                + dims_text(a.getShape()) + " and " + dims_text(b.getShape())
@@ -120,7 +123,7 @@ result<batch_message> gather_batch(const model_config& model, uint64_t batch_id,
       p.bytes += b.getData().size();
       if (p.pad_dim != 0) {
         int64_t len = b.getShape()[p.pad_dim];
-        p.needs_pad = p.needs_pad || (len != p.longest && &j != &jobs.front());
+        p.needs_pad = p.needs_pad || (len != p.longest && !is_first);
         p.longest = std::max(p.longest, len);
       }
     }
