@@ -24,8 +24,18 @@ struct message_storage {
   capnp::MallocMessageBuilder builder;
   /// What the first segment was sized to (Cap'n Proto zeroes all of it).
   unsigned first_segment_words;
-  /// Owners of external bytes this message references (see above).
-  std::vector<std::shared_ptr<const void>> keep_alive;
+  /// Owners of external bytes this message references (see above). The first
+  /// is held inline: a batch or a response references one other message, and
+  /// a vector allocated for it on every request.
+  std::shared_ptr<const void> kept_first;
+  std::vector<std::shared_ptr<const void>> kept_more;
+
+  void keep_alive(std::shared_ptr<const void> owner) {
+    if (!kept_first)
+      kept_first = std::move(owner);
+    else if (owner != kept_first)
+      kept_more.push_back(std::move(owner));
+  }
 };
 
 template <class Schema>
@@ -39,7 +49,7 @@ public:
     message m;
     auto words = static_cast<unsigned>(size_hint_bytes / sizeof(capnp::word) + 64);
     m.storage_ = std::make_shared<message_storage>(words);
-    m.storage_->builder.template initRoot<Schema>();
+    m.root_ = m.storage_->builder.template initRoot<Schema>();
     return m;
   }
 
@@ -60,12 +70,12 @@ public:
   typename Schema::Reader reader() const {
     if (received_owner_)
       return received_root_;
-    return storage_->builder.template getRoot<Schema>().asReader();
+    return root_.asReader();
   }
 
   typename Schema::Builder builder() {
     KJ_REQUIRE(storage_ != nullptr, "a received message is read-only");
-    return storage_->builder.template getRoot<Schema>();
+    return root_;
   }
 
   capnp::Orphanage orphanage() { return storage_->builder.getOrphanage(); }
@@ -88,7 +98,7 @@ public:
                                        std::shared_ptr<const void> owner) {
     if (reinterpret_cast<uintptr_t>(data.begin()) % sizeof(void*) != 0)
       return orphanage().newOrphanCopy(data);
-    storage_->keep_alive.push_back(std::move(owner));
+    storage_->keep_alive(std::move(owner));
     return orphanage().referenceExternalData(data);
   }
 
@@ -102,6 +112,10 @@ public:
 
 private:
   std::shared_ptr<message_storage> storage_;
+  /// The root of a built message, from create(): the root never moves (nothing
+  /// sets it again), and getRoot() walked the arena to find it on every
+  /// reader() and builder(), about twenty times per request.
+  typename Schema::Builder root_ = nullptr;
   std::shared_ptr<const void> received_owner_;
   typename Schema::Reader received_root_;
 };

@@ -59,11 +59,15 @@ std::unique_ptr<prepared_batch> prepare_batch(const model_config& cfg,
   auto& view = p->view;
   view.rows = batch.getRows();
   size_t input_bytes = 0;
-  for (auto t : batch.getInputs()) {
+  auto inputs = batch.getInputs();
+  view.inputs.reserve(inputs.size());
+  for (auto t : inputs) {
     tensor_view tv;
     tv.name = std::string_view(t.getName().cStr(), t.getName().size());
     tv.dtype = static_cast<datatype>(t.getDatatype());
-    for (auto d : t.getShape())
+    auto shape = t.getShape();
+    tv.shape.reserve(shape.size());
+    for (auto d : shape)
       tv.shape.push_back(d);
     tv.data = t.getData().begin();
     tv.size = t.getData().size();

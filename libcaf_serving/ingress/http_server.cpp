@@ -93,6 +93,8 @@ std::vector<std::string> split_path(kj::StringPtr url) {
   if (auto q = path.find('?'); q != std::string_view::npos)
     path = path.substr(0, q);
   std::vector<std::string> parts;
+  // At most one part per '/' and one more: reserved, not grown 1, 2, 4.
+  parts.reserve(static_cast<size_t>(std::count(path.begin(), path.end(), '/')) + 1);
   size_t at = 0;
   while (at < path.size()) {
     auto next = path.find('/', at);

@@ -253,9 +253,20 @@ bool type_mismatch(simdjson::error_code err) {
   }
 }
 
-/// Where in the document the walk is, for error messages.
+/// Where the parser is, for the message of a simdjson error: a place and a
+/// detail of it ("input 'x'", " shape"), joined only when an error is reported.
+/// They change several times per input; joining them each time allocated on
+/// every request.
 struct parse_context {
-  std::string where = "the request";
+  std::string place = "the request";
+  const char* detail = "";
+
+  /// Assigned, not constructed: the place's buffer is reused.
+  void at(std::string_view new_place, const char* new_detail = "") {
+    place.assign(new_place);
+    detail = new_detail;
+  }
+  std::string where() const { return place + detail; }
 };
 
 /// How one JSON element converted.
@@ -474,13 +485,13 @@ std::vector<int64_t> parse_shape(od::value v, const parse_context& ctx, size_t m
   std::vector<int64_t> shape;
   od::array arr;
   if (type_mismatch(v.get_array().get(arr)))
-    fail(ctx.where + " must be an array of integers, e.g. [1,3]");
+    fail(ctx.where() + " must be an array of integers, e.g. [1,3]");
   for (auto element : arr) {
     int64_t dim = {};
     if (type_mismatch(element.get_int64().get(dim)))
-      fail(ctx.where + " must be an array of integers, e.g. [1,3]");
+      fail(ctx.where() + " must be an array of integers, e.g. [1,3]");
     if (shape.size() >= max_rank)
-      fail(ctx.where + " has more than " + std::to_string(max_rank) + " dimensions");
+      fail(ctx.where() + " has more than " + std::to_string(max_rank) + " dimensions");
     shape.push_back(dim);
   }
   return shape;
@@ -542,7 +553,7 @@ pending_input parse_input_object(od::value v, size_t index, const parse_input& i
   pending_input p;
   infer_input& input = p.input;
   std::string prefix = "inputs[" + std::to_string(index) + "]";
-  ctx.where = prefix;
+  ctx.at(prefix);
   od::object obj;
   if (type_mismatch(v.get_object().get(obj)))
     fail(prefix + " must be an object with \"name\", \"datatype\", \"shape\" and \"data\"");
@@ -557,14 +568,14 @@ pending_input parse_input_object(od::value v, size_t index, const parse_input& i
     return value;
   };
 
-  ctx.where = prefix + ".name";
+  ctx.detail = ".name";
   std::string_view name;
   if (type_mismatch(required("name").get_string().get(name)))
     fail(prefix + ".name must be a string");
   input.name = std::string{name};
   prefix = "input " + single_quoted(input.name);
 
-  ctx.where = prefix + " datatype";
+  ctx.at(prefix, " datatype");
   std::string_view dtype_name;
   if (type_mismatch(required("datatype").get_string().get(dtype_name)))
     fail(prefix + " datatype must be a string such as \"FP32\"");
@@ -574,7 +585,7 @@ pending_input parse_input_object(od::value v, size_t index, const parse_input& i
          + all_datatype_names());
   input.dtype = *dtype;
 
-  ctx.where = prefix + " shape";
+  ctx.detail = " shape";
   input.shape = parse_shape(required("shape"), ctx, in.limits.max_rank);
   // Triton's overflow checks (element count, then byte size, past INT64_MAX)
   // come before this server's own element limit, so that a client matching
@@ -589,7 +600,7 @@ pending_input parse_input_object(od::value v, size_t index, const parse_input& i
   if (!count)
     fail(count.error());
 
-  ctx.where = prefix + " parameters";
+  ctx.detail = " parameters";
   shared_memory_params shm;
   od::value params_value;
   auto err = obj.find_field_unordered("parameters").get(params_value);
@@ -612,7 +623,7 @@ pending_input parse_input_object(od::value v, size_t index, const parse_input& i
     }
   }
 
-  ctx.where = prefix + " data";
+  ctx.detail = " data";
   od::value data_value;
   err = obj.find_field_unordered("data").get(data_value);
   if (err && err != simdjson::NO_SUCH_FIELD)
@@ -669,7 +680,7 @@ pending_input parse_input_object(od::value v, size_t index, const parse_input& i
 pending_output parse_output_object(od::value v, size_t index, parse_context& ctx) {
   pending_output p;
   std::string prefix = "outputs[" + std::to_string(index) + "]";
-  ctx.where = prefix;
+  ctx.at(prefix);
   od::object obj;
   if (type_mismatch(v.get_object().get(obj)))
     fail(prefix + " must be an object with a \"name\"");
@@ -723,14 +734,14 @@ pending_output parse_output_object(od::value v, size_t index, parse_context& ctx
 }
 
 void parse_request_parameters(od::value v, infer_request& req, parse_context& ctx) {
-  ctx.where = "parameters";
+  ctx.at("parameters");
   od::object params;
   if (type_mismatch(v.get_object().get(params)))
     fail("the request's \"parameters\" must be an object");
   for (auto field : params) {
     std::string key{field.unescaped_key().value()};
     od::value value = field.value();
-    ctx.where = "parameter " + key;
+    ctx.at("parameter " + key);
     if (key == "priority") {
       uint64_t p = {};
       if (type_mismatch(value.get_uint64().get(p)) || p > std::numeric_limits<uint32_t>::max())
@@ -853,11 +864,11 @@ void parse_json_header(simdjson::padded_string_view json, const parse_input& in,
     std::vector<pending_output> outputs;
     bool has_inputs = false;
     for (auto field : top) {
-      ctx.where = "the request";
+      ctx.at("the request");
       std::string_view key = field.unescaped_key().value();
       od::value value = field.value();
       if (key == "id") {
-        ctx.where = "id";
+        ctx.at("id");
         std::string_view id;
         if (type_mismatch(value.get_string().get(id)))
           fail("the request's \"id\" must be a string");
@@ -865,7 +876,7 @@ void parse_json_header(simdjson::padded_string_view json, const parse_input& in,
       } else if (key == "parameters") {
         parse_request_parameters(value, req, ctx);
       } else if (key == "inputs") {
-        ctx.where = "inputs";
+        ctx.at("inputs");
         has_inputs = true;
         od::array arr;
         if (type_mismatch(value.get_array().get(arr)))
@@ -876,7 +887,7 @@ void parse_json_header(simdjson::padded_string_view json, const parse_input& in,
           pending.push_back(parse_input_object(element.value(), pending.size(), in, ctx));
         }
       } else if (key == "outputs") {
-        ctx.where = "outputs";
+        ctx.at("outputs");
         od::array arr;
         if (type_mismatch(value.get_array().get(arr)))
           fail("the request's \"outputs\" must be an array of output objects");
@@ -888,7 +899,7 @@ void parse_json_header(simdjson::padded_string_view json, const parse_input& in,
         }
       }
     }
-    ctx.where = "the end of the request";
+    ctx.at("the end of the request");
     const char* trailing = nullptr;
     if (doc.current_location().get(trailing) == simdjson::SUCCESS)
       fail("the request body has content after its JSON object; if binary data follows, "
@@ -905,7 +916,7 @@ void parse_json_header(simdjson::padded_string_view json, const parse_input& in,
   } catch (const simdjson::simdjson_error& e) {
     std::string msg = simdjson_message(e.error());
     if (e.error() != simdjson::UTF8_ERROR)
-      msg += " at " + ctx.where;
+      msg += " at " + ctx.where();
     fail(msg);
   }
 }

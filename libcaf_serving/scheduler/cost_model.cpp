@@ -28,7 +28,8 @@ void batch_cost_model::observe(uint32_t rows, int64_t service_ns) {
     s.next = (s.next + 1) % s.samples.size();
   }
   // The median of the window: what the fit goes through.
-  auto sorted = s.samples;
+  auto& sorted = median_scratch_;
+  sorted.assign(s.samples.begin(), s.samples.end());
   auto mid = sorted.begin() + static_cast<long>((sorted.size() - 1) / 2);
   std::nth_element(sorted.begin(), mid, sorted.end());
   s.estimate = *mid;
@@ -61,7 +62,8 @@ void batch_cost_model::refit() {
   // The margin: the configured quantile of how far every sample in the windows
   // lies above the fit. Pooled over all sizes, so that one size's noisy window
   // weighs as much as its samples, not as a whole size.
-  std::vector<double> residuals;
+  auto& residuals = residual_scratch_;
+  residuals.clear();
   for (const auto& [rows, s] : sizes_)
     for (auto sample : s.samples)
       residuals.push_back(static_cast<double>(sample) - (fixed + slope * rows));

@@ -97,6 +97,10 @@ private:
   double above_fit_ns_ = 0;
   /// Measurements so far.
   uint64_t observations_ = 0;
+  /// Working space of observe() and refit(), kept so that a measurement
+  /// allocates nothing once the windows are full (one per answered batch).
+  std::vector<int64_t> median_scratch_;
+  std::vector<double> residual_scratch_;
 };
 
 } // namespace caf_serving::scheduler

@@ -17,7 +17,8 @@ void lateness_tracker::observe(int64_t lateness_ns) {
     samples_[next_] = lateness_ns;
     next_ = (next_ + 1) % samples_.size();
   }
-  auto sorted = samples_;
+  auto& sorted = scratch_;
+  sorted.assign(samples_.begin(), samples_.end());
   auto rank = static_cast<size_t>(std::ceil(cfg_.quantile * static_cast<double>(sorted.size())));
   rank = std::clamp<size_t>(rank, 1, sorted.size()) - 1;
   std::nth_element(sorted.begin(), sorted.begin() + static_cast<long>(rank), sorted.end());

@@ -65,6 +65,8 @@ private:
   std::vector<int64_t> samples_;
   size_t next_ = 0;
   int64_t quantile_ns_ = 0;
+  /// Working space of observe(), kept so that an answer allocates nothing.
+  std::vector<int64_t> scratch_;
 };
 
 class executor_book {

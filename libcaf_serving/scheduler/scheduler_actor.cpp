@@ -84,17 +84,23 @@ result<batch_message> gather_batch(const model_config& model, uint64_t batch_id,
   const bool batched = model.max_batch_size > 0;
   auto first = jobs.front().job.request.reader();
   auto first_inputs = first.getInputs();
-  // Bytes of each input across the batch, summed while the shapes are checked.
-  std::vector<uint64_t> input_bytes(first_inputs.size(), 0);
-  // Padded batching: each input's padded dimension (0: none) and the batch's
-  // longest length along it; an input is padded when some request is shorter.
-  std::vector<unsigned> pad_dim(first_inputs.size(), 0);
-  std::vector<int64_t> longest(first_inputs.size(), 0);
-  std::vector<bool> needs_pad(first_inputs.size(), false);
+  // What is learnt about each input while the shapes are checked (one
+  // allocation per batch, not one per field).
+  struct input_plan {
+    /// Bytes of the input across the batch.
+    uint64_t bytes = 0;
+    /// Padded batching: the padded dimension (0: none) and the batch's longest
+    /// length along it; the input is padded when some request is shorter.
+    unsigned pad_dim = 0;
+    int64_t longest = 0;
+    bool needs_pad = false;
+  };
+  std::vector<input_plan> plan(first_inputs.size());
   for (unsigned i = 0; i < first_inputs.size(); ++i)
-    pad_dim[i] = batched ? padded_dim_of(padding, first_inputs[i]) : 0;
+    plan[i].pad_dim = batched ? padded_dim_of(padding, first_inputs[i]) : 0;
   for (const auto& j : jobs) {
-    auto inputs = j.job.request.reader().getInputs();
+    const bool is_first = &j == &jobs.front();
+    auto inputs = is_first ? first_inputs : j.job.request.reader().getInputs();
     if (inputs.size() != first_inputs.size())
       return serving_error{status_code::internal,
                            "model '" + model.name + "': requests with "
@@ -104,23 +110,26 @@ result<batch_message> gather_batch(const model_config& model, uint64_t batch_id,
     for (unsigned i = 0; i < inputs.size(); ++i) {
       auto a = first_inputs[i];
       auto b = inputs[i];
-      if (a.getDatatype() != b.getDatatype()
-          || !same_item_shape(a.getShape(), b.getShape(), batched, pad_dim[i]))
+      // The first request agrees with itself: its shapes are not read twice.
+      if (!is_first
+          && (a.getDatatype() != b.getDatatype()
+              || !same_item_shape(a.getShape(), b.getShape(), batched, plan[i].pad_dim)))
         return serving_error{status_code::internal,
                              "model '" + model.name + "': requests of shapes "
                                + dims_text(a.getShape()) + " and " + dims_text(b.getShape())
                                + " of input '" + a.getName().cStr()
                                + "' reached one batch; this is a bug, please report it"};
-      input_bytes[i] += b.getData().size();
-      if (pad_dim[i] != 0) {
-        int64_t len = b.getShape()[pad_dim[i]];
-        needs_pad[i] = needs_pad[i] || (len != longest[i] && &j != &jobs.front());
-        longest[i] = std::max(longest[i], len);
+      auto& p = plan[i];
+      p.bytes += b.getData().size();
+      if (p.pad_dim != 0) {
+        int64_t len = b.getShape()[p.pad_dim];
+        p.needs_pad = p.needs_pad || (len != p.longest && !is_first);
+        p.longest = std::max(p.longest, len);
       }
     }
   }
   for (unsigned i = 0; i < first_inputs.size(); ++i) {
-    if (!needs_pad[i])
+    if (!plan[i].needs_pad)
       continue;
     // Padded size: every request's rows at the longest length.
     auto dtype = static_cast<datatype>(first_inputs[i].getDatatype());
@@ -129,14 +138,14 @@ result<batch_message> gather_batch(const model_config& model, uint64_t batch_id,
       auto shape = j.job.request.reader().getInputs()[i].getShape();
       uint64_t n = element_size(dtype);
       for (unsigned d = 0; d < shape.size(); ++d)
-        n *= static_cast<uint64_t>(d == pad_dim[i] ? longest[i] : shape[d]);
+        n *= static_cast<uint64_t>(d == plan[i].pad_dim ? plan[i].longest : shape[d]);
       bytes += n;
     }
-    input_bytes[i] = bytes;
+    plan[i].bytes = bytes;
   }
   uint64_t total = 0;
   for (unsigned i = 0; i < first_inputs.size(); ++i) {
-    uint64_t bytes = input_bytes[i];
+    uint64_t bytes = plan[i].bytes;
     total += bytes;
     if (bytes > max_data_field_bytes)
       return serving_error{status_code::internal,
@@ -153,7 +162,7 @@ result<batch_message> gather_batch(const model_config& model, uint64_t batch_id,
   for (unsigned i = 0; i < first_inputs.size(); ++i)
     hint += tensor_metadata_bytes(first_inputs[i].getName().size(),
                                   first_inputs[i].getShape().size())
-            + (jobs.size() == 1 ? 0 : capnp_words_bytes(input_bytes[i]) - input_bytes[i]);
+            + (jobs.size() == 1 ? 0 : capnp_words_bytes(plan[i].bytes) - plan[i].bytes);
   auto msg = batch_message::create(hint);
   auto b = msg.builder();
   b.setBatchId(batch_id);
@@ -177,14 +186,15 @@ result<batch_message> gather_batch(const model_config& model, uint64_t batch_id,
     auto shape = dst.initShape(src_shape.size());
     for (unsigned d = 0; d < src_shape.size(); ++d)
       shape.set(d, d == 0 && batched ? int64_t{rows}
-                   : needs_pad[i] && d == pad_dim[i] ? longest[i] : src_shape[d]);
+                   : plan[i].needs_pad && d == plan[i].pad_dim ? plan[i].longest
+                                                                : src_shape[d]);
     if (jobs.size() == 1) {
       dst.adoptData(msg.reference(src.getData(), jobs[0].job.request.owner()));
       continue;
     }
-    auto data = dst.initData(static_cast<unsigned>(input_bytes[i]));
+    auto data = dst.initData(static_cast<unsigned>(plan[i].bytes));
     size_t at = 0;
-    if (needs_pad[i]) {
+    if (plan[i].needs_pad) {
       // Each request's block [outer][length][inner] becomes [outer][longest][inner].
       auto dtype = static_cast<datatype>(src.getDatatype());
       double pad_value = padding.input(src.getName().cStr())->pad_value;
@@ -192,12 +202,12 @@ result<batch_message> gather_batch(const model_config& model, uint64_t batch_id,
         auto t = j.job.request.reader().getInputs()[i];
         auto shape = t.getShape();
         uint64_t outer = 1, inner = element_size(dtype);
-        for (unsigned d = 0; d < pad_dim[i]; ++d)
+        for (unsigned d = 0; d < plan[i].pad_dim; ++d)
           outer *= static_cast<uint64_t>(shape[d]);
-        for (unsigned d = pad_dim[i] + 1; d < shape.size(); ++d)
+        for (unsigned d = plan[i].pad_dim + 1; d < shape.size(); ++d)
           inner *= static_cast<uint64_t>(shape[d]);
-        uint64_t len = static_cast<uint64_t>(shape[pad_dim[i]]);
-        uint64_t fill = static_cast<uint64_t>(longest[i]) - len;
+        uint64_t len = static_cast<uint64_t>(shape[plan[i].pad_dim]);
+        uint64_t fill = static_cast<uint64_t>(plan[i].longest) - len;
         const uint8_t* from = t.getData().begin();
         for (uint64_t o = 0; o < outer; ++o) {
           std::memcpy(data.begin() + at, from + o * len * inner, len * inner);
