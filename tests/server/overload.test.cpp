@@ -775,8 +775,12 @@ TEST_CASE("at 10x capacity the server stays responsive, rejects at once and stay
   // still serve at least half its capacity.
   CHECK(rejected.size() > ok.size());
   CHECK(served_per_s > 0.5 * capacity_rows_per_s);
-  // Rejections come at once rather than late.
-  CHECK(rejected_p99 < 50);
+  // Rejections come at once rather than after a wait in the queue: well under
+  // what an admitted request waits (a full queue, 160 ms). Against the admitted
+  // median, not a fixed 50 ms, which a loaded 2-core machine (load average 9)
+  // passed at 72 ms while every admitted request still waited ~160 ms.
+  double ok_p50 = percentile(ok, 50);
+  CHECK(rejected_p99 < 0.5 * ok_p50);
   CHECK(health_p99 < 50);
   // Admitted requests wait at most for a full queue (32 rows at 200 a second,
   // 160 ms) and one batch; the margin is for a loaded machine.
