@@ -324,9 +324,12 @@ private:
 /// Every request gets exactly one answer: a sink dropped without an answer (a
 /// pipeline stage stopped while holding the request) answers 500 naming the
 /// model, instead of letting kj turn the broken promise into its own 500.
+/// The promise carries a Maybe (kserve_service::pipeline_answer), always set
+/// here, so that it joins the exit timeout's without a conversion node.
 class http_sink final : public response_sink {
 public:
-  http_sink(kj::Own<kj::CrossThreadPromiseFulfiller<response_message>> f, std::string model)
+  http_sink(kj::Own<kj::CrossThreadPromiseFulfiller<kj::Maybe<response_message>>> f,
+            std::string model)
       : fulfiller_(kj::mv(f)), model_(std::move(model)) {}
   ~http_sink() noexcept override {
     if (delivered_)
@@ -337,15 +340,15 @@ public:
     err.setMessage("model '" + model_ + "': the request was lost inside the server (a "
                    "pipeline stage stopped while holding it); retry it");
     err.setReason(wire::FailureReason::INTERNAL);
-    fulfiller_->fulfill(kj::mv(msg));
+    fulfiller_->fulfill(kj::Maybe<response_message>(kj::mv(msg)));
   }
   void deliver(response_message r) override {
     delivered_ = true;
-    fulfiller_->fulfill(kj::mv(r));
+    fulfiller_->fulfill(kj::Maybe<response_message>(kj::mv(r)));
   }
 
 private:
-  kj::Own<kj::CrossThreadPromiseFulfiller<response_message>> fulfiller_;
+  kj::Own<kj::CrossThreadPromiseFulfiller<kj::Maybe<response_message>>> fulfiller_;
   std::string model_;
   bool delivered_ = false;
 };
@@ -397,7 +400,7 @@ public:
         timer_(timer),
         closer_(closer),
         abandon_(nullptr) {
-    auto paf = kj::newPromiseAndFulfiller<void>();
+    auto paf = kj::newPromiseAndFulfiller<kj::Maybe<response_message>>();
     abandon_ = paf.promise.fork();
     abandon_fulfiller_ = kj::mv(paf.fulfiller);
   }
@@ -409,7 +412,7 @@ public:
   /// waiting.
   size_t abandon_in_flight() {
     abandoned_ = true;
-    abandon_fulfiller_->fulfill();
+    abandon_fulfiller_->fulfill(nullptr);
     return waiting_;
   }
 
@@ -932,7 +935,7 @@ private:
           // once this callback returns, and JSON-converted bytes need not wait
           // in the queue twice.
           ctx->request.inputs.clear();
-          auto paf = kj::newPromiseAndCrossThreadFulfiller<response_message>();
+          auto paf = kj::newPromiseAndCrossThreadFulfiller<kj::Maybe<response_message>>();
           caf::anon_send(model->scheduler,
                          infer_job{std::move(*msg), std::make_shared<http_sink>(kj::mv(paf.fulfiller), model->config.name)});
           return wait_for_pipeline(kj::mv(paf.promise))
@@ -950,14 +953,15 @@ private:
       .attach(kj::mv(still_pending));
   }
 
-  /// The pipeline's answer, or nothing when the exit timeout passes first.
-  kj::Promise<kj::Maybe<response_message>> wait_for_pipeline(kj::Promise<response_message> p) {
+  /// The pipeline's answer (`p`, always set: http_sink), or nothing when the
+  /// exit timeout passes first. Both promises carry the same type, so they
+  /// join without a conversion node each (two allocations per request).
+  kj::Promise<kj::Maybe<response_message>> wait_for_pipeline(
+    kj::Promise<kj::Maybe<response_message>> p) {
     if (abandoned_)
       return kj::Maybe<response_message>(nullptr);
     ++waiting_;
-    auto answered = p.then([](response_message r) { return kj::Maybe<response_message>(kj::mv(r)); });
-    auto given_up = abandon_.addBranch().then([]() { return kj::Maybe<response_message>(nullptr); });
-    return answered.exclusiveJoin(kj::mv(given_up)).attach(kj::defer([this]() { --waiting_; }));
+    return p.exclusiveJoin(abandon_.addBranch()).attach(kj::defer([this]() { --waiting_; }));
   }
 
   /// The one copy of tensor bytes between the socket and the executor
@@ -1129,9 +1133,10 @@ private:
   bool metrics_only_;
   kj::Timer& timer_;
   close_after_response& closer_;
-  /// Fulfilled when the exit timeout passes: waiting requests answer 503.
-  kj::ForkedPromise<void> abandon_;
-  kj::Own<kj::PromiseFulfiller<void>> abandon_fulfiller_;
+  /// Fulfilled (with nothing) when the exit timeout passes: waiting requests
+  /// answer 503.
+  kj::ForkedPromise<kj::Maybe<response_message>> abandon_;
+  kj::Own<kj::PromiseFulfiller<kj::Maybe<response_message>>> abandon_fulfiller_;
   bool abandoned_ = false;
   /// Inference requests handed to the pipeline and not answered yet.
   size_t waiting_ = 0;

@@ -1225,7 +1225,7 @@ namespace {
 /// Checks that `data` fits `shape` and `dtype`; the element count on success.
 result<uint64_t> check_output_data(std::string_view name, datatype dtype,
                                    const std::vector<int64_t>& shape, std::string_view data) {
-  std::string what = "output " + single_quoted(name);
+  const tensor_label what{"output", name};
   auto count = checked_element_count(shape, std::numeric_limits<uint64_t>::max(), what);
   if (!count)
     return serving_error{status_code::internal, count.error().message};
@@ -1235,14 +1235,14 @@ result<uint64_t> check_output_data(std::string_view name, datatype dtype,
       return serving_error{status_code::internal, n.error().message};
     if (*n != *count)
       return serving_error{status_code::internal,
-                           what + " has " + std::to_string(*n) + " BYTES elements but shape "
+                           what.text() + " has " + std::to_string(*n) + " BYTES elements but shape "
                              + format_shape(shape) + " needs " + std::to_string(*count)};
     return count;
   }
   size_t esize = element_size(dtype);
   if (data.size() % esize != 0 || data.size() / esize != *count)
     return serving_error{status_code::internal,
-                         what + " has " + std::to_string(data.size()) + " bytes but shape "
+                         what.text() + " has " + std::to_string(data.size()) + " bytes but shape "
                            + format_shape(shape) + " of " + std::string{to_string(dtype)}
                            + " needs " + std::to_string(*count * esize)};
   return count;

@@ -30,18 +30,36 @@ struct validated_request {
 result<validated_request> validate(const infer_request& request, const model_config& model,
                                    const request_limits& limits = {});
 
+/// Names a tensor in an error message: "input 'x'", or a text given whole
+/// ("the output"). It holds views of its parts, which are joined only when a
+/// message is written: a request that passes its checks builds no text.
+class tensor_label {
+public:
+  tensor_label(const char* whole) : name_(whole) {}
+  tensor_label(const std::string& whole) : name_(whole) {}
+  tensor_label(std::string_view whole) : name_(whole) {}
+  /// "<kind> '<name>'"; `kind` is a literal such as "input".
+  tensor_label(const char* kind, std::string_view name) : kind_(kind), name_(name) {}
+
+  std::string text() const;
+
+private:
+  const char* kind_ = nullptr;
+  std::string_view name_;
+};
+
 /// The product of `shape`, checked: no negative dimension, no overflow, at most
-/// `max_elements`. `what` names the tensor in the message ("input 'x'").
+/// `max_elements`. `what` names the tensor in the message.
 result<uint64_t> checked_element_count(const std::vector<int64_t>& shape, uint64_t max_elements,
-                                       std::string_view what);
+                                       const tensor_label& what);
 
 /// Triton's message for a tensor whose byte size passes INT64_MAX ("byte size
 /// overflow for input 'x': ..."), which its tests match on.
-std::string byte_size_overflow(std::string_view what, uint64_t count, uint64_t element_bytes);
+std::string byte_size_overflow(const tensor_label& what, uint64_t count, uint64_t element_bytes);
 
 /// How many elements a BYTES tensor's data holds, checking that every 4-byte
 /// length stays within the data. `what` names the tensor in the message.
-result<uint64_t> count_bytes_elements(std::string_view data, std::string_view what);
+result<uint64_t> count_bytes_elements(std::string_view data, const tensor_label& what);
 
 /// "[1,3,224,224]".
 std::string format_shape(const std::vector<int64_t>& shape);

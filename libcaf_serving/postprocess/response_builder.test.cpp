@@ -87,6 +87,39 @@ TEST_CASE("a batch's rows go back to the requests they came from") {
   CHECK(std::string(r1.getId().cStr()) == "req2");
 }
 
+TEST_CASE("a response copies its rows of a small output and references those of a large one") {
+  finished_batch fb;
+  fb.result = batch_result_message::create();
+  auto outs = fb.result.builder().initOutputs(2);
+  // Per request: 8 bytes of "SMALL", which fit in the response's first
+  // segment, and 4 KiB of "LARGE", which do not.
+  const int64_t wide = 1024;
+  std::vector<float> small{1, 2, 3, 4};
+  std::vector<float> large(static_cast<size_t>(2 * wide));
+  for (size_t i = 0; i < large.size(); ++i)
+    large[i] = static_cast<float>(i);
+  set_tensor(outs[0], "SMALL", wire::DataType::FP32, {2, 2},
+             std::string(reinterpret_cast<char*>(small.data()), 16));
+  set_tensor(outs[1], "LARGE", wire::DataType::FP32, {2, wide},
+             std::string(reinterpret_cast<char*>(large.data()), large.size() * 4));
+  fb.jobs.push_back({make_job(1), 1, 2});
+  fb.jobs.push_back({make_job(1), 1, 2});
+
+  auto responses = split_batch(fb, {});
+  REQUIRE(responses.size() == 2);
+  auto result = fb.result.reader().getOutputs();
+  for (unsigned r = 0; r < 2; ++r) {
+    auto got = responses[r].reader().getOutputs();
+    REQUIRE(got.size() == 2);
+    CHECK(as_string(got[0].getData())
+          == std::string(reinterpret_cast<char*>(small.data() + 2 * r), 8));
+    CHECK(got[0].getData().begin() != result[0].getData().begin() + 8 * r);
+    CHECK(got[1].getData().begin() == result[1].getData().begin() + wide * 4 * r);
+    // The small rows sit in the first segment; the large ones are one external segment.
+    CHECK(responses[r].segment_count() == 2);
+  }
+}
+
 TEST_CASE("classification replaces the tensor with top-k strings") {
   finished_batch fb;
   fb.result = batch_result_message::create();

@@ -59,7 +59,9 @@ struct collecting_sink : response_sink {
   collector& c_;
 };
 
-infer_job make_job(int id, collector& c) {
+/// A request for identity_model whose one row holds `width` int32 values from
+/// `id` up.
+infer_job make_job(int id, collector& c, unsigned width = 4) {
   auto msg = request_message::create();
   auto b = msg.builder();
   b.setId(std::to_string(id));
@@ -71,10 +73,12 @@ infer_job make_job(int id, collector& c) {
   in.setDatatype(wire::DataType::INT32);
   auto shape = in.initShape(2);
   shape.set(0, 1);
-  shape.set(1, 4);
-  int32_t values[4] = {id, id + 1, id + 2, id + 3};
-  auto data = in.initData(16);
-  std::memcpy(data.begin(), values, 16);
+  shape.set(1, width);
+  std::vector<int32_t> values(width);
+  for (unsigned i = 0; i < width; ++i)
+    values[i] = id + static_cast<int32_t>(i);
+  auto data = in.initData(4 * width);
+  std::memcpy(data.begin(), values.data(), 4 * width);
   return {msg, std::make_shared<collecting_sink>(c)};
 }
 
@@ -170,7 +174,7 @@ TEST_CASE("a full queue answers 503 at once and the rest are served") {
   CHECK(ok >= 2);
 }
 
-TEST_CASE("gather_batch concatenates rows and references a lone request's bytes") {
+TEST_CASE("gather_batch concatenates rows; a lone request's bytes are copied when small, else referenced") {
   auto model = identity_model(8, 0, 64);
   collector c;
   std::vector<batched_job> jobs{{make_job(1, c), 0, 0}, {make_job(5, c), 0, 0}};
@@ -186,11 +190,28 @@ TEST_CASE("gather_batch concatenates rows and references a lone request's bytes"
   CHECK(values[0] == 1);
   CHECK(values[4] == 5);
 
+  // 16 bytes: copied into the room left in the batch's first segment (an
+  // external segment costs more).
   std::vector<batched_job> one{{make_job(9, c), 0, 0}};
   auto single = scheduler::gather_batch(model, 8, one);
   REQUIRE(single.ok());
-  CHECK(single->reader().getInputs()[0].getData().begin()
-        == one[0].job.request.reader().getInputs()[0].getData().begin());
+  auto small = single->reader().getInputs()[0].getData();
+  CHECK(small.begin() != one[0].job.request.reader().getInputs()[0].getData().begin());
+  REQUIRE(small.size() == 16);
+  std::memcpy(values, small.begin(), 16);
+  CHECK(values[0] == 9);
+  CHECK(values[3] == 12);
+  CHECK(single->segment_count() == 1);
+
+  // 4 KiB: more than the batch's first segment has room for; referenced.
+  const unsigned wide = 1024;
+  model.inputs[0].dims = {static_cast<int64_t>(wide)};
+  std::vector<batched_job> large{{make_job(3, c, wide), 0, 0}};
+  auto referenced = scheduler::gather_batch(model, 9, large);
+  REQUIRE(referenced.ok());
+  CHECK(referenced->reader().getInputs()[0].getData().begin()
+        == large[0].job.request.reader().getInputs()[0].getData().begin());
+  CHECK(referenced->segment_count() == 2);
 }
 
 TEST_CASE("gather_batch sizes the batch's first segment from what it holds") {
@@ -202,8 +223,8 @@ TEST_CASE("gather_batch sizes the batch's first segment from what it holds") {
   std::vector<batched_job> one{{make_job(9, c), 0, 0}};
   auto single = scheduler::gather_batch(model, 8, one);
   REQUIRE(single.ok());
-  // The lone request's bytes are referenced: an external segment per input.
-  CHECK(single->segment_count() == 1 + model.inputs.size());
+  // The lone request's small bytes are copied into the first segment.
+  CHECK(single->segment_count() == 1);
   CHECK(single->first_segment_bytes() < 1024);
 
   std::vector<batched_job> jobs;
