@@ -7,6 +7,18 @@
 
 namespace caf_serving::ingress {
 
+namespace {
+
+std::string single_quoted(std::string_view s) {
+  return "'" + std::string{s} + "'";
+}
+
+} // namespace
+
+std::string tensor_label::text() const {
+  return kind_ ? kind_ + (" " + single_quoted(name_)) : std::string{name_};
+}
+
 std::string format_shape(const std::vector<int64_t>& shape) {
   std::string s = "[";
   for (size_t i = 0; i < shape.size(); ++i) {
@@ -15,16 +27,6 @@ std::string format_shape(const std::vector<int64_t>& shape) {
     s += std::to_string(shape[i]);
   }
   s += ']';
-  return s;
-}
-
-std::string tensor_label::text() const {
-  if (!kind_)
-    return std::string{name_};
-  std::string s = kind_;
-  s += " '";
-  s += name_;
-  s += '\'';
   return s;
 }
 
@@ -90,10 +92,6 @@ result<uint64_t> count_bytes_elements(std::string_view data, const tensor_label&
 }
 
 namespace {
-
-std::string single_quoted(std::string_view s) {
-  return "'" + std::string{s} + "'";
-}
 
 template <class Tensors>
 std::string name_list(const Tensors& tensors) {
@@ -270,7 +268,8 @@ result<validated_request> validate(const infer_request& request, const model_con
                          + " for model " + single_quoted(model.name)
                          + "; the model's outputs are " + name_list(model.outputs));
     if (output.classification > 0 && !is_numeric(cfg->dtype))
-      return bad_request("requested output " + single_quoted(output.name) + " asks for classification, but its datatype "
+      return bad_request("requested output " + single_quoted(output.name)
+                         + " asks for classification, but its datatype "
                          + std::string{to_string(cfg->dtype)}
                          + " is not numeric; classify only numeric outputs");
   }
