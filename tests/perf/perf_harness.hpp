@@ -4,6 +4,7 @@
 /// Header-only because each test file is its own executable.
 #pragma once
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <chrono>
@@ -244,10 +245,24 @@ inline std::vector<int64_t> endpoint_arrivals(int port) {
   return v;
 }
 
-/// Mean and coefficient of variation of the gaps between times.
+/// Mean and coefficient of variation of the gaps between times, and the
+/// share of gaps below a multiple of the mean. The shares are the robust
+/// view: one scheduler stall on a loaded machine turns a few dozen gaps into
+/// one long gap and a run of near-zero ones, which moves the CV a lot (it
+/// squares the long gap) but each share by only a few dozen in a thousand.
 struct gap_stats {
   double mean = 0;
   double cv = 0;
+  /// Share of gaps shorter than multiple * mean.
+  double share_below(double multiple) const {
+    if (gaps.empty())
+      return 0;
+    auto limit = multiple * mean;
+    auto n = std::count_if(gaps.begin(), gaps.end(),
+                           [limit](double g) { return g < limit; });
+    return static_cast<double>(n) / static_cast<double>(gaps.size());
+  }
+  std::vector<double> gaps;
 };
 
 inline gap_stats gaps_of(const std::vector<int64_t>& t) {
@@ -265,6 +280,7 @@ inline gap_stats gaps_of(const std::vector<int64_t>& t) {
     var += (x - s.mean) * (x - s.mean);
   var /= static_cast<double>(g.size());
   s.cv = s.mean > 0 ? std::sqrt(var) / s.mean : 0;
+  s.gaps = std::move(g);
   return s;
 }
 
