@@ -254,6 +254,14 @@ struct pending_batch {
   std::shared_ptr<std::vector<batched_job>> jobs;
   uint32_t rows = 0;
   uint32_t attempts = 0;
+  /// The attempt in flight (0: none, the batch waits to be sent again). An
+  /// answer that arrives for an earlier attempt, one given up as hung, is
+  /// ignored: that attempt's batch was sent elsewhere.
+  uint64_t attempt_id = 0;
+  /// Its executor, whether that is local, and when it was sent (steady ns).
+  caf::actor_addr executor;
+  bool local = false;
+  int64_t sent_ns = 0;
 };
 
 struct scheduler_state {
@@ -272,6 +280,13 @@ struct scheduler_state {
   uint64_t next_warm_up_id = 1;
   /// When the armed timer fires; none armed when empty.
   std::optional<time_point> timer_due;
+  /// Identifies each attempt to run a batch (pending_batch::attempt_id).
+  uint64_t next_attempt_id = 1;
+  /// When the armed check for hung local executors is due (steady ns); none
+  /// armed when empty. One timer for all batches in flight, not one each: a
+  /// timer costs the clock thread two wake-ups, which at one request at a time
+  /// was a third of the server's context switches.
+  std::optional<int64_t> hang_check_ns;
   bool draining = false;
   /// Every batch formed and not yet answered, by batch id.
   std::map<uint64_t, pending_batch> pending;
@@ -518,6 +533,120 @@ void record_outcome(self_ptr self, executor_slot& e, bool internal_failure) {
   publish_health(st);
 }
 
+/// Takes batch `batch_id` off the books of the executor at `addr` (if it is
+/// still there); the executor's own measurement of a batch that succeeded
+/// (`service_ns`) feeds its cost model (a fast failure must not make an
+/// executor look fast).
+void settle(self_ptr self, const caf::actor_addr& addr, uint64_t batch_id,
+            std::optional<int64_t> service_ns, bool internal_failure) {
+  auto& st = self->state;
+  auto* e = find_slot(st, addr);
+  if (!e)
+    return;
+  if (!e->book.answered(batch_id, now_ns(), service_ns))
+    return;
+  if (service_ns && st.slo && st.cfg.stats && e == &st.executors.front()) {
+    // The first executor's curve stands for the model's on /metrics.
+    st.cfg.stats->slo.publish_cost_curve(e->book.cost().curve());
+  }
+  record_outcome(self, *e, internal_failure);
+}
+
+/// The attempt in flight of pending batch `batch_id` ended without a result
+/// (`err`): its executor stopped, was lost, or did not answer in time. The
+/// batch is sent again or its requests are answered with an error.
+void attempt_failed(self_ptr self, uint64_t batch_id, const caf::actor_addr& addr,
+                    const std::string& node, bool local, const caf::error& err) {
+  auto& st = self->state;
+  // A local executor that did not answer has stopped: no batch may be sent
+  // to it again, not even before its down message arrives.
+  if (local && executor_was_lost(err))
+    executor_stopped(self, addr);
+  auto it = st.pending.find(batch_id);
+  if (it == st.pending.end())
+    return;
+  it->second.attempt_id = 0;
+  bool lost = executor_was_lost(err);
+  bool hung = err == caf::sec::request_timeout;
+  uint32_t attempts = it->second.attempts;
+  uint32_t max_attempts = local ? st.cfg.max_local_attempts : st.cfg.max_batch_attempts;
+  std::cerr << "caf-serving: model '" << st.cfg.model.name << "': batch " << batch_id
+            << " got no answer from its executor on node '" << node << "' (attempt " << attempts
+            << "): " << self->system().render(err) << std::endl;
+  if (lost && attempts < max_attempts) {
+    // Not answered: the same batch goes out again, before any new one.
+    st.resend.insert(batch_id);
+    if (st.cfg.stats)
+      st.cfg.stats->batch_retries.fetch_add(1, std::memory_order_relaxed);
+  } else if (lost && !local) {
+    fail_batch(self, batch_id,
+               {status_code::unavailable,
+                "model '" + st.cfg.model.name + "': the batch was lost with "
+                  + std::to_string(attempts) + " executors in a row, last on node '" + node
+                  + "'; retry the request",
+                failure_reason::unavailable});
+  } else {
+    // No internals in the answer: the log line above has them.
+    fail_batch(self, batch_id,
+               {status_code::internal,
+                "model '" + st.cfg.model.name + "': "
+                  + (lost ? std::string(hung ? "the executor running this batch did not "
+                                               "answer within --executor-timeout-ms, "
+                                             : "the executor running this batch stopped, ")
+                              + std::to_string(attempts)
+                              + " times in a row; the request was not tried again"
+                          : std::string("the executor failed while running the batch"))
+                  + "; the server log has the details",
+                failure_reason::internal});
+  }
+  fail_unrunnable(self);
+  poll_policy(self);
+  maybe_finish_drain(self);
+}
+
+/// Arms the check for hung local executors at `due_ns` unless one is armed
+/// sooner.
+void arm_hang_check(self_ptr self, int64_t due_ns) {
+  auto& st = self->state;
+  if (st.hang_check_ns && *st.hang_check_ns <= due_ns)
+    return;
+  st.hang_check_ns = due_ns;
+  supervise_at(self, due_ns);
+}
+
+/// Gives up, as a request timeout would, every local attempt that has run past
+/// local_batch_timeout, and arms the next check for the oldest one left.
+void check_hung(self_ptr self) {
+  auto& st = self->state;
+  int64_t now = now_ns();
+  if (!st.hang_check_ns || now < *st.hang_check_ns)
+    return;
+  st.hang_check_ns.reset();
+  int64_t limit = std::chrono::nanoseconds(st.cfg.local_batch_timeout).count();
+  std::vector<uint64_t> hung;
+  std::optional<int64_t> next;
+  for (const auto& [id, p] : st.pending) {
+    if (!p.local || p.attempt_id == 0)
+      continue;
+    if (now - p.sent_ns >= limit)
+      hung.push_back(id);
+    else if (!next || p.sent_ns + limit < *next)
+      next = p.sent_ns + limit;
+  }
+  for (auto id : hung) {
+    auto it = st.pending.find(id);
+    if (it == st.pending.end() || it->second.attempt_id == 0)
+      continue; // answered or given up while an earlier one was handled
+    auto addr = it->second.executor;
+    auto* slot = find_slot(st, addr);
+    std::string node = slot ? slot->node : std::string("local");
+    settle(self, addr, id, std::nullopt, false);
+    attempt_failed(self, id, addr, node, true, caf::make_error(caf::sec::request_timeout));
+  }
+  if (next)
+    arm_hang_check(self, *next);
+}
+
 /// Sends pending batch `batch_id` to `slot` and handles its one answer.
 void send_pending(self_ptr self, executor_slot& slot, uint64_t batch_id) {
   auto& st = self->state;
@@ -526,43 +655,31 @@ void send_pending(self_ptr self, executor_slot& slot, uint64_t batch_id) {
   int64_t sent = now_ns();
   slot.book.dispatched(batch_id, p.rows, sent);
   auto handle = slot.handle;
-  // Takes the batch off its executor's books; the executor's own measurement
-  // of a batch that succeeded (`service_ns`) feeds its cost model (a fast
-  // failure must not make an executor look fast).
-  auto settle = [self, addr = handle.address(), batch_id](std::optional<int64_t> service_ns,
-                                                           bool internal_failure) {
-    auto* e = find_slot(self->state, addr);
-    if (!e)
-      return;
-    if (!e->book.answered(batch_id, now_ns(), service_ns))
-      return;
-    auto& st = self->state;
-    if (service_ns && st.slo && st.cfg.stats && e == &st.executors.front()) {
-      // The first executor's curve stands for the model's on /metrics.
-      st.cfg.stats->slo.publish_cost_curve(e->book.cost().curve());
-    }
-    record_outcome(self, *e, internal_failure);
-  };
+  uint64_t attempt = st.next_attempt_id++;
+  p.attempt_id = attempt;
+  p.executor = handle.address();
+  p.local = slot.local;
+  p.sent_ns = sent;
   // A local executor that does not answer in time is taken for hung: it is
-  // replaced and the batch sent once more (see the error handler). A remote
-  // proxy applies its own timeout.
-  auto timeout = slot.local && st.cfg.local_batch_timeout.count() > 0
-                   ? caf::duration{st.cfg.local_batch_timeout}
-                   : caf::duration{caf::infinite};
-  self->request(handle, timeout, run_batch{p.batch, nullptr})
+  // replaced and the batch sent once more (check_hung). A remote proxy applies
+  // its own timeout.
+  if (slot.local && st.cfg.local_batch_timeout.count() > 0)
+    arm_hang_check(self, sent + std::chrono::nanoseconds(st.cfg.local_batch_timeout).count());
+  self->request(handle, caf::infinite, run_batch{p.batch, nullptr})
     .then(
-      [self, settle, batch_id](batch_result_message& result) {
+      [self, batch_id, attempt, addr = handle.address()](batch_result_message& result) {
         auto& st = self->state;
         auto r = result.reader();
         uint16_t status = r.getError().getStatus();
         // The executor's own time around the backend call (run_one_batch).
         int64_t service = r.getComputeInputNs() + r.getComputeInferNs() + r.getComputeOutputNs();
-        settle(status == 0 ? std::optional<int64_t>{service} : std::nullopt, status >= 500);
+        settle(self, addr, batch_id, status == 0 ? std::optional<int64_t>{service} : std::nullopt,
+               status >= 500);
         if (status == 0)
           st.quick_restarts = 0; // executors that succeed are not in a crash loop
         auto it = st.pending.find(batch_id);
-        if (it == st.pending.end())
-          return; // answered already (cannot happen: one answer per request)
+        if (it == st.pending.end() || it->second.attempt_id != attempt)
+          return; // an attempt given up as hung: the batch went elsewhere
         int64_t received = now_ns();
         finished_batch fb;
         fb.compute_end_ns = received - r.getComputeOutputNs();
@@ -574,56 +691,20 @@ void send_pending(self_ptr self, executor_slot& slot, uint64_t batch_id) {
         poll_policy(self);
         maybe_finish_drain(self);
       },
-      [self, settle, batch_id, addr = handle.address(), node = slot.node,
+      [self, batch_id, attempt, addr = handle.address(), node = slot.node,
        local = slot.local](caf::error& err) {
         auto& st = self->state;
         // A remote batch presumed lost counts against its executor: one that keeps
         // timing out (a stalled worker) is quarantined instead of chosen again.
-        settle(std::nullopt, !local && executor_was_lost(err));
-        // A local executor that did not answer has stopped: no batch may be sent
-        // to it again, not even before its down message arrives.
-        if (local && executor_was_lost(err))
-          executor_stopped(self, addr);
+        settle(self, addr, batch_id, std::nullopt, !local && executor_was_lost(err));
         auto it = st.pending.find(batch_id);
-        if (it == st.pending.end())
+        if (it == st.pending.end() || it->second.attempt_id != attempt) {
+          // Given up already; a stopped local executor stays stopped.
+          if (local && executor_was_lost(err))
+            executor_stopped(self, addr);
           return;
-        bool lost = executor_was_lost(err);
-        bool hung = err == caf::sec::request_timeout;
-        uint32_t attempts = it->second.attempts;
-        uint32_t max_attempts = local ? st.cfg.max_local_attempts : st.cfg.max_batch_attempts;
-        std::cerr << "caf-serving: model '" << st.cfg.model.name << "': batch " << batch_id
-                  << " got no answer from its executor on node '" << node
-                  << "' (attempt " << attempts << "): " << self->system().render(err)
-                  << std::endl;
-        if (lost && attempts < max_attempts) {
-          // Not answered: the same batch goes out again, before any new one.
-          st.resend.insert(batch_id);
-          if (st.cfg.stats)
-            st.cfg.stats->batch_retries.fetch_add(1, std::memory_order_relaxed);
-        } else if (lost && !local) {
-          fail_batch(self, batch_id,
-                     {status_code::unavailable,
-                      "model '" + st.cfg.model.name + "': the batch was lost with "
-                        + std::to_string(attempts) + " executors in a row, last on node '"
-                        + node + "'; retry the request",
-                      failure_reason::unavailable});
-        } else {
-          // No internals in the answer: the log line above has them.
-          fail_batch(self, batch_id,
-                     {status_code::internal,
-                      "model '" + st.cfg.model.name + "': "
-                        + (lost ? std::string(hung ? "the executor running this batch did not "
-                                                     "answer within --executor-timeout-ms, "
-                                                   : "the executor running this batch stopped, ")
-                                    + std::to_string(attempts)
-                                    + " times in a row; the request was not tried again"
-                                : std::string("the executor failed while running the batch"))
-                        + "; the server log has the details",
-                      failure_reason::internal});
         }
-        fail_unrunnable(self);
-        poll_policy(self);
-        maybe_finish_drain(self);
+        attempt_failed(self, batch_id, addr, node, local, err);
       });
 }
 
@@ -1081,7 +1162,9 @@ scheduler_actor spawn_scheduler(caf::actor_system& sys, scheduler_config config)
         auto& st = self->state;
         if (st.timer_due && clock_type::now() >= *st.timer_due)
           st.timer_due.reset();
-        // Also the supervision timer: a quarantine ended or a restart is due.
+        // Also the supervision timer: a quarantine ended, a restart is due, or
+        // a local executor may have hung.
+        check_hung(self);
         respawn_due(self);
         publish_health(st);
         poll_policy(self);

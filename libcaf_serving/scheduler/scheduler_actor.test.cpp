@@ -5,6 +5,7 @@
 
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
+#include <caf/scoped_actor.hpp>
 #include <caf/send.hpp>
 #include <doctest/doctest.h>
 
@@ -14,6 +15,7 @@
 #include <map>
 #include <mutex>
 #include <thread>
+#include <utility>
 
 using namespace caf_serving;
 
@@ -540,4 +542,110 @@ TEST_CASE("instances that lose their device stop being chosen; with none left, 5
   auto why = message_of(c, sent);
   CHECK(why.find("model 'id'") != std::string::npos);
   CHECK(why.find("no executor") != std::string::npos);
+}
+
+namespace {
+
+/// A one-shot gate: a backend thread waits at it until the test opens it, and
+/// the test can wait until a thread has arrived.
+struct gate {
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool arrived = false;
+  bool open = false;
+
+  void pass() {
+    std::unique_lock<std::mutex> lock(mutex);
+    arrived = true;
+    cv.notify_all();
+    cv.wait(lock, [&] { return open; });
+  }
+  bool wait_arrived() {
+    std::unique_lock<std::mutex> lock(mutex);
+    return cv.wait_for(lock, std::chrono::seconds(20), [&] { return arrived; });
+  }
+  void release() {
+    std::lock_guard<std::mutex> guard(mutex);
+    open = true;
+    cv.notify_all();
+  }
+};
+
+/// The identity model on a thread of its own; with a gate, its first batch
+/// waits there, and then either answers or breaks the executor.
+class gated_backend final : public executor::backend {
+public:
+  gated_backend(gate* g, bool break_after) : gate_(g), break_after_(break_after) {}
+
+  bool blocks() const override { return true; }
+  std::variant<std::monostate, serving_error> execute(const executor::batch_view& batch,
+                                                      executor::output_writer& out) override {
+    if (gate_) {
+      auto* g = std::exchange(gate_, nullptr);
+      g->pass();
+      if (break_after_)
+        throw executor::executor_broken("injected: broke after hanging");
+    }
+    const auto& in = batch.inputs.at(0);
+    std::memcpy(out.allocate("OUTPUT0", in.dtype, in.shape, in.size), in.data, in.size);
+    return {};
+  }
+
+private:
+  gate* gate_;
+  bool break_after_;
+};
+
+} // namespace
+
+TEST_CASE("a hung executor's batch goes to its replacement; the hung attempt's late error "
+          "does not touch it") {
+  auto model = identity_model(8, 0, 64);
+  collector c;
+  gate first, second;
+  caf::actor_system_config cfg;
+  cfg.set("scheduler.max-threads", size_t{2});
+  caf::actor_system sys{cfg};
+  auto stats = std::make_shared<model_stats>("id", 1);
+  scheduler::scheduler_config sc;
+  sc.model = model;
+  sc.policy = scheduler::make_policy_config(model, 64);
+  sc.stats = stats;
+  sc.local_batch_timeout = std::chrono::milliseconds(500);
+  // The first executor hangs, then breaks; its replacement hangs, then answers.
+  auto hung = executor::spawn_executor(sys, std::make_shared<gated_backend>(&first, true), model);
+  sc.executors.push_back(hung);
+  std::atomic<int> started{0};
+  sc.respawn_executor = [&] {
+    auto* g = started.fetch_add(1) == 0 ? &second : nullptr;
+    return executor::spawn_executor(sys, std::make_shared<gated_backend>(g, false), model);
+  };
+  postprocess::postprocessor_config pc;
+  pc.stats = stats;
+  sc.postprocessor = postprocess::spawn_postprocessor(sys, pc);
+  auto sched = scheduler::spawn_scheduler(sys, std::move(sc));
+  {
+    caf::scoped_actor watcher{sys};
+    watcher->monitor(hung);
+    caf::anon_send(sched, make_job(1, c));
+    REQUIRE(first.wait_arrived());
+    // Given up after 500 ms: the batch is sent to a new executor, which holds it.
+    REQUIRE(second.wait_arrived());
+    CHECK(stats->executor_restarts.load() == 1);
+    // The first executor's attempt now ends with an error (the executor
+    // breaks); it reaches the scheduler before the replacement answers.
+    first.release();
+    watcher->receive([](caf::down_msg&) {});
+    second.release();
+    REQUIRE(c.wait_for(1));
+    // Later requests are served, after the late error in the mailbox.
+    for (int i = 2; i <= 5; ++i)
+      caf::anon_send(sched, make_job(i, c));
+    REQUIRE(c.wait_for(5));
+  }
+  CHECK(c.total == 5);
+  for (int i = 1; i <= 5; ++i)
+    CHECK(status_of(c, i) == 0);
+  caf::anon_send(sched, drain_atom::value);
+  sys.await_all_actors_done();
 }
