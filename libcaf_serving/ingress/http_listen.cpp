@@ -1,5 +1,6 @@
 #include "ingress/http_listen.hpp"
 
+#include "ingress/coalescing_stream.hpp"
 #include "ingress/kserve_codec.hpp"
 
 #include <kj/async.h>
@@ -172,7 +173,21 @@ void connection_gate::serve(kj::Own<kj::AsyncIoStream> connection) {
   if (served_)
     served_->fetch_add(1, std::memory_order_relaxed);
   open_here.fetch_add(1, std::memory_order_relaxed);
-  tasks_.add(server_.listenHttp(kj::mv(connection)).attach(kj::defer([this]() {
+  // One write per response instead of kj-http's two (coalescing_stream.hpp).
+  // What it still holds when kj-http is done with the connection (a last
+  // answer, a 400 for a malformed request) is sent before it closes, for at
+  // most as long as a client that does not read may hold it up.
+  auto stream = kj::heap<coalescing_stream>(kj::mv(connection));
+  auto& s = *stream;
+  auto flushed = [this, &s]() {
+    return s.flush().exclusiveJoin(timer_.afterDelay(5 * kj::SECONDS));
+  };
+  auto served = server_.listenHttpCleanDrain(s).then(
+    [flushed](bool) { return flushed(); },
+    [flushed](kj::Exception&& e) {
+      return flushed().then([e = kj::mv(e)]() mutable -> kj::Promise<void> { return kj::mv(e); });
+    });
+  tasks_.add(served.attach(kj::mv(stream), kj::defer([this]() {
     open_here.fetch_sub(1, std::memory_order_relaxed);
     count_.open.fetch_sub(1, std::memory_order_relaxed);
   })));

@@ -80,6 +80,11 @@ public:
   /// Connections open on this loop now.
   std::atomic<uint32_t> open_here{0};
 
+  /// Completes when every connection this loop served is closed, after the
+  /// answers it still held were sent (coalescing_stream): an HTTP server's
+  /// drain() ends when the answers are handed over, not when they are sent.
+  kj::Promise<void> connections_closed() { return tasks_.onEmpty(); }
+
 private:
   void serve(kj::Own<kj::AsyncIoStream> connection);
   void hand_off(kj::Own<kj::AsyncIoStream> connection);

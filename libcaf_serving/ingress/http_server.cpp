@@ -1243,6 +1243,8 @@ public:
     auto metrics_drained = metrics_server_.drain();
     auto drained = server_.drain()
                      .then([m = kj::mv(metrics_drained)]() mutable { return kj::mv(m); })
+                     .then([this]() { return gate_.connections_closed(); })
+                     .then([this]() { return metrics_gate_.connections_closed(); })
                      .fork();
     auto within = [&](kj::Duration limit) {
       return drained.addBranch()
