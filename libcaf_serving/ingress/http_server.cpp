@@ -18,6 +18,7 @@
 #include <kj/async-io.h>
 #include <kj/async-unix.h>
 #include <kj/compat/http.h>
+#include <kj/list.h>
 #include <kj/mutex.h>
 
 #include <algorithm>
@@ -269,45 +270,71 @@ public:
     body_.bytes.grow(first, json_parser_padding);
   }
 
+  /// The whole body, or why there is none.
   kj::Promise<body_read> read() {
     return loop().then([this]() { return kj::mv(body_); },
                        [this](kj::Exception&& e) {
-                         body_.result = e.getType() == kj::Exception::Type::DISCONNECTED
-                                          ? body_read::outcome::disconnected
-                                          : body_read::outcome::malformed;
+                         failed(e);
                          return kj::mv(body_);
                        });
   }
 
-private:
-  kj::Promise<void> loop() {
+  /// One read: resolves to whether the body is done (read whole, or failed:
+  /// see body()). A failure of the stream is an exception, for failed().
+  /// A caller that goes on anyway chains this instead of read(), and loop()
+  /// only when it is not done: a body that came with its headers (the usual
+  /// case) costs one read and no promise nodes for the loop.
+  kj::Promise<bool> step() {
     if (body_.used > limit_) {
       body_.result = body_read::outcome::too_large;
-      return kj::READY_NOW;
+      return true;
     }
     if (body_.used == body_.bytes.size())
       body_.bytes.grow(std::min(body_.bytes.size() * 2, limit_ + 1), json_parser_padding);
-    constexpr size_t stalled = ~size_t{0};
     auto got = in_.tryRead(body_.bytes.data() + body_.used, 1, body_.bytes.size() - body_.used)
                  .exclusiveJoin(timer_.afterDelay(stall_).then([]() { return stalled; }));
-    return got.then([this](size_t n) -> kj::Promise<void> {
-      if (n == stalled) {
-        body_.result = body_read::outcome::stalled;
+    return got.then([this](size_t n) { return consume(n); });
+  }
+
+  /// The rest of the body, after a step() that was not done.
+  kj::Promise<void> loop() {
+    return step().then([this](bool done) -> kj::Promise<void> {
+      if (done)
         return kj::READY_NOW;
-      }
-      if (n == 0) {
-        body_.bytes.truncate(body_.used);
-        return kj::READY_NOW;
-      }
-      body_.used += n;
-      // A declared length read whole is the end: kj's stream would only
-      // answer the next read with 0 (a timer and three promise nodes more).
-      if (expected_ && body_.used == *expected_) {
-        body_.bytes.truncate(body_.used);
-        return kj::READY_NOW;
-      }
       return loop();
     });
+  }
+
+  /// Records the failure of the stream that step() or loop() threw.
+  void failed(const kj::Exception& e) {
+    body_.result = e.getType() == kj::Exception::Type::DISCONNECTED
+                     ? body_read::outcome::disconnected
+                     : body_read::outcome::malformed;
+  }
+
+  body_read& body() { return body_; }
+
+private:
+  static constexpr size_t stalled = ~size_t{0};
+
+  /// Takes the `n` bytes one read gave; returns whether the body is done.
+  bool consume(size_t n) {
+    if (n == stalled) {
+      body_.result = body_read::outcome::stalled;
+      return true;
+    }
+    if (n == 0) {
+      body_.bytes.truncate(body_.used);
+      return true;
+    }
+    body_.used += n;
+    // A declared length read whole is the end: kj's stream would only
+    // answer the next read with 0 (a timer and three promise nodes more).
+    if (expected_ && body_.used == *expected_) {
+      body_.bytes.truncate(body_.used);
+      return true;
+    }
+    return false;
   }
 
   kj::AsyncInputStream& in_;
@@ -324,8 +351,8 @@ private:
 /// Every request gets exactly one answer: a sink dropped without an answer (a
 /// pipeline stage stopped while holding the request) answers 500 naming the
 /// model, instead of letting kj turn the broken promise into its own 500.
-/// The promise carries a Maybe (kserve_service::pipeline_answer), always set
-/// here, so that it joins the exit timeout's without a conversion node.
+/// The promise carries a Maybe: nothing when the ingress gives up on the
+/// answer (abandon(), at the exit timeout).
 class http_sink final : public response_sink {
 public:
   http_sink(kj::Own<kj::CrossThreadPromiseFulfiller<kj::Maybe<response_message>>> f,
@@ -346,6 +373,9 @@ public:
     delivered_ = true;
     fulfiller_->fulfill(kj::Maybe<response_message>(kj::mv(r)));
   }
+  /// Resolves the request's promise with nothing, unless the answer came
+  /// first: the fulfiller takes one call, from whichever thread.
+  void abandon() { fulfiller_->fulfill(kj::Maybe<response_message>(nullptr)); }
 
 private:
   kj::Own<kj::CrossThreadPromiseFulfiller<kj::Maybe<response_message>>> fulfiller_;
@@ -353,11 +383,36 @@ private:
   bool delivered_ = false;
 };
 
-/// Everything an inference request keeps alive while it is in the pipeline.
+/// Everything an inference request keeps from its headers until its answer
+/// is written: one allocation per request, attached once to the request's
+/// promise, which its continuations reach by reference. While it exists the
+/// request counts as pending in the model's statistics, whichever way it
+/// ends: answered, failed, or dropped by kj when the client goes away.
 struct infer_context {
+  infer_context(std::shared_ptr<const server::model_pipeline> m, int64_t received,
+                body_reader r)
+      : model(std::move(m)), received_ns(received), reader(std::move(r)) {
+    model->stats->pending.fetch_add(1, std::memory_order_relaxed);
+  }
+  ~infer_context() {
+    if (waiting_link.isLinked())
+      waiting_in->remove(*this);
+    model->stats->pending.fetch_sub(1, std::memory_order_relaxed);
+  }
+  infer_context(const infer_context&) = delete;
+  infer_context& operator=(const infer_context&) = delete;
+
   std::shared_ptr<const server::model_pipeline> model;
   int64_t received_ns = 0;
+  body_reader reader;
+  // Headers the body needs, copied: kj's are invalid once the body is read.
+  std::string content_type;
+  std::string encoding_header;
+  std::string header_length_text;
   std::string accept_encoding;
+  bool chunked = false;
+  /// Inference-Header-Content-Length: 0, a body that is all tensor bytes.
+  bool raw_body = false;
   infer_request request;
   bool timing = false;
   /// The shared-memory regions the request reads and writes, mapped until
@@ -370,6 +425,14 @@ struct infer_context {
   std::optional<cache_key> cache_miss_key;
   /// Time the response cache lookup took (and copying the key, on a miss).
   int64_t cache_lookup_ns = 0;
+  /// A successful answer's bytes and stream, alive until the write is done.
+  std::string response_body;
+  kj::Own<kj::AsyncOutputStream> response_stream;
+  /// While the request waits for the pipeline: its place in the service's
+  /// list of such requests, and its sink, to abandon at the exit timeout.
+  kj::ListLink<infer_context> waiting_link;
+  kj::List<infer_context, &infer_context::waiting_link>* waiting_in = nullptr;
+  std::weak_ptr<http_sink> sink;
 };
 
 /// What every event loop shares: read-only after start, or thread-safe.
@@ -398,12 +461,7 @@ public:
         accepted_by_loop_(shared.accepted_by_loop),
         metrics_only_(metrics_only),
         timer_(timer),
-        closer_(closer),
-        abandon_(nullptr) {
-    auto paf = kj::newPromiseAndFulfiller<kj::Maybe<response_message>>();
-    abandon_ = paf.promise.fork();
-    abandon_fulfiller_ = kj::mv(paf.fulfiller);
-  }
+        closer_(closer) {}
 
   bool draining = false;
 
@@ -412,8 +470,10 @@ public:
   /// waiting.
   size_t abandon_in_flight() {
     abandoned_ = true;
-    abandon_fulfiller_->fulfill(nullptr);
-    return waiting_;
+    for (auto& ctx : waiting_)
+      if (auto sink = ctx.sink.lock())
+        sink->abandon();
+    return waiting_.size();
   }
 
   kj::Promise<void> request(kj::HttpMethod method, kj::StringPtr url,
@@ -512,6 +572,40 @@ private:
                               content_encoding encoding = content_encoding::identity,
                               close_connection close = close_connection::no,
                               uint32_t retry_after_s = 0) {
+    auto owned = kj::heap<std::string>(std::move(body));
+    auto stream = start_body(response, status, *owned, content_type, header_length, encoding,
+                             close, retry_after_s);
+    auto promise = stream->write(owned->data(), owned->size()).attach(kj::mv(stream), kj::mv(owned));
+    if (close == close_connection::no)
+      return promise;
+    // kj 0.9 sends `Connection: close` but would still wait for the next
+    // request; failing as DISCONNECTED after the response ends the connection
+    // (kserve_error_handler answers nothing more to that).
+    return promise.then([]() -> kj::Promise<void> {
+      return KJ_EXCEPTION(DISCONNECTED, "closing the connection after this response");
+    });
+  }
+
+  /// A successful inference answer, written from `ctx`, which holds the bytes
+  /// and the stream until the write is done: no allocation and no promise
+  /// node to keep them, as send_body needs.
+  kj::Promise<void> send_kept(infer_context& ctx, Response& response, std::string body,
+                              const char* content_type, std::optional<size_t> header_length,
+                              content_encoding encoding) {
+    ctx.response_body = std::move(body);
+    ctx.response_stream = start_body(response, 200, ctx.response_body, content_type,
+                                     header_length, encoding, close_connection::no, 0);
+    return ctx.response_stream->write(ctx.response_body.data(), ctx.response_body.size());
+  }
+
+  /// Sends the status line and headers of a response whose body is `body`
+  /// (compressed in place when `encoding` asks), and returns the stream to
+  /// write the body to.
+  kj::Own<kj::AsyncOutputStream> start_body(Response& response, int status, std::string& body,
+                                            const char* content_type,
+                                            std::optional<size_t> header_length,
+                                            content_encoding encoding, close_connection close,
+                                            uint32_t retry_after_s) {
     kj::HttpHeaders headers(table_);
     headers.set(kj::HttpHeaderId::CONTENT_TYPE, content_type);
     if (retry_after_s > 0)
@@ -522,20 +616,11 @@ private:
       body = compress(body, encoding);
       headers.set(ids_.content_encoding, kj::str(to_string(encoding).data()));
     }
-    auto owned = kj::heap<std::string>(std::move(body));
     closer_.close_next = close == close_connection::yes;
     auto stream = response.send(static_cast<uint>(status), status_text(status), headers,
-                                uint64_t{owned->size()});
+                                uint64_t{body.size()});
     closer_.close_next = false;
-    auto promise = stream->write(owned->data(), owned->size()).attach(kj::mv(stream), kj::mv(owned));
-    if (close == close_connection::no)
-      return promise;
-    // kj 0.9 sends `Connection: close` but would still wait for the next
-    // request; failing as DISCONNECTED after the response ends the connection
-    // (kserve_error_handler answers nothing more to that).
-    return promise.then([]() -> kj::Promise<void> {
-      return KJ_EXCEPTION(DISCONNECTED, "closing the connection after this response");
-    });
+    return stream;
   }
 
   kj::Promise<void> send_json(Response& response, int status, std::string body) {
@@ -808,12 +893,8 @@ private:
   kj::Promise<void> infer(std::shared_ptr<const server::model_pipeline> model,
                           const kj::HttpHeaders& headers, kj::AsyncInputStream& body,
                           Response& response, int64_t received) {
-    // Headers are invalid once the body is read: take what is needed now.
-    auto content_type = header_or_empty(headers, kj::HttpHeaderId::CONTENT_TYPE);
-    auto encoding_header = header_or_empty(headers, ids_.content_encoding);
-    auto accept_encoding = header_or_empty(headers, ids_.accept_encoding);
-    auto header_length_text = header_or_empty(headers, ids_.inference_header_length);
     auto length_text = header_or_empty(headers, kj::HttpHeaderId::CONTENT_LENGTH);
+    auto header_length_text = header_or_empty(headers, ids_.inference_header_length);
     const auto& limits = cfg_.limits;
     // Triton's 400 for a body over the input size limit; the body stays
     // unread, so the connection cannot go on.
@@ -826,142 +907,162 @@ private:
     std::optional<uint64_t> expected;
     if (!length_text.empty())
       expected = std::strtoull(length_text.c_str(), nullptr, 10);
-    bool chunked = !header_or_empty(headers, kj::HttpHeaderId::TRANSFER_ENCODING).empty();
-    auto stats = model->stats;
-    // Pending from here until this request's promise is done or dropped, in
-    // whichever way it ends: answered, failed, or cancelled by kj when the
-    // client goes away (then no continuation below runs).
-    stats->pending.fetch_add(1, std::memory_order_relaxed);
-    auto still_pending = kj::defer([stats]() { stats->pending.fetch_sub(1, std::memory_order_relaxed); });
-    auto reader = kj::heap<body_reader>(body, timer_, cfg_.idle_timeout_ms * kj::MILLISECONDS,
-                                        limits.max_body_bytes, expected);
-    auto reading = reader->read();
-    return reading.attach(kj::mv(reader))
+    auto owned = kj::heap<infer_context>(
+      std::move(model), received,
+      body_reader(body, timer_, cfg_.idle_timeout_ms * kj::MILLISECONDS, limits.max_body_bytes,
+                  expected));
+    infer_context& ctx = *owned;
+    // Headers are invalid once the body is read: take what is needed now.
+    ctx.content_type = header_or_empty(headers, kj::HttpHeaderId::CONTENT_TYPE);
+    ctx.encoding_header = header_or_empty(headers, ids_.content_encoding);
+    ctx.accept_encoding = header_or_empty(headers, ids_.accept_encoding);
+    ctx.header_length_text = std::move(header_length_text);
+    ctx.raw_body = raw_body;
+    ctx.chunked = !header_or_empty(headers, kj::HttpHeaderId::TRANSFER_ENCODING).empty();
+    // The body's first read, and the rest only when that was not all of it;
+    // a failed read is answered as the body's outcome. (kj::cp: then() would
+    // keep a reference to an lvalue handler.)
+    auto read_failed = [this, &ctx, &response](kj::Exception&& e) {
+      ctx.reader.failed(e);
+      return after_body(ctx, response);
+    };
+    return ctx.reader.step()
       .then(
-        [this, model, &response, received, chunked, content_type = std::move(content_type),
-         encoding_header = std::move(encoding_header),
-         accept_encoding = std::move(accept_encoding),
-         header_length_text = std::move(header_length_text), raw_body](body_read read) mutable
-        -> kj::Promise<void> {
-          auto fail = [&](const serving_error& e,
-                          close_connection close = close_connection::no) {
-            finish_failure(*model, received, e);
-            return send_error(response, static_cast<int>(e.status), e.message, close);
-          };
-          switch (read.result) {
-            case body_read::outcome::complete:
-              break;
-            case body_read::outcome::disconnected:
-              // Nobody is left to answer, and a client that went away is no
-              // failure of the server's: it is not counted as one.
-              return KJ_EXCEPTION(DISCONNECTED, "the client left inside the request body");
-            case body_read::outcome::malformed:
-              return fail(bad_request(chunked ? "the request body is not valid chunked "
-                                                "transfer encoding (Transfer-Encoding: chunked)"
-                                              : "the request body could not be read"),
-                          close_connection::yes);
-            case body_read::outcome::stalled:
-              return fail({static_cast<status_code>(408),
-                           "no byte of the request body arrived for "
-                             + std::to_string(cfg_.idle_timeout_ms)
-                             + " ms (--idle-timeout-ms)",
-                           failure_reason::bad_request},
-                          close_connection::yes);
-            case body_read::outcome::too_large:
-              // The rest of the body stays unread: the connection cannot go on.
-              return fail(body_too_large(std::nullopt, cfg_.limits.max_body_bytes, raw_body),
-                          close_connection::yes);
-          }
-          auto ctx = std::make_shared<infer_context>();
-          ctx->model = model;
-          ctx->received_ns = received;
-          ctx->accept_encoding = std::move(accept_encoding);
-          // Binary inputs point into the body (or its inflated copy) until
-          // to_message has copied them into the request message.
-          std::string inflated_body;
-          std::string_view body_view(read.bytes.data(), read.bytes.size());
-          size_t body_padding = read_padding(read.bytes);
-          if (!encoding_header.empty()) {
-            auto enc = parse_content_encoding(encoding_header);
-            if (!enc)
-              return fail(enc.error());
-            if (*enc != content_encoding::identity) {
-              auto inflated = decompress(body_view, *enc, cfg_.limits.max_body_bytes);
-              if (!inflated)
-                return fail(inflated.error());
-              inflated_body = std::move(*inflated);
-              body_view = inflated_body;
-              body_padding = read_padding(inflated_body);
-            }
-          }
-          parse_input in;
-          in.body = body_view;
-          in.readable_padding = body_padding;
-          in.content_type = content_type;
-          in.limits = cfg_.limits;
-          in.model = &model->config;
-          if (!header_length_text.empty()) {
-            char* end = nullptr;
-            auto n = std::strtoull(header_length_text.c_str(), &end, 10);
-            if (*end != '\0')
-              return fail(bad_request("Unable to parse Inference-Header-Content-Length, got: "
-                                      + header_length_text + "; its value '" + header_length_text
-                                      + "' is not a number (the byte length of the JSON "
-                                        "header that starts the body)"));
-            in.header_length = n;
-          }
-          auto parsed = parse_infer_request(in);
-          if (!parsed)
-            return fail(parsed.error());
-          auto bound = bind_shared_memory(*parsed, shm_, model->config);
-          if (!bound)
-            return fail(bound.error());
-          ctx->shared_memory = std::move(*bound);
-          auto checked = validate(*parsed, model->config, cfg_.limits);
-          if (!checked)
-            return fail(checked.error());
-          ctx->request = std::move(*parsed);
-          auto timing = ctx->request.parameters.find("timing");
-          ctx->timing = timing != ctx->request.parameters.end() && timing->second == "true";
-          // Not for requests that use shared memory: their inputs may live in a
-          // client's region, which only copy_input_data reads safely.
-          if (cfg_.cache && model->config.response_cache_enabled && ctx->shared_memory.empty())
-            if (auto hit = probe_cache(*ctx))
-              return answer_cached(*ctx, std::move(hit), response);
-          auto msg = to_message(*ctx, checked->batch_size, received);
-          if (!msg)
-            return fail(msg.error());
-          // The inputs now live in `msg`; their views into the body would dangle
-          // once this callback returns, and JSON-converted bytes need not wait
-          // in the queue twice.
-          ctx->request.inputs.clear();
-          auto paf = kj::newPromiseAndCrossThreadFulfiller<kj::Maybe<response_message>>();
-          caf::anon_send(model->scheduler,
-                         infer_job{std::move(*msg), std::make_shared<http_sink>(kj::mv(paf.fulfiller), model->config.name)});
-          return wait_for_pipeline(kj::mv(paf.promise))
-            .then([this, ctx, &response](kj::Maybe<response_message> r) {
-              KJ_IF_MAYBE (answered, r)
-                return answer(*ctx, kj::mv(*answered), response);
-              serving_error e{status_code::unavailable,
-                              "the server is shutting down and did not finish this request "
-                              "within --exit-timeout-secs ("
-                                + std::to_string(cfg_.exit_timeout_secs) + " s)"};
-              finish_failure(*ctx->model, ctx->received_ns, e);
-              return send_error(response, e);
-            });
-        })
-      .attach(kj::mv(still_pending));
+        [this, &ctx, &response, read_failed](bool done) -> kj::Promise<void> {
+          if (done)
+            return after_body(ctx, response);
+          return ctx.reader.loop().then([this, &ctx, &response]() { return after_body(ctx, response); },
+                                        kj::cp(read_failed));
+        },
+        kj::cp(read_failed))
+      .attach(kj::mv(owned));
   }
 
-  /// The pipeline's answer (`p`, always set: http_sink), or nothing when the
-  /// exit timeout passes first. Both promises carry the same type, so they
-  /// join without a conversion node each (two allocations per request).
+  /// The rest of an inference request once its body is read (or failed):
+  /// parse, check, hand to the pipeline, and answer what comes back.
+  kj::Promise<void> after_body(infer_context& ctx, Response& response) {
+    const auto& model = ctx.model;
+    int64_t received = ctx.received_ns;
+    auto fail = [&](const serving_error& e, close_connection close = close_connection::no) {
+      finish_failure(*model, received, e);
+      return send_error(response, static_cast<int>(e.status), e.message, close);
+    };
+    body_read& read = ctx.reader.body();
+    switch (read.result) {
+      case body_read::outcome::complete:
+        break;
+      case body_read::outcome::disconnected:
+        // Nobody is left to answer, and a client that went away is no
+        // failure of the server's: it is not counted as one.
+        return KJ_EXCEPTION(DISCONNECTED, "the client left inside the request body");
+      case body_read::outcome::malformed:
+        return fail(bad_request(ctx.chunked ? "the request body is not valid chunked "
+                                              "transfer encoding (Transfer-Encoding: chunked)"
+                                            : "the request body could not be read"),
+                    close_connection::yes);
+      case body_read::outcome::stalled:
+        return fail({static_cast<status_code>(408),
+                     "no byte of the request body arrived for "
+                       + std::to_string(cfg_.idle_timeout_ms) + " ms (--idle-timeout-ms)",
+                     failure_reason::bad_request},
+                    close_connection::yes);
+      case body_read::outcome::too_large:
+        // The rest of the body stays unread: the connection cannot go on.
+        return fail(body_too_large(std::nullopt, cfg_.limits.max_body_bytes, ctx.raw_body),
+                    close_connection::yes);
+    }
+    // Binary inputs point into the body (or its inflated copy) until
+    // to_message has copied them into the request message.
+    std::string inflated_body;
+    std::string_view body_view(read.bytes.data(), read.bytes.size());
+    size_t body_padding = read_padding(read.bytes);
+    if (!ctx.encoding_header.empty()) {
+      auto enc = parse_content_encoding(ctx.encoding_header);
+      if (!enc)
+        return fail(enc.error());
+      if (*enc != content_encoding::identity) {
+        auto inflated = decompress(body_view, *enc, cfg_.limits.max_body_bytes);
+        if (!inflated)
+          return fail(inflated.error());
+        inflated_body = std::move(*inflated);
+        body_view = inflated_body;
+        body_padding = read_padding(inflated_body);
+      }
+    }
+    parse_input in;
+    in.body = body_view;
+    in.readable_padding = body_padding;
+    in.content_type = ctx.content_type;
+    in.limits = cfg_.limits;
+    in.model = &model->config;
+    if (!ctx.header_length_text.empty()) {
+      char* end = nullptr;
+      auto n = std::strtoull(ctx.header_length_text.c_str(), &end, 10);
+      if (*end != '\0')
+        return fail(bad_request("Unable to parse Inference-Header-Content-Length, got: "
+                                + ctx.header_length_text + "; its value '"
+                                + ctx.header_length_text
+                                + "' is not a number (the byte length of the JSON "
+                                  "header that starts the body)"));
+      in.header_length = n;
+    }
+    auto parsed = parse_infer_request(in);
+    if (!parsed)
+      return fail(parsed.error());
+    auto bound = bind_shared_memory(*parsed, shm_, model->config);
+    if (!bound)
+      return fail(bound.error());
+    ctx.shared_memory = std::move(*bound);
+    auto checked = validate(*parsed, model->config, cfg_.limits);
+    if (!checked)
+      return fail(checked.error());
+    ctx.request = std::move(*parsed);
+    auto timing = ctx.request.parameters.find("timing");
+    ctx.timing = timing != ctx.request.parameters.end() && timing->second == "true";
+    // Not for requests that use shared memory: their inputs may live in a
+    // client's region, which only copy_input_data reads safely.
+    if (cfg_.cache && model->config.response_cache_enabled && ctx.shared_memory.empty())
+      if (auto hit = probe_cache(ctx))
+        return answer_cached(ctx, std::move(hit), response);
+    auto msg = to_message(ctx, checked->batch_size, received);
+    if (!msg)
+      return fail(msg.error());
+    // The inputs now live in `msg`: their views into the body would dangle
+    // once the body goes, which need not wait for the answer, nor need
+    // JSON-converted bytes wait in the queue twice.
+    ctx.request.inputs.clear();
+    read.bytes = body_bytes();
+    auto paf = kj::newPromiseAndCrossThreadFulfiller<kj::Maybe<response_message>>();
+    auto sink = std::make_shared<http_sink>(kj::mv(paf.fulfiller), model->config.name);
+    ctx.sink = sink;
+    caf::anon_send(model->scheduler, infer_job{std::move(*msg), std::move(sink)});
+    return wait_for_pipeline(ctx, kj::mv(paf.promise))
+      .then([this, &ctx, &response](kj::Maybe<response_message> r) {
+        if (ctx.waiting_link.isLinked())
+          waiting_.remove(ctx);
+        KJ_IF_MAYBE (answered, r)
+          return answer(ctx, kj::mv(*answered), response);
+        serving_error e{status_code::unavailable,
+                        "the server is shutting down and did not finish this request "
+                        "within --exit-timeout-secs ("
+                          + std::to_string(cfg_.exit_timeout_secs) + " s)"};
+        finish_failure(*ctx.model, ctx.received_ns, e);
+        return send_error(response, e);
+      });
+  }
+
+  /// The pipeline's answer (`p`), or nothing when the exit timeout has
+  /// passed or passes first: until the answer is taken (or the request
+  /// dropped) ctx is on the list abandon_in_flight() walks. A list instead of
+  /// joining each request with one forked promise: that took three nodes and
+  /// three allocations per request.
   kj::Promise<kj::Maybe<response_message>> wait_for_pipeline(
-    kj::Promise<kj::Maybe<response_message>> p) {
+    infer_context& ctx, kj::Promise<kj::Maybe<response_message>> p) {
     if (abandoned_)
       return kj::Maybe<response_message>(nullptr);
-    ++waiting_;
-    return p.exclusiveJoin(abandon_.addBranch()).attach(kj::defer([this]() { --waiting_; }));
+    waiting_.add(ctx);
+    ctx.waiting_in = &waiting_;
+    return p;
   }
 
   /// The one copy of tensor bytes between the socket and the executor
@@ -1095,7 +1196,7 @@ private:
     if (!out->binary_data.empty())
       return send_vectored(response, std::move(out->body), out->binary_data, outputs.keep(),
                            out->content_type.c_str(), *out->header_length);
-    return send_body(response, 200, std::move(out->body), out->content_type.c_str(),
+    return send_kept(ctx, response, std::move(out->body), out->content_type.c_str(),
                      out->header_length, encoding);
   }
 
@@ -1133,13 +1234,10 @@ private:
   bool metrics_only_;
   kj::Timer& timer_;
   close_after_response& closer_;
-  /// Fulfilled (with nothing) when the exit timeout passes: waiting requests
-  /// answer 503.
-  kj::ForkedPromise<kj::Maybe<response_message>> abandon_;
-  kj::Own<kj::PromiseFulfiller<kj::Maybe<response_message>>> abandon_fulfiller_;
+  /// Set when the exit timeout passes: waiting requests answer 503.
   bool abandoned_ = false;
   /// Inference requests handed to the pipeline and not answered yet.
-  size_t waiting_ = 0;
+  kj::List<infer_context, &infer_context::waiting_link> waiting_;
 };
 
 /// The thread that waits for SIGINT and SIGTERM (blocked there and read by kj).

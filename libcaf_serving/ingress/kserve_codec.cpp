@@ -1,5 +1,7 @@
 #include "ingress/kserve_codec.hpp"
 
+#include "ingress/float_text.hpp"
+
 #include "ingress/validate.hpp"
 
 #include <simdjson.h>
@@ -12,6 +14,7 @@
 #include <functional>
 #include <limits>
 #include <numeric>
+#include <type_traits>
 
 // Tensor bytes are little-endian on the wire and are copied as host values.
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
@@ -1275,7 +1278,10 @@ char* write_floating(char* p, char* end, F v) {
     std::memcpy(p, "null", 4);
     return p + 4;
   }
-  return std::to_chars(p, end, v).ptr;
+  if constexpr (std::is_same_v<F, float>)
+    return write_float(p, v); // to_chars' text, faster for integers and short fractions
+  else
+    return std::to_chars(p, end, v).ptr;
 }
 
 /// JSON numbers (or true/false) for fixed-size tensor data; NaN and
