@@ -2,6 +2,7 @@
 
 #include "core/clock.hpp"
 #include "core/pipeline_messages.hpp"
+#include "ingress/answer_inbox.hpp"
 #include "ingress/compression.hpp"
 #include "ingress/infer_message.hpp"
 #include "ingress/http_listen.hpp"
@@ -346,20 +347,20 @@ private:
 };
 
 /// Delivers a response from whichever thread the post-processor runs on to the
-/// connection's event loop.
+/// connection's event loop, through the loop's inbox (answer_inbox.hpp).
 ///
 /// Every request gets exactly one answer: a sink dropped without an answer (a
 /// pipeline stage stopped while holding the request) answers 500 naming the
 /// model, instead of letting kj turn the broken promise into its own 500.
-/// The promise carries a Maybe: nothing when the ingress gives up on the
-/// answer (abandon(), at the exit timeout).
+/// The request's promise carries a Maybe: nothing when the ingress gives up on
+/// the answer (at the exit timeout).
 class http_sink final : public response_sink {
 public:
-  http_sink(kj::Own<kj::CrossThreadPromiseFulfiller<kj::Maybe<response_message>>> f,
+  http_sink(std::shared_ptr<answer_inbox> inbox, std::shared_ptr<answer_cell> cell,
             std::string model)
-      : fulfiller_(kj::mv(f)), model_(std::move(model)) {}
+      : inbox_(std::move(inbox)), cell_(std::move(cell)), model_(std::move(model)) {}
   ~http_sink() noexcept override {
-    if (delivered_)
+    if (!cell_)
       return;
     auto msg = response_message::create(512);
     auto err = msg.builder().initError();
@@ -367,20 +368,15 @@ public:
     err.setMessage("model '" + model_ + "': the request was lost inside the server (a "
                    "pipeline stage stopped while holding it); retry it");
     err.setReason(wire::FailureReason::INTERNAL);
-    fulfiller_->fulfill(kj::Maybe<response_message>(kj::mv(msg)));
+    inbox_->post(std::move(cell_), std::move(msg));
   }
-  void deliver(response_message r) override {
-    delivered_ = true;
-    fulfiller_->fulfill(kj::Maybe<response_message>(kj::mv(r)));
-  }
-  /// Resolves the request's promise with nothing, unless the answer came
-  /// first: the fulfiller takes one call, from whichever thread.
-  void abandon() { fulfiller_->fulfill(kj::Maybe<response_message>(nullptr)); }
+  void deliver(response_message r) override { inbox_->post(std::move(cell_), std::move(r)); }
 
 private:
-  kj::Own<kj::CrossThreadPromiseFulfiller<kj::Maybe<response_message>>> fulfiller_;
+  std::shared_ptr<answer_inbox> inbox_;
+  /// Handed to the inbox with the answer; empty once delivered.
+  std::shared_ptr<answer_cell> cell_;
   std::string model_;
-  bool delivered_ = false;
 };
 
 /// Everything an inference request keeps from its headers until its answer
@@ -429,10 +425,11 @@ struct infer_context {
   std::string response_body;
   kj::Own<kj::AsyncOutputStream> response_stream;
   /// While the request waits for the pipeline: its place in the service's
-  /// list of such requests, and its sink, to abandon at the exit timeout.
+  /// list of such requests, and its end of the answer, to abandon at the
+  /// exit timeout.
   kj::ListLink<infer_context> waiting_link;
   kj::List<infer_context, &infer_context::waiting_link>* waiting_in = nullptr;
-  std::weak_ptr<http_sink> sink;
+  std::shared_ptr<answer_cell> cell;
 };
 
 /// What every event loop shares: read-only after start, or thread-safe.
@@ -463,6 +460,13 @@ public:
         timer_(timer),
         closer_(closer) {}
 
+  ~kserve_service() noexcept(false) {
+    // Every request of this loop is gone by now: answers still on their way
+    // have nobody to go to.
+    inbox_task_ = nullptr;
+    inbox_->close();
+  }
+
   bool draining = false;
 
   /// Answers 503 to every inference request still waiting for the pipeline,
@@ -470,9 +474,10 @@ public:
   /// waiting.
   size_t abandon_in_flight() {
     abandoned_ = true;
+    // A request whose answer has come already takes that; the fulfiller
+    // takes one call.
     for (auto& ctx : waiting_)
-      if (auto sink = ctx.sink.lock())
-        sink->abandon();
+      ctx.cell->fulfiller->fulfill(kj::Maybe<response_message>(nullptr));
     return waiting_.size();
   }
 
@@ -1032,11 +1037,16 @@ private:
     // JSON-converted bytes wait in the queue twice.
     ctx.request.inputs.clear();
     read.bytes = body_bytes();
-    auto paf = kj::newPromiseAndCrossThreadFulfiller<kj::Maybe<response_message>>();
-    auto sink = std::make_shared<http_sink>(kj::mv(paf.fulfiller), model->config.name);
-    ctx.sink = sink;
+    if (inbox_task_ == nullptr)
+      inbox_task_ = inbox_->run().eagerlyEvaluate([](kj::Exception&& e) {
+        std::cerr << "caf-serving: the HTTP loop stopped taking answers from the pipeline: "
+                  << e.getDescription().cStr() << std::endl;
+      });
+    auto [cell, answered] = answer_inbox::make_cell();
+    ctx.cell = cell;
+    auto sink = std::make_shared<http_sink>(inbox_, std::move(cell), model->config.name);
     caf::anon_send(model->scheduler, infer_job{std::move(*msg), std::move(sink)});
-    return wait_for_pipeline(ctx, kj::mv(paf.promise))
+    return wait_for_pipeline(ctx, kj::mv(answered))
       .then([this, &ctx, &response](kj::Maybe<response_message> r) {
         if (ctx.waiting_link.isLinked())
           waiting_.remove(ctx);
@@ -1238,6 +1248,10 @@ private:
   bool abandoned_ = false;
   /// Inference requests handed to the pipeline and not answered yet.
   kj::List<infer_context, &infer_context::waiting_link> waiting_;
+  /// Their answers, on their way from the pipeline's threads; taken while
+  /// inbox_task_ runs (from the first inference request on).
+  std::shared_ptr<answer_inbox> inbox_ = std::make_shared<answer_inbox>();
+  kj::Maybe<kj::Promise<void>> inbox_task_;
 };
 
 /// The thread that waits for SIGINT and SIGTERM (blocked there and read by kj).
