@@ -611,7 +611,9 @@ TEST_CASE("a hung executor's batch goes to its replacement; the hung attempt's l
   sc.model = model;
   sc.policy = scheduler::make_policy_config(model, 64);
   sc.stats = stats;
-  sc.local_batch_timeout = std::chrono::milliseconds(500);
+  // Long enough that the replacement, which holds the batch only while the
+  // first executor breaks and goes down, is not given up too on a loaded machine.
+  sc.local_batch_timeout = std::chrono::milliseconds(1500);
   // The first executor hangs, then breaks; its replacement hangs, then answers.
   auto hung = executor::spawn_executor(sys, std::make_shared<gated_backend>(&first, true), model);
   sc.executors.push_back(hung);
@@ -629,7 +631,7 @@ TEST_CASE("a hung executor's batch goes to its replacement; the hung attempt's l
     watcher->monitor(hung);
     caf::anon_send(sched, make_job(1, c));
     REQUIRE(first.wait_arrived());
-    // Given up after 500 ms: the batch is sent to a new executor, which holds it.
+    // Given up after 1.5 s: the batch is sent to a new executor, which holds it.
     REQUIRE(second.wait_arrived());
     CHECK(stats->executor_restarts.load() == 1);
     // The first executor's attempt now ends with an error (the executor
