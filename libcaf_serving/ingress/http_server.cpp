@@ -580,7 +580,8 @@ private:
     auto owned = kj::heap<std::string>(std::move(body));
     auto stream = start_body(response, status, *owned, content_type, header_length, encoding,
                              close, retry_after_s);
-    auto promise = stream->write(owned->data(), owned->size()).attach(kj::mv(stream), kj::mv(owned));
+    auto promise =
+      stream->write(owned->data(), owned->size()).attach(kj::mv(stream), kj::mv(owned));
     if (close == close_connection::no)
       return promise;
     // kj 0.9 sends `Connection: close` but would still wait for the next
@@ -936,8 +937,8 @@ private:
         [this, &ctx, &response, read_failed](bool done) -> kj::Promise<void> {
           if (done)
             return after_body(ctx, response);
-          return ctx.reader.loop().then([this, &ctx, &response]() { return after_body(ctx, response); },
-                                        kj::cp(read_failed));
+          return ctx.reader.loop().then(
+            [this, &ctx, &response]() { return after_body(ctx, response); }, kj::cp(read_failed));
         },
         kj::cp(read_failed))
       .attach(kj::mv(owned));

@@ -1,7 +1,6 @@
 #include "ingress/kserve_codec.hpp"
 
 #include "ingress/float_text.hpp"
-
 #include "ingress/validate.hpp"
 
 #include <simdjson.h>
