@@ -8,6 +8,7 @@
 #include "ingress/response_cache.hpp"
 #include "options.hpp"
 #include "server/model_manager.hpp"
+#include "scheduler/timed_sharing.hpp"
 #include "server/print_plan.hpp"
 
 #include <caf/actor_system.hpp>
@@ -84,7 +85,9 @@ int main(int argc, char** argv) {
     cluster::configure_tls(cfg, *tls);
   }
   cfg.set("scheduler.max-threads", static_cast<size_t>(opts.threads.caf_workers));
-  cfg.set("scheduler.policy", caf::atom("sharing"));
+  // Work sharing whose idle workers also keep the batching timers
+  // (scheduler/timed_sharing.hpp).
+  use_timed_sharing(cfg);
   caf::actor_system sys{cfg};
 
   server::model_manager_config manager_cfg;

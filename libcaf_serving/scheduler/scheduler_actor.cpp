@@ -8,6 +8,7 @@
 
 #include "scheduler/executor_book.hpp"
 #include "scheduler/executor_choice.hpp"
+#include "scheduler/timed_sharing.hpp"
 
 #include <algorithm>
 #include <iostream>
@@ -497,11 +498,11 @@ void fail_batch(self_ptr self, uint64_t batch_id, const serving_error& e) {
 void poll_policy(self_ptr self);
 void executor_stopped(self_ptr self, const caf::actor_addr& addr);
 
-/// Wakes the scheduler at `when_ns` (steady clock) for supervision: a tick is
-/// always safe to handle early or twice.
+/// Wakes the scheduler at `when_ns` (steady clock), for the batching policy's
+/// wait or for supervision: a tick is always safe to handle early or twice.
 void supervise_at(self_ptr self, int64_t when_ns) {
-  auto delay = std::chrono::nanoseconds(std::max<int64_t>(when_ns - now_ns(), 0));
-  self->delayed_send(self, delay, tick_atom::value);
+  send_at(self->system(), when_ns, caf::actor_cast<caf::strong_actor_ptr>(self),
+          caf::make_message(tick_atom::value));
 }
 
 /// Counts the outcome of a batch an executor answered: an internal failure
@@ -798,7 +799,7 @@ void poll_slo(self_ptr self) {
     if (auto* w = std::get_if<wait_until>(&r.next)) {
       if (!st.timer_due || w->when < *st.timer_due) {
         st.timer_due = w->when;
-        self->delayed_send(self, w->when - now, tick_atom::value);
+        supervise_at(self, to_ns(w->when));
       }
     }
     return;
@@ -828,7 +829,7 @@ void poll_policy(self_ptr self) {
     if (auto* w = std::get_if<wait_until>(&r.next)) {
       if (!st.timer_due || w->when < *st.timer_due) {
         st.timer_due = w->when;
-        self->delayed_send(self, w->when - now, tick_atom::value);
+        supervise_at(self, to_ns(w->when));
       }
     }
     return;
