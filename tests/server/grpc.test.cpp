@@ -428,19 +428,78 @@ void check_unary_and_stream(uint16_t port) {
   CHECK(stream->Finish().ok());
 }
 
+/// Control calls on `port`, those answered at once and a load (a reload here)
+/// answered from the loader thread (the server runs with the model control
+/// API open).
+void check_control_calls(uint16_t port) {
+  auto stub = connect(port);
+  {
+    grpc::ClientContext ctx;
+    pb::ServerReadyResponse r;
+    REQUIRE(stub->ServerReady(&ctx, {}, &r).ok());
+    CHECK(r.ready());
+  }
+  {
+    grpc::ClientContext ctx;
+    pb::ModelMetadataRequest req;
+    req.set_name("simple");
+    pb::ModelMetadataResponse r;
+    REQUIRE(stub->ModelMetadata(&ctx, req, &r).ok());
+    CHECK(r.inputs_size() == 2);
+  }
+  {
+    grpc::ClientContext ctx;
+    pb::ModelReadyRequest req;
+    req.set_name("no_such_model");
+    pb::ModelReadyResponse r;
+    auto status = stub->ModelReady(&ctx, req, &r);
+    CHECK((status.ok() && !r.ready()));
+  }
+  {
+    grpc::ClientContext ctx;
+    pb::RepositoryModelLoadRequest req;
+    req.set_model_name("simple");
+    (*req.mutable_parameters())["bogus"].set_bool_param(true);
+    pb::RepositoryModelLoadResponse r;
+    auto status = stub->RepositoryModelLoad(&ctx, req, &r);
+    CHECK(status.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+    CHECK(contains(status.error_message(), "unknown load parameter 'bogus'"));
+  }
+  {
+    grpc::ClientContext ctx;
+    pb::RepositoryModelLoadRequest req;
+    req.set_model_name("identity_fp32");
+    pb::RepositoryModelLoadResponse r;
+    auto status = stub->RepositoryModelLoad(&ctx, req, &r);
+    REQUIRE_MESSAGE(status.ok(), status.error_message());
+  }
+  grpc::ClientContext ctx;
+  pb::ModelReadyRequest req;
+  req.set_name("identity_fp32");
+  pb::ModelReadyResponse r;
+  REQUIRE(stub->ModelReady(&ctx, req, &r).ok());
+  CHECK(r.ready());
+}
+
 } // namespace
 
-TEST_CASE("--grpc-threads N serves inference on N completion-queue threads; 0 on grpc's "
+TEST_CASE("--grpc-threads N serves every call on N completion-queue threads; 0 on grpc's "
           "callback API") {
+  std::vector<fs::path> models = {example_model("simple"), example_model("identity_fp32")};
   SUBCASE("3 threads") {
-    test_server server({example_model("simple")}, {"--grpc-threads", "3"});
+    test_server server(models, model_control_api({"--grpc-threads", "3"}));
     CHECK(threads_named(server.process->pid(), "grpc-cq") == 3);
+    // No call is on the callback API: grpc 1.51 would start two threads of
+    // its own that poll the sockets beside grpc-cq (control_calls.hpp).
+    CHECK(threads_named(server.process->pid(), "nexting_thread") == 0);
     check_unary_and_stream(server.process->grpc_port());
+    check_control_calls(server.process->grpc_port());
   }
   SUBCASE("0: the callback API") {
-    test_server server({example_model("simple")}, {"--grpc-threads", "0"});
+    test_server server(models, model_control_api({"--grpc-threads", "0"}));
     CHECK(threads_named(server.process->pid(), "grpc-cq") == 0);
     check_unary_and_stream(server.process->grpc_port());
+    check_control_calls(server.process->grpc_port());
   }
 }
 

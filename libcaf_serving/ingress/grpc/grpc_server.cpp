@@ -2,6 +2,7 @@
 
 #include "core/clock.hpp"
 #include "core/pipeline_messages.hpp"
+#include "ingress/grpc/control_calls.hpp"
 #include "ingress/grpc/convert.hpp"
 #include "ingress/http_server.hpp"
 #include "ingress/infer_message.hpp"
@@ -11,7 +12,6 @@
 #include "grpc_service.grpc.pb.h"
 
 #include <caf/send.hpp>
-#include <google/protobuf/util/json_util.h>
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
@@ -47,15 +47,6 @@ Status stream_end_status(bool client_closed) {
                                 "request sent on this stream was answered");
 }
 
-/// The Triton release whose protocol this server speaks (as on HTTP: Triton's
-/// clients check that the server calls itself "triton").
-constexpr const char* triton_protocol_version = "2.51.0";
-
-constexpr const char* server_extensions[]
-  = {"classification",      "model_repository", "model_repository(unload_dependents)",
-     "schedule_policy",     "model_configuration", "system_shared_memory",
-     "statistics"};
-
 /// An inference call's answer, or why there is none.
 using infer_outcome = std::variant<pb::ModelInferResponse, serving_error>;
 using infer_done = std::function<void(infer_outcome)>;
@@ -72,6 +63,8 @@ struct grpc_server::state {
   std::atomic<bool> draining{false};
   /// Calls cancelled while waiting for the pipeline during the drain.
   std::atomic<size_t> abandoned{0};
+  /// Every call but ModelInfer and ModelStreamInfer.
+  control_calls control;
   /// Open ModelStreamInfer streams, so that the drain can close them (a
   /// client keeps a stream open between requests). Locked once per stream
   /// opened and at the drain, never per request.
@@ -143,7 +136,8 @@ struct grpc_server::state {
       : cfg(c), models(m),
         shm(c.shared_memory_regions
               ? c.shared_memory_regions
-              : std::make_shared<shared_memory_registry>(c.shared_memory)) {}
+              : std::make_shared<shared_memory_registry>(c.shared_memory)),
+        control(m, shm, draining, c.strict_readiness) {}
 
   /// Inference call objects alive (call_object). A call object holds a
   /// grpc::ServerContext, which must go before the grpc::Server does; the
@@ -189,9 +183,7 @@ struct grpc_server::state {
                       "(--grpc-max-open-calls); retry when one has ended, or raise the limit");
   }
 
-  bool ready() const {
-    return !draining.load() && (!cfg.strict_readiness || models.all_ready());
-  }
+  bool ready() const { return control.ready(); }
 
   void start_infer(const pb::ModelInferRequest& request, int64_t received, infer_done done);
   /// Answers from the response cache: the pipeline is skipped, and the hit
@@ -596,22 +588,22 @@ private:
 // -- calls on completion queues (--grpc-threads N > 0) -----------------------
 
 using svc = pb::GRPCInferenceService;
-/// Every RPC on the callback API but ModelInfer and ModelStreamInfer, which
-/// are asynchronous (completion queue). The asynchronous ones are marked
-/// first: marking a method asynchronous after it was marked callback would
-/// keep the callback handler.
-using cq_base = svc::WithCallbackMethod_ServerLive<svc::WithCallbackMethod_ServerReady<
-  svc::WithCallbackMethod_ModelReady<svc::WithCallbackMethod_ServerMetadata<
-    svc::WithCallbackMethod_ModelMetadata<svc::WithCallbackMethod_ModelConfig<
-      svc::WithCallbackMethod_ModelStatistics<svc::WithCallbackMethod_RepositoryIndex<
-        svc::WithCallbackMethod_RepositoryModelLoad<svc::WithCallbackMethod_RepositoryModelUnload<
-          svc::WithCallbackMethod_SystemSharedMemoryStatus<
-            svc::WithCallbackMethod_SystemSharedMemoryRegister<
-              svc::WithCallbackMethod_SystemSharedMemoryUnregister<
-                svc::WithCallbackMethod_CudaSharedMemoryStatus<
-                  svc::WithCallbackMethod_CudaSharedMemoryRegister<
-                    svc::WithCallbackMethod_CudaSharedMemoryUnregister<
-                      svc::WithCallbackMethod_TraceSetting<svc::WithCallbackMethod_LogSettings<
+/// Every RPC on completion queues (--grpc-threads N > 0). None may be on the
+/// callback API: a single callback method makes grpc start the threads that
+/// would poll the sockets beside the completion-queue threads
+/// (control_calls.hpp).
+using cq_base = svc::WithAsyncMethod_ServerLive<svc::WithAsyncMethod_ServerReady<
+  svc::WithAsyncMethod_ModelReady<svc::WithAsyncMethod_ServerMetadata<
+    svc::WithAsyncMethod_ModelMetadata<svc::WithAsyncMethod_ModelConfig<
+      svc::WithAsyncMethod_ModelStatistics<svc::WithAsyncMethod_RepositoryIndex<
+        svc::WithAsyncMethod_RepositoryModelLoad<svc::WithAsyncMethod_RepositoryModelUnload<
+          svc::WithAsyncMethod_SystemSharedMemoryStatus<
+            svc::WithAsyncMethod_SystemSharedMemoryRegister<
+              svc::WithAsyncMethod_SystemSharedMemoryUnregister<
+                svc::WithAsyncMethod_CudaSharedMemoryStatus<
+                  svc::WithAsyncMethod_CudaSharedMemoryRegister<
+                    svc::WithAsyncMethod_CudaSharedMemoryUnregister<
+                      svc::WithAsyncMethod_TraceSetting<svc::WithAsyncMethod_LogSettings<
                         svc::WithAsyncMethod_ModelInfer<
                           svc::WithAsyncMethod_ModelStreamInfer<svc::Service>>>>>>>>>>>>>>>>>>>>;
 
@@ -745,6 +737,112 @@ private:
   call_tag<cq_unary_infer, &cq_unary_infer::on_finished> finish_tag_{this};
   call_tag<cq_unary_infer, &cq_unary_infer::on_done> done_tag_{this};
 };
+
+/// A call other than ModelInfer and ModelStreamInfer on a completion queue:
+/// the queue's thread runs its control_calls handler, which finishes it at
+/// once (RepositoryModelLoad: later, from the loader thread). The call lives
+/// until grpc hands back its finish tag.
+template <class Request, class Response>
+class cq_control_call : call_object {
+public:
+  /// svc::WithAsyncMethod_X::RequestX.
+  using request_method = void (cq_base::*)(::grpc::ServerContext*, Request*,
+                                           ::grpc::ServerAsyncResponseWriter<Response>*,
+                                           ::grpc::CompletionQueue*,
+                                           ::grpc::ServerCompletionQueue*, void*);
+  /// Runs a call: fills the response and calls `finish` once, on any thread.
+  using handler = void (*)(const control_calls&, const Request&, Response*,
+                           std::function<void(Status)> finish);
+
+  /// Asks grpc for the next call of `request` on `cq`.
+  static void listen(cq_base& service, ::grpc::ServerCompletionQueue& cq, grpc_server::state& s,
+                     request_method request, handler handle) {
+    auto call = std::shared_ptr<cq_control_call>(
+      new cq_control_call(service, cq, s, request, handle));
+    auto* c = call.get();
+    c->self_ = std::move(call);
+    if (!s.on_open_cq([&] {
+          (service.*request)(&c->ctx_, &c->request_, &c->writer_, &cq, &cq, &c->accepted_tag_);
+        }))
+      c->self_.reset();
+  }
+
+private:
+  cq_control_call(cq_base& service, ::grpc::ServerCompletionQueue& cq, grpc_server::state& s,
+                  request_method request, handler handle)
+      : call_object(s), service_(service), cq_(cq), state_(s), request_method_(request),
+        handle_(handle) {}
+
+  void on_accepted(bool ok) {
+    if (!ok) {
+      self_.reset(); // the server stops
+      return;
+    }
+    listen(service_, cq_, state_, request_method_, handle_);
+    handle_(state_.control, request_, &response_, [this](Status status) { finish(status); });
+  }
+
+  void finish(const Status& status) {
+    bool started = state_.on_open_cq([&] {
+      if (status.ok())
+        writer_.Finish(response_, status, &finish_tag_);
+      else
+        writer_.FinishWithError(status, &finish_tag_);
+    });
+    if (!started)
+      self_.reset(); // the queues are closing: no finish tag will come
+  }
+
+  void on_finished(bool) { self_.reset(); }
+
+  cq_base& service_;
+  ::grpc::ServerCompletionQueue& cq_;
+  grpc_server::state& state_;
+  request_method request_method_;
+  handler handle_;
+  ::grpc::ServerContext ctx_;
+  Request request_;
+  Response response_;
+  ::grpc::ServerAsyncResponseWriter<Response> writer_{&ctx_};
+  std::shared_ptr<cq_control_call> self_;
+  call_tag<cq_control_call, &cq_control_call::on_accepted> accepted_tag_{this};
+  call_tag<cq_control_call, &cq_control_call::on_finished> finish_tag_{this};
+};
+
+/// Starts listening for every control call on `cq`.
+void listen_control_calls(cq_base& service, ::grpc::ServerCompletionQueue& cq,
+                          grpc_server::state& s) {
+// One call: the handler of control_calls that answers it at once.
+#define CAF_SERVING_CQ_CONTROL(rpc, method)                                                       \
+  cq_control_call<pb::rpc##Request, pb::rpc##Response>::listen(                                   \
+    service, cq, s, &cq_base::Request##rpc,                                                       \
+    [](const control_calls& calls, const pb::rpc##Request& request, pb::rpc##Response* response,  \
+       std::function<void(Status)> finish) { finish(calls.method(request, response)); })
+  CAF_SERVING_CQ_CONTROL(ServerLive, server_live);
+  CAF_SERVING_CQ_CONTROL(ServerReady, server_ready);
+  CAF_SERVING_CQ_CONTROL(ModelReady, model_ready);
+  CAF_SERVING_CQ_CONTROL(ServerMetadata, server_metadata);
+  CAF_SERVING_CQ_CONTROL(ModelMetadata, model_metadata);
+  CAF_SERVING_CQ_CONTROL(ModelConfig, model_config);
+  CAF_SERVING_CQ_CONTROL(ModelStatistics, model_statistics);
+  CAF_SERVING_CQ_CONTROL(RepositoryIndex, repository_index);
+  CAF_SERVING_CQ_CONTROL(RepositoryModelUnload, repository_model_unload);
+  CAF_SERVING_CQ_CONTROL(SystemSharedMemoryStatus, system_shared_memory_status);
+  CAF_SERVING_CQ_CONTROL(SystemSharedMemoryRegister, system_shared_memory_register);
+  CAF_SERVING_CQ_CONTROL(SystemSharedMemoryUnregister, system_shared_memory_unregister);
+  CAF_SERVING_CQ_CONTROL(CudaSharedMemoryStatus, cuda_shared_memory_status);
+  CAF_SERVING_CQ_CONTROL(CudaSharedMemoryRegister, cuda_shared_memory_register);
+  CAF_SERVING_CQ_CONTROL(CudaSharedMemoryUnregister, cuda_shared_memory_unregister);
+  CAF_SERVING_CQ_CONTROL(TraceSetting, trace_setting);
+  CAF_SERVING_CQ_CONTROL(LogSettings, log_settings);
+#undef CAF_SERVING_CQ_CONTROL
+  cq_control_call<pb::RepositoryModelLoadRequest, pb::RepositoryModelLoadResponse>::listen(
+    service, cq, s, &cq_base::RequestRepositoryModelLoad,
+    [](const control_calls& calls, const pb::RepositoryModelLoadRequest& request,
+       pb::RepositoryModelLoadResponse*, std::function<void(Status)> finish) {
+      calls.repository_model_load(request, std::move(finish));
+    });
+}
 
 /// A ModelStreamInfer stream on a completion queue, with the callback
 /// stream's behaviour (stream_infer): answers in the order of the requests,
@@ -969,330 +1067,47 @@ ServerUnaryReactor* answer(CallbackServerContext* ctx, const serving_error& e) {
   return answer(ctx, grpc_api::to_status(e));
 }
 
-void fill(pb::StatisticDuration* out, const duration_stat& d) {
-  out->set_count(d.count.load(std::memory_order_relaxed));
-  out->set_ns(d.ns.load(std::memory_order_relaxed));
-}
-
-/// The service: each RPC of inference.GRPCInferenceService but ModelInfer
-/// and ModelStreamInfer, on grpc's callback API; `Base` decides on which API
-/// those two are served (callback_service, cq_service).
-template <class Base>
-class kserve_grpc_service : public Base {
+/// ModelInfer and ModelStreamInfer on grpc's callback API (--grpc-threads 0):
+/// grpc runs them on its own thread pool.
+/// Every other call runs state::control's handler on grpc's thread.
+class callback_service final : public pb::GRPCInferenceService::CallbackService {
 public:
-  explicit kserve_grpc_service(grpc_server::state& s) : state_(s) {}
+  explicit callback_service(grpc_server::state& s) : state_(s) {}
 
-  ServerUnaryReactor* ServerLive(CallbackServerContext* ctx, const pb::ServerLiveRequest*,
-                                 pb::ServerLiveResponse* response) override {
-    response->set_live(true);
-    return answer(ctx, Status::OK);
+// A control call: its handler's status finishes it at once.
+#define CAF_SERVING_CALLBACK_CONTROL(rpc, handler)                                                \
+  ServerUnaryReactor* rpc(CallbackServerContext* ctx, const pb::rpc##Request* request,            \
+                          pb::rpc##Response* response) override {                                 \
+    return answer(ctx, state_.control.handler(*request, response));                               \
   }
+  CAF_SERVING_CALLBACK_CONTROL(ServerLive, server_live)
+  CAF_SERVING_CALLBACK_CONTROL(ServerReady, server_ready)
+  CAF_SERVING_CALLBACK_CONTROL(ModelReady, model_ready)
+  CAF_SERVING_CALLBACK_CONTROL(ServerMetadata, server_metadata)
+  CAF_SERVING_CALLBACK_CONTROL(ModelMetadata, model_metadata)
+  CAF_SERVING_CALLBACK_CONTROL(ModelConfig, model_config)
+  CAF_SERVING_CALLBACK_CONTROL(ModelStatistics, model_statistics)
+  CAF_SERVING_CALLBACK_CONTROL(RepositoryIndex, repository_index)
+  CAF_SERVING_CALLBACK_CONTROL(RepositoryModelUnload, repository_model_unload)
+  CAF_SERVING_CALLBACK_CONTROL(SystemSharedMemoryStatus, system_shared_memory_status)
+  CAF_SERVING_CALLBACK_CONTROL(SystemSharedMemoryRegister, system_shared_memory_register)
+  CAF_SERVING_CALLBACK_CONTROL(SystemSharedMemoryUnregister, system_shared_memory_unregister)
+  CAF_SERVING_CALLBACK_CONTROL(CudaSharedMemoryStatus, cuda_shared_memory_status)
+  CAF_SERVING_CALLBACK_CONTROL(CudaSharedMemoryRegister, cuda_shared_memory_register)
+  CAF_SERVING_CALLBACK_CONTROL(CudaSharedMemoryUnregister, cuda_shared_memory_unregister)
+  CAF_SERVING_CALLBACK_CONTROL(TraceSetting, trace_setting)
+  CAF_SERVING_CALLBACK_CONTROL(LogSettings, log_settings)
+#undef CAF_SERVING_CALLBACK_CONTROL
 
-  ServerUnaryReactor* ServerReady(CallbackServerContext* ctx, const pb::ServerReadyRequest*,
-                                  pb::ServerReadyResponse* response) override {
-    response->set_ready(state_.ready());
-    return answer(ctx, Status::OK);
-  }
-
-  ServerUnaryReactor* ModelReady(CallbackServerContext* ctx, const pb::ModelReadyRequest* request,
-                                 pb::ModelReadyResponse* response) override {
-    auto version = grpc_api::parse_version(request->version(), request->name());
-    if (!version)
-      return answer(ctx, version.error());
-    response->set_ready(!state_.draining.load()
-                        && state_.models.find(request->name(), *version).ok());
-    return answer(ctx, Status::OK);
-  }
-
-  ServerUnaryReactor* ServerMetadata(CallbackServerContext* ctx, const pb::ServerMetadataRequest*,
-                                     pb::ServerMetadataResponse* response) override {
-    response->set_name("triton");
-    response->set_version(triton_protocol_version);
-    for (const char* e : server_extensions)
-      response->add_extensions(e);
-    return answer(ctx, Status::OK);
-  }
-
-  ServerUnaryReactor* ModelMetadata(CallbackServerContext* ctx,
-                                    const pb::ModelMetadataRequest* request,
-                                    pb::ModelMetadataResponse* response) override {
-    auto version = grpc_api::parse_version(request->version(), request->name());
-    if (!version)
-      return answer(ctx, version.error());
-    auto m = state_.models.find(request->name(), *version);
-    if (!m)
-      return answer(ctx, m.error());
-    const auto& config = (*m)->config;
-    response->set_name(config.name);
-    for (const auto& p : state_.models.versions(config.name))
-      response->add_versions(std::to_string(p->version));
-    response->set_platform(config.platform.empty() ? config.backend : config.platform);
-    bool batched = config.max_batch_size > 0;
-    auto tensors = [batched](const std::vector<tensor_config>& from, auto add) {
-      for (const auto& t : from) {
-        auto* out = add();
-        out->set_name(t.name);
-        out->set_datatype(std::string(to_string(t.dtype)));
-        if (batched)
-          out->add_shape(-1);
-        for (auto d : t.dims)
-          out->add_shape(d);
-      }
-    };
-    tensors(config.inputs, [response] { return response->add_inputs(); });
-    tensors(config.outputs, [response] { return response->add_outputs(); });
-    return answer(ctx, Status::OK);
-  }
-
-  ServerUnaryReactor* ModelConfig(CallbackServerContext* ctx, const pb::ModelConfigRequest* request,
-                                  pb::ModelConfigResponse* response) override {
-    auto version = grpc_api::parse_version(request->version(), request->name());
-    if (!version)
-      return answer(ctx, version.error());
-    auto m = state_.models.find(request->name(), *version);
-    if (!m)
-      return answer(ctx, m.error());
-    // The same configuration HTTP serves at /config, read back into the
-    // protobuf (a rare call: no second copy of the conversion is kept).
-    google::protobuf::util::JsonParseOptions options;
-    options.ignore_unknown_fields = true;
-    auto parsed = google::protobuf::util::JsonStringToMessage((*m)->config_json,
-                                                              response->mutable_config(), options);
-    if (!parsed.ok()) {
-      std::cerr << "caf-serving: model '" << request->name()
-                << "': its configuration did not convert for gRPC: " << parsed.ToString()
-                << std::endl;
-      return answer(ctx, Status(StatusCode::INTERNAL,
-                                "the configuration of model '" + request->name()
-                                  + "' could not be converted; see the server log"));
-    }
-    return answer(ctx, Status::OK);
-  }
-
-  ServerUnaryReactor* ModelStatistics(CallbackServerContext* ctx,
-                                      const pb::ModelStatisticsRequest* request,
-                                      pb::ModelStatisticsResponse* response) override {
-    std::vector<std::shared_ptr<model_stats>> stats;
-    if (request->name().empty()) {
-      stats = state_.models.all_stats();
-    } else {
-      auto version = grpc_api::parse_version(request->version(), request->name());
-      if (!version)
-        return answer(ctx, version.error());
-      for (const auto& p : state_.models.versions(request->name()))
-        if (*version == 0 || p->version == *version)
-          stats.push_back(p->stats);
-      if (stats.empty()) {
-        auto m = state_.models.find(request->name(), *version);
-        return answer(ctx, bad_request("requested model '" + request->name()
-                                       + "' is not available: "
-                                       + (m ? std::string("it is not served") : m.error().message)));
-      }
-    }
-    for (const auto& s : stats) {
-      auto* out = response->add_model_stats();
-      out->set_name(s->name);
-      out->set_version(std::to_string(s->version));
-      out->set_last_inference(s->last_inference_ms.load());
-      out->set_inference_count(s->inference_count.load());
-      out->set_execution_count(s->execution_count.load());
-      auto* i = out->mutable_inference_stats();
-      fill(i->mutable_success(), s->success);
-      fill(i->mutable_fail(), s->fail);
-      fill(i->mutable_queue(), s->queue);
-      fill(i->mutable_compute_input(), s->compute_input);
-      fill(i->mutable_compute_infer(), s->compute_infer);
-      fill(i->mutable_compute_output(), s->compute_output);
-      fill(i->mutable_cache_hit(), s->cache_hit);
-      fill(i->mutable_cache_miss(), s->cache_miss);
-    }
-    return answer(ctx, Status::OK);
-  }
-
-  ServerUnaryReactor* RepositoryIndex(CallbackServerContext* ctx,
-                                      const pb::RepositoryIndexRequest* request,
-                                      pb::RepositoryIndexResponse* response) override {
-    for (auto& row : state_.models.index()) {
-      if (request->ready() && row.state != "READY")
-        continue;
-      auto* m = response->add_models();
-      m->set_name(std::move(row.name));
-      m->set_version(std::move(row.version));
-      m->set_state(std::move(row.state));
-      m->set_reason(std::move(row.reason));
-    }
-    return answer(ctx, Status::OK);
-  }
-
+  /// Answered from the model manager's loader thread.
   ServerUnaryReactor* RepositoryModelLoad(CallbackServerContext* ctx,
                                           const pb::RepositoryModelLoadRequest* request,
                                           pb::RepositoryModelLoadResponse*) override {
-    server::load_parameters params;
-    for (const auto& [key, value] : request->parameters()) {
-      using P = pb::ModelRepositoryParameter;
-      if (key == "config") {
-        if (value.parameter_choice_case() != P::kStringParam)
-          return answer(ctx, bad_request("load parameter 'config' must be a string_param "
-                                         "holding the model configuration as JSON"));
-        params.config = value.string_param();
-      } else if (key.rfind("file:", 0) == 0) {
-        if (value.parameter_choice_case() != P::kBytesParam)
-          return answer(ctx, bad_request("load parameter '" + key
-                                         + "' must be a bytes_param holding the file"));
-        params.files.push_back({key.substr(5), grpc_api::base64_encode(value.bytes_param())});
-      } else {
-        return answer(ctx, bad_request("unknown load parameter '" + key
-                                       + "'; a load takes 'config' and 'file:<path>'"));
-      }
-    }
-    if (!params.files.empty() && !params.config)
-      return answer(ctx, bad_request("load parameters 'file:<path>' need a 'config' parameter "
-                                     "too (the model's configuration as JSON)"));
-    // The load runs on the model manager's loader thread; the call is
-    // answered from there.
     auto* reactor = ctx->DefaultReactor();
-    state_.models.request_load(request->model_name(), std::move(params),
-                               [reactor](std::variant<std::monostate, serving_error> r) {
-                                 if (auto* e = std::get_if<serving_error>(&r))
-                                   reactor->Finish(grpc_api::to_status(*e));
-                                 else
-                                   reactor->Finish(Status::OK);
-                               });
+    state_.control.repository_model_load(*request,
+                                         [reactor](Status s) { reactor->Finish(std::move(s)); });
     return reactor;
   }
-
-  ServerUnaryReactor* RepositoryModelUnload(CallbackServerContext* ctx,
-                                            const pb::RepositoryModelUnloadRequest* request,
-                                            pb::RepositoryModelUnloadResponse*) override {
-    server::unload_parameters params;
-    for (const auto& [key, value] : request->parameters()) {
-      if (key != "unload_dependents")
-        return answer(ctx, bad_request("unknown unload parameter '" + key
-                                       + "'; an unload takes 'unload_dependents'"));
-      params.unload_dependents = value.bool_param();
-    }
-    auto r = state_.models.request_unload(request->model_name(), params);
-    if (auto* e = std::get_if<serving_error>(&r))
-      return answer(ctx, *e);
-    return answer(ctx, Status::OK);
-  }
-
-  // -- shared memory ----------------------------------------------------------
-
-  ServerUnaryReactor* SystemSharedMemoryStatus(CallbackServerContext* ctx,
-                                               const pb::SystemSharedMemoryStatusRequest* request,
-                                               pb::SystemSharedMemoryStatusResponse* response) override {
-    std::optional<std::string> name;
-    if (!request->name().empty())
-      name = request->name();
-    auto regions = state_.shm->status(name, region_kind::system);
-    if (!regions)
-      return answer(ctx, regions.error());
-    for (const auto& r : *regions) {
-      auto& out = (*response->mutable_regions())[r.name];
-      out.set_name(r.name);
-      out.set_key(r.key);
-      out.set_offset(r.offset);
-      out.set_byte_size(r.byte_size);
-    }
-    return answer(ctx, Status::OK);
-  }
-
-  ServerUnaryReactor* SystemSharedMemoryRegister(
-    CallbackServerContext* ctx, const pb::SystemSharedMemoryRegisterRequest* request,
-    pb::SystemSharedMemoryRegisterResponse*) override {
-    if (!state_.shm->config().allow_client_shm)
-      return answer(ctx, shm_disabled());
-    if (request->name().empty())
-      return answer(ctx, bad_request("'name' is necessary to register a system shared memory "
-                                     "region"));
-    auto r = state_.shm->register_system(request->name(), request->key(), request->offset(),
-                                        request->byte_size());
-    if (!r)
-      return answer(ctx, r.error());
-    return answer(ctx, Status::OK);
-  }
-
-  ServerUnaryReactor* SystemSharedMemoryUnregister(
-    CallbackServerContext* ctx, const pb::SystemSharedMemoryUnregisterRequest* request,
-    pb::SystemSharedMemoryUnregisterResponse*) override {
-    if (!state_.shm->config().allow_client_shm)
-      return answer(ctx, shm_disabled());
-    if (request->name().empty())
-      state_.shm->unregister_all(region_kind::system);
-    else
-      state_.shm->unregister(request->name(), region_kind::system);
-    return answer(ctx, Status::OK);
-  }
-
-  // CUDA shared memory is answered as by a Triton built without GPU support,
-  // and as the HTTP side answers /v2/cudasharedmemory (shm_api.cpp): no region
-  // can exist, so the status of all is empty and unregistering succeeds (the
-  // clean-up Triton's examples start with); registering one is refused.
-  ServerUnaryReactor* CudaSharedMemoryStatus(CallbackServerContext* ctx,
-                                             const pb::CudaSharedMemoryStatusRequest* request,
-                                             pb::CudaSharedMemoryStatusResponse*) override {
-    if (request->name().empty())
-      return answer(ctx, Status::OK);
-    if (state_.shm->status(request->name(), region_kind::system))
-      return answer(ctx, Status(StatusCode::NOT_FOUND,
-                                "The region named '" + request->name()
-                                  + "' is registered as system shared memory, not CUDA shared "
-                                    "memory; SystemSharedMemoryStatus shows it"));
-    return answer(ctx, Status(StatusCode::NOT_FOUND,
-                              "Unable to find cuda shared memory region: '" + request->name()
-                                + "'; caf-serving does not support CUDA shared memory yet"));
-  }
-  ServerUnaryReactor* CudaSharedMemoryRegister(CallbackServerContext* ctx,
-                                               const pb::CudaSharedMemoryRegisterRequest*,
-                                               pb::CudaSharedMemoryRegisterResponse*) override {
-    if (!state_.shm->config().allow_client_shm)
-      return answer(ctx, shm_disabled());
-    return answer(ctx, no_cuda_shm());
-  }
-  ServerUnaryReactor* CudaSharedMemoryUnregister(CallbackServerContext* ctx,
-                                                 const pb::CudaSharedMemoryUnregisterRequest*,
-                                                 pb::CudaSharedMemoryUnregisterResponse*) override {
-    if (!state_.shm->config().allow_client_shm)
-      return answer(ctx, shm_disabled());
-    return answer(ctx, Status::OK); // no CUDA region can exist
-  }
-
-  ServerUnaryReactor* TraceSetting(CallbackServerContext* ctx, const pb::TraceSettingRequest*,
-                                   pb::TraceSettingResponse*) override {
-    return answer(ctx, Status(StatusCode::UNIMPLEMENTED,
-                              "caf-serving has no request tracing; per-request stage times "
-                              "come with the request parameter timing=true (HTTP) and in "
-                              "ModelStatistics"));
-  }
-  ServerUnaryReactor* LogSettings(CallbackServerContext* ctx, const pb::LogSettingsRequest*,
-                                  pb::LogSettingsResponse*) override {
-    return answer(ctx, Status(StatusCode::UNIMPLEMENTED,
-                              "caf-serving's log settings cannot be changed at run time; it "
-                              "logs to stdout and stderr"));
-  }
-
-protected:
-  static Status shm_disabled() {
-    return Status(StatusCode::UNAVAILABLE,
-                  "this server does not accept client shared memory; start it with "
-                  "--allow-client-shm true");
-  }
-  static Status no_cuda_shm() {
-    return Status(StatusCode::UNIMPLEMENTED,
-                  "caf-serving does not support CUDA shared memory yet: put the tensors in "
-                  "system shared memory (SystemSharedMemoryRegister) or in the request");
-  }
-
-  grpc_server::state& state_;
-};
-
-/// ModelInfer and ModelStreamInfer on grpc's callback API (--grpc-threads 0):
-/// grpc runs them on its own thread pool.
-class callback_service final
-    : public kserve_grpc_service<pb::GRPCInferenceService::CallbackService> {
-public:
-  using kserve_grpc_service::kserve_grpc_service;
 
   ServerUnaryReactor* ModelInfer(CallbackServerContext* ctx, const pb::ModelInferRequest* request,
                                  pb::ModelInferResponse* response) override {
@@ -1335,13 +1150,15 @@ public:
     return call.get();
   }
 
+private:
+  grpc_server::state& state_;
 };
 
-/// ModelInfer and ModelStreamInfer on completion queues (cq_unary_infer,
-/// cq_stream_infer), the rest on the callback API.
-class cq_service final : public kserve_grpc_service<cq_base> {
+/// Every call on completion queues: ModelInfer and ModelStreamInfer
+/// (cq_unary_infer, cq_stream_infer), the rest through cq_control_call.
+class cq_service final : public cq_base {
 public:
-  using kserve_grpc_service::kserve_grpc_service;
+  explicit cq_service(grpc_server::state&) {}
 };
 
 ::grpc_compression_level to_grpc(grpc_response_compression level) {
@@ -1439,6 +1256,7 @@ std::unique_ptr<grpc_server> grpc_server::start(const grpc_server_config& cfg,
     s->cq_threads.emplace_back([&st = *s, async, cq = q.get()] {
       cq_unary_infer::listen(*async, *cq, st);
       cq_stream_infer::listen(*async, *cq, st);
+      listen_control_calls(*async, *cq, st);
       void* tag = nullptr;
       bool ok = false;
       while (cq->Next(&tag, &ok))
