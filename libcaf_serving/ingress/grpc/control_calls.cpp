@@ -54,6 +54,14 @@ void fill(pb::StatisticDuration* out, const duration_stat& d) {
 
 } // namespace
 
+result<std::shared_ptr<const server::model_pipeline>>
+control_calls::find_model(const std::string& name, const std::string& version) const {
+  auto v = grpc_api::parse_version(version, name);
+  if (!v)
+    return v.error();
+  return models_.find(name, *v);
+}
+
 bool control_calls::ready() const {
   return !draining_.load() && (!strict_readiness_ || models_.all_ready());
 }
@@ -90,10 +98,7 @@ Status control_calls::server_metadata(const pb::ServerMetadataRequest&,
 
 Status control_calls::model_metadata(const pb::ModelMetadataRequest& request,
                                      pb::ModelMetadataResponse* response) const {
-  auto version = grpc_api::parse_version(request.version(), request.name());
-  if (!version)
-    return as_status(version.error());
-  auto m = models_.find(request.name(), *version);
+  auto m = find_model(request.name(), request.version());
   if (!m)
     return as_status(m.error());
   const auto& config = (*m)->config;
@@ -120,10 +125,7 @@ Status control_calls::model_metadata(const pb::ModelMetadataRequest& request,
 
 Status control_calls::model_config(const pb::ModelConfigRequest& request,
                                    pb::ModelConfigResponse* response) const {
-  auto version = grpc_api::parse_version(request.version(), request.name());
-  if (!version)
-    return as_status(version.error());
-  auto m = models_.find(request.name(), *version);
+  auto m = find_model(request.name(), request.version());
   if (!m)
     return as_status(m.error());
   // The same configuration HTTP serves at /config, read back into the

@@ -78,6 +78,11 @@ public:
   bool ready() const;
 
 private:
+  /// The model `name` at `version` (a request's text; empty: the latest), or
+  /// why there is none.
+  result<std::shared_ptr<const server::model_pipeline>>
+  find_model(const std::string& name, const std::string& version) const;
+
   server::model_manager& models_;
   std::shared_ptr<shared_memory_registry> shm_;
   const std::atomic<bool>& draining_;
