@@ -284,9 +284,9 @@ struct scheduler_state {
   /// Identifies each attempt to run a batch (pending_batch::attempt_id).
   uint64_t next_attempt_id = 1;
   /// When the armed check for hung local executors is due (steady ns); none
-  /// armed when empty. One timer for all batches in flight, not one each: a
-  /// timer costs the clock thread two wake-ups, which at one request at a time
-  /// was a third of the server's context switches.
+  /// armed when empty. One timer for all batches in flight, not a request
+  /// timeout each: CAF files each of those with its clock thread, two wake-ups
+  /// of that thread a batch.
   std::optional<int64_t> hang_check_ns;
   bool draining = false;
   /// Every batch formed and not yet answered, by batch id.
@@ -500,7 +500,7 @@ void executor_stopped(self_ptr self, const caf::actor_addr& addr);
 
 /// Wakes the scheduler at `when_ns` (steady clock), for the batching policy's
 /// wait or for supervision: a tick is always safe to handle early or twice.
-void supervise_at(self_ptr self, int64_t when_ns) {
+void tick_at(self_ptr self, int64_t when_ns) {
   send_at(self->system(), when_ns, caf::actor_cast<caf::strong_actor_ptr>(self),
           caf::make_message(tick_atom::value));
 }
@@ -530,7 +530,7 @@ void record_outcome(self_ptr self, executor_slot& e, bool internal_failure) {
             << e.node << "' failed " << st.cfg.quarantine_after_failures
             << " batches in a row; it gets no batches for " << backoff.count() << " ms"
             << std::endl;
-  supervise_at(self, e.quarantined_until_ns);
+  tick_at(self, e.quarantined_until_ns);
   publish_health(st);
 }
 
@@ -612,7 +612,7 @@ void arm_hang_check(self_ptr self, int64_t due_ns) {
   if (st.hang_check_ns && *st.hang_check_ns <= due_ns)
     return;
   st.hang_check_ns = due_ns;
-  supervise_at(self, due_ns);
+  tick_at(self, due_ns);
 }
 
 /// Gives up, as a request timeout would, every local attempt that has run past
@@ -799,7 +799,7 @@ void poll_slo(self_ptr self) {
     if (auto* w = std::get_if<wait_until>(&r.next)) {
       if (!st.timer_due || w->when < *st.timer_due) {
         st.timer_due = w->when;
-        supervise_at(self, to_ns(w->when));
+        tick_at(self, to_ns(w->when));
       }
     }
     return;
@@ -829,7 +829,7 @@ void poll_policy(self_ptr self) {
     if (auto* w = std::get_if<wait_until>(&r.next)) {
       if (!st.timer_due || w->when < *st.timer_due) {
         st.timer_due = w->when;
-        supervise_at(self, to_ns(w->when));
+        tick_at(self, to_ns(w->when));
       }
     }
     return;
@@ -1042,7 +1042,7 @@ void executor_stopped(self_ptr self, const caf::actor_addr& addr) {
   std::cerr << "caf-serving: model '" << st.cfg.model.name << "': executors keep "
             << "stopping; the next starts in " << delay / 1'000'000 << " ms" << std::endl;
   st.respawn_at_ns = now + delay;
-  supervise_at(self, st.respawn_at_ns);
+  tick_at(self, st.respawn_at_ns);
 }
 
 } // namespace

@@ -17,9 +17,6 @@ namespace caf_serving {
 
 namespace {
 
-/// The coordinator whose worker this thread is, once it has named itself.
-thread_local const timed_sharing::coordinator_data* this_workers = nullptr;
-
 bool later(const timed_sharing::timer& a, const timed_sharing::timer& b) {
   return a.due_ns != b.due_ns ? a.due_ns > b.due_ns : a.seq > b.seq;
 }
@@ -56,19 +53,23 @@ void timed_sharing::push_job(coordinator_data& data, caf::resumable* job) {
 }
 
 caf::resumable* timed_sharing::next_job(coordinator_data& data) {
-  if (this_workers != &data) {
-    this_workers = &data;
+  thread_local bool named = false;
+  if (!named) {
+    named = true;
     // CAF 0.17 names its workers "caf.multiplexer", the name of its I/O thread.
     pthread_setname_np(pthread_self(), "caf.worker");
   }
   std::unique_lock<std::mutex> guard(data.lock);
   for (;;) {
-    if (!data.timers.empty() && data.timers.front().due_ns <= now_ns()) {
-      auto due = pop_due(data, now_ns());
-      guard.unlock();
-      fire(due); // the messages' actors come back through push_job
-      guard.lock();
-      continue;
+    if (!data.timers.empty()) {
+      int64_t now = now_ns();
+      if (data.timers.front().due_ns <= now) {
+        auto due = pop_due(data, now);
+        guard.unlock();
+        fire(due); // the messages' actors come back through push_job
+        guard.lock();
+        continue;
+      }
     }
     if (!data.jobs.empty()) {
       auto* job = data.jobs.front();

@@ -74,10 +74,10 @@ public:
                        inference::TraceSettingResponse*) const;
   Status log_settings(const inference::LogSettingsRequest&, inference::LogSettingsResponse*) const;
 
+private:
   /// Not draining, and (strict readiness) every model ready.
   bool ready() const;
 
-private:
   /// The model `name` at `version` (a request's text; empty: the latest), or
   /// why there is none.
   result<std::shared_ptr<const server::model_pipeline>>

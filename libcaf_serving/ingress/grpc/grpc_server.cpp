@@ -183,8 +183,6 @@ struct grpc_server::state {
                       "(--grpc-max-open-calls); retry when one has ended, or raise the limit");
   }
 
-  bool ready() const { return control.ready(); }
-
   void start_infer(const pb::ModelInferRequest& request, int64_t received, infer_done done);
   /// Answers from the response cache: the pipeline is skipped, and the hit
   /// counts in success, queue (with no time) and cache_hit, as on HTTP.
@@ -1154,13 +1152,6 @@ private:
   grpc_server::state& state_;
 };
 
-/// Every call on completion queues: ModelInfer and ModelStreamInfer
-/// (cq_unary_infer, cq_stream_infer), the rest through cq_control_call.
-class cq_service final : public cq_base {
-public:
-  explicit cq_service(grpc_server::state&) {}
-};
-
 ::grpc_compression_level to_grpc(grpc_response_compression level) {
   switch (level) {
     case grpc_response_compression::none: return GRPC_COMPRESS_LEVEL_NONE;
@@ -1214,11 +1205,14 @@ void grpc_server::release_calls(std::chrono::milliseconds deadline) {
 std::unique_ptr<grpc_server> grpc_server::start(const grpc_server_config& cfg,
                                                 server::model_manager& models) {
   auto s = std::make_unique<state>(cfg, models);
-  cq_service* async = nullptr;
+  // With completion queues every call is on them: ModelInfer and
+  // ModelStreamInfer (cq_unary_infer, cq_stream_infer), the rest through
+  // cq_control_call.
+  cq_base* async = nullptr;
   if (cfg.threads == 0) {
     s->service = std::make_unique<callback_service>(*s);
   } else {
-    auto service = std::make_unique<cq_service>(*s);
+    auto service = std::make_unique<cq_base>();
     async = service.get();
     s->service = std::move(service);
   }
