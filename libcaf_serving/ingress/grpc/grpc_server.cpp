@@ -12,6 +12,7 @@
 #include "grpc_service.grpc.pb.h"
 
 #include <caf/send.hpp>
+#include <grpcpp/alarm.h>
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
@@ -51,6 +52,62 @@ Status stream_end_status(bool client_closed) {
 using infer_outcome = std::variant<pb::ModelInferResponse, serving_error>;
 using infer_done = std::function<void(infer_outcome)>;
 
+/// What a completion queue hands back: each operation a call starts carries
+/// its own tag, so that one call may have a read, a write and its done
+/// notification outstanding at once.
+struct cq_tag {
+  virtual void on_event(bool ok) = 0;
+
+protected:
+  ~cq_tag() = default;
+};
+
+class cq_unary_infer;
+
+/// ModelInfer answers on their way from the pipeline's threads to the thread
+/// of one completion queue, which finishes the calls. Finishing a call from
+/// the CAF worker that has its answer made that worker do grpc's send (the
+/// write to the socket and the client's wake-up) and then wake the queue's
+/// thread for the finish tag anyway; the queue's thread also reads the next
+/// request from the same socket. An inbox wakes that thread once (an alarm
+/// set in the past, grpc's way to put an event on a queue) for every answer
+/// posted before it looks: a batch's answers cost one wake-up, not one each.
+class cq_answer_inbox final : public cq_tag {
+public:
+  cq_answer_inbox(grpc_server::state& s, ::grpc::ServerCompletionQueue& cq) : state_(s), cq_(cq) {}
+
+  /// Any thread: finishes `call` with `outcome` on the queue's thread (at
+  /// once when called there). Dropped when the call is gone by then, and
+  /// when the queues are closing (the calls end with the queue).
+  void post(std::weak_ptr<cq_unary_infer> call, infer_outcome outcome);
+
+  /// The queue's thread: marks it as the thread of this inbox.
+  void bind_thread() { this_thread_inbox = this; }
+
+  /// The alarm fired (or was cancelled at the stop): finishes what is posted.
+  void on_event(bool ok) override;
+
+private:
+  struct item {
+    std::weak_ptr<cq_unary_infer> call;
+    infer_outcome outcome;
+  };
+
+  static thread_local const cq_answer_inbox* this_thread_inbox;
+
+  grpc_server::state& state_;
+  ::grpc::ServerCompletionQueue& cq_;
+  std::mutex mutex_;
+  std::vector<item> items_;
+  /// The alarm is set and has not fired yet: a post need not set it.
+  bool rung_ = false;
+  ::grpc::Alarm alarm_;
+  /// The queue thread's own: what it takes in one look (its space is kept).
+  std::vector<item> taken_;
+};
+
+thread_local const cq_answer_inbox* cq_answer_inbox::this_thread_inbox = nullptr;
+
 } // namespace
 
 /// What the service and its calls share: configuration, the model manager,
@@ -77,6 +134,10 @@ struct grpc_server::state {
   /// With cfg.threads > 0: one completion queue per thread, serving
   /// ModelInfer and ModelStreamInfer.
   std::vector<std::unique_ptr<::grpc::ServerCompletionQueue>> cqs;
+  /// One per queue: the ModelInfer answers for its thread to finish. Here,
+  /// not on the thread, because a call (and so this state) may still be held
+  /// by a CAF worker posting its answer after the thread has left.
+  std::vector<std::unique_ptr<cq_answer_inbox>> inboxes;
   std::vector<std::thread> cq_threads;
   /// Starting an operation on a completion queue that is shut down aborts
   /// grpc; operations start under a shared lock of this (uncontended but at
@@ -605,16 +666,6 @@ using cq_base = svc::WithAsyncMethod_ServerLive<svc::WithAsyncMethod_ServerReady
                         svc::WithAsyncMethod_ModelInfer<
                           svc::WithAsyncMethod_ModelStreamInfer<svc::Service>>>>>>>>>>>>>>>>>>>>;
 
-/// What a completion queue hands back: each operation a call starts carries
-/// its own tag, so that one call may have a read, a write and its done
-/// notification outstanding at once.
-struct cq_tag {
-  virtual void on_event(bool ok) = 0;
-
-protected:
-  ~cq_tag() = default;
-};
-
 template <class Call, void (Call::*Handler)(bool)>
 struct call_tag final : cq_tag {
   explicit call_tag(Call* c) : call(c) {}
@@ -623,16 +674,16 @@ struct call_tag final : cq_tag {
 };
 
 /// A unary ModelInfer on a completion queue. The thread of the queue reads
-/// the request and hands it to the scheduler; the pipeline's answer is
-/// finished straight from the CAF thread that delivers it (grpc allows
-/// starting an operation from any thread), so an answer costs no hop to
-/// another thread. The call lives while grpc holds one of its tags (ops_).
+/// the request and hands it to the scheduler; the CAF thread that delivers
+/// the pipeline's answer turns it into the reply and posts it to the queue's
+/// inbox (cq_answer_inbox), and the queue's thread finishes the call. The
+/// call lives while grpc holds one of its tags (ops_).
 class cq_unary_infer : call_object {
 public:
   /// Asks grpc for the next ModelInfer call on `cq`.
   static void listen(cq_base& service, ::grpc::ServerCompletionQueue& cq,
-                     grpc_server::state& s) {
-    auto call = std::shared_ptr<cq_unary_infer>(new cq_unary_infer(service, cq, s));
+                     cq_answer_inbox& inbox, grpc_server::state& s) {
+    auto call = std::shared_ptr<cq_unary_infer>(new cq_unary_infer(service, cq, inbox, s));
     auto* c = call.get();
     c->self_ = std::move(call);
     c->ctx_.AsyncNotifyWhenDone(&c->done_tag_);
@@ -644,8 +695,9 @@ public:
   }
 
 private:
-  cq_unary_infer(cq_base& service, ::grpc::ServerCompletionQueue& cq, grpc_server::state& s)
-      : call_object(s), service_(service), cq_(cq), state_(s) {}
+  cq_unary_infer(cq_base& service, ::grpc::ServerCompletionQueue& cq, cq_answer_inbox& inbox,
+                 grpc_server::state& s)
+      : call_object(s), service_(service), cq_(cq), inbox_(inbox), state_(s) {}
 
   void on_accepted(bool ok) {
     if (!ok) {
@@ -654,7 +706,7 @@ private:
       return;
     }
     int64_t received = now_ns();
-    listen(service_, cq_, state_);
+    listen(service_, cq_, inbox_, state_);
     auto self = self_;
     {
       std::lock_guard lock(mutex_);
@@ -671,11 +723,12 @@ private:
     // Weakly: once grpc is done with the call (answered, or cancelled) it
     // goes, and a late answer finds nothing to complete.
     std::weak_ptr<cq_unary_infer> weak = self;
-    state_.start_infer(request_, received, [weak](infer_outcome outcome) {
-      if (auto call = weak.lock())
-        call->complete(std::move(outcome));
+    state_.start_infer(request_, received, [weak, &inbox = inbox_](infer_outcome outcome) {
+      inbox.post(weak, std::move(outcome));
     });
   }
+
+  friend class cq_answer_inbox;
 
   void complete(infer_outcome outcome) {
     std::lock_guard lock(mutex_);
@@ -721,6 +774,7 @@ private:
 
   cq_base& service_;
   ::grpc::ServerCompletionQueue& cq_;
+  cq_answer_inbox& inbox_;
   grpc_server::state& state_;
   ::grpc::ServerContext ctx_;
   pb::ModelInferRequest request_;
@@ -735,6 +789,38 @@ private:
   call_tag<cq_unary_infer, &cq_unary_infer::on_finished> finish_tag_{this};
   call_tag<cq_unary_infer, &cq_unary_infer::on_done> done_tag_{this};
 };
+
+void cq_answer_inbox::post(std::weak_ptr<cq_unary_infer> call, infer_outcome outcome) {
+  if (this_thread_inbox == this) {
+    // An answer given at once (a refusal, a cache hit) on the queue's thread.
+    if (auto c = call.lock())
+      c->complete(std::move(outcome));
+    return;
+  }
+  bool ring = false;
+  {
+    std::lock_guard lock(mutex_);
+    items_.push_back(item{std::move(call), std::move(outcome)});
+    ring = !rung_;
+    rung_ = true;
+  }
+  // Set outside the lock: the alarm cannot fire (and so rung_ cannot be
+  // cleared and the alarm set again) before this Set.
+  if (ring)
+    state_.on_open_cq([&] { alarm_.Set(&cq_, gpr_inf_past(GPR_CLOCK_MONOTONIC), this); });
+}
+
+void cq_answer_inbox::on_event(bool) {
+  {
+    std::lock_guard lock(mutex_);
+    std::swap(items_, taken_);
+    rung_ = false;
+  }
+  for (auto& it : taken_)
+    if (auto c = it.call.lock())
+      c->complete(std::move(it.outcome));
+  taken_.clear();
+}
 
 /// A call other than ModelInfer and ModelStreamInfer on a completion queue:
 /// the queue's thread runs its control_calls handler, which finishes it at
@@ -1247,8 +1333,10 @@ std::unique_ptr<grpc_server> grpc_server::start(const grpc_server_config& cfg,
                                "address is not this machine's; grpc's log above says which "
                                "(--allow-grpc false serves without gRPC)");
   for (auto& q : s->cqs) {
-    s->cq_threads.emplace_back([&st = *s, async, cq = q.get()] {
-      cq_unary_infer::listen(*async, *cq, st);
+    auto& inbox = *s->inboxes.emplace_back(std::make_unique<cq_answer_inbox>(*s, *q));
+    s->cq_threads.emplace_back([&st = *s, async, cq = q.get(), &inbox] {
+      inbox.bind_thread();
+      cq_unary_infer::listen(*async, *cq, inbox, st);
       cq_stream_infer::listen(*async, *cq, st);
       listen_control_calls(*async, *cq, st);
       void* tag = nullptr;
