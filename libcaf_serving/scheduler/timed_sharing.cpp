@@ -5,6 +5,7 @@
 #include <caf/actor_clock.hpp>
 #include <caf/actor_control_block.hpp>
 #include <caf/actor_system.hpp>
+#include <caf/logger.hpp>
 #include <caf/mailbox_element.hpp>
 #include <caf/message_id.hpp>
 
@@ -53,12 +54,6 @@ void timed_sharing::push_job(coordinator_data& data, caf::resumable* job) {
 }
 
 caf::resumable* timed_sharing::next_job(coordinator_data& data) {
-  thread_local bool named = false;
-  if (!named) {
-    named = true;
-    // CAF 0.17 names its workers "caf.multiplexer", the name of its I/O thread.
-    pthread_setname_np(pthread_self(), "caf.worker");
-  }
   std::unique_lock<std::mutex> guard(data.lock);
   for (;;) {
     if (!data.timers.empty()) {
@@ -127,3 +122,51 @@ void send_at(caf::actor_system& sys, int64_t due_ns, const caf::strong_actor_ptr
 }
 
 } // namespace caf_serving
+
+namespace caf::scheduler {
+
+using caf_serving::timed_sharing;
+
+worker<timed_sharing>::worker(size_t id, coordinator_ptr parent, const policy_data& init,
+                              size_t max_throughput)
+    : execution_unit(&parent->system()), max_throughput_(max_throughput), id_(id),
+      parent_(parent), data_(init) {}
+
+void worker<timed_sharing>::start() {
+  thread_ = std::thread{[this] {
+    CAF_SET_LOGGER_SYS(&system());
+    // CAF 0.17 names its workers "caf.multiplexer", the name of its I/O thread.
+    pthread_setname_np(pthread_self(), "caf.worker");
+    system().thread_started();
+    run();
+    system().thread_terminates();
+  }};
+}
+
+void worker<timed_sharing>::external_enqueue(resumable* job) {
+  timed_sharing::push_job(parent_->data(), job);
+}
+
+void worker<timed_sharing>::exec_later(resumable* job) {
+  timed_sharing::push_job(parent_->data(), job);
+}
+
+void worker<timed_sharing>::run() {
+  auto& jobs = parent_->data();
+  for (;;) {
+    auto* job = timed_sharing::next_job(jobs);
+    switch (job->resume(this, max_throughput_)) {
+      case resumable::resume_later:
+        timed_sharing::push_job(jobs, job); // its reference goes with it
+        break;
+      case resumable::done:
+      case resumable::awaiting_message:
+        intrusive_ptr_release(job);
+        break;
+      case resumable::shutdown_execution_unit:
+        return;
+    }
+  }
+}
+
+} // namespace caf::scheduler
