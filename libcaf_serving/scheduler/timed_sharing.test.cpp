@@ -15,7 +15,10 @@
 #include <future>
 #include <mutex>
 #include <random>
+#include <string>
 #include <vector>
+
+#include <pthread.h>
 
 using namespace caf_serving;
 
@@ -212,4 +215,53 @@ TEST_CASE("send_at falls back to CAF's clock under CAF's own scheduler") {
   REQUIRE(log.wait_for(1, std::chrono::seconds(10)));
   CHECK(log.seen[0].at_ns >= due);
   caf::anon_send_exit(sink, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("the workers run every message of actors that yield after each one, in order, and "
+          "name themselves caf.worker") {
+  // scheduler.max-throughput 1: an actor with more mail yields after each
+  // message (resume_later) and goes back to the queue behind the others.
+  for (size_t workers : {size_t{1}, size_t{2}}) {
+    CAPTURE(workers);
+    auto cfg = timed_config(workers);
+    cfg.set("scheduler.max-throughput", size_t{1});
+    caf::actor_system sys{cfg};
+    constexpr int actors = 8;
+    constexpr int messages = 500;
+    std::mutex mutex;
+    std::condition_variable cv;
+    std::vector<std::vector<int>> seen(actors);
+    std::vector<std::string> thread_names;
+    int total = 0;
+    std::vector<caf::actor> sinks;
+    for (int a = 0; a < actors; ++a)
+      sinks.push_back(sys.spawn([&, a](caf::event_based_actor*) -> caf::behavior {
+        return {[&, a](int i) {
+          char name[16] = {};
+          pthread_getname_np(pthread_self(), name, sizeof name);
+          std::lock_guard<std::mutex> guard(mutex);
+          seen[a].push_back(i);
+          thread_names.emplace_back(name);
+          if (++total == actors * messages)
+            cv.notify_all();
+        }};
+      }));
+    for (int i = 0; i < messages; ++i)
+      for (auto& s : sinks)
+        caf::anon_send(s, i);
+    {
+      std::unique_lock<std::mutex> lock(mutex);
+      REQUIRE(cv.wait_for(lock, std::chrono::seconds(20),
+                          [&] { return total == actors * messages; }));
+    }
+    for (int a = 0; a < actors; ++a) {
+      REQUIRE(seen[a].size() == messages);
+      CHECK(std::is_sorted(seen[a].begin(), seen[a].end()));
+      CHECK(seen[a].back() == messages - 1);
+    }
+    CHECK(std::all_of(thread_names.begin(), thread_names.end(),
+                      [](const std::string& n) { return n == "caf.worker"; }));
+    for (auto& s : sinks)
+      caf::anon_send_exit(s, caf::exit_reason::user_shutdown);
+  }
 }
