@@ -11,6 +11,7 @@
 
 #include "grpc_service.grpc.pb.h"
 
+#include <absl/synchronization/mutex.h>
 #include <caf/send.hpp>
 #include <grpcpp/alarm.h>
 #include <grpcpp/grpcpp.h>
@@ -1290,6 +1291,11 @@ void grpc_server::release_calls(std::chrono::milliseconds deadline) {
 
 std::unique_ptr<grpc_server> grpc_server::start(const grpc_server_config& cfg,
                                                 server::model_manager& models) {
+  // Debian's abseil is built without NDEBUG, so every absl::Mutex that grpc
+  // takes (about 26 a call) also updates a lock-order graph for deadlock
+  // detection: 10% of a gRPC call's instructions (bench/grpc/callgrind).
+  // Release builds of abseil have it off; so does the server.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   auto s = std::make_unique<state>(cfg, models);
   // With completion queues every call is on them: ModelInfer and
   // ModelStreamInfer (cq_unary_infer, cq_stream_infer), the rest through
