@@ -79,31 +79,12 @@ public:
     explicit worker_data(caf::scheduler::abstract_coordinator*) {}
   };
 
-  // -- CAF's policy interface (caf/scheduler/coordinator.hpp, worker.hpp) -----
+  // -- what caf::scheduler::coordinator asks of its policy -------------------
+  // (The worker, specialized below, calls push_job and next_job itself.)
 
   template <class Coordinator>
   void central_enqueue(Coordinator* self, caf::resumable* job) {
     push_job(d(self), job);
-  }
-
-  template <class Worker>
-  void external_enqueue(Worker* self, caf::resumable* job) {
-    push_job(d(self->parent()), job);
-  }
-
-  template <class Worker>
-  void internal_enqueue(Worker* self, caf::resumable* job) {
-    push_job(d(self->parent()), job);
-  }
-
-  template <class Worker>
-  void resume_job_later(Worker* self, caf::resumable* job) {
-    push_job(d(self->parent()), job);
-  }
-
-  template <class Worker>
-  caf::resumable* dequeue(Worker* self) {
-    return next_job(d(self->parent()));
   }
 
   template <class Worker, class UnaryFunction>
