@@ -456,6 +456,7 @@ public:
         table_(shared.table),
         ids_(shared.ids),
         accepted_by_loop_(shared.accepted_by_loop),
+        http_connections_(shared.http_connections),
         metrics_only_(metrics_only),
         timer_(timer),
         closer_(closer) {}
@@ -668,11 +669,18 @@ private:
       });
   }
 
-  /// Connections accepted per event loop: how evenly the loops share them.
+  /// Connections open on the HTTP port now, over every loop, and those
+  /// accepted per event loop: how evenly the loops share them.
   std::string loop_prometheus() const {
-    std::string out = "# HELP caf_serving_http_connections_accepted_total Connections "
-                      "accepted on the HTTP port, per event loop (--http-threads)\n"
-                      "# TYPE caf_serving_http_connections_accepted_total counter\n";
+    std::string out = "# HELP caf_serving_http_connections_open Connections open on the HTTP "
+                      "port, over every event loop (the count --max-connections limits)\n"
+                      "# TYPE caf_serving_http_connections_open gauge\n"
+                      "caf_serving_http_connections_open "
+                      + std::to_string(http_connections_.open.load(std::memory_order_relaxed))
+                      + "\n";
+    out += "# HELP caf_serving_http_connections_accepted_total Connections "
+           "accepted on the HTTP port, per event loop (--http-threads)\n"
+           "# TYPE caf_serving_http_connections_accepted_total counter\n";
     for (size_t i = 0; i < accepted_by_loop_.size(); ++i)
       out += "caf_serving_http_connections_accepted_total{loop=\"" + std::to_string(i)
              + "\"} " + std::to_string(accepted_by_loop_[i].load(std::memory_order_relaxed))
@@ -1242,6 +1250,7 @@ private:
   const kj::HttpHeaderTable& table_;
   const header_ids& ids_;
   const std::vector<std::atomic<uint64_t>>& accepted_by_loop_;
+  const connection_count& http_connections_;
   bool metrics_only_;
   kj::Timer& timer_;
   close_after_response& closer_;
