@@ -44,13 +44,21 @@ void fire(std::vector<timed_sharing::timer>& due) {
 } // namespace
 
 void timed_sharing::push_job(coordinator_data& data, caf::resumable* job) {
-  std::lock_guard<std::mutex> guard(data.lock);
-  data.jobs.push_back(job);
-  // An idle worker without a deadline first: the keeper goes on keeping.
-  if (data.idle_waiting > 0)
-    data.idle_cv.notify_one();
-  else if (data.keeper)
-    data.keeper_cv.notify_one();
+  std::condition_variable* wake = nullptr;
+  {
+    std::lock_guard<std::mutex> guard(data.lock);
+    data.jobs.push_back(job);
+    // An idle worker without a deadline first: the keeper goes on keeping.
+    if (data.idle_waiting > 0)
+      wake = &data.idle_cv;
+    else if (data.keeper)
+      wake = &data.keeper_cv;
+  }
+  // After the unlock: a worker woken under the lock would only block on it
+  // (one more sleep and wake-up a request, seen with strace at concurrency 1).
+  // Waiters test their condition under the lock, so none misses the job.
+  if (wake)
+    wake->notify_one();
 }
 
 caf::resumable* timed_sharing::next_job(coordinator_data& data) {
@@ -70,7 +78,9 @@ caf::resumable* timed_sharing::next_job(coordinator_data& data) {
       auto* job = data.jobs.front();
       data.jobs.pop_front();
       // This worker is busy from now on: an idle one keeps the timers.
-      if (!data.timers.empty() && !data.keeper && data.idle_waiting > 0)
+      bool wake = !data.timers.empty() && !data.keeper && data.idle_waiting > 0;
+      guard.unlock();
+      if (wake)
         data.idle_cv.notify_one();
       return job;
     }
@@ -90,18 +100,23 @@ caf::resumable* timed_sharing::next_job(coordinator_data& data) {
 
 void timed_sharing::add_timer(coordinator_data& data, int64_t due_ns, caf::weak_actor_ptr dest,
                               caf::message msg) {
-  std::lock_guard<std::mutex> guard(data.lock);
-  data.timers.push_back(timer{due_ns, data.next_seq++, std::move(dest), std::move(msg)});
-  std::push_heap(data.timers.begin(), data.timers.end(), later);
-  if (data.keeper) {
-    if (due_ns < data.keeper_due_ns)
-      data.keeper_cv.notify_one(); // it waits for a later one
-  } else if (data.idle_waiting > 0) {
-    // Nobody would wake for it: the worker that sets it may run long. With
-    // one worker (the default below 8 cores) this never happens on a worker.
-    data.idle_cv.notify_one();
+  std::condition_variable* wake = nullptr;
+  {
+    std::lock_guard<std::mutex> guard(data.lock);
+    data.timers.push_back(timer{due_ns, data.next_seq++, std::move(dest), std::move(msg)});
+    std::push_heap(data.timers.begin(), data.timers.end(), later);
+    if (data.keeper) {
+      if (due_ns < data.keeper_due_ns)
+        wake = &data.keeper_cv; // it waits for a later one
+    } else if (data.idle_waiting > 0) {
+      // Nobody would wake for it: the worker that sets it may run long. With
+      // one worker (the default below 8 cores) this never happens on a worker.
+      wake = &data.idle_cv;
+    }
+    // No idle worker: the first to go idle keeps it.
   }
-  // No idle worker: the first to go idle keeps it.
+  if (wake)
+    wake->notify_one(); // after the unlock, as in push_job
 }
 
 void use_timed_sharing(caf::actor_system_config& cfg) {
