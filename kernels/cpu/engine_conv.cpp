@@ -1,5 +1,7 @@
 #include "engine_kernels.hpp"
 
+#include "cpu_isa.hpp"
+
 #include <algorithm>
 #include <array>
 #include <immintrin.h>
@@ -182,13 +184,7 @@ constexpr std::array<tile_fn, tile_pixels> tiles =
 
 } // namespace
 
-bool engine_conv_supported() {
-  static const bool yes = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") != 0;
-  }();
-  return yes;
-}
+bool engine_conv_supported() { return engine_isa_level() >= isa_level::avx512; }
 
 void engine_conv(const conv_args& a) {
   const int64_t taps = a.kh * a.kw;

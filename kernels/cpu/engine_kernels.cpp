@@ -1,5 +1,7 @@
 #include "engine_kernels.hpp"
 
+#include "cpu_isa.hpp"
+
 #include <cblas.h>
 
 #include <algorithm>
@@ -43,9 +45,6 @@ inline float exp_nonpositive(float x) {
   std::memcpy(&scale, &bits, sizeof scale);
   return zero ? 0.0f : y * scale;
 }
-
-/// Compiled for AVX-512, AVX2 and the baseline; the loader picks one.
-#define CAF_SERVING_CPU_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 
 /// exp_nonpositive() on 16 lanes. GCC leaves the scalar loop below unvectorised
 /// (its AVX-512 clone runs scalar FMAs), so the softmax has this explicit path.
@@ -92,12 +91,8 @@ __attribute__((target("avx512f"))) void softmax_row_avx512(float* p, int64_t n) 
   }
 }
 
-const bool has_avx512 = [] {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") != 0;
-}();
-
-CAF_SERVING_CPU_CLONES void softmax_row_portable(float* p, int64_t n) {
+/// The portable softmax: the loops vectorise for whatever the caller is compiled for.
+__attribute__((always_inline)) inline void softmax_row_loops(float* p, int64_t n) {
   float mx = p[0];
 #pragma omp simd reduction(max : mx)
   for (int64_t i = 1; i < n; ++i)
@@ -114,11 +109,23 @@ CAF_SERVING_CPU_CLONES void softmax_row_portable(float* p, int64_t n) {
     p[i] *= inv;
 }
 
+/// The same loops compiled for AVX2 (no FMA: the same arithmetic as the baseline's).
+__attribute__((target("avx2"))) void softmax_row_avx2(float* p, int64_t n) {
+  softmax_row_loops(p, n);
+}
+
+void softmax_row_baseline(float* p, int64_t n) { softmax_row_loops(p, n); }
+
+/// The softmax of engine_isa_level(), so that ONEDNN_MAX_CPU_ISA caps it as it
+/// caps oneDNN (target_clones would pick by the CPU alone).
 void softmax_row(float* p, int64_t n) {
-  if (has_avx512)
+  static const isa_level level = engine_isa_level();
+  if (level >= isa_level::avx512)
     softmax_row_avx512(p, n);
+  else if (level >= isa_level::avx2)
+    softmax_row_avx2(p, n);
   else
-    softmax_row_portable(p, n);
+    softmax_row_baseline(p, n);
 }
 
 } // namespace
