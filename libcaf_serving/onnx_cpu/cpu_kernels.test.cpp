@@ -38,7 +38,7 @@ TEST_CASE("the registry answers which operators have CPU kernels beyond the refe
   const auto& k = cpu_kernels();
   for (const char* op : {"FusedConv", "FusedMatMul", "FusedGemm", "FusedLayerNorm", "FusedGelu",
                          "FusedAttention", "Softmax", "MaxPool", "AveragePool",
-                         "GlobalAveragePool", "QLinearConv", "Mul", "ToNChw16c"}) {
+                         "GlobalAveragePool", "QLinearConv", "Mul", "ToBlocked"}) {
     INFO(op);
     CHECK(k.has(op));
   }
@@ -53,7 +53,7 @@ TEST_CASE("the registry answers which operators have CPU kernels beyond the refe
   const std::set<std::string> engine_ops{"FusedConv", "FusedMatMul", "FusedGemm",
                                          "FusedLayerNorm", "FusedGelu", "FusedAttention",
                                          "QLinearAdd", "QMaxPool",
-                                         "ToNHWC", "ToNCHW", "ToNChw16c"};
+                                         "ToNHWC", "ToNCHW", "ToBlocked"};
   for (const auto& kernel : k.kernels()) {
     INFO(kernel.op);
     CHECK((find_operator(kernel.op) != nullptr || engine_ops.count(kernel.op) == 1));

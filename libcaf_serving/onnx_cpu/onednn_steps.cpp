@@ -1,5 +1,7 @@
 #include "onnx_cpu/onednn_steps.hpp"
 
+#include "onnx_cpu/cpu_level.hpp"
+
 #include "engine_kernels.hpp"
 #include "onnx/ops.hpp"
 
@@ -108,15 +110,25 @@ dnnl::memory::dims dense_strides(const dnnl::memory::dims& d) {
   return st;
 }
 
+/// Channels per block of layout::blocked in this process (cpu_level.hpp).
+int64_t block() {
+  static const int64_t b = process_cpu_level().channel_block;
+  return b;
+}
+
 const char* layout_name(layout l) {
-  return l == layout::nchw ? "nchw" : l == layout::nhwc ? "nhwc" : "nChw16c";
+  if (l == layout::blocked)
+    return block() == 16 ? "nChw16c" : "nChw8c";
+  return l == layout::nchw ? "nchw" : "nhwc";
 }
 
 /// A 4-D NCHW-indexed tensor of shape `s` stored as `l`.
 dnnl::memory::desc desc_4d(const dims_t& s, layout l) {
   using dt = dnnl::memory::data_type;
-  if (l == layout::blocked16)
-    return dnnl::memory::desc(to_dnnl(s), dt::f32, dnnl::memory::format_tag::nChw16c);
+  if (l == layout::blocked)
+    return dnnl::memory::desc(to_dnnl(s), dt::f32,
+                              block() == 16 ? dnnl::memory::format_tag::nChw16c
+                                            : dnnl::memory::format_tag::nChw8c);
   if (l == layout::nhwc)
     return dnnl::memory::desc(to_dnnl(s), dt::f32, {s[1] * s[2] * s[3], 1, s[3] * s[1], s[1]});
   return dnnl::memory::desc(to_dnnl(s), dt::f32, dense_strides(to_dnnl(s)));
@@ -127,13 +139,13 @@ dnnl::memory::desc desc_4d(const dims_t& s, layout l) {
 layout src_layout(const node& n) { return static_cast<layout>(n.get_i("src_layout", 0)); }
 layout dst_layout(const node& n) { return static_cast<layout>(n.get_i("dst_layout", 0)); }
 
-/// " (oneDNN reference kernel)" when oneDNN found no fast kernel for `pd`: the
-/// plan shows it, and the tests check that no layout choice leads there.
-std::string reference_note(const dnnl::primitive_desc_base& pd) {
-  return std::string(pd.impl_info_str()).rfind("ref", 0) == 0 ? " (oneDNN reference kernel)" : "";
-}
-
 } // namespace
+
+/// The plan shows it, the loader warns of it, and the tests check that no
+/// layout choice at any ISA leads there.
+std::string reference_note(const dnnl::primitive_desc_base& pd) {
+  return std::string(pd.impl_info_str()).rfind("ref", 0) == 0 ? reference_kernel_note : "";
+}
 
 /// How many pieces a step of `work` units splits into for `threads` threads:
 /// a few per thread so that a thread the OS runs late leaves little behind.
@@ -182,14 +194,15 @@ bool winograd_shape(const node& n, const dims_t& wshape, const dims_t& ys) {
 }
 
 /// Whether the engine's own direct convolution (kernels/cpu/engine_conv.cpp)
-/// can run node `n`: no groups, no dilation, nChw16c in and out, input
-/// channels in whole blocks of 16 and output channels in whole groups of 64,
-/// Relu or no activation, and a CPU with AVX-512.
+/// can run node `n`: no groups, no dilation, nChw16c in and out (blocks of
+/// 16: this process runs AVX-512), input channels in whole blocks of 16 and
+/// output channels in whole groups of 64, Relu or no activation.
 bool engine_conv_fits(const node& n, const dims_t& wshape, layout src_l, layout dst_l) {
   auto dl = n.get_ints("dilations", {1, 1});
   auto act = n.get_s("activation", "");
   return kc::engine_conv_supported() && n.get_i("group", 1) == 1
-         && src_l == layout::blocked16 && dst_l == layout::blocked16 && wshape[0] % 64 == 0
+         && block() == 16 && src_l == layout::blocked && dst_l == layout::blocked
+         && wshape[0] % 64 == 0
          && wshape[1] % 16 == 0 && dl[0] == 1 && dl[1] == 1 && (act.empty() || act == "Relu");
 }
 
@@ -348,9 +361,9 @@ struct conv_band {
   int64_t ih0, in_rows, oh0, out_rows;
 };
 
-/// A FusedConv (no residual) of one nChw16c image split into bands of output
+/// A FusedConv (no residual) of one blocked image split into bands of output
 /// rows, one per work item. oneDNN's fast kernels want dense tensors, and a
-/// band of rows of nChw16c is not one (each block of 16 channels holds all
+/// band of rows of nChw16c is not one (each block of channels holds all
 /// rows): each item copies its input rows (with the rows the kernel reads
 /// above and below) into a dense buffer, runs oneDNN on it, and copies its
 /// output rows back. Each thread then reads only its band of the input, where
@@ -381,8 +394,8 @@ step banded_conv_step(const dnnl_ctx& ctx, const graph& g, const node& n, unsign
   for (size_t c = 0; c + 1 < cuts.size(); ++c) {
     int64_t a = cuts[c], b = cuts[c + 1];
     auto in = rows_read(a, b, st[0], pd[0], ext_h, xs[2]);
-    auto src = desc_4d({1, xs[1], in.end - in.begin, xs[3]}, layout::blocked16);
-    auto dst = desc_4d({1, ys[1], b - a, ys[3]}, layout::blocked16);
+    auto src = desc_4d({1, xs[1], in.end - in.begin, xs[3]}, layout::blocked);
+    auto dst = desc_4d({1, ys[1], b - a, ys[3]}, layout::blocked);
     auto [pdesc, wino] =
       conv_pdesc(ctx, n, {src, wany, dst, in.pad_top, in.pad_bottom, try_winograd});
     if (impl.empty())
@@ -401,24 +414,27 @@ step banded_conv_step(const dnnl_ctx& ctx, const graph& g, const node& n, unsign
   int x = n.inputs[0], y = n.outputs[0], bv = has_bias ? n.inputs[2] : -1;
   int64_t ic = xs[1], ih = xs[2], iw = xs[3], oc = ys[1], oh = ys[2], ow = ys[3];
   step s;
-  s.kernel = "onednn.conv." + impl.substr(0, impl.find(' ')) + " nChw16c->nChw16c by row (copies)"
+  const std::string blocked = layout_name(layout::blocked);
+  s.kernel = "onednn.conv." + impl.substr(0, impl.find(' ')) + " " + blocked + "->" + blocked
+             + " by row (copies)"
              + (impl.find(' ') == std::string::npos ? "" : impl.substr(impl.find(' ')));
   s.items = static_cast<int64_t>(bands->size());
+  const int64_t cb = block();
   s.run = [=, eng = ctx.eng](void** p, int64_t item) {
     const conv_band& band = (*bands)[item];
     size_t in_span = static_cast<size_t>((ic * band.in_rows * iw + 15) / 16 * 16);
     float* in = band_buffer(in_span + static_cast<size_t>(oc * band.out_rows * ow));
     float* out = in + in_span;
     const float* x_at = static_cast<const float*>(p[x]);
-    for (int64_t cb = 0; cb < ic / 16; ++cb)
-      std::memcpy(in + cb * band.in_rows * iw * 16, x_at + (cb * ih + band.ih0) * iw * 16,
-                  sizeof(float) * 16 * band.in_rows * iw);
+    for (int64_t ib = 0; ib < ic / cb; ++ib)
+      std::memcpy(in + ib * band.in_rows * iw * cb, x_at + (ib * ih + band.ih0) * iw * cb,
+                  sizeof(float) * cb * band.in_rows * iw);
     const void* handles[4] = {in, nullptr, bv >= 0 ? p[bv] : out, out};
     run_call(eng, band.call, handles);
     float* y_at = static_cast<float*>(p[y]);
-    for (int64_t ob = 0; ob < oc / 16; ++ob)
-      std::memcpy(y_at + (ob * oh + band.oh0) * ow * 16, out + ob * band.out_rows * ow * 16,
-                  sizeof(float) * 16 * band.out_rows * ow);
+    for (int64_t ob = 0; ob < oc / cb; ++ob)
+      std::memcpy(y_at + (ob * oh + band.oh0) * ow * cb, out + ob * band.out_rows * ow * cb,
+                  sizeof(float) * cb * band.out_rows * ow);
   };
   return s;
 }
@@ -426,12 +442,12 @@ step banded_conv_step(const dnnl_ctx& ctx, const graph& g, const node& n, unsign
 } // namespace
 
 /// FusedConv over 4-D tensors as oneDNN convolutions, one call per work item.
-/// Several images split by image. One image stored nChw16c splits by output
-/// channels (whole blocks of 16, each item with its slice of the weights), or,
+/// Several images split by image. One image stored blocked splits by output
+/// channels (whole blocks, each item with its slice of the weights), or,
 /// where its input outweighs its weights, into bands of output rows (on the
 /// engine's 1x1 kernel, else on dense copies: banded_conv_step); one image
 /// stored NHWC splits into bands of output rows (which stay dense).
-/// 3x3 stride-1 convolutions on nChw16c use Winograd when `winograd` is set and
+/// 3x3 stride-1 convolutions on blocked tensors use Winograd when `winograd` is set and
 /// oneDNN has the kernel.
 step conv_step(const dnnl_ctx& ctx, const graph& g, const node& n, unsigned threads,
                const layout_map& lay, const onnx_model_config& mcfg) {
@@ -455,14 +471,14 @@ step conv_step(const dnnl_ctx& ctx, const graph& g, const node& n, unsigned thre
   if (threads > 1 && ys[0] > 1) {
     how = split::images;
     cuts = split_range(ys[0], pieces_for(ys[0], threads), 1, threads);
-  } else if (threads > 1 && dst_l == layout::blocked16 && group == 1 && ys[1] >= 32) {
+  } else if (threads > 1 && dst_l == layout::blocked && group == 1 && ys[1] >= 32) {
     // One piece per thread: each piece reads (and for a strided 1x1 oneDNN
     // gathers, for Winograd transforms) all of the input again. ResNet-50,
     // batch 1, 2 threads, plans run in turn in one process: 1.01x the speed of
     // pieces of 128 channels (up to 4 per thread), and 4 pieces per thread
     // ran at 0.94x.
     how = split::channels;
-    cuts = split_range(ys[1], threads, 16, threads);
+    cuts = split_range(ys[1], threads, block(), threads);
   } else if (threads > 1 && src_l == layout::nhwc && dst_l == layout::nhwc) {
     // Every band reads all the weights: keep at least 64 output pixels per band
     // so that it does enough work per weight read, but give each thread one.
@@ -479,7 +495,7 @@ step conv_step(const dnnl_ctx& ctx, const graph& g, const node& n, unsigned thre
   int64_t narrowest = how == split::channels ? ys[1] : 0;
   for (size_t c = 0; how == split::channels && c + 1 < cuts.size(); ++c)
     narrowest = std::min(narrowest, cuts[c + 1] - cuts[c]);
-  bool try_winograd = winograd && src_l == layout::blocked16 && dst_l == layout::blocked16
+  bool try_winograd = winograd && src_l == layout::blocked && dst_l == layout::blocked
                       && winograd_shape(n, w.shape, ys)
                       && (how != split::channels || narrowest >= 64);
   // The engine's direct kernel runs every convolution it fits that Winograd
@@ -521,7 +537,8 @@ step conv_step(const dnnl_ctx& ctx, const graph& g, const node& n, unsigned thre
   // does not fit) run by bands of rows too, as oneDNN calls on dense copies of
   // each band.
   if (how == split::channels && mcfg.conv_bands && group == 1 && !has_res
-      && xs[1] % 16 == 0 && ys[1] % 16 == 0 && (w.shape[2] > 1 || w.shape[3] > 1) && input_heavy)
+      && xs[1] % block() == 0 && ys[1] % block() == 0 && (w.shape[2] > 1 || w.shape[3] > 1)
+      && input_heavy)
     return banded_conv_step(ctx, g, n, threads, mcfg);
   std::vector<dnnl_call> calls;
   std::string impl;
@@ -587,6 +604,12 @@ step conv_step(const dnnl_ctx& ctx, const graph& g, const node& n, unsigned thre
 }
 
 bool pool_runs_on_onednn(const graph& g, const node& n) {
+  // oneDNN 2.6 has only its reference kernel for dilated windows (opset 10's
+  // MaxPool, 19's AveragePool), slower than the engine's own in NCHW once the
+  // two reorders around it are counted.
+  auto dl = n.get_ints("dilations", {});
+  if (std::any_of(dl.begin(), dl.end(), [](int64_t d) { return d != 1; }))
+    return false;
   if (n.op != "AveragePool" || !n.get_i("count_include_pad", 0))
     return true;
   const auto& xs = g.values[n.inputs[0]].shape;
@@ -604,8 +627,8 @@ bool pool_runs_on_onednn(const graph& g, const node& n) {
   return true;
 }
 
-/// Pooling as oneDNN calls: by image when there are several, by blocks of 16
-/// channels (dense in nChw16c) for one image, else one call.
+/// Pooling as oneDNN calls: by image when there are several, by blocks of
+/// channels (dense in the blocked layout) for one image, else one call.
 step pool_step(const dnnl_ctx& ctx, const graph& g, const node& n, const layout_map& lay,
                unsigned threads) {
   const auto& xs = g.values[n.inputs[0]].shape;
@@ -633,10 +656,11 @@ step pool_step(const dnnl_ctx& ctx, const graph& g, const node& n, const layout_
                                             : dnnl::algorithm::pooling_avg_exclude_padding;
   }
   bool by_image = threads > 1 && ys[0] > 1;
-  bool by_channel = threads > 1 && !by_image && src_l == layout::blocked16
-                    && dst_l == layout::blocked16;
+  bool by_channel = threads > 1 && !by_image && src_l == layout::blocked
+                    && dst_l == layout::blocked;
   auto cuts = by_image     ? split_range(ys[0], pieces_for(ys[0], threads), 1, threads)
-              : by_channel ? split_range(ys[1], pieces_for(ys[1] / 16, threads), 16, threads)
+              : by_channel ? split_range(ys[1], pieces_for(ys[1] / block(), threads), block(),
+                                         threads)
                            : std::vector<int64_t>{0, ys[0]};
   std::vector<dnnl_call> calls;
   std::string note;
@@ -690,9 +714,9 @@ step channel_scale_step(const dnnl_ctx& ctx, const graph& g, const node& n, unsi
     int64_t xoff = cuts[c] * xs[1] * xs[2] * xs[3] * 4;
     int64_t soff = ss[0] == 1 ? 0 : cuts[c] * ss[1] * 4;
     auto x = desc_4d(xsub, l);
-    // [n,C,1,1] has the same bytes in every layout (C a multiple of 16 where
-    // the tensor is nChw16c); described in the tensor's, oneDNN 2.6 takes its
-    // fast kernel (in NCHW against nChw16c, its reference one).
+    // [n,C,1,1] has the same bytes in every layout (C a multiple of the block
+    // where the tensor is blocked); described in the tensor's, oneDNN 2.6 takes
+    // its fast kernel (in NCHW against nChw16c, its reference one).
     auto s = desc_4d(ssub, l);
     dnnl::binary::desc d(dnnl::algorithm::binary_mul, x, s, x);
     dnnl::binary::primitive_desc pdesc(d, user_scratchpad_attr(), ctx.eng);
@@ -711,7 +735,7 @@ step channel_scale_step(const dnnl_ctx& ctx, const graph& g, const node& n, unsi
                      std::move(calls));
 }
 
-/// ToNHWC / ToNChw16c / ToNCHW: a oneDNN reorder between two layouts of one 4-D tensor.
+/// ToNHWC / ToBlocked / ToNCHW: a oneDNN reorder between two layouts of one 4-D tensor.
 step reorder_step(const dnnl_ctx& ctx, const graph& g, const node& n, const layout_map& lay) {
   const auto& shape = g.values[n.inputs[0]].shape;
   auto src = desc_4d(shape, lay[n.inputs[0]]);
@@ -724,7 +748,7 @@ step reorder_step(const dnnl_ctx& ctx, const graph& g, const node& n, const layo
   call.args.push_back({DNNL_ARG_TO, dst, n.outputs[0], 0, {}});
   std::vector<dnnl_call> calls;
   calls.push_back(std::move(call));
-  return onednn_step(ctx, "onednn.reorder", std::move(calls));
+  return onednn_step(ctx, "onednn.reorder" + reference_note(pdesc), std::move(calls));
 }
 
 namespace {
@@ -755,7 +779,7 @@ bool runs_on_onednn_4d(const graph& g, const node& n) {
 /// oneDNN's fast kernels want both in one layout, except an image's few NCHW
 /// channels written nChw16c; other mixes run its reference kernel (measured:
 /// 73 ms instead of 0.04 ms for an 8-channel 64x64 convolution reading NCHW and
-/// writing NHWC). nChw16c needs whole blocks of 16 channels and no groups.
+/// writing NHWC). The blocked layout needs whole blocks of channels and no groups.
 std::pair<layout, layout> node_layouts(const graph& g, const layout_map& lay, const node& n) {
   const auto& in = g.values[n.inputs[0]].shape;
   const auto& out = g.values[n.outputs[0]].shape;
@@ -763,27 +787,27 @@ std::pair<layout, layout> node_layouts(const graph& g, const layout_map& lay, co
   if (n.op == "Mul") // a channel scale reads and writes the tensor as it is stored
     return {stored, stored};
   if (n.op == "FusedConv") {
-    bool blocked_out = out[1] % 16 == 0 && n.get_i("group", 1) == 1;
-    if (blocked_out && in[1] % 16 == 0)
-      return {layout::blocked16, layout::blocked16};
-    if (blocked_out && in[1] < 16 && stored == layout::nchw)
-      return {layout::nchw, layout::blocked16};
+    bool blocked_out = out[1] % block() == 0 && n.get_i("group", 1) == 1;
+    if (blocked_out && in[1] % block() == 0)
+      return {layout::blocked, layout::blocked};
+    if (blocked_out && in[1] < block() && stored == layout::nchw)
+      return {layout::nchw, layout::blocked};
     return {layout::nhwc, layout::nhwc};
   }
-  bool blocked = stored == layout::blocked16 || (stored == layout::nchw && in[1] % 16 == 0);
-  return blocked ? std::make_pair(layout::blocked16, layout::blocked16)
+  bool blocked = stored == layout::blocked || (stored == layout::nchw && in[1] % block() == 0);
+  return blocked ? std::make_pair(layout::blocked, layout::blocked)
                  : std::make_pair(layout::nhwc, layout::nhwc);
 }
 
 /// Whether value `v` stored as `a` has the bytes of layout `b` too: a 1x1
-/// spatial tensor is the same in NCHW, NHWC and (whole blocks) nChw16c.
+/// spatial tensor is the same in NCHW, NHWC and (whole blocks) the blocked layout.
 bool same_bytes(const graph& g, int v, layout a, layout b) {
   const auto& s = g.values[v].shape;
   if (a == b)
     return true;
   if (s.size() != 4 || s[2] * s[3] != 1)
     return false;
-  return (a != layout::blocked16 && b != layout::blocked16) || s[1] % 16 == 0;
+  return (a != layout::blocked && b != layout::blocked) || s[1] % block() == 0;
 }
 
 } // namespace
@@ -792,7 +816,7 @@ bool same_bytes(const graph& g, int v, layout a, layout b) {
 /// inserting reorder nodes where a tensor passes between them and the other
 /// operators or between two layouts. Records each oneDNN node's choice in its
 /// src_layout/dst_layout attributes.
-layout_map assign_layouts(graph& g) {
+layout_map assign_layouts(graph& g, bool blocked) {
   std::vector<bool> is_output(g.values.size(), false);
   for (int o : g.outputs) is_output[o] = true;
   layout_map lay(g.values.size(), layout::nchw);
@@ -808,7 +832,7 @@ layout_map assign_layouts(graph& g) {
   auto reorder = [&](int from, int to) {
     const char* op = lay[to] == layout::nchw   ? "ToNCHW"
                      : lay[to] == layout::nhwc ? "ToNHWC"
-                                               : "ToNChw16c";
+                                               : "ToBlocked";
     nodes.push_back(node{op, g.values[to].name + "/reorder", {from}, {to}, {}});
   };
   auto convert = [&](int v, layout to) {
@@ -831,6 +855,8 @@ layout_map assign_layouts(graph& g) {
     layout src = layout::nchw, out = layout::nchw;
     if (dn) {
       std::tie(src, out) = node_layouts(g, lay, n);
+      if (!blocked && n.op != "Mul") // a channel scale keeps the layout it finds
+        src = out = layout::nhwc;
       n.set_i("src_layout", static_cast<int64_t>(src));
       n.set_i("dst_layout", static_cast<int64_t>(out));
     }
@@ -886,6 +912,7 @@ step matmul_step(const dnnl_ctx& ctx, const graph& g, const node& n, unsigned th
   bool by_rows = m >= 64 * pieces || nn < 128;
   auto cuts = by_rows ? split_range(m, pieces, 16, threads) : split_range(nn, pieces, 64, threads);
   std::vector<dnnl_call> calls;
+  std::string note;
   for (size_t c = 0; c + 1 < cuts.size(); ++c) {
     int64_t a = cuts[c], b = cuts[c + 1];
     int64_t mc = by_rows ? b - a : m, nc = by_rows ? nn : b - a;
@@ -906,6 +933,7 @@ step matmul_step(const dnnl_ctx& ctx, const graph& g, const node& n, unsigned th
     auto d = has_bias ? dnnl::matmul::desc(src, wany, bias, dst)
                       : dnnl::matmul::desc(src, wany, dst);
     dnnl::matmul::primitive_desc pdesc(d, attr, ctx.eng);
+    note = reference_note(pdesc);
     int64_t out_off = (row0 * nn + col0) * 4;
     dnnl_call call;
     call.prim = dnnl::matmul(pdesc);
@@ -923,7 +951,7 @@ step matmul_step(const dnnl_ctx& ctx, const graph& g, const node& n, unsigned th
     call.args.push_back({DNNL_ARG_DST, dst, n.outputs[0], out_off, {}});
     calls.push_back(std::move(call));
   }
-  return onednn_step(ctx, "onednn.matmul", std::move(calls));
+  return onednn_step(ctx, "onednn.matmul" + note, std::move(calls));
 }
 
 } // namespace caf_serving::onnx

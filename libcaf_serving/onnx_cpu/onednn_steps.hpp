@@ -154,12 +154,21 @@ struct dnnl_call {
 };
 
 /// How a 4-D NCHW-indexed tensor is stored. Convolution and pooling tensors are
-/// kept in oneDNN's formats between those operators: nChw16c (channel blocks of
-/// 16 outermost, so that a range of whole blocks is one dense tensor and a
+/// kept in oneDNN's formats between those operators: blocked (channel blocks
+/// outermost, so that a range of whole blocks is one dense tensor and a
 /// convolution splits by output channels) where the channels are a multiple of
-/// 16, NHWC otherwise; every other operator reads NCHW.
-enum class layout : uint8_t { nchw, nhwc, blocked16 };
+/// the block, NHWC otherwise; every other operator reads NCHW. The block is the
+/// one oneDNN's fast kernels of this process's ISA read (cpu_level.hpp): 16
+/// channels (nChw16c) with AVX-512, 8 (nChw8c) below.
+enum class layout : uint8_t { nchw, nhwc, blocked };
 using layout_map = std::vector<layout>;
+
+/// What a step's kernel name ends with when oneDNN found no optimised kernel
+/// for one of its primitives and runs its reference one (reference_note()).
+inline constexpr const char* reference_kernel_note = " (oneDNN reference kernel)";
+
+/// reference_kernel_note when `pd` is oneDNN's reference implementation, else "".
+std::string reference_note(const dnnl::primitive_desc_base& pd);
 
 /// Runs `c` with one data handle per argument (fixed arguments ignore theirs).
 void run_call(const dnnl::engine& eng, const dnnl_call& c, const void* const* handles);
@@ -173,19 +182,21 @@ int64_t pieces_for(int64_t work, unsigned threads);
 /// Splits [0, n) into about `pieces` ranges of whole `unit`s (range starts, then n).
 std::vector<int64_t> split_range(int64_t n, int64_t pieces, int64_t unit, unsigned threads = 1);
 
-/// Stores convolution and pooling tensors in oneDNN's layouts, inserting
-/// reorder nodes between layouts; records each node's choice.
-layout_map assign_layouts(graph& g);
+/// Stores convolution and pooling tensors in oneDNN's layouts (`blocked`
+/// false: NHWC only), inserting reorder nodes between layouts; records each
+/// node's choice.
+layout_map assign_layouts(graph& g, bool blocked = true);
 
 /// The step of one node of each kind (the node's layouts as assign_layouts() chose).
 step conv_step(const dnnl_ctx& ctx, const graph& g, const node& n, unsigned threads,
                const layout_map& lay, const onnx_model_config& mcfg);
 step pool_step(const dnnl_ctx& ctx, const graph& g, const node& n, const layout_map& lay,
                unsigned threads);
-/// Whether pool_step() computes pooling node `n` as ONNX does. Not an
-/// AveragePool with count_include_pad whose ceil_mode windows reach past its
-/// end padding: ONNX counts padding only up to the padded edge, oneDNN all of
-/// it; the reference kernel runs those.
+/// Whether pool_step() computes pooling node `n` as ONNX does, on a fast
+/// kernel. Not an AveragePool with count_include_pad whose ceil_mode windows
+/// reach past its end padding: ONNX counts padding only up to the padded
+/// edge, oneDNN all of it. Nor a dilated window: oneDNN has only its
+/// reference kernel for those. The engine's reference kernel runs both.
 bool pool_runs_on_onednn(const graph& g, const node& n);
 step reorder_step(const dnnl_ctx& ctx, const graph& g, const node& n, const layout_map& lay);
 /// Mul of a 4-D tensor by one value per image and channel, which assign_layouts()

@@ -1,6 +1,7 @@
 #include "onnx_cpu/onnx_backend.hpp"
 #include "onnx/reshape_backend.hpp"
 #include "onnx_cpu/cpu_kernels.hpp"
+#include "onnx_cpu/cpu_level.hpp"
 
 #include "engine_kernels.hpp"
 #include "onnx/importer.hpp"
@@ -32,6 +33,7 @@
 #include <mutex>
 #include <optional>
 #include <random>
+#include <set>
 #include <sstream>
 #include <unordered_set>
 
@@ -130,7 +132,8 @@ step attention_step(const dnnl_ctx& ctx, const graph& g, const node& n, unsigned
                       {DNNL_ARG_DST, od, 0, 0, {}}};
   auto cuts = split_range(b * heads, pieces_for(b * heads, threads), 1, threads);
   step s;
-  s.kernel = "onednn.matmul+engine.softmax";
+  auto note = reference_note(p1);
+  s.kernel = "onednn.matmul+engine.softmax" + (note.empty() ? reference_note(p2) : note);
   s.items = static_cast<int64_t>(cuts.size()) - 1;
   int q = n.inputs[0], k = n.inputs[1], v = n.inputs[2], y = n.outputs[0];
   s.run = [=, eng = ctx.eng](void** p, int64_t item) {
@@ -385,7 +388,7 @@ const cpu_kernel_table& cpu_kernels() {
     {"GlobalAveragePool", {}, "onednn.pool", &onednn_pool_step},
     {"ToNHWC", {}, "onednn.reorder", &onednn_reorder_step},
     {"ToNCHW", {}, "onednn.reorder", &onednn_reorder_step},
-    {"ToNChw16c", {}, "onednn.reorder", &onednn_reorder_step},
+    {"ToBlocked", {}, "onednn.reorder", &onednn_reorder_step},
     {"Mul", {}, "onednn.channel_scale",
      [](context& c, const graph& g, const node& n) -> std::optional<step> {
        if (!n.has("src_layout"))
@@ -502,7 +505,7 @@ result<std::shared_ptr<compiled_plan>> compile(const graph& src, const model_con
   plan->threads = threads;
   auto& g = plan->g;
   plan->work = measure_matmul_work(g);
-  auto lay = assign_layouts(g);
+  auto lay = assign_layouts(g, mcfg.blocked_layout);
   if (mcfg.int8_onednn)
     assign_int8_layouts(g);
   for (const auto& t : cfg.inputs)
@@ -939,13 +942,13 @@ result<onnx_model> load_onnx_model(const onnx_model_config& mcfg) {
 }
 
 /// config.pbtxt's `parameters` for the ONNX backend: "winograd",
-/// "engine_conv", "conv_bands", "int8_onednn" and "qdq_fusion" ("true" or
+/// "engine_conv", "conv_bands", "blocked_layout", "int8_onednn" and "qdq_fusion" ("true" or
 /// "false"), "plan_cache_size" (1 to 1024), "plan_cache_bytes" (at least 1 MiB),
 /// "chunk_min_matmul_rows" (0 to 65536) and "expected_shapes" (shape_plans.hpp).
 result<onnx_model_config> with_parameters(onnx_model_config mcfg) {
   for (const auto& [key, value] : mcfg.config.parameters) {
     if (key == "winograd" || key == "engine_conv" || key == "conv_bands"
-        || key == "int8_onednn" || key == "qdq_fusion") {
+        || key == "blocked_layout" || key == "int8_onednn" || key == "qdq_fusion") {
       if (value != "true" && value != "false")
         return load_error(mcfg, "parameters \"" + key + "\" is '" + value
                                   + "'; give string_value \"true\" or \"false\"");
@@ -953,6 +956,7 @@ result<onnx_model_config> with_parameters(onnx_model_config mcfg) {
        : key == "engine_conv" ? mcfg.engine_conv
        : key == "int8_onednn" ? mcfg.int8_onednn
        : key == "qdq_fusion"  ? mcfg.passes.fuse_qdq
+       : key == "blocked_layout" ? mcfg.blocked_layout
                               : mcfg.conv_bands) = value == "true";
     } else if (key == "plan_cache_size") {
       char* end = nullptr;
@@ -1093,6 +1097,27 @@ result<warmup_batch> make_warmup_batch(const warmup_sample& w, const model_confi
 } // namespace
 
 namespace {
+
+/// One warning per node whose step runs a oneDNN reference kernel in any of
+/// `plans`, naming the node, the step and the ISA (model.warnings).
+std::vector<std::string> reference_kernel_warnings(const plan_set& plans,
+                                                   const onnx_model_config& mcfg) {
+  std::vector<std::string> out;
+  std::set<std::string> seen;
+  for (const auto& [key, plan] : plans)
+    for (const auto& s : plan->steps) {
+      if (s.kernel.find(reference_kernel_note) == std::string::npos || s.node < 0)
+        continue;
+      const auto& n = plan->g.nodes[static_cast<size_t>(s.node)];
+      if (!seen.insert(n.name).second)
+        continue;
+      out.push_back("model '" + mcfg.config.name + "': node '" + n.name + "' (" + n.op
+                    + ") runs [" + s.kernel + "] at batch " + std::to_string(plan->batch)
+                    + ": oneDNN has no optimised kernel for it on this CPU ("
+                    + process_cpu_level().describe() + "); it is correct but slow");
+    }
+  return out;
+}
 
 /// A graph with STRING tensors: its numeric part loads as any graph does, and
 /// the STRING tensors are served around it (string_passthrough.hpp).
@@ -1267,6 +1292,7 @@ result<onnx_model> load_onnx_graph(graph imported, const onnx_model_config& give
       }
     }
   }
+  m.warnings = reference_kernel_warnings(*loaded, mcfg);
   std::ostringstream os;
   os.setf(std::ios::fixed);
   os.precision(0);

@@ -29,6 +29,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace caf_serving::onnx {
 
@@ -50,9 +51,15 @@ struct onnx_model_config {
   bool winograd = true;
   /// Runs the convolutions over nChw16c that Winograd does not (1x1, strided)
   /// with the engine's own AVX-512 direct kernel (kernels/cpu/engine_conv.cpp)
-  /// where it applies, else with oneDNN's.
+  /// where it applies (AVX-512 only), else with oneDNN's.
   bool engine_conv = true;
-  /// Splits other convolutions of one nChw16c image whose input outweighs
+  /// Keeps convolution and pooling tensors in oneDNN's blocked layout of this
+  /// process's ISA (nChw16c with AVX-512, nChw8c below: cpu_level.hpp) where
+  /// their channels fill whole blocks, NHWC otherwise. false: NHWC for all of
+  /// them, oneDNN's other fast layout (for comparisons: caf-onnx-bench
+  /// --layout nhwc).
+  bool blocked_layout = true;
+  /// Splits other convolutions of one blocked image whose input outweighs
   /// its weights into bands of output rows, run by oneDNN on dense copies.
   bool conv_bands = true;
   /// Runs QLinearConv and QLinearMatMul with INT8 weights (zero points 0) on
@@ -105,6 +112,11 @@ struct onnx_model {
   model_config config;
   /// One line: nodes before and after optimization, arena size at batch 1.
   std::string summary;
+  /// One line per node whose plan step landed on a oneDNN reference kernel
+  /// (no optimised kernel for its shapes and layouts at this process's ISA,
+  /// cpu_level.hpp): the node, its step and the ISA. The loader logs them;
+  /// the tests require none.
+  std::vector<std::string> warnings;
   /// A backend for one executor instance: its own arena and pointer tables;
   /// the plans compiled at load and the compute pool are shared.
   std::function<std::shared_ptr<executor::backend>()> make_instance;

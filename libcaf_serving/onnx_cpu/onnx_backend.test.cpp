@@ -1,11 +1,13 @@
 /// The compiled plans against the reference interpreter on small graphs built
-/// in code: every convolution layout (NCHW image input, nChw16c, NHWC), every
+/// in code: every convolution layout (NCHW image input, blocked, NHWC), every
 /// way a step is split over threads (by image, by output channel, by row),
 /// Winograd, the reorders between layouts, pooling, and Gemm as a oneDNN matmul.
 
 #include "onnx_cpu/onnx_backend.hpp"
 
+#include "engine_kernels.hpp"
 #include "onnx/ops.hpp"
+#include "onnx_cpu/cpu_level.hpp"
 #include "onnx/testing.hpp"
 #include "onnx_cpu/work_pool.hpp"
 
@@ -26,6 +28,18 @@ using namespace caf_serving::onnx;
 using namespace caf_serving::onnx::testing;
 
 namespace {
+
+/// What this process's ISA runs (cpu_level.hpp), for the plans' texts: the
+/// blocked layout ("nChw16c" with AVX-512, else "nChw8c"), oneDNN 2.6's
+/// Winograd convolution and the engine's direct one (both AVX-512 only).
+const std::string blocked = process_cpu_level().channel_block == 16 ? "nChw16c" : "nChw8c";
+const std::string blocked2 = blocked + "->" + blocked;
+const std::string wino = process_cpu_level().channel_block == 16 ? "winograd" : "direct";
+/// "engine.conv <layouts><split>" where the engine's kernel runs, else oneDNN's `fallback`.
+std::string engine_or(const std::string& split, const std::string& fallback) {
+  return caf_serving::kernels::cpu::engine_conv_supported() ? "engine.conv " + blocked2 + split
+                                                            : fallback;
+}
 
 struct writer final : executor::output_writer {
   std::vector<std::vector<uint8_t>> buffers;
@@ -189,14 +203,14 @@ TEST_CASE("convolutions match the reference in every layout, split and algorithm
   std::mt19937 rng(11);
   // ic, oc, h, w, k, stride, group, residual, chain, pool
   std::vector<conv_case> cases{
-    {3, 32, 17, 15, 7, 2, 1, false, false, true}, // image input (NCHW) -> nChw16c, pool
+    {3, 32, 17, 15, 7, 2, 1, false, false, true}, // image input (NCHW) -> blocked, pool
     {32, 64, 9, 9, 1, 1, 1, false, true, false},  // 1x1, then Winograd 3x3, then NCHW Mul
     {32, 32, 10, 11, 3, 1, 1, true, false, false}, // Winograd with the residual
     {32, 48, 9, 9, 3, 2, 1, false, false, false},  // strided 3x3
-    {24, 24, 8, 8, 3, 1, 1, true, true, false},    // 24 channels: NHWC, split by rows
+    {20, 20, 8, 8, 3, 1, 1, true, true, false},    // 20 channels: NHWC, split by rows
     {32, 32, 8, 8, 3, 1, 4, false, false, true},   // grouped: NHWC
-    {3, 32, 17, 15, 7, 2, 1, false, true, true},   // MaxPool between nChw16c convolutions
-    {3, 8, 17, 15, 7, 2, 1, false, true, true},    // an image into 8 channels: all NHWC
+    {3, 32, 17, 15, 7, 2, 1, false, true, true},   // MaxPool between blocked convolutions
+    {3, 8, 17, 15, 7, 2, 1, false, true, true},    // into 8 channels: NHWC (nChw8c at 8)
     {64, 64, 1, 1, 1, 1, 1, true, false, false},   // 1x1 spatial: layouts share bytes
     {64, 128, 11, 9, 1, 2, 1, false, false, false}, // strided 1x1 (ResNet's downsample)
     {48, 192, 7, 13, 1, 1, 1, false, true, false},  // channel pieces of 48: no Winograd
@@ -251,14 +265,17 @@ TEST_CASE("convolutions match the reference in every layout, split and algorithm
   }
 }
 
-TEST_CASE("the plan uses Winograd, channel splits and nChw16c where it should") {
+TEST_CASE("the plan uses Winograd, channel splits and blocked layouts where it should") {
+  // At every ISA level the same splits and layouts; Winograd and the engine's
+  // kernel where the level has them (AVX-512), oneDNN's direct kernel else.
   std::mt19937 rng(12);
   auto g = conv_graph({32, 128, 9, 9, 1, 1, 1, false, true, false}, rng);
   std::string text;
   CHECK(plan_error(g, 1, 2, true, rng, &text) < 1e-5);
-  CHECK(text.find("onednn.conv.winograd nChw16c->nChw16c by channel") != std::string::npos);
+  CHECK(text.find("onednn.conv." + wino + " " + blocked2 + " by channel") != std::string::npos);
   // The 1x1 layer, whose weights outweigh its input: the engine's kernel by channels.
-  CHECK(text.find("engine.conv nChw16c->nChw16c by channel") != std::string::npos);
+  CHECK(text.find(engine_or(" by channel", "onednn.conv.direct " + blocked2 + " by channel"))
+        != std::string::npos);
   CHECK(text.find("ToNCHW") != std::string::npos); // before the Mul
   CHECK(plan_error(g, 1, 2, false, rng, &text) < 1e-5);
   CHECK(text.find("winograd") == std::string::npos);
@@ -267,46 +284,50 @@ TEST_CASE("the plan uses Winograd, channel splits and nChw16c where it should") 
   CHECK(plan_error(narrow, 1, 2, true, rng, &text) < 1e-5);
   CHECK(text.find("winograd") == std::string::npos);
   CHECK(plan_error(narrow, 1, 1, true, rng, &text) < 1e-5);
-  CHECK(text.find("onednn.conv.winograd nChw16c->nChw16c]") != std::string::npos);
+  CHECK(text.find("onednn.conv." + wino + " " + blocked2 + "]") != std::string::npos);
   // A 1x1 convolution whose input outweighs its weights: by rows on the
   // engine's kernel, unless that is turned off; on one thread, one item.
   auto wide = conv_graph({64, 128, 22, 19, 1, 2, 1, false, false, false}, rng);
   CHECK(plan_error(wide, 1, 2, true, rng, &text) < 1e-5);
-  CHECK(text.find("engine.conv nChw16c->nChw16c by row") != std::string::npos);
+  CHECK(text.find(engine_or(" by row", "onednn.conv.direct " + blocked2 + " by channel"))
+        != std::string::npos);
   CHECK(plan_error(wide, 1, 2, true, rng, &text, false) < 1e-5);
   CHECK(text.find("engine.conv") == std::string::npos);
-  CHECK(text.find("onednn.conv.direct nChw16c->nChw16c by channel") != std::string::npos);
+  CHECK(text.find("onednn.conv.direct " + blocked2 + " by channel") != std::string::npos);
   CHECK(plan_error(wide, 1, 1, true, rng, &text) < 1e-5);
-  CHECK(text.find("engine.conv nChw16c->nChw16c]") != std::string::npos);
+  CHECK(text.find(engine_or("]", "onednn.conv.direct " + blocked2 + "]")) != std::string::npos);
   // A strided 3x3 convolution: the engine's kernel too, by rows where the
   // input outweighs the weights or there are too few groups of 64 output
   // channels for the threads, else by channels; Winograd takes the
   // stride-1 3x3 where it is on, the engine's kernel where it is off.
   auto strided64 = conv_graph({32, 64, 23, 17, 3, 2, 1, false, false, false}, rng);
   CHECK(plan_error(strided64, 1, 2, true, rng, &text) < 1e-5);
-  CHECK(text.find("engine.conv nChw16c->nChw16c by row") != std::string::npos);
+  CHECK(text.find(engine_or(" by row", "onednn.conv.direct " + blocked2 + " by channel"))
+        != std::string::npos);
   auto deep = conv_graph({128, 128, 6, 7, 3, 2, 1, false, false, false}, rng);
   CHECK(plan_error(deep, 1, 2, true, rng, &text) < 1e-5);
-  CHECK(text.find("engine.conv nChw16c->nChw16c by channel") != std::string::npos);
+  CHECK(text.find(engine_or(" by channel", "onednn.conv.direct " + blocked2 + " by channel"))
+        != std::string::npos);
   // Several images in one plan: the engine's kernel where the input of an
   // image outweighs the weights, oneDNN (which reuses weights across images)
   // where it does not.
   CHECK(plan_error(wide, 3, 1, true, rng, &text) < 1e-5);
-  CHECK(text.find("engine.conv nChw16c->nChw16c]") != std::string::npos);
+  CHECK(text.find(engine_or("]", "onednn.conv.direct " + blocked2 + "]")) != std::string::npos);
   CHECK(plan_error(deep, 3, 1, true, rng, &text) < 1e-5);
   CHECK(text.find("engine.conv") == std::string::npos);
   auto same = conv_graph({64, 64, 10, 11, 3, 1, 1, true, false, false}, rng);
   CHECK(plan_error(same, 1, 1, true, rng, &text) < 1e-5);
   CHECK(text.find("engine.conv") == std::string::npos);
   CHECK(plan_error(same, 1, 1, false, rng, &text) < 1e-5);
-  CHECK(text.find("engine.conv nChw16c->nChw16c]") != std::string::npos);
+  CHECK(text.find(engine_or("]", "onednn.conv.direct " + blocked2 + "]")) != std::string::npos);
   // Other convolutions of one image whose input outweighs its weights: bands
   // of rows on dense copies, Winograd where it applies, unless turned off.
   auto tall = conv_graph({16, 32, 38, 11, 3, 1, 1, false, false, false}, rng);
   CHECK(plan_error(tall, 1, 2, true, rng, &text) < 1e-5);
-  CHECK(text.find("onednn.conv.winograd nChw16c->nChw16c by row (copies)") != std::string::npos);
+  CHECK(text.find("onednn.conv." + wino + " " + blocked2 + " by row (copies)")
+        != std::string::npos);
   CHECK(plan_error(tall, 1, 2, false, rng, &text) < 1e-5);
-  CHECK(text.find("onednn.conv.direct nChw16c->nChw16c by row (copies)") != std::string::npos);
+  CHECK(text.find("onednn.conv.direct " + blocked2 + " by row (copies)") != std::string::npos);
   CHECK(plan_error(tall, 1, 2, true, rng, &text, true, false) < 1e-5);
   CHECK(text.find("(copies)") == std::string::npos);
   CHECK(text.find("by channel") != std::string::npos);
@@ -314,11 +335,12 @@ TEST_CASE("the plan uses Winograd, channel splits and nChw16c where it should") 
   CHECK(text.find("(copies)") == std::string::npos);
   auto strided = conv_graph({32, 32, 23, 17, 3, 2, 1, false, false, false}, rng);
   CHECK(plan_error(strided, 1, 2, true, rng, &text) < 1e-5);
-  CHECK(text.find("onednn.conv.direct nChw16c->nChw16c by row (copies)") != std::string::npos);
+  CHECK(text.find("onednn.conv.direct " + blocked2 + " by row (copies)") != std::string::npos);
   auto pooled = conv_graph({3, 32, 17, 15, 7, 2, 1, false, true, true}, rng);
   CHECK(plan_error(pooled, 1, 2, true, rng, &text) < 1e-5);
-  CHECK(text.find("onednn.pool nChw16c by channel") != std::string::npos);
-  auto rows = conv_graph({24, 24, 8, 8, 3, 1, 1, false, true, false}, rng);
+  CHECK(text.find("onednn.pool " + blocked + " by channel") != std::string::npos);
+  // 20 channels are no whole blocks at any level: NHWC.
+  auto rows = conv_graph({20, 20, 8, 8, 3, 1, 1, false, true, false}, rng);
   CHECK(plan_error(rows, 1, 2, true, rng, &text) < 1e-5);
   CHECK(text.find("onednn.conv.direct nhwc->nhwc by row") != std::string::npos);
   CHECK(plan_error(rows, 3, 4, true, rng, &text) < 1e-5);
@@ -615,9 +637,9 @@ TEST_CASE("SiLU (x * sigmoid(x)) after a convolution or a matmul runs as its fus
 
 TEST_CASE("squeeze-and-excitation's channel scale runs in the convolutions' layout") {
   // Conv -> Relu -> [GlobalAveragePool -> Conv -> Relu -> Conv -> Sigmoid] -> Mul -> Conv:
-  // 32 channels keep nChw16c, 24 NHWC; torchvision writes scale * x, others x * scale.
+  // 32 channels stay blocked, 20 NHWC; torchvision writes scale * x, others x * scale.
   std::mt19937 rng(51);
-  for (int64_t c : {32, 24})
+  for (int64_t c : {32, 20})
     for (bool scale_first : {true, false}) {
       graph g;
       g.opset = 17;
@@ -656,12 +678,13 @@ TEST_CASE("squeeze-and-excitation's channel scale runs in the convolutions' layo
           CAPTURE(threads);
           std::string text;
           CHECK(plan_error(g, ref, threads, false, &text) < 1e-5);
-          CHECK(text.find(c == 32 ? "onednn.channel_scale nChw16c" : "onednn.channel_scale nhwc")
+          CHECK(text.find(c == 32 ? "onednn.channel_scale " + blocked
+                                  : std::string("onednn.channel_scale nhwc"))
                 != std::string::npos);
           CHECK(text.find("reference") == std::string::npos);
           // One reorder in (the NCHW image) and one out (the graph output, written NCHW).
           CHECK(text.find("ToNCHW [onednn.reorder]  x1") != std::string::npos);
-          auto in_reorder = c == 32 ? "ToNChw16c [onednn.reorder]  x1"
+          auto in_reorder = c == 32 ? "ToBlocked [onednn.reorder]  x1"
                                     : "ToNHWC [onednn.reorder]  x1";
           CHECK(text.find(in_reorder) != std::string::npos);
         }
@@ -835,7 +858,7 @@ TEST_CASE("config.pbtxt's conv_bands turns bands of rows off, and only them") {
     auto text = model->profile_report();
     CAPTURE(text);
     bool on = std::string(bands) == "true";
-    CHECK((text.find("winograd nChw16c->nChw16c by row (copies)") != std::string::npos) == on);
+    CHECK((text.find(wino + " " + blocked2 + " by row (copies)") != std::string::npos) == on);
     CHECK((text.find("by channel") != std::string::npos) == !on);
   }
 }
