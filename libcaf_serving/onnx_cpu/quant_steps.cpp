@@ -1,6 +1,9 @@
 #include "onnx_cpu/quant_steps.hpp"
 
 #include "onnx/ops_quant.hpp"
+#include "onnx_cpu/cpu_level.hpp"
+
+#include "cpu_isa.hpp"
 
 #include <algorithm>
 #include <limits>
@@ -45,10 +48,11 @@ std::vector<int64_t> span_cuts(int64_t total, unsigned threads) {
 
 /// The element-wise int8 loops vectorise 8 floats wide with AVX2 (twice the
 /// speed of the SSE2 baseline the build targets): compiled again for it and
-/// chosen at run time. The arithmetic is the same (no FMA contraction), so
-/// the results are the reference kernels' to the bit.
+/// chosen at run time (engine_isa_level(): ONEDNN_MAX_CPU_ISA caps it too).
+/// The arithmetic is the same (no FMA contraction), so the results are the
+/// reference kernels' to the bit.
 bool has_avx2() {
-  static const bool yes = __builtin_cpu_supports("avx2") != 0;
+  static const bool yes = kernels::cpu::engine_isa_level() >= kernels::cpu::isa_level::avx2;
   return yes;
 }
 
@@ -102,6 +106,302 @@ std::shared_ptr<const dnnl::memory> zero_point_memory(const dnnl::engine& eng, i
 
 } // namespace
 
+// ------------------------------------------------------- the exact path (no VNNI)
+//
+// Without VNNI (AVX2, or AVX-512 without VNNI), oneDNN's int8 kernels multiply
+// u8 sources by s8 weights with vpmaddubsw, which adds each two neighbouring
+// products into a saturating 16-bit sum: 255 * 127 * 2 = 64,770 does not fit,
+// and the answer is wrong wherever a model's values are that large. For an s8
+// source, oneDNN also halves the weights (rounding them) to stay clear of it.
+// The exact path keeps every sum in range:
+// - the weights split into w = 2 * hi + lo, hi = floor(w / 2) in [-64, 63]
+//   and lo in {0, 1}: 255 * 64 * 2 = 32,640 fits;
+// - an s8 source is flipped to u8 (x + 128, its zero point too), so that no
+//   weights are halved;
+// - oneDNN computes both products' INT32 sums (zero point included), and the
+//   engine adds 2 * hi + lo + bias and requantises them as the reference
+//   kernel does, to the bit.
+// Twice the multiplications of the VNNI path's; docs/onnx-int8.md measures it.
+
+namespace {
+
+/// INT8 weights `w` as {hi, lo} with w = 2 * hi + lo (see above).
+std::pair<constant_ptr, constant_ptr> split_int8_weights(const tensor_data& w) {
+  auto hi = make_tensor(datatype::int8, w.shape);
+  auto lo = make_tensor(datatype::int8, w.shape);
+  const int8_t* v = w.as<int8_t>();
+  for (int64_t i = 0; i < w.elements(); ++i) {
+    hi->as_mut<int8_t>()[i] = static_cast<int8_t>(v[i] >> 1); // arithmetic: floor(v / 2)
+    lo->as_mut<int8_t>()[i] = static_cast<int8_t>(v[i] & 1);
+  }
+  return {hi, lo};
+}
+
+/// y = x + 128 as u8 for an s8 `x`: flips the sign bit (y may be x).
+inline void flip_to_u8(const uint8_t* x, uint8_t* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
+    y[i] = static_cast<uint8_t>(x[i] ^ 0x80u);
+}
+
+/// What the exact path's requantisation needs: per-column multipliers (or
+/// one), the output zero point and the clamp Relu sets.
+struct split_requant {
+  std::vector<float> multipliers;
+  int32_t zero = 0;
+  bool relu = false;
+};
+
+/// `rows` rows of `cols` outputs: y = saturate(round_half_even((2 * hi + lo +
+/// bias) * multiplier) + zero), clamped at zero with Relu: the reference
+/// kernel's arithmetic (ops_quant.cpp's requantize and clamp_at_zero_point).
+/// 1.5 * 2^23 added and taken away rounds half to even (|v| <= 255 here).
+template <class Q>
+inline void requantize_split(const int32_t* __restrict hi, const int32_t* __restrict lo,
+                             const int32_t* __restrict bias, const split_requant& r,
+                             int64_t rows, int64_t cols, Q* __restrict y) {
+  const float low = r.relu ? 0.0f : float(std::numeric_limits<Q>::lowest()) - float(r.zero);
+  const float high = float(std::numeric_limits<Q>::max()) - float(r.zero);
+  const float* m = r.multipliers.data();
+  const bool per_col = r.multipliers.size() > 1;
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) {
+      int64_t e = i * cols + j;
+      int32_t acc = 2 * hi[e] + lo[e] + (bias ? bias[j] : 0);
+      float v = std::min(std::max(static_cast<float>(acc) * m[per_col ? j : 0], low), high);
+      v = (v + 12582912.0f) - 12582912.0f;
+      y[e] = static_cast<Q>(static_cast<int32_t>(v) + r.zero);
+    }
+}
+
+template <class Q>
+__attribute__((target("avx2"))) void requantize_split_avx2(const int32_t* hi, const int32_t* lo,
+                                                           const int32_t* bias,
+                                                           const split_requant& r, int64_t rows,
+                                                           int64_t cols, Q* y) {
+  requantize_split(hi, lo, bias, r, rows, cols, y);
+}
+
+__attribute__((target("avx2"))) void flip_to_u8_avx2(const uint8_t* x, uint8_t* y, int64_t n) {
+  flip_to_u8(x, y, n);
+}
+
+/// requantize_split() into 8-bit `type`, vectorised where the engine runs AVX2.
+void requantize_split_to(dt type, const int32_t* hi, const int32_t* lo, const int32_t* bias,
+                         const split_requant& r, int64_t rows, int64_t cols, void* y) {
+  if (type == dt::s8) {
+    auto* out = static_cast<int8_t*>(y);
+    if (has_avx2())
+      requantize_split_avx2(hi, lo, bias, r, rows, cols, out);
+    else
+      requantize_split(hi, lo, bias, r, rows, cols, out);
+  } else {
+    auto* out = static_cast<uint8_t*>(y);
+    if (has_avx2())
+      requantize_split_avx2(hi, lo, bias, r, rows, cols, out);
+    else
+      requantize_split(hi, lo, bias, r, rows, cols, out);
+  }
+}
+
+void flip_to_u8_fast(const uint8_t* x, uint8_t* y, int64_t n) {
+  if (has_avx2())
+    flip_to_u8_avx2(x, y, n);
+  else
+    flip_to_u8(x, y, n);
+}
+
+/// The two calls of one piece of the exact path: the same primitive over the
+/// weights' two halves, each into an INT32 buffer. Arguments: source, weights
+/// (fixed), [source zero point (fixed)], destination.
+struct split_calls {
+  dnnl_call hi, lo;
+};
+
+split_calls split_calls_of(const dnnl_ctx& ctx, const dnnl::primitive& prim,
+                           const dnnl::memory::desc& scratch, const dnnl::memory::desc& src,
+                           const dnnl::memory::desc& dst, const dnnl::memory::desc& wuser,
+                           const dnnl::memory::desc& wwant,
+                           const std::pair<constant_ptr, constant_ptr>& w, int32_t src_zero) {
+  split_calls s;
+  for (auto* c : {&s.hi, &s.lo}) {
+    c->prim = prim;
+    c->scratch = scratch;
+    const auto& half = c == &s.hi ? w.first : w.second;
+    c->args.push_back({DNNL_ARG_SRC, src, 0, 0, {}});
+    c->args.push_back(
+      {DNNL_ARG_WEIGHTS, {}, -1, 0, ctx.weights->get(ctx.eng, half, 0, wuser, wwant)});
+    if (src_zero != 0)
+      c->args.push_back({DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC, {}, -1, 0,
+                         zero_point_memory(ctx.eng, src_zero)});
+    c->args.push_back({DNNL_ARG_DST, dst, 0, 0, {}});
+  }
+  return s;
+}
+
+/// Runs one of split_calls on `src` into `dst`.
+void run_split_call(const dnnl::engine& eng, const dnnl_call& c, const void* src, void* dst) {
+  const void* handles[4] = {src, nullptr, nullptr, nullptr};
+  handles[c.args.size() - 1] = dst;
+  run_call(eng, c, handles);
+}
+
+/// The attributes of the exact path's primitives: a runtime source zero
+/// point where there is one, nothing else (INT32 out, unscaled).
+dnnl::primitive_attr split_attr(int32_t src_zero) {
+  auto attr = user_scratchpad_attr();
+  if (src_zero != 0)
+    attr.set_zero_points(DNNL_ARG_SRC, 0, {DNNL_RUNTIME_S32_VAL});
+  return attr;
+}
+
+} // namespace
+
+namespace {
+
+/// What both QLinearConv steps read of node `n`, and the pieces it splits
+/// into: fewer images than threads split each image's output rows into bands,
+/// one per thread, each a convolution of its own over the input rows it reads
+/// (its own padding at the edges). NHWC (what oneDNN's AMX and VNNI int8
+/// kernels read and write) keeps a band of rows one dense range.
+struct qconv_node {
+  struct band {
+    int64_t first, in_rows; ///< input rows read
+    int64_t top, bottom;    ///< rows of padding above and below them
+    int64_t r0, rows;       ///< output rows written
+  };
+  quant_conv_geometry geo;
+  std::vector<float> multipliers; ///< x_scale * w_scale[k] / y_scale, as the reference
+  int32_t xz = 0, yz = 0;
+  bool has_bias = false, relu = false, x_nhwc = false, y_nhwc = false;
+  dt x_type = dt::u8, y_type = dt::u8;
+  dnnl::memory::desc wuser; ///< the INT8 weights as ONNX has them (oihw or goihw)
+  std::vector<band> bands;
+};
+
+qconv_node qconv_node_of(const graph& g, const node& n, unsigned threads) {
+  const auto& xv = g.values[n.inputs[0]];
+  const auto& wc = g.values[n.inputs[3]].constant;
+  qconv_node q;
+  q.geo = std::get<quant_conv_geometry>(quant_conv_geometry_of(n, xv.shape, wc->shape));
+  const auto& geo = q.geo;
+  float x_scale = constant_of(g, n, 1)->as<float>()[0];
+  float y_scale = constant_of(g, n, 6)->as<float>()[0];
+  const auto& ws = *constant_of(g, n, 4);
+  for (int64_t i = 0; i < ws.elements(); ++i)
+    q.multipliers.push_back(x_scale * ws.as<float>()[i] / y_scale); // as the reference kernel
+  q.xz = int_value(*constant_of(g, n, 2), 0);
+  q.yz = int_value(*constant_of(g, n, 7), 0);
+  q.has_bias = n.inputs.size() > 8 && n.inputs[8] >= 0;
+  q.relu = n.get_s("activation", "") == "Relu";
+  q.x_nhwc = n.get_i("x_nhwc", 0) != 0;
+  q.y_nhwc = n.get_i("y_nhwc", 0) != 0;
+  q.x_type = dnnl_type(xv.dtype);
+  q.y_type = dnnl_type(g.values[n.outputs[0]].dtype);
+  bool grouped = geo.group > 1;
+  dnnl::memory::dims wdims = grouped ? dnnl::memory::dims{geo.group, geo.k / geo.group,
+                                                           geo.c / geo.group, geo.kh, geo.kw}
+                                     : dnnl::memory::dims{geo.k, geo.c, geo.kh, geo.kw};
+  q.wuser = dnnl::memory::desc(wdims, dt::s8, grouped ? tag::goihw : tag::oihw);
+  std::vector<int64_t> cuts{0, geo.oh};
+  if (threads > 1 && geo.n < static_cast<int64_t>(threads) && geo.oh >= 2)
+    cuts = split_range(geo.oh, std::min<int64_t>(threads, geo.oh), 1, threads);
+  for (size_t p = 0; p + 1 < cuts.size(); ++p) {
+    int64_t r0 = cuts[p], rows = cuts[p + 1] - cuts[p];
+    if (cuts.size() == 2) { // the whole image, with the node's own padding
+      q.bands.push_back({0, geo.h, geo.ph, geo.ph1, r0, rows});
+      continue;
+    }
+    int64_t i0 = r0 * geo.sh - geo.ph;
+    int64_t i1 = (r0 + rows - 1) * geo.sh - geo.ph + (geo.kh - 1) * geo.dh + 1;
+    int64_t first = std::max<int64_t>(0, i0);
+    q.bands.push_back({first, std::min(geo.h, i1) - first, std::max<int64_t>(0, -i0),
+                       std::max<int64_t>(0, i1 - geo.h), r0, rows});
+  }
+  return q;
+}
+
+/// The source zero point of the exact path's convolution: an s8 source is
+/// flipped to u8, x + 128, and its zero point with it.
+int32_t exact_src_zero(const qconv_node& q) {
+  return q.xz + (q.x_type == dt::s8 ? 128 : 0);
+}
+
+/// The VNNI path's attributes: the requantisation (output scales, zero
+/// points, Relu) in oneDNN.
+dnnl::primitive_attr qconv_vnni_attr(const qconv_node& q) {
+  auto attr = user_scratchpad_attr();
+  attr.set_output_scales(q.multipliers.size() > 1 ? 1 << 1 : 0, q.multipliers);
+  if (q.xz != 0)
+    attr.set_zero_points(DNNL_ARG_SRC, 0, {DNNL_RUNTIME_S32_VAL});
+  if (q.yz != 0)
+    attr.set_zero_points(DNNL_ARG_DST, 0, {DNNL_RUNTIME_S32_VAL});
+  if (q.relu) {
+    // Applied to the scaled value before the output zero point is added:
+    // max(0, v) + y_zero, the output clamped at its zero point.
+    dnnl::post_ops po;
+    po.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
+    attr.set_post_ops(po);
+  }
+  return attr;
+}
+
+/// oneDNN's int8 convolution of `q` over one band, NHWC in and out, on the
+/// path of this process (cpu_level.hpp): with VNNI, the node's own types, bias
+/// and requantisation; on the exact path, a u8 source into INT32 sums.
+dnnl::convolution_forward::primitive_desc qconv_pdesc(const dnnl::engine& eng,
+                                                      const qconv_node& q,
+                                                      const qconv_node::band& b) {
+  const auto& geo = q.geo;
+  const bool vnni = process_cpu_level().int8_vnni;
+  dnnl::memory::desc src({1, geo.c, b.in_rows, geo.w}, vnni ? q.x_type : dt::u8, tag::nhwc);
+  dnnl::memory::desc dst({1, geo.k, b.rows, geo.ow}, vnni ? q.y_type : dt::s32, tag::nhwc);
+  dnnl::memory::desc wany(q.wuser.dims(), dt::s8, tag::any);
+  dnnl::memory::desc bias({geo.k}, dt::s32, tag::x);
+  dnnl::memory::dims strides{geo.sh, geo.sw}, dil{geo.dh - 1, geo.dw - 1},
+    pad_l{b.top, geo.pw}, pad_r{b.bottom, geo.pw1};
+  auto d = vnni && q.has_bias
+             ? dnnl::convolution_forward::desc(dnnl::prop_kind::forward_inference,
+                                               dnnl::algorithm::convolution_direct, src, wany,
+                                               bias, dst, strides, dil, pad_l, pad_r)
+             : dnnl::convolution_forward::desc(dnnl::prop_kind::forward_inference,
+                                               dnnl::algorithm::convolution_direct, src, wany,
+                                               dst, strides, dil, pad_l, pad_r);
+  return dnnl::convolution_forward::primitive_desc(
+    d, vnni ? qconv_vnni_attr(q) : split_attr(exact_src_zero(q)), eng);
+}
+
+/// A reorder of one band's rows between NCHW (a strided view of the whole
+/// image's channels) and NHWC, as a call whose two handles are set at run time.
+dnnl_call band_reorder(const dnnl_ctx& ctx, const dnnl::memory::desc& from,
+                       const dnnl::memory::desc& to) {
+  dnnl::reorder::primitive_desc rpd(ctx.eng, from, ctx.eng, to, user_scratchpad_attr());
+  dnnl_call c;
+  c.prim = dnnl::reorder(rpd);
+  c.scratch = rpd.scratchpad_desc();
+  c.args = {{DNNL_ARG_FROM, from, 0, 0, {}}, {DNNL_ARG_TO, to, 0, 0, {}}};
+  return c;
+}
+
+/// The NCHW view of rows [first, first + rows) of an image of `channels` x
+/// `height` x `width` 8-bit values.
+dnnl::memory::desc nchw_rows(int64_t channels, int64_t height, int64_t width, int64_t rows,
+                             dt type) {
+  return dnnl::memory::desc({1, channels, rows, width}, type,
+                            dnnl::memory::dims{channels * height * width, height * width,
+                                               width, 1});
+}
+
+/// A 64-byte aligned view of this thread's buffer `v`, at least `bytes` long.
+template <int Which>
+uint8_t* thread_buffer(size_t bytes) {
+  thread_local std::vector<uint8_t> v;
+  if (v.size() < bytes + 64)
+    v.resize(bytes + 64);
+  return reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(v.data()) + 63) / 64 * 64);
+}
+
+} // namespace
+
 bool qlinear_conv_runs_on_onednn(const graph& g, const node& n) {
   if (n.op != "QLinearConv" || n.inputs.size() < 8)
     return false;
@@ -117,59 +417,30 @@ bool qlinear_conv_runs_on_onednn(const graph& g, const node& n) {
     if (int_value(wz, i) != 0)
       return false; // oneDNN has no per-channel weight zero points
   const auto& x = g.values[n.inputs[0]];
-  return x.shape.size() == 4
-         && std::holds_alternative<quant_conv_geometry>(quant_conv_geometry_of(n, x.shape, w.shape));
+  if (x.shape.size() != 4
+      || !std::holds_alternative<quant_conv_geometry>(quant_conv_geometry_of(n, x.shape, w.shape)))
+    return false;
+  // Some shapes have no optimised kernel at some ISA levels (AVX2: a grouped
+  // convolution of one input channel per group); the engine's reference
+  // kernel, exact and without the reorders, runs those.
+  auto q = qconv_node_of(g, n, 1);
+  if (q.geo.h < 1 || q.geo.w < 1 || q.geo.oh < 1 || q.geo.ow < 1)
+    return true; // not specialized yet: asked again when the plan is compiled
+  static const dnnl::engine probe(dnnl::engine::kind::cpu, 0);
+  try {
+    return reference_note(qconv_pdesc(probe, q, q.bands[0])).empty();
+  } catch (const dnnl::error&) {
+    return false;
+  }
 }
 
 step qlinear_conv_step(const dnnl_ctx& ctx, const graph& g, const node& n, unsigned threads) {
-  const auto& xv = g.values[n.inputs[0]];
-  const auto& yv = g.values[n.outputs[0]];
+  if (!process_cpu_level().int8_vnni)
+    return qlinear_conv_exact_step(ctx, g, n, threads);
+  auto q = qconv_node_of(g, n, threads);
+  const auto& geo = q.geo;
   const auto& wc = g.values[n.inputs[3]].constant;
-  auto geo = std::get<quant_conv_geometry>(quant_conv_geometry_of(n, xv.shape, wc->shape));
-  float x_scale = constant_of(g, n, 1)->as<float>()[0];
-  float y_scale = constant_of(g, n, 6)->as<float>()[0];
-  const auto& ws = *constant_of(g, n, 4);
-  std::vector<float> scales(static_cast<size_t>(ws.elements()));
-  for (size_t i = 0; i < scales.size(); ++i)
-    scales[i] = x_scale * ws.as<float>()[i] / y_scale; // as the reference kernel
-  int32_t xz = int_value(*constant_of(g, n, 2), 0);
-  int32_t yz = int_value(*constant_of(g, n, 7), 0);
-  bool has_bias = n.inputs.size() > 8 && n.inputs[8] >= 0;
-  bool relu = n.get_s("activation", "") == "Relu";
-  bool x_nhwc = n.get_i("x_nhwc", 0) != 0, y_nhwc = n.get_i("y_nhwc", 0) != 0;
-  bool grouped = geo.group > 1;
-
-  auto attr = user_scratchpad_attr();
-  attr.set_output_scales(scales.size() > 1 ? 1 << 1 : 0, scales);
-  if (xz != 0)
-    attr.set_zero_points(DNNL_ARG_SRC, 0, {DNNL_RUNTIME_S32_VAL});
-  if (yz != 0)
-    attr.set_zero_points(DNNL_ARG_DST, 0, {DNNL_RUNTIME_S32_VAL});
-  if (relu) {
-    // Applied to the scaled value before the output zero point is added:
-    // max(0, v) + y_zero, the output clamped at its zero point.
-    dnnl::post_ops po;
-    po.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
-    attr.set_post_ops(po);
-  }
-  dnnl::memory::dims wdims = grouped ? dnnl::memory::dims{geo.group, geo.k / geo.group,
-                                                           geo.c / geo.group, geo.kh, geo.kw}
-                                     : dnnl::memory::dims{geo.k, geo.c, geo.kh, geo.kw};
-  dnnl::memory::desc wuser(wdims, dt::s8, grouped ? tag::goihw : tag::oihw);
-  dnnl::memory::desc wany(wdims, dt::s8, tag::any);
-  dnnl::memory::desc bias({geo.k}, dt::s32, tag::x);
-  dt x_type = dnnl_type(xv.dtype), y_type = dnnl_type(yv.dtype);
-
-  // Fewer images than threads: each image's output rows split into bands, one
-  // per thread, each a convolution of its own over the input rows it reads
-  // (its own padding at the edges). NHWC (what oneDNN's AMX and VNNI int8
-  // kernels read and write) keeps a band of rows one dense range.
-  int64_t pieces = 1;
-  std::vector<int64_t> cuts{0, geo.oh};
-  if (threads > 1 && geo.n < static_cast<int64_t>(threads) && geo.oh >= 2) {
-    cuts = split_range(geo.oh, std::min<int64_t>(threads, geo.oh), 1, threads);
-    pieces = static_cast<int64_t>(cuts.size()) - 1;
-  }
+  const int64_t pieces = static_cast<int64_t>(q.bands.size());
 
   // Per piece up to three calls: NCHW input rows -> buffer a (NHWC), the
   // convolution, buffer b (NHWC) -> NCHW output rows. Tensors kept NHWC
@@ -177,53 +448,25 @@ step qlinear_conv_step(const dnnl_ctx& ctx, const graph& g, const node& n, unsig
   // a value (offset per image added at run time), -1 fixed, -2 buffer a, -3 b.
   auto calls = std::make_shared<std::vector<std::vector<dnnl_call>>>();
   size_t a_max = 0, b_max = 0;
-  auto reorder_call = [&](const dnnl::memory::desc& from, const dnnl::memory::desc& to) {
-    dnnl_call c;
-    auto attr_r = user_scratchpad_attr();
-    dnnl::reorder::primitive_desc rpd(ctx.eng, from, ctx.eng, to, attr_r);
-    c.prim = dnnl::reorder(rpd);
-    c.scratch = rpd.scratchpad_desc();
-    return c;
-  };
-  for (int64_t p = 0; p < pieces; ++p) {
-    int64_t r0 = cuts[p], rows = cuts[p + 1] - cuts[p];
-    int64_t i0 = r0 * geo.sh - geo.ph;
-    int64_t i1 = (r0 + rows - 1) * geo.sh - geo.ph + (geo.kh - 1) * geo.dh + 1;
-    int64_t top = std::max<int64_t>(0, -i0), bottom = std::max<int64_t>(0, i1 - geo.h);
-    int64_t first = std::max<int64_t>(0, i0), in_rows = std::min(geo.h, i1) - first;
-    if (pieces == 1) { // the whole image, with the node's own padding
-      first = 0;
-      in_rows = geo.h;
-      top = geo.ph;
-      bottom = geo.ph1;
-    }
-    dnnl::memory::desc src({1, geo.c, in_rows, geo.w}, x_type, tag::nhwc);
-    dnnl::memory::desc dst({1, geo.k, rows, geo.ow}, y_type, tag::nhwc);
-    dnnl::memory::dims strides{geo.sh, geo.sw}, dil{geo.dh - 1, geo.dw - 1},
-      pad_l{top, geo.pw}, pad_r{bottom, geo.pw1};
-    auto d = has_bias ? dnnl::convolution_forward::desc(
-                          dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
-                          src, wany, bias, dst, strides, dil, pad_l, pad_r)
-                      : dnnl::convolution_forward::desc(
-                          dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
-                          src, wany, dst, strides, dil, pad_l, pad_r);
-    dnnl::convolution_forward::primitive_desc pd(d, attr, ctx.eng);
+  std::string note;
+  for (const auto& band : q.bands) {
+    auto pd = qconv_pdesc(ctx.eng, q, band);
+    auto src = pd.src_desc(), dst = pd.dst_desc();
+    if (note.empty())
+      note = reference_note(pd);
     std::vector<dnnl_call> piece;
     int src_handle = n.inputs[0], dst_handle = n.outputs[0];
-    int64_t src_off = first * geo.w * geo.c, dst_off = r0 * geo.ow * geo.k; // NHWC bytes
-    if (!x_nhwc) {
-      // NCHW rows [first, first + in_rows) of every channel: a strided view.
-      dnnl::memory::desc rows_nchw({1, geo.c, in_rows, geo.w}, x_type,
-                                   dnnl::memory::dims{geo.c * geo.h * geo.w, geo.h * geo.w,
-                                                      geo.w, 1});
-      piece.push_back(reorder_call(rows_nchw, src));
-      piece.back().args.push_back({DNNL_ARG_FROM, rows_nchw, n.inputs[0], first * geo.w, {}});
-      piece.back().args.push_back({DNNL_ARG_TO, src, -2, 0, {}});
+    int64_t src_off = band.first * geo.w * geo.c, dst_off = band.r0 * geo.ow * geo.k; // bytes
+    if (!q.x_nhwc) {
+      auto rows = nchw_rows(geo.c, geo.h, geo.w, band.in_rows, q.x_type);
+      piece.push_back(band_reorder(ctx, rows, src));
+      piece.back().args = {{DNNL_ARG_FROM, rows, n.inputs[0], band.first * geo.w, {}},
+                           {DNNL_ARG_TO, src, -2, 0, {}}};
       a_max = std::max(a_max, src.get_size());
       src_handle = -2;
       src_off = 0;
     }
-    if (!y_nhwc) {
+    if (!q.y_nhwc) {
       b_max = std::max(b_max, dst.get_size());
       dst_handle = -3;
       dst_off = 0;
@@ -233,57 +476,130 @@ step qlinear_conv_step(const dnnl_ctx& ctx, const graph& g, const node& n, unsig
     conv.scratch = pd.scratchpad_desc();
     conv.args.push_back({DNNL_ARG_SRC, src, src_handle, src_off, {}});
     conv.args.push_back({DNNL_ARG_WEIGHTS, {}, -1, 0,
-                         ctx.weights->get(ctx.eng, wc, 0, wuser, pd.weights_desc())});
-    if (has_bias)
-      conv.args.push_back({DNNL_ARG_BIAS, bias, n.inputs[8], 0, {}});
-    if (xz != 0)
+                         ctx.weights->get(ctx.eng, wc, 0, q.wuser, pd.weights_desc())});
+    if (q.has_bias)
+      conv.args.push_back({DNNL_ARG_BIAS, dnnl::memory::desc({geo.k}, dt::s32, tag::x),
+                           n.inputs[8], 0, {}});
+    if (q.xz != 0)
       conv.args.push_back({DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC, {}, -1, 0,
-                           zero_point_memory(ctx.eng, xz)});
-    if (yz != 0)
+                           zero_point_memory(ctx.eng, q.xz)});
+    if (q.yz != 0)
       conv.args.push_back({DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_DST, {}, -1, 0,
-                           zero_point_memory(ctx.eng, yz)});
+                           zero_point_memory(ctx.eng, q.yz)});
     conv.args.push_back({DNNL_ARG_DST, dst, dst_handle, dst_off, {}});
     piece.push_back(std::move(conv));
-    if (!y_nhwc) {
-      dnnl::memory::desc rows_nchw({1, geo.k, rows, geo.ow}, y_type,
-                                   dnnl::memory::dims{geo.k * geo.oh * geo.ow, geo.oh * geo.ow,
-                                                      geo.ow, 1});
-      piece.push_back(reorder_call(dst, rows_nchw));
-      piece.back().args.push_back({DNNL_ARG_FROM, dst, -3, 0, {}});
-      piece.back().args.push_back({DNNL_ARG_TO, rows_nchw, n.outputs[0], r0 * geo.ow, {}});
+    if (!q.y_nhwc) {
+      auto rows = nchw_rows(geo.k, geo.oh, geo.ow, band.rows, q.y_type);
+      piece.push_back(band_reorder(ctx, dst, rows));
+      piece.back().args = {{DNNL_ARG_FROM, dst, -3, 0, {}},
+                           {DNNL_ARG_TO, rows, n.outputs[0], band.r0 * geo.ow, {}}};
     }
     calls->push_back(std::move(piece));
   }
 
   step s;
-  s.kernel = std::string("onednn.qlinear_conv ") + (x_nhwc ? "nhwc" : "nchw") + "->"
-             + (y_nhwc ? "nhwc" : "nchw") + (pieces > 1 ? " by row" : "");
+  s.kernel = std::string("onednn.qlinear_conv ") + (q.x_nhwc ? "nhwc" : "nchw") + "->"
+             + (q.y_nhwc ? "nhwc" : "nchw") + (pieces > 1 ? " by row" : "") + note;
   // One item per image and band, run on the plan's threads.
   s.items = geo.n * pieces;
   int64_t x_image = geo.c * geo.h * geo.w, y_image = geo.k * geo.oh * geo.ow; // bytes: 8-bit
   int x = n.inputs[0], y = n.outputs[0];
   s.run = [calls, pieces, x, y, x_image, y_image, a_max, b_max, eng = ctx.eng](void** p,
                                                                                int64_t item) {
-    thread_local std::vector<uint8_t> a, b;
-    if (a.size() < a_max + 64) a.resize(a_max + 64);
-    if (b.size() < b_max + 64) b.resize(b_max + 64);
-    auto aligned = [](std::vector<uint8_t>& v) {
-      return reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(v.data()) + 63) / 64 * 64);
-    };
+    uint8_t* a = thread_buffer<0>(a_max);
+    uint8_t* b = thread_buffer<1>(b_max);
     int64_t image = item / pieces;
     for (const auto& c : (*calls)[item % pieces]) {
       const void* handles[8] = {};
       for (size_t i = 0; i < c.args.size() && i < 8; ++i) {
         const auto& arg = c.args[i];
         if (arg.value == -2)
-          handles[i] = aligned(a);
+          handles[i] = a;
         else if (arg.value == -3)
-          handles[i] = aligned(b);
+          handles[i] = b;
         else if (arg.value >= 0)
           handles[i] = static_cast<const uint8_t*>(p[arg.value]) + arg.offset
                        + (arg.value == x ? image * x_image : arg.value == y ? image * y_image : 0);
       }
       run_call(eng, c, handles);
+    }
+  };
+  return s;
+}
+
+step qlinear_conv_exact_step(const dnnl_ctx& ctx, const graph& g, const node& n,
+                             unsigned threads) {
+  auto q = qconv_node_of(g, n, threads);
+  const auto& geo = q.geo;
+  const bool x_s8 = q.x_type == dt::s8;
+  auto weights = split_int8_weights(*g.values[n.inputs[3]].constant);
+  struct piece {
+    qconv_node::band band;
+    dnnl_call to_nhwc;  ///< NCHW input rows -> NHWC (unless the input is NHWC)
+    split_calls conv;   ///< into INT32 NHWC [rows * ow][k]
+    dnnl_call to_nchw;  ///< the requantised NHWC rows -> NCHW (unless the output is NHWC)
+  };
+  auto pieces = std::make_shared<std::vector<piece>>();
+  size_t src_max = 0, acc_max = 0, out_max = 0;
+  std::string note;
+  for (const auto& band : q.bands) {
+    auto pd = qconv_pdesc(ctx.eng, q, band);
+    auto src = pd.src_desc(), acc = pd.dst_desc();
+    if (note.empty())
+      note = reference_note(pd);
+    piece p;
+    p.band = band;
+    if (!q.x_nhwc)
+      p.to_nhwc = band_reorder(ctx, nchw_rows(geo.c, geo.h, geo.w, band.in_rows, q.x_type),
+                               dnnl::memory::desc(src.dims(), q.x_type, tag::nhwc));
+    p.conv = split_calls_of(ctx, dnnl::convolution_forward(pd), pd.scratchpad_desc(), src, acc,
+                            q.wuser, pd.weights_desc(), weights, exact_src_zero(q));
+    if (!q.y_nhwc) {
+      dnnl::memory::desc out({1, geo.k, band.rows, geo.ow}, q.y_type, tag::nhwc);
+      p.to_nchw = band_reorder(ctx, out, nchw_rows(geo.k, geo.oh, geo.ow, band.rows, q.y_type));
+      out_max = std::max(out_max, out.get_size());
+    }
+    src_max = std::max(src_max, src.get_size());
+    acc_max = std::max(acc_max, acc.get_size());
+    pieces->push_back(std::move(p));
+  }
+  split_requant r{q.multipliers, q.yz, q.relu};
+  step s;
+  s.kernel = std::string("onednn.qlinear_conv ") + (q.x_nhwc ? "nhwc" : "nchw") + "->"
+             + (q.y_nhwc ? "nhwc" : "nchw") + (pieces->size() > 1 ? " by row" : "")
+             + " exact" + note;
+  const int64_t count = static_cast<int64_t>(pieces->size());
+  s.items = geo.n * count;
+  const int64_t x_image = geo.c * geo.h * geo.w, y_image = geo.k * geo.oh * geo.ow; // bytes
+  int x = n.inputs[0], y = n.outputs[0], bias = q.has_bias ? n.inputs[8] : -1;
+  s.run = [=, eng = ctx.eng](void** ptrs, int64_t item) {
+    const piece& pc = (*pieces)[item % count];
+    const auto& band = pc.band;
+    const int64_t image = item / count;
+    uint8_t* a = thread_buffer<0>(src_max);
+    auto* hi = reinterpret_cast<int32_t*>(thread_buffer<1>(acc_max));
+    auto* lo = reinterpret_cast<int32_t*>(thread_buffer<2>(acc_max));
+    const uint8_t* x_at = static_cast<const uint8_t*>(ptrs[x]) + image * x_image;
+    const uint8_t* src = x_at + band.first * geo.w * geo.c;
+    if (pc.to_nhwc.prim) {
+      const void* handles[2] = {x_at + band.first * geo.w, a};
+      run_call(eng, pc.to_nhwc, handles);
+      src = a;
+    }
+    if (x_s8) {
+      flip_to_u8_fast(src, a, band.in_rows * geo.w * geo.c);
+      src = a;
+    }
+    run_split_call(eng, pc.conv.hi, src, hi);
+    run_split_call(eng, pc.conv.lo, src, lo);
+    uint8_t* y_at = static_cast<uint8_t*>(ptrs[y]) + image * y_image;
+    uint8_t* out = pc.to_nchw.prim ? thread_buffer<3>(out_max) : y_at + band.r0 * geo.ow * geo.k;
+    requantize_split_to(q.y_type, hi, lo,
+                        bias >= 0 ? static_cast<const int32_t*>(ptrs[bias]) : nullptr, r,
+                        band.rows * geo.ow, geo.k, out);
+    if (pc.to_nchw.prim) {
+      const void* handles[2] = {out, y_at + band.r0 * geo.ow};
+      run_call(eng, pc.to_nchw, handles);
     }
   };
   return s;
@@ -479,17 +795,37 @@ bool qlinear_matmul_runs_on_onednn(const graph& g, const node& n) {
   return a.size() >= 2 && a.back() == w.shape[0];
 }
 
+namespace {
+
+/// A QLinearMatMul's multipliers: a_scale * w_scale[column] / y_scale, as the reference kernel.
+std::vector<float> qmatmul_multipliers(const graph& g, const node& n) {
+  float a_scale = constant_of(g, n, 1)->as<float>()[0];
+  float y_scale = constant_of(g, n, 6)->as<float>()[0];
+  const auto& ws = *constant_of(g, n, 4);
+  std::vector<float> m(static_cast<size_t>(ws.elements()));
+  for (size_t i = 0; i < m.size(); ++i)
+    m[i] = a_scale * ws.as<float>()[i] / y_scale;
+  return m;
+}
+
+/// Bands of A's `m` rows, one per thread where there are enough rows; each
+/// band is one oneDNN matmul over all the (shared) weights.
+std::vector<int64_t> qmatmul_cuts(int64_t m, unsigned threads) {
+  return m >= 32 * static_cast<int64_t>(threads)
+           ? split_range(m, pieces_for(m / 16, threads), 16, threads)
+           : std::vector<int64_t>{0, m};
+}
+
+} // namespace
+
 step qlinear_matmul_step(const dnnl_ctx& ctx, const graph& g, const node& n, unsigned threads) {
+  if (!process_cpu_level().int8_vnni)
+    return qlinear_matmul_exact_step(ctx, g, n, threads);
   const auto& av = g.values[n.inputs[0]];
   const auto& yv = g.values[n.outputs[0]];
   const auto& wc = g.values[n.inputs[3]].constant;
   int64_t k = wc->shape[0], cols = wc->shape[1], m = element_count(av.shape) / k;
-  float a_scale = constant_of(g, n, 1)->as<float>()[0];
-  float y_scale = constant_of(g, n, 6)->as<float>()[0];
-  const auto& ws = *constant_of(g, n, 4);
-  std::vector<float> scales(static_cast<size_t>(ws.elements()));
-  for (size_t i = 0; i < scales.size(); ++i)
-    scales[i] = a_scale * ws.as<float>()[i] / y_scale; // as the reference kernel
+  auto scales = qmatmul_multipliers(g, n);
   int32_t az = int_value(*constant_of(g, n, 2), 0);
   int32_t yz = int_value(*constant_of(g, n, 7), 0);
   bool has_bias = n.inputs.size() > 8 && n.inputs[8] >= 0;
@@ -499,15 +835,12 @@ step qlinear_matmul_step(const dnnl_ctx& ctx, const graph& g, const node& n, uns
     attr.set_zero_points(DNNL_ARG_SRC, 0, {DNNL_RUNTIME_S32_VAL});
   if (yz != 0)
     attr.set_zero_points(DNNL_ARG_DST, 0, {DNNL_RUNTIME_S32_VAL});
-  // Bands of rows, one per thread where there are enough rows; each band is
-  // one oneDNN matmul over all the (shared) weights.
-  auto cuts = m >= 32 * static_cast<int64_t>(threads)
-                ? split_range(m, pieces_for(m / 16, threads), 16, threads)
-                : std::vector<int64_t>{0, m};
+  auto cuts = qmatmul_cuts(m, threads);
   dnnl::memory::desc wuser({k, cols}, dt::s8, tag::ab);
   dnnl::memory::desc wany({k, cols}, dt::s8, tag::any);
   dnnl::memory::desc bias({1, cols}, dt::s32, tag::ab);
   std::vector<dnnl_call> calls;
+  std::string note;
   for (size_t c = 0; c + 1 < cuts.size(); ++c) {
     int64_t rows = cuts[c + 1] - cuts[c];
     dnnl::memory::desc src({rows, k}, dnnl_type(av.dtype), tag::ab);
@@ -515,6 +848,8 @@ step qlinear_matmul_step(const dnnl_ctx& ctx, const graph& g, const node& n, uns
     auto d = has_bias ? dnnl::matmul::desc(src, wany, bias, dst)
                       : dnnl::matmul::desc(src, wany, dst);
     dnnl::matmul::primitive_desc pd(d, attr, ctx.eng);
+    if (note.empty())
+      note = reference_note(pd);
     dnnl_call call;
     call.prim = dnnl::matmul(pd);
     call.scratch = pd.scratchpad_desc();
@@ -534,7 +869,7 @@ step qlinear_matmul_step(const dnnl_ctx& ctx, const graph& g, const node& n, uns
   }
   auto shared = std::make_shared<std::vector<dnnl_call>>(std::move(calls));
   step s;
-  s.kernel = "onednn.qlinear_matmul";
+  s.kernel = "onednn.qlinear_matmul" + note;
   s.items = static_cast<int64_t>(shared->size());
   s.run = [shared, eng = ctx.eng](void** p, int64_t item) {
     const auto& c = (*shared)[item];
@@ -543,6 +878,60 @@ step qlinear_matmul_step(const dnnl_ctx& ctx, const graph& g, const node& n, uns
       if (c.args[i].value >= 0)
         handles[i] = static_cast<const uint8_t*>(p[c.args[i].value]) + c.args[i].offset;
     run_call(eng, c, handles);
+  };
+  return s;
+}
+
+step qlinear_matmul_exact_step(const dnnl_ctx& ctx, const graph& g, const node& n,
+                               unsigned threads) {
+  const auto& av = g.values[n.inputs[0]];
+  const auto& wc = g.values[n.inputs[3]].constant;
+  int64_t k = wc->shape[0], cols = wc->shape[1], m = element_count(av.shape) / k;
+  const bool a_s8 = av.dtype == datatype::int8;
+  const int32_t src_zero = int_value(*constant_of(g, n, 2), 0) + (a_s8 ? 128 : 0);
+  split_requant r{qmatmul_multipliers(g, n), int_value(*constant_of(g, n, 7), 0), false};
+  dt y_type = dnnl_type(g.values[n.outputs[0]].dtype);
+  auto weights = split_int8_weights(*wc);
+  auto attr = split_attr(src_zero);
+  auto cuts = qmatmul_cuts(m, threads);
+  dnnl::memory::desc wuser({k, cols}, dt::s8, tag::ab);
+  dnnl::memory::desc wany({k, cols}, dt::s8, tag::any);
+  auto calls = std::make_shared<std::vector<split_calls>>();
+  std::string note;
+  for (size_t c = 0; c + 1 < cuts.size(); ++c) {
+    int64_t rows = cuts[c + 1] - cuts[c];
+    dnnl::memory::desc src({rows, k}, dt::u8, tag::ab);
+    dnnl::memory::desc acc({rows, cols}, dt::s32, tag::ab);
+    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src, wany, acc), attr, ctx.eng);
+    if (note.empty())
+      note = reference_note(pd);
+    calls->push_back(split_calls_of(ctx, dnnl::matmul(pd), pd.scratchpad_desc(), src, acc, wuser,
+                                    pd.weights_desc(), weights, src_zero));
+  }
+  int64_t most_rows = 0;
+  for (size_t c = 0; c + 1 < cuts.size(); ++c)
+    most_rows = std::max(most_rows, cuts[c + 1] - cuts[c]);
+  const size_t src_max = static_cast<size_t>(most_rows * k);
+  const size_t acc_max = static_cast<size_t>(most_rows * cols) * 4;
+  bool has_bias = n.inputs.size() > 8 && n.inputs[8] >= 0;
+  int a = n.inputs[0], y = n.outputs[0], bias = has_bias ? n.inputs[8] : -1;
+  step s;
+  s.kernel = "onednn.qlinear_matmul exact" + note;
+  s.items = static_cast<int64_t>(calls->size());
+  s.run = [=, eng = ctx.eng](void** p, int64_t item) {
+    int64_t row0 = cuts[item], rows = cuts[item + 1] - row0;
+    const uint8_t* src = static_cast<const uint8_t*>(p[a]) + row0 * k;
+    if (a_s8) {
+      uint8_t* flipped = thread_buffer<0>(src_max);
+      flip_to_u8_fast(src, flipped, rows * k);
+      src = flipped;
+    }
+    auto* hi = reinterpret_cast<int32_t*>(thread_buffer<1>(acc_max));
+    auto* lo = reinterpret_cast<int32_t*>(thread_buffer<2>(acc_max));
+    run_split_call(eng, (*calls)[item].hi, src, hi);
+    run_split_call(eng, (*calls)[item].lo, src, lo);
+    requantize_split_to(y_type, hi, lo, bias >= 0 ? static_cast<const int32_t*>(p[bias]) : nullptr,
+                        r, rows, cols, static_cast<uint8_t*>(p[y]) + row0 * cols);
   };
   return s;
 }

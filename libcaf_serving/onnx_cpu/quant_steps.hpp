@@ -30,6 +30,15 @@ bool qlinear_conv_runs_on_onednn(const graph& g, const node& n);
 /// reading and writing NCHW or NHWC as assign_int8_layouts() marked it.
 step qlinear_conv_step(const dnnl_ctx& ctx, const graph& g, const node& n, unsigned threads);
 
+/// The exact path of qlinear_conv_step() and qlinear_matmul_step(), which
+/// they take where oneDNN's int8 products saturate (no VNNI: cpu_level.hpp):
+/// the weights split into two halves whose products cannot saturate, INT32
+/// sums, and the reference kernel's requantisation, equal to it to the bit.
+step qlinear_conv_exact_step(const dnnl_ctx& ctx, const graph& g, const node& n,
+                             unsigned threads);
+step qlinear_matmul_exact_step(const dnnl_ctx& ctx, const graph& g, const node& n,
+                               unsigned threads);
+
 /// Keeps the 8-bit tensors between QLinearConv (on oneDNN), QLinearAdd and
 /// QMaxPool nodes in NHWC, the layout of oneDNN's AMX and VNNI int8 convolutions, so
 /// that no tensor is reordered twice between two convolutions (measured:
