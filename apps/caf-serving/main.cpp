@@ -3,6 +3,7 @@
 
 #include "cluster/node_registry.hpp"
 #include "cluster/secret.hpp"
+#include "onnx_cpu/cpu_level.hpp"
 #include "onnx_cpu/work_pool.hpp"
 #include "ingress/grpc/grpc_server.hpp"
 #include "ingress/response_cache.hpp"
@@ -89,6 +90,13 @@ int main(int argc, char** argv) {
   // (scheduler/timed_sharing.hpp).
   use_timed_sharing(cfg);
   caf::actor_system sys{cfg};
+
+  // What the CPU backend runs at: oneDNN's ISA and the engine's kernels' (the
+  // same ONEDNN_MAX_CPU_ISA caps both), said before any model is compiled for it.
+  const auto& cpu = onnx::process_cpu_level();
+  std::cout << "CPU: " << cpu.describe() << std::endl;
+  opts.http.engine_cpu_json = cpu.json();
+  opts.http.engine_cpu_labels = cpu.prometheus_labels();
 
   server::model_manager_config manager_cfg;
   manager_cfg.repository = opts.model_repository;

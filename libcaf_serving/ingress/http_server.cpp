@@ -528,7 +528,10 @@ public:
                          std::string("{\"name\":\"triton\",\"version\":\"")
                            + triton_protocol_version
                            + "\",\"engine\":{\"name\":\"caf-serving\",\"version\":\""
-                           CAF_SERVING_VERSION "\"},\"extensions\":"
+                           CAF_SERVING_VERSION "\""
+                           + (cfg_.engine_cpu_json.empty() ? std::string()
+                                                           : ",\"cpu\":" + cfg_.engine_cpu_json)
+                           + "},\"extensions\":"
                            + std::string(server_extensions)
                            + (cluster.empty() ? std::string() : ",\"cluster\":" + cluster)
                            + "}");
@@ -688,12 +691,22 @@ private:
     return out;
   }
 
+  /// An info gauge (always 1) whose labels say what the CPU backend runs at.
+  std::string cpu_prometheus() const {
+    if (cfg_.engine_cpu_labels.empty())
+      return {};
+    return "# HELP caf_serving_cpu_info What the CPU backend runs at: oneDNN's ISA, the "
+           "engine's kernels' ISA, the channel block of its layouts, and whether int8 runs on "
+           "VNNI or the exact path\n# TYPE caf_serving_cpu_info gauge\ncaf_serving_cpu_info{"
+           + cfg_.engine_cpu_labels + "} 1\n";
+  }
+
   kj::Promise<void> metrics(kj::HttpMethod method, Response& response) {
     return expect(method, kj::HttpMethod::GET, response, [&] {
       return send_body(response, 200,
                        prometheus_text(models_.all_stats()) + models_.cluster_prometheus()
                          + (cfg_.cache ? cfg_.cache->prometheus() : std::string())
-                         + loop_prometheus(),
+                         + loop_prometheus() + cpu_prometheus(),
                        "text/plain; version=0.0.4");
     });
   }

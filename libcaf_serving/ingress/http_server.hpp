@@ -70,6 +70,11 @@ struct http_server_config {
   /// event loops; used for models with response_cache { enable: true }.
   /// Null: no cache.
   std::shared_ptr<response_cache> cache;
+  /// What the engine's CPU backend runs at (onnx_cpu/cpu_level.hpp): a JSON
+  /// object shown as "cpu" under GET /v2's "engine", and the same as the
+  /// labels of /metrics' caf_serving_cpu_info gauge. Empty: left out.
+  std::string engine_cpu_json;
+  std::string engine_cpu_labels;
   /// Called on this server's thread when SIGINT or SIGTERM arrives, before
   /// the drain: the other ingresses (gRPC) start their own drain then.
   std::function<void()> on_stop;

@@ -134,6 +134,8 @@ result<loaded_backend> make_backend(model_config& cfg, const std::filesystem::pa
     cfg = model->config;
     std::cout << "model " << cfg.name << " (" << version_dir.filename().string()
               << "): " << model->summary << std::endl;
+    for (const auto& w : model->warnings)
+      std::cout << "warning: " << w << std::endl;
     return loaded_backend{model->make_instance};
   }
   if (cfg.platform.empty() && cfg.backend.empty())

@@ -16,6 +16,7 @@
 #include <onnx/onnx_pb.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -260,6 +261,10 @@ TEST_CASE("every fixture matches ONNX Runtime through the server") {
       // engine's 1x1 kernel) instead of a row chunk per thread.
       check_model_matches(http, n, first_row(read_reference(set)));
     }
+  // No plan of any fixture lands on a oneDNN reference kernel at this ISA
+  // level (CTest runs this at AVX2 and AVX512_CORE too): the loader warns.
+  CHECK_MESSAGE(server.output().find("no optimised kernel") == std::string::npos,
+                server.output());
 
   SUBCASE("inputs and outputs left out of config.pbtxt are derived from the graph") {
     auto doc = json_document::parse(http.get("/v2/models/bert_2layer_opset17").body);
@@ -291,6 +296,30 @@ TEST_CASE("every fixture matches ONNX Runtime through the server") {
     auto top = std::max_element(logits.begin(), logits.begin() + 10) - logits.begin();
     CHECK(classes[0].substr(classes[0].rfind(':') + 1) == std::to_string(top));
   }
+}
+
+TEST_CASE("the server says what its CPU backend runs at, and the example models' plans run no "
+          "oneDNN reference kernel at that level") {
+  server_process server(
+    {CAF_SERVING_BINARY, CAF_SERVING_EXAMPLE_MODELS, {"--executor-threads", "2"}});
+  http_client http(server.http_port());
+  auto out = server.output();
+  CAPTURE(out);
+  CHECK(out.find("CPU: oneDNN ") != std::string::npos);
+  CHECK(out.find("no optimised kernel") == std::string::npos);
+  auto v2 = json_document::parse(http.get("/v2").body);
+  auto onednn = v2.string_at("/engine/cpu/onednn_isa");
+  auto engine = v2.string_at("/engine/cpu/engine_isa");
+  CHECK(out.find("CPU: oneDNN " + onednn + ", engine kernels " + engine) != std::string::npos);
+  const char* cap = std::getenv("ONEDNN_MAX_CPU_ISA");
+  if (cap && std::string(cap) == "AVX2") { // this machine has AVX2 at least
+    CHECK(onednn == "avx2");
+    CHECK(engine == "avx2");
+  }
+  auto metrics = http.get("/metrics").body;
+  CHECK(metrics.find("caf_serving_cpu_info{onednn_isa=\"" + onednn + "\",engine_isa=\"" + engine
+                     + "\"")
+        != std::string::npos);
 }
 
 TEST_CASE("broken ONNX models fail to load with clear errors; the others serve") {
