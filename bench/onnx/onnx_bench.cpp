@@ -9,6 +9,7 @@
 /// --winograd 0 turns Winograd convolutions off; --conv onednn runs the 1x1 and
 /// strided convolutions with oneDNN instead of the engine's own kernel; --bands 0
 /// splits the other convolutions of one image by channels only (no bands of rows);
+/// --layout nhwc keeps convolution tensors NHWC instead of oneDNN's blocked layout;
 /// --fuse-patterns 0 leaves LayerNorm, GELU and attention unfused (passes.hpp).
 /// With --profile 1 it prints, to stderr, the time of every step of the plan.
 /// With --versus "FLAGS" (plan flags, such as "--bands 0 --winograd 0") it loads
@@ -24,11 +25,16 @@
 /// then alternate short windows of this engine and of another one, so that the
 /// machine's changing speed hits both alike. With --group G too, a window is a
 /// turn of G batches whose first is not counted (as with --versus).
+/// Every JSON line names the ISA levels it ran at ("onednn_isa", "engine_isa":
+/// the best of the CPU, capped by ONEDNN_MAX_CPU_ISA).
 
 #include "onnx/importer.hpp"
+#include "onnx_cpu/cpu_level.hpp"
 #include "onnx_cpu/onnx_backend.hpp"
 #include "onnx/ops.hpp"
 #include "onnx/passes.hpp"
+
+#include "cpu_isa.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -87,10 +93,18 @@ __attribute__((target("avx2,fma"))) double fma256_peak_one_core() {
   return iters * 12.0 * 8 * 2 / s / 1e9;
 }
 
-/// The widest FMA the CPU has (AVX-512 where present, else AVX2).
+/// The widest FMA the engine runs at (AVX-512 where the CPU has it and
+/// ONEDNN_MAX_CPU_ISA does not cap it, else AVX2).
 double fma_peak_one_core() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") ? fma512_peak_one_core() : fma256_peak_one_core();
+  namespace kc = caf_serving::kernels::cpu;
+  return kc::engine_isa_level() >= kc::isa_level::avx512 ? fma512_peak_one_core()
+                                                         : fma256_peak_one_core();
+}
+
+/// ,"onednn_isa":"...","engine_isa":"..." for the JSON lines.
+std::string isa_fields() {
+  const auto& l = onnx::process_cpu_level();
+  return ",\"onednn_isa\":\"" + l.onednn_isa + "\",\"engine_isa\":\"" + l.engine_isa + "\"";
 }
 
 /// Multiply-adds of the optimized graph at one batch, as 2 FLOP each.
@@ -116,7 +130,7 @@ double graph_flop(const onnx::graph& g) {
 }
 
 /// Applies one flag that changes the plan (--profile, --winograd, --conv,
-/// --bands, --fuse-patterns, --chunk-min-rows) to `cfg`; false for any other
+/// --bands, --layout, --fuse-patterns, --chunk-min-rows) to `cfg`; false for any other
 /// flag or a bad value.
 bool plan_flag(const std::string& f, const std::string& v, onnx::onnx_model_config& cfg) {
   if (f == "--profile" && (v == "0" || v == "1")) cfg.profile = v == "1";
@@ -126,6 +140,7 @@ bool plan_flag(const std::string& f, const std::string& v, onnx::onnx_model_conf
   else if (f == "--chunk-min-rows" && !v.empty() && v.find_first_not_of("0123456789") == v.npos)
     cfg.chunk_min_matmul_rows = std::stoll(v);
   else if (f == "--conv" && (v == "engine" || v == "onednn")) cfg.engine_conv = v == "engine";
+  else if (f == "--layout" && (v == "blocked" || v == "nhwc")) cfg.blocked_layout = v == "blocked";
   else return false;
   return true;
 }
@@ -141,7 +156,7 @@ int main(int argc, char** argv) {
   if (argc < 2 || std::string(argv[1]) == "--help") {
     std::fprintf(stderr, "usage: caf-onnx-bench MODEL.onnx --batch B [--threads T] "
                          "[--seconds S] [--max-batch N] [--check 1] [--profile 1] [--winograd 0|1] "
-                         "[--conv engine|onednn] "
+                         "[--conv engine|onednn] [--layout blocked|nhwc] "
                          "[--bands 0|1] [--fuse-patterns 0|1] [--chunk-min-rows N] [--windows N] "
                          "[--versus \"FLAGS\"] [--group N]\n");
     return 2;
@@ -291,8 +306,8 @@ int main(int argc, char** argv) {
   };
   if (windows > 0) {
     double peak = fma_peak_one_core() * threads;
-    std::printf("{\"ready\":true,\"gflop_per_inference\":%.4f,\"fma_peak_gflops\":%.2f}\n",
-                flop / 1e9, peak);
+    std::printf("{\"ready\":true,\"gflop_per_inference\":%.4f,\"fma_peak_gflops\":%.2f%s}\n",
+                flop / 1e9, peak, isa_fields().c_str());
     std::fflush(stdout);
     char line[64];
     for (int w = 0; w < windows && std::fgets(line, sizeof line, stdin); ++w) {
@@ -303,8 +318,8 @@ int main(int argc, char** argv) {
         auto [runs, elapsed] = measure();
         ips = runs * batch / elapsed;
       }
-      std::printf("{\"window\":%d,\"inferences_per_s\":%.3f,\"gflops\":%.2f}\n", w, ips,
-                  ips * flop / 1e9);
+      std::printf("{\"window\":%d,\"inferences_per_s\":%.3f,\"gflops\":%.2f%s}\n", w, ips,
+                  ips * flop / 1e9, isa_fields().c_str());
       std::fflush(stdout);
     }
     return 0;
@@ -340,10 +355,10 @@ int main(int argc, char** argv) {
     std::sort(sorted.begin(), sorted.end());
     std::printf("{\"engine\":\"caf-serving\",\"batch\":%lld,\"threads\":%u,\"pairs\":%zu,"
                 "\"ms_per_batch\":%.3f,\"versus\":\"%s\",\"versus_ms_per_batch\":%.3f,"
-                "\"speed_ratio\":%.4f,\"speed_ratio_q1\":%.4f,\"speed_ratio_q3\":%.4f}\n",
+                "\"speed_ratio\":%.4f,\"speed_ratio_q1\":%.4f,\"speed_ratio_q3\":%.4f%s}\n",
                 static_cast<long long>(batch), threads, ratio.size(), median_of(mine),
                 versus.c_str(), median_of(theirs), median_of(ratio),
-                sorted[sorted.size() / 4], sorted[sorted.size() * 3 / 4]);
+                sorted[sorted.size() / 4], sorted[sorted.size() * 3 / 4], isa_fields().c_str());
     if (cfg.profile)
       std::fputs(model->profile_report().c_str(), stderr);
     return 0;
@@ -355,8 +370,8 @@ int main(int argc, char** argv) {
   double peak = fma_peak_one_core() * threads;
   std::printf("{\"engine\":\"caf-serving\",\"batch\":%lld,\"threads\":%u,\"inferences_per_s\":%.3f,"
               "\"ms_per_batch\":%.3f,\"gflop_per_inference\":%.4f,\"gflops\":%.2f,"
-              "\"fma_peak_gflops\":%.2f,\"check_relative_error\":%.3g}\n",
+              "\"fma_peak_gflops\":%.2f,\"check_relative_error\":%.3g%s}\n",
               static_cast<long long>(batch), threads, ips, 1000.0 * elapsed / runs, flop / 1e9,
-              ips * flop / 1e9, peak, rel_error);
+              ips * flop / 1e9, peak, rel_error, isa_fields().c_str());
   return 0;
 }

@@ -27,9 +27,15 @@ With `--group N` a window is a turn of N batches instead of `--seconds`, timed o
 all but its first batch (which finds the other engine's data in the caches): many
 short turns (`--repeat 60` and more) follow the machine's speed more closely than a
 few long windows.
+
+`--isa AVX2` (any ONEDNN_MAX_CPU_ISA value) runs the engine capped at that level, as
+on a machine that has nothing above it: oneDNN and the engine's own kernels (and at
+AVX2, OpenBLAS's Haswell kernels). ONNX Runtime has no such cap and runs at the
+machine's best. Every row names the ISA the engine ran at (`isa`: oneDNN's).
 """
 import argparse
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -173,10 +179,12 @@ class EngineRunner:
     """caf-onnx-bench --windows: the model loaded once, one window per request."""
 
     def __init__(self, bench, path, batch, threads, seconds, windows, env=None, extra=()):
+        # env: the variables to add (an ISA cap), or None for this process's.
         self.proc = subprocess.Popen(
             [str(bench), str(path), "--batch", str(batch), "--threads", str(threads),
              "--seconds", str(seconds), "--windows", str(windows), *extra],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            env=None if env is None else {**os.environ, **env})
         self.info = self._read()
         if not self.info.get("ready"):
             raise RuntimeError(f"caf-onnx-bench did not start: {self.info}")
@@ -213,6 +221,8 @@ def main():
     ap.add_argument("--engine-flags", default="",
                     help='plan flags passed to caf-onnx-bench, such as "--winograd 0"')
     ap.add_argument("--markdown", help="also write the table as Markdown to this file")
+    ap.add_argument("--isa", default="",
+                    help="cap the engine at this ONEDNN_MAX_CPU_ISA level (AVX2, AVX512_CORE, ...)")
     args = ap.parse_args()
     if args.group == 1 or args.group < 0:
         ap.error("--group takes at least 2 batches (the first of a turn is not timed)")
@@ -226,14 +236,21 @@ def main():
                                str(models), "--opsets", "17"])
     md = []
     bench = pathlib.Path(args.build) / "bench" / "onnx" / "caf-onnx-bench"
-    print(f"{'model':<20} {'batch':>5} {'caf-serving/s':>14} {'onnxruntime/s':>14} {'ratio':>6} "
-          f"{'quartiles':>11} {'GFLOP/s':>8} {'peak':>7} {'%peak':>6}  ratios of the rounds")
+    isa_env = None
+    if args.isa:
+        isa_env = {"ONEDNN_MAX_CPU_ISA": args.isa}
+        if args.isa.startswith("AVX2"):
+            isa_env["OPENBLAS_CORETYPE"] = "Haswell"
+    print(f"{'model':<20} {'batch':>5} {'isa':>16} {'caf-serving/s':>14} {'onnxruntime/s':>14} "
+          f"{'ratio':>6} {'quartiles':>11} {'GFLOP/s':>8} {'peak':>7} {'%peak':>6}  "
+          "ratios of the rounds")
     for name in names:
         path = models / "models" / name / "1" / "model.onnx"
         for b in [int(x) for x in args.batches.split(",")]:
             extra = (["--group", str(args.group)] if args.group else []) + args.engine_flags.split()
             eng = EngineRunner(bench, path, b, args.threads, args.seconds, args.repeat,
-                               extra=extra)
+                               env=isa_env, extra=extra)
+            isa = eng.info.get("onednn_isa", "?")
             o = OrtRunner(path, b, args.threads)
             ort_window = (lambda: o.turn(args.group)) if args.group else (
                 lambda: o.window(args.seconds))
@@ -260,17 +277,18 @@ def main():
             gf = e * eng.info["gflop_per_inference"]
             pk = eng.info["fma_peak_gflops"]
             q1, q3 = np.percentile(ratios, [25, 75])
-            print(f"{name:<20} {b:>5} {e:>14.2f} {float(np.median(orts)):>14.2f} "
+            print(f"{name:<20} {b:>5} {isa:>16} {e:>14.2f} {float(np.median(orts)):>14.2f} "
                   f"{float(np.median(ratios)):>6.2f} {q1:>5.2f}-{q3:<5.2f} {gf:>8.1f} {pk:>7.1f} "
                   f"{100 * gf / pk:>5.1f}%  " + " ".join(f"{r:.2f}" for r in ratios),
                   flush=True)
-            md.append(f"| {name} | {ISSUE16.get(name, '')} | {b} | {e:.2f} | "
+            md.append(f"| {name} | {ISSUE16.get(name, '')} | {b} | {isa} | {e:.2f} | "
                       f"{float(np.median(orts)):.2f} | {float(np.median(ratios)):.2f} "
                       f"({q1:.2f}-{q3:.2f}) | {len(ratios)} |")
             if args.markdown:
                 pathlib.Path(args.markdown).write_text(
-                    "| model | input | batch | caf-serving inferences/s | onnxruntime inferences/s"
-                    " | ratio median (q1-q3) | rounds |\n|---|---|---|---|---|---|---|\n"
+                    "| model | input | batch | engine ISA | caf-serving inferences/s"
+                    " | onnxruntime inferences/s | ratio median (q1-q3) | rounds |\n"
+                    "|---|---|---|---|---|---|---|---|\n"
                     + "\n".join(md) + "\n")
 
 
