@@ -281,7 +281,7 @@ int main(int argc, char** argv) {
   auto probe = probe_device();
   if (!probe.available) {
     std::printf("SKIPPED: %s\n", probe.why_not.c_str());
-    return 0;
+    return 77; // CTest's SKIP_RETURN_CODE: skipped, not passed
   }
   try {
     cudaDeviceProp prop{};
