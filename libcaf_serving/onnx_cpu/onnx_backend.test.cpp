@@ -161,14 +161,10 @@ reference_run reference(const graph& g, int64_t batch, std::mt19937& rng) {
 /// engine's 1x1 convolution and bands of rows as given) on `ref`'s inputs;
 /// returns the relative error of the plan's output against `ref`, and the
 /// plan text in `plan_text`.
-double plan_error(const graph& g, const reference_run& ref, unsigned threads, bool winograd,
-                  std::string* plan_text = nullptr, bool engine_conv = true,
-                  bool conv_bands = true) {
-  auto cfg = test_config();
-  cfg.threads = threads;
-  cfg.winograd = winograd;
-  cfg.engine_conv = engine_conv;
-  cfg.conv_bands = conv_bands;
+/// The plan of `g` under `cfg` (profiled) against `ref`: its relative error,
+/// and its profile's text in `plan_text`.
+double plan_error(const graph& g, const reference_run& ref, onnx_model_config cfg,
+                  std::string* plan_text) {
   cfg.profile = true;
   auto model = load_onnx_graph(g, cfg);
   REQUIRE_MESSAGE(model, model.error().message);
@@ -187,6 +183,17 @@ double plan_error(const graph& g, const reference_run& ref, unsigned threads, bo
   if (plan_text)
     *plan_text = model->profile_report();
   return relative_error(as_floats(out.buffers[0]), ref.want);
+}
+
+double plan_error(const graph& g, const reference_run& ref, unsigned threads, bool winograd,
+                  std::string* plan_text = nullptr, bool engine_conv = true,
+                  bool conv_bands = true) {
+  auto cfg = test_config();
+  cfg.threads = threads;
+  cfg.winograd = winograd;
+  cfg.engine_conv = engine_conv;
+  cfg.conv_bands = conv_bands;
+  return plan_error(g, ref, cfg, plan_text);
 }
 
 /// plan_error() on fresh random inputs at `batch` rows.
@@ -241,6 +248,12 @@ TEST_CASE("convolutions match the reference in every layout, split and algorithm
     {16, 64, 17, 15, 7, 2, 1, false, false, false},
     {16, 64, 7, 8, 2, 1, 1, false, false, false},
     {256, 256, 3, 3, 1, 1, 1, false, false, false},
+    // Depthwise (MobileNet's): blocked where the channels fill whole blocks,
+    // split by blocks of channels, each with its own blocks of the input;
+    // stride 2; 24 channels (nChw8c with 8-channel blocks, else NHWC).
+    {64, 64, 9, 11, 3, 1, 64, false, true, false},
+    {32, 32, 13, 10, 5, 2, 32, false, false, true},
+    {24, 24, 9, 9, 3, 1, 24, true, false, false},
   };
   for (size_t i = 0; i < cases.size(); ++i) {
     CAPTURE(i);
@@ -339,12 +352,47 @@ TEST_CASE("the plan uses Winograd, channel splits and blocked layouts where it s
   auto pooled = conv_graph({3, 32, 17, 15, 7, 2, 1, false, true, true}, rng);
   CHECK(plan_error(pooled, 1, 2, true, rng, &text) < 1e-5);
   CHECK(text.find("onednn.pool " + blocked + " by channel") != std::string::npos);
+  // A depthwise convolution stays blocked, split by blocks of channels.
+  auto dw = conv_graph({64, 64, 9, 11, 3, 1, 64, false, true, false}, rng);
+  CHECK(plan_error(dw, 1, 2, true, rng, &text) < 1e-5);
+  CHECK(text.find("onednn.conv.direct " + blocked2 + " by channel") != std::string::npos);
+  CHECK(text.find("nhwc") == std::string::npos);
   // 20 channels are no whole blocks at any level: NHWC.
   auto rows = conv_graph({20, 20, 8, 8, 3, 1, 1, false, true, false}, rng);
   CHECK(plan_error(rows, 1, 2, true, rng, &text) < 1e-5);
   CHECK(text.find("onednn.conv.direct nhwc->nhwc by row") != std::string::npos);
   CHECK(plan_error(rows, 3, 4, true, rng, &text) < 1e-5);
   CHECK(text.find("by image") != std::string::npos);
+}
+
+TEST_CASE("parameters blocked_layout \"false\" keeps convolutions and pools NHWC, with the "
+          "same answers") {
+  std::mt19937 rng(17);
+  // An image into 32 channels, MaxPool, a chained convolution; a residual block.
+  for (auto c : std::vector<conv_case>{{3, 32, 17, 15, 7, 2, 1, false, true, true},
+                                       {32, 32, 10, 11, 3, 1, 1, true, false, false}}) {
+    auto g = conv_graph(c, rng);
+    for (int64_t batch : {1, 3}) {
+      CAPTURE(batch);
+      auto cfg = test_config();
+      cfg.threads = 2;
+      cfg.config.parameters["blocked_layout"] = "false";
+      std::string text;
+      CHECK(plan_error(g, reference(g, batch, rng), cfg, &text) < 1e-5);
+      CAPTURE(text);
+      CHECK(text.find("nhwc->nhwc") != std::string::npos);
+      CHECK(text.find("nChw") == std::string::npos);
+      CHECK(text.find("ToBlocked") == std::string::npos);
+      CHECK(text.find("reference kernel") == std::string::npos);
+    }
+  }
+  auto cfg = test_config();
+  cfg.config.parameters["blocked_layout"] = "nhwc";
+  auto refused =
+    load_onnx_graph(conv_graph({3, 32, 9, 9, 3, 1, 1, false, false, false}, rng), cfg);
+  REQUIRE_FALSE(refused);
+  CHECK(refused.error().message.find("parameters \"blocked_layout\" is 'nhwc'")
+        != std::string::npos);
 }
 
 TEST_CASE("HardSwish after a convolution or a matmul runs as its fused epilogue") {
