@@ -82,14 +82,26 @@ void execute_call(const dnnl::engine& eng, const dnnl_call& c, void** ptrs) {
   run_call(eng, c, handles);
 }
 
-/// A oneDNN step: one call per work item.
-step onednn_step(const dnnl_ctx& ctx, std::string kernel, std::vector<dnnl_call> calls) {
+/// A oneDNN step: calls in turn per work item.
+step onednn_step(const dnnl_ctx& ctx, std::string kernel,
+                 std::vector<std::vector<dnnl_call>> items) {
   step s;
   s.kernel = std::move(kernel);
-  s.items = static_cast<int64_t>(calls.size());
-  auto shared = std::make_shared<const std::vector<dnnl_call>>(std::move(calls));
-  s.run = [shared, eng = ctx.eng](void** p, int64_t item) { execute_call(eng, (*shared)[item], p); };
+  s.items = static_cast<int64_t>(items.size());
+  auto shared = std::make_shared<const std::vector<std::vector<dnnl_call>>>(std::move(items));
+  s.run = [shared, eng = ctx.eng](void** p, int64_t item) {
+    for (const auto& c : (*shared)[item])
+      execute_call(eng, c, p);
+  };
   return s;
+}
+
+/// A oneDNN step: one call per work item.
+step onednn_step(const dnnl_ctx& ctx, std::string kernel, std::vector<dnnl_call> calls) {
+  std::vector<std::vector<dnnl_call>> items;
+  for (auto& c : calls)
+    items.push_back({std::move(c)});
+  return onednn_step(ctx, std::move(kernel), std::move(items));
 }
 
 } // namespace
@@ -278,6 +290,8 @@ struct conv_views {
   dnnl::memory::desc src, weights, dst;
   int64_t pad_top = 0, pad_bottom = 0;
   bool try_winograd = false;
+  /// false: bias only; the residual and the activation run after it (epilogue_call).
+  bool epilogue = true;
 };
 
 /// The primitive conv_pdesc() chose, and whether it is Winograd's.
@@ -299,9 +313,9 @@ conv_choice conv_pdesc(const dnnl_ctx& ctx, const node& n, const conv_views& v) 
   auto act = n.get_s("activation", "");
   dnnl::memory::desc bias({v.dst.dims()[1]}, dt::f32, dnnl::memory::format_tag::a);
   dnnl::post_ops po;
-  if (has_res)
+  if (has_res && v.epilogue)
     po.append_binary(dnnl::algorithm::binary_add, v.dst);
-  if (!act.empty())
+  if (!act.empty() && v.epilogue)
     po.append_eltwise(1.0f, eltwise_of(act), n.get_f("act_alpha", 0), n.get_f("act_beta", 0));
   auto attr = user_scratchpad_attr();
   attr.set_post_ops(po);
@@ -324,6 +338,28 @@ conv_choice conv_pdesc(const dnnl_ctx& ctx, const node& n, const conv_views& v) 
     }
   }
   return {make(dnnl::algorithm::convolution_direct), false};
+}
+
+/// The residual add and the activation of convolution `n` as a oneDNN binary
+/// primitive over its output `dst` (a view at `offset` bytes), in place: the
+/// second call where the convolution's kernel cannot take them (conv_step).
+dnnl_call epilogue_call(const dnnl_ctx& ctx, const node& n, const dnnl::memory::desc& dst,
+                        int64_t offset) {
+  auto act = n.get_s("activation", "");
+  dnnl::post_ops po;
+  if (!act.empty())
+    po.append_eltwise(1.0f, eltwise_of(act), n.get_f("act_alpha", 0), n.get_f("act_beta", 0));
+  auto attr = user_scratchpad_attr();
+  attr.set_post_ops(po);
+  dnnl::binary::primitive_desc pd(dnnl::binary::desc(dnnl::algorithm::binary_add, dst, dst, dst),
+                                  attr, ctx.eng);
+  dnnl_call c;
+  c.prim = dnnl::binary(pd);
+  c.scratch = pd.scratchpad_desc();
+  c.args = {{DNNL_ARG_SRC_0, dst, n.outputs[0], offset, {}},
+            {DNNL_ARG_SRC_1, dst, n.inputs[3], offset, {}},
+            {DNNL_ARG_DST, dst, n.outputs[0], offset, {}}};
+  return c;
 }
 
 /// The input rows [begin, end) that output rows [a, b) of a convolution read,
@@ -552,7 +588,7 @@ step conv_step(const dnnl_ctx& ctx, const graph& g, const node& n, unsigned thre
       && xs[1] % block() == 0 && ys[1] % block() == 0 && (w.shape[2] > 1 || w.shape[3] > 1)
       && input_heavy)
     return banded_conv_step(ctx, g, n, threads, mcfg);
-  std::vector<dnnl_call> calls;
+  std::vector<std::vector<dnnl_call>> calls;
   std::string impl;
   for (size_t c = 0; c + 1 < cuts.size(); ++c) {
     int64_t a = cuts[c], b = cuts[c + 1];
@@ -595,8 +631,17 @@ step conv_step(const dnnl_ctx& ctx, const graph& g, const node& n, unsigned thre
     auto src = desc_4d(xsub, src_l);
     auto dst = desc_4d(ysub, dst_l);
     auto [pdesc, wino] = conv_pdesc(ctx, n, {src, wasked, dst, pad_t, pad_b, try_winograd});
+    // oneDNN 2.6's im2col convolution (x64:gemm:jit), which it takes where it
+    // has no direct kernel (ConvNeXt's 7x7 depthwise over a 2x2 map, NHWC),
+    // adds a residual post-op at the wrong places (relative error 0.95, seen
+    // with groups): with it the residual and the activation run as a second call.
+    bool split_epilogue = has_res
+                          && std::string(pdesc.impl_info_str()).find("gemm") != std::string::npos;
+    if (split_epilogue)
+      pdesc = conv_pdesc(ctx, n, {src, wasked, dst, pad_t, pad_b, false, false}).pd;
     if (impl.empty())
-      impl = std::string(wino ? "winograd" : "direct") + reference_note(pdesc);
+      impl = std::string(wino ? "winograd" : "direct") + (split_epilogue ? "+binary" : "")
+             + reference_note(pdesc);
     dnnl_call call;
     call.prim = dnnl::convolution_forward(pdesc);
     call.scratch = pdesc.scratchpad_desc();
@@ -606,11 +651,14 @@ step conv_step(const dnnl_ctx& ctx, const graph& g, const node& n, unsigned thre
                                           pdesc.weights_desc())});
     if (has_bias)
       call.args.push_back({DNNL_ARG_BIAS, bias, n.inputs[2], boff, {}});
-    if (has_res)
+    if (has_res && !split_epilogue)
       call.args.push_back({DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, dst, n.inputs[3],
                            yoff, {}});
     call.args.push_back({DNNL_ARG_DST, dst, n.outputs[0], yoff, {}});
-    calls.push_back(std::move(call));
+    std::vector<dnnl_call> item{std::move(call)};
+    if (split_epilogue)
+      item.push_back(epilogue_call(ctx, n, dst, yoff));
+    calls.push_back(std::move(item));
   }
   static const char* split_names[] = {"", " by image", " by channel", " by row"};
   return onednn_step(ctx,
@@ -792,6 +840,29 @@ bool runs_on_onednn_4d(const graph& g, const node& n) {
   return spatial && g.values[n.inputs[0]].shape.size() == 4;
 }
 
+/// Whether oneDNN has an optimised kernel for depthwise convolution `n` with
+/// both tensors blocked. Its depthwise kernels have none for some windows
+/// (ConvNeXt's 7x7 with padding 3 over a 2x2 map: ref:any, at every ISA);
+/// NHWC has one there.
+bool blocked_depthwise_is_fast(const graph& g, const node& n) {
+  static const dnnl::engine probe(dnnl::engine::kind::cpu, 0);
+  const auto& xs = g.values[n.inputs[0]].shape;
+  const auto& ys = g.values[n.outputs[0]].shape;
+  const auto& w = g.values[n.inputs[1]].shape;
+  auto pd = n.get_ints("pads", {0, 0, 0, 0});
+  int64_t group = n.get_i("group", 1);
+  dnnl::memory::desc wany({group, w[0] / group, w[1], w[2], w[3]}, dnnl::memory::data_type::f32,
+                          dnnl::memory::format_tag::any);
+  try {
+    auto choice = conv_pdesc({probe, nullptr}, n,
+                             {desc_4d(xs, layout::blocked), wany, desc_4d(ys, layout::blocked),
+                              pd[0], pd[2], false});
+    return reference_note(choice.pd).empty();
+  } catch (const dnnl::error&) {
+    return false;
+  }
+}
+
 /// The layouts a oneDNN node reads its input 0 in and writes its output in.
 /// oneDNN's fast kernels want both in one layout, except an image's few NCHW
 /// channels written nChw16c; other mixes run its reference kernel (measured:
@@ -805,7 +876,9 @@ std::pair<layout, layout> node_layouts(const graph& g, const layout_map& lay, co
   if (n.op == "Mul") // a channel scale reads and writes the tensor as it is stored
     return {stored, stored};
   if (n.op == "FusedConv") {
-    bool blocked_out = out[1] % block() == 0 && (n.get_i("group", 1) == 1 || depthwise(n, in, out));
+    bool blocked_out = out[1] % block() == 0
+                       && (n.get_i("group", 1) == 1
+                           || (depthwise(n, in, out) && blocked_depthwise_is_fast(g, n)));
     if (blocked_out && in[1] % block() == 0)
       return {layout::blocked, layout::blocked};
     if (blocked_out && in[1] < block() && stored == layout::nchw)

@@ -254,6 +254,12 @@ TEST_CASE("convolutions match the reference in every layout, split and algorithm
     {64, 64, 9, 11, 3, 1, 64, false, true, false},
     {32, 32, 13, 10, 5, 2, 32, false, false, true},
     {24, 24, 9, 9, 3, 1, 24, true, false, false},
+    // ConvNeXt's 7x7 depthwise over a 2x2 map: oneDNN has no blocked kernel
+    // for that window, so it runs NHWC.
+    {32, 32, 2, 2, 7, 1, 32, true, false, false},
+    {20, 20, 6, 6, 3, 1, 20, true, false, false},
+    {32, 32, 8, 8, 3, 1, 4, true, false, false},
+    {5, 5, 9, 9, 3, 1, 1, true, false, false},
   };
   for (size_t i = 0; i < cases.size(); ++i) {
     CAPTURE(i);
