@@ -57,6 +57,10 @@ def main():
     assert rc == 0, f"exit {rc}"
     assert "Totals: 3 exported models, 3 load, 3 match" in table, table
     assert table.count("| yes (") == 6, table  # loads? and matches?
+    # The CPU level the server ran at (ONEDNN_MAX_CPU_ISA in the @avx2 entries), and no
+    # plan step of the committed fixtures on a oneDNN reference kernel at it.
+    assert "(oneDNN " in table, table
+    assert "reference kernels (slow)" not in table, table
 
     # 2. A zoo with each kind of failure.
     zoo = work / "zoo"
