@@ -1,5 +1,7 @@
 #include "postprocess/postprocessor_actor.hpp"
 
+#include "core/responses.hpp"
+
 #include <caf/typed_event_based_actor.hpp>
 #include <kj/exception.h>
 

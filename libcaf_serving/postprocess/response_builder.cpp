@@ -1,6 +1,7 @@
 #include "postprocess/response_builder.hpp"
 
 #include "core/clock.hpp"
+#include "core/responses.hpp"
 #include "ingress/kserve_codec.hpp"
 
 #include <cstring>
@@ -8,24 +9,6 @@
 namespace caf_serving::postprocess {
 
 namespace {
-
-void copy_times(wire::StageTimes::Builder out, const wire::StageTimes::Reader& in) {
-  out.setReceivedNs(in.getReceivedNs());
-  out.setValidatedNs(in.getValidatedNs());
-  out.setEnqueuedNs(in.getEnqueuedNs());
-  out.setBatchFormedNs(in.getBatchFormedNs());
-  out.setComputeStartNs(in.getComputeStartNs());
-  out.setComputeEndNs(in.getComputeEndNs());
-  out.setPostprocessEndNs(in.getPostprocessEndNs());
-  out.setResponseSentNs(in.getResponseSentNs());
-}
-
-void start_response(wire::InferResponse::Builder out, const wire::InferRequest::Reader& req) {
-  out.setId(req.getId());
-  out.setModelName(req.getModelName());
-  out.setModelVersion(req.getModelVersion());
-  copy_times(out.initTimes(), req.getTimes());
-}
 
 bool wanted(const wire::InferRequest::Reader& req, capnp::Text::Reader name, uint32_t& k) {
   auto outs = req.getOutputs();
@@ -84,18 +67,6 @@ result<byte_range> row_range(const wire::Tensor::Reader& t, uint32_t first_row, 
     r.begin = pos;
   r.end = pos;
   return r;
-}
-
-response_message error_response(const wire::InferRequest::Reader& req, const serving_error& e) {
-  auto msg = response_message::create(512 + e.message.size());
-  auto out = msg.builder();
-  start_response(out, req);
-  auto err = out.initError();
-  err.setStatus(static_cast<uint16_t>(e.status));
-  err.setMessage(e.message);
-  err.setReason(static_cast<wire::FailureReason>(reason_of(e)));
-  err.setRetryAfterS(e.retry_after_s);
-  return msg;
 }
 
 std::vector<response_message> split_batch(const finished_batch& fb, const response_config& cfg) {

@@ -37,8 +37,4 @@ struct response_config {
 std::vector<response_message> split_batch(const finished_batch& batch,
                                           const response_config& cfg);
 
-/// A response carrying only an error, for a request that never reached an executor.
-response_message error_response(const wire::InferRequest::Reader& request,
-                                const serving_error& error);
-
 } // namespace caf_serving::postprocess

@@ -2,7 +2,7 @@
 
 #include "core/clock.hpp"
 #include "core/message_size.hpp"
-#include "postprocess/response_builder.hpp"
+#include "core/responses.hpp"
 
 #include <caf/typed_event_based_actor.hpp>
 
@@ -377,7 +377,7 @@ void make_policy(scheduler_state& st) {
 void answer_shed(scheduler_state& st, const infer_job& job, const shed& s) {
   serving_error e{status_code::unavailable, s.message, failure_reason::unavailable,
                   s.retry_after_s};
-  job.sink->deliver(postprocess::error_response(job.request.reader(), e));
+  job.sink->deliver(error_response(job.request.reader(), e));
   if (st.cfg.stats)
     st.cfg.stats->slo.shed.fetch_add(1, std::memory_order_relaxed);
   int64_t now = now_ns();
@@ -401,7 +401,7 @@ executor_slot* find_slot(scheduler_state& st, const caf::actor_addr& addr) {
 }
 
 void answer_error(scheduler_state&, const infer_job& job, const serving_error& e) {
-  job.sink->deliver(postprocess::error_response(job.request.reader(), e));
+  job.sink->deliver(error_response(job.request.reader(), e));
 }
 
 /// The 503 for a request that no executor can run.

@@ -10,10 +10,15 @@
 using namespace caf_serving;
 
 int main(int argc, char** argv) {
-  if (argc < 2 || argc > 4 || std::string(argv[1]) == "--help") {
-    std::cerr << "usage: caf-onnx-plan MODEL_DIR [BATCH [THREADS]]\n"
-                 "  prints the optimized plan of MODEL_DIR/<newest version>/model.onnx at "
-                 "BATCH rows (default 1), split for THREADS compute threads (default 1)\n";
+  const char* usage = "usage: caf-onnx-plan MODEL_DIR [BATCH [THREADS]]\n"
+                      "  prints the optimized plan of MODEL_DIR/<newest version>/model.onnx at "
+                      "BATCH rows (default 1), split for THREADS compute threads (default 1)\n";
+  if (argc >= 2 && std::string(argv[1]) == "--help") {
+    std::cout << usage;
+    return 0;
+  }
+  if (argc < 2 || argc > 4) {
+    std::cerr << usage;
     return 2;
   }
   std::filesystem::path dir = std::filesystem::absolute(argv[1]).lexically_normal();
