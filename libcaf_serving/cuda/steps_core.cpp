@@ -10,7 +10,7 @@
 #include "cuda/storage_plan.hpp"
 #include "cuda/epilogue.hpp"
 #include "cuda/softmax.hpp"
-#include "onnx/half.hpp"
+#include "core/half.hpp"
 #include "onnx/ops.hpp"
 
 #include <algorithm>
@@ -100,7 +100,7 @@ struct widened {
 
 void widen(const uint16_t* h, datatype t, std::vector<float>& out) {
   for (size_t i = 0; i < out.size(); ++i)
-    out[i] = t == datatype::fp16 ? onnx::fp16_to_float(h[i]) : onnx::bf16_to_float(h[i]);
+    out[i] = t == datatype::fp16 ? fp16_to_float(h[i]) : bf16_to_float(h[i]);
 }
 
 struct host_fallback {
@@ -119,8 +119,8 @@ struct host_fallback {
     onnx::run_reference(f->n, f->ins, f->outs);
     for (auto& w : f->wide_out)
       for (size_t i = 0; i < w.wide.size(); ++i)
-        w.half[i] = w.storage == datatype::fp16 ? onnx::fp16_from_float(w.wide[i])
-                                                : onnx::bf16_from_float(w.wide[i]);
+        w.half[i] = w.storage == datatype::fp16 ? fp16_from_float(w.wide[i])
+                                                : bf16_from_float(w.wide[i]);
   }
 };
 

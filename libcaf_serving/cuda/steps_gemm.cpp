@@ -6,7 +6,7 @@
 
 #include "cuda/cuda_check.hpp"
 #include "cuda/epilogue.hpp"
-#include "onnx/half.hpp"
+#include "core/half.hpp"
 #include "onnx/ops.hpp"
 
 #include <cassert>
@@ -139,8 +139,8 @@ std::vector<uint8_t> scaled_bias(const onnx::tensor_data& c, float beta, size_t 
     }
     const uint16_t h = c.as<uint16_t>()[i];
     const bool f16 = c.dtype == datatype::fp16;
-    float v = beta * (f16 ? onnx::fp16_to_float(h) : onnx::bf16_to_float(h));
-    uint16_t r = f16 ? onnx::fp16_from_float(v) : onnx::bf16_from_float(v);
+    float v = beta * (f16 ? fp16_to_float(h) : bf16_to_float(h));
+    uint16_t r = f16 ? fp16_from_float(v) : bf16_from_float(v);
     std::memcpy(out.data() + i * sizeof r, &r, sizeof r);
   }
   return out;

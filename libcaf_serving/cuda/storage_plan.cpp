@@ -1,6 +1,6 @@
 #include "cuda/storage_plan.hpp"
 
-#include "onnx/half.hpp"
+#include "core/half.hpp"
 
 #include <algorithm>
 #include <cassert>
@@ -24,7 +24,7 @@ onnx::constant_ptr half_copy(const onnx::tensor_data& t, datatype storage) {
   for (size_t i = 0; i < n; ++i) {
     float x = src[i];
     if (std::isfinite(x)) x = std::clamp(x, -largest, largest);
-    dst[i] = storage == datatype::fp16 ? onnx::fp16_from_float(x) : onnx::bf16_from_float(x);
+    dst[i] = storage == datatype::fp16 ? fp16_from_float(x) : bf16_from_float(x);
   }
   return out;
 }

@@ -4,7 +4,7 @@
 
 #include "cuda/graph_plan.hpp"
 #include "cuda/storage_plan.hpp"
-#include "onnx/half.hpp"
+#include "core/half.hpp"
 
 #include <doctest/doctest.h>
 
@@ -86,9 +86,9 @@ TEST_CASE("fp16 storage: values between steps and weights in fp16, fp32 only at 
   CHECK(g.values[s.w].constant->dtype == datatype::fp16);
   CHECK(g.values[s.w].constant->bytes.size() == 8 * 2);
   const auto* wh = g.values[s.w].constant->as<uint16_t>();
-  CHECK(wh[0] == onnx::fp16_from_float(1.f));
-  CHECK(wh[1] == onnx::fp16_from_float(0.1f));
-  CHECK(onnx::fp16_to_float(wh[3]) == 65504.f);
+  CHECK(wh[0] == fp16_from_float(1.f));
+  CHECK(wh[1] == fp16_from_float(0.1f));
+  CHECK(fp16_to_float(wh[3]) == 65504.f);
   CHECK(wh[4] == 0); // 1e-8 is below fp16's smallest subnormal
   // One conversion per fp32 input (first) and per declared fp32 output (last).
   CHECK(count_op(g, storage_cast_op) == 2);
@@ -118,7 +118,7 @@ TEST_CASE("bf16 storage rounds the weights to bf16; the cache converts each weig
   store_in_half(b.g, {datatype::bf16, declared, &cache});
   CHECK(cache.copies.size() == 1);
   CHECK(a.g.values[a.w].constant == b.g.values[b.w].constant);
-  CHECK(a.g.values[a.w].constant->as<uint16_t>()[1] == onnx::bf16_from_float(0.1f));
+  CHECK(a.g.values[a.w].constant->as<uint16_t>()[1] == bf16_from_float(0.1f));
   CHECK(a.g.values[a.f].dtype == datatype::bf16);
   // z is declared here: converted back too.
   CHECK(count_op(a.g, storage_cast_op) == 3);
@@ -131,20 +131,20 @@ TEST_CASE("weights past the half range saturate; infinities and NaN stay what th
   auto w = fp32_constant({lowest, -lowest, 1e5f, -inf, std::nanf(""), 1.5f}, {6});
   auto h = half_copy(*w, datatype::fp16);
   const auto* f = h->as<uint16_t>();
-  CHECK(onnx::fp16_to_float(f[0]) == -65504.0f);
-  CHECK(onnx::fp16_to_float(f[1]) == 65504.0f);
-  CHECK(onnx::fp16_to_float(f[2]) == 65504.0f);
-  CHECK(onnx::fp16_to_float(f[3]) == -inf);
-  CHECK(std::isnan(onnx::fp16_to_float(f[4])));
-  CHECK(onnx::fp16_to_float(f[5]) == 1.5f);
-  CHECK(0.0f * onnx::fp16_to_float(f[0]) == 0.0f);
+  CHECK(fp16_to_float(f[0]) == -65504.0f);
+  CHECK(fp16_to_float(f[1]) == 65504.0f);
+  CHECK(fp16_to_float(f[2]) == 65504.0f);
+  CHECK(fp16_to_float(f[3]) == -inf);
+  CHECK(std::isnan(fp16_to_float(f[4])));
+  CHECK(fp16_to_float(f[5]) == 1.5f);
+  CHECK(0.0f * fp16_to_float(f[0]) == 0.0f);
   auto b = half_copy(*w, datatype::bf16);
   const auto* g = b->as<uint16_t>();
-  CHECK(std::isfinite(onnx::bf16_to_float(g[0])));
-  CHECK(onnx::bf16_to_float(g[0]) < -3.3e38f);
-  CHECK(std::isfinite(onnx::bf16_to_float(g[1])));
-  CHECK(onnx::bf16_to_float(g[3]) == -inf);
-  CHECK(std::isnan(onnx::bf16_to_float(g[4])));
+  CHECK(std::isfinite(bf16_to_float(g[0])));
+  CHECK(bf16_to_float(g[0]) < -3.3e38f);
+  CHECK(std::isfinite(bf16_to_float(g[1])));
+  CHECK(bf16_to_float(g[3]) == -inf);
+  CHECK(std::isnan(bf16_to_float(g[4])));
 }
 
 TEST_CASE("plan_graph at fp16 halves the arena and keeps the I/O values fp32") {

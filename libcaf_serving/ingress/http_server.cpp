@@ -1193,11 +1193,7 @@ private:
     serialize_options opts;
     // Not needed after this: moved, not copied (names, shared-memory slices).
     opts.requested = std::move(ctx.request.outputs);
-    // The post-processor has already turned classification outputs into strings.
-    for (auto& o : opts.requested)
-      o.classification = 0;
     opts.binary_data_output = ctx.request.binary_data_output;
-    opts.batched = ctx.model->config.max_batch_size > 0;
     auto encoding = ctx.accept_encoding.empty() ? content_encoding::identity
                                                 : choose_encoding(ctx.accept_encoding);
     // Large binary outputs go out from where they are, in a vectored write;

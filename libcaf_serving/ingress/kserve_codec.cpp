@@ -1,5 +1,6 @@
 #include "ingress/kserve_codec.hpp"
 
+#include "core/half.hpp"
 #include "ingress/float_text.hpp"
 #include "ingress/validate.hpp"
 
@@ -112,39 +113,6 @@ void append_floating(std::string& out, T value, std::string_view non_finite) {
   char buf[64];
   auto res = std::to_chars(buf, buf + sizeof(buf), value);
   out.append(buf, res.ptr);
-}
-
-float half_to_float(uint16_t h) {
-  uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
-  uint32_t exponent = (h >> 10) & 0x1F;
-  uint32_t mantissa = h & 0x3FF;
-  uint32_t bits;
-  if (exponent == 0) {
-    if (mantissa == 0) {
-      bits = sign;
-    } else { // subnormal: normalise
-      int e = -1;
-      do {
-        ++e;
-        mantissa <<= 1;
-      } while ((mantissa & 0x400) == 0);
-      bits = sign | (static_cast<uint32_t>(127 - 15 - e) << 23) | ((mantissa & 0x3FF) << 13);
-    }
-  } else if (exponent == 0x1F) {
-    bits = sign | 0x7F800000u | (mantissa << 13);
-  } else {
-    bits = sign | ((exponent + 127 - 15) << 23) | (mantissa << 13);
-  }
-  float f;
-  std::memcpy(&f, &bits, sizeof(f));
-  return f;
-}
-
-float bf16_to_float(uint16_t b) {
-  uint32_t bits = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof(f));
-  return f;
 }
 
 template <class T>
@@ -1103,123 +1071,6 @@ result<infer_request> parse_infer_request(const parse_input& in) {
   }
 }
 
-// -- classification -----------------------------------------------------------
-
-namespace {
-
-template <class T>
-struct typed_values {
-  const char* base;
-  T operator[](size_t i) const { return load<T>(base + i * sizeof(T)); }
-};
-
-struct half_values {
-  const char* base;
-  bool brain = {};
-  float operator[](size_t i) const {
-    auto bits = load<uint16_t>(base + 2 * i);
-    return brain ? bf16_to_float(bits) : half_to_float(bits);
-  }
-};
-
-/// Strict "greater", NaN ranking below every number.
-template <class T>
-bool ranks_higher(T a, T b) {
-  if constexpr (std::is_floating_point_v<T>) {
-    if (std::isnan(a))
-      return false;
-    if (std::isnan(b))
-      return true;
-  }
-  return a > b;
-}
-
-template <class Values>
-void top_k(const Values& values, size_t rows, size_t classes, size_t k,
-           const std::vector<std::string>* labels, std::string& out) {
-  std::vector<size_t> order(classes);
-  std::string element;
-  for (size_t r = 0; r < rows; ++r) {
-    size_t row_base = r * classes;
-    std::iota(order.begin(), order.end(), size_t{0});
-    std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k), order.end(),
-                      [&](size_t a, size_t b) {
-                        auto va = values[row_base + a];
-                        auto vb = values[row_base + b];
-                        if (ranks_higher(va, vb))
-                          return true;
-                        if (ranks_higher(vb, va))
-                          return false;
-                        return a < b;
-                      });
-    for (size_t i = 0; i < k; ++i) {
-      size_t cls = order[i];
-      element.clear();
-      auto v = values[row_base + cls];
-      if constexpr (std::is_floating_point_v<decltype(v)>)
-        append_floating(element, v, {});
-      else
-        append_integer(element, v);
-      element += ':';
-      append_integer(element, cls);
-      if (labels && cls < labels->size()) {
-        element += ':';
-        element += (*labels)[cls];
-      }
-      append_bytes_element(out, element);
-    }
-  }
-}
-
-} // namespace
-
-result<classified_tensor> classify(const classify_input& in) {
-  if (in.dtype == datatype::bytes || in.dtype == datatype::bool_)
-    return bad_request("classification needs a numeric output, but this output has datatype "
-                       + std::string{to_string(in.dtype)});
-  auto count = checked_element_count(in.shape, std::numeric_limits<uint64_t>::max(), "the output");
-  if (!count)
-    return serving_error{status_code::internal, count.error().message};
-  size_t esize = element_size(in.dtype);
-  if (in.data.size() / esize != *count || in.data.size() % esize != 0)
-    return serving_error{status_code::internal,
-                         "classification input has " + std::to_string(in.data.size())
-                           + " bytes but shape " + format_shape(in.shape) + " of "
-                           + std::string{to_string(in.dtype)} + " needs "
-                           + std::to_string(*count * esize)};
-  bool batched = in.batch == batch_dimension::present;
-  if (batched && in.shape.empty())
-    return serving_error{status_code::internal, "a batched output must have a batch dimension"};
-  size_t rows = batched ? static_cast<size_t>(in.shape[0]) : 1;
-  size_t classes = rows == 0 ? 0 : static_cast<size_t>(*count) / rows;
-  size_t k = std::min<size_t>(in.k, classes);
-  classified_tensor out;
-  if (batched)
-    out.shape = {static_cast<int64_t>(rows), static_cast<int64_t>(k)};
-  else
-    out.shape = {static_cast<int64_t>(k)};
-  if (k == 0)
-    return out;
-  const char* base = in.data.data();
-  switch (in.dtype) {
-    case datatype::uint8: top_k(typed_values<uint8_t>{base}, rows, classes, k, in.labels, out.data); break;
-    case datatype::uint16: top_k(typed_values<uint16_t>{base}, rows, classes, k, in.labels, out.data); break;
-    case datatype::uint32: top_k(typed_values<uint32_t>{base}, rows, classes, k, in.labels, out.data); break;
-    case datatype::uint64: top_k(typed_values<uint64_t>{base}, rows, classes, k, in.labels, out.data); break;
-    case datatype::int8: top_k(typed_values<int8_t>{base}, rows, classes, k, in.labels, out.data); break;
-    case datatype::int16: top_k(typed_values<int16_t>{base}, rows, classes, k, in.labels, out.data); break;
-    case datatype::int32: top_k(typed_values<int32_t>{base}, rows, classes, k, in.labels, out.data); break;
-    case datatype::int64: top_k(typed_values<int64_t>{base}, rows, classes, k, in.labels, out.data); break;
-    case datatype::fp16: top_k(half_values{base, false}, rows, classes, k, in.labels, out.data); break;
-    case datatype::bf16: top_k(half_values{base, true}, rows, classes, k, in.labels, out.data); break;
-    case datatype::fp32: top_k(typed_values<float>{base}, rows, classes, k, in.labels, out.data); break;
-    case datatype::fp64: top_k(typed_values<double>{base}, rows, classes, k, in.labels, out.data); break;
-    case datatype::bool_:
-    case datatype::bytes: break;
-  }
-  return out;
-}
-
 // -- response serialization ---------------------------------------------------
 
 namespace {
@@ -1309,7 +1160,7 @@ void append_json_numbers(std::string& out, datatype dtype, const char* base, siz
     case datatype::int64: append_typed<int64_t, 20>(out, base, count, integer); return;
     case datatype::fp16:
       append_typed<uint16_t, 16>(out, base, count, [](char* p, char* end, uint16_t v) {
-        return write_floating(p, end, half_to_float(v));
+        return write_floating(p, end, fp16_to_float(v));
       });
       return;
     case datatype::bf16:
@@ -1346,15 +1197,7 @@ result<serialized_response> serialize_infer_response(const response_view& respon
                                                      const serialize_options& options) {
   serialized_response result_body;
   std::string& out = result_body.body;
-  // Classification results must outlive the loop that writes binary data.
-  std::vector<classified_tensor> classified;
-  classified.reserve(response.outputs.size());
-  struct binary_part {
-    std::string_view data;
-    /// Made here (a classification result): not the caller's bytes.
-    bool local = false;
-  };
-  std::vector<binary_part> binary_parts;
+  std::vector<std::string_view> binary_parts;
 
   out.reserve(256 + response.outputs.size() * 64);
   out += "{\"model_name\":";
@@ -1383,60 +1226,33 @@ result<serialized_response> serialize_infer_response(const response_view& respon
     if (!count)
       return count.error();
     bool binary = options.binary_data_output;
-    uint32_t classification = 0;
     bool in_shared_memory = false;
     for (const auto& r : options.requested) {
       if (r.name == output.name) {
         binary = r.binary;
-        classification = r.classification;
         in_shared_memory = r.shared_memory.has_value();
         break;
       }
     }
-    datatype dtype = output.dtype;
-    const std::vector<int64_t>* shape = &output.shape;
     std::string_view data = output.data;
-    if (classification > 0) {
-      classify_input ci;
-      ci.dtype = output.dtype;
-      ci.shape = output.shape;
-      ci.data = output.data;
-      ci.k = classification;
-      ci.batch = options.batched ? batch_dimension::present : batch_dimension::absent;
-      if (options.labels) {
-        auto it = options.labels->find(std::string{output.name});
-        if (it != options.labels->end())
-          ci.labels = &it->second;
-      }
-      auto c = classify(ci);
-      if (!c)
-        return serving_error{c.error().status,
-                             "output " + single_quoted(output.name) + ": " + c.error().message};
-      classified.push_back(std::move(*c));
-      dtype = datatype::bytes;
-      shape = &classified.back().shape;
-      data = classified.back().data;
-      count = static_cast<uint64_t>(std::accumulate(shape->begin(), shape->end(), int64_t{1},
-                                                    std::multiplies<>()));
-    }
     if (i > 0)
       out += ',';
     out += "{\"name\":";
     append_json_string(out, output.name);
     out += ",\"datatype\":\"";
-    out += to_string(dtype);
+    out += to_string(output.dtype);
     out += "\",\"shape\":";
-    append_shape(out, *shape);
+    append_shape(out, output.shape);
     if (in_shared_memory) {
       out += '}'; // the data went to the client's region
     } else if (binary) {
       out += ",\"parameters\":{\"binary_data_size\":";
       append_integer(out, data.size());
       out += "}}";
-      binary_parts.push_back({data, classification > 0});
+      binary_parts.push_back(data);
     } else {
       out += ",\"data\":";
-      append_json_data(out, dtype, data, *count);
+      append_json_data(out, output.dtype, data, *count);
       out += '}';
     }
   }
@@ -1446,20 +1262,16 @@ result<serialized_response> serialize_infer_response(const response_view& respon
   } else {
     result_body.header_length = out.size();
     result_body.content_type = "application/octet-stream";
-    bool by_reference = options.binary == serialize_options::binary_output::by_reference;
-    for (const auto& part : binary_parts)
-      by_reference = by_reference && !part.local;
-    if (by_reference) {
-      for (const auto& part : binary_parts)
-        result_body.binary_data.push_back(part.data);
+    if (options.binary == serialize_options::binary_output::by_reference) {
+      result_body.binary_data = std::move(binary_parts);
       return result_body;
     }
     size_t total = out.size();
     for (const auto& part : binary_parts)
-      total += part.data.size();
+      total += part.size();
     out.reserve(total);
     for (const auto& part : binary_parts)
-      out += part.data;
+      out += part;
   }
   return result_body;
 }

@@ -17,7 +17,7 @@
 /// Covered: the JSON request (flat or nested "data"), the binary tensor data
 /// extension (Inference-Header-Content-Length), the raw binary request
 /// (application/octet-stream, no JSON, one input), and the classification
-/// extension. Tensor data is always raw little-endian bytes; a BYTES element is
+/// extension's request parameter (the post-processor computes it). Tensor data is always raw little-endian bytes; a BYTES element is
 /// a 4-byte little-endian length followed by its bytes, as in the binary
 /// extension.
 
@@ -191,15 +191,12 @@ struct response_view {
 struct serialize_options {
   /// What the request asked for. Outputs of the response not listed here are
   /// written anyway (the caller decides which outputs to send); listed ones
-  /// take their binary flag and classification from here.
+  /// take their binary flag and shared-memory region from here. Classification
+  /// is the post-processor's (postprocess/classification.hpp): its results
+  /// arrive here as BYTES outputs.
   std::vector<requested_output> requested;
   /// The request's binary_data_output: the default for outputs not listed.
   bool binary_data_output = false;
-  /// Whether dimension 0 of every output is the batch dimension (the model's
-  /// max_batch_size > 0). Decides the classification result's shape.
-  bool batched = false;
-  /// Class labels per output name, for classification (optional).
-  const std::map<std::string, std::vector<std::string>>* labels = nullptr;
   /// Binary output data: appended to `body` (a copy), or, with
   /// `by_reference`, left where the response_view points and listed in
   /// serialized_response::binary_data, for a writer that sends the pieces
@@ -212,8 +209,7 @@ struct serialized_response {
   /// The JSON, followed by the binary data unless that is in binary_data.
   std::string body;
   /// With binary_output::by_reference: the binary data that follows `body`,
-  /// in order, pointing into the response_view's outputs (classification
-  /// results, made here, are in `body` instead: then this is empty).
+  /// in order, pointing into the response_view's outputs.
   std::vector<std::string_view> binary_data;
   /// Inference-Header-Content-Length: set when binary data follows the JSON.
   std::optional<size_t> header_length;
@@ -226,44 +222,12 @@ struct serialized_response {
 /// which JSON cannot hold, are written as null. FP16 and BF16 outputs sent as
 /// JSON are converted to FP32 values (exactly: every FP16/BF16 value is an FP32
 /// value); sent as binary they stay 16-bit. Fails (500) only on output data
-/// that does not match its shape and datatype, which is a bug upstream, or
-/// (400) on classification of a BYTES or BOOL output.
+/// that does not match its shape and datatype, which is a bug upstream.
 result<serialized_response> serialize_infer_response(const response_view& response,
                                                      const serialize_options& options);
 
 /// {"error":"<message>"}, the body of every error response. Control
 /// characters, quotes and backslashes are escaped; invalid UTF-8 becomes U+FFFD.
 std::string serialize_error(std::string_view message);
-
-// -- classification -----------------------------------------------------------
-
-/// Whether the first dimension of a tensor is its batch dimension.
-enum class batch_dimension { absent, present };
-
-struct classify_input {
-  datatype dtype = datatype::fp32;
-  std::vector<int64_t> shape;
-  /// Raw little-endian bytes of the tensor.
-  std::string_view data;
-  /// How many classes to return per row (clamped to the number of classes).
-  uint32_t k = 1;
-  batch_dimension batch = batch_dimension::absent;
-  /// Labels by class index; an index past the end gets no label.
-  const std::vector<std::string>* labels = nullptr;
-};
-
-/// A BYTES tensor of "<value>:<index>" or "<value>:<index>:<label>" strings.
-struct classified_tensor {
-  std::vector<int64_t> shape;
-  /// 4-byte length + bytes per element.
-  std::string data;
-};
-
-/// Triton's classification extension: the k highest values of each row,
-/// highest first (ties: lower index first). With a batch dimension of size B
-/// the result has shape [B, k] and each row is the rest of the tensor; without
-/// one the result has shape [k] over the whole tensor. Values are printed as
-/// serialize_infer_response prints them. 400 for BYTES and BOOL tensors.
-result<classified_tensor> classify(const classify_input& in);
 
 } // namespace caf_serving::ingress

@@ -1,7 +1,7 @@
 #include "onnx/importer.hpp"
 
 #include "onnx/external_data.hpp"
-#include "onnx/half.hpp"
+#include "core/half.hpp"
 #include "onnx/op_registry.hpp"
 
 #include <onnx/onnx_pb.h>

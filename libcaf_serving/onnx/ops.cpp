@@ -1,6 +1,6 @@
 #include "onnx/ops.hpp"
 
-#include "onnx/half.hpp"
+#include "core/half.hpp"
 #include "onnx/ops_internal.hpp"
 #include "onnx/ops_contrib.hpp"
 #include "onnx/ops_more.hpp"

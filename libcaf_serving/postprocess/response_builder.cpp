@@ -2,7 +2,7 @@
 
 #include "core/clock.hpp"
 #include "core/responses.hpp"
-#include "ingress/kserve_codec.hpp"
+#include "postprocess/classification.hpp"
 
 #include <cstring>
 
@@ -149,7 +149,7 @@ std::vector<response_message> split_batch(const finished_batch& fb, const respon
         continue;
       }
       // Classification extension: the top k of each row, as BYTES strings.
-      ingress::classify_input ci;
+      classify_input ci;
       ci.dtype = static_cast<datatype>(t.getDatatype());
       for (auto d : in_shape)
         ci.shape.push_back(d);
@@ -158,10 +158,10 @@ std::vector<response_message> split_batch(const finished_batch& fb, const respon
       auto bytes = t.getData().slice(range->begin, range->end);
       ci.data = std::string_view(reinterpret_cast<const char*>(bytes.begin()), bytes.size());
       ci.k = k;
-      ci.batch = cfg.batched ? ingress::batch_dimension::present : ingress::batch_dimension::absent;
+      ci.batch = cfg.batched ? batch_dimension::present : batch_dimension::absent;
       auto labels = cfg.labels.find(t.getName().cStr());
       ci.labels = labels == cfg.labels.end() ? nullptr : &labels->second;
-      auto classes = ingress::classify(ci);
+      auto classes = classify(ci);
       if (!classes) {
         failure = classes.error();
         break;

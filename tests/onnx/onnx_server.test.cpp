@@ -10,7 +10,7 @@
 #include "support/server_process.hpp"
 #include "support/tensor_bytes.hpp"
 
-#include "onnx/half.hpp"
+#include "core/half.hpp"
 
 #include <doctest/doctest.h>
 #include <onnx/onnx_pb.h>
@@ -161,8 +161,8 @@ std::vector<float> half_floats(const std::string& bytes, const std::string& type
   auto bits = from_bytes<uint16_t>(bytes);
   std::vector<float> out;
   for (auto b : bits)
-    out.push_back(type == "FP16" ? caf_serving::onnx::fp16_to_float(b)
-                                 : caf_serving::onnx::bf16_to_float(b));
+    out.push_back(type == "FP16" ? caf_serving::fp16_to_float(b)
+                                 : caf_serving::bf16_to_float(b));
   return out;
 }
 

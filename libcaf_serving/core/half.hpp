@@ -2,12 +2,14 @@
 /// IEEE binary16 (FP16) and bfloat16 (BF16) conversions. The engine stores
 /// half tensors only at the model's edges (its inputs, outputs and the
 /// initializers in the file) and computes in fp32: these convert between the
-/// two, rounding to nearest, ties to even, as ONNX's Cast specifies.
+/// two, rounding to nearest, ties to even, as ONNX's Cast specifies. The KServe
+/// codec writes FP16 and BF16 outputs sent as JSON with them, and
+/// classification ranks half outputs with them.
 
 #include <cstdint>
 #include <cstring>
 
-namespace caf_serving::onnx {
+namespace caf_serving {
 
 inline uint32_t float_bits(float f) {
   uint32_t u;
@@ -69,4 +71,4 @@ inline float bf16_to_float(uint16_t b) {
   return bits_float(static_cast<uint32_t>(b) << 16);
 }
 
-} // namespace caf_serving::onnx
+} // namespace caf_serving
