@@ -1,7 +1,7 @@
 #include "onnx/model_config.hpp"
 
 #include "onnx/batch_coupling.hpp"
-#include "onnx/reshape_backend.hpp"
+#include "core/reshape.hpp"
 
 #include <algorithm>
 #include <iostream>

@@ -2,21 +2,20 @@
 /// STRING tensors (Triton's BYTES) in ONNX models: a graph may carry a STRING
 /// input that it only copies to an output (Identity), or does not use at all,
 /// beside what it computes. The importer takes those tensors out of the graph
-/// (graph::strings); this backend serves them around the numeric model,
-/// copying each STRING output's bytes from its input, while the engine runs
-/// the rest. A graph that computes on strings is refused at import.
+/// (graph::strings); these functions give their configs and the config of
+/// the numeric rest, which the engine runs. The backend that serves the
+/// STRING tensors around it is onnx_cpu/string_backend.hpp. A graph that
+/// computes on strings is refused at import.
 ///
 /// Usage:
 ///
-///     auto tensors = string_tensors(g, given_config);   // checked against config.pbtxt
-///     auto be = with_strings(inner, g.strings, *tensors); // inner: null if nothing computes
+///     auto tensors = string_tensors(g.strings, given_config, max_batch); // checked
+///     auto numeric = without_strings(given_config, g);                  // loaded as usual
 
 #include "core/error.hpp"
 #include "core/model_config.hpp"
-#include "executor/backend.hpp"
 #include "onnx/ir.hpp"
 
-#include <memory>
 #include <vector>
 
 namespace caf_serving::onnx {
@@ -33,10 +32,5 @@ result<string_configs> string_tensors(const string_passthrough& strings,
 
 /// `given` without the STRING tensors: what the numeric graph is loaded with.
 model_config without_strings(model_config given, const graph& g);
-
-/// A backend that writes the STRING outputs and hands the other tensors to
-/// `inner` (null: the graph computes nothing else).
-std::shared_ptr<executor::backend> with_strings(std::shared_ptr<executor::backend> inner,
-                                                const string_passthrough& strings);
 
 } // namespace caf_serving::onnx

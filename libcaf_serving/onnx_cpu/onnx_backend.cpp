@@ -1,5 +1,6 @@
 #include "onnx_cpu/onnx_backend.hpp"
-#include "onnx/reshape_backend.hpp"
+#include "core/reshape.hpp"
+#include "executor/reshape_backend.hpp"
 #include "onnx_cpu/cpu_kernels.hpp"
 #include "onnx_cpu/cpu_level.hpp"
 
@@ -15,6 +16,7 @@
 #include "onnx/ops_quant.hpp"
 #include "onnx/ops_simple.hpp"
 #include "onnx/string_passthrough.hpp"
+#include "onnx_cpu/string_backend.hpp"
 #include "onnx_cpu/work_pool.hpp"
 
 #include <cblas.h>
@@ -1262,7 +1264,7 @@ result<onnx_model> load_onnx_graph(graph imported, const onnx_model_config& give
   onnx_backend::shared_parts parts{g,      *cfg,  mcfg,     profiled, weights,
                                    loaded, cache, compiles, pool,     scratch};
   m.make_instance = [parts, client_cfg]() -> std::shared_ptr<executor::backend> {
-    return with_reshape(std::make_shared<onnx_backend>(parts), client_cfg);
+    return executor::with_reshape(std::make_shared<onnx_backend>(parts), client_cfg);
   };
   m.plans_compiled = [compiles] { return compiles->load(); };
   m.cached_plans = [cache] { return cache->size(); };

@@ -108,7 +108,7 @@ struct onnx_model {
   /// `config` completed from the graph (inputs, outputs, dims, and with
   /// auto_complete max_batch_size and dynamic batching) as Triton's
   /// auto-complete does. Dims are the client's: a tensor with a reshape keeps
-  /// its config dims, and instances translate (reshape_backend.hpp).
+  /// its config dims, and instances translate (executor/reshape_backend.hpp).
   model_config config;
   /// One line: nodes before and after optimization, arena size at batch 1.
   std::string summary;

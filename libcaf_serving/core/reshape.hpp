@@ -1,15 +1,9 @@
 #pragma once
-/// Triton's `reshape` for any backend: requests and responses carry a
-/// tensor's config `dims`, the model runs on its `reshape.shape`. The bytes
-/// are the same, so only the shapes change hands: the wrapper rewrites each
-/// input's shape before the inner backend runs and each output's shape as the
-/// inner backend allocates it. With batching the batch dimension stays in
-/// front.
-///
-/// Usage:
-///
-///     auto inner = std::make_shared<my_backend>(...);   // sees reshape shapes
-///     auto be = onnx::with_reshape(inner, cfg);         // serves dims shapes
+/// Triton's `reshape` in a model's configuration: a tensor's `dims` are what
+/// requests and responses carry, its `reshape.shape` what the model runs on.
+/// The bytes are the same, so only shapes change: these functions translate
+/// them. The backend wrapper that applies them to every batch is
+/// executor/reshape_backend.hpp.
 ///
 /// Variable dimensions (-1) carry over in order: the i-th -1 of the target
 /// takes the value of the i-th -1 of the source. The config parser has
@@ -18,13 +12,11 @@
 
 #include "core/error.hpp"
 #include "core/model_config.hpp"
-#include "executor/backend.hpp"
 
 #include <cstdint>
-#include <memory>
 #include <vector>
 
-namespace caf_serving::onnx {
+namespace caf_serving {
 
 /// Whether any input or output of `cfg` has a reshape.
 bool has_reshape(const model_config& cfg);
@@ -40,9 +32,4 @@ result<std::vector<int64_t>> reshape_dims(const std::vector<int64_t>& actual,
                                           const std::vector<int64_t>& from,
                                           const std::vector<int64_t>& to, bool batched);
 
-/// `inner` (which runs on model_side(cfg) shapes) serving cfg's dims. Returns
-/// `inner` itself when no tensor has a reshape.
-std::shared_ptr<executor::backend> with_reshape(std::shared_ptr<executor::backend> inner,
-                                                const model_config& cfg);
-
-} // namespace caf_serving::onnx
+} // namespace caf_serving
