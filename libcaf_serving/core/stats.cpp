@@ -287,6 +287,12 @@ std::string prometheus_text(const std::vector<std::shared_ptr<model_stats>>& mod
   gauge("caf_serving_gpu_memory_bytes",
         "GPU memory the model version holds (KIND_GPU instances; 0 otherwise)",
         [](const model_stats& m) { return m.gpu_memory_bytes.load(); });
+  gauge("caf_serving_queued_request_count",
+        "Requests in the scheduler's queue, waiting for a batch",
+        [](const model_stats& m) { return m.queued.load(); });
+  gauge("caf_serving_executing_request_count",
+        "Requests in batches the scheduler has sent to executors and not yet seen answered",
+        [](const model_stats& m) { return m.executing.load(); });
   gauge("caf_serving_gpu_pinned_bytes",
         "Page-locked host memory the model version's GPU instances stage batches in",
         [](const model_stats& m) { return m.gpu_pinned_bytes.load(); });

@@ -88,6 +88,8 @@ struct model_stats {
   std::atomic<uint64_t> execution_count{0}; ///< batches executed
   std::atomic<uint64_t> last_inference_ms{0}; ///< wall-clock ms of the last response
   std::atomic<int64_t> pending{0};           ///< accepted, not yet answered
+  std::atomic<int64_t> queued{0};    ///< in the scheduler's queue, waiting for a batch
+  std::atomic<int64_t> executing{0}; ///< in batches sent to executors, not yet answered
 
   duration_stat success;        ///< received -> response sent, successful requests
   duration_stat fail;           ///< received -> error sent

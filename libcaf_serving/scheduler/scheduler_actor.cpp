@@ -806,7 +806,28 @@ void poll_slo(self_ptr self) {
   }
 }
 
+/// Publishes how many requests wait in the queue and how many are in batches
+/// at executors (/metrics; tests wait on them instead of sleeping).
+void publish_queue(scheduler_state& st) {
+  if (!st.cfg.stats)
+    return;
+  int64_t executing = 0;
+  for (const auto& [id, p] : st.pending)
+    executing += static_cast<int64_t>(p.jobs->size());
+  st.cfg.stats->queued.store(static_cast<int64_t>(st.queued.size()), std::memory_order_relaxed);
+  st.cfg.stats->executing.store(executing, std::memory_order_relaxed);
+}
+
+void poll_queue(self_ptr self);
+
+/// Lets the policy dispatch what it will, then publishes the queue's counts:
+/// every event that changes the queue or the batches in flight ends here.
 void poll_policy(self_ptr self) {
+  poll_queue(self);
+  publish_queue(self->state);
+}
+
+void poll_queue(self_ptr self) {
   auto& st = self->state;
   if (st.slo) {
     poll_slo(self);

@@ -2,6 +2,7 @@
 
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
+#include <caf/scoped_actor.hpp>
 #include <caf/send.hpp>
 #include <doctest/doctest.h>
 
@@ -113,10 +114,20 @@ TEST_CASE("a scheduler that stops abnormally is replaced by loading the model ag
     CHECK((*second)->stats->scheduler_running.load());
     CHECK((*second)->stats->healthy_executors.load() == 1);
     CHECK(models.all_ready());
-    // An unload is not a failure: nothing is loaded again.
+    // An unload is not a failure: nothing is loaded again. The scheduler's
+    // supervision runs as it stops, before a monitor hears of it; a reload it
+    // began would show at once as LOADING in the index.
+    caf::scoped_actor self{*running.sys};
+    self->monitor((*second)->scheduler);
     REQUIRE(std::holds_alternative<std::monostate>(models.unload("echo")));
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    bool stopped = false;
+    self->receive([&](const caf::down_msg&) { stopped = true; },
+                  caf::after(std::chrono::seconds(30)) >> [] {});
+    REQUIRE(stopped);
     CHECK_FALSE(models.find("echo").ok());
+    for (const auto& row : models.index())
+      if (row.name == "echo")
+        CHECK(row.state != "LOADING");
   }
 }
 
@@ -300,8 +311,10 @@ TEST_CASE("a config override replaces config.pbtxt and stays while the repositor
   REQUIRE(std::holds_alternative<std::monostate>(request_load(models, "echo")));
   CHECK((*models.find("echo"))->config.max_batch_size == 16);
   // ...until the repository's files change, or the model is unloaded.
-  std::this_thread::sleep_for(std::chrono::milliseconds(20)); // a later mtime
-  std::ofstream(running.repo.path / "echo" / "1" / "model.builtin") << "builtin, changed\n";
+  auto file = running.repo.path / "echo" / "1" / "model.builtin";
+  auto written = fs::last_write_time(file);
+  std::ofstream(file) << "builtin, changed\n";
+  fs::last_write_time(file, written + std::chrono::seconds(1)); // a later mtime, whatever the clock
   REQUIRE(std::holds_alternative<std::monostate>(request_load(models, "echo")));
   CHECK((*models.find("echo"))->config.max_batch_size == 4);
   REQUIRE(std::holds_alternative<std::monostate>(request_load(models, "echo", p)));

@@ -142,12 +142,20 @@ inline double pending_requests(const test_server& server, const std::string& mod
                       "caf_serving_pending_request_count{model=\"" + model + "\",version=\"1\"}");
 }
 
-/// Waits until `model` has `count` requests pending, then a little longer so
-/// that the last one has passed parsing and reached the scheduler's queue.
+/// Waits until `model` has `count` requests pending and every one of them has
+/// reached its scheduler: queued there, or in a batch at an executor.
 inline bool wait_pending(const test_server& server, const std::string& model, double count) {
-  bool ok = eventually([&] { return pending_requests(server, model) == count; });
-  std::this_thread::sleep_for(std::chrono::milliseconds(30));
-  return ok;
+  return eventually([&] {
+    http_client m(server.process->metrics_port());
+    auto text = m.get("/metrics").body;
+    auto series = [&](const char* name) {
+      return metric_value(text, std::string(name) + "{model=\"" + model + "\",version=\"1\"}");
+    };
+    return series("caf_serving_pending_request_count") == count
+           && series("caf_serving_queued_request_count")
+                  + series("caf_serving_executing_request_count")
+                == count;
+  });
 }
 
 } // namespace caf_serving::server_test
