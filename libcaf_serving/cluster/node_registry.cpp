@@ -3,6 +3,7 @@
 #include "core/json.hpp"
 #include "core/stats.hpp"
 
+#include "cluster/detached_io.hpp"
 #include "cluster/model_hash.hpp"
 #include "cluster/model_sync.hpp"
 #include "cluster/secret.hpp"
@@ -15,6 +16,7 @@
 #include <caf/stateful_actor.hpp>
 
 #include <algorithm>
+#include <optional>
 #include <iostream>
 #include <set>
 #include <tuple>
@@ -143,6 +145,10 @@ std::string cluster_status::prometheus() const {
 namespace {
 
 using sync_atom = caf::atom_constant<caf::atom("sync")>;
+/// From a detached actor: the hash of a served model's directory (run_detached).
+using model_hashed_atom = caf::atom_constant<caf::atom("mhashed")>;
+/// From a detached actor: a model's files, read to be shipped to a worker.
+using files_read_atom = caf::atom_constant<caf::atom("mfread")>;
 
 struct worker_record {
   worker_status status;
@@ -168,6 +174,11 @@ struct worker_record {
   /// A joined worker whose bulk channel broke while its CAF link stayed up:
   /// greeted again at the next sync (a dialled one is connected again).
   caf::actor regreet;
+  /// Greeted with a repository of its own: the models it loaded from it are
+  /// marked tried at the first sync that knows every served hash.
+  bool own_models_untried = false;
+  /// Greeted, and ready once every served model's hash is known (become_ready).
+  bool greeted = false;
 };
 
 struct registry_state {
@@ -177,8 +188,13 @@ struct registry_state {
   std::map<std::string, worker_record> workers;
   std::map<caf::node_id, std::string> nonces;
   /// Hash of each served model's directory, by the scheduler of its newest
-  /// version (computed once per load).
+  /// version (computed once per load, on a detached actor), and the schedulers
+  /// whose hash is being computed.
   std::map<caf::actor_addr, std::pair<std::string, std::string>> hashes;
+  std::set<caf::actor_addr> hashing;
+  /// Schedulers whose directory could not be hashed: left out of the sync
+  /// (as a model the server does not serve) until they are reloaded.
+  std::set<caf::actor_addr> unhashable;
   /// Each live proxy: its worker's key, the scheduler it serves and the worker's
   /// executor. A proxy that quits while its worker is still ready (it gave up on
   /// a worker that kept timing out) is replaced at the next sync, unless the
@@ -211,11 +227,15 @@ void set_state(self_ptr self, const std::string& key, const std::string& state,
 }
 
 /// The models the server serves now: name -> hash of the directory it loaded
-/// them from (model_hash.hpp).
-std::map<std::string, std::string> served_hashes(self_ptr self) {
+/// them from (model_hash.hpp). Nothing while a hash is still being computed
+/// (it starts here, on a detached actor; the answer syncs again): a plan made
+/// without it would take that model for unloaded.
+std::optional<std::map<std::string, std::string>> served_hashes(self_ptr self) {
   auto& st = self->state;
   std::map<std::string, std::string> out;
   std::map<caf::actor_addr, std::pair<std::string, std::string>> seen;
+  std::set<caf::actor_addr> unhashable;
+  bool complete = true;
   for (const auto& row : st.models->index()) {
     if (row.version.empty() || out.count(row.name))
       continue;
@@ -224,18 +244,32 @@ std::map<std::string, std::string> served_hashes(self_ptr self) {
       continue;
     const auto& newest = versions.back();
     auto addr = newest->scheduler.address();
+    if (st.unhashable.count(addr)) {
+      unhashable.insert(addr);
+      continue;
+    }
     auto it = st.hashes.find(addr);
     if (it == st.hashes.end()) {
-      auto dir = newest->files ? newest->files->path() : st.models->repository() / row.name;
-      auto hash = hash_model_dir(dir, newest->config_override);
-      if (!hash)
-        continue;
-      it = st.hashes.emplace(addr, std::make_pair(row.name, *hash)).first;
+      complete = false;
+      if (st.hashing.insert(addr).second) {
+        auto dir = newest->files ? newest->files->path() : st.models->repository() / row.name;
+        run_detached(self->system(), caf::actor_cast<caf::actor>(self),
+                     [addr, name = row.name, dir, override = newest->config_override] {
+                       auto hash = hash_model_dir(dir, override);
+                       return caf::make_message(model_hashed_atom::value, addr, name,
+                                                hash ? *hash : std::string(),
+                                                hash ? std::string() : hash.error().message);
+                     });
+      }
+      continue;
     }
     seen.insert(*it);
     out[row.name] = it->second.second;
   }
   st.hashes = std::move(seen); // forget the pipelines no longer served
+  st.unhashable = std::move(unhashable);
+  if (!complete)
+    return std::nullopt;
   return out;
 }
 
@@ -277,9 +311,11 @@ void attach(self_ptr self, const std::string& key);
 /// Where a worker loads a model from when the server asks it to.
 enum class load_source { shipped_files, worker_repository };
 
+void send_load(self_ptr self, const std::string& key, model_shipment s, bool ship);
+
 /// Asks the worker to load `name` (from the files shipped with the request, or
 /// from its own repository), and attaches what it then serves when the hashes
-/// agree.
+/// agree. Shipped files are read on a detached actor first (files_read_atom).
 void ask_load(self_ptr self, const std::string& key, const std::string& name,
               const std::string& hash, load_source source) {
   bool ship = source == load_source::shipped_files;
@@ -287,18 +323,29 @@ void ask_load(self_ptr self, const std::string& key, const std::string& name,
   auto& w = st.workers.at(key);
   auto versions = st.models->versions(name);
   model_shipment s{name, hash, {}, versions.empty() ? "" : versions.back()->config_override};
-  if (ship) {
-    auto dir = !versions.empty() && versions.back()->files ? versions.back()->files->path()
-                                                           : st.models->repository() / name;
-    auto files = read_model_files(dir, st.cfg.max_ship_bytes);
-    if (!files) {
-      w.tried[name] = hash;
-      w.load_errors[name] = "not shipped: " + files.error().message;
-      return;
-    }
-    s.files = std::move(*files);
-  }
   w.pending.insert(name);
+  if (!ship) {
+    send_load(self, key, std::move(s), false);
+    return;
+  }
+  auto dir = !versions.empty() && versions.back()->files ? versions.back()->files->path()
+                                                         : st.models->repository() / name;
+  run_detached(self->system(), caf::actor_cast<caf::actor>(self),
+               [key, handle = w.handle, dir, max = st.cfg.max_ship_bytes,
+                s = std::move(s)]() mutable {
+                 auto files = read_model_files(dir, max);
+                 if (files)
+                   s.files = std::move(*files);
+                 return caf::make_message(files_read_atom::value, key, handle, std::move(s),
+                                          files ? std::string() : files.error().message);
+               });
+}
+
+/// The load request itself, once any files to ship are read.
+void send_load(self_ptr self, const std::string& key, model_shipment s, bool ship) {
+  auto& st = self->state;
+  auto& w = st.workers.at(key);
+  auto name = s.name, hash = s.hash;
   std::cout << "worker " << w.status.name << ": " << (ship ? "shipping" : "reloading")
             << " model " << name << std::endl;
   auto handle = w.handle;
@@ -336,8 +383,19 @@ void attach(self_ptr self, const std::string& key) {
   auto& w = st.workers.at(key);
   if (w.status.state != "ready" || !w.handle)
     return;
+  auto served = served_hashes(self);
+  if (!served)
+    return; // again when the hash being computed arrives
+  if (w.own_models_untried) {
+    // A worker with a repository of its own has just loaded what is in it:
+    // nothing to reload until the server loads a model anew.
+    for (const auto& m : w.models)
+      if (!m.shipped && served->count(m.name))
+        w.tried[m.name] = (*served)[m.name];
+    w.own_models_untried = false;
+  }
   model_sync_input in;
-  in.served = served_hashes(self);
+  in.served = std::move(*served);
   for (const auto& m : w.models) {
     in.worker[m.name] = m.hash;
     if (m.shipped)
@@ -382,6 +440,17 @@ void attach(self_ptr self, const std::string& key) {
     w.status.models = std::move(models);
     publish(self, key);
   }
+}
+
+/// A greeted worker is ready, and gets its models, once every model the server
+/// serves has its hash; until then it reads as connecting, as before greeting.
+void become_ready(self_ptr self, const std::string& key) {
+  auto& w = self->state.workers.at(key);
+  if (!w.greeted || !w.handle || !served_hashes(self))
+    return;
+  w.greeted = false;
+  set_state(self, key, "ready", "");
+  attach(self, key);
 }
 
 /// Opens the bulk channel the worker announced in its greeting (it connects on
@@ -446,21 +515,14 @@ void greet(self_ptr self, const std::string& key, caf::actor handle) {
               w.load_errors.clear();
               w.tried.clear();
               w.own_repository = info.own_repository;
-              // A worker with a repository of its own has just loaded what is in
-              // it: nothing to reload until the server loads a model anew.
-              if (w.own_repository) {
-                auto served = served_hashes(self);
-                for (const auto& m : w.models)
-                  if (!m.shipped && served.count(m.name))
-                    w.tried[m.name] = served[m.name];
-              }
+              w.own_models_untried = info.own_repository; // marked in attach()
               w.status.name = info.name;
               w.status.models.clear();
               w.status.models_refused.clear();
               self->monitor(handle);
               open_bulk(self, key, info);
-              set_state(self, key, "ready", "");
-              attach(self, key);
+              w.greeted = true;
+              become_ready(self, key);
             },
             [self, fail](caf::error& e) {
               bool refused = e.category() == cluster_error_category;
@@ -511,6 +573,7 @@ node_registry start_registry(caf::actor_system& sys, server::model_manager& mode
     st.cfg = std::move(cfg);
     st.models = &models;
     st.status = status;
+    served_hashes(self); // hashed meanwhile, before the first worker greets
     for (const auto& hp : st.cfg.workers) {
       auto key = hp.host + ":" + std::to_string(hp.port);
       worker_record w;
@@ -545,6 +608,42 @@ node_registry start_registry(caf::actor_system& sys, server::model_manager& mode
     });
     self->send(self, sync_atom::value);
     return {
+      [self](model_hashed_atom, const caf::actor_addr& addr, const std::string& name,
+             const std::string& hash, const std::string& error) {
+        auto& st = self->state;
+        st.hashing.erase(addr);
+        auto versions = st.models->versions(name);
+        if (versions.empty() || versions.back()->scheduler.address() != addr)
+          return; // reloaded or unloaded meanwhile
+        if (!error.empty()) {
+          std::cerr << "caf-serving: model '" << name << "' is not served by workers: its "
+                    << "files cannot be hashed (" << error << ")" << std::endl;
+          st.unhashable.insert(addr);
+        } else {
+          st.hashes[addr] = {name, hash};
+        }
+        for (auto& [key, w] : st.workers) {
+          if (w.greeted)
+            become_ready(self, key);
+          else if (w.handle)
+            attach(self, key);
+        }
+      },
+      [self](files_read_atom, const std::string& key, const caf::actor& handle,
+             model_shipment& s, const std::string& error) {
+        auto& st = self->state;
+        auto it = st.workers.find(key);
+        if (it == st.workers.end() || it->second.handle != handle)
+          return; // a connection since lost: its greeting cleared the pending load
+        auto& w = it->second;
+        if (!error.empty()) {
+          w.pending.erase(s.name);
+          w.tried[s.name] = s.hash;
+          w.load_errors[s.name] = "not shipped: " + error;
+          return;
+        }
+        send_load(self, key, std::move(s), true);
+      },
       [self](sync_atom) {
         auto& st = self->state;
         for (auto& [key, w] : st.workers) {

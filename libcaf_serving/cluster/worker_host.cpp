@@ -1,5 +1,6 @@
 #include "cluster/worker_host.hpp"
 
+#include "cluster/detached_io.hpp"
 #include "cluster/model_hash.hpp"
 #include "cluster/secret.hpp"
 #include "cluster/tls.hpp"
@@ -108,6 +109,8 @@ using host_ptr = caf::stateful_actor<host_state>*;
 using retry_join_atom = caf::atom_constant<caf::atom("rejoin")>;
 /// From the loader thread: a load asked for by a server finished.
 using load_done_atom = caf::atom_constant<caf::atom("wloaded")>;
+/// From a detached actor: the files a server shipped are written and hashed.
+using files_written_atom = caf::atom_constant<caf::atom("wwritten")>;
 
 /// The directory the worker's manager loads `name` from.
 std::filesystem::path model_dir(const server::model_manager& models, const std::string& name) {
@@ -177,6 +180,8 @@ caf::error load_error(const std::string& why) {
   return make_cluster_error(cluster_errc::model_load_failed, why);
 }
 
+void start_load(host_ptr self, uint64_t id, const model_shipment& s, bool from_files);
+
 /// A server's load (or reload): files shipped are written into the cache and
 /// checked against the server's hash first; the manager loads on its loader
 /// thread, and the answer is the model's new gates.
@@ -232,24 +237,39 @@ caf::typed_response_promise<std::vector<worker_model>> load_for_server(host_ptr 
                             + std::to_string(st.cfg.max_model_bytes) + ")"));
       return rp;
     }
-    auto dir = model_dir(files_manager(st), s.name);
-    auto written = write_model_files(dir, s.files);
-    if (!written) {
-      rp.deliver(load_error(written.error().message));
-      return rp;
-    }
-    auto hash = hash_model_dir(dir, s.config);
-    if (!hash || *hash != s.hash) {
-      rp.deliver(load_error("the files of model '" + s.name + "' arrived with hash "
-                            + (hash ? hash->substr(0, 12) : std::string("(unreadable)"))
-                            + ", not the server's " + s.hash.substr(0, 12)));
-      return rp;
-    }
-    std::cout << "model " << s.name << ": " << s.files.size() << " files (" << total
-              << " bytes) received from the server" << std::endl;
+    // Written and hashed on a detached actor: 200 MB would hold a CAF worker,
+    // and with it the batching timers, for seconds (detached_io.hpp).
+    auto id = ++st.next_load;
+    st.loads.emplace(id, rp);
+    run_detached(self->system(), caf::actor_cast<caf::actor>(self),
+                 [id, dir = model_dir(files_manager(st), s.name), total,
+                  s = std::move(s)]() mutable {
+                   std::string error;
+                   auto written = write_model_files(dir, s.files);
+                   auto hash = written ? hash_model_dir(dir, s.config) : written.error();
+                   if (!written)
+                     error = written.error().message;
+                   else if (!hash || *hash != s.hash)
+                     error = "the files of model '" + s.name + "' arrived with hash "
+                             + (hash ? hash->substr(0, 12) : std::string("(unreadable)"))
+                             + ", not the server's " + s.hash.substr(0, 12);
+                   auto files = static_cast<uint64_t>(s.files.size());
+                   s.files.clear(); // on disk now
+                   return caf::make_message(files_written_atom::value, id, std::move(s), files,
+                                            total, error);
+                 });
+    return rp;
   }
   auto id = ++st.next_load;
   st.loads.emplace(id, rp);
+  start_load(self, id, s, from_files);
+  return rp;
+}
+
+/// The load of a server's model by this worker's manager (the shipped files, if
+/// any, written already); load_done_atom delivers load `id`'s answer.
+void start_load(host_ptr self, uint64_t id, const model_shipment& s, bool from_files) {
+  auto& st = self->state;
   auto me = caf::actor_cast<caf::actor>(self);
   auto manager = from_files && st.shipped ? st.shipped : st.models;
   // The hash of what was loaded, override included: a load without one keeps
@@ -276,7 +296,6 @@ caf::typed_response_promise<std::vector<worker_model>> load_for_server(host_ptr 
     params.config = s.config;
     manager->request_load(s.name, std::move(params), std::move(done));
   }
-  return rp;
 }
 
 void join(host_ptr self) {
@@ -436,6 +455,21 @@ result<worker_host> start_worker(caf::actor_system& sys, worker_config config) {
         return info;
       },
       [self](load_model_atom, model_shipment& s) { return load_for_server(self, s); },
+      [self](files_written_atom, uint64_t id, const model_shipment& s, uint64_t files,
+             uint64_t total, const std::string& error) {
+        auto& st = self->state;
+        auto it = st.loads.find(id);
+        if (it == st.loads.end())
+          return;
+        if (!error.empty()) {
+          it->second.deliver(load_error(error));
+          st.loads.erase(it);
+          return;
+        }
+        std::cout << "model " << s.name << ": " << files << " files (" << total
+                  << " bytes) received from the server" << std::endl;
+        start_load(self, id, s, true);
+      },
       [self](load_done_atom, uint64_t id, const std::string& name, const std::string& error,
              const std::string& hash, bool from_files) {
         auto& st = self->state;
