@@ -13,6 +13,7 @@
 #include "cluster/worker_host.hpp"
 #include "core/thread_config.hpp"
 #include "onnx_cpu/work_pool.hpp"
+#include "server/model_manager.hpp"
 
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
@@ -238,9 +239,26 @@ int main(int argc, char** argv) {
   if (wc.cache_dir.empty())
     wc.cache_dir = std::filesystem::temp_directory_path() / ("caf-serving-worker-" + wc.name);
   // Loaded as the server loads: one budget of compute threads for every CPU
-  // executor of every model.
-  wc.models.executor_threads = threads.executor_threads;
-  wc.models.compute_pool = std::make_shared<onnx::work_pool>(threads.executor_threads);
+  // executor of every model. The worker's model managers, loading and
+  // unloading on its servers' word (explicit control).
+  server::model_manager_config mc;
+  mc.executor_threads = threads.executor_threads;
+  mc.compute_pool = std::make_shared<onnx::work_pool>(threads.executor_threads);
+  mc.control_mode = server::model_control_mode::explicit_control;
+  mc.local_executors = true;
+  std::vector<std::shared_ptr<server::model_manager>> managers;
+  wc.make_models = [&](const std::filesystem::path& repository,
+                       const std::vector<std::string>& startup)
+    -> result<std::shared_ptr<server::model_directory>> {
+    auto cfg = mc;
+    cfg.repository = repository;
+    cfg.startup_models = startup;
+    auto manager = std::make_shared<server::model_manager>(sys, cfg);
+    if (auto r = manager->start(); std::holds_alternative<serving_error>(r))
+      return std::get<serving_error>(r);
+    managers.push_back(manager);
+    return std::shared_ptr<server::model_directory>(manager);
+  };
   // The bulk channel (docs/cluster.md): plain TCP, so not under TLS.
   if (!tls->enabled()) {
     auto bulk = cluster::bulk_listener::listen(sys, opts.address, opts.bulk_port, {});
@@ -292,9 +310,8 @@ int main(int argc, char** argv) {
   std::cout << "caf-serving-worker: stopping" << std::endl;
   sys.middleman().unpublish(host->actor, *port);
   caf::anon_send_exit(host->actor, caf::exit_reason::user_shutdown);
-  host->models->shutdown();
-  if (host->shipped)
-    host->shipped->shutdown();
+  for (auto& manager : managers)
+    manager->shutdown();
   wc.bulk.reset();
   return 0;
 }

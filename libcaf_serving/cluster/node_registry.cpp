@@ -183,7 +183,7 @@ struct worker_record {
 
 struct registry_state {
   registry_config cfg;
-  server::model_manager* models = nullptr;
+  server::model_directory* models = nullptr;
   std::shared_ptr<cluster_status> status;
   std::map<std::string, worker_record> workers;
   std::map<caf::node_id, std::string> nonces;
@@ -563,7 +563,7 @@ void connect(self_ptr self, const std::string& key) {
 
 } // namespace
 
-node_registry start_registry(caf::actor_system& sys, server::model_manager& models,
+node_registry start_registry(caf::actor_system& sys, server::model_directory& models,
                              registry_config config) {
   node_registry out;
   out.status = std::make_shared<cluster_status>();

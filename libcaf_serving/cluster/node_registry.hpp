@@ -14,7 +14,7 @@
 #include "cluster/protocol.hpp"
 #include "cluster/remote_executor.hpp"
 #include "cluster/worker_host.hpp"
-#include "server/model_manager.hpp"
+#include "server/model_directory.hpp"
 
 #include <caf/actor.hpp>
 #include <caf/actor_system.hpp>
@@ -89,7 +89,7 @@ struct node_registry {
   std::shared_ptr<cluster_status> status;
 };
 
-node_registry start_registry(caf::actor_system& sys, server::model_manager& models,
+node_registry start_registry(caf::actor_system& sys, server::model_directory& models,
                              registry_config config);
 
 } // namespace caf_serving::cluster

@@ -87,10 +87,10 @@ caf::actor spawn_gate(caf::actor_system& sys, executor::executor_actor target,
 
 struct host_state {
   worker_config cfg;
-  std::shared_ptr<server::model_manager> models;
+  std::shared_ptr<server::model_directory> models;
   /// Beside a repository of its own: the manager of the shipped models (its
   /// repository is the cache directory); null without one.
-  std::shared_ptr<server::model_manager> shipped;
+  std::shared_ptr<server::model_directory> shipped;
   /// The gates and hash of each model served now (what servers are told).
   std::map<std::string, std::vector<worker_model>> served;
   /// Loads asked for by servers and under way on the manager's loader thread.
@@ -113,20 +113,20 @@ using load_done_atom = caf::atom_constant<caf::atom("wloaded")>;
 using files_written_atom = caf::atom_constant<caf::atom("wwritten")>;
 
 /// The directory the worker's manager loads `name` from.
-std::filesystem::path model_dir(const server::model_manager& models, const std::string& name) {
+std::filesystem::path model_dir(const server::model_directory& models, const std::string& name) {
   return models.repository() / name;
 }
 
 /// The hash of `name` as `models` serves it now: its directory and the config
 /// override its newest version was loaded with (model_hash.hpp).
-result<std::string> served_hash(const server::model_manager& models, const std::string& name) {
+result<std::string> served_hash(const server::model_directory& models, const std::string& name) {
   auto versions = models.versions(name);
   return hash_model_dir(model_dir(models, name),
                         versions.empty() ? std::string() : versions.back()->config_override);
 }
 
 /// One worker_model per served version of `name`, each with a gate per executor.
-std::vector<worker_model> describe(caf::actor_system& sys, const server::model_manager& models,
+std::vector<worker_model> describe(caf::actor_system& sys, const server::model_directory& models,
                                    const std::string& name, const std::string& hash,
                                    bool shipped, const std::shared_ptr<authorized_nodes>& auth,
                                    bulk_listener* bulk) {
@@ -161,7 +161,7 @@ worker_info make_info(host_ptr self) {
 
 /// The manager that loads shipped files: the cache's beside a repository of the
 /// worker's own, else the only one (whose repository is the cache).
-server::model_manager& files_manager(host_state& st) {
+server::model_directory& files_manager(host_state& st) {
   return st.shipped ? *st.shipped : *st.models;
 }
 
@@ -357,18 +357,14 @@ result<worker_host> start_worker(caf::actor_system& sys, worker_config config) {
                                                     + config.cache_dir.string() + ": "
                                                     + ec.message()};
   }
-  auto mc = config.models;
-  mc.repository = root;
-  // The servers decide what is served; the manager loads on their word, and at
-  // start loads the placed models (all by default) of the repository or cache.
-  mc.control_mode = server::model_control_mode::explicit_control;
-  mc.startup_models = config.placement.empty() ? std::vector<std::string>{"*"} : config.placement;
-  mc.local_executors = true;
+  // The servers decide what is served; the models are loaded on their word,
+  // and at start the placed models (all by default) of the repository or cache.
   worker_host host;
-  host.models = std::make_shared<server::model_manager>(sys, mc);
-  auto started = host.models->start();
-  if (auto* e = std::get_if<serving_error>(&started))
-    return *e;
+  auto models = config.make_models(
+    root, config.placement.empty() ? std::vector<std::string>{"*"} : config.placement);
+  if (!models)
+    return models.error();
+  host.models = *models;
   // Beside a repository of its own, a worker takes shipped files for the models
   // missing there, into the cache, loaded by a manager of their own (the same
   // model manager, on another directory; nothing is loaded from it at start).
@@ -378,12 +374,10 @@ result<worker_host> start_worker(caf::actor_system& sys, worker_config config) {
       return serving_error{status_code::internal, "cannot create --model-cache-dir "
                                                     + config.cache_dir.string() + ": "
                                                     + ec.message()};
-    auto cc = mc;
-    cc.repository = config.cache_dir;
-    cc.startup_models.clear();
-    host.shipped = std::make_shared<server::model_manager>(sys, cc);
-    if (auto r = host.shipped->start(); std::holds_alternative<serving_error>(r))
-      return std::get<serving_error>(r);
+    auto shipped = config.make_models(config.cache_dir, {});
+    if (!shipped)
+      return shipped.error();
+    host.shipped = *shipped;
   }
   bool everything_shipped = config.repository.empty();
   auto auth = std::make_shared<authorized_nodes>();

@@ -19,12 +19,13 @@
 #include "cluster/bulk_channel.hpp"
 #include "cluster/protocol.hpp"
 #include "core/error.hpp"
-#include "server/model_manager.hpp"
+#include "server/model_directory.hpp"
 
 #include <caf/actor.hpp>
 #include <caf/actor_system.hpp>
 
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -62,19 +63,23 @@ struct worker_config {
   /// address servers that this worker joins reach it at (empty: they cannot).
   std::shared_ptr<bulk_listener> bulk;
   std::string bulk_host;
-  /// How the models are loaded (threads, compute pool, limits). Its
-  /// repository, control mode and startup models are set by start_worker.
-  server::model_manager_config models;
+  /// Builds and starts the worker's models over a directory (its repository,
+  /// or the cache of shipped models): loading `startup_models` ("*": all) at
+  /// start, then loading and unloading on the servers' word. Main's
+  /// server::model_manager, which links the backends that this library does
+  /// not; main stops them before the actor system goes.
+  std::function<result<std::shared_ptr<server::model_directory>>(
+    const std::filesystem::path& repository, const std::vector<std::string>& startup_models)>
+    make_models;
 };
 
 struct worker_host {
   /// Greeted by servers; publish it on the worker's port.
   caf::actor actor;
-  /// Stop it (shutdown()) before the actor system goes.
-  std::shared_ptr<server::model_manager> models;
-  /// Beside a repository of its own: the manager of the shipped models (null
-  /// without); stop it too.
-  std::shared_ptr<server::model_manager> shipped;
+  /// The models of the repository (or of the cache, without one).
+  std::shared_ptr<server::model_directory> models;
+  /// Beside a repository of its own: the shipped models (null without).
+  std::shared_ptr<server::model_directory> shipped;
   /// Models loaded and those that failed with the reason, for the start-up log.
   std::vector<std::string> loaded;
   std::vector<std::string> failed;

@@ -435,7 +435,7 @@ struct infer_context {
 /// What every event loop shares: read-only after start, or thread-safe.
 struct shared_state {
   const http_server_config& cfg;
-  server::model_manager& models;
+  server::model_directory& models;
   shared_memory_registry& shm;
   const kj::HttpHeaderTable& table;
   const header_ids& ids;
@@ -1254,7 +1254,7 @@ private:
   }
 
   const http_server_config& cfg_;
-  server::model_manager& models_;
+  server::model_directory& models_;
   shared_memory_registry& shm_;
   const kj::HttpHeaderTable& table_;
   const header_ids& ids_;
@@ -1520,7 +1520,7 @@ private:
 
 } // namespace
 
-stop_report run_http_server(const http_server_config& cfg, server::model_manager& models,
+stop_report run_http_server(const http_server_config& cfg, server::model_directory& models,
                             const std::function<void(listening_ports)>& on_listening) {
   // Bound once, before any loop starts: a port in use fails the start here.
   auto http_fd = bind_listen_socket(cfg.address, cfg.http_port, {"HTTP", "--http-port"});

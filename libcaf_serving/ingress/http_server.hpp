@@ -12,7 +12,7 @@
 #include "ingress/kserve_codec.hpp"
 #include "ingress/shared_memory.hpp"
 #include "ingress/restricted_api.hpp"
-#include "server/model_manager.hpp"
+#include "server/model_directory.hpp"
 
 #include <cstdint>
 #include <functional>
@@ -100,7 +100,7 @@ struct stop_report {
 /// The signals must have been captured with kj::UnixEventPort::captureSignal
 /// before any thread was started. Throws std::runtime_error, naming the port
 /// and its flag, when a port cannot be bound.
-stop_report run_http_server(const http_server_config& cfg, server::model_manager& models,
+stop_report run_http_server(const http_server_config& cfg, server::model_directory& models,
                             const std::function<void(listening_ports)>& on_listening);
 
 /// `message` with Triton's words for the same refusal first, where Triton's

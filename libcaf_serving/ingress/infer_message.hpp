@@ -9,7 +9,7 @@
 #include "core/pipeline_messages.hpp"
 #include "core/stats.hpp"
 #include "ingress/kserve_codec.hpp"
-#include "server/model_manager.hpp"
+#include "server/model_directory.hpp"
 
 #include <cstdint>
 

@@ -16,7 +16,7 @@
 /// config checked, on the model manager's loader thread.
 
 #include "core/error.hpp"
-#include "server/model_manager.hpp"
+#include "server/model_directory.hpp"
 
 #include <string_view>
 

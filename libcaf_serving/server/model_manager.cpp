@@ -207,29 +207,14 @@ serving_error control_refused(model_control_mode mode) {
 
 } // namespace
 
-std::optional<model_control_mode> parse_model_control_mode(std::string_view text) {
-  std::string lower(text);
-  std::transform(lower.begin(), lower.end(), lower.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  if (lower == "none")
-    return model_control_mode::none;
-  if (lower == "explicit")
-    return model_control_mode::explicit_control;
-  if (lower == "poll")
-    return model_control_mode::poll;
-  return std::nullopt;
-}
+namespace {
 
-std::string_view to_string(model_control_mode mode) {
-  switch (mode) {
-    case model_control_mode::explicit_control: return "explicit";
-    case model_control_mode::poll: return "poll";
-    default: return "none";
-  }
-}
+std::atomic<uint64_t> next_instance_id{1};
+
+} // namespace
 
 model_manager::model_manager(caf::actor_system& sys, model_manager_config cfg)
-    : sys_(sys), cfg_(std::move(cfg)) {
+    : sys_(sys), cfg_(std::move(cfg)), instance_id_(next_instance_id.fetch_add(1)) {
   restart_hook_->manager = this;
 }
 
@@ -262,14 +247,6 @@ void model_manager::load_async(const std::string& name, load_done done) {
              else
                done(std::monostate{});
            }});
-}
-
-void model_manager::request_load(const std::string& name, load_parameters params,
-                                 load_done done) {
-  auto shared = std::make_shared<load_parameters>(std::move(params));
-  request_load(
-    name, [shared]() -> result<load_parameters> { return std::move(*shared); },
-    std::move(done));
 }
 
 void model_manager::request_load(const std::string& name, read_load_parameters read,
@@ -467,6 +444,7 @@ void model_manager::poll_repository() {
         continue;
       stop(it->second);
       models_.erase(it);
+      publish_view();
     }
     std::cout << "model " << name << " was removed from the repository: unloaded" << std::endl;
   }
@@ -503,6 +481,7 @@ auto model_manager::load_model(const std::string& name, const load_parameters* p
       r.state = "READY";
       r.reason.clear();
     }
+    publish_view();
     return load_failure{e, stage};
   };
   if (!plain_model_name(name))
@@ -718,6 +697,7 @@ auto model_manager::load_model(const std::string& name, const load_parameters* p
   r.state = "READY";
   r.reason.clear();
   r.override_config = std::move(override_now);
+  publish_view();
   return {};
 }
 
@@ -775,6 +755,7 @@ std::variant<std::monostate, serving_error> model_manager::unload(const std::str
   it->second.state = "UNAVAILABLE";
   it->second.reason = "unloaded";
   it->second.override_config.reset();
+  publish_view();
   return {};
 }
 
@@ -797,11 +778,11 @@ result<std::shared_ptr<const model_pipeline>> model_manager::find(const std::str
   // Each message begins with Triton's text for the same case (its model
   // repository manager's "Request for unknown model: ..."), which Triton's
   // clients and tests match on, and goes on with this server's explanation.
-  std::lock_guard<std::mutex> guard(mutex_);
+  auto view = current_view();
   // Built only for an error: a found model costs no allocation here.
   auto quoted = [&name]() { return "'" + name + "'"; };
-  auto it = models_.find(name);
-  if (it == models_.end())
+  auto it = view->find(name);
+  if (it == view->end())
     return not_found("Request for unknown model: " + quoted() + " is not found; POST "
                      "/v2/repository/index lists the models this server knows");
   const auto& r = it->second;
@@ -832,9 +813,9 @@ result<std::shared_ptr<const model_pipeline>> model_manager::find(const std::str
   // answers meanwhile, within its reload grace, so that no request is refused.
   if (why && !cfg_.local_executors) {
     auto now = std::chrono::steady_clock::now();
-    for (auto it = retiring_.rbegin(); it != retiring_.rend(); ++it)
-      if (it->second > now && it->first->config.name == name
-          && it->first->version == chosen->first && !not_ready_reason(*it->first))
+    for (auto it = r.retiring.rbegin(); it != r.retiring.rend(); ++it)
+      if (it->second > now && it->first->version == chosen->first
+          && !not_ready_reason(*it->first))
         return it->first;
   }
   if (why)
@@ -936,6 +917,40 @@ void model_manager::shutdown() {
   for (auto& [p, when] : retiring_)
     caf::anon_send(p->scheduler, drain_atom::value);
   retiring_.clear();
+  publish_view();
+}
+
+void model_manager::publish_view() {
+  auto view = std::make_shared<find_view>();
+  for (const auto& [name, r] : models_)
+    (*view)[name] = find_entry{r.served, r.reason, {}};
+  for (const auto& entry : retiring_) {
+    auto it = view->find(entry.first->config.name);
+    if (it != view->end())
+      it->second.retiring.push_back(entry);
+  }
+  view_ = std::move(view);
+  view_generation_.fetch_add(1, std::memory_order_release);
+}
+
+std::shared_ptr<const model_manager::find_view> model_manager::current_view() const {
+  // Weak: a thread's cache must not keep pipelines (and their actors' handles)
+  // alive past the manager or the actor system.
+  struct cached {
+    uint64_t instance = 0;
+    uint64_t generation = 0;
+    std::weak_ptr<const find_view> view;
+  };
+  thread_local cached c;
+  uint64_t generation = view_generation_.load(std::memory_order_acquire);
+  if (c.instance == instance_id_ && c.generation == generation)
+    if (auto view = c.view.lock())
+      return view;
+  std::lock_guard<std::mutex> guard(mutex_);
+  c.instance = instance_id_;
+  c.generation = view_generation_.load(std::memory_order_relaxed);
+  c.view = view_;
+  return view_;
 }
 
 } // namespace caf_serving::server

@@ -1,16 +1,21 @@
 #pragma once
-/// Loads models from the repository into running pipelines (executors, scheduler,
+/// The composition root of the models: loads them from the repository into
+/// running pipelines (executors on the CPU or CUDA backend, scheduler,
 /// post-processor per model version), unloads them, and answers which pipeline
-/// serves a request. Safe to call from the ingress thread and from load/unload
-/// requests at once: a model's pipeline is published as an immutable snapshot.
+/// serves a request (model_directory, what the ingresses and the cluster see).
+/// Safe to call from the ingress threads and from load/unload requests at
+/// once: the models are published as an immutable snapshot that find() reads
+/// without a lock shared by the process.
 
 #include "core/model_config.hpp"
 #include "core/stats.hpp"
 #include "scheduler/scheduler_actor.hpp"
 #include "server/load_files.hpp"
+#include "server/model_directory.hpp"
 
 #include <caf/actor_system.hpp>
 
+#include <atomic>
 #include <chrono>
 
 #include <filesystem>
@@ -32,65 +37,6 @@ class work_pool;
 }
 
 namespace caf_serving::server {
-
-/// One served model version and everything a request to it needs.
-struct model_pipeline {
-  model_config config;
-  int64_t version = 0;
-  std::shared_ptr<model_stats> stats;
-  scheduler::scheduler_actor scheduler;
-  /// Bodies of GET /v2/models/{m} and /config, built once at load.
-  std::string metadata_json;
-  std::string config_json;
-  /// The directory of files sent with the load request it came from, if any:
-  /// removed once no pipeline needs it.
-  std::shared_ptr<const load_directory> files;
-  /// The "config" load parameter it was loaded with (JSON), kept by later loads
-  /// without parameters; empty when config.pbtxt is its configuration. Part of
-  /// what a cluster's server and workers compare (cluster/model_hash.hpp).
-  std::string config_override;
-  /// The executors spawned in this process at load (none without
-  /// local_executors): a worker hands them to its servers (cluster/worker_host).
-  std::vector<executor::executor_actor> executors;
-};
-
-/// Triton's --model-control-mode: who decides which models are served.
-enum class model_control_mode {
-  /// Every model of the repository is loaded at start and stays; the load and
-  /// unload API is refused (Triton's default).
-  none,
-  /// The --load-model models ("*": all) are loaded at start; then models are
-  /// loaded and unloaded only over the API.
-  explicit_control,
-  /// Every model is loaded at start; then the repository is scanned every
-  /// poll_interval, and added, changed and removed models are loaded,
-  /// reloaded and unloaded. The API is refused.
-  poll,
-};
-
-/// "none", "explicit" or "poll" (any case, as Triton reads them).
-std::optional<model_control_mode> parse_model_control_mode(std::string_view text);
-std::string_view to_string(model_control_mode mode);
-
-/// The parameters of POST /v2/repository/models/{m}/load, as Triton's.
-struct load_parameters {
-  /// "config": the model's whole configuration as JSON (protobuf's mapping of
-  /// ModelConfig), used instead of config.pbtxt. As in Triton it replaces the
-  /// file rather than amending it: what it leaves out is completed from the
-  /// model file (ONNX) or is a load error.
-  std::optional<std::string> config;
-  /// "file:<path>" parameters: the model's files (base64). With them, the
-  /// model loads from a directory of its own holding only these files, not
-  /// from the repository; a "config" must come with them.
-  std::vector<load_file> files;
-};
-
-/// The parameters of POST /v2/repository/models/{m}/unload.
-struct unload_parameters {
-  /// Triton's "unload_dependents": also unload the ensembles that use the
-  /// model. The engine has no ensembles, so it changes nothing.
-  bool unload_dependents = false;
-};
 
 struct model_manager_config {
   std::filesystem::path repository;
@@ -144,27 +90,7 @@ struct model_manager_config {
   std::chrono::milliseconds reload_grace{5000};
 };
 
-/// What the ingress shows about the cluster (/v2 and /metrics); both empty on a
-/// server without workers. Set by whoever runs the cluster (the node registry);
-/// called from the ingress thread.
-struct cluster_view {
-  /// A JSON value for /v2's "cluster" member, or empty.
-  std::function<std::string()> json;
-  /// Prometheus text appended to /metrics, or empty.
-  std::function<std::string()> prometheus;
-};
-
-/// A model's row in POST /v2/repository/index.
-struct index_row {
-  std::string name;
-  std::string version; ///< empty when nothing is served
-  /// READY, UNAVAILABLE or LOADING; empty for a model of the repository that
-  /// was never loaded (Triton lists those by name only).
-  std::string state;
-  std::string reason;  ///< why it is not READY
-};
-
-class model_manager {
+class model_manager final : public model_directory {
 public:
   model_manager(caf::actor_system& sys, model_manager_config cfg);
   ~model_manager();
@@ -183,45 +109,27 @@ public:
   /// being replaced finish on the old pipeline.
   std::variant<std::monostate, serving_error> load(const std::string& name);
 
-  /// What load_async reports, on the loader thread, when the load finished.
-  using load_done = std::function<void(std::variant<std::monostate, serving_error>)>;
-
-  /// Loads (or reloads) `name` on the manager's loader thread, so that the
-  /// caller (the ingress event loop) never waits for an ONNX import, compile or
-  /// warm-up. The model is LOADING in the index meanwhile; a version already
-  /// served keeps serving until the new one replaces it. Loads run one at a
-  /// time in the order asked; with max_pending_loads waiting, `done` gets a 503
-  /// at once.
-  void load_async(const std::string& name, load_done done);
+  /// Loads (or reloads) `name` on the manager's loader thread (model_directory).
+  /// Loads run one at a time in the order asked; with max_pending_loads
+  /// waiting, `done` gets a 503 at once.
+  void load_async(const std::string& name, load_done done) override;
 
   // -- The model control API (POST /v2/repository/models/{m}/load, /unload) ---
 
-  /// A load asked for by a client, with its parameters, run on the loader
-  /// thread as load_async. Refused (503, Triton's message) unless the mode is
-  /// explicit. Failures in Triton's wording and status: "failed to load 'm',
-  /// failed to poll from model repository: ..." (500) when the model or its
-  /// configuration cannot be read, "load failed for model 'm': ..." (400) when
-  /// the model itself cannot be loaded; the engine's reason follows. The
-  /// versions served before a failed load keep serving.
-  void request_load(const std::string& name, load_parameters params, load_done done);
+  /// A load asked for by a client, run on the loader thread as load_async
+  /// (model_directory). Failures in Triton's wording and status: "failed to
+  /// load 'm', failed to poll from model repository: ..." (500) when the model
+  /// or its configuration cannot be read, "load failed for model 'm': ..."
+  /// (400) when the model itself cannot be loaded; the engine's reason follows.
+  void request_load(const std::string& name, read_load_parameters read, load_done done) override;
+  using model_directory::request_load;
 
-  /// Reads a load request's parameters (parses its body); run on the loader
-  /// thread, so that a body of large model files is not parsed on the event
-  /// loop. Its error reaches `done` unchanged.
-  using read_load_parameters = std::function<result<load_parameters>()>;
-
-  /// request_load() with parameters read on the loader thread.
-  void request_load(const std::string& name, read_load_parameters read, load_done done);
-
-  /// An unload asked for by a client: refused (503) unless the mode is
-  /// explicit; a model that is not loaded is no error (as in Triton).
-  std::variant<std::monostate, serving_error> request_unload(const std::string& name,
-                                                             const unload_parameters& params);
+  std::variant<std::monostate, serving_error>
+  request_unload(const std::string& name, const unload_parameters& params) override;
 
   model_control_mode control_mode() const { return cfg_.control_mode; }
 
-  /// The repository the models are loaded from.
-  const std::filesystem::path& repository() const { return cfg_.repository; }
+  const std::filesystem::path& repository() const override { return cfg_.repository; }
 
   /// One scan of the repository (poll mode does it every poll_interval): a
   /// model directory that appeared or changed is loaded on the loader thread,
@@ -229,39 +137,22 @@ public:
   /// disappeared is unloaded (its queued requests answered) and forgotten.
   void poll_repository();
 
-  /// Stops serving `name`: new requests get 503, queued ones are answered.
-  std::variant<std::monostate, serving_error> unload(const std::string& name);
+  std::variant<std::monostate, serving_error> unload(const std::string& name) override;
 
-  /// The pipeline for `name` at `version` (0: the newest served), with
-  /// Triton's statuses and wording first: 404 "Request for unknown model: 'm'
-  /// is not found" for a model the repository does not know, 404 "... has no
-  /// available versions" when none is served (not loaded, unloaded, failed),
-  /// 404 "... version N is not found" for a version not served, and 503 "...
-  /// version N is not at ready state" for one that cannot run now (its
-  /// scheduler stopped, or no live and healthy executor: DESIGN.md,
-  /// Supervision). The reason follows.
   result<std::shared_ptr<const model_pipeline>> find(const std::string& name,
-                                                     int64_t version = 0) const;
-
-  /// Every served version of `name` (empty when none).
-  std::vector<std::shared_ptr<const model_pipeline>> versions(const std::string& name) const;
-
-  std::vector<index_row> index() const;
-
-  /// Statistics of every served model version.
-  std::vector<std::shared_ptr<model_stats>> all_stats() const;
-
-  /// True when every model that was loaded is served and ready; a model
-  /// unloaded over the API does not count (Triton's strict readiness).
-  bool all_ready() const;
+                                                     int64_t version = 0) const override;
+  std::vector<std::shared_ptr<const model_pipeline>>
+  versions(const std::string& name) const override;
+  std::vector<index_row> index() const override;
+  std::vector<std::shared_ptr<model_stats>> all_stats() const override;
+  bool all_ready() const override;
 
   /// Drains every pipeline: answers what is queued and in flight, then stops.
   void shutdown();
 
-  void set_cluster_view(cluster_view view);
-  /// What /v2 and /metrics show about the cluster (empty strings without one).
-  std::string cluster_json() const;
-  std::string cluster_prometheus() const;
+  void set_cluster_view(cluster_view view) override;
+  std::string cluster_json() const override;
+  std::string cluster_prometheus() const override;
 
 private:
   /// A config override (and its files) that the served versions came from.
@@ -298,6 +189,24 @@ private:
     std::function<void(const load_outcome&)> done;
   };
 
+  /// find()'s view of the models: what it reads of each (served versions, why
+  /// it is not ready, the pipelines retiring after a reload), published anew
+  /// under mutex_ after every change (publish_view) and read without it.
+  struct find_entry {
+    std::map<int64_t, std::shared_ptr<const model_pipeline>> served;
+    std::string reason;
+    std::vector<std::pair<std::shared_ptr<const model_pipeline>,
+                          std::chrono::steady_clock::time_point>>
+      retiring;
+  };
+  using find_view = std::map<std::string, find_entry>;
+  /// Builds view_ from models_ and retiring_ and bumps view_generation_.
+  /// Called with mutex_ held.
+  void publish_view();
+  /// This thread's copy of view_: taken under mutex_ only when a change was
+  /// published since this thread last looked (each thread keeps a weak copy).
+  std::shared_ptr<const find_view> current_view() const;
+
   load_outcome load_model(const std::string& name, const load_parameters* params);
   /// Takes a record's pipelines out of service after a reload: they drain
   /// after reload_grace (at once on shutdown). Called with mutex_ held.
@@ -331,6 +240,10 @@ private:
   std::vector<std::pair<std::shared_ptr<const model_pipeline>, std::chrono::steady_clock::time_point>>
     retiring_;
   cluster_view cluster_;
+  std::shared_ptr<const find_view> view_ = std::make_shared<const find_view>();
+  std::atomic<uint64_t> view_generation_{1};
+  /// Tells this manager's view from another's in a thread's cache.
+  const uint64_t instance_id_;
 
   /// The loader thread and its bounded queue (load_async).
   std::mutex load_mutex_;

@@ -19,7 +19,7 @@
 ///     Status s = calls.server_ready(request, &response);
 
 #include "ingress/shared_memory.hpp"
-#include "server/model_manager.hpp"
+#include "server/model_directory.hpp"
 
 #include "grpc_service.grpc.pb.h"
 
@@ -35,7 +35,7 @@ public:
 
   /// `draining` is the server's drain flag: set, the server is neither ready
   /// nor are its models. `strict_readiness`: ready only while every model is.
-  control_calls(server::model_manager& models, std::shared_ptr<shared_memory_registry> shm,
+  control_calls(server::model_directory& models, std::shared_ptr<shared_memory_registry> shm,
                 const std::atomic<bool>& draining, bool strict_readiness)
       : models_(models), shm_(std::move(shm)), draining_(draining),
         strict_readiness_(strict_readiness) {}
@@ -83,7 +83,7 @@ private:
   result<std::shared_ptr<const server::model_pipeline>>
   find_model(const std::string& name, const std::string& version) const;
 
-  server::model_manager& models_;
+  server::model_directory& models_;
   std::shared_ptr<shared_memory_registry> shm_;
   const std::atomic<bool>& draining_;
   bool strict_readiness_;

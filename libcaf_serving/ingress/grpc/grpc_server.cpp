@@ -115,7 +115,7 @@ thread_local const cq_answer_inbox* cq_answer_inbox::this_thread_inbox = nullptr
 /// the shared-memory regions registered over gRPC, and the drain state.
 struct grpc_server::state {
   grpc_server_config cfg;
-  server::model_manager& models;
+  server::model_directory& models;
   /// The server's one registry of regions, shared with HTTP (as Triton's).
   std::shared_ptr<shared_memory_registry> shm;
   std::atomic<bool> draining{false};
@@ -194,7 +194,7 @@ struct grpc_server::state {
     return true;
   }
 
-  state(const grpc_server_config& c, server::model_manager& m)
+  state(const grpc_server_config& c, server::model_directory& m)
       : cfg(c), models(m),
         shm(c.shared_memory_regions
               ? c.shared_memory_regions
@@ -1290,7 +1290,7 @@ void grpc_server::release_calls(std::chrono::milliseconds deadline) {
 }
 
 std::unique_ptr<grpc_server> grpc_server::start(const grpc_server_config& cfg,
-                                                server::model_manager& models) {
+                                                server::model_directory& models) {
   // Debian's abseil is built without NDEBUG, so every absl::Mutex that grpc
   // takes (about 26 a call) also updates a lock-order graph for deadlock
   // detection: 10% of a gRPC call's instructions (bench/grpc/callgrind).

@@ -16,7 +16,7 @@
 #include "ingress/kserve_codec.hpp"
 #include "ingress/response_cache.hpp"
 #include "ingress/shared_memory.hpp"
-#include "server/model_manager.hpp"
+#include "server/model_directory.hpp"
 
 #include <chrono>
 #include <cstdint>
@@ -87,7 +87,7 @@ public:
   /// Binds and starts serving. Throws std::runtime_error naming the port and
   /// --grpc-port when it cannot bind.
   static std::unique_ptr<grpc_server> start(const grpc_server_config& cfg,
-                                            server::model_manager& models);
+                                            server::model_directory& models);
   ~grpc_server();
   grpc_server(const grpc_server&) = delete;
   grpc_server& operator=(const grpc_server&) = delete;
