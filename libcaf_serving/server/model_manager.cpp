@@ -465,25 +465,73 @@ std::variant<std::monostate, serving_error> model_manager::load(const std::strin
   return {};
 }
 
+/// What a load settled before any backend is built: the model's repository
+/// entry, its configuration completed as Triton completes it, and the files
+/// and config override it loads with.
+struct model_manager::resolved_model {
+  repository::model_entry entry;
+  model_config config;
+  std::shared_ptr<const load_directory> files;
+  /// The "config" load parameter in effect (sent now, or kept from before).
+  std::optional<std::string> config_json;
+  /// What the record keeps of it for later loads without parameters.
+  std::optional<override_state> override_now;
+};
+
+/// The backend of every version, the configuration they completed, and what
+/// the pipeline is driven by: labels, batching policy, padding, latency target.
+struct model_manager::built_model {
+  std::map<int64_t, std::pair<model_config, loaded_backend>> backends;
+  model_config config;
+  std::map<std::string, std::vector<std::string>> labels;
+  scheduler::policy_config policy;
+  scheduler::padded_batching_config padding;
+  std::optional<std::chrono::microseconds> latency_target;
+};
+
 auto model_manager::load_model(const std::string& name, const load_parameters* params)
   -> load_outcome {
-  auto fail = [&](const serving_error& e, load_stage stage) -> load_outcome {
-    std::lock_guard<std::mutex> guard(mutex_);
-    if (stage != load_stage::backend && e.status == status_code::not_found
-        && !models_.count(name))
-      return load_failure{e, stage};
-    auto& r = models_[name];
-    if (r.served.empty()) {
-      r.state = "UNAVAILABLE";
-      r.reason = e.message;
-    } else {
-      // The versions served before keep serving (Triton's explicit mode).
-      r.state = "READY";
-      r.reason.clear();
-    }
-    publish_view();
-    return load_failure{e, stage};
-  };
+  auto resolved = resolve_config(name, params);
+  if (auto* f = std::get_if<load_failure>(&resolved))
+    return record_failure(name, *f);
+  auto& model = std::get<resolved_model>(resolved);
+  auto built = build_backends(name, model);
+  if (auto* f = std::get_if<load_failure>(&built))
+    return record_failure(name, *f);
+  auto served = wire_pipelines(name, model, std::get<built_model>(built));
+  std::lock_guard<std::mutex> guard(mutex_);
+  auto& r = models_[name];
+  retire(r);
+  r.served = std::move(served);
+  r.state = "READY";
+  r.reason.clear();
+  r.override_config = std::move(model.override_now);
+  publish_view();
+  return {};
+}
+
+auto model_manager::record_failure(const std::string& name, const load_failure& f)
+  -> load_outcome {
+  std::lock_guard<std::mutex> guard(mutex_);
+  if (f.stage != load_stage::backend && f.error.status == status_code::not_found
+      && !models_.count(name))
+    return f;
+  auto& r = models_[name];
+  if (r.served.empty()) {
+    r.state = "UNAVAILABLE";
+    r.reason = f.error.message;
+  } else {
+    // The versions served before keep serving (Triton's explicit mode).
+    r.state = "READY";
+    r.reason.clear();
+  }
+  publish_view();
+  return f;
+}
+
+auto model_manager::resolve_config(const std::string& name, const load_parameters* params)
+  -> std::variant<resolved_model, load_failure> {
+  auto fail = [](const serving_error& e, load_stage stage) { return load_failure{e, stage}; };
   if (!plain_model_name(name))
     return fail(bad_request("'" + name + "' is not a model name; a model is named by its "
                             "directory in the repository, without '/' or a leading '.'"),
@@ -500,9 +548,11 @@ auto model_manager::load_model(const std::string& name, const load_parameters* p
         && it->second.override_config->repository_fingerprint == fingerprint)
       kept = it->second.override_config;
   }
-  const std::string* config_json = params != nullptr && params->config ? &*params->config
-                                   : kept                            ? &kept->config
-                                                                     : nullptr;
+  std::optional<std::string> config_json;
+  if (params != nullptr && params->config)
+    config_json = *params->config;
+  else if (kept)
+    config_json = kept->config;
   std::shared_ptr<const load_directory> files = kept ? kept->files : nullptr;
   if (params != nullptr && !params->files.empty()) {
     if (!params->config)
@@ -520,9 +570,9 @@ auto model_manager::load_model(const std::string& name, const load_parameters* p
   // Inputs and outputs may be left out for ONNX models: the graph completes them.
   repository::scan_config scan;
   scan.allow_missing_io = !cfg_.strict_model_config;
-  std::optional<override_state> override_now;
   std::optional<repository::model_entry> given;
-  if (config_json != nullptr) {
+  std::optional<override_state> override_now;
+  if (config_json) {
     std::error_code ec;
     if (!files && !std::filesystem::is_directory(repository_dir, ec))
       return fail(not_found("model '" + name + "' is not in the repository "
@@ -549,10 +599,13 @@ auto model_manager::load_model(const std::string& name, const load_parameters* p
                      : repository::load_model_config(cfg_.repository, name, scan);
   if (!entry.config)
     return fail(entry.config.error(), load_stage::repository);
-  auto cfg = entry.config->config;
+  auto completed = entry.config->config;
+  resolved_model out{std::move(entry), std::move(completed), files, config_json,
+                     std::move(override_now)};
+  auto& cfg = out.config;
   {
     std::lock_guard<std::mutex> guard(mutex_);
-    for (const auto& field : entry.config->ignored_fields)
+    for (const auto& field : out.entry.config->ignored_fields)
       if (logged_ignored_.insert(name + "/" + field).second)
         std::cout << "model " << name << ": config field '" << field
                   << "' is accepted and ignored (it only concerns Triton's own backends)"
@@ -560,8 +613,8 @@ auto model_manager::load_model(const std::string& name, const load_parameters* p
   }
   // A model directory without platform or backend that holds the model file
   // (model.onnx, or default_model_filename) is ONNX.
-  if (cfg.platform.empty() && cfg.backend.empty() && !entry.version_dirs.empty()
-      && std::filesystem::exists(model_file(cfg, entry.version_dirs.back())))
+  if (cfg.platform.empty() && cfg.backend.empty() && !out.entry.version_dirs.empty()
+      && std::filesystem::exists(model_file(cfg, out.entry.version_dirs.back())))
     cfg.platform = "onnxruntime_onnx";
   // Triton completes an ONNX model's backend, platform and file name alike,
   // and GET .../config shows them.
@@ -573,47 +626,65 @@ auto model_manager::load_model(const std::string& name, const load_parameters* p
     if (cfg.default_model_filename.empty())
       cfg.default_model_filename = "model.onnx";
   }
-  std::map<int64_t, std::pair<model_config, loaded_backend>> backends;
+  return out;
+}
+
+auto model_manager::build_backends(const std::string& name, const resolved_model& model)
+  -> std::variant<built_model, load_failure> {
+  auto fail = [](const serving_error& e) { return load_failure{e, load_stage::backend}; };
+  built_model out;
+  out.config = model.config;
+  const auto& entry = model.entry;
   for (size_t i = 0; i < entry.versions.size(); ++i) {
-    model_config version_cfg = cfg;
+    model_config version_cfg = model.config;
     auto factory = make_backend(version_cfg, entry.version_dirs[i], cfg_);
     if (!factory)
-      return fail(factory.error(), load_stage::backend);
-    backends[entry.versions[i]] = {version_cfg, *factory};
+      return fail(factory.error());
+    out.backends[entry.versions[i]] = {version_cfg, *factory};
   }
-  if (!backends.empty())
-    cfg = backends.rbegin()->second.first;
+  if (!out.backends.empty())
+    out.config = out.backends.rbegin()->second.first;
+  const auto& cfg = out.config;
   auto labels = read_labels(entry);
   if (!labels)
-    return fail(labels.error(), load_stage::backend);
-  auto policy = scheduler::make_policy_config(cfg, cfg_.max_queue_size, cfg_.max_batch_bytes);
+    return fail(labels.error());
+  out.labels = std::move(*labels);
+  out.policy = scheduler::make_policy_config(cfg, cfg_.max_queue_size, cfg_.max_batch_bytes);
   // GPU instances replay one captured graph per bucket: the policy may pad a
   // batch up to the next bucket instead of waiting for more requests.
   if (is_onnx(cfg) && cuda::wants_gpu(cfg))
     if (auto gpu = cuda::read_gpu_options(cfg))
-      policy.captured_batch_sizes = gpu->buckets;
+      out.policy.captured_batch_sizes = gpu->buckets;
   auto padding = scheduler::read_padded_batching(cfg);
   if (!padding)
-    return fail(padding.error(), load_stage::backend);
-  if (padding->enabled())
-    policy.max_padding_waste = padding->max_waste;
-  if (auto problem = scheduler::batching_policy::validate(policy))
-    return fail(*problem, load_stage::backend);
+    return fail(padding.error());
+  out.padding = *padding;
+  if (out.padding.enabled())
+    out.policy.max_padding_waste = out.padding.max_waste;
+  if (auto problem = scheduler::batching_policy::validate(out.policy))
+    return fail(*problem);
   // With a latency target the scheduler chooses batch sizes and delays itself
   // (docs/latency-target.md).
   auto latency_target = scheduler::read_latency_target(cfg);
   if (!latency_target)
-    return fail(latency_target.error(), load_stage::backend);
-  if (*latency_target)
+    return fail(latency_target.error());
+  out.latency_target = *latency_target;
+  if (out.latency_target)
     std::cout << "model " << name << ": latency_target_ms " << cfg.parameters.at("latency_target_ms")
               << ": the scheduler chooses batch sizes and delays to meet it and sheds what it "
                  "cannot serve in time; max_queue_delay_microseconds and preferred_batch_size "
                  "are ignored"
               << std::endl;
+  return out;
+}
 
+auto model_manager::wire_pipelines(const std::string& name, const resolved_model& model,
+                                   const built_model& built)
+  -> std::map<int64_t, std::shared_ptr<const model_pipeline>> {
+  const auto& cfg = built.config;
   std::map<int64_t, std::shared_ptr<const model_pipeline>> served;
-  for (auto version : entry.versions) {
-    const auto& [version_cfg, loaded] = backends.at(version);
+  for (auto version : model.entry.versions) {
+    const auto& [version_cfg, loaded] = built.backends.at(version);
     const auto& make_instance = loaded.make_instance;
     auto p = std::make_shared<model_pipeline>();
     p->config = version_cfg;
@@ -621,21 +692,21 @@ auto model_manager::load_model(const std::string& name, const load_parameters* p
     p->stats = std::make_shared<model_stats>(cfg.name, version);
     p->stats->gpu_memory_bytes = loaded.gpu_memory_bytes;
     p->stats->gpu_pinned_bytes = loaded.gpu_pinned_bytes;
-    p->metadata_json = repository::model_metadata_json(version_cfg, entry.versions);
-    auto completed = *entry.config;
+    p->metadata_json = repository::model_metadata_json(version_cfg, model.entry.versions);
+    auto completed = *model.entry.config;
     completed.config = version_cfg;
     p->config_json = repository::model_config_json(completed);
-    p->files = files;
-    if (config_json != nullptr)
-      p->config_override = *config_json;
+    p->files = model.files;
+    if (model.config_json)
+      p->config_override = *model.config_json;
     scheduler::scheduler_config sc;
     sc.model = version_cfg;
-    sc.policy = policy;
+    sc.policy = built.policy;
     sc.stats = p->stats;
-    sc.padding = *padding;
+    sc.padding = built.padding;
     sc.executor_depth = cfg_.executor_depth;
     sc.local_batch_timeout = cfg_.executor_timeout;
-    sc.latency_target = *latency_target;
+    sc.latency_target = built.latency_target;
     int instances = 0;
     for (const auto& g : cfg.instance_groups)
       instances += g.kind == instance_kind::gpu ? g.count * std::max<int>(1, static_cast<int>(g.gpus.size()))
@@ -667,8 +738,8 @@ auto model_manager::load_model(const std::string& name, const load_parameters* p
     postprocess::postprocessor_config pc;
     pc.stats = p->stats;
     pc.responses.batched = cfg.max_batch_size > 0;
-    pc.responses.labels = *labels;
-    pc.responses.padding = *padding;
+    pc.responses.labels = built.labels;
+    pc.responses.padding = built.padding;
     sc.postprocessor = postprocess::spawn_postprocessor(sys_, pc);
     sc.respawn_postprocessor = [sys = &sys_, pc] { return postprocess::spawn_postprocessor(*sys, pc); };
     p->scheduler = scheduler::spawn_scheduler(sys_, std::move(sc));
@@ -690,15 +761,7 @@ auto model_manager::load_model(const std::string& name, const load_parameters* p
     });
     served.emplace(version, std::move(p));
   }
-  std::lock_guard<std::mutex> guard(mutex_);
-  auto& r = models_[name];
-  retire(r);
-  r.served = std::move(served);
-  r.state = "READY";
-  r.reason.clear();
-  r.override_config = std::move(override_now);
-  publish_view();
-  return {};
+  return served;
 }
 
 void model_manager::scheduler_stopped(const std::string& name, int64_t version,

@@ -207,7 +207,22 @@ private:
   /// published since this thread last looked (each thread keeps a weak copy).
   std::shared_ptr<const find_view> current_view() const;
 
+  /// A load in three steps: resolve_config (the parameters, the files sent,
+  /// the kept override, config.pbtxt, completion), build_backends (every
+  /// version's backend, labels, the batching policy and its checks), then
+  /// wire_pipelines (executors, post-processor and scheduler per version, and
+  /// their supervision); then the record serves the new pipelines.
+  struct resolved_model;
+  struct built_model;
   load_outcome load_model(const std::string& name, const load_parameters* params);
+  std::variant<resolved_model, load_failure> resolve_config(const std::string& name,
+                                                            const load_parameters* params);
+  std::variant<built_model, load_failure> build_backends(const std::string& name,
+                                                         const resolved_model& model);
+  std::map<int64_t, std::shared_ptr<const model_pipeline>>
+  wire_pipelines(const std::string& name, const resolved_model& model, const built_model& built);
+  /// The record of a failed load: its reason, or the versions served before.
+  load_outcome record_failure(const std::string& name, const load_failure& f);
   /// Takes a record's pipelines out of service after a reload: they drain
   /// after reload_grace (at once on shutdown). Called with mutex_ held.
   void retire(record& r);
