@@ -431,6 +431,9 @@ void attach(self_ptr self, const std::string& key) {
   for (const auto& m : w.models)
     if (!plan.mismatched.count(m.name))
       models.push_back(m.name + ":" + std::to_string(m.version));
+  // Loads finish in any order (files are hashed and shipped on detached
+  // actors): /v2 lists them sorted, so one state always reads the same.
+  std::sort(models.begin(), models.end());
   if (refused != w.status.models_refused || models != w.status.models) {
     for (const auto& r : refused)
       if (std::find(w.status.models_refused.begin(), w.status.models_refused.end(), r)

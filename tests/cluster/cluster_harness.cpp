@@ -1,3 +1,4 @@
+#include <iostream>
 #include "cluster_harness.hpp"
 
 #include "support/http_client.hpp"
@@ -189,11 +190,14 @@ double metric_sum(uint16_t port, const std::string& metric, const std::string& l
 bool wait_for_v2(uint16_t port, const std::string& text, std::chrono::milliseconds timeout) {
   auto deadline = std::chrono::steady_clock::now() + timeout;
   support::http_client http(port);
+  std::string last;
   while (std::chrono::steady_clock::now() < deadline) {
-    if (http.get("/v2").body.find(text) != std::string::npos)
+    last = http.get("/v2").body;
+    if (last.find(text) != std::string::npos)
       return true;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
+  std::cerr << "/v2 never held " << text << "; it last read:\n" << last << "\n";
   return false;
 }
 

@@ -177,8 +177,8 @@ TEST_CASE("a worker whose copy of a model differs is kept out of it, and says so
   CHECK(w2.output().find("model opset21_cnn") == std::string::npos); // never loaded there
   CHECK(wait_for_v2(server.http_port(),
                     "\"name\":\"w3\",\"address\":\"" + w3.address()
-                      + "\",\"state\":\"ready\",\"models\":[\"fast:1\",\"slow:1\","
-                        "\"opset21_cnn:1\"],",
+                      + "\",\"state\":\"ready\",\"models\":[\"fast:1\",\"opset21_cnn:1\","
+                        "\"slow:1\"],",
                     std::chrono::seconds(10)));
   CHECK(w3.wait_for_output("model opset21_cnn: 2 files (", std::chrono::seconds(5)));
   CHECK(metric_sum(server.metrics_port(), "caf_serving_worker_model_refused",
