@@ -9,7 +9,7 @@
 #include "ingress/response_cache.hpp"
 #include "options.hpp"
 #include "server/model_manager.hpp"
-#include "scheduler/timed_sharing.hpp"
+#include "core/timed_sharing.hpp"
 #include "server/print_plan.hpp"
 
 #include <caf/actor_system.hpp>
@@ -87,7 +87,7 @@ int main(int argc, char** argv) {
   }
   cfg.set("scheduler.max-threads", static_cast<size_t>(opts.threads.caf_workers));
   // Work sharing whose idle workers also keep the batching timers
-  // (scheduler/timed_sharing.hpp).
+  // (core/timed_sharing.hpp).
   use_timed_sharing(cfg);
   caf::actor_system sys{cfg};
 

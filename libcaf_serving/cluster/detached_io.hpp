@@ -1,7 +1,7 @@
 #pragma once
 /// File work of whole models (hashing a directory, reading one to ship it,
 /// writing one shipped here) off CAF's shared workers: those also keep the
-/// batching timers (scheduler/timed_sharing.hpp), and on 2 cores one of them
+/// batching timers (core/timed_sharing.hpp), and on 2 cores one of them
 /// busy hashing 200 MB stalls every batching delay of the process. The work
 /// runs on a detached actor of its own thread, which sends what it returns to
 /// the actor that asked and ends.

@@ -8,7 +8,7 @@
 
 #include "scheduler/executor_book.hpp"
 #include "scheduler/executor_choice.hpp"
-#include "scheduler/timed_sharing.hpp"
+#include "core/timed_sharing.hpp"
 
 #include <algorithm>
 #include <iostream>

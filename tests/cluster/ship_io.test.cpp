@@ -1,6 +1,6 @@
 /// Shipping a model to a worker reads it, hashes it, and on the worker writes and
 /// hashes it again. On CAF's shared workers 200 MB of that held the thread that
-/// also keeps the batching timers (scheduler/timed_sharing.hpp) for about a
+/// also keeps the batching timers (core/timed_sharing.hpp) for about a
 /// second: every batching delay of the process stalled. The file work runs on
 /// detached actors (cluster/detached_io.hpp): a model's batching delay keeps
 /// its accuracy while a large model is shipped.

@@ -1,4 +1,4 @@
-#include "scheduler/timed_sharing.hpp"
+#include "core/timed_sharing.hpp"
 
 #include "core/clock.hpp"
 
