@@ -59,3 +59,33 @@ function(caf_serving_forbid_link)
   cmake_language(EVAL CODE "cmake_language(DEFER DIRECTORY [[${CMAKE_SOURCE_DIR}]] CALL \
 _caf_serving_check_forbidden [[${F_TARGET}]] [[${F_FORBIDDEN}]] [[${F_WHY}]])")
 endfunction()
+
+# Which library may include which headers, even through other headers:
+#
+#   caf_serving_forbid_include(TEST name TARGET t HEADERS header... [WHY text])
+#
+# adds the CTest `name`, which preprocesses every source of `t` with its include
+# directories and fails, naming the chain of includes, when one of them reaches
+# a header whose path contains one of `headers` (e.g. schemas/serving.capnp.h,
+# or /caf/ for every header of CAF).
+function(caf_serving_forbid_include)
+  cmake_parse_arguments(F "" "TEST;TARGET;WHY" "HEADERS" ${ARGN})
+  get_target_property(sources ${F_TARGET} SOURCES)
+  get_target_property(dir ${F_TARGET} SOURCE_DIR)
+  set(paths "")
+  foreach(s IN LISTS sources)
+    cmake_path(ABSOLUTE_PATH s BASE_DIRECTORY ${dir} OUTPUT_VARIABLE p)
+    list(APPEND paths ${p})
+  endforeach()
+  # Lists travel joined with '|': add_test would split them at ';'.
+  list(JOIN paths "|" joined)
+  list(JOIN F_HEADERS "|" headers)
+  string(REPLACE ";" "," why "${F_WHY}")
+  add_test(NAME ${F_TEST}
+           COMMAND ${CMAKE_COMMAND} -DCOMPILER=${CMAKE_CXX_COMPILER}
+                   "-DINCLUDES=$<JOIN:$<TARGET_PROPERTY:${F_TARGET},INCLUDE_DIRECTORIES>,|>"
+                   "-DDEFINES=$<JOIN:$<TARGET_PROPERTY:${F_TARGET},COMPILE_DEFINITIONS>,|>"
+                   "-DSOURCES=${joined}" "-DHEADERS=${headers}" "-DTARGET=${F_TARGET}"
+                   "-DWHY=${why}" -P ${CMAKE_SOURCE_DIR}/cmake/caf_serving_check_includes.cmake)
+  set_tests_properties(${F_TEST} PROPERTIES TIMEOUT 60)
+endfunction()

@@ -3,6 +3,7 @@
 #include "core/clock.hpp"
 #include "core/responses.hpp"
 #include "postprocess/classification.hpp"
+#include "scheduler/padded_request.hpp"
 
 #include <cstring>
 

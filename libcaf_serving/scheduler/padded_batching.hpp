@@ -10,6 +10,9 @@
 /// on the padding is; a model that, say, averages over the whole sequence is not).
 /// The user opts in per model; the engine cannot check it.
 ///
+/// This header is the configuration, plain C++ for the policies; what padded
+/// batching reads of a request on the wire is padded_request.hpp.
+///
 /// Configured in config.pbtxt's `parameters` (string values, Triton-loadable):
 ///   padded_batching           "input_ids:1:0;attention_mask:1:0"  input:dim:pad value
 ///   padded_batching_max_waste "0.25"  largest fraction of padded elements per batch
@@ -20,7 +23,6 @@
 
 #include "core/error.hpp"
 #include "core/model_config.hpp"
-#include "schemas/serving.capnp.h"
 
 #include <cstdint>
 #include <optional>
@@ -59,17 +61,6 @@ struct padded_batching_config {
 /// that cannot be padded, a model without a batch dimension). No parameters:
 /// a disabled config.
 result<padded_batching_config> read_padded_batching(const model_config& model);
-
-/// The length of `request` along the padded dimensions: the largest of them (a
-/// request's padded inputs normally share one length). 0 when padding is off.
-uint64_t padded_length(const padded_batching_config& pad,
-                       wire::InferRequest::Reader request);
-
-/// A request's padded inputs must share one length: padded to a batch's longest
-/// they would otherwise agree where the request alone would be refused. Returns
-/// the 400 that says so, or nothing.
-std::optional<serving_error> check_padded_lengths(const padded_batching_config& pad,
-                                                  wire::InferRequest::Reader request);
 
 /// Writes `count` elements of `pad_value` as `dtype` at `out`.
 void fill_pad(uint8_t* out, size_t count, datatype dtype, double pad_value);

@@ -1,9 +1,9 @@
 #pragma once
 /// The scheduler actor (one per model version): feeds the batching policy the
 /// requests that arrive, executors that free up and timer ticks; gathers each
-/// dispatched batch into one Batch message; sends it to a free executor; and
-/// passes the result with its requests to the post-processor. It tracks every
-/// batch in flight until it is answered.
+/// dispatched batch into one Batch message (gather_batch.hpp); sends it to a
+/// free executor; and passes the result with its requests to the
+/// post-processor. It tracks every batch in flight until it is answered.
 ///
 /// Executors are local or remote (libcaf_serving/cluster/): remote ones arrive
 /// while serving (`add_executor_atom`) and leave when their node is lost. The
@@ -93,25 +93,6 @@ struct scheduler_config {
 };
 
 scheduler_actor spawn_scheduler(caf::actor_system& sys, scheduler_config config);
-
-/// Gathers the requests' inputs along the batch dimension into one Batch. A batch
-/// of one request references that request's bytes instead of copying them.
-/// Inputs of every request are in the model's input order (the ingress orders them).
-/// Checks what batching relies on: every request has the first one's inputs with
-/// equal datatypes and non-batch dims, and no input passes a Cap'n Proto `Data`
-/// field. A failed check is an internal error naming what differs (the policy
-/// batches only equal shapes, so it is a bug or a shape-key collision).
-/// With padded batching, the padded dimension of each padded input may differ:
-/// the batch takes the longest, and shorter requests are filled with the pad value.
-result<batch_message> gather_batch(const model_config& model, uint64_t batch_id,
-                                   const std::vector<batched_job>& jobs,
-                                   const padded_batching_config& padding = {});
-
-/// The key under which a request may share a batch (request_info::shape_class):
-/// a hash of every input's non-batch dims when the model has a variable
-/// non-batch dimension, else 0. The padded dimensions of `padding` are left out.
-uint64_t shape_class_of(const model_config& model, wire::InferRequest::Reader request,
-                        const padded_batching_config& padding = {});
 
 } // namespace caf_serving::scheduler
 

@@ -61,9 +61,9 @@ struct collecting_sink : response_sink {
   collector& c_;
 };
 
-/// A request for identity_model whose one row holds `width` int32 values from
+/// A request for identity_model whose one row holds the 4 int32 values from
 /// `id` up.
-infer_job make_job(int id, collector& c, unsigned width = 4) {
+infer_job make_job(int id, collector& c) {
   auto msg = request_message::create();
   auto b = msg.builder();
   b.setId(std::to_string(id));
@@ -75,12 +75,11 @@ infer_job make_job(int id, collector& c, unsigned width = 4) {
   in.setDatatype(wire::DataType::INT32);
   auto shape = in.initShape(2);
   shape.set(0, 1);
-  shape.set(1, width);
-  std::vector<int32_t> values(width);
-  for (unsigned i = 0; i < width; ++i)
-    values[i] = id + static_cast<int32_t>(i);
-  auto data = in.initData(4 * width);
-  std::memcpy(data.begin(), values.data(), 4 * width);
+  shape.set(1, 4);
+  int32_t values[4];
+  for (int i = 0; i < 4; ++i)
+    values[i] = id + i;
+  std::memcpy(in.initData(16).begin(), values, 16);
   return {msg, std::make_shared<collecting_sink>(c)};
 }
 
@@ -176,101 +175,6 @@ TEST_CASE("a full queue answers 503 at once and the rest are served") {
   CHECK(ok >= 2);
 }
 
-TEST_CASE("gather_batch concatenates rows; a lone request's bytes are copied when small, else referenced") {
-  auto model = identity_model(8, 0, 64);
-  collector c;
-  std::vector<batched_job> jobs{{make_job(1, c), 0, 0}, {make_job(5, c), 0, 0}};
-  auto two_msg = scheduler::gather_batch(model, 7, jobs);
-  REQUIRE(two_msg.ok());
-  auto two = two_msg->reader();
-  CHECK(two.getBatchId() == 7);
-  CHECK(two.getRows() == 2);
-  CHECK(two.getInputs()[0].getShape()[0] == 2);
-  CHECK(two.getInputs()[0].getData().size() == 32);
-  int32_t values[8];
-  std::memcpy(values, two.getInputs()[0].getData().begin(), 32);
-  CHECK(values[0] == 1);
-  CHECK(values[4] == 5);
-
-  // 16 bytes: copied into the room left in the batch's first segment (an
-  // external segment costs more).
-  std::vector<batched_job> one{{make_job(9, c), 0, 0}};
-  auto single = scheduler::gather_batch(model, 8, one);
-  REQUIRE(single.ok());
-  auto small = single->reader().getInputs()[0].getData();
-  CHECK(small.begin() != one[0].job.request.reader().getInputs()[0].getData().begin());
-  REQUIRE(small.size() == 16);
-  std::memcpy(values, small.begin(), 16);
-  CHECK(values[0] == 9);
-  CHECK(values[3] == 12);
-  CHECK(single->segment_count() == 1);
-
-  // 4 KiB: more than the batch's first segment has room for; referenced.
-  const unsigned wide = 1024;
-  model.inputs[0].dims = {static_cast<int64_t>(wide)};
-  std::vector<batched_job> large{{make_job(3, c, wide), 0, 0}};
-  auto referenced = scheduler::gather_batch(model, 9, large);
-  REQUIRE(referenced.ok());
-  CHECK(referenced->reader().getInputs()[0].getData().begin()
-        == large[0].job.request.reader().getInputs()[0].getData().begin());
-  CHECK(referenced->segment_count() == 2);
-}
-
-TEST_CASE("gather_batch sizes the batch's first segment from what it holds") {
-  // Cap'n Proto zeroes the whole first segment: a fixed 2 KiB on top of every
-  // batch was a memset per request. The hint now fits the contents, and they
-  // still fit in one segment.
-  auto model = identity_model(8, 0, 64);
-  collector c;
-  std::vector<batched_job> one{{make_job(9, c), 0, 0}};
-  auto single = scheduler::gather_batch(model, 8, one);
-  REQUIRE(single.ok());
-  // The lone request's small bytes are copied into the first segment.
-  CHECK(single->segment_count() == 1);
-  CHECK(single->first_segment_bytes() < 1024);
-
-  std::vector<batched_job> jobs;
-  for (int i = 0; i < 8; ++i)
-    jobs.push_back({make_job(i, c), 0, 0});
-  auto eight = scheduler::gather_batch(model, 9, jobs);
-  REQUIRE(eight.ok());
-  CHECK(eight->segment_count() == 1);
-  size_t data = eight->reader().getInputs()[0].getData().size();
-  CHECK(eight->first_segment_bytes() < data + 1024);
-}
-
-TEST_CASE("gather_batch refuses requests of different shapes instead of mixing them") {
-  auto model = identity_model(8, 0, 64);
-  model.inputs[0].dims = {-1};
-  collector c;
-  auto narrow = make_job(1, c);
-  auto wide = make_job(5, c);
-  // Rebuild the second request with shape [1,2]: same bytes would not fit.
-  auto msg = request_message::create();
-  msg.builder().setId("5");
-  msg.builder().setRows(1);
-  auto in = msg.builder().initInputs(1)[0];
-  in.setName("INPUT0");
-  in.setDatatype(wire::DataType::INT32);
-  auto shape = in.initShape(2);
-  shape.set(0, 1);
-  shape.set(1, 2);
-  in.initData(8);
-  wide.request = msg;
-  std::vector<batched_job> jobs{{narrow, 0, 0}, {wide, 0, 0}};
-  auto batch = scheduler::gather_batch(model, 9, jobs);
-  REQUIRE_FALSE(batch.ok());
-  CHECK(batch.error().status == status_code::internal);
-  CHECK(batch.error().message.find("[1,4] and [1,2]") != std::string::npos);
-  // And the shape key tells them apart, while equal shapes share one.
-  CHECK(scheduler::shape_class_of(model, narrow.request.reader())
-        != scheduler::shape_class_of(model, wide.request.reader()));
-  CHECK(scheduler::shape_class_of(model, narrow.request.reader())
-        == scheduler::shape_class_of(model, make_job(7, c).request.reader()));
-  // A model whose shapes cannot vary keys every request 0.
-  CHECK(scheduler::shape_class_of(identity_model(8, 0, 64), narrow.request.reader()) == 0);
-}
-
 TEST_CASE("a killed post-processor or executor is replaced; later requests are answered") {
   auto model = identity_model(8, 0, 64);
   collector c;
@@ -358,76 +262,6 @@ TEST_CASE("an asynchronous executor is sent batches up to its credit window whil
     for (int e = 0; e < 4; ++e)
       CHECK(values[e] == id + e);
   }
-}
-
-namespace {
-
-/// A request of `rows` rows of `length` int64 ids (value = 100 * row + position + 1).
-infer_job sequence_job(int id, uint32_t rows, int64_t length, collector& c) {
-  auto msg = request_message::create();
-  auto b = msg.builder();
-  b.setId(std::to_string(id));
-  b.setModelName("seq");
-  b.setModelVersion(1);
-  b.setRows(rows);
-  auto in = b.initInputs(1)[0];
-  in.setName("ids");
-  in.setDatatype(wire::DataType::INT64);
-  auto shape = in.initShape(2);
-  shape.set(0, rows);
-  shape.set(1, length);
-  std::vector<int64_t> values;
-  for (uint32_t r = 0; r < rows; ++r)
-    for (int64_t p = 0; p < length; ++p)
-      values.push_back(100 * r + p + 1);
-  auto data = in.initData(static_cast<unsigned>(values.size() * 8));
-  std::memcpy(data.begin(), values.data(), data.size());
-  return {msg, std::make_shared<collecting_sink>(c)};
-}
-
-model_config sequence_model() {
-  model_config m;
-  m.name = "seq";
-  m.max_batch_size = 8;
-  m.dynamic_batching_enabled = true;
-  m.inputs = {{"ids", datatype::int64, {-1}}};
-  m.outputs = {{"out", datatype::int64, {-1}}};
-  m.parameters["padded_batching"] = "ids:1:-7";
-  return m;
-}
-
-} // namespace
-
-TEST_CASE("gather_batch pads shorter sequences to the longest with the pad value") {
-  auto model = sequence_model();
-  auto padding = scheduler::read_padded_batching(model);
-  REQUIRE(padding.ok());
-  collector c;
-  std::vector<batched_job> jobs{{sequence_job(1, 1, 3, c), 0, 0},
-                                {sequence_job(2, 2, 5, c), 0, 0},
-                                {sequence_job(3, 1, 2, c), 0, 0}};
-  // Without padding these shapes may not share a batch.
-  CHECK_FALSE(scheduler::gather_batch(model, 1, jobs).ok());
-  auto msg = scheduler::gather_batch(model, 1, jobs, *padding);
-  REQUIRE(msg.ok());
-  auto in = msg->reader().getInputs()[0];
-  REQUIRE(in.getShape().size() == 2);
-  CHECK(in.getShape()[0] == 4);
-  CHECK(in.getShape()[1] == 5);
-  REQUIRE(in.getData().size() == 4 * 5 * 8);
-  std::vector<int64_t> got(20);
-  std::memcpy(got.data(), in.getData().begin(), 160);
-  std::vector<int64_t> want{1, 2, 3, -7, -7,        // request 1, padded 3 -> 5
-                            1, 2, 3, 4, 5,           // request 2, row 0
-                            101, 102, 103, 104, 105, // request 2, row 1
-                            1, 2, -7, -7, -7};       // request 3, padded 2 -> 5
-  CHECK(got == want);
-  // Equal lengths are not padded, and the key leaves the padded dim out.
-  CHECK(scheduler::shape_class_of(model, jobs[0].job.request.reader(), *padding)
-        == scheduler::shape_class_of(model, jobs[2].job.request.reader(), *padding));
-  CHECK(scheduler::shape_class_of(model, jobs[0].job.request.reader())
-        != scheduler::shape_class_of(model, jobs[2].job.request.reader()));
-  CHECK(scheduler::padded_length(*padding, jobs[1].job.request.reader()) == 5);
 }
 
 namespace {
