@@ -49,6 +49,20 @@ const char* to_string(reject_reason reason) {
   return "unknown";
 }
 
+serving_error rejection_error(const rejected& r) {
+  switch (r.reason) {
+    case reject_reason::queue_full:
+      return {status_code::unavailable, r.message, failure_reason::queue_full};
+    case reject_reason::timed_out:
+      return {status_code::unavailable, r.message, failure_reason::timeout};
+    case reject_reason::too_many_rows:
+      return {status_code::bad_request, r.message, failure_reason::bad_request};
+    case reject_reason::too_large:
+      return {status_code::payload_too_large, r.message, failure_reason::bad_request};
+  }
+  return {status_code::internal, r.message, failure_reason::internal};
+}
+
 policy_config make_policy_config(const model_config& model,
                                  uint32_t max_queue_size_default,
                                  uint64_t max_batch_bytes) {

@@ -166,6 +166,12 @@ struct rejected {
 
 using enqueue_result = std::variant<admitted, rejected>;
 
+/// The answer a rejected request gets, with the policy's message: 503 for a full
+/// queue (reason queue_full) and for a queue timeout (reason timeout), 400 for
+/// more rows than max_batch_size and 413 for more bytes than max_batch_bytes
+/// (reason bad_request). Both policies reject with it.
+serving_error rejection_error(const rejected& r);
+
 /// A batch to send to the free executor now, in queue order.
 struct dispatch {
   std::vector<uint64_t> ids;

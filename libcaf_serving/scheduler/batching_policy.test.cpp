@@ -409,6 +409,24 @@ TEST_CASE("a full queue rejects at once and never exceeds its limit") {
   CHECK(refuse(d, req(2), at(20)).reason == reject_reason::queue_full);
 }
 
+TEST_CASE("a rejection is answered with the status and failure reason of its kind") {
+  auto answer = [](reject_reason reason) { return rejection_error({7, reason, "why"}); };
+  auto full = answer(reject_reason::queue_full);
+  CHECK(full.status == status_code::unavailable);
+  CHECK(full.reason == failure_reason::queue_full);
+  CHECK(full.message == "why");
+  auto late = answer(reject_reason::timed_out);
+  CHECK(late.status == status_code::unavailable);
+  CHECK(late.reason == failure_reason::timeout);
+  auto rows = answer(reject_reason::too_many_rows);
+  CHECK(rows.status == status_code::bad_request);
+  CHECK(rows.reason == failure_reason::bad_request);
+  auto bytes = answer(reject_reason::too_large);
+  CHECK(bytes.status == status_code::payload_too_large);
+  CHECK(bytes.reason == failure_reason::bad_request);
+  CHECK(bytes.retry_after_s == 0);
+}
+
 TEST_CASE("without a free executor batches are held") {
   batching_policy p{dynamic_config(4, {}, 100)};
   for (uint64_t i = 1; i <= 6; ++i)

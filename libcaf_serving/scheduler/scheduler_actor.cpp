@@ -630,8 +630,7 @@ void poll_queue(self_ptr self) {
     auto r = st.policy->poll(now, free);
     for (auto& rej : r.expired) {
       auto it = st.queued.find(rej.id);
-      answer_error(st, it->second.job,
-                   {status_code::unavailable, rej.message, failure_reason::timeout});
+      answer_error(st, it->second.job, rejection_error(rej));
       st.queued.erase(it);
     }
     if (auto* d = std::get_if<dispatch>(&r.next)) {
@@ -943,14 +942,7 @@ scheduler_actor spawn_scheduler(caf::actor_system& sys, scheduler_config config)
             return;
           }
           if (auto* rej = std::get_if<rejected>(&r)) {
-            auto status = rej->reason == reject_reason::too_many_rows ? status_code::bad_request
-                          : rej->reason == reject_reason::too_large
-                            ? status_code::payload_too_large
-                            : status_code::unavailable;
-            answer_error(st, job,
-                         {status, rej->message,
-                          rej->reason == reject_reason::queue_full ? failure_reason::queue_full
-                                                                   : failure_reason::bad_request});
+            answer_error(st, job, rejection_error(*rej));
             return;
           }
           st.queued.emplace(id, batched_job{std::move(job), to_ns(now), 0});
@@ -959,13 +951,7 @@ scheduler_actor spawn_scheduler(caf::actor_system& sys, scheduler_config config)
         }
         auto admitted = st.policy->enqueue(info, now);
         if (auto* rej = std::get_if<rejected>(&admitted)) {
-          auto reason = rej->reason == reject_reason::queue_full ? failure_reason::queue_full
-                                                                  : failure_reason::bad_request;
-          auto status = rej->reason == reject_reason::too_many_rows ? status_code::bad_request
-                        : rej->reason == reject_reason::too_large
-                          ? status_code::payload_too_large
-                          : status_code::unavailable;
-          answer_error(st, job, {status, rej->message, reason});
+          answer_error(st, job, rejection_error(*rej));
           return;
         }
         st.queued.emplace(id, batched_job{std::move(job), to_ns(now), 0});
