@@ -8,6 +8,7 @@
 #include "scheduler/executor_choice.hpp"
 #include "scheduler/gather_batch.hpp"
 #include "scheduler/padded_request.hpp"
+#include "scheduler/scheduling_policy.hpp"
 
 #include <caf/typed_event_based_actor.hpp>
 
@@ -58,9 +59,12 @@ struct pending_batch {
 
 struct scheduler_state {
   scheduler_config cfg;
-  std::unique_ptr<batching_policy> policy;
-  /// Instead of `policy` when the model has a latency target.
-  std::unique_ptr<slo_policy> slo;
+  /// The dynamic batcher, or the latency-target policy when the model has a
+  /// target (make_policy: the one place that tells them apart).
+  std::unique_ptr<scheduling_policy> policy;
+  /// The latency-target figures on /metrics (batch sizes, waits, the first
+  /// executor's cost curve): set when the model has a target and stats.
+  slo_stats* slo_figures = nullptr;
   /// Shed log lines: at most one a second, with how many were not logged.
   int64_t last_shed_log_ns = 0;
   uint64_t sheds_not_logged = 0;
@@ -113,8 +117,8 @@ void publish_health(scheduler_state& st) {
   }
 }
 
-/// What executor choice and the latency-target policy see of the executors that may take batches
-/// (quarantined ones left out), and which slot each is.
+/// What executor choice and the batching policy see of the executors that may
+/// take batches (quarantined ones left out), and which slot each is.
 struct executor_view {
   std::vector<executor_load> loads;
   std::vector<size_t> slot;
@@ -141,27 +145,19 @@ executor_slot* choose(scheduler_state& st, uint32_t rows) {
   return i ? &st.executors[v.slot[*i]] : nullptr;
 }
 
-bool any_free(const scheduler_state& st) {
-  int64_t now = now_ns();
-  for (auto& e : st.executors)
-    if (e.book.in_flight() < e.depth && !e.quarantined(now))
-      return true;
-  return false;
-}
-
 /// A fresh policy for the model: the latency-target one when it has a target.
 void make_policy(scheduler_state& st) {
   if (!st.cfg.latency_target) {
-    st.policy = std::make_unique<batching_policy>(st.cfg.policy);
+    st.policy = make_dynamic_batching_policy(st.cfg.policy);
     return;
   }
   slo_policy_config c;
   c.base = st.cfg.policy;
   c.target = *st.cfg.latency_target;
   c.margin = st.cfg.slo_margin.count() > 0 ? st.cfg.slo_margin : default_slo_margin(c.target);
-  st.slo = std::make_unique<slo_policy>(c);
+  st.policy = make_latency_target_policy(c);
+  st.slo_figures = st.cfg.stats ? &st.cfg.stats->slo : nullptr;
 }
-
 
 /// Answers a shed request: 503 with Retry-After, counted, and explained in the
 /// log (at most one line a second; the next line says how many were not logged).
@@ -337,9 +333,9 @@ void settle(self_ptr self, const caf::actor_addr& addr, uint64_t batch_id,
     return;
   if (!e->book.answered(batch_id, now_ns(), service_ns))
     return;
-  if (service_ns && st.slo && st.cfg.stats && e == &st.executors.front()) {
+  if (service_ns && st.slo_figures && e == &st.executors.front()) {
     // The first executor's curve stands for the model's on /metrics.
-    st.cfg.stats->slo.publish_cost_curve(e->book.cost().curve());
+    st.slo_figures->publish_cost_curve(e->book.cost().curve());
   }
   record_outcome(self, *e, internal_failure);
 }
@@ -539,12 +535,6 @@ std::optional<uint64_t> form_batch(self_ptr self, const std::vector<uint64_t>& i
   return batch_id;
 }
 
-/// The dynamic batcher's batch: sent to the executor chosen when one has credit.
-void send_batch(self_ptr self, const dispatch& d) {
-  if (auto batch_id = form_batch(self, d.ids))
-    self->state.resend.insert(*batch_id);
-}
-
 /// Sends the batches waiting to be sent (again), oldest first, while executors
 /// have credit. True when none is left waiting.
 bool send_waiting(self_ptr self) {
@@ -558,43 +548,6 @@ bool send_waiting(self_ptr self) {
     send_pending(self, *slot, id);
   }
   return true;
-}
-
-/// poll_policy for a model with a latency target.
-void poll_slo(self_ptr self) {
-  auto& st = self->state;
-  for (;;) {
-    auto now = clock_type::now();
-    if (!send_waiting(self))
-      return; // batches of a lost executor go first; a freed credit polls again
-    auto view = view_executors(st);
-    auto r = st.slo->poll(now, view.loads);
-    for (auto& s : r.expired) {
-      auto it = st.queued.find(s.id);
-      answer_shed(st, it->second.job, s);
-      st.queued.erase(it);
-    }
-    if (auto* d = std::get_if<slo_dispatch>(&r.next)) {
-      if (st.cfg.stats) {
-        st.cfg.stats->slo.batch_size.observe(d->rows);
-        int64_t at = to_ns(now);
-        for (auto id : d->ids)
-          st.cfg.stats->slo.wait_us.observe(
-            static_cast<double>(at - st.queued.at(id).enqueued_ns) / 1e3);
-      }
-      size_t slot = view.slot[d->executor];
-      if (auto batch_id = form_batch(self, d->ids))
-        send_pending(self, st.executors[slot], *batch_id);
-      continue;
-    }
-    if (auto* w = std::get_if<wait_until>(&r.next)) {
-      if (!st.timer_due || w->when < *st.timer_due) {
-        st.timer_due = w->when;
-        tick_at(self, to_ns(w->when));
-      }
-    }
-    return;
-  }
 }
 
 /// Publishes how many requests wait in the queue and how many are in batches
@@ -620,21 +573,37 @@ void poll_policy(self_ptr self) {
 
 void poll_queue(self_ptr self) {
   auto& st = self->state;
-  if (st.slo) {
-    poll_slo(self);
-    return;
-  }
   for (;;) {
-    auto now = clock_type::now();
-    bool free = send_waiting(self) && any_free(st);
-    auto r = st.policy->poll(now, free);
-    for (auto& rej : r.expired) {
+    poll_input in;
+    in.now = clock_type::now();
+    in.resends_waiting = !send_waiting(self);
+    auto view = view_executors(st);
+    in.executors = std::move(view.loads);
+    auto r = st.policy->poll(in);
+    for (auto& rej : r.timed_out) {
       auto it = st.queued.find(rej.id);
       answer_error(st, it->second.job, rejection_error(rej));
       st.queued.erase(it);
     }
-    if (auto* d = std::get_if<dispatch>(&r.next)) {
-      send_batch(self, *d);
+    for (auto& s : r.late) {
+      auto it = st.queued.find(s.id);
+      answer_shed(st, it->second.job, s);
+      st.queued.erase(it);
+    }
+    if (auto* d = std::get_if<batch_dispatch>(&r.next)) {
+      if (st.slo_figures) {
+        st.slo_figures->batch_size.observe(d->rows);
+        int64_t at = to_ns(in.now);
+        for (auto id : d->ids)
+          st.slo_figures->wait_us.observe(
+            static_cast<double>(at - st.queued.at(id).enqueued_ns) / 1e3);
+      }
+      if (auto batch_id = form_batch(self, d->ids)) {
+        if (d->executor)
+          send_pending(self, st.executors[view.slot[*d->executor]], *batch_id);
+        else
+          st.resend.insert(*batch_id); // sent when an executor has a credit
+      }
       continue;
     }
     if (auto* w = std::get_if<wait_until>(&r.next)) {
@@ -700,23 +669,9 @@ std::optional<batch_message> synthetic_batch(const model_config& model, uint64_t
   return msg;
 }
 
-/// One synthetic warm-up batch, and whether its time is learnt.
-struct warm_up_run {
-  uint32_t rows;
-  bool learn;
-};
-
-/// The latency-target policy admits everything while an executor is not
-/// measured, so a new executor first runs batches of one row and of
-/// max_batch_size rows of zeros (synthetic: the backends' own load-time
-/// model_warmup runs happen before the scheduler exists and are not timed by
-/// it), each size twice: the first run of a size pays for what a backend sets
-/// up lazily and is not learnt (learnt, it made bert_small's arm predict
-/// 188 ms for a lone request against a 20 ms target, shed everything and
-/// never measure again; learning from the second runs it predicts 0.6 ms for
-/// one row and 8.5 ms for 16 on the 2-core VM). The second run's executor-measured time
-/// seeds the cost model; requests that come meanwhile queue behind them and are
-/// planned with what was learnt. `runs`: those still to do, the next last.
+/// Runs the policy's warm-up batches on the executor at `addr`, one after the
+/// other (scheduling_policy::warm_up_runs: the latency-target policy measures a
+/// new executor before it plans on it). `runs`: those still to do, the next last.
 void warm_up(self_ptr self, caf::actor_addr addr, std::vector<warm_up_run> runs) {
   auto& st = self->state;
   auto* slot = find_slot(st, addr);
@@ -742,8 +697,8 @@ void warm_up(self_ptr self, caf::actor_addr addr, std::vector<warm_up_run> runs)
         if (auto* e = find_slot(st, addr)) {
           e->book.answered(id, now_ns(),
                            ok && learn ? std::optional<int64_t>{service} : std::nullopt);
-          if (ok && learn && st.cfg.stats && e == &st.executors.front())
-            st.cfg.stats->slo.publish_cost_curve(e->book.cost().curve());
+          if (ok && learn && st.slo_figures && e == &st.executors.front())
+            st.slo_figures->publish_cost_curve(e->book.cost().curve());
         }
         if (!ok)
           std::cerr << "caf-serving: model '" << st.cfg.model.name
@@ -781,15 +736,8 @@ void add_slot(self_ptr self, executor_slot slot) {
   st.executors.push_back(std::move(slot));
   st.had_executor = true;
   publish_health(st);
-  if (st.slo) {
-    auto max_rows = static_cast<uint32_t>(std::max(st.cfg.model.max_batch_size, 1));
-    std::vector<warm_up_run> runs{{max_rows, true}, {max_rows, false}};
-    if (max_rows > 1) {
-      runs.push_back({1, true});
-      runs.push_back({1, false});
-    }
-    warm_up(self, addr, std::move(runs));
-  }
+  auto max_rows = static_cast<uint32_t>(std::max(st.cfg.model.max_batch_size, 1));
+  warm_up(self, addr, st.policy->warm_up_runs(max_rows));
 }
 
 executor_slot local_slot(const scheduler_config& cfg, executor::executor_actor handle) {
@@ -931,26 +879,16 @@ scheduler_actor spawn_scheduler(caf::actor_system& sys, scheduler_config config)
         for (auto t : req.getInputs())
           info.bytes += t.getData().size();
         auto now = clock_type::now();
-        if (st.slo) {
-          // The deadline counts from when the server received the request.
-          int64_t received_ns = req.getTimes().getReceivedNs();
-          auto received = received_ns > 0 ? time_point{std::chrono::nanoseconds{received_ns}} : now;
-          auto view = view_executors(st);
-          auto r = st.slo->enqueue(info, std::min(received, now), now, view.loads);
-          if (auto* s = std::get_if<shed>(&r)) {
-            answer_shed(st, job, *s);
-            return;
-          }
-          if (auto* rej = std::get_if<rejected>(&r)) {
-            answer_error(st, job, rejection_error(*rej));
-            return;
-          }
-          st.queued.emplace(id, batched_job{std::move(job), to_ns(now), 0});
-          poll_policy(self);
+        // The deadline counts from when the server received the request.
+        int64_t received_ns = req.getTimes().getReceivedNs();
+        auto received = received_ns > 0 ? time_point{std::chrono::nanoseconds{received_ns}} : now;
+        auto view = view_executors(st);
+        auto r = st.policy->enqueue(info, std::min(received, now), now, view.loads);
+        if (auto* s = std::get_if<shed>(&r)) {
+          answer_shed(st, job, *s);
           return;
         }
-        auto admitted = st.policy->enqueue(info, now);
-        if (auto* rej = std::get_if<rejected>(&admitted)) {
+        if (auto* rej = std::get_if<rejected>(&r)) {
           answer_error(st, job, rejection_error(*rej));
           return;
         }
