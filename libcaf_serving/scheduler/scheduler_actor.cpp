@@ -9,6 +9,7 @@
 #include "scheduler/gather_batch.hpp"
 #include "scheduler/padded_request.hpp"
 #include "scheduler/scheduling_policy.hpp"
+#include "scheduler/supervision_policy.hpp"
 
 #include <caf/typed_event_based_actor.hpp>
 
@@ -30,14 +31,8 @@ struct executor_slot {
   bool local = false;
   /// Its batches in flight, its cost model and when it is predicted to be free.
   executor_book book;
-  /// Internal failures in a row, and the quarantine they led to.
-  uint32_t failures_in_row = 0;
-  /// Quarantines since the executor last succeeded: the backoff doubles with each.
-  uint32_t quarantines = 0;
-  /// No batches until then (steady-clock ns); 0: not quarantined.
-  int64_t quarantined_until_ns = 0;
-
-  bool quarantined(int64_t now) const { return quarantined_until_ns > now; }
+  /// What the supervision policy knows it by (its health, its quarantine).
+  uint64_t id = 0;
 };
 
 /// A batch sent to an executor and not yet answered. It keeps its requests and
@@ -51,10 +46,8 @@ struct pending_batch {
   /// answer that arrives for an earlier attempt, one given up as hung, is
   /// ignored: that attempt's batch was sent elsewhere.
   uint64_t attempt_id = 0;
-  /// Its executor, whether that is local, and when it was sent (steady ns).
+  /// The executor of the attempt in flight.
   caf::actor_addr executor;
-  bool local = false;
-  int64_t sent_ns = 0;
 };
 
 struct scheduler_state {
@@ -78,11 +71,13 @@ struct scheduler_state {
   std::optional<time_point> timer_due;
   /// Identifies each attempt to run a batch (pending_batch::attempt_id).
   uint64_t next_attempt_id = 1;
-  /// When the armed check for hung local executors is due (steady ns); none
-  /// armed when empty. One timer for all batches in flight, not a request
-  /// timeout each: CAF files each of those with its clock thread, two wake-ups
-  /// of that thread a batch.
-  std::optional<int64_t> hang_check_ns;
+  /// Executor health and quarantines, respawns, the hang check of local
+  /// attempts (one timer for all batches in flight, not a request timeout each:
+  /// CAF files each of those with its clock thread, two wake-ups of that thread
+  /// a batch), and what a batch whose attempt got no answer does next.
+  supervision_policy supervision;
+  /// Identifies each executor to the supervision policy (executor_slot::id).
+  uint64_t next_executor_id = 1;
   bool draining = false;
   /// Every batch formed and not yet answered, by batch id.
   std::map<uint64_t, pending_batch> pending;
@@ -91,14 +86,6 @@ struct scheduler_state {
   /// preserve_ordering: finished batches wait here until all earlier ones are done.
   uint64_t next_to_release = 1;
   std::map<uint64_t, finished_batch> finished_early;
-  /// Local executors that stopped and are to be started again, and when.
-  uint32_t respawns_due = 0;
-  int64_t respawn_at_ns = 0;
-  /// Restarts in a row that came soon after the previous one with no batch
-  /// succeeding in between: the delay before the next doubles with each, so a
-  /// crash loop does not spin.
-  uint32_t quick_restarts = 0;
-  int64_t last_restart_ns = 0;
   /// Whether the model has had an executor at all (what a 503 says).
   bool had_executor = false;
 };
@@ -110,7 +97,7 @@ void publish_health(scheduler_state& st) {
   int64_t now = now_ns();
   uint32_t healthy = 0;
   for (const auto& e : st.executors)
-    healthy += e.quarantined(now) ? 0 : 1;
+    healthy += st.supervision.quarantined(e.id, now) ? 0 : 1;
   if (st.cfg.stats) {
     st.cfg.stats->live_executors.store(static_cast<uint32_t>(st.executors.size()));
     st.cfg.stats->healthy_executors.store(healthy);
@@ -129,7 +116,7 @@ executor_view view_executors(scheduler_state& st) {
   executor_view v;
   for (size_t i = 0; i < st.executors.size(); ++i) {
     auto& e = st.executors[i];
-    if (e.quarantined(now))
+    if (st.supervision.quarantined(e.id, now))
       continue;
     v.loads.push_back(e.book.load(now, e.depth));
     v.slot.push_back(i);
@@ -203,7 +190,7 @@ serving_error no_executor_error(const scheduler_state& st) {
 
 /// Whether requests may wait for an executor: one is there or is being started.
 bool can_execute(const scheduler_state& st) {
-  return !st.executors.empty() || st.respawns_due > 0;
+  return !st.executors.empty() || st.supervision.respawns_waiting();
 }
 
 /// Answers every request of a pending batch with `e`, for a batch that cannot run.
@@ -232,7 +219,7 @@ void maybe_finish_drain(self_ptr self) {
     return;
   if (st.executors.empty())
     // Nothing is left to run the batches of lost executors.
-    st.respawns_due = 0;
+    st.supervision.cancel_respawns();
   fail_unrunnable(self);
   if (!st.queued.empty() || !st.pending.empty())
     return;
@@ -278,6 +265,7 @@ void fail_batch(self_ptr self, uint64_t batch_id, const serving_error& e) {
   auto fb = error_result(batch_id, e);
   fb.jobs = std::move(*it->second.jobs);
   st.pending.erase(it);
+  st.supervision.attempt_ended(batch_id);
   st.resend.erase(batch_id);
   release(self, batch_id, std::move(fb));
 }
@@ -292,99 +280,114 @@ void tick_at(self_ptr self, int64_t when_ns) {
           caf::make_message(tick_atom::value));
 }
 
-/// Counts the outcome of a batch an executor answered: an internal failure
-/// (status 500 and above: not the request's fault) in a row past the limit
-/// quarantines the executor with a doubling backoff; a success clears it.
-void record_outcome(self_ptr self, executor_slot& e, bool internal_failure) {
-  auto& st = self->state;
-  if (!internal_failure) {
-    e.failures_in_row = 0;
-    e.quarantines = 0;
-    return;
-  }
-  if (st.cfg.stats)
-    st.cfg.stats->executor_failures.fetch_add(1, std::memory_order_relaxed);
-  if (++e.failures_in_row < st.cfg.quarantine_after_failures)
-    return;
-  e.failures_in_row = 0;
-  auto backoff = st.cfg.quarantine_backoff * (int64_t{1} << std::min<uint32_t>(e.quarantines, 16));
-  backoff = std::min(backoff, st.cfg.max_quarantine_backoff);
-  ++e.quarantines;
-  e.quarantined_until_ns = now_ns() + std::chrono::nanoseconds(backoff).count();
-  if (st.cfg.stats)
-    st.cfg.stats->executor_quarantines.fetch_add(1, std::memory_order_relaxed);
-  std::cerr << "caf-serving: model '" << st.cfg.model.name << "': an executor on node '"
-            << e.node << "' failed " << st.cfg.quarantine_after_failures
-            << " batches in a row; it gets no batches for " << backoff.count() << " ms"
-            << std::endl;
-  tick_at(self, e.quarantined_until_ns);
-  publish_health(st);
-}
+/// How an attempt ended, as its executor's book and health count it.
+struct attempt_outcome {
+  /// The executor's own measurement of a batch that succeeded; none otherwise
+  /// (a fast failure must not make an executor look fast).
+  std::optional<int64_t> service_ns;
+  /// An internal failure (status 500 and above: not the request's fault), or a
+  /// remote batch presumed lost.
+  bool internal_failure = false;
+};
 
 /// Takes batch `batch_id` off the books of the executor at `addr` (if it is
-/// still there); the executor's own measurement of a batch that succeeded
-/// (`service_ns`) feeds its cost model (a fast failure must not make an
-/// executor look fast).
+/// still there); a success feeds its cost model. The executor's health counts
+/// the outcome (supervision_policy): an internal failure in a row past the
+/// limit quarantines it, anything else clears the count.
 void settle(self_ptr self, const caf::actor_addr& addr, uint64_t batch_id,
-            std::optional<int64_t> service_ns, bool internal_failure) {
+            const attempt_outcome& outcome) {
   auto& st = self->state;
   auto* e = find_slot(st, addr);
   if (!e)
     return;
-  if (!e->book.answered(batch_id, now_ns(), service_ns))
+  if (!e->book.answered(batch_id, now_ns(), outcome.service_ns))
     return;
-  if (service_ns && st.slo_figures && e == &st.executors.front()) {
+  if (outcome.service_ns && st.slo_figures && e == &st.executors.front()) {
     // The first executor's curve stands for the model's on /metrics.
     st.slo_figures->publish_cost_curve(e->book.cost().curve());
   }
-  record_outcome(self, *e, internal_failure);
+  if (!outcome.internal_failure) {
+    st.supervision.clear_failures(e->id);
+    return;
+  }
+  if (st.cfg.stats)
+    st.cfg.stats->executor_failures.fetch_add(1, std::memory_order_relaxed);
+  auto decision = st.supervision.internal_failure(e->id, now_ns());
+  auto* q = std::get_if<quarantine>(&decision);
+  if (!q)
+    return;
+  if (st.cfg.stats)
+    st.cfg.stats->executor_quarantines.fetch_add(1, std::memory_order_relaxed);
+  std::cerr << "caf-serving: model '" << st.cfg.model.name << "': an executor on node '"
+            << e->node << "' failed " << st.cfg.quarantine_after_failures
+            << " batches in a row; it gets no batches for " << q->backoff.count() << " ms"
+            << std::endl;
+  tick_at(self, q->until_ns);
+  publish_health(st);
+}
+
+/// Where an attempt ran: its executor, that executor's node, and whether it is local.
+struct attempt_site {
+  caf::actor_addr executor;
+  std::string node;
+  bool local = false;
+};
+
+/// How an attempt that got no answer ended, from the error its request got.
+attempt_end end_of(const caf::error& err) {
+  if (err == caf::sec::request_timeout)
+    return attempt_end::timed_out;
+  return executor_was_lost(err) ? attempt_end::stopped : attempt_end::failed;
 }
 
 /// The attempt in flight of pending batch `batch_id` ended without a result
 /// (`err`): its executor stopped, was lost, or did not answer in time. The
-/// batch is sent again or its requests are answered with an error.
-void attempt_failed(self_ptr self, uint64_t batch_id, const caf::actor_addr& addr,
-                    const std::string& node, bool local, const caf::error& err) {
+/// batch is sent again or its requests are answered with an error, as the
+/// supervision policy decides.
+void attempt_failed(self_ptr self, uint64_t batch_id, const attempt_site& site,
+                    const caf::error& err) {
   auto& st = self->state;
   // A local executor that did not answer has stopped: no batch may be sent
   // to it again, not even before its down message arrives.
-  if (local && executor_was_lost(err))
-    executor_stopped(self, addr);
+  if (site.local && executor_was_lost(err))
+    executor_stopped(self, site.executor);
   auto it = st.pending.find(batch_id);
   if (it == st.pending.end())
     return;
   it->second.attempt_id = 0;
-  bool lost = executor_was_lost(err);
-  bool hung = err == caf::sec::request_timeout;
+  st.supervision.attempt_ended(batch_id);
   uint32_t attempts = it->second.attempts;
-  uint32_t max_attempts = local ? st.cfg.max_local_attempts : st.cfg.max_batch_attempts;
   std::cerr << "caf-serving: model '" << st.cfg.model.name << "': batch " << batch_id
-            << " got no answer from its executor on node '" << node << "' (attempt " << attempts
-            << "): " << self->system().render(err) << std::endl;
-  if (lost && attempts < max_attempts) {
+            << " got no answer from its executor on node '" << site.node << "' (attempt "
+            << attempts << "): " << self->system().render(err) << std::endl;
+  auto decision = st.supervision.attempt_failed({attempts, site.local, end_of(err)});
+  if (std::holds_alternative<send_again>(decision)) {
     // Not answered: the same batch goes out again, before any new one.
     st.resend.insert(batch_id);
     if (st.cfg.stats)
       st.cfg.stats->batch_retries.fetch_add(1, std::memory_order_relaxed);
-  } else if (lost && !local) {
+  } else if (auto* lost = std::get_if<fail_unavailable>(&decision)) {
     fail_batch(self, batch_id,
                {status_code::unavailable,
                 "model '" + st.cfg.model.name + "': the batch was lost with "
-                  + std::to_string(attempts) + " executors in a row, last on node '" + node
-                  + "'; retry the request",
+                  + std::to_string(lost->attempts) + " executors in a row, last on node '"
+                  + site.node + "'; retry the request",
                 failure_reason::unavailable});
   } else {
     // No internals in the answer: the log line above has them.
+    const auto& failed = std::get<fail_internal>(decision);
+    std::string what
+      = failed.how == attempt_end::failed
+          ? std::string("the executor failed while running the batch")
+          : std::string(failed.how == attempt_end::timed_out
+                          ? "the executor running this batch did not answer within "
+                            "--executor-timeout-ms, "
+                          : "the executor running this batch stopped, ")
+              + std::to_string(failed.attempts)
+              + " times in a row; the request was not tried again";
     fail_batch(self, batch_id,
                {status_code::internal,
-                "model '" + st.cfg.model.name + "': "
-                  + (lost ? std::string(hung ? "the executor running this batch did not "
-                                               "answer within --executor-timeout-ms, "
-                                             : "the executor running this batch stopped, ")
-                              + std::to_string(attempts)
-                              + " times in a row; the request was not tried again"
-                          : std::string("the executor failed while running the batch"))
-                  + "; the server log has the details",
+                "model '" + st.cfg.model.name + "': " + what + "; the server log has the details",
                 failure_reason::internal});
   }
   fail_unrunnable(self);
@@ -392,47 +395,24 @@ void attempt_failed(self_ptr self, uint64_t batch_id, const caf::actor_addr& add
   maybe_finish_drain(self);
 }
 
-/// Arms the check for hung local executors at `due_ns` unless one is armed
-/// sooner.
-void arm_hang_check(self_ptr self, int64_t due_ns) {
-  auto& st = self->state;
-  if (st.hang_check_ns && *st.hang_check_ns <= due_ns)
-    return;
-  st.hang_check_ns = due_ns;
-  tick_at(self, due_ns);
-}
-
 /// Gives up, as a request timeout would, every local attempt that has run past
-/// local_batch_timeout, and arms the next check for the oldest one left.
+/// local_batch_timeout (the supervision policy's hang check, when it is due),
+/// and arms the next check for the oldest one left.
 void check_hung(self_ptr self) {
   auto& st = self->state;
-  int64_t now = now_ns();
-  if (!st.hang_check_ns || now < *st.hang_check_ns)
-    return;
-  st.hang_check_ns.reset();
-  int64_t limit = std::chrono::nanoseconds(st.cfg.local_batch_timeout).count();
-  std::vector<uint64_t> hung;
-  std::optional<int64_t> next;
-  for (const auto& [id, p] : st.pending) {
-    if (!p.local || p.attempt_id == 0)
-      continue;
-    if (now - p.sent_ns >= limit)
-      hung.push_back(id);
-    else if (!next || p.sent_ns + limit < *next)
-      next = p.sent_ns + limit;
-  }
-  for (auto id : hung) {
+  auto check = st.supervision.check_hung(now_ns());
+  for (auto id : check.hung) {
     auto it = st.pending.find(id);
     if (it == st.pending.end() || it->second.attempt_id == 0)
       continue; // answered or given up while an earlier one was handled
     auto addr = it->second.executor;
     auto* slot = find_slot(st, addr);
     std::string node = slot ? slot->node : std::string("local");
-    settle(self, addr, id, std::nullopt, false);
-    attempt_failed(self, id, addr, node, true, caf::make_error(caf::sec::request_timeout));
+    settle(self, addr, id, {});
+    attempt_failed(self, id, {addr, node, true}, caf::make_error(caf::sec::request_timeout));
   }
-  if (next)
-    arm_hang_check(self, *next);
+  if (check.next)
+    tick_at(self, check.next->when_ns);
 }
 
 /// Sends pending batch `batch_id` to `slot` and handles its one answer.
@@ -446,13 +426,12 @@ void send_pending(self_ptr self, executor_slot& slot, uint64_t batch_id) {
   uint64_t attempt = st.next_attempt_id++;
   p.attempt_id = attempt;
   p.executor = handle.address();
-  p.local = slot.local;
-  p.sent_ns = sent;
   // A local executor that does not answer in time is taken for hung: it is
   // replaced and the batch sent once more (check_hung). A remote proxy applies
   // its own timeout.
-  if (slot.local && st.cfg.local_batch_timeout.count() > 0)
-    arm_hang_check(self, sent + std::chrono::nanoseconds(st.cfg.local_batch_timeout).count());
+  if (slot.local)
+    if (auto check = st.supervision.local_attempt_sent(batch_id, sent))
+      tick_at(self, check->when_ns);
   self->request(handle, caf::infinite, run_batch{p.batch, nullptr})
     .then(
       [self, batch_id, attempt, addr = handle.address()](batch_result_message& result) {
@@ -461,10 +440,10 @@ void send_pending(self_ptr self, executor_slot& slot, uint64_t batch_id) {
         uint16_t status = r.getError().getStatus();
         // The executor's own time around the backend call (run_one_batch).
         int64_t service = r.getComputeInputNs() + r.getComputeInferNs() + r.getComputeOutputNs();
-        settle(self, addr, batch_id, status == 0 ? std::optional<int64_t>{service} : std::nullopt,
-               status >= 500);
+        settle(self, addr, batch_id,
+               {status == 0 ? std::optional<int64_t>{service} : std::nullopt, status >= 500});
         if (status == 0)
-          st.quick_restarts = 0; // executors that succeed are not in a crash loop
+          st.supervision.batch_succeeded(); // executors that succeed are not in a crash loop
         auto it = st.pending.find(batch_id);
         if (it == st.pending.end() || it->second.attempt_id != attempt)
           return; // an attempt given up as hung: the batch went elsewhere
@@ -475,6 +454,7 @@ void send_pending(self_ptr self, executor_slot& slot, uint64_t batch_id) {
         fb.result = std::move(result);
         fb.jobs = std::move(*it->second.jobs);
         st.pending.erase(it);
+        st.supervision.attempt_ended(batch_id);
         release(self, batch_id, std::move(fb));
         poll_policy(self);
         maybe_finish_drain(self);
@@ -484,7 +464,7 @@ void send_pending(self_ptr self, executor_slot& slot, uint64_t batch_id) {
         auto& st = self->state;
         // A remote batch presumed lost counts against its executor: one that keeps
         // timing out (a stalled worker) is quarantined instead of chosen again.
-        settle(self, addr, batch_id, std::nullopt, !local && executor_was_lost(err));
+        settle(self, addr, batch_id, {std::nullopt, !local && executor_was_lost(err)});
         auto it = st.pending.find(batch_id);
         if (it == st.pending.end() || it->second.attempt_id != attempt) {
           // Given up already; a stopped local executor stays stopped.
@@ -492,7 +472,7 @@ void send_pending(self_ptr self, executor_slot& slot, uint64_t batch_id) {
             executor_stopped(self, addr);
           return;
         }
-        attempt_failed(self, batch_id, addr, node, local, err);
+        attempt_failed(self, batch_id, {addr, node, local}, err);
       });
 }
 
@@ -732,6 +712,8 @@ void add_slot(self_ptr self, executor_slot slot) {
   cost_model_config cost;
   cost.captured_sizes = st.cfg.policy.captured_batch_sizes;
   slot.book = executor_book{cost};
+  slot.id = st.next_executor_id++;
+  st.supervision.add_executor(slot.id);
   auto addr = slot.handle.address();
   st.executors.push_back(std::move(slot));
   st.had_executor = true;
@@ -749,20 +731,17 @@ executor_slot local_slot(const scheduler_config& cfg, executor::executor_actor h
   return slot;
 }
 
-/// Starts the local executors that stopped, once their restart is due.
-void respawn_due(self_ptr self) {
+/// Starts `count` local executors in place of ones that stopped (none while
+/// draining).
+void start_executors(self_ptr self, uint32_t count) {
   auto& st = self->state;
-  if (st.respawns_due == 0 || now_ns() < st.respawn_at_ns)
-    return;
-  while (st.respawns_due > 0 && !st.draining) {
-    --st.respawns_due;
+  for (; count > 0 && !st.draining; --count) {
     add_slot(self, local_slot(st.cfg, st.cfg.respawn_executor()));
     if (st.cfg.stats)
       st.cfg.stats->executor_restarts.fetch_add(1, std::memory_order_relaxed);
     std::cerr << "caf-serving: model '" << st.cfg.model.name << "': started a new executor"
               << std::endl;
   }
-  st.respawns_due = 0;
 }
 
 /// An executor stopped (its actor went down, or it answered a batch that it
@@ -782,26 +761,32 @@ void executor_stopped(self_ptr self, const caf::actor_addr& addr) {
   // answer is dropped; that batch was sent elsewhere).
   if (local)
     self->send_exit(it->handle, caf::exit_reason::kill);
+  st.supervision.remove_executor(it->id);
   ex.erase(it);
   publish_health(st);
   if (!local || st.draining || !st.cfg.respawn_executor)
     return;
-  int64_t now = now_ns();
-  bool quick = now - st.last_restart_ns < int64_t{1'000'000'000};
-  st.quick_restarts = quick ? st.quick_restarts + 1 : 0;
-  st.last_restart_ns = now;
-  ++st.respawns_due;
-  if (st.quick_restarts < 3) {
-    st.respawn_at_ns = now;
-    respawn_due(self);
+  auto decision = st.supervision.local_executor_stopped(now_ns());
+  if (auto* at_once = std::get_if<respawn_now>(&decision)) {
+    start_executors(self, at_once->executors);
     return;
   }
-  int64_t delay = std::min<int64_t>(int64_t{50'000'000} << std::min<uint32_t>(st.quick_restarts - 3, 8),
-                                    int64_t{10'000'000'000});
+  const auto& later = std::get<respawn_later>(decision);
   std::cerr << "caf-serving: model '" << st.cfg.model.name << "': executors keep "
-            << "stopping; the next starts in " << delay / 1'000'000 << " ms" << std::endl;
-  st.respawn_at_ns = now + delay;
-  tick_at(self, st.respawn_at_ns);
+            << "stopping; the next starts in " << later.delay_ns / 1'000'000 << " ms" << std::endl;
+  tick_at(self, later.at_ns);
+}
+
+/// The supervision policy's configuration, from the scheduler's.
+supervision_config supervision_of(const scheduler_config& cfg) {
+  supervision_config s;
+  s.quarantine_after_failures = cfg.quarantine_after_failures;
+  s.quarantine_backoff = cfg.quarantine_backoff;
+  s.max_quarantine_backoff = cfg.max_quarantine_backoff;
+  s.local_batch_timeout = cfg.local_batch_timeout;
+  s.max_local_attempts = cfg.max_local_attempts;
+  s.max_batch_attempts = cfg.max_batch_attempts;
+  return s;
 }
 
 } // namespace
@@ -821,6 +806,7 @@ scheduler_actor spawn_scheduler(caf::actor_system& sys, scheduler_config config)
     auto& st = self->state;
     auto executors = std::move(cfg.executors);
     st.cfg = std::move(cfg);
+    st.supervision = supervision_policy{supervision_of(st.cfg)};
     make_policy(st);
     if (st.cfg.stats && st.cfg.latency_target)
       st.cfg.stats->slo.target_us.store(static_cast<uint64_t>(st.cfg.latency_target->count()));
@@ -902,7 +888,7 @@ scheduler_actor spawn_scheduler(caf::actor_system& sys, scheduler_config config)
         // Also the supervision timer: a quarantine ended, a restart is due, or
         // a local executor may have hung.
         check_hung(self);
-        respawn_due(self);
+        start_executors(self, st.supervision.take_due_respawns(now_ns()));
         publish_health(st);
         poll_policy(self);
         maybe_finish_drain(self);

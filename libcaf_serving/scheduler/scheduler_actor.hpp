@@ -11,6 +11,12 @@
 /// (scheduler/executor_choice.hpp). A batch whose executor was lost before answering
 /// (`executor_was_lost`) is sent again, whole, to another executor ahead of new
 /// batches; each request is answered exactly once, by the one result that arrives.
+///
+/// The decisions are plain objects with the clock passed in; the actor feeds
+/// them events with now_ns() and carries out what they decide: the batching
+/// policy, whichever the model has, through scheduling_policy.hpp, and
+/// supervision (quarantines, respawns, the hang check, sending a batch again)
+/// in supervision_policy.hpp.
 
 #include "core/model_config.hpp"
 #include "core/pipeline_messages.hpp"
