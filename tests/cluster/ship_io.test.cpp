@@ -75,8 +75,11 @@ TEST_CASE("a batching-delay timer keeps its accuracy while a 200 MB model is shi
   while (answered.load() + failed.load() < 20)
     std::this_thread::yield();
   support::http_client control(port);
+  auto ship_start = std::chrono::steady_clock::now();
   CHECK(control.post("/v2/repository/models/big/load", "").status == 200);
   bool shipped = w1.wait_for_output("model big loaded for the server", std::chrono::seconds(60));
+  double shipping_ms =
+    std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - ship_start).count();
   stop.store(true);
   client.join();
   REQUIRE(shipped);
@@ -84,9 +87,12 @@ TEST_CASE("a batching-delay timer keeps its accuracy while a 200 MB model is shi
   CHECK(failed.load() == 0);
   std::sort(ms.begin(), ms.end());
   double worst = ms.back(), median = ms[ms.size() / 2];
-  MESSAGE(ms.size() << " requests while shipping: median " << median << " ms, worst " << worst
-                    << " ms");
+  MESSAGE(ms.size() << " requests while shipping for " << shipping_ms << " ms: median " << median
+                    << " ms, worst " << worst << " ms");
   // Hashing 200 MB alone takes about half a second here: a timer held by it
-  // is hundreds of milliseconds late. Detached, the delay stays a delay.
-  CHECK(worst < 250.0);
+  // is hundreds of milliseconds late (760 ms of about 3 s of shipping, before
+  // the I/O was detached). Detached, the delay stays a delay: 15-60 ms at
+  // worst. On a machine so busy that shipping itself takes many seconds, the
+  // bound grows with it: a tenth of the shipping time.
+  CHECK(worst < std::max(250.0, shipping_ms / 10));
 }
