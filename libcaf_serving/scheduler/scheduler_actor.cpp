@@ -111,9 +111,10 @@ struct executor_view {
   std::vector<size_t> slot;
 };
 
-executor_view view_executors(scheduler_state& st) {
-  int64_t now = now_ns();
+executor_view view_executors(scheduler_state& st, int64_t now) {
   executor_view v;
+  v.loads.reserve(st.executors.size());
+  v.slot.reserve(st.executors.size());
   for (size_t i = 0; i < st.executors.size(); ++i) {
     auto& e = st.executors[i];
     if (st.supervision.quarantined(e.id, now))
@@ -124,10 +125,19 @@ executor_view view_executors(scheduler_state& st) {
   return v;
 }
 
+/// Whether an executor that may take batches has a free credit (what the
+/// dynamic batcher asks, without the loads).
+bool any_free(scheduler_state& st, int64_t now) {
+  for (const auto& e : st.executors)
+    if (e.book.in_flight() < e.depth && !st.supervision.quarantined(e.id, now))
+      return true;
+  return false;
+}
+
 /// The executor predicted to finish a batch of `rows` first, among those with a
 /// free credit and not quarantined; nullptr when none is.
 executor_slot* choose(scheduler_state& st, uint32_t rows) {
-  auto v = view_executors(st);
+  auto v = view_executors(st, now_ns());
   auto i = choose_executor(v.loads, rows);
   return i ? &st.executors[v.slot[*i]] : nullptr;
 }
@@ -557,8 +567,13 @@ void poll_queue(self_ptr self) {
     poll_input in;
     in.now = clock_type::now();
     in.resends_waiting = !send_waiting(self);
-    auto view = view_executors(st);
-    in.executors = std::move(view.loads);
+    int64_t now = to_ns(in.now);
+    in.executor_free = any_free(st, now);
+    executor_view view;
+    if (st.policy->plans_on_executors()) {
+      view = view_executors(st, now);
+      in.executors = std::move(view.loads);
+    }
     auto r = st.policy->poll(in);
     for (auto& rej : r.timed_out) {
       auto it = st.queued.find(rej.id);
@@ -868,7 +883,9 @@ scheduler_actor spawn_scheduler(caf::actor_system& sys, scheduler_config config)
         // The deadline counts from when the server received the request.
         int64_t received_ns = req.getTimes().getReceivedNs();
         auto received = received_ns > 0 ? time_point{std::chrono::nanoseconds{received_ns}} : now;
-        auto view = view_executors(st);
+        executor_view view;
+        if (st.policy->plans_on_executors())
+          view = view_executors(st, to_ns(now));
         auto r = st.policy->enqueue(info, std::min(received, now), now, view.loads);
         if (auto* s = std::get_if<shed>(&r)) {
           answer_shed(st, job, *s);

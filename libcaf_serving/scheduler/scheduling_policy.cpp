@@ -19,11 +19,10 @@ public:
     return admitted{};
   }
 
+  bool plans_on_executors() const override { return false; }
+
   policy_poll poll(const poll_input& in) override {
-    bool free = !in.resends_waiting
-                && std::any_of(in.executors.begin(), in.executors.end(),
-                               [](const executor_load& x) { return x.has_credit(); });
-    auto r = policy_.poll(in.now, free);
+    auto r = policy_.poll(in.now, in.executor_free && !in.resends_waiting);
     policy_poll out;
     out.timed_out = std::move(r.expired);
     if (auto* d = std::get_if<dispatch>(&r.next))
@@ -46,6 +45,8 @@ private:
 class latency_target final : public scheduling_policy {
 public:
   explicit latency_target(slo_policy_config cfg) : policy_(std::move(cfg)) {}
+
+  bool plans_on_executors() const override { return true; }
 
   admission enqueue(const request_info& request, time_point received, time_point now,
                     const std::vector<executor_load>& executors) override {

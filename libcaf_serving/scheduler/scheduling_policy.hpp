@@ -43,8 +43,13 @@ using admission = std::variant<admitted, rejected, shed>;
 /// What the scheduler tells the policy when it asks what to do next.
 struct poll_input {
   time_point now;
+  /// Whether an executor that may take batches (not quarantined) has a free
+  /// credit.
+  bool executor_free = false;
   /// Every executor that may take batches (quarantined ones left out), with
-  /// what it holds; a dispatch's `executor` indexes it.
+  /// what it holds; a dispatch's `executor` indexes it. Filled only for a
+  /// policy that plans_on_executors(): building it costs an allocation per
+  /// executor, and the dynamic batcher reads executor_free alone.
   std::vector<executor_load> executors;
   /// Batches of a lost executor wait to be sent again because no executor has
   /// a credit for them: they go before any new batch.
@@ -85,9 +90,12 @@ class scheduling_policy {
 public:
   virtual ~scheduling_policy() = default;
 
+  /// Whether the policy plans batches on executors' loads (poll_input's and
+  /// enqueue's `executors`); the scheduler builds them only for one that does.
+  virtual bool plans_on_executors() const = 0;
   /// Queues a request that the server received at `received` and the scheduler
   /// got at `now` (received <= now), or answers it at once. `executors` as in
-  /// poll_input. Call poll() afterwards.
+  /// poll_input (empty unless plans_on_executors()). Call poll() afterwards.
   virtual admission enqueue(const request_info& request, time_point received, time_point now,
                             const std::vector<executor_load>& executors)
     = 0;

@@ -1,5 +1,6 @@
 #include "scheduler/scheduling_policy.hpp"
 
+#include <algorithm>
 #include <doctest/doctest.h>
 
 #include <chrono>
@@ -58,6 +59,10 @@ poll_input input(time_point now, std::vector<executor_load> executors,
                  bool resends_waiting = false) {
   poll_input in;
   in.now = now;
+  // As the scheduler fills it: executor_free always, the loads for every policy
+  // (here, so that each test reads the same input for both).
+  in.executor_free = std::any_of(executors.begin(), executors.end(),
+                                 [](const executor_load& x) { return x.has_credit(); });
   in.executors = std::move(executors);
   in.resends_waiting = resends_waiting;
   return in;
@@ -67,6 +72,7 @@ poll_input input(time_point now, std::vector<executor_load> executors,
 
 TEST_CASE("dynamic batching: dispatches leave the executor to the scheduler") {
   auto p = make_dynamic_batching_policy(dynamic_config(0));
+  CHECK_FALSE(p->plans_on_executors()); // the scheduler builds no loads for it
   batch_cost_model cost;
   std::vector<executor_load> ex{free_executor(cost), free_executor(cost)};
   CHECK(std::holds_alternative<admitted>(p->enqueue(req(1), at(0), at(0), ex)));
@@ -113,6 +119,7 @@ TEST_CASE("dynamic batching: rejections come back as rejected; no warm-up runs")
 
 TEST_CASE("latency target: dispatches name the executor the policy planned on") {
   auto p = make_latency_target_policy(target_config());
+  CHECK(p->plans_on_executors());
   batch_cost_model cost;
   for (uint32_t rows = 1; rows <= 8; ++rows)
     cost.observe(rows, 10'000'000); // 10 ms a batch

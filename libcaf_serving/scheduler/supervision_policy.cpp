@@ -34,6 +34,8 @@ void supervision_policy::remove_executor(uint64_t executor) {
 }
 
 bool supervision_policy::quarantined(uint64_t executor, int64_t now_ns) const {
+  if (now_ns >= quarantines_end_ns_) // none is: the common case, with no lookup
+    return false;
   auto it = health_.find(executor);
   return it != health_.end() && it->second.quarantined_until_ns > now_ns;
 }
@@ -48,6 +50,7 @@ failure_decision supervision_policy::internal_failure(uint64_t executor, int64_t
   backoff = std::min(backoff, cfg_.max_quarantine_backoff);
   ++h.quarantines;
   h.quarantined_until_ns = now_ns + std::chrono::nanoseconds(backoff).count();
+  quarantines_end_ns_ = std::max(quarantines_end_ns_, h.quarantined_until_ns);
   return quarantine{h.quarantined_until_ns, backoff};
 }
 
@@ -96,12 +99,20 @@ std::optional<wake_at> supervision_policy::arm_hang_check(int64_t due_ns) {
 std::optional<wake_at> supervision_policy::local_attempt_sent(uint64_t batch, int64_t now_ns) {
   if (cfg_.local_batch_timeout.count() <= 0)
     return std::nullopt;
-  local_attempts_[batch] = now_ns;
+  auto it = std::lower_bound(local_attempts_.begin(), local_attempts_.end(), batch,
+                             [](const auto& a, uint64_t b) { return a.first < b; });
+  if (it != local_attempts_.end() && it->first == batch)
+    it->second = now_ns;
+  else
+    local_attempts_.insert(it, {batch, now_ns});
   return arm_hang_check(now_ns + std::chrono::nanoseconds(cfg_.local_batch_timeout).count());
 }
 
 void supervision_policy::attempt_ended(uint64_t batch) {
-  local_attempts_.erase(batch);
+  auto it = std::lower_bound(local_attempts_.begin(), local_attempts_.end(), batch,
+                             [](const auto& a, uint64_t b) { return a.first < b; });
+  if (it != local_attempts_.end() && it->first == batch)
+    local_attempts_.erase(it);
 }
 
 hang_check supervision_policy::check_hung(int64_t now_ns) {

@@ -47,6 +47,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -223,6 +224,8 @@ private:
 
   supervision_config cfg_;
   std::map<uint64_t, executor_health> health_;
+  /// When the last quarantine ends (the latest quarantined_until_ns).
+  int64_t quarantines_end_ns_ = 0;
   /// Local executors that stopped and are to be started again, and when.
   uint32_t respawns_due_ = 0;
   int64_t respawn_at_ns_ = 0;
@@ -230,8 +233,10 @@ private:
   /// succeeding in between.
   uint32_t quick_restarts_ = 0;
   int64_t last_restart_ns_ = 0;
-  /// Local attempts in flight: when each batch's was sent.
-  std::map<uint64_t, int64_t> local_attempts_;
+  /// Local attempts in flight, (batch, when it was sent), ordered by batch: a
+  /// flat vector, which allocates nothing per batch once it has grown (batch
+  /// ids rise, so an attempt is appended and usually ends near the front).
+  std::vector<std::pair<uint64_t, int64_t>> local_attempts_;
   /// When the armed hang check is due; none armed when empty.
   std::optional<int64_t> hang_check_ns_;
 };
