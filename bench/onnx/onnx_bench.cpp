@@ -31,7 +31,7 @@
 #include "onnx/importer.hpp"
 #include "onnx_cpu/cpu_level.hpp"
 #include "onnx_cpu/onnx_backend.hpp"
-#include "onnx/ops.hpp"
+#include "onnx/op_registry.hpp"
 #include "onnx/passes.hpp"
 
 #include "cpu_isa.hpp"

@@ -5,7 +5,7 @@
 /// reference kernel. No device.
 
 #include "cuda/attention_plan.hpp"
-#include "onnx/ops.hpp"
+#include "onnx/op_registry.hpp"
 
 #include <doctest/doctest.h>
 
@@ -166,7 +166,7 @@ std::vector<float> random_values(size_t n, std::mt19937& rng) {
   return v;
 }
 
-/// FusedAttention's reference kernel (onnx/ops.cpp): Q, K, V of one length.
+/// FusedAttention's reference kernel (onnx/ops_nn.cpp): Q, K, V of one length.
 std::vector<float> reference(int64_t b, int64_t s, int64_t h, int64_t d, float scale,
                              std::vector<float>& q, std::vector<float>& k, std::vector<float>& v,
                              std::vector<float>* mask, const std::vector<int64_t>& mask_shape) {

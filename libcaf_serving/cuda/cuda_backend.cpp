@@ -14,7 +14,6 @@
 #include "onnx/memory_plan.hpp"
 #include "onnx/model_config.hpp"
 #include "onnx/op_registry.hpp"
-#include "onnx/ops.hpp"
 
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>

@@ -8,7 +8,7 @@
 #include "cuda/data_plan.hpp"
 
 #include "cpu/data_reference.hpp"
-#include "onnx/ops.hpp"
+#include "onnx/op_registry.hpp"
 
 #include <doctest/doctest.h>
 

@@ -210,7 +210,7 @@ std::optional<elementwise_plan> plan_where(const onnx::graph& g, const onnx::nod
 /// A conversion between two of the kernels' types (the same type: a copy);
 /// CastLike's second input gives only the type. A Cast to FLOAT16 or BFLOAT16
 /// inside the graph has an fp32 output holding the values rounded to the half's
-/// precision (onnx::run_cast): two casts, through the half type.
+/// precision (onnx/ops_elementwise.cpp's run_cast): two casts, through the half type.
 std::optional<elementwise_plan> plan_cast(const onnx::graph& g, const onnx::node& n) {
   const int x = in(n, 0), y = out(n, 0);
   auto tx = known_type(g, x), ty = known_type(g, y);

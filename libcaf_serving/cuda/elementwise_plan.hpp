@@ -28,8 +28,8 @@ struct elementwise_plan {
   kernels::dtype type = kernels::dtype::f32; ///< of the (non-condition) inputs; Cast's source
   kernels::dtype to = kernels::dtype::f32;   ///< Cast's target
   /// A Cast to FLOAT16/BFLOAT16 inside the graph keeps fp32 values rounded to the
-  /// half's precision (onnx::run_cast): cast `type` -> `via` into a scratch buffer,
-  /// then `via` -> f32 (`to`). Nothing for a plain Cast.
+  /// half's precision (onnx/ops_elementwise.cpp's run_cast): cast `type` -> `via`
+  /// into a scratch buffer, then `via` -> f32 (`to`). Nothing for a plain Cast.
   std::optional<kernels::dtype> via;
   kernels::binary_op binary = kernels::binary_op::add;
   kernels::unary_op unary = kernels::unary_op::identity;

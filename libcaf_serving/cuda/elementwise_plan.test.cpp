@@ -7,7 +7,7 @@
 #include "cuda/elementwise_plan.hpp"
 
 #include "cpu/reference_elementwise.hpp"
-#include "onnx/ops.hpp"
+#include "onnx/op_registry.hpp"
 
 #include <doctest/doctest.h>
 

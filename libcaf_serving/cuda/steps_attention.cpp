@@ -1,5 +1,5 @@
 /// FusedAttention(Q, K, V, M?) [num_heads, scale, nan_to_zero] as a device step
-/// (onnx/ops.hpp defines it), on one of two paths, chosen by
+/// (onnx/ops_nn.hpp defines it), on one of two paths, chosen by
 /// choose_attention_kernel (attention_plan.hpp; the plan names the step):
 ///
 /// - "attention_fused": at fp16/bf16 storage, self-attention (Sq = Sk) with head

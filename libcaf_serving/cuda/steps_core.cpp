@@ -11,7 +11,7 @@
 #include "cuda/epilogue.hpp"
 #include "cuda/softmax.hpp"
 #include "core/half.hpp"
-#include "onnx/ops.hpp"
+#include "onnx/op_registry.hpp"
 
 #include <algorithm>
 #include <iostream>
@@ -377,7 +377,7 @@ void log_split_bf16_conv(const onnx::node& n, cudnnConvolutionFwdAlgo_t algo) {
 }
 
 /// FusedConv (2-D, any group, symmetric pads, every activation of activation_of)
-/// on cuDNN, as act(conv(X, W) + B + R) (onnx/ops.hpp): cuDNN's fused call, or the
+/// on cuDNN, as act(conv(X, W) + B + R) (onnx/ops_nn.hpp): cuDNN's fused call, or the
 /// plain convolution with the algorithm cudnnFind times fastest, then the epilogue
 /// kernel in place (bias, residual, activation, in FusedConv's order), as
 /// choose_conv_path says. At load the fused call's algorithm is searched and the

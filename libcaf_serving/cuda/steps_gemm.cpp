@@ -7,7 +7,7 @@
 #include "cuda/cuda_check.hpp"
 #include "cuda/epilogue.hpp"
 #include "core/half.hpp"
-#include "onnx/ops.hpp"
+#include "onnx/op_registry.hpp"
 
 #include <cassert>
 #include <cstring>

@@ -1,17 +1,24 @@
 #pragma once
-/// The one registry of the ONNX operators the engine runs: each operator once,
-/// with every ONNX version of it (since_version) from its first up to the
-/// newest opset the engine loads (max_opset). The importer refuses a model by
-/// it: for the model's opset, an operator's version is the largest
-/// since_version <= opset; an operator absent here, or whose first version is
-/// above the opset, is unsupported.
+/// The one registry of the operators the engine runs, and the only way to
+/// them: infer_shapes() and run_reference() look a node's operator up here and
+/// call its entry's own shape inference and reference kernel, as ONNX
+/// Runtime's kernel registry does.
 ///
-/// Operators come in tables, one per source file that implements some:
-/// ops.cpp's (written in op_registry.cpp), ops_simple.cpp's
-/// (simple_operator_table()), ops_nd.cpp's (nd_operator_table()), ops_more.cpp's
-/// (more_operator_table()), ... Each table comes with the file's shape
-/// inference and reference kernel, which every operator of it has. A new file
-/// of operators adds its table with one line in op_registry.cpp's `tables`.
+/// Each operator is one entry (op_entry, ops_common.hpp): every ONNX version
+/// of it (since_version) from its first up to the newest opset the engine
+/// loads (max_opset), its shape inference, its reference kernel and, where a
+/// version defines something the engine does not run, its check. The importer
+/// refuses a model by it: for the model's opset, an operator's version is the
+/// largest since_version <= opset; an operator absent here, or whose first
+/// version is above the opset, is unsupported.
+///
+/// Entries come in tables, one per operator file: ops_elementwise.cpp,
+/// ops_shape.cpp, ops_nn.cpp, ops_simple.cpp, ops_nd.cpp, ops_more.cpp,
+/// ops_contrib.cpp (com.microsoft), ops_quant.cpp. The engine's own operators,
+/// which passes write and no model names (FusedConv, QLinearAdd, ...), have
+/// tables of their own: infer_shapes() and run_reference() find them, the
+/// importer does not. A new operator is one entry of a table; a new file of
+/// operators adds its table with one line in op_registry.cpp's `tables()`.
 ///
 /// Backends add kernels of their own through the same names and versions
 /// (kernel_table, below): the CPU backend its oneDNN and engine steps
@@ -24,74 +31,43 @@
 ///
 ///     if (auto v = operator_version("ReduceMean", 18)) ... // 18: axes is an input
 ///     if (auto why = check_node_version(g, n)) refuse(*why);
-///     find_operator("Abs")->reference(n, inputs, outputs);
+///     auto shapes = infer_shapes(g, n);
+///     run_reference(n, inputs, outputs);
 
 #include "onnx/ir.hpp"
-#include "onnx/ops.hpp"
+#include "onnx/ops_common.hpp"
 
 #include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <optional>
 #include <string>
-#include <variant>
 #include <vector>
 
 namespace caf_serving::onnx {
 
-/// Shape inference of an operator: its outputs' types and shapes, or what
-/// does not fit (infer_shapes()).
-using infer_function = std::variant<std::vector<inferred>, std::string> (*)(const graph& g,
-                                                                           const node& n);
-/// The reference kernel of an operator (run_reference()).
-using reference_function = void (*)(const node& n, const std::vector<tensor_ref>& in,
-                                    const std::vector<tensor_ref>& out);
+// ------------------------------------------------------------------ the operators
 
-/// One operator and its ONNX versions (since_version), ascending; in
-/// registered_operators() and find_operator(), with its shape inference and
-/// reference kernel (those of the source file whose table holds it).
-struct op_versions {
-  std::string op;
-  std::vector<int64_t> since;
-  infer_function infer = nullptr;
-  reference_function reference = nullptr;
-};
-
-/// The operators of one source file.
-using op_table = std::vector<op_versions>;
-
-/// The names of a table of operators (a map from name to an entry with
-/// `versions`), in the map's order.
-template <class Map>
-std::vector<std::string> table_names(const Map& table) {
-  std::vector<std::string> names;
-  for (const auto& entry : table)
-    names.push_back(entry.first);
-  return names;
-}
-
-/// Each operator of such a map with its versions.
-template <class Map>
-op_table table_versions(const Map& table) {
-  op_table versions;
-  for (const auto& entry : table)
-    versions.push_back({entry.first, entry.second.versions});
-  return versions;
-}
-
-/// The operators of ops.cpp.
-const op_table& core_operator_table();
-
-/// Every registered operator from every table, sorted by name.
+/// Every operator a model may name (ONNX's and the com.microsoft ones), from
+/// every table, sorted by name.
 const op_table& registered_operators();
 
+/// The engine's own operators (the fused ones of passes.cpp, the 8-bit ones of
+/// quant_passes.cpp, ...), sorted by name: no model names them, and the
+/// importer refuses them.
+const op_table& engine_operators();
+
 /// How many entries the tables hold together: registered_operators().size()
-/// unless two tables register one operator (the first table's entry wins),
-/// which the registry's test refuses.
+/// plus engine_operators().size() unless two tables register one operator (the
+/// first table's entry wins), which the registry's test refuses.
 size_t table_entries();
 
-/// The entry of `op`, or nullptr when the engine does not run it.
-const op_versions* find_operator(const std::string& op);
+/// The entry of `op`, an operator a model may name, or nullptr when the
+/// engine does not run it.
+const op_entry* find_operator(const std::string& op);
+
+/// The entry of `op`, one of the engine's own operators, or nullptr.
+const op_entry* find_engine_operator(const std::string& op);
 
 /// The version of `op` that a model importing `opset` runs: the largest
 /// since_version <= opset; nothing when the engine does not run `op` or ONNX
@@ -101,10 +77,37 @@ std::optional<int64_t> operator_version(const std::string& op, int64_t opset);
 /// What in `n`'s attributes or inputs the version of its operator that
 /// `g.opset` selects does not define, or defines with a meaning the engine does
 /// not implement (BatchNormalization's training_mode, Split's num_outputs
-/// before opset 18, ReduceMean's axes attribute from 18 on, ...); nothing when
-/// the engine runs `n` as ONNX defines it. The text names the attribute, its
-/// value and what to do, without the node's name (the caller adds it).
+/// before opset 18, ReduceMean's axes attribute from 18 on, ...): the entry's
+/// check; nothing when the engine runs `n` as ONNX defines it. The text names
+/// the attribute, its value and what to do, without the node's name (the caller
+/// adds it).
 std::optional<std::string> check_node_version(const graph& g, const node& n);
+
+// ------------------------------------------------------------------ running them
+
+/// Output types and shapes of `n` given its input values (which must have known
+/// shapes; shape-determining inputs such as Reshape's target must be constants):
+/// its entry's shape inference. The error says what does not fit, without the
+/// node's name (the caller adds it).
+infer_result infer_shapes(const graph& g, const node& n);
+
+/// Runs the reference kernel of `n`'s entry. Shapes are those infer_shapes()
+/// gave. The reference kernels are plain, single-threaded C++ (MatMul and Gemm
+/// call OpenBLAS): they fold constants at compile time, run the operators that
+/// have no faster kernel, and are what every backend's kernel is checked against.
+void run_reference(const node& n, const std::vector<tensor_ref>& inputs,
+                   const std::vector<tensor_ref>& outputs);
+
+/// Runs a specialized graph (every shape known) with the reference kernels
+/// only: the baseline that optimized graphs and compiled plans are checked
+/// against. `inputs` holds the graph inputs' bytes in order; returns the
+/// outputs' bytes in order.
+std::vector<std::vector<uint8_t>> run_reference_graph(const graph& g,
+                                                      const std::vector<std::string>& inputs);
+
+/// Whether folding `op` on constants is worth it (every op but those that
+/// materialise large tensors from tiny ones).
+bool foldable(const std::string& op);
 
 // ------------------------------------------------------------------ backends' kernels
 

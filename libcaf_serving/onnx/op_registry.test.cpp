@@ -1,8 +1,9 @@
-/// The operator registry: which version of an operator a model's opset
-/// selects, the importer's refusals driven by it (opsets outside 13..28, an
-/// operator ONNX defines only after the model's opset, attributes the selected
-/// version does not define), and the changes of meaning between opset 13 and
-/// 28 that the kernels follow (Split-18's smaller last part, Relu-14's
+/// The operator registry: one entry per operator, reached by name (the
+/// engine's own operators apart, which the importer refuses), which version of
+/// an operator a model's opset selects, the importer's refusals driven by it
+/// (opsets outside 13..28, an operator ONNX defines only after the model's
+/// opset, attributes the selected version does not define), and the changes of
+/// meaning between opset 13 and 28 that the kernels follow (Split-18's smaller last part, Relu-14's
 /// integers, Pow's integer exponent, CastLike, the pools' ceil_mode). The
 /// fixtures opset18_* .. opset22_* check the same against ONNX Runtime through
 /// the server (onnx.server.test).
@@ -10,7 +11,6 @@
 #include "onnx/op_registry.hpp"
 
 #include "onnx/importer.hpp"
-#include "onnx/ops.hpp"
 
 #include <doctest/doctest.h>
 #include <onnx/onnx_pb.h>
@@ -39,9 +39,13 @@ TEST_CASE("every operator is registered once, with ascending versions up to opse
     CHECK(std::adjacent_find(e.since.begin(), e.since.end()) == e.since.end());
     CHECK(e.since.back() <= max_opset);
   }
-  // No operator in two tables.
-  CHECK(table_entries() == all.size());
-  // Both tables: ops.cpp's and ops_simple.cpp's.
+  // No operator in two tables, nor both a model's and the engine's.
+  CHECK(table_entries() == all.size() + engine_operators().size());
+  for (const auto& e : engine_operators()) {
+    INFO(e.op);
+    CHECK(names.insert(e.op).second);
+  }
+  // Two tables of operator files: ops_nn.cpp's and ops_simple.cpp's.
   CHECK(find_operator("Conv") != nullptr);
   CHECK(find_operator("HardSwish") != nullptr);
   CHECK(find_operator("NoSuchOp") == nullptr);
@@ -155,6 +159,30 @@ void loads(const std::string& bytes) {
 }
 
 } // namespace
+
+TEST_CASE("the engine's own operators have entries that no model reaches") {
+  std::vector<std::string> names;
+  for (const auto& e : engine_operators()) {
+    INFO(e.op);
+    names.push_back(e.op);
+    CHECK(e.since.empty()); // no ONNX version: every backend kernel's range takes them
+    REQUIRE(find_engine_operator(e.op) != nullptr);
+    CHECK(find_engine_operator(e.op)->op == e.op);
+    CHECK(find_operator(e.op) == nullptr);
+    CHECK_FALSE(operator_version(e.op, max_opset));
+  }
+  CHECK(names == std::vector<std::string>{"FusedAttention", "FusedConv", "FusedGelu",
+                                          "FusedGemm", "FusedLayerNorm", "FusedMatMul",
+                                          "QLinearAdd", "QMaxPool",
+                                          "com.microsoft.AttentionMask (engine)"});
+  // The importer refuses them as it refuses any operator it does not know.
+  auto bytes = make_model(17, {{"FusedGelu", {"X"}, {"Y"}, {}, "g"}});
+  auto r = import_model_bytes(bytes, "m.onnx");
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.error().message.find("m.onnx: 1 node uses 1 operator that the engine does not support "
+                               "at opset 17: 'FusedGelu' in 1 node ('g'); supported operators: ")
+        == 0);
+}
 
 TEST_CASE("models at every opset from 13 to 28 load; others are refused with the range") {
   for (int64_t opset = 13; opset <= 28; ++opset) {
@@ -485,15 +513,18 @@ TEST_CASE("types the kernels do not take are refused, not read as another type")
 }
 
 TEST_CASE("every registered operator has its shape inference and reference kernel") {
-  for (const auto& e : registered_operators()) {
-    INFO(e.op);
-    CHECK((e.infer != nullptr));
-    CHECK((e.reference != nullptr));
-    const auto* found = find_operator(e.op);
-    REQUIRE(found != nullptr);
-    CHECK((found->infer == e.infer));
-    CHECK((found->reference == e.reference));
-  }
+  for (const auto* table : {&registered_operators(), &engine_operators()})
+    for (const auto& e : *table) {
+      INFO(e.op);
+      CHECK((e.infer != nullptr));
+      CHECK((e.reference != nullptr));
+      const auto* found = table == &registered_operators() ? find_operator(e.op)
+                                                           : find_engine_operator(e.op);
+      REQUIRE(found != nullptr);
+      CHECK((found->infer == e.infer));
+      CHECK((found->reference == e.reference));
+      CHECK((found->check == e.check));
+    }
   // Through the registry's slot, an operator infers and runs as infer_shapes()
   // and run_reference() do.
   graph g;

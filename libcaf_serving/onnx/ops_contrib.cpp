@@ -1,7 +1,5 @@
 #include "onnx/ops_contrib.hpp"
 
-#include "onnx/ops_internal.hpp"
-
 #include <cblas.h>
 
 #include <algorithm>
@@ -14,20 +12,6 @@ namespace caf_serving::onnx {
 namespace {
 
 using namespace ops_internal;
-using infer_result = std::variant<std::vector<inferred>, std::string>;
-
-/// The operators without the prefix, as onnxruntime's ContribOperators.md names them.
-const std::vector<std::string>& contrib_names() {
-  static const std::vector<std::string> names{
-    "Attention",        "BiasGelu",
-    "EmbedLayerNormalization",       "FastGelu",  "FusedMatMul",
-    "Gelu",             "MultiHeadAttention",     "QuickGelu",
-    "SkipLayerNormalization",
-    "SkipSimplifiedLayerNormalization",
-  };
-  return names;
-}
-
 /// onnxruntime registers SimplifiedLayerNormalization (RMSNorm, which T5's optimized models
 /// use) in the default ONNX domain, version 1, though ONNX does not define it: it keeps that
 /// name in node::op, unprefixed.
@@ -38,11 +22,6 @@ constexpr const char* default_domain_rms = "SimplifiedLayerNormalization";
 /// engine's own operator, never imported (the importer prefixes every contrib op).
 constexpr const char* attention_mask_op = "com.microsoft.AttentionMask (engine)";
 
-/// node::op without "com.microsoft.".
-std::string bare(const std::string& op) {
-  return op == default_domain_rms ? op : op.substr(std::strlen(contrib_prefix));
-}
-
 bool has_in(const node& n, size_t i) {
   return n.inputs.size() > i && n.inputs[i] >= 0;
 }
@@ -52,10 +31,6 @@ bool has_out(const node& n, size_t i) {
 }
 
 // ------------------------------------------------------------------ kernels
-
-float gelu_erf(float x) {
-  return 0.5f * x * (1.0f + std::erf(x * 0.70710678118654752f));
-}
 
 /// onnxruntime's FastGelu: the tanh approximation of GELU.
 float gelu_tanh(float x) {
@@ -215,12 +190,15 @@ std::optional<std::string> need_int(const graph& g, const node& n,
   return std::nullopt;
 }
 
-infer_result infer_layernorms(const graph& g, const node& n, const std::string& op) {
+/// SkipLayerNormalization (`Skip`), SkipSimplifiedLayerNormalization (`Skip`,
+/// `Simplified`: RMSNorm) and the default domain's SimplifiedLayerNormalization.
+template <bool Skip, bool Simplified>
+infer_result infer_layernorms(const graph& g, const node& n) {
   const auto& x = g.values[n.inputs[0]].shape;
   if (x.empty())
     return std::string("input 0 is a scalar; it needs a last axis to normalize");
   int64_t width = x.back();
-  bool skip = op.rfind("Skip", 0) == 0;
+  constexpr bool skip = Skip;
   if (skip) {
     if (auto e = need_float(g, n, {0, 1, 2, 3, 4}))
       return *e;
@@ -233,10 +211,8 @@ infer_result infer_layernorms(const graph& g, const node& n, const std::string& 
   }
   size_t gamma = skip ? 2 : 1;
   std::vector<size_t> vectors{gamma};
-  if (op == "SkipLayerNormalization")
-    vectors = {2, 3, 4};
-  if (op == "SkipSimplifiedLayerNormalization")
-    vectors = {2, 3};
+  if (skip)
+    vectors = Simplified ? std::vector<size_t>{2, 3} : std::vector<size_t>{2, 3, 4};
   for (size_t i : vectors)
     if (has_in(n, i) && g.values[n.inputs[i]].shape != std::vector<int64_t>{width}
         && element_count(g.values[n.inputs[i]].shape) != width)
@@ -374,115 +350,306 @@ infer_result infer_embed(const graph& g, const node& n) {
   return out;
 }
 
-} // namespace
+// ------------------------------------------------------------------ checks
 
-const op_table& contrib_operator_table() {
-  static const op_table ops = [] {
-    op_table t;
-    for (const auto& name : contrib_names())
-      t.push_back({contrib_prefix + name, {1}});
-    t.push_back({default_domain_rms, {1}});
-    return t;
-  }();
-  return ops;
+/// The refusal of attribute `a` of com.microsoft `name` when it is not `ok`.
+std::optional<std::string> refuse_attr(const node& n, const char* name, const char* a,
+                                       int64_t ok) {
+  if (n.get_i(a, ok) == ok)
+    return std::nullopt;
+  return "attribute '" + std::string(a) + "' is " + std::to_string(n.get_i(a, ok))
+         + ", which the engine does not implement for com.microsoft " + name;
 }
 
-bool is_contrib_op(const std::string& op) {
-  if (op == default_domain_rms || op == attention_mask_op)
-    return true;
-  return op.rfind(contrib_prefix, 0) == 0
-         && std::binary_search(contrib_names().begin(), contrib_names().end(), bare(op));
+std::optional<std::string> check_attention(const graph&, const node& n, int64_t) {
+  if (has_in(n, 4) || has_in(n, 6) || has_out(n, 1))
+    return std::string("Attention with past/present key-value state (a decoder's cache) is "
+                       "not implemented; export the model without cache (use_cache=False)");
+  for (const char* a : {"do_rotary", "past_present_share_buffer"})
+    if (auto e = refuse_attr(n, "Attention", a, 0))
+      return *e + "; optimize the model without it";
+  return std::nullopt;
 }
 
-std::optional<std::string> check_contrib_node(const node& n) {
-  auto op = bare(n.op);
-  auto refuse_attr = [&](const char* a, int64_t ok) -> std::optional<std::string> {
-    if (n.get_i(a, ok) == ok)
-      return std::nullopt;
-    return "attribute '" + std::string(a) + "' is " + std::to_string(n.get_i(a, ok))
-           + ", which the engine does not implement for com.microsoft " + op;
-  };
-  if (op == "Attention") {
-    if (has_in(n, 4) || has_in(n, 6) || has_out(n, 1))
-      return std::string("Attention with past/present key-value state (a decoder's cache) is "
-                         "not implemented; export the model without cache (use_cache=False)");
-    for (const char* a : {"do_rotary", "past_present_share_buffer"})
-      if (auto e = refuse_attr(a, 0))
-        return *e + "; optimize the model without it";
-  }
-  if (op == "MultiHeadAttention") {
-    if (!has_in(n, 1) || !has_in(n, 2))
-      return std::string("MultiHeadAttention with packed query/key/value (key or value "
-                         "omitted) is not implemented; optimize the model with "
-                         "disable_packed_qkv/disable_packed_kv");
-    for (size_t i = 6; i < n.inputs.size(); ++i)
-      if (has_in(n, i))
-        return "MultiHeadAttention input " + std::to_string(i) + " (past state or cache "
-               "positions) is not implemented; export the model without cache";
-    if (has_out(n, 1) || has_out(n, 2) || has_out(n, 3))
-      return std::string("MultiHeadAttention's present key/value outputs are not implemented; "
-                         "export the model without cache (use_cache=False)");
-  }
-  if (op == "FusedMatMul")
-    for (const char* a : {"transBatchA", "transBatchB"})
-      if (auto e = refuse_attr(a, 0))
-        return *e + "; only transA and transB are";
-  if (op == "EmbedLayerNormalization" && has_out(n, 1) && n.get_i("mask_index_type", 1) != 1)
+std::optional<std::string> check_mha(const graph&, const node& n, int64_t) {
+  if (!has_in(n, 1) || !has_in(n, 2))
+    return std::string("MultiHeadAttention with packed query/key/value (key or value "
+                       "omitted) is not implemented; optimize the model with "
+                       "disable_packed_qkv/disable_packed_kv");
+  for (size_t i = 6; i < n.inputs.size(); ++i)
+    if (has_in(n, i))
+      return "MultiHeadAttention input " + std::to_string(i) + " (past state or cache "
+             "positions) is not implemented; export the model without cache";
+  if (has_out(n, 1) || has_out(n, 2) || has_out(n, 3))
+    return std::string("MultiHeadAttention's present key/value outputs are not implemented; "
+                       "export the model without cache (use_cache=False)");
+  return std::nullopt;
+}
+
+std::optional<std::string> check_fused_matmul(const graph&, const node& n, int64_t) {
+  for (const char* a : {"transBatchA", "transBatchB"})
+    if (auto e = refuse_attr(n, "FusedMatMul", a, 0))
+      return *e + "; only transA and transB are";
+  return std::nullopt;
+}
+
+std::optional<std::string> check_embed(const graph&, const node& n, int64_t) {
+  if (has_out(n, 1) && n.get_i("mask_index_type", 1) != 1)
     return "attribute 'mask_index_type' is " + std::to_string(n.get_i("mask_index_type", 1))
            + " with the mask_index output used; the engine computes mask_index_type 1 only";
   return std::nullopt;
 }
 
-infer_result infer_contrib_op(const graph& g, const node& n) {
-  auto op = bare(n.op);
-  const auto& x = g.values[n.inputs[0]];
-  auto one = [](std::vector<int64_t> s) {
-    return std::vector<inferred>{{datatype::fp32, std::move(s)}};
-  };
-  if (op == "Gelu" || op == "QuickGelu" || op == "FastGelu" || op == "BiasGelu") {
-    if (auto e = need_float(g, n, {0, 1}))
-      return *e;
-    if (has_in(n, 1)) {
-      const auto& b = g.values[n.inputs[1]].shape;
-      if (b.size() != 1 || x.shape.empty() || b[0] != x.shape.back())
-        return "bias " + shape_string(b) + " is not one vector of input's last axis "
-               + shape_string(x.shape);
-    }
-    return one(x.shape);
-  }
-  if (op == "FusedMatMul") {
-    if (auto e = need_float(g, n, {0, 1}))
-      return *e;
-    auto a = x.shape, b = g.values[n.inputs[1]].shape;
-    if (a.size() < 2 || b.size() < 2)
-      return "inputs " + shape_string(a) + " and " + shape_string(b)
-             + " must have two axes or more";
-    if (n.get_i("transA", 0))
-      std::swap(a[a.size() - 1], a[a.size() - 2]);
-    if (n.get_i("transB", 0))
-      std::swap(b[b.size() - 1], b[b.size() - 2]);
-    auto batch = broadcast_shapes({a.begin(), a.end() - 2}, {b.begin(), b.end() - 2});
-    if (a.back() != b[b.size() - 2] || !batch)
-      return "inputs " + shape_string(a) + " and " + shape_string(b)
-             + " (after transA/transB) do not multiply";
-    batch->push_back(a[a.size() - 2]);
-    batch->push_back(b.back());
-    return one(*batch);
-  }
-  if (op.find("LayerNormalization") != std::string::npos && op != "EmbedLayerNormalization")
-    return infer_layernorms(g, n, op);
-  if (op == "Attention")
-    return infer_attention(g, n);
-  if (op == "MultiHeadAttention")
-    return infer_mha(g, n);
-  if (op == "EmbedLayerNormalization")
-    return infer_embed(g, n);
-  if (n.op == attention_mask_op)
-    return one({x.shape[0], 1, 1, n.get_i("keys", 1)});
-  return "no shape inference for operator '" + n.op + "'";
+// ------------------------------------------------------------------ inference
+
+std::vector<inferred> one_fp32(std::vector<int64_t> s) {
+  return {{datatype::fp32, std::move(s)}};
 }
 
-namespace {
+/// Gelu, QuickGelu, FastGelu, BiasGelu: X's shape; B, if given, one vector of
+/// X's last axis.
+infer_result infer_gelus(const graph& g, const node& n) {
+  const auto& x = g.values[n.inputs[0]];
+  if (auto e = need_float(g, n, {0, 1}))
+    return *e;
+  if (has_in(n, 1)) {
+    const auto& b = g.values[n.inputs[1]].shape;
+    if (b.size() != 1 || x.shape.empty() || b[0] != x.shape.back())
+      return "bias " + shape_string(b) + " is not one vector of input's last axis "
+             + shape_string(x.shape);
+  }
+  return one_fp32(x.shape);
+}
+
+infer_result infer_fused_matmul(const graph& g, const node& n) {
+  if (auto e = need_float(g, n, {0, 1}))
+    return *e;
+  auto a = g.values[n.inputs[0]].shape, b = g.values[n.inputs[1]].shape;
+  if (a.size() < 2 || b.size() < 2)
+    return "inputs " + shape_string(a) + " and " + shape_string(b)
+           + " must have two axes or more";
+  if (n.get_i("transA", 0))
+    std::swap(a[a.size() - 1], a[a.size() - 2]);
+  if (n.get_i("transB", 0))
+    std::swap(b[b.size() - 1], b[b.size() - 2]);
+  auto batch = broadcast_shapes({a.begin(), a.end() - 2}, {b.begin(), b.end() - 2});
+  if (a.back() != b[b.size() - 2] || !batch)
+    return "inputs " + shape_string(a) + " and " + shape_string(b)
+           + " (after transA/transB) do not multiply";
+  batch->push_back(a[a.size() - 2]);
+  batch->push_back(b.back());
+  return one_fp32(*batch);
+}
+
+infer_result infer_attention_mask(const graph& g, const node& n) {
+  return one_fp32({g.values[n.inputs[0]].shape[0], 1, 1, n.get_i("keys", 1)});
+}
+
+// ------------------------------------------------------------------ kernels
+
+/// onnxruntime's QuickGelu: x * sigmoid(alpha * x).
+float quick_gelu(float v, float alpha) {
+  return v / (1.0f + std::exp(-alpha * v));
+}
+
+/// FastGelu (the tanh approximation).
+float fast_gelu(float v, float) {
+  return gelu_tanh(v);
+}
+
+/// Gelu and BiasGelu (erf).
+float erf_gelu(float v, float) {
+  return gelu_erf(v);
+}
+
+/// F(X + B, alpha), B (if given) broadcast along the last axis.
+template <float (*F)(float, float)>
+void run_gelus(const node& n, const std::vector<tensor_ref>& in,
+               const std::vector<tensor_ref>& out) {
+  const auto& y = out[0];
+  int64_t count = y.elements();
+  const float* x = in[0].as<float>();
+  const float* b = in.size() > 1 && in[1].data ? in[1].as<float>() : nullptr;
+  int64_t nb = b ? in[1].elements() : 1;
+  float alpha = n.get_f("alpha", 1.702f);
+  float* o = y.as<float>();
+  for (int64_t i = 0; i < count; ++i)
+    o[i] = F(x[i] + (b ? b[i % nb] : 0.f), alpha);
+}
+
+void run_fused_matmul(const node& n, const std::vector<tensor_ref>& in,
+                      const std::vector<tensor_ref>& out) {
+  const auto& y = out[0];
+  bool ta = n.get_i("transA", 0) != 0, tb = n.get_i("transB", 0) != 0;
+  float alpha = n.get_f("alpha", 1.0f);
+  const auto &as = in[0].shape, &bs = in[1].shape;
+  int64_t M = y.shape[y.shape.size() - 2], N = y.shape.back();
+  int64_t K = ta ? as[as.size() - 2] : as.back();
+  shape_t batch(y.shape.begin(), y.shape.end() - 2);
+  shape_t abatch(as.begin(), as.end() - 2), bbatch(bs.begin(), bs.end() - 2);
+  auto ast = broadcast_strides(abatch, batch), bst = broadcast_strides(bbatch, batch);
+  int64_t i = 0;
+  broadcast_loop<2>(batch.empty() ? shape_t{1} : batch,
+                    batch.empty() ? std::array<shape_t, 2>{shape_t{0}, shape_t{0}}
+                                  : std::array<shape_t, 2>{ast, bst},
+                    [&](int64_t, const std::array<int64_t, 2>& off) {
+                      gemm(in[0].as<float>() + off[0] * M * K,
+                           in[1].as<float>() + off[1] * K * N, y.as<float>() + i * M * N, M, K,
+                           N, ta, tb, alpha);
+                      ++i;
+                    });
+}
+
+/// The output `i`'s floats, or nullptr when it is omitted.
+float* out_data(const std::vector<tensor_ref>& out, size_t i) {
+  return out.size() > i && out[i].data ? out[i].as<float>() : nullptr;
+}
+
+/// The layer normalizations of infer_layernorms().
+template <bool Skip, bool Simplified>
+void run_layernorms(const node& n, const std::vector<tensor_ref>& in,
+                    const std::vector<tensor_ref>& out) {
+  auto has = [&](size_t i) { return in.size() > i && in[i].data != nullptr; };
+  constexpr bool skip = Skip, simplified = Simplified;
+  const auto& y = out[0];
+  int64_t width = in[0].shape.back(), rows = in[0].elements() / std::max<int64_t>(width, 1);
+  float eps = n.get_f("epsilon", 1e-5f);
+  const float* x = in[0].as<float>();
+  std::vector<float> sum;
+  if (skip) {
+    // input + skip (broadcast) + bias, which output 3 also returns.
+    sum.resize(static_cast<size_t>(in[0].elements()));
+    int64_t ns = in[1].elements();
+    size_t bias_at = simplified ? 3 : 4;
+    const float* bias = has(bias_at) ? in[bias_at].as<float>() : nullptr;
+    for (int64_t i = 0; i < in[0].elements(); ++i)
+      sum[i] = x[i] + in[1].as<float>()[i % ns] + (bias ? bias[i % width] : 0.f);
+    x = sum.data();
+    if (float* s = out_data(out, 3))
+      std::copy(sum.begin(), sum.end(), s);
+  }
+  const float* gamma = in[skip ? 2 : 1].as<float>();
+  const float* beta = !simplified && skip && has(3) ? in[3].as<float>() : nullptr;
+  norm_rows(x, rows, width, gamma, beta, eps, simplified, y.as<float>(),
+            skip ? out_data(out, 1) : nullptr, skip ? out_data(out, 2) : out_data(out, 1));
+}
+
+/// Attention (X, W, B projected here), or MultiHeadAttention (`Mha`: Q, K, V
+/// projected already, with a bias).
+template <bool Mha>
+void run_attention(const node& n, const std::vector<tensor_ref>& in,
+                   const std::vector<tensor_ref>& out) {
+  auto has = [&](size_t i) { return in.size() > i && in[i].data != nullptr; };
+  constexpr bool mha = Mha;
+  const auto& y = out[0];
+  int64_t B = in[0].shape[0], S = in[0].shape[1], N = n.get_i("num_heads", 1);
+  int64_t L = mha ? in[1].shape[1] : S;
+  int64_t qk = mha ? in[0].shape[2] : 0, vh = y.shape[2];
+  std::vector<float> q, k, v;
+  if (mha) {
+    // Inputs already projected; the bias (if any) is added to each.
+    const float* bias = has(3) ? in[3].as<float>() : nullptr;
+    auto biased = [&](const tensor_ref& t, int64_t offset) {
+      std::vector<float> r(t.as<float>(), t.as<float>() + t.elements());
+      int64_t w = t.shape.back();
+      if (bias)
+        for (size_t i = 0; i < r.size(); ++i) r[i] += bias[offset + static_cast<int64_t>(i) % w];
+      return r;
+    };
+    q = biased(in[0], 0);
+    k = biased(in[1], qk);
+    v = biased(in[2], 2 * qk);
+  } else {
+    // Project: [B*S, D] x [D, q+k+v] + bias, then split the columns.
+    int64_t D = in[0].shape[2], W = in[1].shape[1];
+    qk = (W - vh) / 2;
+    std::vector<float> qkv(static_cast<size_t>(B * S * W));
+    gemm(in[0].as<float>(), in[1].as<float>(), qkv.data(), B * S, D, W, false, false, 1.0f);
+    q.resize(B * S * qk);
+    k.resize(B * S * qk);
+    v.resize(B * S * vh);
+    for (int64_t r = 0; r < B * S; ++r)
+      for (int64_t c = 0; c < W; ++c) {
+        float val = qkv[r * W + c] + (has(2) ? in[2].as<float>()[c] : 0.f);
+        if (c < qk)
+          q[r * qk + c] = val;
+        else if (c < 2 * qk)
+          k[r * qk + c - qk] = val;
+        else
+          v[r * vh + c - 2 * qk] = val;
+      }
+  }
+  int64_t dk = qk / N, dv = vh / N;
+  float scale = n.get_f("scale", 0.f);
+  if (scale == 0.f)
+    scale = 1.0f / std::sqrt(static_cast<float>(dk));
+  key_mask km;
+  km.m = has(mha ? 4 : 3) ? &in[mha ? 4 : 3] : nullptr;
+  km.B = B;
+  km.S = S;
+  km.L = L;
+  km.causal = n.get_i("unidirectional", 0) != 0;
+  km.filter = n.get_f("mask_filter_value", -10000.0f);
+  const tensor_ref* bias = has(5) ? &in[5] : nullptr;
+  attend(q.data(), k.data(), v.data(), B, S, L, N, dk, dv, scale,
+         [&](int64_t b, int64_t h, int64_t i, int64_t j) {
+           return (km.masked(b, i, j) ? km.filter : 0.f) + bias_at(bias, b, h, i, j, S, L);
+         },
+         y.as<float>());
+}
+
+void run_attention_mask(const node& n, const std::vector<tensor_ref>& in,
+                        const std::vector<tensor_ref>& out) {
+  const auto& y = out[0];
+  key_mask km;
+  km.m = &in[0];
+  km.B = in[0].shape[0];
+  km.L = y.shape[3];
+  km.S = km.L;
+  float filter = n.get_f("mask_filter_value", -10000.0f);
+  for (int64_t b = 0; b < km.B; ++b)
+    for (int64_t j = 0; j < km.L; ++j)
+      y.as<float>()[b * km.L + j] = km.masked(b, 0, j) ? filter : 0.f;
+}
+
+void run_embed(const node& n, const std::vector<tensor_ref>& in,
+               const std::vector<tensor_ref>& out) {
+  auto has = [&](size_t i) { return in.size() > i && in[i].data != nullptr; };
+  const auto& y = out[0];
+  int64_t B = in[0].shape[0], S = in[0].shape[1], H = in[2].shape[1];
+  int64_t V = in[2].shape[0], P = in[3].shape[0], T = has(4) ? in[4].shape[0] : 0;
+  std::vector<float> sum(static_cast<size_t>(B * S * H));
+  auto clamp = [](int64_t i, int64_t n) { return std::min(std::max<int64_t>(i, 0), n - 1); };
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t s = 0; s < S; ++s) {
+      int64_t w = clamp(int_at(in[0], b * S + s), V);
+      int64_t p = s;
+      if (has(8))
+        p = int_at(in[8], in[8].shape[0] == 1 ? s : b * S + s);
+      p = clamp(p, P);
+      float* o = sum.data() + (b * S + s) * H;
+      for (int64_t h = 0; h < H; ++h)
+        o[h] = in[2].as<float>()[w * H + h] + in[3].as<float>()[p * H + h];
+      if (has(1)) {
+        int64_t t = clamp(int_at(in[1], b * S + s), T);
+        for (int64_t h = 0; h < H; ++h) o[h] += in[4].as<float>()[t * H + h];
+      }
+    }
+  norm_rows(sum.data(), B * S, H, in[5].as<float>(), in[6].as<float>(),
+            n.get_f("epsilon", 1e-12f), false, y.as<float>(), nullptr, nullptr);
+  if (out.size() > 1 && out[1].data)
+    for (int64_t b = 0; b < B; ++b) {
+      // mask_index: the number of ones of each row of the mask (0 without one).
+      int32_t c = 0;
+      if (has(7))
+        for (int64_t s = 0; s < S; ++s) c += int_at(in[7], b * S + s) != 0 ? 1 : 0;
+      out[1].as<int32_t>()[b] = c;
+    }
+  if (float* e = out_data(out, 2))
+    std::copy(sum.begin(), sum.end(), e);
+}
+
+// ------------------------------------------------------------------ lowering
 
 /// Columns [from, from + width) of a constant [rows, cols] matrix (or [cols] vector).
 constant_ptr columns(const tensor_data& t, int64_t from, int64_t width) {
@@ -542,231 +709,110 @@ bool lower_attention(graph& g, const node& n, std::vector<node>& out) {
   return true;
 }
 
+/// A value like `like`'s, for an intermediate sum of `n`'s lowering.
+int temp_like(graph& g, const node& n, int like, const std::string& suffix) {
+  auto v = g.values[like];
+  return g.add_value(n.name + suffix, v.dtype, v.shape, true);
+}
+
+/// Gelu(X) as FusedGelu(X).
+bool lower_gelu(graph&, const node& n, std::vector<node>& out) {
+  out.push_back(node{"FusedGelu", n.name + "/gelu", {n.inputs[0]}, {n.outputs[0]}, {}});
+  return true;
+}
+
+/// BiasGelu(X, B) as Add(X, B) and FusedGelu.
+bool lower_bias_gelu(graph& g, const node& n, std::vector<node>& out) {
+  int sum = temp_like(g, n, n.outputs[0], "/bias");
+  out.push_back(node{"Add", n.name + "/add_bias", {n.inputs[0], n.inputs[1]}, {sum}, {}});
+  out.push_back(node{"FusedGelu", n.name + "/gelu", {sum}, {n.outputs[0]}, {}});
+  return true;
+}
+
+/// SkipLayerNormalization without its mean and inv_std_var outputs as Add(X,
+/// bias), Add(skip) (the input_skip_bias_sum output) and FusedLayerNorm.
+bool lower_skip_layernorm(graph& g, const node& n, std::vector<node>& out) {
+  if (has_out(n, 1) || has_out(n, 2))
+    return false;
+  int x = n.inputs[0];
+  if (has_in(n, 4)) {
+    int biased = temp_like(g, n, x, "/bias");
+    out.push_back(node{"Add", n.name + "/add_bias", {x, n.inputs[4]}, {biased}, {}});
+    x = biased;
+  }
+  int sum = has_out(n, 3) ? n.outputs[3] : temp_like(g, n, n.inputs[0], "/skip");
+  out.push_back(node{"Add", n.name + "/add_skip", {x, n.inputs[1]}, {sum}, {}});
+  std::vector<int> ins{sum, n.inputs[2]};
+  if (has_in(n, 3))
+    ins.push_back(n.inputs[3]);
+  node ln{"FusedLayerNorm", n.name + "/layernorm", ins, {n.outputs[0]}, {}};
+  ln.set_f("epsilon", n.get_f("epsilon", 1e-5f));
+  out.push_back(std::move(ln));
+  return true;
+}
+
+/// How lower_contrib_ops() rewrites a node into the engine's operators
+/// (appended to `out`); false: it keeps the node (nothing appended).
+using lowering = bool (*)(graph& g, const node& n, std::vector<node>& out);
+
+/// The contrib operators that the engine's own operators compute alike.
+const std::map<std::string, lowering>& lowerings() {
+  static const std::map<std::string, lowering> all{
+    {std::string(contrib_prefix) + "Attention", &lower_attention},
+    {std::string(contrib_prefix) + "BiasGelu", &lower_bias_gelu},
+    {std::string(contrib_prefix) + "Gelu", &lower_gelu},
+    {std::string(contrib_prefix) + "SkipLayerNormalization", &lower_skip_layernorm},
+  };
+  return all;
+}
+
 } // namespace
+
+const op_table& contrib_operator_table() {
+  // Version 1 of each: onnxruntime versions the domain as a whole.
+  static const op_table ops = [] {
+    const op_table bare{
+      {"Attention", {1}, &infer_attention, &run_attention<false>, &check_attention},
+      {"BiasGelu", {1}, &infer_gelus, &run_gelus<erf_gelu>},
+      {"EmbedLayerNormalization", {1}, &infer_embed, &run_embed, &check_embed},
+      {"FastGelu", {1}, &infer_gelus, &run_gelus<fast_gelu>},
+      {"FusedMatMul", {1}, &infer_fused_matmul, &run_fused_matmul, &check_fused_matmul},
+      {"Gelu", {1}, &infer_gelus, &run_gelus<erf_gelu>},
+      {"MultiHeadAttention", {1}, &infer_mha, &run_attention<true>, &check_mha},
+      {"QuickGelu", {1}, &infer_gelus, &run_gelus<quick_gelu>},
+      {"SkipLayerNormalization", {1}, &infer_layernorms<true, false>,
+       &run_layernorms<true, false>},
+      {"SkipSimplifiedLayerNormalization", {1}, &infer_layernorms<true, true>,
+       &run_layernorms<true, true>},
+    };
+    op_table t;
+    for (auto e : bare) {
+      e.op = contrib_prefix + e.op;
+      t.push_back(std::move(e));
+    }
+    t.push_back({default_domain_rms, {1}, &infer_layernorms<false, true>,
+                 &run_layernorms<false, true>});
+    return t;
+  }();
+  return ops;
+}
+
+const op_table& contrib_engine_table() {
+  static const op_table ops{
+    {attention_mask_op, {}, &infer_attention_mask, &run_attention_mask},
+  };
+  return ops;
+}
 
 void lower_contrib_ops(graph& g) {
   std::vector<node> out;
   out.reserve(g.nodes.size());
   for (auto& n : g.nodes) {
-    if (!is_contrib_op(n.op)) {
+    auto lower = lowerings().find(n.op);
+    if (lower == lowerings().end() || !lower->second(g, n, out))
       out.push_back(std::move(n));
-      continue;
-    }
-    auto op = bare(n.op);
-    // A value like `like`'s, for an intermediate sum.
-    auto temp = [&](int like, const std::string& suffix) {
-      auto v = g.values[like];
-      return g.add_value(n.name + suffix, v.dtype, v.shape, true);
-    };
-    if (op == "Gelu" || op == "BiasGelu") {
-      int x = n.inputs[0];
-      if (op == "BiasGelu") {
-        int sum = temp(n.outputs[0], "/bias");
-        out.push_back(node{"Add", n.name + "/add_bias", {n.inputs[0], n.inputs[1]}, {sum}, {}});
-        x = sum;
-      }
-      out.push_back(node{"FusedGelu", n.name + "/gelu", {x}, {n.outputs[0]}, {}});
-      continue;
-    }
-    if (op == "SkipLayerNormalization" && !has_out(n, 1) && !has_out(n, 2)) {
-      int x = n.inputs[0];
-      if (has_in(n, 4)) {
-        int biased = temp(x, "/bias");
-        out.push_back(node{"Add", n.name + "/add_bias", {x, n.inputs[4]}, {biased}, {}});
-        x = biased;
-      }
-      int sum = has_out(n, 3) ? n.outputs[3] : temp(n.inputs[0], "/skip");
-      out.push_back(node{"Add", n.name + "/add_skip", {x, n.inputs[1]}, {sum}, {}});
-      std::vector<int> ins{sum, n.inputs[2]};
-      if (has_in(n, 3))
-        ins.push_back(n.inputs[3]);
-      node ln{"FusedLayerNorm", n.name + "/layernorm", ins, {n.outputs[0]}, {}};
-      ln.set_f("epsilon", n.get_f("epsilon", 1e-5f));
-      out.push_back(std::move(ln));
-      continue;
-    }
-    if (op == "Attention" && lower_attention(g, n, out))
-      continue;
-    out.push_back(std::move(n));
   }
   g.nodes = std::move(out);
-}
-
-void run_contrib_op(const node& n, const std::vector<tensor_ref>& in,
-                    const std::vector<tensor_ref>& out) {
-  auto op = bare(n.op);
-  auto has = [&](size_t i) { return in.size() > i && in[i].data != nullptr; };
-  auto out_data = [&](size_t i) -> float* {
-    return out.size() > i && out[i].data ? out[i].as<float>() : nullptr;
-  };
-  const auto& y = out[0];
-  int64_t count = y.elements();
-  if (op == "Gelu" || op == "QuickGelu" || op == "FastGelu" || op == "BiasGelu") {
-    const float* x = in[0].as<float>();
-    const float* b = has(1) ? in[1].as<float>() : nullptr;
-    int64_t nb = b ? in[1].elements() : 1;
-    float alpha = n.get_f("alpha", 1.702f);
-    float* o = y.as<float>();
-    for (int64_t i = 0; i < count; ++i) {
-      float v = x[i] + (b ? b[i % nb] : 0.f);
-      if (op == "FastGelu")
-        o[i] = gelu_tanh(v);
-      else if (op == "QuickGelu")
-        o[i] = v / (1.0f + std::exp(-alpha * v));
-      else
-        o[i] = gelu_erf(v);
-    }
-    return;
-  }
-  if (op == "FusedMatMul") {
-    bool ta = n.get_i("transA", 0) != 0, tb = n.get_i("transB", 0) != 0;
-    float alpha = n.get_f("alpha", 1.0f);
-    const auto &as = in[0].shape, &bs = in[1].shape;
-    int64_t M = y.shape[y.shape.size() - 2], N = y.shape.back();
-    int64_t K = ta ? as[as.size() - 2] : as.back();
-    shape_t batch(y.shape.begin(), y.shape.end() - 2);
-    shape_t abatch(as.begin(), as.end() - 2), bbatch(bs.begin(), bs.end() - 2);
-    auto ast = broadcast_strides(abatch, batch), bst = broadcast_strides(bbatch, batch);
-    int64_t i = 0;
-    broadcast_loop<2>(batch.empty() ? shape_t{1} : batch,
-                      batch.empty() ? std::array<shape_t, 2>{shape_t{0}, shape_t{0}}
-                                    : std::array<shape_t, 2>{ast, bst},
-                      [&](int64_t, const std::array<int64_t, 2>& off) {
-                        gemm(in[0].as<float>() + off[0] * M * K,
-                             in[1].as<float>() + off[1] * K * N, y.as<float>() + i * M * N, M, K,
-                             N, ta, tb, alpha);
-                        ++i;
-                      });
-    return;
-  }
-  if (op.find("LayerNormalization") != std::string::npos && op != "EmbedLayerNormalization") {
-    bool skip = op.rfind("Skip", 0) == 0, simplified = op.find("Simplified") != std::string::npos;
-    int64_t width = in[0].shape.back(), rows = in[0].elements() / std::max<int64_t>(width, 1);
-    float eps = n.get_f("epsilon", 1e-5f);
-    const float* x = in[0].as<float>();
-    std::vector<float> sum;
-    if (skip) {
-      // input + skip (broadcast) + bias, which output 3 also returns.
-      sum.resize(static_cast<size_t>(in[0].elements()));
-      int64_t ns = in[1].elements();
-      size_t bias_at = simplified ? 3 : 4;
-      const float* bias = has(bias_at) ? in[bias_at].as<float>() : nullptr;
-      for (int64_t i = 0; i < in[0].elements(); ++i)
-        sum[i] = x[i] + in[1].as<float>()[i % ns] + (bias ? bias[i % width] : 0.f);
-      x = sum.data();
-      if (float* s = out_data(3))
-        std::copy(sum.begin(), sum.end(), s);
-    }
-    const float* gamma = in[skip ? 2 : 1].as<float>();
-    const float* beta = !simplified && skip && has(3) ? in[3].as<float>() : nullptr;
-    norm_rows(x, rows, width, gamma, beta, eps, simplified, y.as<float>(),
-              skip ? out_data(1) : nullptr, skip ? out_data(2) : out_data(1));
-    return;
-  }
-  if (op == "Attention" || op == "MultiHeadAttention") {
-    bool mha = op == "MultiHeadAttention";
-    int64_t B = in[0].shape[0], S = in[0].shape[1], N = n.get_i("num_heads", 1);
-    int64_t L = mha ? in[1].shape[1] : S;
-    int64_t qk = mha ? in[0].shape[2] : 0, vh = y.shape[2];
-    std::vector<float> q, k, v;
-    if (mha) {
-      // Inputs already projected; the bias (if any) is added to each.
-      const float* bias = has(3) ? in[3].as<float>() : nullptr;
-      auto biased = [&](const tensor_ref& t, int64_t offset) {
-        std::vector<float> r(t.as<float>(), t.as<float>() + t.elements());
-        int64_t w = t.shape.back();
-        if (bias)
-          for (size_t i = 0; i < r.size(); ++i) r[i] += bias[offset + static_cast<int64_t>(i) % w];
-        return r;
-      };
-      q = biased(in[0], 0);
-      k = biased(in[1], qk);
-      v = biased(in[2], 2 * qk);
-    } else {
-      // Project: [B*S, D] x [D, q+k+v] + bias, then split the columns.
-      int64_t D = in[0].shape[2], W = in[1].shape[1];
-      qk = (W - vh) / 2;
-      std::vector<float> qkv(static_cast<size_t>(B * S * W));
-      gemm(in[0].as<float>(), in[1].as<float>(), qkv.data(), B * S, D, W, false, false, 1.0f);
-      q.resize(B * S * qk);
-      k.resize(B * S * qk);
-      v.resize(B * S * vh);
-      for (int64_t r = 0; r < B * S; ++r)
-        for (int64_t c = 0; c < W; ++c) {
-          float val = qkv[r * W + c] + (has(2) ? in[2].as<float>()[c] : 0.f);
-          if (c < qk)
-            q[r * qk + c] = val;
-          else if (c < 2 * qk)
-            k[r * qk + c - qk] = val;
-          else
-            v[r * vh + c - 2 * qk] = val;
-        }
-    }
-    int64_t dk = qk / N, dv = vh / N;
-    float scale = n.get_f("scale", 0.f);
-    if (scale == 0.f)
-      scale = 1.0f / std::sqrt(static_cast<float>(dk));
-    key_mask km;
-    km.m = has(mha ? 4 : 3) ? &in[mha ? 4 : 3] : nullptr;
-    km.B = B;
-    km.S = S;
-    km.L = L;
-    km.causal = n.get_i("unidirectional", 0) != 0;
-    km.filter = n.get_f("mask_filter_value", -10000.0f);
-    const tensor_ref* bias = has(5) ? &in[5] : nullptr;
-    attend(q.data(), k.data(), v.data(), B, S, L, N, dk, dv, scale,
-           [&](int64_t b, int64_t h, int64_t i, int64_t j) {
-             return (km.masked(b, i, j) ? km.filter : 0.f) + bias_at(bias, b, h, i, j, S, L);
-           },
-           y.as<float>());
-    return;
-  }
-  if (n.op == attention_mask_op) {
-    key_mask km;
-    km.m = &in[0];
-    km.B = in[0].shape[0];
-    km.L = y.shape[3];
-    km.S = km.L;
-    float filter = n.get_f("mask_filter_value", -10000.0f);
-    for (int64_t b = 0; b < km.B; ++b)
-      for (int64_t j = 0; j < km.L; ++j)
-        y.as<float>()[b * km.L + j] = km.masked(b, 0, j) ? filter : 0.f;
-    return;
-  }
-  if (op == "EmbedLayerNormalization") {
-    int64_t B = in[0].shape[0], S = in[0].shape[1], H = in[2].shape[1];
-    int64_t V = in[2].shape[0], P = in[3].shape[0], T = has(4) ? in[4].shape[0] : 0;
-    std::vector<float> sum(static_cast<size_t>(B * S * H));
-    auto clamp = [](int64_t i, int64_t n) { return std::min(std::max<int64_t>(i, 0), n - 1); };
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t s = 0; s < S; ++s) {
-        int64_t w = clamp(int_at(in[0], b * S + s), V);
-        int64_t p = s;
-        if (has(8))
-          p = int_at(in[8], in[8].shape[0] == 1 ? s : b * S + s);
-        p = clamp(p, P);
-        float* o = sum.data() + (b * S + s) * H;
-        for (int64_t h = 0; h < H; ++h)
-          o[h] = in[2].as<float>()[w * H + h] + in[3].as<float>()[p * H + h];
-        if (has(1)) {
-          int64_t t = clamp(int_at(in[1], b * S + s), T);
-          for (int64_t h = 0; h < H; ++h) o[h] += in[4].as<float>()[t * H + h];
-        }
-      }
-    norm_rows(sum.data(), B * S, H, in[5].as<float>(), in[6].as<float>(),
-              n.get_f("epsilon", 1e-12f), false, y.as<float>(), nullptr, nullptr);
-    if (out.size() > 1 && out[1].data)
-      for (int64_t b = 0; b < B; ++b) {
-        // mask_index: the number of ones of each row of the mask (0 without one).
-        int32_t c = 0;
-        if (has(7))
-          for (int64_t s = 0; s < S; ++s) c += int_at(in[7], b * S + s) != 0 ? 1 : 0;
-        out[1].as<int32_t>()[b] = c;
-      }
-    if (float* e = out_data(2))
-      std::copy(sum.begin(), sum.end(), e);
-    return;
-  }
 }
 
 } // namespace caf_serving::onnx

@@ -1,13 +1,9 @@
 #include "onnx/ops_more.hpp"
 
-#include "onnx/op_registry.hpp"
-#include "onnx/ops_internal.hpp"
-
 #include <algorithm>
 #include <cassert>
 #include <cmath>
 #include <cstring>
-#include <functional>
 #include <limits>
 #include <map>
 #include <numeric>
@@ -19,80 +15,22 @@ namespace caf_serving::onnx {
 namespace {
 
 using namespace ops_internal;
-using infer_result = std::variant<std::vector<inferred>, std::string>;
-
-infer_result infer_unary(const graph& g, const node& n);
-infer_result infer_prelu(const graph& g, const node& n);
-infer_result infer_rms_norm(const graph& g, const node& n);
-infer_result infer_lrn(const graph& g, const node& n);
-infer_result infer_reduce(const graph& g, const node& n);
-infer_result infer_global_max_pool(const graph& g, const node& n);
-infer_result infer_quantize(const graph& g, const node& n);
-infer_result infer_dequantize(const graph& g, const node& n);
-infer_result infer_attention(const graph& g, const node& n);
-
-/// One operator: every ONNX version of it (since_version), from its first up to
-/// onnx 1.23's opset 28; the datatypes its first input may have. Between the
-/// versions listed only the spec's type lists changed (fp16/bf16/fp8/int4
-/// added, which the engine does not run), except as the comment says.
-struct op_entry {
+/// One operator of this file: every ONNX version of it (since_version), from
+/// its first up to onnx 1.23's opset 28; the datatypes its first input may
+/// have, which the shared part of inference checks; its entry's functions;
+/// whether it is element-wise (op_entry::elementwise). Between the versions
+/// listed only the spec's type lists changed (fp16/bf16/fp8/int4 added, which
+/// the engine does not run), except as the comment says.
+struct more_op {
   std::vector<int64_t> versions;
   std::vector<datatype> types;
-  std::function<infer_result(const graph&, const node&)> infer;
+  infer_function infer;
+  reference_function run;
+  check_function check = nullptr;
+  bool elementwise = false;
 };
 
-const std::vector<datatype> float_only{datatype::fp32};
-const std::vector<datatype> numbers{datatype::fp32, datatype::int64, datatype::int32,
-                                    datatype::int8, datatype::uint8};
-const std::vector<datatype> numbers_and_bool{datatype::fp32, datatype::int64, datatype::int32,
-                                             datatype::int8, datatype::uint8, datatype::bool_};
-const std::vector<datatype> quantized{datatype::int8, datatype::uint8, datatype::int32};
-/// ONNX's "high-precision numeric" types of ReduceL1/L2/SumSquare/LogSum/LogSumExp:
-/// no 8- or 16-bit integers (float16, bfloat16 and double arrive as FP32).
-const std::vector<datatype> wide_numbers{datatype::fp32, datatype::int64, datatype::int32,
-                                         datatype::uint64, datatype::uint32};
-
-const std::map<std::string, op_entry>& table() {
-  static const std::map<std::string, op_entry> ops{
-    // 24: nonpad_kv_seqlen; 25: left_window_size, right_window_size (both refused)
-    {"Attention", {{23, 24, 25}, float_only, infer_attention}},
-    {"Ceil", {{1, 6, 13}, float_only, infer_unary}},
-    {"Cos", {{7, 22}, float_only, infer_unary}},
-    // 19: saturate (float8); 21: block_size, output_dtype; 23+: types only
-    {"DequantizeLinear", {{10, 13, 19, 21, 23, 24, 25, 28}, quantized, infer_dequantize}},
-    {"Elu", {{1, 6, 22}, float_only, infer_unary}},
-    {"Floor", {{1, 6, 13}, float_only, infer_unary}},
-    {"Gelu", {{20}, float_only, infer_unary}},
-    {"GlobalMaxPool", {{1, 22}, float_only, infer_global_max_pool}}, // 22: bfloat16
-    {"LeakyRelu", {{1, 6, 16}, float_only, infer_unary}},
-    {"LRN", {{1, 13}, float_only, infer_lrn}},
-    {"Mish", {{18, 22}, float_only, infer_unary}},
-    {"PRelu", {{1, 6, 7, 9, 16}, {datatype::fp32, datatype::int64, datatype::int32},
-               infer_prelu}}, // 7: broadcasting
-    {"QuantizeLinear", {{10, 13, 19, 21, 23, 24, 25, 28}, float_only, infer_quantize}},
-    // 18: axes as an input, noop_with_empty_axes; 20: BOOL
-    {"ReduceMax", {{1, 11, 12, 13, 18, 20}, numbers_and_bool, infer_reduce}},
-    {"ReduceMin", {{1, 11, 12, 13, 18, 20}, numbers_and_bool, infer_reduce}},
-    {"ReduceProd", {{1, 11, 13, 18}, numbers, infer_reduce}},
-    // 18: axes as an input, noop_with_empty_axes (which still applies the
-    // element-wise part: |x|, x squared, log x); 28: floats only (ReduceLogSum
-    // and ReduceLogSumExp of integers are refused from opset 28 on).
-    {"ReduceL1", {{1, 11, 13, 18}, wide_numbers, infer_reduce}},
-    {"ReduceL2", {{1, 11, 13, 18}, wide_numbers, infer_reduce}},
-    {"ReduceLogSum", {{1, 11, 13, 18, 28}, wide_numbers, infer_reduce}},
-    {"ReduceLogSumExp", {{1, 11, 13, 18, 28}, wide_numbers, infer_reduce}},
-    {"ReduceSumSquare", {{1, 11, 13, 18}, wide_numbers, infer_reduce}},
-    {"RMSNormalization", {{23}, float_only, infer_rms_norm}},
-    {"Round", {{11, 22}, float_only, infer_unary}},
-    {"Selu", {{1, 6, 22}, float_only, infer_unary}},
-    {"Sign", {{9, 13}, numbers, infer_unary}},
-    {"Sin", {{7, 22}, float_only, infer_unary}},
-    {"Softplus", {{1, 22}, float_only, infer_unary}},
-    {"Softsign", {{1, 22}, float_only, infer_unary}},
-    {"ThresholdedRelu", {{10, 22}, float_only, infer_unary}},
-  };
-  return ops;
-}
+const std::map<std::string, more_op>& table();
 
 std::vector<inferred> one(datatype t, shape_t s) {
   return {{t, std::move(s)}};
@@ -112,24 +50,51 @@ std::string unsupported_attr(const node& n, const std::string& attr, const std::
          + supported + ")";
 }
 
+/// What every operator of this file refuses alike, before its own inference:
+/// an opset before its first version, no first input, a first input of a type
+/// its kernel does not take.
+std::optional<std::string> refused_input(const graph& g, const node& n) {
+  const auto& e = table().at(n.op);
+  if (g.opset != 0 && g.opset < e.versions.front())
+    return n.op + " exists from opset " + std::to_string(e.versions.front())
+           + ", but the model imports opset " + std::to_string(g.opset)
+           + "; re-export it with a newer opset";
+  if (n.inputs.empty() || n.inputs[0] < 0)
+    return n.op + " needs its first input";
+  const auto& x = g.values[n.inputs[0]];
+  if (std::find(e.types.begin(), e.types.end(), x.dtype) == e.types.end()) {
+    std::string list;
+    for (auto t : e.types)
+      list += (list.empty() ? "" : ", ") + type_name(t);
+    return "input '" + x.name + "' is " + type_name(x.dtype) + "; the engine runs " + n.op
+           + " on " + list;
+  }
+  return std::nullopt;
+}
+
+template <infer_function Infer>
+infer_result checked(const graph& g, const node& n) {
+  if (auto e = refused_input(g, n))
+    return *e;
+  return Infer(g, n);
+}
+
 // ------------------------------------------------------------------ element-wise
 
 infer_result infer_unary(const graph& g, const node& n) {
   const auto& x = g.values[n.inputs[0]];
-  if (n.op == "Gelu") {
-    auto approx = n.get_s("approximate", "none");
-    if (approx != "none" && approx != "tanh")
-      return unsupported_attr(n, "approximate", "'" + approx + "'", "none, tanh");
-  }
   return one(x.dtype, x.shape);
+}
+
+infer_result infer_gelu(const graph& g, const node& n) {
+  auto approx = n.get_s("approximate", "none");
+  if (approx != "none" && approx != "tanh")
+    return unsupported_attr(n, "approximate", "'" + approx + "'", "none, tanh");
+  return infer_unary(g, n);
 }
 
 float softplus(float x) {
   return x > 0 ? x + std::log1p(std::exp(-x)) : std::log1p(std::exp(x));
-}
-
-float gelu_erf(float x) {
-  return 0.5f * x * (1.0f + std::erf(x * 0.70710678118654752f));
 }
 
 float gelu_tanh(float x) {
@@ -137,38 +102,71 @@ float gelu_tanh(float x) {
   return 0.5f * x * (1.0f + std::tanh(k * (x + 0.044715f * x * x * x)));
 }
 
-/// The float function of a unary operator, chosen once per call.
-std::function<float(float)> float_function(const node& n) {
-  const auto& op = n.op;
-  if (op == "Sin") return [](float x) { return std::sin(x); };
-  if (op == "Cos") return [](float x) { return std::cos(x); };
-  if (op == "Floor") return [](float x) { return std::floor(x); };
-  if (op == "Ceil") return [](float x) { return std::ceil(x); };
-  if (op == "Round") return [](float x) { return std::nearbyint(x); }; // halves to even
-  if (op == "Softplus") return softplus;
-  if (op == "Softsign") return [](float x) { return x / (1.0f + std::fabs(x)); };
-  if (op == "Mish") return [](float x) { return x * std::tanh(softplus(x)); };
-  if (op == "Gelu")
-    return n.get_s("approximate", "none") == "tanh" ? gelu_tanh : gelu_erf;
-  if (op == "Elu") {
-    float a = n.get_f("alpha", 1.0f);
-    return [a](float x) { return x >= 0 ? x : a * (std::exp(x) - 1.0f); };
-  }
-  if (op == "Selu") {
-    float a = n.get_f("alpha", 1.67326319217681884765625f);
-    float gamma = n.get_f("gamma", 1.05070102214813232421875f);
-    return [a, gamma](float x) { return x > 0 ? gamma * x : gamma * (a * std::exp(x) - a); };
-  }
-  if (op == "LeakyRelu") {
-    float a = n.get_f("alpha", 0.01f);
-    return [a](float x) { return x < 0 ? a * x : x; };
-  }
-  if (op == "ThresholdedRelu") {
-    float a = n.get_f("alpha", 1.0f);
-    return [a](float x) { return x > a ? x : 0.0f; };
-  }
-  assert(!"float_function: a unary operator of the table without its function");
-  return [](float x) { return x; };
+/// y[i] = f(x[i]) on FLOAT, the only type inference gives these kernels.
+template <class F>
+void each_float(const std::vector<tensor_ref>& in, const std::vector<tensor_ref>& out, F f) {
+  const float* x = in[0].as<float>();
+  float* y = out[0].as<float>();
+  for (int64_t i = 0, count = out[0].elements(); i < count; ++i) y[i] = f(x[i]);
+}
+
+template <float (*F)(float)>
+void run_float(const node&, const std::vector<tensor_ref>& in,
+               const std::vector<tensor_ref>& out) {
+  each_float(in, out, F);
+}
+
+float sine(float x) {
+  return std::sin(x);
+}
+float cosine(float x) {
+  return std::cos(x);
+}
+float floor_of(float x) {
+  return std::floor(x);
+}
+float ceil_of(float x) {
+  return std::ceil(x);
+}
+float round_half_even(float x) {
+  return std::nearbyint(x);
+}
+float softsign(float x) {
+  return x / (1.0f + std::fabs(x));
+}
+float mish(float x) {
+  return x * std::tanh(softplus(x));
+}
+
+void run_gelu(const node& n, const std::vector<tensor_ref>& in,
+              const std::vector<tensor_ref>& out) {
+  each_float(in, out, n.get_s("approximate", "none") == "tanh" ? gelu_tanh : gelu_erf);
+}
+
+void run_elu(const node& n, const std::vector<tensor_ref>& in,
+             const std::vector<tensor_ref>& out) {
+  float a = n.get_f("alpha", 1.0f);
+  each_float(in, out, [a](float x) { return x >= 0 ? x : a * (std::exp(x) - 1.0f); });
+}
+
+void run_selu(const node& n, const std::vector<tensor_ref>& in,
+              const std::vector<tensor_ref>& out) {
+  float a = n.get_f("alpha", 1.67326319217681884765625f);
+  float gamma = n.get_f("gamma", 1.05070102214813232421875f);
+  each_float(in, out,
+             [a, gamma](float x) { return x > 0 ? gamma * x : gamma * (a * std::exp(x) - a); });
+}
+
+void run_leaky_relu(const node& n, const std::vector<tensor_ref>& in,
+                    const std::vector<tensor_ref>& out) {
+  float a = n.get_f("alpha", 0.01f);
+  each_float(in, out, [a](float x) { return x < 0 ? a * x : x; });
+}
+
+void run_thresholded_relu(const node& n, const std::vector<tensor_ref>& in,
+                          const std::vector<tensor_ref>& out) {
+  float a = n.get_f("alpha", 1.0f);
+  each_float(in, out, [a](float x) { return x > a ? x : 0.0f; });
 }
 
 template <class T>
@@ -179,20 +177,16 @@ T sign_of(T v) {
     return v > 0 ? T(1) : (v < 0 ? T(-1) : T(0));
 }
 
-void run_unary(const node& n, const tensor_ref& x, const tensor_ref& y) {
+void run_sign(const node&, const std::vector<tensor_ref>& in,
+              const std::vector<tensor_ref>& out) {
+  const auto& x = in[0];
+  const auto& y = out[0];
   int64_t count = y.elements();
-  if (n.op == "Sign") {
-    dispatch(x.dtype, [&](auto tag) {
-      using T = decltype(tag);
-      if constexpr (!std::is_same_v<T, bool>)
-        for (int64_t i = 0; i < count; ++i) y.as<T>()[i] = sign_of(x.as<T>()[i]);
-    });
-    return;
-  }
-  auto f = float_function(n);
-  const float* in = x.as<float>();
-  float* out = y.as<float>();
-  for (int64_t i = 0; i < count; ++i) out[i] = f(in[i]);
+  dispatch(x.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (!std::is_same_v<T, bool>)
+      for (int64_t i = 0; i < count; ++i) y.as<T>()[i] = sign_of(x.as<T>()[i]);
+  });
 }
 
 infer_result infer_prelu(const graph& g, const node& n) {
@@ -209,7 +203,11 @@ infer_result infer_prelu(const graph& g, const node& n) {
   return one(x.dtype, x.shape);
 }
 
-void run_prelu(const tensor_ref& x, const tensor_ref& slope, const tensor_ref& y) {
+void run_prelu(const node&, const std::vector<tensor_ref>& in,
+               const std::vector<tensor_ref>& out) {
+  const auto& x = in[0];
+  const auto& slope = in[1];
+  const auto& y = out[0];
   std::array<shape_t, 1> st{broadcast_strides(slope.shape, y.shape)};
   dispatch(x.dtype, [&](auto tag) {
     using T = decltype(tag);
@@ -251,8 +249,11 @@ infer_result infer_rms_norm(const graph& g, const node& n) {
 
 /// Y = X / sqrt(mean(X^2 over the axes from `axis` on) + epsilon) * scale, the
 /// mean accumulated in double.
-void run_rms_norm(const node& n, const tensor_ref& x, const tensor_ref& scale,
-                  const tensor_ref& y) {
+void run_rms_norm(const node& n, const std::vector<tensor_ref>& inputs,
+                  const std::vector<tensor_ref>& outputs) {
+  const auto& x = inputs[0];
+  const auto& scale = inputs[1];
+  const auto& y = outputs[0];
   size_t axis = static_cast<size_t>(norm_axis(n.get_i("axis", -1), x.shape.size()));
   float eps = n.get_f("epsilon", 1e-5f);
   int64_t inner = 1;
@@ -286,7 +287,10 @@ infer_result infer_lrn(const graph& g, const node& n) {
 
 /// y = x / (bias + alpha / size * sum of x^2 over the channels c - floor((size - 1) / 2)
 /// to c + ceil((size - 1) / 2))^beta.
-void run_lrn(const node& n, const tensor_ref& x, const tensor_ref& y) {
+void run_lrn(const node& n, const std::vector<tensor_ref>& inputs,
+             const std::vector<tensor_ref>& outputs) {
+  const auto& x = inputs[0];
+  const auto& y = outputs[0];
   int64_t size = n.get_i("size", 1);
   float alpha = n.get_f("alpha", 1e-4f), beta = n.get_f("beta", 0.75f);
   float bias = n.get_f("bias", 1.0f);
@@ -357,13 +361,18 @@ shape_t reduced_shape(const shape_t& in, const reduction& r, bool keepdims) {
   return s;
 }
 
-infer_result infer_reduce(const graph& g, const node& n) {
+/// What sets some reductions apart in inference.
+struct reduce_rules {
+  bool floats_from_28 = false;        ///< ReduceLogSum, ReduceLogSumExp: floats only from 28 on
+  bool empty_undefined_to_18 = false; ///< ReduceMax, ReduceMin: of nothing, before 18
+};
+
+infer_result infer_reduce_as(const graph& g, const node& n, reduce_rules rules) {
   const auto& x = g.values[n.inputs[0]];
   if (x.dtype == datatype::bool_ && g.opset != 0 && g.opset < 20)
     return n.op + " of BOOL exists from opset 20, but the model imports opset "
            + std::to_string(g.opset);
-  if ((n.op == "ReduceLogSum" || n.op == "ReduceLogSumExp") && x.dtype != datatype::fp32
-      && g.opset >= 28)
+  if (rules.floats_from_28 && x.dtype != datatype::fp32 && g.opset >= 28)
     return "input '" + x.name + "' is " + type_name(x.dtype) + "; " + n.op
            + "-28 (opset " + std::to_string(g.opset)
            + ") takes floating-point tensors only: Cast it to FLOAT first";
@@ -383,12 +392,34 @@ infer_result infer_reduce(const graph& g, const node& n) {
   const auto& red = std::get<reduction>(r);
   // Only the maximum and minimum of nothing were undefined before opset 18;
   // products and sums have their identity (1, 0, log 0) at every version.
-  if ((n.op == "ReduceMax" || n.op == "ReduceMin") && !red.noop)
+  if (rules.empty_undefined_to_18 && !red.noop)
     for (auto a : red.axes)
       if (x.shape[a] == 0 && g.opset != 0 && g.opset < 18)
         return n.op + " of an empty axis " + std::to_string(a) + " of " + shape_string(x.shape)
                + " is undefined before opset 18";
   return one(x.dtype, reduced_shape(x.shape, red, n.get_i("keepdims", 1) != 0));
+}
+
+/// ReduceProd, ReduceL1, ReduceL2, ReduceSumSquare.
+infer_result infer_reduce(const graph& g, const node& n) {
+  return infer_reduce_as(g, n, {});
+}
+
+/// ReduceLogSum, ReduceLogSumExp.
+infer_result infer_log_reduce(const graph& g, const node& n) {
+  return infer_reduce_as(g, n, {true, false});
+}
+
+/// ReduceMax, ReduceMin.
+infer_result infer_extreme_reduce(const graph& g, const node& n) {
+  return infer_reduce_as(g, n, {false, true});
+}
+
+/// The reductions whose axes became an input at version 18 and that inference
+/// leaves to the registry's check (ReduceMax, ReduceMin and ReduceProd refuse the
+/// axes input before 18 in their inference).
+std::optional<std::string> check_axes_input_18(const graph& g, const node& n, int64_t version) {
+  return check_axes_input(g, n, version, 18);
 }
 
 /// The reduced axes of a reduction node at run time: from its axes input when
@@ -401,30 +432,33 @@ reduction reduction_at_run(const node& n, const std::vector<tensor_ref>& in) {
   return std::get<reduction>(reduction_of(n, from_input ? &axes : nullptr, in[0].shape.size()));
 }
 
+/// How ReduceMax, ReduceMin and ReduceProd fold an element into their output.
+enum class fold { max, min, prod };
+
 /// Every input element folds into its output element; output strides are 0 on
 /// the reduced axes. An empty reduction gives ReduceMax's lowest value (minus
 /// infinity for floats), ReduceMin's highest, ReduceProd's 1, as ONNX 18 says.
-template <class T>
-void run_reduce(const node& n, const std::vector<tensor_ref>& in, const tensor_ref& y) {
+template <fold K, class T>
+void fold_reduce(const node& n, const std::vector<tensor_ref>& in, const tensor_ref& y) {
   const auto& x = in[0];
   auto red = reduction_at_run(n, in);
   T init;
   if constexpr (std::is_same_v<T, bool>)
-    init = n.op == "ReduceMin"; // any for ReduceMax, all for ReduceMin
-  else if (n.op == "ReduceProd")
+    init = K == fold::min; // any for ReduceMax, all for ReduceMin
+  else if constexpr (K == fold::prod)
     init = T(1);
   else if constexpr (std::is_floating_point_v<T>)
-    init = n.op == "ReduceMax" ? -std::numeric_limits<T>::infinity()
-                               : std::numeric_limits<T>::infinity();
+    init = K == fold::max ? -std::numeric_limits<T>::infinity()
+                          : std::numeric_limits<T>::infinity();
   else
-    init = n.op == "ReduceMax" ? std::numeric_limits<T>::lowest() : std::numeric_limits<T>::max();
+    init = K == fold::max ? std::numeric_limits<T>::lowest() : std::numeric_limits<T>::max();
   T* out = y.as<T>();
   std::fill(out, out + y.elements(), init);
   // The output's strides over the input's dimensions, 0 where reduced.
   shape_t kept = reduced_shape(x.shape, red, true);
   std::array<shape_t, 1> st{broadcast_strides(kept, x.shape)};
   const T* a = x.as<T>();
-  int kind = n.op == "ReduceMax" ? 0 : (n.op == "ReduceMin" ? 1 : 2);
+  int kind = K == fold::max ? 0 : (K == fold::min ? 1 : 2);
   broadcast_loop<1>(x.shape, st, [&](int64_t i, const std::array<int64_t, 1>& off) {
     T& o = out[off[0]];
     T v = a[i];
@@ -443,18 +477,16 @@ void run_reduce(const node& n, const std::vector<tensor_ref>& in, const tensor_r
   });
 }
 
+template <fold K>
+void run_fold(const node& n, const std::vector<tensor_ref>& in,
+              const std::vector<tensor_ref>& out) {
+  dispatch(in[0].dtype, [&](auto tag) { fold_reduce<K, decltype(tag)>(n, in, out[0]); });
+}
+
 /// The reductions that sum a function of each element, then perhaps transform
 /// the sum: |x| (ReduceL1), x squared (ReduceSumSquare; ReduceL2 then takes the
 /// square root), x (ReduceLogSum, then the log), e^x (ReduceLogSumExp, then the log).
 enum class sum_kind { l1, l2, sum_square, log_sum, log_sum_exp };
-
-sum_kind sum_kind_of(const std::string& op) {
-  if (op == "ReduceL1") return sum_kind::l1;
-  if (op == "ReduceL2") return sum_kind::l2;
-  if (op == "ReduceSumSquare") return sum_kind::sum_square;
-  if (op == "ReduceLogSum") return sum_kind::log_sum;
-  return sum_kind::log_sum_exp;
-}
 
 /// `v` in integer type T, truncated toward zero as a cast does; NaN, infinities
 /// and values out of T's range (the log of 0, or of a negative sum) saturate
@@ -470,15 +502,15 @@ T saturated(double v) {
   return static_cast<T>(v);
 }
 
-/// ReduceL1, ReduceL2, ReduceSumSquare, ReduceLogSum, ReduceLogSumExp. Floats
+/// ReduceL1, ReduceL2, ReduceSumSquare, ReduceLogSum, ReduceLogSumExp (`K`). Floats
 /// sum in double. Integers of ReduceL1 and ReduceSumSquare sum exactly,
 /// wrapping as a sum in the integer type does; the others are computed in
 /// double and truncated. ReduceLogSumExp subtracts each
 /// output's largest finite input before exp, so that large inputs do not
 /// overflow. An empty reduction gives the empty sum's value: 0, and log 0 =
 /// minus infinity for the logs (the lowest integer for integer types).
-template <class T>
-void run_sum_reduce(const node& n, const std::vector<tensor_ref>& in, const tensor_ref& y) {
+template <sum_kind K, class T>
+void sum_reduce(const node& n, const std::vector<tensor_ref>& in, const tensor_ref& y) {
   const auto& x = in[0];
   auto red = reduction_at_run(n, in);
   // The output's strides over the input's dimensions, 0 where reduced.
@@ -486,7 +518,7 @@ void run_sum_reduce(const node& n, const std::vector<tensor_ref>& in, const tens
   const T* a = x.as<T>();
   T* out = y.as<T>();
   int64_t count = y.elements();
-  sum_kind kind = sum_kind_of(n.op);
+  constexpr sum_kind kind = K;
   if constexpr (std::is_integral_v<T>) {
     if (kind == sum_kind::l1 || kind == sum_kind::sum_square) {
       // Unsigned arithmetic wraps modulo 2^64, which the cast to T keeps.
@@ -557,7 +589,10 @@ infer_result infer_global_max_pool(const graph& g, const node& n) {
 
 /// The maximum of each [N, C] plane; NaN wins, as in ReduceMax; an empty plane
 /// (a zero spatial dimension) gives minus infinity.
-void run_global_max_pool(const tensor_ref& x, const tensor_ref& y) {
+void run_global_max_pool(const node&, const std::vector<tensor_ref>& inputs,
+                         const std::vector<tensor_ref>& outputs) {
+  const auto& x = inputs[0];
+  const auto& y = outputs[0];
   int64_t planes = x.shape[0] * x.shape[1];
   int64_t plane = 1;
   for (size_t d = 2; d < x.shape.size(); ++d) plane *= x.shape[d];
@@ -691,6 +726,30 @@ void dequantize(const tensor_ref& x, const tensor_ref& scale, const Q* zero, con
     out[i] = static_cast<float>(static_cast<int64_t>(in[i]) - (zero ? zero[k] : 0))
              * scale.as<float>()[k];
   }
+}
+
+void run_quantize(const node& n, const std::vector<tensor_ref>& in,
+                  const std::vector<tensor_ref>& out) {
+  const auto& y = out[0];
+  auto w = walk_of(n, in[0], in[1]);
+  bool zp = in.size() > 2 && in[2].data;
+  if (y.dtype == datatype::int8)
+    quantize<int8_t>(in[0], in[1], zp ? in[2].as<int8_t>() : nullptr, w, y.as<int8_t>());
+  else
+    quantize<uint8_t>(in[0], in[1], zp ? in[2].as<uint8_t>() : nullptr, w, y.as<uint8_t>());
+}
+
+void run_dequantize(const node& n, const std::vector<tensor_ref>& in,
+                    const std::vector<tensor_ref>& out) {
+  const auto& y = out[0];
+  auto w = walk_of(n, in[0], in[1]);
+  bool zp = in.size() > 2 && in[2].data;
+  if (in[0].dtype == datatype::int8)
+    dequantize<int8_t>(in[0], in[1], zp ? in[2].as<int8_t>() : nullptr, w, y.as<float>());
+  else if (in[0].dtype == datatype::uint8)
+    dequantize<uint8_t>(in[0], in[1], zp ? in[2].as<uint8_t>() : nullptr, w, y.as<float>());
+  else
+    dequantize<int32_t>(in[0], in[1], zp ? in[2].as<int32_t>() : nullptr, w, y.as<float>());
 }
 
 // ------------------------------------------------------------------ Attention
@@ -872,92 +931,102 @@ void run_attention(const node& n, const std::vector<tensor_ref>& in,
   }
 }
 
+template <sum_kind K>
+void run_sum(const node& n, const std::vector<tensor_ref>& in,
+             const std::vector<tensor_ref>& out) {
+  dispatch(in[0].dtype, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (!std::is_same_v<T, bool>) // refused by type at inference
+      sum_reduce<K, T>(n, in, out[0]);
+  });
+}
+
+const std::vector<datatype> float_only{datatype::fp32};
+const std::vector<datatype> numbers{datatype::fp32, datatype::int64, datatype::int32,
+                                    datatype::int8, datatype::uint8};
+const std::vector<datatype> numbers_and_bool{datatype::fp32, datatype::int64, datatype::int32,
+                                             datatype::int8, datatype::uint8, datatype::bool_};
+const std::vector<datatype> quantized{datatype::int8, datatype::uint8, datatype::int32};
+/// ONNX's "high-precision numeric" types of ReduceL1/L2/SumSquare/LogSum/LogSumExp:
+/// no 8- or 16-bit integers (float16, bfloat16 and double arrive as FP32).
+const std::vector<datatype> wide_numbers{datatype::fp32, datatype::int64, datatype::int32,
+                                         datatype::uint64, datatype::uint32};
+
+const std::map<std::string, more_op>& table() {
+  constexpr bool elementwise = true;
+  static const std::map<std::string, more_op> ops{
+    // 24: nonpad_kv_seqlen; 25: left_window_size, right_window_size (both refused)
+    {"Attention", {{23, 24, 25}, float_only, &checked<infer_attention>, &run_attention}},
+    {"Ceil", {{1, 6, 13}, float_only, &checked<infer_unary>, &run_float<ceil_of>, nullptr,
+              elementwise}},
+    {"Cos", {{7, 22}, float_only, &checked<infer_unary>, &run_float<cosine>, nullptr,
+             elementwise}},
+    // 19: saturate (float8); 21: block_size, output_dtype; 23+: types only
+    {"DequantizeLinear", {{10, 13, 19, 21, 23, 24, 25, 28}, quantized,
+                          &checked<infer_dequantize>, &run_dequantize}},
+    {"Elu", {{1, 6, 22}, float_only, &checked<infer_unary>, &run_elu, nullptr, elementwise}},
+    {"Floor", {{1, 6, 13}, float_only, &checked<infer_unary>, &run_float<floor_of>, nullptr,
+               elementwise}},
+    {"Gelu", {{20}, float_only, &checked<infer_gelu>, &run_gelu, nullptr, elementwise}},
+    // 22: bfloat16
+    {"GlobalMaxPool", {{1, 22}, float_only, &checked<infer_global_max_pool>,
+                       &run_global_max_pool}},
+    {"LeakyRelu", {{1, 6, 16}, float_only, &checked<infer_unary>, &run_leaky_relu, nullptr,
+                   elementwise}},
+    {"LRN", {{1, 13}, float_only, &checked<infer_lrn>, &run_lrn}},
+    {"Mish", {{18, 22}, float_only, &checked<infer_unary>, &run_float<mish>, nullptr,
+              elementwise}},
+    // 7: broadcasting
+    {"PRelu", {{1, 6, 7, 9, 16}, {datatype::fp32, datatype::int64, datatype::int32},
+               &checked<infer_prelu>, &run_prelu, nullptr, elementwise}},
+    {"QuantizeLinear", {{10, 13, 19, 21, 23, 24, 25, 28}, float_only,
+                        &checked<infer_quantize>, &run_quantize}},
+    // 18: axes as an input, noop_with_empty_axes; 20: BOOL
+    {"ReduceMax", {{1, 11, 12, 13, 18, 20}, numbers_and_bool, &checked<infer_extreme_reduce>,
+                   &run_fold<fold::max>}},
+    {"ReduceMin", {{1, 11, 12, 13, 18, 20}, numbers_and_bool, &checked<infer_extreme_reduce>,
+                   &run_fold<fold::min>}},
+    {"ReduceProd", {{1, 11, 13, 18}, numbers, &checked<infer_reduce>, &run_fold<fold::prod>}},
+    // 18: axes as an input, noop_with_empty_axes (which still applies the
+    // element-wise part: |x|, x squared, log x); 28: floats only (ReduceLogSum
+    // and ReduceLogSumExp of integers are refused from opset 28 on).
+    {"ReduceL1", {{1, 11, 13, 18}, wide_numbers, &checked<infer_reduce>,
+                  &run_sum<sum_kind::l1>, &check_axes_input_18}},
+    {"ReduceL2", {{1, 11, 13, 18}, wide_numbers, &checked<infer_reduce>,
+                  &run_sum<sum_kind::l2>, &check_axes_input_18}},
+    {"ReduceLogSum", {{1, 11, 13, 18, 28}, wide_numbers, &checked<infer_log_reduce>,
+                      &run_sum<sum_kind::log_sum>, &check_axes_input_18}},
+    {"ReduceLogSumExp", {{1, 11, 13, 18, 28}, wide_numbers, &checked<infer_log_reduce>,
+                         &run_sum<sum_kind::log_sum_exp>, &check_axes_input_18}},
+    {"ReduceSumSquare", {{1, 11, 13, 18}, wide_numbers, &checked<infer_reduce>,
+                         &run_sum<sum_kind::sum_square>, &check_axes_input_18}},
+    {"RMSNormalization", {{23}, float_only, &checked<infer_rms_norm>, &run_rms_norm}},
+    {"Round", {{11, 22}, float_only, &checked<infer_unary>, &run_float<round_half_even>,
+               nullptr, elementwise}},
+    {"Selu", {{1, 6, 22}, float_only, &checked<infer_unary>, &run_selu, nullptr, elementwise}},
+    {"Sign", {{9, 13}, numbers, &checked<infer_unary>, &run_sign, nullptr, elementwise}},
+    {"Sin", {{7, 22}, float_only, &checked<infer_unary>, &run_float<sine>, nullptr,
+             elementwise}},
+    {"Softplus", {{1, 22}, float_only, &checked<infer_unary>, &run_float<softplus>, nullptr,
+                  elementwise}},
+    {"Softsign", {{1, 22}, float_only, &checked<infer_unary>, &run_float<softsign>, nullptr,
+                  elementwise}},
+    {"ThresholdedRelu", {{10, 22}, float_only, &checked<infer_unary>, &run_thresholded_relu,
+                         nullptr, elementwise}},
+  };
+  return ops;
+}
+
 } // namespace
 
-const std::vector<std::string>& more_operators() {
-  static const std::vector<std::string> names = table_names(table());
-  return names;
-}
-
 const op_table& more_operator_table() {
-  static const op_table versions = table_versions(table());
-  return versions;
-}
-
-bool is_more_op(const std::string& op) {
-  return table().count(op) > 0;
-}
-
-bool is_elementwise_more_op(const std::string& op) {
-  auto it = table().find(op);
-  if (it == table().end())
-    return false;
-  using infer_fn = infer_result (*)(const graph&, const node&);
-  const auto* f = it->second.infer.target<infer_fn>();
-  return op == "PRelu" || (f && *f == infer_unary);
-}
-
-infer_result infer_more_op(const graph& g, const node& n) {
-  const auto& e = table().at(n.op);
-  if (g.opset != 0 && g.opset < e.versions.front())
-    return n.op + " exists from opset " + std::to_string(e.versions.front())
-           + ", but the model imports opset " + std::to_string(g.opset)
-           + "; re-export it with a newer opset";
-  if (n.inputs.empty() || n.inputs[0] < 0)
-    return n.op + " needs its first input";
-  const auto& x = g.values[n.inputs[0]];
-  if (std::find(e.types.begin(), e.types.end(), x.dtype) == e.types.end()) {
-    std::string list;
-    for (auto t : e.types)
-      list += (list.empty() ? "" : ", ") + type_name(t);
-    return "input '" + x.name + "' is " + type_name(x.dtype) + "; the engine runs " + n.op
-           + " on " + list;
-  }
-  return e.infer(g, n);
-}
-
-void run_more_op(const node& n, const std::vector<tensor_ref>& in,
-                 const std::vector<tensor_ref>& out) {
-  const auto& op = n.op;
-  const auto& y = out[0];
-  if (op == "PRelu") {
-    run_prelu(in[0], in[1], y);
-  } else if (op == "RMSNormalization") {
-    run_rms_norm(n, in[0], in[1], y);
-  } else if (op == "LRN") {
-    run_lrn(n, in[0], y);
-  } else if (op == "Attention") {
-    run_attention(n, in, out);
-  } else if (op == "ReduceMax" || op == "ReduceMin" || op == "ReduceProd") {
-    dispatch(in[0].dtype, [&](auto tag) { run_reduce<decltype(tag)>(n, in, y); });
-  } else if (op == "ReduceL1" || op == "ReduceL2" || op == "ReduceSumSquare"
-             || op == "ReduceLogSum" || op == "ReduceLogSumExp") {
-    dispatch(in[0].dtype, [&](auto tag) {
-      using T = decltype(tag);
-      if constexpr (!std::is_same_v<T, bool>) // refused by type at inference
-        run_sum_reduce<T>(n, in, y);
-    });
-  } else if (op == "GlobalMaxPool") {
-    run_global_max_pool(in[0], y);
-  } else if (op == "QuantizeLinear") {
-    auto w = walk_of(n, in[0], in[1]);
-    bool zp = in.size() > 2 && in[2].data;
-    if (y.dtype == datatype::int8)
-      quantize<int8_t>(in[0], in[1], zp ? in[2].as<int8_t>() : nullptr, w, y.as<int8_t>());
-    else
-      quantize<uint8_t>(in[0], in[1], zp ? in[2].as<uint8_t>() : nullptr, w, y.as<uint8_t>());
-  } else if (op == "DequantizeLinear") {
-    auto w = walk_of(n, in[0], in[1]);
-    bool zp = in.size() > 2 && in[2].data;
-    if (in[0].dtype == datatype::int8)
-      dequantize<int8_t>(in[0], in[1], zp ? in[2].as<int8_t>() : nullptr, w, y.as<float>());
-    else if (in[0].dtype == datatype::uint8)
-      dequantize<uint8_t>(in[0], in[1], zp ? in[2].as<uint8_t>() : nullptr, w, y.as<float>());
-    else
-      dequantize<int32_t>(in[0], in[1], zp ? in[2].as<int32_t>() : nullptr, w, y.as<float>());
-  } else {
-    run_unary(n, in[0], y);
-  }
+  static const op_table ops = [] {
+    op_table t;
+    for (const auto& [name, e] : table())
+      t.push_back({name, e.versions, e.infer, e.run, e.check, e.elementwise});
+    return t;
+  }();
+  return ops;
 }
 
 } // namespace caf_serving::onnx

@@ -49,7 +49,7 @@ std::map<std::string, attribute> attrs(std::initializer_list<std::pair<const cha
   return m;
 }
 
-/// FusedAttention (ops.hpp) on [B, S, H*D] with a float mask: the reference
+/// FusedAttention (ops_nn.hpp) on [B, S, H*D] with a float mask: the reference
 /// that ONNX's Attention is checked against.
 std::vector<float> fused_attention(const tensor& q, const tensor& k, const tensor& v,
                                    const tensor& mask, int64_t heads, float scale) {
@@ -64,9 +64,9 @@ TEST_CASE("the importer lists the operators of ops_more.cpp") {
   const auto& all = supported_operators();
   CHECK(std::is_sorted(all.begin(), all.end()));
   CHECK(std::adjacent_find(all.begin(), all.end()) == all.end());
-  for (const auto& op : more_operators())
-    CHECK_MESSAGE(std::binary_search(all.begin(), all.end(), op), op);
-  CHECK(more_operators().size() == 29);
+  for (const auto& e : more_operator_table())
+    CHECK_MESSAGE(std::binary_search(all.begin(), all.end(), e.op), e.op);
+  CHECK(more_operator_table().size() == 29);
 }
 
 TEST_CASE("Attention matches FusedAttention: 3-D heads, float and BOOL masks, is_causal") {

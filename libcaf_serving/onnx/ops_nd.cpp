@@ -1,14 +1,10 @@
 #include "onnx/ops_nd.hpp"
 
-#include "onnx/op_registry.hpp"
-#include "onnx/ops_internal.hpp"
-
 #include <cblas.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <functional>
 #include <limits>
 #include <map>
 #include <numeric>
@@ -19,43 +15,26 @@ namespace caf_serving::onnx {
 namespace {
 
 using namespace ops_internal;
-using infer_result = std::variant<std::vector<inferred>, std::string>;
 
-/// One operator: every ONNX version of it (since_version), from its first up to
-/// onnx 1.23's opset 28. Between the versions listed only the spec's type lists
-/// changed (fp16/bf16/fp8/int4 added, which the engine does not run), except as
-/// the comment says.
-struct op_entry {
-  std::vector<int64_t> versions;
-  std::function<infer_result(const graph&, const node&)> infer;
-};
+/// What every operator of this file refuses alike, before its own inference:
+/// an opset before its first version, no first input.
+std::optional<std::string> refused_input(const graph& g, const node& n) {
+  static const auto first = first_versions(nd_operator_table());
+  int64_t since = first.at(n.op);
+  if (g.opset != 0 && g.opset < since)
+    return n.op + " exists from opset " + std::to_string(since)
+           + ", but the model imports opset " + std::to_string(g.opset)
+           + "; re-export it with a newer opset";
+  if (n.inputs.empty() || n.inputs[0] < 0)
+    return n.op + " needs its first input";
+  return std::nullopt;
+}
 
-infer_result infer_gather_nd(const graph& g, const node& n);
-infer_result infer_scatter_nd(const graph& g, const node& n);
-infer_result infer_pad(const graph& g, const node& n);
-infer_result infer_trilu(const graph& g, const node& n);
-infer_result infer_resize(const graph& g, const node& n);
-infer_result infer_einsum(const graph& g, const node& n);
-infer_result infer_tile(const graph& g, const node& n);
-infer_result infer_topk(const graph& g, const node& n);
-infer_result infer_nonzero(const graph& g, const node& n);
-
-const std::map<std::string, op_entry>& table() {
-  static const std::map<std::string, op_entry> ops{
-    {"Einsum", {{12, 28}, infer_einsum}},
-    {"GatherND", {{11, 12, 13}, infer_gather_nd}}, // 12: batch_dims
-    {"NonZero", {{9, 13}, infer_nonzero}},
-    // 11: pads and constant_value as inputs; 18: axes; 19: wrap mode
-    {"Pad", {{2, 11, 13, 18, 19, 21, 23, 24, 25}, infer_pad}},
-    // 11: roi, sizes, coordinate modes; 18: axes, antialias, keep_aspect_ratio_policy;
-    // 19: half_pixel_symmetric
-    {"Resize", {{10, 11, 13, 18, 19}, infer_resize}},
-    {"ScatterND", {{11, 13, 16, 18}, infer_scatter_nd}}, // 16: add, mul; 18: max, min
-    {"Tile", {{1, 6, 13}, infer_tile}},
-    {"TopK", {{1, 10, 11, 24}, infer_topk}}, // 10: K as input; 11: largest, sorted
-    {"Trilu", {{14}, infer_trilu}},
-  };
-  return ops;
+template <infer_function Infer>
+infer_result checked(const graph& g, const node& n) {
+  if (auto e = refused_input(g, n))
+    return *e;
+  return Infer(g, n);
 }
 
 std::vector<inferred> one(datatype t, shape_t s) {
@@ -153,8 +132,11 @@ infer_result infer_gather_nd(const graph& g, const node& n) {
   return one(data.dtype, s);
 }
 
-void run_gather_nd(const node& n, const tensor_ref& data, const tensor_ref& idx,
-                   const tensor_ref& y) {
+void run_gather_nd(const node& n, const std::vector<tensor_ref>& in,
+                   const std::vector<tensor_ref>& out) {
+  const auto& data = in[0];
+  const auto& idx = in[1];
+  const auto& y = out[0];
   size_t b = static_cast<size_t>(n.get_i("batch_dims", 0));
   int64_t k = idx.shape.back();
   int64_t batches = 1;
@@ -239,7 +221,9 @@ void scatter_apply(const std::string& red, T* dst, const T* src, int64_t count) 
 
 /// Updates apply in the order of the indices, so a repeated index with
 /// reduction "none" keeps the last one (ONNX leaves it undefined).
-void run_scatter_nd(const node& n, const std::vector<tensor_ref>& in, const tensor_ref& y) {
+void run_scatter_nd(const node& n, const std::vector<tensor_ref>& in,
+                    const std::vector<tensor_ref>& out) {
+  const auto& y = out[0];
   const auto& data = in[0];
   const auto& idx = in[1];
   const auto& upd = in[2];
@@ -367,7 +351,9 @@ int64_t pad_source(const std::string& mode, int64_t p, int64_t len) {
   return m < len ? m : period - m;
 }
 
-void run_pad(const node& n, const std::vector<tensor_ref>& in, const tensor_ref& y) {
+void run_pad(const node& n, const std::vector<tensor_ref>& in,
+             const std::vector<tensor_ref>& outputs) {
+  const auto& y = outputs[0];
   const auto& x = in[0];
   size_t rank = x.shape.size();
   auto pads = ref_ints(in[1]);
@@ -439,7 +425,9 @@ infer_result infer_trilu(const graph& g, const node& n) {
   return one(x.dtype, x.shape);
 }
 
-void run_trilu(const node& n, const std::vector<tensor_ref>& in, const tensor_ref& y) {
+void run_trilu(const node& n, const std::vector<tensor_ref>& in,
+               const std::vector<tensor_ref>& outputs) {
+  const auto& y = outputs[0];
   const auto& x = in[0];
   int64_t k = in.size() > 1 && in[1].data ? in[1].as<int64_t>()[0] : 0;
   bool upper = n.get_i("upper", 1) != 0;
@@ -481,7 +469,10 @@ infer_result infer_tile(const graph& g, const node& n) {
   return one(x.dtype, s);
 }
 
-void run_tile(const tensor_ref& x, const tensor_ref& y) {
+void run_tile(const node&, const std::vector<tensor_ref>& inputs,
+              const std::vector<tensor_ref>& outputs) {
+  const auto& x = inputs[0];
+  const auto& y = outputs[0];
   size_t rank = x.shape.size(), es = element_size(x.dtype);
   auto st = strides_of(x.shape);
   const auto* xs = static_cast<const uint8_t*>(x.data);
@@ -527,7 +518,8 @@ infer_result infer_topk(const graph& g, const node& n) {
 /// Sorted by value (NaN above every number, as ONNX Runtime orders it), equal
 /// values by lower index first.
 template <class T>
-void run_topk(const node& n, const tensor_ref& x, int64_t k, const std::vector<tensor_ref>& out) {
+void topk_kernel(const node& n, const tensor_ref& x, int64_t k,
+                 const std::vector<tensor_ref>& out) {
   int64_t axis = norm_axis(n.get_i("axis", -1), x.shape.size());
   bool largest = n.get_i("largest", 1) != 0;
   int64_t d = x.shape[axis], inner = 1;
@@ -586,7 +578,10 @@ infer_result infer_nonzero(const graph& g, const node& n) {
   return one(datatype::int64, {static_cast<int64_t>(x.shape.size()), count});
 }
 
-void run_nonzero(const tensor_ref& x, const tensor_ref& y) {
+void run_nonzero(const node&, const std::vector<tensor_ref>& inputs,
+                 const std::vector<tensor_ref>& outputs) {
+  const auto& x = inputs[0];
+  const auto& y = outputs[0];
   size_t rank = x.shape.size(), es = element_size(x.dtype);
   int64_t count = y.shape[1];
   auto st = strides_of(x.shape);
@@ -789,7 +784,9 @@ std::vector<float> kernel_scales(const node& n, const std::vector<tensor_ref>& i
 /// Each output position of each dimension reads one (nearest) or two (linear)
 /// input positions with weights: nearest gathers, linear interpolates one
 /// dimension after the other.
-void run_resize(const node& n, const std::vector<tensor_ref>& in, const tensor_ref& y) {
+void run_resize(const node& n, const std::vector<tensor_ref>& in,
+                const std::vector<tensor_ref>& outputs) {
+  const auto& y = outputs[0];
   const auto& x = in[0];
   size_t rank = x.shape.size();
   auto mode = n.get_s("mode", "nearest");
@@ -1105,7 +1102,7 @@ bool einsum_as_gemm(const einsum_plan& p, const shape_t& ext, const std::vector<
 /// inside; each operand's offset moves by its strides (0 where it broadcasts).
 /// Two FLOAT operands in a matrix-product pattern go to einsum_as_gemm().
 template <class T>
-void run_einsum(const node& n, const std::vector<tensor_ref>& in, const tensor_ref& y) {
+void einsum_kernel(const node& n, const std::vector<tensor_ref>& in, const tensor_ref& y) {
   std::vector<size_t> ranks;
   std::vector<shape_t> shapes;
   for (const auto& t : in) {
@@ -1159,67 +1156,52 @@ void run_einsum(const node& n, const std::vector<tensor_ref>& in, const tensor_r
   }
 }
 
+void run_topk(const node& n, const std::vector<tensor_ref>& in,
+              const std::vector<tensor_ref>& out) {
+  const auto& y = out[0];
+  int64_t k = y.shape[norm_axis(n.get_i("axis", -1), y.shape.size())];
+  dispatch(in[0].dtype, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, int64_t>
+                  || std::is_same_v<T, int32_t>)
+      topk_kernel<T>(n, in[0], k, out);
+  });
+}
+
+void run_einsum(const node& n, const std::vector<tensor_ref>& in,
+                const std::vector<tensor_ref>& out) {
+  dispatch(in[0].dtype, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, int64_t>
+                  || std::is_same_v<T, int32_t>)
+      einsum_kernel<T>(n, in, out[0]);
+  });
+}
+
 } // namespace
 
-const std::vector<std::string>& nd_operators() {
-  static const std::vector<std::string> names = table_names(table());
-  return names;
-}
-
 const op_table& nd_operator_table() {
-  static const op_table versions = table_versions(table());
-  return versions;
-}
-
-bool is_nd_op(const std::string& op) {
-  return table().count(op) > 0;
-}
-
-infer_result infer_nd_op(const graph& g, const node& n) {
-  const auto& e = table().at(n.op);
-  if (g.opset != 0 && g.opset < e.versions.front())
-    return n.op + " exists from opset " + std::to_string(e.versions.front())
-           + ", but the model imports opset " + std::to_string(g.opset)
-           + "; re-export it with a newer opset";
-  if (n.inputs.empty() || n.inputs[0] < 0)
-    return n.op + " needs its first input";
-  return e.infer(g, n);
-}
-
-void run_nd_op(const node& n, const std::vector<tensor_ref>& in,
-               const std::vector<tensor_ref>& out) {
-  const auto& op = n.op;
-  const auto& y = out[0];
-  if (op == "GatherND") {
-    run_gather_nd(n, in[0], in[1], y);
-  } else if (op == "ScatterND") {
-    run_scatter_nd(n, in, y);
-  } else if (op == "Pad") {
-    run_pad(n, in, y);
-  } else if (op == "Trilu") {
-    run_trilu(n, in, y);
-  } else if (op == "Tile") {
-    run_tile(in[0], y);
-  } else if (op == "NonZero") {
-    run_nonzero(in[0], y);
-  } else if (op == "Resize") {
-    run_resize(n, in, y);
-  } else if (op == "TopK") {
-    int64_t k = y.shape[norm_axis(n.get_i("axis", -1), y.shape.size())];
-    dispatch(in[0].dtype, [&](auto tag) {
-      using T = decltype(tag);
-      if constexpr (std::is_same_v<T, float> || std::is_same_v<T, int64_t>
-                    || std::is_same_v<T, int32_t>)
-        run_topk<T>(n, in[0], k, out);
-    });
-  } else if (op == "Einsum") {
-    dispatch(in[0].dtype, [&](auto tag) {
-      using T = decltype(tag);
-      if constexpr (std::is_same_v<T, float> || std::is_same_v<T, int64_t>
-                    || std::is_same_v<T, int32_t>)
-        run_einsum<T>(n, in, y);
-    });
-  }
+  // Every version (since_version) from the first up to onnx 1.23's opset 28.
+  // Between the versions listed only the spec's type lists changed
+  // (fp16/bf16/fp8/int4 added, which the engine does not run), except as the
+  // comment says.
+  static const op_table ops{
+    {"Einsum", {12, 28}, &checked<infer_einsum>, &run_einsum},
+    {"GatherND", {11, 12, 13}, &checked<infer_gather_nd>, &run_gather_nd}, // 12: batch_dims
+    {"NonZero", {9, 13}, &checked<infer_nonzero>, &run_nonzero},
+    // 11: pads and constant_value as inputs; 18: axes; 19: wrap mode
+    {"Pad", {2, 11, 13, 18, 19, 21, 23, 24, 25}, &checked<infer_pad>, &run_pad},
+    // 11: roi, sizes, coordinate modes; 18: axes, antialias, keep_aspect_ratio_policy;
+    // 19: half_pixel_symmetric
+    {"Resize", {10, 11, 13, 18, 19}, &checked<infer_resize>, &run_resize},
+    // 16: add, mul; 18: max, min
+    {"ScatterND", {11, 13, 16, 18}, &checked<infer_scatter_nd>, &run_scatter_nd},
+    {"Tile", {1, 6, 13}, &checked<infer_tile>, &run_tile},
+    // 10: K as input; 11: largest, sorted
+    {"TopK", {1, 10, 11, 24}, &checked<infer_topk>, &run_topk},
+    {"Trilu", {14}, &checked<infer_trilu>, &run_trilu},
+  };
+  return ops;
 }
 
 } // namespace caf_serving::onnx

@@ -38,9 +38,9 @@ TEST_CASE("the importer lists the operators of ops_nd.cpp") {
   const auto& all = supported_operators();
   CHECK(std::is_sorted(all.begin(), all.end()));
   CHECK(std::adjacent_find(all.begin(), all.end()) == all.end());
-  for (const auto& op : nd_operators())
-    CHECK_MESSAGE(std::binary_search(all.begin(), all.end(), op), op);
-  CHECK(nd_operators().size() == 9);
+  for (const auto& e : nd_operator_table())
+    CHECK_MESSAGE(std::binary_search(all.begin(), all.end(), e.op), e.op);
+  CHECK(nd_operator_table().size() == 9);
 }
 
 TEST_CASE("GatherND: tuples of indices, negative ones, batch_dims") {

@@ -1,7 +1,5 @@
 #include "onnx/ops_quant.hpp"
 
-#include "onnx/ops_internal.hpp"
-
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -15,21 +13,6 @@ namespace caf_serving::onnx {
 namespace {
 
 using namespace ops_internal;
-using infer_result = std::variant<std::vector<inferred>, std::string>;
-
-// Every ONNX version (onnx 1.23.2's opset 28 included); QLinearMatMul-21 only
-// adds FLOAT16/BFLOAT16 scales, which the engine holds as FP32.
-const std::map<std::string, std::vector<int64_t>>& versions() {
-  static const std::map<std::string, std::vector<int64_t>> v{
-    {"ConvInteger", {10}},
-    {"DynamicQuantizeLinear", {11}},
-    {"MatMulInteger", {10}},
-    {"QLinearConv", {10}},
-    {"QLinearMatMul", {10, 21}},
-  };
-  return v;
-}
-
 bool has_input(const node& n, size_t i) {
   return n.inputs.size() > i && n.inputs[i] >= 0;
 }
@@ -289,7 +272,10 @@ std::vector<inferred> one(datatype t, shape_t s) {
   return {{t, std::move(s)}};
 }
 
-infer_result infer_matmul_integer(const graph& g, const node& n, bool qlinear) {
+/// MatMulInteger, or QLinearMatMul (`QLinear`).
+template <bool QLinear>
+infer_result infer_matmul_integer(const graph& g, const node& n) {
+  constexpr bool qlinear = QLinear;
   size_t b = qlinear ? 3 : 1;
   if (!has_input(n, b))
     return "input B is missing";
@@ -326,7 +312,10 @@ infer_result infer_matmul_integer(const graph& g, const node& n, bool qlinear) {
   return one(yz.dtype, d.out);
 }
 
-infer_result infer_conv_integer(const graph& g, const node& n, bool qlinear) {
+/// ConvInteger, or QLinearConv (`QLinear`).
+template <bool QLinear>
+infer_result infer_conv_integer(const graph& g, const node& n) {
+  constexpr bool qlinear = QLinear;
   size_t w = qlinear ? 3 : 1;
   if (!has_input(n, w))
     return "input W is missing";
@@ -380,7 +369,9 @@ infer_result infer_dynamic_quantize(const graph& g, const node& n) {
 /// max(0, max x)] over 255 steps (scale 1 for an all-zero input, where the
 /// spec would divide by 0), the zero point -min / scale rounded half to even
 /// and saturated, y = saturate(round(x / scale) + zero point).
-void run_dynamic_quantize(const tensor_ref& x, const std::vector<tensor_ref>& out) {
+void run_dynamic_quantize(const node&, const std::vector<tensor_ref>& inputs,
+                          const std::vector<tensor_ref>& out) {
+  const auto& x = inputs[0];
   const float* in = x.as<float>();
   float lo = 0, hi = 0;
   for (int64_t i = 0; i < x.elements(); ++i) {
@@ -471,7 +462,10 @@ infer_result infer_max_pool(const graph& g, const node& n) {
 }
 
 /// The max over each window of an NCHW 8-bit tensor; padding takes no part.
-void run_max_pool(const node& n, const tensor_ref& x, const tensor_ref& y) {
+void run_max_pool(const node& n, const std::vector<tensor_ref>& in,
+                  const std::vector<tensor_ref>& out) {
+  const auto& x = in[0];
+  const auto& y = out[0];
   auto p = std::get<max_pool_geometry>(max_pool_geom(n, x.shape));
   int64_t h = x.shape[2], w = x.shape[3];
   dispatch(x.dtype, [&](auto tag) {
@@ -511,7 +505,9 @@ quant_add_params quant_add_params_of(const std::vector<tensor_ref>& in) {
 namespace {
 
 /// QLinearAdd with broadcasting, element by element as quant_add_span.
-void run_qlinear_add(const node& n, const std::vector<tensor_ref>& in, const tensor_ref& y) {
+void run_qlinear_add(const node& n, const std::vector<tensor_ref>& in,
+                     const std::vector<tensor_ref>& out) {
+  const auto& y = out[0];
   auto p = quant_add_params_of(in);
   std::array<shape_t, 2> st{broadcast_strides(in[0].shape, y.shape),
                             broadcast_strides(in[3].shape, y.shape)};
@@ -552,78 +548,87 @@ quant_conv_geometry_of(const node& nd, const std::vector<int64_t>& x, const std:
   return qconv_geom(nd, x, w);
 }
 
-const op_table& quant_operator_table() {
-  static const op_table table = [] {
-    op_table v;
-    for (const auto& [name, since] : versions())
-      v.push_back({name, since});
-    return v;
-  }();
-  return table;
-}
+namespace {
 
-bool is_quant_op(const std::string& op) {
-  return versions().count(op) > 0 || op == quant_add_op || op == quant_max_pool_op;
-}
-
-infer_result infer_quant_op(const graph& g, const node& n) {
-  if (n.op == quant_add_op)
-    return infer_qlinear_add(g, n);
-  if (n.op == quant_max_pool_op)
-    return infer_max_pool(g, n);
-  const auto& since = versions().at(n.op);
-  if (g.opset != 0 && g.opset < since.front())
-    return n.op + " exists from opset " + std::to_string(since.front())
+/// What every ONNX operator of this file refuses alike, before its own
+/// inference: an opset before its first version, no first input.
+std::optional<std::string> refused_input(const graph& g, const node& n) {
+  static const auto first = first_versions(quant_operator_table());
+  int64_t since = first.at(n.op);
+  if (g.opset != 0 && g.opset < since)
+    return n.op + " exists from opset " + std::to_string(since)
            + ", but the model imports opset " + std::to_string(g.opset)
            + "; re-export it with a newer opset";
   if (n.inputs.empty() || n.inputs[0] < 0)
     return n.op + " needs its first input";
-  if (n.op == "MatMulInteger")
-    return infer_matmul_integer(g, n, false);
-  if (n.op == "QLinearMatMul")
-    return infer_matmul_integer(g, n, true);
-  if (n.op == "ConvInteger")
-    return infer_conv_integer(g, n, false);
-  if (n.op == "QLinearConv")
-    return infer_conv_integer(g, n, true);
-  return infer_dynamic_quantize(g, n);
+  return std::nullopt;
 }
 
-void run_quant_op(const node& n, const std::vector<tensor_ref>& in,
-                  const std::vector<tensor_ref>& out) {
-  const auto& op = n.op;
+template <infer_function Infer>
+infer_result checked(const graph& g, const node& n) {
+  if (auto e = refused_input(g, n))
+    return *e;
+  return Infer(g, n);
+}
+
+/// MatMulInteger, or QLinearMatMul (`QLinear`).
+template <bool QLinear>
+void run_matmul_integer(const node&, const std::vector<tensor_ref>& in,
+                        const std::vector<tensor_ref>& out) {
   const auto& y = out[0];
-  if (op == "MatMulInteger" || op == "QLinearMatMul") {
-    bool q = op == "QLinearMatMul";
-    size_t b = q ? 3 : 1;
-    auto d = std::get<matmul_dims>(matmul_dims_of(in[0].shape, in[b].shape));
-    auto acc = matmul_acc(d, in, 0, 2, b, q ? 5 : 3);
-    if (!q) {
-      std::copy(acc.begin(), acc.end(), y.as<int32_t>());
-      return;
-    }
-    if (in.size() > 8 && in[8].data) // quant_passes.cpp's bias: one INT32 per column
-      for (size_t i = 0; i < acc.size(); ++i)
-        acc[i] += in[8].as<int32_t>()[static_cast<int64_t>(i) % d.n];
-    write_requantized(acc, multipliers(in[1], in[4], in[6]), 1, in[7], y);
-  } else if (op == "ConvInteger" || op == "QLinearConv") {
-    bool q = op == "QLinearConv";
-    auto g = std::get<qconv_geometry>(qconv_geom(n, in[0].shape, in[q ? 3 : 1].shape));
-    const tensor_ref* bias = q && in.size() > 8 && in[8].data ? &in[8] : nullptr;
-    auto acc = conv_acc(g, in, 2, q ? 3 : 1, q ? 5 : 3, bias);
-    if (!q) {
-      std::copy(acc.begin(), acc.end(), y.as<int32_t>());
-      return;
-    }
-    write_requantized(acc, multipliers(in[1], in[4], in[6]), g.oh * g.ow, in[7], y);
-    clamp_at_zero_point(n, in[7], y);
-  } else if (op == quant_add_op) {
-    run_qlinear_add(n, in, y);
-  } else if (op == quant_max_pool_op) {
-    run_max_pool(n, in[0], y);
-  } else {
-    run_dynamic_quantize(in[0], out);
+  constexpr bool q = QLinear;
+  size_t b = q ? 3 : 1;
+  auto d = std::get<matmul_dims>(matmul_dims_of(in[0].shape, in[b].shape));
+  auto acc = matmul_acc(d, in, 0, 2, b, q ? 5 : 3);
+  if (!q) {
+    std::copy(acc.begin(), acc.end(), y.as<int32_t>());
+    return;
   }
+  if (in.size() > 8 && in[8].data) // quant_passes.cpp's bias: one INT32 per column
+    for (size_t i = 0; i < acc.size(); ++i)
+      acc[i] += in[8].as<int32_t>()[static_cast<int64_t>(i) % d.n];
+  write_requantized(acc, multipliers(in[1], in[4], in[6]), 1, in[7], y);
+}
+
+/// ConvInteger, or QLinearConv (`QLinear`).
+template <bool QLinear>
+void run_conv_integer(const node& n, const std::vector<tensor_ref>& in,
+                      const std::vector<tensor_ref>& out) {
+  const auto& y = out[0];
+  constexpr bool q = QLinear;
+  auto g = std::get<qconv_geometry>(qconv_geom(n, in[0].shape, in[q ? 3 : 1].shape));
+  const tensor_ref* bias = q && in.size() > 8 && in[8].data ? &in[8] : nullptr;
+  auto acc = conv_acc(g, in, 2, q ? 3 : 1, q ? 5 : 3, bias);
+  if (!q) {
+    std::copy(acc.begin(), acc.end(), y.as<int32_t>());
+    return;
+  }
+  write_requantized(acc, multipliers(in[1], in[4], in[6]), g.oh * g.ow, in[7], y);
+  clamp_at_zero_point(n, in[7], y);
+}
+
+} // namespace
+
+const op_table& quant_operator_table() {
+  // Every ONNX version (onnx 1.23.2's opset 28 included); QLinearMatMul-21 only
+  // adds FLOAT16/BFLOAT16 scales, which the engine holds as FP32.
+  static const op_table ops{
+    {"ConvInteger", {10}, &checked<infer_conv_integer<false>>, &run_conv_integer<false>},
+    {"DynamicQuantizeLinear", {11}, &checked<infer_dynamic_quantize>, &run_dynamic_quantize},
+    {"MatMulInteger", {10}, &checked<infer_matmul_integer<false>>, &run_matmul_integer<false>},
+    {"QLinearConv", {10}, &checked<infer_conv_integer<true>>, &run_conv_integer<true>},
+    {"QLinearMatMul", {10, 21}, &checked<infer_matmul_integer<true>>,
+     &run_matmul_integer<true>},
+  };
+  return ops;
+}
+
+const op_table& quant_engine_table() {
+  static const op_table ops{
+    {quant_add_op, {}, &infer_qlinear_add, &run_qlinear_add},
+    {quant_max_pool_op, {}, &infer_max_pool, &run_max_pool},
+  };
+  return ops;
 }
 
 } // namespace caf_serving::onnx

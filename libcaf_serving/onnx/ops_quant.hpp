@@ -10,15 +10,12 @@
 /// QuantizeLinear/DequantizeLinear are ops_more.cpp's. The engine's
 /// QLinearMatMul takes a 9th input that ONNX's does not: an INT32 bias per
 /// column, added to the sums (quant_passes.cpp writes it for a Gemm's C).
-///
-/// Usage (ops.cpp):
-///
-///     if (is_quant_op(n.op)) return infer_quant_op(g, n);
-///     if (is_quant_op(n.op)) run_quant_op(n, inputs, outputs);
+/// Each operator is one entry of a table, the engine's own 8-bit operators
+/// (QLinearAdd, QMaxPool) of a table of their own; the registry
+/// (op_registry.cpp) holds both. The CPU backend's int8 steps
+/// (onnx_cpu/quant_steps.cpp) share the geometry and arithmetic declared here.
 
-#include "onnx/ir.hpp"
-#include "onnx/op_registry.hpp"
-#include "onnx/ops.hpp"
+#include "onnx/ops_common.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -45,14 +42,16 @@ quant_conv_geometry_of(const node& nd, const std::vector<int64_t>& x, const std:
 /// Add(DequantizeLinear(a), DequantizeLinear(b)) -> QuantizeLinear: inputs
 /// (A, A_scale, A_zero_point, B, B_scale, B_zero_point, C_scale,
 /// C_zero_point) as com.microsoft's QLinearAdd, per-tensor scales, optional
-/// attribute activation "Relu". Not in the registry: no model names it.
+/// attribute activation "Relu". In quant_engine_table(): no model names it, and
+/// the importer refuses it.
 inline constexpr const char* quant_add_op = "QLinearAdd";
 
 /// The engine-internal MaxPool of an 8-bit tensor that quant_passes.cpp
 /// writes for DequantizeLinear -> MaxPool -> QuantizeLinear with one scale and
 /// zero point on both sides (the max of the 8-bit values is exactly that):
 /// input X, MaxPool's kernel_shape, strides, pads and dilations (2-D,
-/// explicit pads, floor rounding). Not in the registry: no model names it.
+/// explicit pads, floor rounding). In quant_engine_table(): no model names it,
+/// and the importer refuses it.
 inline constexpr const char* quant_max_pool_op = "QMaxPool";
 
 /// QLinearAdd's arithmetic, as onnxruntime's MlasQLinearAdd: the scale ratios
@@ -86,17 +85,10 @@ inline void quant_add_span(const quant_add_params& p, const A* a, const B* b, C*
   }
 }
 
-/// The operators of ops_quant.cpp with their ONNX versions, for op_registry.cpp.
+/// The ONNX operators of ops_quant.cpp with their versions, for op_registry.cpp.
 const op_table& quant_operator_table();
 
-bool is_quant_op(const std::string& op);
-
-/// Output types and shapes of `n`, an operator of quant_operator_table(); the
-/// error names the input, attribute or type that the engine does not take.
-std::variant<std::vector<inferred>, std::string> infer_quant_op(const graph& g, const node& n);
-
-/// Runs `n` on shapes and types that infer_quant_op() accepted.
-void run_quant_op(const node& n, const std::vector<tensor_ref>& in,
-                  const std::vector<tensor_ref>& out);
+/// The engine's own 8-bit operators (QLinearAdd, QMaxPool), for op_registry.cpp.
+const op_table& quant_engine_table();
 
 } // namespace caf_serving::onnx

@@ -1,14 +1,14 @@
 #pragma once
 /// Helpers for the unit tests of single operators (ops_nd.test.cpp,
 /// ops_more.test.cpp): one node on given tensors, some of them constants as an
-/// exporter writes them, through the public shape inference and reference
-/// kernels of ops.hpp.
+/// exporter writes them, through the registry's shape inference and reference
+/// kernels (op_registry.hpp).
 ///
 /// Usage:
 ///
 ///     auto y = ok(run_node("Pad", {f32({2, 2}, {...}), constant(i64({4}, {...}))}));
 
-#include "onnx/ops.hpp"
+#include "onnx/op_registry.hpp"
 
 #include <doctest/doctest.h>
 

@@ -1,8 +1,9 @@
 #include "onnx/passes.hpp"
 
-#include "onnx/ops.hpp"
+#include "onnx/op_registry.hpp"
 #include "onnx/ops_contrib.hpp"
-#include "onnx/ops_internal.hpp"
+#include "onnx/ops_common.hpp"
+#include "onnx/ops_nn.hpp"
 #include "onnx/quant_passes.hpp"
 
 #include <algorithm>

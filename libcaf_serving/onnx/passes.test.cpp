@@ -7,7 +7,7 @@
 #include "engine_kernels.hpp"
 #include "onnx/importer.hpp"
 #include "onnx/memory_plan.hpp"
-#include "onnx/ops.hpp"
+#include "onnx/op_registry.hpp"
 #include "onnx/testing.hpp"
 
 #include <doctest/doctest.h>

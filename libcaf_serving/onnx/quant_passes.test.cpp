@@ -6,7 +6,7 @@
 
 #include "onnx/quant_passes.hpp"
 
-#include "onnx/ops.hpp"
+#include "onnx/op_registry.hpp"
 #include "onnx/ops_quant.hpp"
 #include "onnx/passes.hpp"
 #include "onnx_cpu/onnx_backend.hpp"

@@ -3,7 +3,7 @@
 #include "onnx_cpu/cpu_level.hpp"
 
 #include "engine_kernels.hpp"
-#include "onnx/ops.hpp"
+#include "onnx/op_registry.hpp"
 
 #include <algorithm>
 #include <sstream>

@@ -11,10 +11,8 @@
 #include "onnx_cpu/onednn_steps.hpp"
 #include "onnx_cpu/quant_steps.hpp"
 #include "onnx_cpu/row_chunks.hpp"
-#include "onnx/ops.hpp"
-#include "onnx/ops_more.hpp"
+#include "onnx/op_registry.hpp"
 #include "onnx/ops_quant.hpp"
-#include "onnx/ops_simple.hpp"
 #include "onnx/string_passthrough.hpp"
 #include "onnx_cpu/string_backend.hpp"
 #include "onnx_cpu/work_pool.hpp"
@@ -197,12 +195,11 @@ std::vector<int64_t> row_bands(int64_t rows, unsigned threads) {
 }
 
 /// Whether each output element of `op` depends only on the input elements at
-/// its index, so that any slice of equally shaped inputs runs on its own.
+/// its index, so that any slice of equally shaped inputs runs on its own (its
+/// registry entry says so).
 bool sliceable(const std::string& op) {
-  static const std::vector<std::string> ops{"Add", "Div", "Erf", "Mul", "Pow", "Relu",
-                                            "Sigmoid", "Sqrt", "Sub", "Tanh"};
-  return is_elementwise_simple_op(op) || is_elementwise_more_op(op)
-         || std::find(ops.begin(), ops.end(), op) != ops.end();
+  const auto* e = find_operator(op);
+  return e && e->elementwise;
 }
 
 /// An element-wise operator (sliceable()) whose inputs all have its output's

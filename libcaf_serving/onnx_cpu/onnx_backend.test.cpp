@@ -6,7 +6,7 @@
 #include "onnx_cpu/onnx_backend.hpp"
 
 #include "engine_kernels.hpp"
-#include "onnx/ops.hpp"
+#include "onnx/op_registry.hpp"
 #include "onnx_cpu/cpu_level.hpp"
 #include "onnx/testing.hpp"
 #include "onnx_cpu/work_pool.hpp"

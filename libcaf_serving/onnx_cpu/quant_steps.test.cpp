@@ -13,7 +13,7 @@
 
 #include "onnx_cpu/cpu_level.hpp"
 #include "onnx_cpu/onnx_backend.hpp"
-#include "onnx/ops.hpp"
+#include "onnx/op_registry.hpp"
 #include "onnx/passes.hpp"
 
 #include <doctest/doctest.h>

@@ -5,7 +5,7 @@
 #include "onnx_cpu/row_chunks.hpp"
 
 #include "onnx_cpu/onnx_backend.hpp"
-#include "onnx/ops.hpp"
+#include "onnx/op_registry.hpp"
 #include "onnx/passes.hpp"
 #include "onnx/testing.hpp"
 

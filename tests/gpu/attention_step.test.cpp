@@ -20,7 +20,7 @@
 #include "cuda/cuda_backend.hpp"
 #include "cuda/cuda_check.hpp"
 #include "cuda/steps.hpp"
-#include "onnx/ops.hpp"
+#include "onnx/op_registry.hpp"
 
 #include <doctest/doctest.h>
 

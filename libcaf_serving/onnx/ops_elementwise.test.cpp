@@ -1,9 +1,9 @@
-/// ops.cpp's reference kernels where they take shortcuts: the element-wise
+/// ops_elementwise.cpp's reference kernels where they take shortcuts: the element-wise
 /// binary operators on a broadcast input that is one value per row (SE blocks'
 /// channel scale) or one vector per row (a bias), in either operand order,
 /// against values worked out by hand, and the general broadcast beside them.
 
-#include "onnx/ops.hpp"
+#include "onnx/op_registry.hpp"
 
 #include "engine_kernels.hpp"
 

@@ -1,0 +1,26 @@
+#pragma once
+/// The element-wise operators that every exporter writes: the arithmetic and
+/// comparison operators with numpy broadcasting (Add, Sub, Mul, Div, Pow,
+/// Equal, Greater, GreaterOrEqual, Less, LessOrEqual, And, Or, Where), the
+/// unary ones (Relu, Sqrt, Erf, Tanh, Sigmoid, Not, Identity, Clip) and the
+/// conversions (Cast, CastLike), with the engine's FusedGelu(X, B?): the erf
+/// GELU of X (+ B), which passes.cpp writes for the GELU patterns and ONNX's Gelu.
+/// Each operator is one entry of a table: its versions, shape inference and
+/// reference kernel; the registry (op_registry.cpp) holds the tables.
+///
+/// The binary kernels take shortcuts for the two common broadcasts, one value
+/// per row (SE blocks' channel scale, [N,C,1,1] against [N,C,H,W]) and one
+/// vector per row (a bias, [C] against [N,S,C]), and the numpy index walk for
+/// any other.
+
+#include "onnx/ops_common.hpp"
+
+namespace caf_serving::onnx {
+
+/// The ONNX operators of ops_elementwise.cpp with their versions, for op_registry.cpp.
+const op_table& elementwise_operator_table();
+
+/// The engine's own operators of ops_elementwise.cpp (FusedGelu), for op_registry.cpp.
+const op_table& elementwise_engine_table();
+
+} // namespace caf_serving::onnx
