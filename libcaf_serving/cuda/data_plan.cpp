@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <numeric>
 #include <stdexcept>
 
@@ -321,14 +322,16 @@ std::optional<k::dtype> float_type(datatype t) {
 }
 
 std::optional<k::reduce_op> reduce_op_of(const std::string& op) {
-  if (op == "ReduceMean" || op == "GlobalAveragePool") return k::reduce_op::mean;
-  if (op == "ReduceSum") return k::reduce_op::sum;
-  if (op == "ReduceMax" || op == "GlobalMaxPool") return k::reduce_op::max;
-  if (op == "ReduceMin") return k::reduce_op::min;
-  if (op == "ReduceProd") return k::reduce_op::prod;
-  if (op == "ReduceSumSquare") return k::reduce_op::sum_square;
-  if (op == "ReduceL2") return k::reduce_op::l2;
-  return std::nullopt;
+  static const std::map<std::string, k::reduce_op> ops{
+    {"GlobalAveragePool", k::reduce_op::mean}, {"GlobalMaxPool", k::reduce_op::max},
+    {"ReduceL2", k::reduce_op::l2},            {"ReduceMax", k::reduce_op::max},
+    {"ReduceMean", k::reduce_op::mean},        {"ReduceMin", k::reduce_op::min},
+    {"ReduceProd", k::reduce_op::prod},        {"ReduceSum", k::reduce_op::sum},
+    {"ReduceSumSquare", k::reduce_op::sum_square},
+  };
+  auto it = ops.find(op);
+  if (it == ops.end()) return std::nullopt;
+  return it->second;
 }
 
 /// The reductions with constant axes (attribute, or the input from ReduceSum-13
@@ -377,15 +380,13 @@ std::optional<data_plan> reduce(const onnx::graph& g, const onnx::node& n) {
 } // namespace
 
 std::optional<data_plan> plan_data_step(const onnx::graph& g, const onnx::node& n) {
+  using planner = std::optional<data_plan> (*)(const onnx::graph&, const onnx::node&);
+  static const std::map<std::string, planner> movements{
+    {"Concat", &concat}, {"Expand", &expand}, {"Gather", &gather}, {"Pad", &pad},
+    {"Slice", &slice},   {"Split", &split},   {"Tile", &tile},     {"Transpose", &transpose},
+  };
   try {
-    if (n.op == "Transpose") return transpose(g, n);
-    if (n.op == "Concat") return concat(g, n);
-    if (n.op == "Split") return split(g, n);
-    if (n.op == "Slice") return slice(g, n);
-    if (n.op == "Gather") return gather(g, n);
-    if (n.op == "Expand") return expand(g, n);
-    if (n.op == "Tile") return tile(g, n);
-    if (n.op == "Pad") return pad(g, n);
+    if (auto it = movements.find(n.op); it != movements.end()) return it->second(g, n);
     if (reduce_op_of(n.op)) return reduce(g, n);
   } catch (const std::invalid_argument&) {
     // The kernels' planners refuse the box, permutation, gather or reduction.

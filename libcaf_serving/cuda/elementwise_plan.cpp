@@ -3,6 +3,7 @@
 #include "cpu/half.hpp"
 
 #include <array>
+#include <map>
 #include <limits>
 #include <stdexcept>
 #include <utility>
@@ -232,13 +233,16 @@ std::optional<elementwise_plan> plan_cast(const onnx::graph& g, const onnx::node
 } // namespace
 
 std::optional<elementwise_plan> plan_elementwise(const onnx::graph& g, const onnx::node& n) {
+  // The operators with planners of their own; the binary and unary ones share one.
+  using planner = std::optional<elementwise_plan> (*)(const onnx::graph&, const onnx::node&);
+  static const std::map<std::string, planner> own{
+    {"Cast", &plan_cast}, {"CastLike", &plan_cast}, {"Where", &plan_where}};
   std::optional<elementwise_plan> p;
+  auto planned = own.find(n.op);
   if (auto op = binary_op_of(n.op))
     p = plan_binary(g, n, *op);
-  else if (n.op == "Where")
-    p = plan_where(g, n);
-  else if (n.op == "Cast" || n.op == "CastLike")
-    p = plan_cast(g, n);
+  else if (planned != own.end())
+    p = planned->second(g, n);
   else if (auto uop = unary_op_of(n))
     p = plan_unary(g, n, *uop);
   if (!p) return std::nullopt;

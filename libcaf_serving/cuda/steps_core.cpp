@@ -255,30 +255,47 @@ std::optional<gpu_step> copy_step(step_builder& b, const onnx::node& n) {
   }};
 }
 
-/// Relu, Add of equal shapes, FusedGelu with a bias per last-axis column.
-std::optional<gpu_step> epilogue_step(step_builder& b, const onnx::node& n) {
-  auto in = [&](size_t i) { return step_builder::in(n, i); };
-  auto shape = [&](int v) -> const dims_t& { return b.shape(v); };
-  const int y = step_builder::out(n, 0);
-  if (!(n.op == "Relu" || (n.op == "Add" && shape(in(0)) == shape(in(1)) && shape(in(0)) == shape(y))
-      || (n.op == "FusedGelu" && (in(1) < 0 || shape(in(1)).size() == 1))))
-    return std::nullopt;
+/// The epilogue kernel over element-wise node `n`'s input 0 and output, with
+/// what `fill` adds (a residual, an activation, a bias); a dry run plans it.
+template <class Fill>
+std::optional<gpu_step> epilogue_of(step_builder& b, const onnx::node& n, Fill fill) {
   if (b.dry()) return b.planned("epilogue");
+  const int y = step_builder::out(n, 0);
   k::epilogue_args a;
   a.type = kernel_dtype(b.g.values[y].dtype);
-  a.input = b.ptrs[in(0)];
+  a.input = b.ptrs[step_builder::in(n, 0)];
   a.output = b.ptrs[y];
-  a.count = onnx::element_count(shape(y));
-  if (n.op == "Add") a.residual = b.ptrs[in(1)];
-  if (n.op == "Relu") a.act = k::activation::relu;
-  if (n.op == "FusedGelu") {
-    a.act = k::activation::gelu_erf;
-    if (in(1) >= 0) {
-      a.bias = b.ptrs[in(1)];
-      a.layout = {static_cast<size_t>(shape(in(1))[0]), 1};
-    }
-  }
+  a.count = onnx::element_count(b.shape(y));
+  fill(a);
   return gpu_step{"epilogue", false, [a](cudaStream_t s) { k::launch_epilogue(a, s); }};
+}
+
+/// Relu.
+std::optional<gpu_step> relu_step(step_builder& b, const onnx::node& n) {
+  return epilogue_of(b, n, [](k::epilogue_args& a) { a.act = k::activation::relu; });
+}
+
+/// Add of equal shapes: X plus a residual.
+std::optional<gpu_step> add_step(step_builder& b, const onnx::node& n) {
+  auto in = [&](size_t i) { return step_builder::in(n, i); };
+  const int y = step_builder::out(n, 0);
+  if (!(b.shape(in(0)) == b.shape(in(1)) && b.shape(in(0)) == b.shape(y)))
+    return std::nullopt;
+  return epilogue_of(b, n, [&](k::epilogue_args& a) { a.residual = b.ptrs[in(1)]; });
+}
+
+/// FusedGelu with a bias per last-axis column, or none.
+std::optional<gpu_step> gelu_step(step_builder& b, const onnx::node& n) {
+  const int bias = step_builder::in(n, 1);
+  if (!(bias < 0 || b.shape(bias).size() == 1))
+    return std::nullopt;
+  return epilogue_of(b, n, [&](k::epilogue_args& a) {
+    a.act = k::activation::gelu_erf;
+    if (bias >= 0) {
+      a.bias = b.ptrs[bias];
+      a.layout = {static_cast<size_t>(b.shape(bias)[0]), 1};
+    }
+  });
 }
 
 /// Softmax over the last axis.
@@ -633,9 +650,9 @@ std::vector<device_kernel> core_steps() {
     {"Unsqueeze", {}, "copy", any_type(copy_step)},
     {"Identity", {}, "copy", any_type(copy_step)},
     {storage_cast_op, {}, "convert", any_type(storage_cast_step)},
-    {"Relu", {}, "epilogue", float_storage(epilogue_step)},
-    {"Add", {}, "epilogue", float_storage(epilogue_step)},
-    {"FusedGelu", {}, "epilogue", float_storage(epilogue_step)},
+    {"Relu", {}, "epilogue", float_storage(relu_step)},
+    {"Add", {}, "epilogue", float_storage(add_step)},
+    {"FusedGelu", {}, "epilogue", float_storage(gelu_step)},
     {"Softmax", {}, "softmax", float_storage(softmax_step)},
     {"FusedLayerNorm", {}, "layer_norm", float_storage(layer_norm_step)},
     {"FusedMatMul", {}, "cublaslt", gemm_storage(matmul_step)},

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cassert>
 #include <cmath>
+#include <map>
 
 namespace caf_serving::cuda {
 
@@ -37,13 +38,20 @@ bool writes_fp32_output(const onnx::graph& g, const onnx::node& n) {
   const auto& y = g.values[n.outputs[0]];
   if (a.dtype != datatype::fp32 || w.dtype != datatype::fp32 || y.dtype != datatype::fp32)
     return false;
-  if (n.op == "FusedMatMul") {
-    if (!(w.constant && w.shape.size() == 2)) return false;
-  } else if (n.op == "FusedGemm") {
-    if (!(a.shape.size() == 2 && w.shape.size() == 2 && y.shape.size() == 2)) return false;
-  } else {
-    return false;
-  }
+  // The products whose kernels write fp32 from half operands, with what each needs.
+  using operands_fit = bool (*)(const onnx::value& a, const onnx::value& w, const onnx::value& y);
+  static const std::map<std::string, operands_fit> products{
+    {"FusedGemm",
+     [](const onnx::value& a, const onnx::value& w, const onnx::value& y) {
+       return a.shape.size() == 2 && w.shape.size() == 2 && y.shape.size() == 2;
+     }},
+    {"FusedMatMul",
+     [](const onnx::value&, const onnx::value& w, const onnx::value&) {
+       return w.constant && w.shape.size() == 2;
+     }},
+  };
+  auto product = products.find(n.op);
+  if (product == products.end() || !product->second(a, w, y)) return false;
   for (size_t i = 2; i < n.inputs.size(); ++i)
     if (in(i) >= 0 && !(g.values[in(i)].constant && g.values[in(i)].dtype == datatype::fp32))
       return false;

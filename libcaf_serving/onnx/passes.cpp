@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <optional>
 
 namespace caf_serving::onnx {
@@ -735,15 +736,77 @@ bool fuse_silu(graph& g, const value_readers& cons, node& n) {
   return true;
 }
 
+namespace {
+
+/// How a fused Conv, MatMul or Gemm takes in the activation node `act` behind
+/// it: the attributes it sets on `fused`; false (and nothing set) where this
+/// one does not fit.
+using activation_fusion = bool (*)(const graph& g, const node& act, node& fused);
+
+bool fuse_named_activation(const graph&, const node& act, node& fused) {
+  fused.set_s("activation", act.op);
+  return true;
+}
+
+bool fuse_gelu_activation(const graph&, const node& act, node& fused) {
+  if (act.inputs.size() > 1)
+    return false;
+  fused.set_s("activation", "Gelu");
+  return true;
+}
+
+bool fuse_clip_activation(const graph& g, const node& act, node& fused) {
+  auto lo = act.inputs.size() > 1 ? scalar(g, act.inputs[1]) : std::optional<float>(-INFINITY);
+  auto hi = act.inputs.size() > 2 ? scalar(g, act.inputs[2]) : std::optional<float>(INFINITY);
+  if (!lo || !hi)
+    return false;
+  fused.set_s("activation", "Clip");
+  fused.set_f("act_alpha", *lo);
+  fused.set_f("act_beta", *hi);
+  return true;
+}
+
+/// MobileNetV3's activation: kept in the convolution's layout, not a reorder
+/// to NCHW and back around a separate step.
+bool fuse_hard_swish_activation(const graph&, const node&, node& fused) {
+  fused.set_s("activation", "HardSwish");
+  fused.set_f("act_alpha", 1.0f / 6);
+  fused.set_f("act_beta", 0.5f);
+  return true;
+}
+
+/// The activations fuse_epilogues() folds into the node before them.
+const std::map<std::string, activation_fusion>& activation_fusions() {
+  static const std::map<std::string, activation_fusion> fusions{
+    {"Clip", &fuse_clip_activation},
+    {"FusedGelu", &fuse_gelu_activation},
+    {"HardSwish", &fuse_hard_swish_activation},
+    {"Relu", &fuse_named_activation},
+    {"Sigmoid", &fuse_named_activation},
+    {"Tanh", &fuse_named_activation},
+  };
+  return fusions;
+}
+
+} // namespace
+
 void fuse_epilogues(graph& g) {
   // Conv / MatMul (constant 2-D weights) / Gemm become their fused forms.
+  struct fused_form {
+    const char* op;
+    bool (*takes)(const graph& g, const node& n); ///< nullptr: every node
+  };
+  static const std::map<std::string, fused_form> fused_forms{
+    {"Conv", {"FusedConv", nullptr}},
+    {"Gemm", {"FusedGemm", nullptr}},
+    {"MatMul", {"FusedMatMul", [](const graph& g, const node& n) {
+       return cst(g, n.inputs[1]) && g.values[n.inputs[1]].shape.size() == 2;
+     }}},
+  };
   for (auto& n : g.nodes) {
-    if (n.op == "Conv")
-      n.op = "FusedConv";
-    else if (n.op == "MatMul" && cst(g, n.inputs[1]) && g.values[n.inputs[1]].shape.size() == 2)
-      n.op = "FusedMatMul";
-    else if (n.op == "Gemm")
-      n.op = "FusedGemm";
+    auto fused = fused_forms.find(n.op);
+    if (fused != fused_forms.end() && (!fused->second.takes || fused->second.takes(g, n)))
+      n.op = fused->second.op;
   }
   bool changed = true;
   while (changed) {
@@ -784,29 +847,10 @@ void fuse_epilogues(graph& g) {
         } else {
           continue;
         }
-      } else if (!has_act && !(mm && has_res)
-                 && (next.op == "Relu" || next.op == "Tanh" || next.op == "Sigmoid"
-                     || next.op == "FusedGelu" || next.op == "Clip"
-                     || next.op == "HardSwish")) {
-        if (next.op == "FusedGelu") {
-          if (next.inputs.size() > 1) continue;
-          n.set_s("activation", "Gelu");
-        } else if (next.op == "Clip") {
-          auto lo = next.inputs.size() > 1 ? scalar(g, next.inputs[1]) : std::optional<float>(-INFINITY);
-          auto hi = next.inputs.size() > 2 ? scalar(g, next.inputs[2]) : std::optional<float>(INFINITY);
-          if (!lo || !hi) continue;
-          n.set_s("activation", "Clip");
-          n.set_f("act_alpha", *lo);
-          n.set_f("act_beta", *hi);
-        } else if (next.op == "HardSwish") {
-          // MobileNetV3's activation: kept in the convolution's layout, not a
-          // reorder to NCHW and back around a separate step.
-          n.set_s("activation", "HardSwish");
-          n.set_f("act_alpha", 1.0f / 6);
-          n.set_f("act_beta", 0.5f);
-        } else {
-          n.set_s("activation", next.op);
-        }
+      } else if (auto act = activation_fusions().find(next.op);
+                 !has_act && !(mm && has_res) && act != activation_fusions().end()) {
+        if (!act->second(g, next, n))
+          continue;
       } else {
         continue;
       }

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <limits>
+#include <map>
 #include <optional>
 
 namespace caf_serving::onnx {
@@ -329,16 +330,21 @@ qdq_fusions fuse_qdq(graph& g) {
   // A rewrite replaces its node in place and kills the Relu and Q behind it;
   // it never changes what a later group's match reads (DQs stay until the
   // dead nodes go), so one pass over the nodes finds every group.
+  struct rewrite {
+    bool (*fuse)(graph& g, const std::vector<int>& prod, const value_readers& rd, int idx);
+    int qdq_fusions::*count;
+  };
+  static const std::map<std::string, rewrite> rewrites{
+    {"Add", {&fuse_add, &qdq_fusions::adds}},
+    {"Conv", {&fuse_conv, &qdq_fusions::convs}},
+    {"Gemm", {&fuse_matmul, &qdq_fusions::matmuls}},
+    {"MatMul", {&fuse_matmul, &qdq_fusions::matmuls}},
+    {"MaxPool", {&fuse_max_pool, &qdq_fusions::max_pools}},
+  };
   for (size_t i = 0; i < g.nodes.size(); ++i) {
-    const auto& op = g.nodes[i].op;
-    if (op == "Conv" && fuse_conv(g, prod, rd, static_cast<int>(i)))
-      ++done.convs;
-    else if (op == "Add" && fuse_add(g, prod, rd, static_cast<int>(i)))
-      ++done.adds;
-    else if (op == "MaxPool" && fuse_max_pool(g, prod, rd, static_cast<int>(i)))
-      ++done.max_pools;
-    else if ((op == "MatMul" || op == "Gemm") && fuse_matmul(g, prod, rd, static_cast<int>(i)))
-      ++done.matmuls;
+    auto r = rewrites.find(g.nodes[i].op);
+    if (r != rewrites.end() && r->second.fuse(g, prod, rd, static_cast<int>(i)))
+      ++(done.*r->second.count);
   }
   if (done.convs + done.adds + done.max_pools + done.matmuls > 0)
     remove_dead_nodes(g);

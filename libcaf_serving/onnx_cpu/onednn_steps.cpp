@@ -6,6 +6,7 @@
 #include "onnx/op_registry.hpp"
 
 #include <algorithm>
+#include <map>
 #include <sstream>
 
 namespace caf_serving::onnx {
@@ -863,28 +864,43 @@ bool blocked_depthwise_is_fast(const graph& g, const node& n) {
   }
 }
 
+/// A channel scale (Mul) reads and writes the tensor as it is stored.
+std::pair<layout, layout> channel_scale_layouts(const graph&, const layout_map& lay,
+                                                const node& n) {
+  layout stored = lay[n.inputs[0]];
+  return {stored, stored};
+}
+
+/// A convolution's: the blocked layout needs whole blocks of channels and no
+/// groups, or depthwise ones.
+std::pair<layout, layout> conv_layouts(const graph& g, const layout_map& lay, const node& n) {
+  const auto& in = g.values[n.inputs[0]].shape;
+  const auto& out = g.values[n.outputs[0]].shape;
+  layout stored = lay[n.inputs[0]];
+  bool blocked_out = out[1] % block() == 0
+                     && (n.get_i("group", 1) == 1
+                         || (depthwise(n, in, out) && blocked_depthwise_is_fast(g, n)));
+  if (blocked_out && in[1] % block() == 0)
+    return {layout::blocked, layout::blocked};
+  if (blocked_out && in[1] < block() && stored == layout::nchw)
+    return {layout::nchw, layout::blocked};
+  return {layout::nhwc, layout::nhwc};
+}
+
 /// The layouts a oneDNN node reads its input 0 in and writes its output in.
 /// oneDNN's fast kernels want both in one layout, except an image's few NCHW
 /// channels written nChw16c; other mixes run its reference kernel (measured:
 /// 73 ms instead of 0.04 ms for an 8-channel 64x64 convolution reading NCHW and
-/// writing NHWC). The blocked layout needs whole blocks of channels and no
-/// groups, or depthwise ones.
+/// writing NHWC).
 std::pair<layout, layout> node_layouts(const graph& g, const layout_map& lay, const node& n) {
+  using layouts_of = std::pair<layout, layout> (*)(const graph&, const layout_map&, const node&);
+  static const std::map<std::string, layouts_of> own{
+    {"FusedConv", &conv_layouts}, {"Mul", &channel_scale_layouts}};
+  if (auto it = own.find(n.op); it != own.end())
+    return it->second(g, lay, n);
+  // The pools: blocked where the input is or can be, else NHWC.
   const auto& in = g.values[n.inputs[0]].shape;
-  const auto& out = g.values[n.outputs[0]].shape;
   layout stored = lay[n.inputs[0]];
-  if (n.op == "Mul") // a channel scale reads and writes the tensor as it is stored
-    return {stored, stored};
-  if (n.op == "FusedConv") {
-    bool blocked_out = out[1] % block() == 0
-                       && (n.get_i("group", 1) == 1
-                           || (depthwise(n, in, out) && blocked_depthwise_is_fast(g, n)));
-    if (blocked_out && in[1] % block() == 0)
-      return {layout::blocked, layout::blocked};
-    if (blocked_out && in[1] < block() && stored == layout::nchw)
-      return {layout::nchw, layout::blocked};
-    return {layout::nhwc, layout::nhwc};
-  }
   bool blocked = stored == layout::blocked || (stored == layout::nchw && in[1] % block() == 0);
   return blocked ? std::make_pair(layout::blocked, layout::blocked)
                  : std::make_pair(layout::nhwc, layout::nhwc);

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <map>
 #include <memory>
 #include <type_traits>
 
@@ -607,18 +608,66 @@ step qlinear_conv_exact_step(const dnnl_ctx& ctx, const graph& g, const node& n,
 
 namespace {
 
+/// How an 8-bit operator takes part in assign_int8_layouts(): whether it
+/// writes its output in NHWC where its readers take it, whether it reads its
+/// input `i` in NHWC, which values it reads and writes in one layout (none:
+/// each its own), and how it records the layouts it was given.
+struct int8_layout_rule {
+  bool (*writes)(const graph& g, const node& n);
+  bool (*reads)(const graph& g, const node& n, size_t i);
+  std::vector<int> (*tied)(const graph& g, const node& n);
+  void (*mark)(const graph& g, node& n, const std::vector<bool>& nhwc);
+};
+
+/// QLinearConv on oneDNN, QLinearAdd in spans (it reads A and B), QMaxPool.
+const std::map<std::string, int8_layout_rule>& int8_layout_rules() {
+  static const std::map<std::string, int8_layout_rule> rules{
+    {"QLinearConv",
+     {[](const graph& g, const node& n) { return qlinear_conv_runs_on_onednn(g, n); },
+      [](const graph& g, const node& n, size_t i) {
+        return i == 0 && qlinear_conv_runs_on_onednn(g, n);
+      },
+      [](const graph&, const node&) { return std::vector<int>{}; },
+      [](const graph& g, node& n, const std::vector<bool>& nhwc) {
+        if (!qlinear_conv_runs_on_onednn(g, n))
+          return;
+        n.set_i("x_nhwc", nhwc[n.inputs[0]] ? 1 : 0);
+        n.set_i("y_nhwc", nhwc[n.outputs[0]] ? 1 : 0);
+      }}},
+    {quant_add_op,
+     {[](const graph& g, const node& n) { return qlinear_add_runs_in_spans(g, n); },
+      [](const graph& g, const node& n, size_t i) {
+        return (i == 0 || i == 3) && qlinear_add_runs_in_spans(g, n);
+      },
+      [](const graph& g, const node& n) {
+        return qlinear_add_runs_in_spans(g, n)
+                 ? std::vector<int>{n.inputs[0], n.inputs[3], n.outputs[0]}
+                 : std::vector<int>{};
+      },
+      [](const graph&, node&, const std::vector<bool>&) {}}},
+    {quant_max_pool_op,
+     {[](const graph&, const node&) { return true; },
+      [](const graph&, const node&, size_t i) { return i == 0; },
+      [](const graph&, const node& n) { return std::vector<int>{n.inputs[0], n.outputs[0]}; },
+      [](const graph&, node& n, const std::vector<bool>& nhwc) {
+        n.set_i("nhwc", nhwc[n.inputs[0]] ? 1 : 0);
+      }}},
+  };
+  return rules;
+}
+
+const int8_layout_rule* int8_layout_rule_of(const node& n) {
+  auto it = int8_layout_rules().find(n.op);
+  return it == int8_layout_rules().end() ? nullptr : &it->second;
+}
+
 /// Whether `n` reads value `v` only where the NHWC layout suits it: as a
 /// QLinearConv's input on oneDNN, or as an input of a QLinearAdd in spans.
 bool reads_nhwc(const graph& g, const node& n, int v) {
-  for (size_t i = 0; i < n.inputs.size(); ++i) {
-    if (n.inputs[i] != v)
-      continue;
-    bool ok = (n.op == "QLinearConv" && i == 0 && qlinear_conv_runs_on_onednn(g, n))
-              || (n.op == quant_add_op && (i == 0 || i == 3) && qlinear_add_runs_in_spans(g, n))
-              || (n.op == quant_max_pool_op && i == 0);
-    if (!ok)
+  const auto* rule = int8_layout_rule_of(n);
+  for (size_t i = 0; i < n.inputs.size(); ++i)
+    if (n.inputs[i] == v && !(rule && rule->reads(g, n, i)))
       return false;
-  }
   return true;
 }
 
@@ -634,10 +683,8 @@ void assign_int8_layouts(graph& g) {
       if (v >= 0)
         readers[v].push_back(static_cast<int>(i));
   for (const auto& n : g.nodes) {
-    bool writes = (n.op == "QLinearConv" && qlinear_conv_runs_on_onednn(g, n))
-                  || (n.op == quant_add_op && qlinear_add_runs_in_spans(g, n))
-                  || n.op == quant_max_pool_op;
-    if (!writes || n.outputs.empty() || n.outputs[0] < 0)
+    const auto* rule = int8_layout_rule_of(n);
+    if (!rule || !rule->writes(g, n) || n.outputs.empty() || n.outputs[0] < 0)
       continue;
     int v = n.outputs[0];
     if (is_output[v] || g.values[v].shape.size() != 4 || readers[v].empty())
@@ -650,11 +697,8 @@ void assign_int8_layouts(graph& g) {
   for (bool changed = true; changed;) {
     changed = false;
     for (const auto& n : g.nodes) {
-      std::vector<int> tied;
-      if (n.op == quant_add_op && qlinear_add_runs_in_spans(g, n))
-        tied = {n.inputs[0], n.inputs[3], n.outputs[0]};
-      else if (n.op == quant_max_pool_op)
-        tied = {n.inputs[0], n.outputs[0]};
+      const auto* rule = int8_layout_rule_of(n);
+      std::vector<int> tied = rule ? rule->tied(g, n) : std::vector<int>{};
       bool all = std::all_of(tied.begin(), tied.end(), [&](int v) { return nhwc[v]; });
       bool none = std::none_of(tied.begin(), tied.end(), [&](int v) { return nhwc[v]; });
       if (all || none)
@@ -664,14 +708,9 @@ void assign_int8_layouts(graph& g) {
       changed = true;
     }
   }
-  for (auto& n : g.nodes) {
-    if (n.op == "QLinearConv" && qlinear_conv_runs_on_onednn(g, n)) {
-      n.set_i("x_nhwc", nhwc[n.inputs[0]] ? 1 : 0);
-      n.set_i("y_nhwc", nhwc[n.outputs[0]] ? 1 : 0);
-    }
-    if (n.op == quant_max_pool_op)
-      n.set_i("nhwc", nhwc[n.inputs[0]] ? 1 : 0);
-  }
+  for (auto& n : g.nodes)
+    if (const auto* rule = int8_layout_rule_of(n))
+      rule->mark(g, n, nhwc);
 }
 
 bool qlinear_add_runs_in_spans(const graph& g, const node& n) {

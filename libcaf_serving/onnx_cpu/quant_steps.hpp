@@ -8,11 +8,16 @@
 /// included) by x_scale * w_scale / y_scale in float, as the reference and
 /// onnxruntime do.
 ///
-///     if (qlinear_conv_runs_on_onednn(g, n)) return qlinear_conv_step(ctx, g, n, threads);
-///     if (qlinear_add_runs_in_spans(g, n)) return qlinear_add_step(g, n, threads);
-///     if (quant_linear_runs_in_spans(g, n)) return quant_linear_step(g, n, threads);
-///     if (n.op == quant_max_pool_op) return qmax_pool_step(ctx, g, n, threads);
-///     if (qlinear_matmul_runs_on_onednn(g, n)) return qlinear_matmul_step(ctx, g, n, threads);
+/// Each step is the build of its operator's entry in the CPU kernel table
+/// (cpu_kernels(), onnx_backend.cpp), where the node fits it:
+///
+///     if (!qlinear_conv_runs_on_onednn(g, n)) return std::nullopt; // the reference runs it
+///     return qlinear_conv_step(ctx, g, n, threads);
+///
+/// and alike qlinear_add_runs_in_spans() with qlinear_add_step() (QLinearAdd),
+/// quant_linear_runs_in_spans() with quant_linear_step() (QuantizeLinear,
+/// DequantizeLinear), qlinear_matmul_runs_on_onednn() with
+/// qlinear_matmul_step(), and qmax_pool_step() for every QMaxPool.
 ///
 /// A QLinearConv with fewer images than threads splits its output rows into
 /// one band per thread; `activation` "Relu" (quant_passes.hpp) is a oneDNN
