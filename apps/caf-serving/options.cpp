@@ -32,9 +32,9 @@ std::string usage() {
          "                             the pipeline; past it the stream is read only as\n"
          "                             answers are written (default 64)\n"
          "  --grpc-threads N           threads serving every gRPC call, one completion\n"
-         "                             queue each (default "
-           + std::to_string(d.ingress_threads) + " here, the ingress\n"
-         "                             thread count); 0: grpc's callback API and pool\n"
+         "                             queue each, 1 to 256 (default "
+           + std::to_string(d.ingress_threads) + " here, the\n"
+         "                             ingress thread count)\n"
          "  --grpc-max-concurrent-streams N\n"
          "                             gRPC calls open at once per connection; past it a\n"
          "                             client's calls wait for one to end (default 1024)\n"
@@ -281,8 +281,12 @@ std::variant<server_options, show_help, std::string> parse_options(int argc, cha
       o.grpc.stream_max_in_flight = static_cast<uint32_t>(*n);
     } else if (flag == "--grpc-threads") {
       auto n = number(256);
+      if (n && *n == 0)
+        return std::string("flag --grpc-threads: 0 (grpc's callback API) is no longer served; "
+                           "give 1 to 256 completion-queue threads (bench/RESULTS.md has what "
+                           "the callback API measured)");
       if (!n)
-        return bad("a thread count from 0 (grpc's callback API) to 256");
+        return bad("a thread count from 1 to 256");
       o.grpc.threads = static_cast<uint32_t>(*n);
       grpc_threads_given = true;
     } else if (flag == "--grpc-max-concurrent-streams") {

@@ -304,15 +304,19 @@ TEST_CASE("gRPC flags: Triton's names and defaults, HTTP's limits") {
   CHECK_FALSE(o->grpc_enabled);
   CHECK(o->grpc.stream_max_in_flight == 8);
 
-  // --grpc-threads: the engine's ingress thread count unless given; 0 is
-  // grpc's callback API.
+  // --grpc-threads: the engine's ingress thread count unless given (never 0:
+  // at least one HTTP event loop); 0, grpc's callback API, is gone.
   r = parse({"--model-repository", "/m"});
   CHECK(std::get<server_options>(r).grpc.threads
         == std::get<server_options>(r).threads.ingress_threads);
+  CHECK(std::get<server_options>(r).grpc.threads >= 1);
   r = parse({"--model-repository", "/m", "--grpc-threads", "3"});
   CHECK(std::get<server_options>(r).grpc.threads == 3);
   r = parse({"--model-repository", "/m", "--grpc-threads", "0"});
-  CHECK(std::get<server_options>(r).grpc.threads == 0);
+  REQUIRE(std::holds_alternative<std::string>(r));
+  CHECK(std::get<std::string>(r).find("--grpc-threads: 0 (grpc's callback API) is no longer "
+                                      "served; give 1 to 256")
+        != std::string::npos);
   CHECK(std::get<server_options>(parse({"--model-repository", "/m"})).grpc.max_concurrent_streams
         == 1024);
   r = parse({"--model-repository", "/m", "--grpc-max-concurrent-streams", "2"});

@@ -3,7 +3,8 @@
 /// validation. It shows what grpc++ 1.51 itself costs per call on this
 /// machine, with each of its two server APIs:
 ///
-///   bare-grpc-endpoint callback   grpc's callback API (the ingress uses it)
+///   bare-grpc-endpoint callback   grpc's callback API (the ingress used it before the
+///                                 completion queues)
 ///   bare-grpc-endpoint cq N       the asynchronous completion-queue API, N
 ///                                 threads each polling a queue of its own
 ///

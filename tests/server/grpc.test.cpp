@@ -483,29 +483,33 @@ void check_control_calls(uint16_t port) {
 
 } // namespace
 
-TEST_CASE("--grpc-threads N serves every call on N completion-queue threads; 0 on grpc's "
-          "callback API") {
+TEST_CASE("--grpc-threads N serves every call on N completion-queue threads") {
   std::vector<fs::path> models = {example_model("simple"), example_model("identity_fp32")};
-  SUBCASE("3 threads") {
-    test_server server(models, model_control_api({"--grpc-threads", "3"}));
-    CHECK(threads_named(server.process->pid(), "grpc-cq") == 3);
-    // No call is on the callback API: grpc 1.51 would start two threads of
-    // its own that poll the sockets beside grpc-cq (control_calls.hpp).
-    CHECK(threads_named(server.process->pid(), "nexting_thread") == 0);
-    check_unary_and_stream(server.process->grpc_port());
-    check_control_calls(server.process->grpc_port());
-  }
-  SUBCASE("0: the callback API") {
-    test_server server(models, model_control_api({"--grpc-threads", "0"}));
-    CHECK(threads_named(server.process->pid(), "grpc-cq") == 0);
-    check_unary_and_stream(server.process->grpc_port());
-    check_control_calls(server.process->grpc_port());
-  }
+  test_server server(models, model_control_api({"--grpc-threads", "3"}));
+  CHECK(threads_named(server.process->pid(), "grpc-cq") == 3);
+  // No call is on the callback API: grpc 1.51 would start two threads of
+  // its own that poll the sockets beside grpc-cq (control_calls.hpp).
+  CHECK(threads_named(server.process->pid(), "nexting_thread") == 0);
+  check_unary_and_stream(server.process->grpc_port());
+  check_control_calls(server.process->grpc_port());
+}
+
+TEST_CASE("--grpc-threads 0 (grpc's callback API, removed) is an error at start") {
+  temp_repository repo;
+  repo.add_model(example_model("simple"));
+  child_process child({{CAF_SERVING_BINARY, "--model-repository", repo.path().string(),
+                        "--http-port", "0", "--metrics-port", "0", "--grpc-threads", "0"},
+                       true});
+  auto status = child.wait_exit(std::chrono::seconds(20));
+  CHECK(status == 2);
+  CHECK_MESSAGE(contains(child.output(), "--grpc-threads: 0 (grpc's callback API) is no longer "
+                                         "served; give 1 to 256"),
+                child.output());
 }
 
 TEST_CASE("--grpc-max-open-calls bounds the calls and streams open in the server: past it "
           "UNAVAILABLE naming the flag") {
-  for (const char* threads : {"1", "0"}) {
+  for (const char* threads : {"1", "2"}) {
     CAPTURE(threads);
     test_server server({example_model("simple")},
                        {"--grpc-max-open-calls", "2", "--grpc-threads", threads});
@@ -962,12 +966,12 @@ pb::ModelInferRequest slow_drain_request(float v) {
 
 TEST_CASE("SIGTERM with calls and streams cancelled by their clients still in the pipeline, "
           "and others in flight: the server exits 0, every call object gone before the "
-          "grpc server (repeated, on completion queues and on the callback API)") {
+          "grpc server (repeated, on one and on several completion queues)") {
   // A call the client cancelled is over for grpc, but its request stays in
   // the pipeline (slow_drain: 250 ms per batch of 2) and is answered after
   // the gRPC server has stopped; the answer must find a tombstone, not a
   // call whose ServerContext outlived its server.
-  for (const char* threads : {"1", "4", "0", "1"}) {
+  for (const char* threads : {"1", "4", "2", "1"}) {
     CAPTURE(threads);
     test_server server({test_model("slow_drain")}, {"--grpc-threads", threads});
     auto port = server.process->grpc_port();

@@ -2,11 +2,10 @@
 /// The calls of inference.GRPCInferenceService other than ModelInfer and
 /// ModelStreamInfer (health, metadata, configuration, statistics, the
 /// repository, shared memory, settings) as plain handlers: a request in, a
-/// response filled and a status out. grpc_server serves them on grpc's
-/// callback API (--grpc-threads 0) or on its completion queues, so that the
-/// handlers do not depend on which.
+/// response filled and a status out. grpc_server serves them on its
+/// completion queues.
 ///
-/// Why they may not stay on the callback API beside completion-queue
+/// Why none may be on grpc's callback API beside completion-queue
 /// inference: any callback method makes grpc 1.51 start its two "nexting"
 /// threads, which poll the same sockets as the completion-queue threads and
 /// hand every call they read over to them (bench/RESULTS.md: 25 instead of 32

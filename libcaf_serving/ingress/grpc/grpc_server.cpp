@@ -35,8 +35,6 @@ namespace caf_serving::ingress {
 namespace {
 
 namespace pb = inference;
-using ::grpc::CallbackServerContext;
-using ::grpc::ServerUnaryReactor;
 using ::grpc::Status;
 using ::grpc::StatusCode;
 
@@ -132,8 +130,7 @@ struct grpc_server::state {
   std::unique_ptr<::grpc::Service> service;
   std::unique_ptr<::grpc::Server> server;
   int port = 0;
-  /// With cfg.threads > 0: one completion queue per thread, serving
-  /// ModelInfer and ModelStreamInfer.
+  /// One completion queue per thread (cfg.threads), serving every call.
   std::vector<std::unique_ptr<::grpc::ServerCompletionQueue>> cqs;
   /// One per queue: the ModelInfer answers for its thread to finish. Here,
   /// not on the thread, because a call (and so this state) may still be held
@@ -467,188 +464,10 @@ private:
   grpc_server::state& counted_in_;
 };
 
-/// A unary ModelInfer: answered once, by the pipeline, or by a cancellation
-/// (the client gave up, or the drain's deadline passed), whichever comes
-/// first. Only the first touches the response.
-class unary_infer final : call_object, public ServerUnaryReactor {
-public:
-  unary_infer(pb::ModelInferResponse* response, grpc_server::state& s)
-      : call_object(s), response_(response), state_(s) {}
-
-
-  void complete(infer_outcome outcome) {
-    if (finished_.exchange(true))
-      return;
-    if (auto* e = std::get_if<serving_error>(&outcome))
-      return Finish(grpc_api::to_status(*e));
-    response_->Swap(&std::get<pb::ModelInferResponse>(outcome));
-    Finish(Status::OK);
-  }
-
-  void OnCancel() override {
-    if (finished_.exchange(true))
-      return;
-    if (state_.draining.load())
-      state_.abandoned.fetch_add(1);
-    Finish(Status(StatusCode::CANCELLED, "the call was cancelled before the model answered"));
-  }
-
-  void OnDone() override {
-    state_.end_call();
-    self_.reset();
-  }
-
-  std::shared_ptr<unary_infer> self_;
-
-private:
-  pb::ModelInferResponse* response_;
-  grpc_server::state& state_;
-  std::atomic<bool> finished_{false};
-};
-
-/// A ModelStreamInfer stream: requests are read one at a time and sent on
-/// into the pipeline; answers are written in the order of the requests, a
-/// failed one as error_message, and the stream goes on. At most
-/// stream_max_in_flight requests are in the pipeline: past that, reading
-/// waits for a write.
-class stream_infer final
-    : call_object,
-      public ::grpc::ServerBidiReactor<pb::ModelInferRequest, pb::ModelStreamInferResponse> {
-public:
-  explicit stream_infer(grpc_server::state& s) : call_object(s), state_(s) {}
-
-  void start() { StartRead(&request_); }
-
-  void OnReadDone(bool ok) override {
-    if (!ok) {
-      std::lock_guard lock(mutex_);
-      reading_done_ = true;
-      maybe_finish();
-      return;
-    }
-    size_t seq;
-    {
-      std::lock_guard lock(mutex_);
-      seq = next_seq_++;
-      slots_.emplace_back();
-    }
-    std::weak_ptr<stream_infer> weak = self_;
-    // The request's bytes are copied into the pipeline's message before
-    // start_infer returns, so request_ may be read into again after it.
-    state_.start_infer(request_, now_ns(), [weak, seq](infer_outcome outcome) {
-      if (auto self = weak.lock())
-        self->answered(seq, std::move(outcome));
-    });
-    std::lock_guard lock(mutex_);
-    if (finished_)
-      return;
-    if (in_flight() < state_.cfg.stream_max_in_flight)
-      StartRead(&request_);
-    else
-      read_paused_ = true;
-  }
-
-  void OnWriteDone(bool ok) override {
-    std::lock_guard lock(mutex_);
-    writing_ = false;
-    slots_.pop_front();
-    ++first_seq_;
-    if (!ok) {
-      // The client is gone: nothing more can be written.
-      finish(Status(StatusCode::CANCELLED, "the stream was closed by the client"));
-      return;
-    }
-    if (read_paused_ && !reading_done_ && !finished_
-        && in_flight() < state_.cfg.stream_max_in_flight) {
-      read_paused_ = false;
-      StartRead(&request_);
-    }
-    write_next();
-    maybe_finish();
-  }
-
-  void OnCancel() override {
-    std::lock_guard lock(mutex_);
-    finish(Status(StatusCode::CANCELLED, "the stream was cancelled"));
-  }
-
-  void OnDone() override {
-    state_.end_call();
-    self_.reset();
-  }
-
-  std::shared_ptr<stream_infer> self_;
-
-  /// The server is shutting down: requests still read are answered
-  /// UNAVAILABLE (start_infer), and the stream finishes as soon as no answer
-  /// is owed, instead of waiting for the client to close it.
-  void drain() {
-    std::lock_guard lock(mutex_);
-    draining_ = true;
-    maybe_finish();
-  }
-
-private:
-  struct slot {
-    bool ready = false;
-    pb::ModelStreamInferResponse response;
-  };
-
-  size_t in_flight() const { return slots_.size(); }
-
-  void answered(size_t seq, infer_outcome outcome) {
-    std::lock_guard lock(mutex_);
-    if (finished_ || seq < first_seq_)
-      return;
-    auto& s = slots_[seq - first_seq_];
-    if (auto* e = std::get_if<serving_error>(&outcome))
-      s.response.set_error_message(e->message);
-    else
-      s.response.mutable_infer_response()->Swap(&std::get<pb::ModelInferResponse>(outcome));
-    s.ready = true;
-    write_next();
-  }
-
-  /// Called with mutex_ held.
-  void write_next() {
-    if (writing_ || finished_ || slots_.empty() || !slots_.front().ready)
-      return;
-    writing_ = true;
-    StartWrite(&slots_.front().response);
-  }
-
-  /// Finishes once the client has closed its side and every answer is
-  /// written. Called with mutex_ held.
-  void maybe_finish() {
-    if (slots_.empty() && !writing_ && (reading_done_ || draining_))
-      finish(stream_end_status(reading_done_));
-  }
-
-  void finish(Status s) {
-    if (finished_)
-      return;
-    finished_ = true;
-    Finish(std::move(s));
-  }
-
-  grpc_server::state& state_;
-  pb::ModelInferRequest request_;
-  std::mutex mutex_;
-  std::deque<slot> slots_;
-  size_t first_seq_ = 0;
-  size_t next_seq_ = 0;
-  bool reading_done_ = false;
-  bool read_paused_ = false;
-  bool writing_ = false;
-  bool finished_ = false;
-  /// The server drains: the stream finishes once its answers are written.
-  bool draining_ = false;
-};
-
-// -- calls on completion queues (--grpc-threads N > 0) -----------------------
+// -- calls on completion queues -----------------------------------------------
 
 using svc = pb::GRPCInferenceService;
-/// Every RPC on completion queues (--grpc-threads N > 0). None may be on the
+/// Every RPC on completion queues (--grpc-threads). None may be on grpc's
 /// callback API: a single callback method makes grpc start the threads that
 /// would poll the sockets beside the completion-queue threads
 /// (control_calls.hpp).
@@ -929,11 +748,11 @@ void listen_control_calls(cq_base& service, ::grpc::ServerCompletionQueue& cq,
     });
 }
 
-/// A ModelStreamInfer stream on a completion queue, with the callback
-/// stream's behaviour (stream_infer): answers in the order of the requests,
-/// a failed one as error_message, at most stream_max_in_flight requests in
-/// the pipeline, closed by the drain once every answer is written. Answers
-/// are written from the thread that delivers them.
+/// A ModelStreamInfer stream on a completion queue: requests are read one at
+/// a time and sent on into the pipeline; answers are written in the order of
+/// the requests, a failed one as error_message, and the stream goes on. At
+/// most stream_max_in_flight requests are in the pipeline: past that, reading
+/// waits for a write. Answers are written from the thread that delivers them.
 class cq_stream_infer : call_object, public std::enable_shared_from_this<cq_stream_infer> {
 public:
   static void listen(cq_base& service, ::grpc::ServerCompletionQueue& cq,
@@ -948,7 +767,9 @@ public:
       c->self_.reset();
   }
 
-  /// As stream_infer::drain.
+  /// The server is shutting down: requests still read are answered
+  /// UNAVAILABLE (start_infer), and the stream finishes as soon as no answer
+  /// is owed, instead of waiting for the client to close it.
   void drain() {
     std::lock_guard lock(mutex_);
     draining_ = true;
@@ -1142,103 +963,6 @@ private:
   call_tag<cq_stream_infer, &cq_stream_infer::on_done> done_tag_{this};
 };
 
-ServerUnaryReactor* answer(CallbackServerContext* ctx, Status status) {
-  auto* reactor = ctx->DefaultReactor();
-  reactor->Finish(std::move(status));
-  return reactor;
-}
-
-ServerUnaryReactor* answer(CallbackServerContext* ctx, const serving_error& e) {
-  return answer(ctx, grpc_api::to_status(e));
-}
-
-/// ModelInfer and ModelStreamInfer on grpc's callback API (--grpc-threads 0):
-/// grpc runs them on its own thread pool.
-/// Every other call runs state::control's handler on grpc's thread.
-class callback_service final : public pb::GRPCInferenceService::CallbackService {
-public:
-  explicit callback_service(grpc_server::state& s) : state_(s) {}
-
-// A control call: its handler's status finishes it at once.
-#define CAF_SERVING_CALLBACK_CONTROL(rpc, handler)                                                \
-  ServerUnaryReactor* rpc(CallbackServerContext* ctx, const pb::rpc##Request* request,            \
-                          pb::rpc##Response* response) override {                                 \
-    return answer(ctx, state_.control.handler(*request, response));                               \
-  }
-  CAF_SERVING_CALLBACK_CONTROL(ServerLive, server_live)
-  CAF_SERVING_CALLBACK_CONTROL(ServerReady, server_ready)
-  CAF_SERVING_CALLBACK_CONTROL(ModelReady, model_ready)
-  CAF_SERVING_CALLBACK_CONTROL(ServerMetadata, server_metadata)
-  CAF_SERVING_CALLBACK_CONTROL(ModelMetadata, model_metadata)
-  CAF_SERVING_CALLBACK_CONTROL(ModelConfig, model_config)
-  CAF_SERVING_CALLBACK_CONTROL(ModelStatistics, model_statistics)
-  CAF_SERVING_CALLBACK_CONTROL(RepositoryIndex, repository_index)
-  CAF_SERVING_CALLBACK_CONTROL(RepositoryModelUnload, repository_model_unload)
-  CAF_SERVING_CALLBACK_CONTROL(SystemSharedMemoryStatus, system_shared_memory_status)
-  CAF_SERVING_CALLBACK_CONTROL(SystemSharedMemoryRegister, system_shared_memory_register)
-  CAF_SERVING_CALLBACK_CONTROL(SystemSharedMemoryUnregister, system_shared_memory_unregister)
-  CAF_SERVING_CALLBACK_CONTROL(CudaSharedMemoryStatus, cuda_shared_memory_status)
-  CAF_SERVING_CALLBACK_CONTROL(CudaSharedMemoryRegister, cuda_shared_memory_register)
-  CAF_SERVING_CALLBACK_CONTROL(CudaSharedMemoryUnregister, cuda_shared_memory_unregister)
-  CAF_SERVING_CALLBACK_CONTROL(TraceSetting, trace_setting)
-  CAF_SERVING_CALLBACK_CONTROL(LogSettings, log_settings)
-#undef CAF_SERVING_CALLBACK_CONTROL
-
-  /// Answered from the model manager's loader thread.
-  ServerUnaryReactor* RepositoryModelLoad(CallbackServerContext* ctx,
-                                          const pb::RepositoryModelLoadRequest* request,
-                                          pb::RepositoryModelLoadResponse*) override {
-    auto* reactor = ctx->DefaultReactor();
-    state_.control.repository_model_load(*request,
-                                         [reactor](Status s) { reactor->Finish(std::move(s)); });
-    return reactor;
-  }
-
-  ServerUnaryReactor* ModelInfer(CallbackServerContext* ctx, const pb::ModelInferRequest* request,
-                                 pb::ModelInferResponse* response) override {
-    int64_t received = now_ns();
-    if (!state_.admit_call())
-      return answer(ctx, state_.too_many_calls());
-    auto call = std::make_shared<unary_infer>(response, state_);
-    call->self_ = call;
-    // Weakly: after OnDone the reactor goes, and a late answer finds nothing.
-    std::weak_ptr<unary_infer> weak = call;
-    state_.start_infer(*request, received, [weak](infer_outcome outcome) {
-      if (auto c = weak.lock())
-        c->complete(std::move(outcome));
-    });
-    (void)ctx;
-    return call.get();
-  }
-
-  ::grpc::ServerBidiReactor<pb::ModelInferRequest, pb::ModelStreamInferResponse>*
-  ModelStreamInfer(CallbackServerContext*) override {
-    if (!state_.admit_call()) {
-      // A reactor that finishes at once (a bidi call needs one).
-      struct refused final
-          : ::grpc::ServerBidiReactor<pb::ModelInferRequest, pb::ModelStreamInferResponse> {
-        explicit refused(Status s) { Finish(std::move(s)); }
-        void OnDone() override { delete this; }
-      };
-      return new refused(state_.too_many_calls());
-    }
-    auto call = std::make_shared<stream_infer>(state_);
-    call->self_ = call;
-    std::weak_ptr<stream_infer> weak = call;
-    bool registered = state_.register_stream(call, [weak] {
-      if (auto s = weak.lock())
-        s->drain();
-    });
-    call->start();
-    if (!registered)
-      call->drain();
-    return call.get();
-  }
-
-private:
-  grpc_server::state& state_;
-};
-
 ::grpc_compression_level to_grpc(grpc_response_compression level) {
   switch (level) {
     case grpc_response_compression::none: return GRPC_COMPRESS_LEVEL_NONE;
@@ -1296,18 +1020,15 @@ std::unique_ptr<grpc_server> grpc_server::start(const grpc_server_config& cfg,
   // detection: 10% of a gRPC call's instructions (bench/grpc/callgrind).
   // Release builds of abseil have it off; so does the server.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  if (cfg.threads == 0)
+    throw std::invalid_argument("the gRPC server needs at least one completion-queue thread "
+                                "(--grpc-threads)");
   auto s = std::make_unique<state>(cfg, models);
-  // With completion queues every call is on them: ModelInfer and
-  // ModelStreamInfer (cq_unary_infer, cq_stream_infer), the rest through
-  // cq_control_call.
-  cq_base* async = nullptr;
-  if (cfg.threads == 0) {
-    s->service = std::make_unique<callback_service>(*s);
-  } else {
-    auto service = std::make_unique<cq_base>();
-    async = service.get();
-    s->service = std::move(service);
-  }
+  // Every call is on the completion queues: ModelInfer and ModelStreamInfer
+  // (cq_unary_infer, cq_stream_infer), the rest through cq_control_call.
+  auto service = std::make_unique<cq_base>();
+  cq_base* async = service.get();
+  s->service = std::move(service);
   ::grpc::ServerBuilder builder;
   std::string host = cfg.address.find(':') != std::string::npos ? "[" + cfg.address + "]"
                                                                  : cfg.address;
@@ -1329,7 +1050,7 @@ std::unique_ptr<grpc_server> grpc_server::start(const grpc_server_config& cfg,
   builder.SetCompressionAlgorithmSupportStatus(GRPC_COMPRESS_DEFLATE, true);
   if (cfg.compression != grpc_response_compression::none)
     builder.SetDefaultCompressionLevel(to_grpc(cfg.compression));
-  for (uint32_t i = 0; async && i < cfg.threads; ++i)
+  for (uint32_t i = 0; i < cfg.threads; ++i)
     s->cqs.push_back(builder.AddCompletionQueue());
   s->server = builder.BuildAndStart();
   if (!s->server || s->port == 0)

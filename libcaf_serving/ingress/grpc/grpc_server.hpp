@@ -46,11 +46,10 @@ struct grpc_server_config {
   /// (--grpc-stream-max-in-flight); past it the stream is not read until an
   /// answer has been written, so a fast client cannot queue without bound.
   uint32_t stream_max_in_flight = 64;
-  /// Threads serving ModelInfer and ModelStreamInfer, each on its own
-  /// completion queue (--grpc-threads): a request is read and handed to the
-  /// scheduler on one, and its answer is sent from the CAF thread that
-  /// delivers it. 0 serves them on grpc's callback API instead, on the
-  /// thread pool grpc sizes itself (the way before; kept to compare).
+  /// Threads serving every call, each on its own completion queue
+  /// (--grpc-threads, at least 1): a request is read and handed to the
+  /// scheduler on one, and its answer is turned into the reply on the CAF
+  /// thread that delivers it.
   uint32_t threads = 1;
   /// Calls (unary and streams) open at once on one connection
   /// (--grpc-max-concurrent-streams, grpc's GRPC_ARG_MAX_CONCURRENT_STREAMS):
@@ -85,7 +84,8 @@ struct grpc_stop_report {
 class grpc_server {
 public:
   /// Binds and starts serving. Throws std::runtime_error naming the port and
-  /// --grpc-port when it cannot bind.
+  /// --grpc-port when it cannot bind, std::invalid_argument when cfg.threads
+  /// is 0.
   static std::unique_ptr<grpc_server> start(const grpc_server_config& cfg,
                                             server::model_directory& models);
   ~grpc_server();
