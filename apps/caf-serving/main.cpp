@@ -3,9 +3,11 @@
 
 #include "cluster/node_registry.hpp"
 #include "cluster/secret.hpp"
+#include "core/stop_signals.hpp"
 #include "onnx_cpu/cpu_level.hpp"
 #include "onnx_cpu/work_pool.hpp"
 #include "ingress/grpc/grpc_server.hpp"
+#include "ingress/http_server.hpp"
 #include "ingress/response_cache.hpp"
 #include "options.hpp"
 #include "server/model_manager.hpp"
@@ -16,11 +18,11 @@
 #include <caf/actor_system_config.hpp>
 #include <caf/io/middleman.hpp>
 #include <caf/io/publish.hpp>
-#include <kj/async-unix.h>
+#include <kj/exception.h>
 
 #include <sys/prctl.h>
 
-#include <csignal>
+#include <chrono>
 #include <cstdlib>
 #include <optional>
 #include <thread>
@@ -55,9 +57,9 @@ int main(int argc, char** argv) {
     return 0;
   }
 
-  // Before any thread starts: the signals are delivered to the kj event loop.
-  kj::UnixEventPort::captureSignal(SIGINT);
-  kj::UnixEventPort::captureSignal(SIGTERM);
+  // Before any thread starts: SIGINT and SIGTERM wait for the stop
+  // coordinator below, which then tells HTTP and gRPC to drain.
+  auto stop = stop_signals::capture();
   // CAF's timers (the batching delay) fire ~100 us late with the default slack.
   prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
 
@@ -183,11 +185,9 @@ int main(int argc, char** argv) {
     = std::make_shared<ingress::shared_memory_registry>(opts.http.shared_memory);
   opts.grpc.shared_memory_regions = opts.http.shared_memory_regions;
 
-  // gRPC (docs/grpc.md) serves on its own threads; it starts draining when
-  // the HTTP server sees the stop signal, within the same exit timeout.
+  // gRPC (docs/grpc.md) serves on its own threads, HTTP on its event loops
+  // (docs/http-event-loops.md); both drain when the stop signal comes.
   std::unique_ptr<ingress::grpc_server> grpc;
-  std::thread grpc_stopper;
-  ingress::grpc_stop_report grpc_stopped;
   if (opts.grpc_enabled) {
     try {
       grpc = ingress::grpc_server::start(opts.grpc, models);
@@ -198,34 +198,52 @@ int main(int argc, char** argv) {
     auto host = opts.grpc.address == "0.0.0.0" ? std::string("127.0.0.1") : opts.grpc.address;
     std::cout << ("GRPC listening on " + host + ":" + std::to_string(grpc->port()) + "\n")
               << std::flush;
-    opts.http.on_stop = [&] {
-      grpc->begin_drain();
-      grpc_stopper = std::thread([&grpc, &grpc_stopped, secs = opts.http.exit_timeout_secs] {
-        grpc_stopped = grpc->stop(std::chrono::seconds(secs));
-      });
-    };
   }
-
   opts.http.event_loops = opts.threads.ingress_threads;
-  ingress::stop_report stopped;
+  std::unique_ptr<ingress::http_server> http;
   try {
-    stopped = ingress::run_http_server(opts.http, models, [&](ingress::listening_ports p) {
-      auto host = opts.http.address == "0.0.0.0" ? std::string("127.0.0.1") : opts.http.address;
-      std::cout << ("HTTP listening on " + host + ":" + std::to_string(p.http) + "\n")
-                << std::flush;
-      if (p.metrics)
-        std::cout << ("metrics listening on " + host + ":" + std::to_string(p.metrics) + "\n")
-                  << std::flush;
-    });
+    http = ingress::http_server::start(opts.http, models);
   } catch (const std::exception& e) {
     std::cerr << "caf-serving: " << e.what() << "\n";
     return 1;
+  }
+  auto ports = http->ports();
+  auto host = opts.http.address == "0.0.0.0" ? std::string("127.0.0.1") : opts.http.address;
+  std::cout << ("HTTP listening on " + host + ":" + std::to_string(ports.http) + "\n")
+            << std::flush;
+  if (ports.metrics)
+    std::cout << ("metrics listening on " + host + ":" + std::to_string(ports.metrics) + "\n")
+              << std::flush;
+
+  // The stop coordinator: on SIGINT or SIGTERM both ingresses drain at once,
+  // each within the exit timeout. gRPC is no longer ready and answers new
+  // calls UNAVAILABLE as HTTP's loops stop accepting.
+  ingress::grpc_stop_report grpc_stopped;
+  std::thread coordinator([&] {
+    stop.wait();
+    if (grpc)
+      grpc->begin_drain();
+    http->stop();
+    if (grpc)
+      grpc_stopped = grpc->stop(std::chrono::seconds(opts.http.exit_timeout_secs));
+  });
+  // HTTP's loop 0 on this thread, until the coordinator stops it.
+  ingress::stop_report stopped;
+  std::string failure;
+  try {
+    stopped = http->serve();
+  } catch (const std::exception& e) {
+    failure = e.what();
   } catch (const kj::Exception& e) {
-    std::cerr << "caf-serving: the HTTP server failed: " << e.getDescription().cStr() << "\n";
+    failure = "the HTTP server failed: " + std::string(e.getDescription().cStr());
+  }
+  if (!failure.empty())
+    stop.request_stop(); // loop 0 ended on its own: the coordinator has not woken
+  coordinator.join();
+  if (!failure.empty()) {
+    std::cerr << "caf-serving: " << failure << "\n";
     return 1;
   }
-  if (grpc_stopper.joinable())
-    grpc_stopper.join();
   stopped.abandoned += grpc_stopped.abandoned;
   if (stopped.abandoned > 0 || !stopped.drained) {
     // Something is stuck (an executor that does not come back): waiting for

@@ -1,13 +1,29 @@
 #pragma once
-/// The KServe v2 HTTP/REST ingress: a kj-http server on its own event loop that
-/// validates requests, turns them into InferRequest messages for the model's
-/// scheduler, and writes the responses the post-processor hands back.
+/// The KServe v2 HTTP/REST ingress: kj-http servers on event loops
+/// (docs/http-event-loops.md) that admit inference requests
+/// (admission.hpp), hand them to the model's scheduler, and write the
+/// responses the post-processor hands back.
 ///
 /// Endpoints (Triton's): /v2, /v2/health/{live,ready}, /v2/models/{m}[/versions/{v}]
 /// with /ready, /config, /stats and /infer, /v2/models/stats,
 /// /v2/repository/index, /v2/repository/models/{m}/{load,unload},
 /// /v2/systemsharedmemory/... and /v2/cudasharedmemory/... (shm_api.hpp), and
 /// /metrics (also on the metrics port).
+///
+/// Where each part is: http_service (routing, health, metadata, statistics,
+/// /metrics), http_control (repository, shared memory), http_infer
+/// (inference, the response cache), http_response (writing answers),
+/// http_body (reading bodies), http_event_loop (the loops and their threads).
+///
+/// Usage (apps/caf-serving/main.cpp):
+///
+///   auto http = ingress::http_server::start(cfg, models);  // throws when it cannot bind
+///   std::cout << "HTTP listening on ...:" << http->ports().http;
+///   ...                                    // on SIGINT/SIGTERM, from another thread:
+///   http->stop();
+///   ...
+///   auto report = http->serve();           // loop 0 here until stop(); then drained,
+///                                          // or 503s at the timeout
 
 #include "ingress/kserve_codec.hpp"
 #include "ingress/shared_memory.hpp"
@@ -15,7 +31,6 @@
 #include "server/model_directory.hpp"
 
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -26,12 +41,14 @@ class response_cache;
 
 struct http_server_config {
   std::string address = "0.0.0.0";
-  /// 0: pick a free port (reported through on_listening).
+  /// 0: pick a free port (http_server::ports() says which).
   uint16_t http_port = 8000;
   /// Event loops serving the HTTP port, one thread each (--http-threads, from
   /// thread_config::ingress_threads). Connections are spread across them; a
   /// connection's requests and answers stay on the loop that accepted it.
-  /// Loop 0 also serves the metrics port and waits for the stop signals.
+  /// Loop 0 accepts them, and also serves the metrics port; it runs on the
+  /// thread that calls http_server::serve(), the others on threads of their
+  /// own.
   unsigned event_loops = 1;
   /// Prometheus metrics only; 0: pick a free port; -1 (disabled) via metrics_enabled.
   uint16_t metrics_port = 8002;
@@ -75,9 +92,6 @@ struct http_server_config {
   /// labels of /metrics' caf_serving_cpu_info gauge. Empty: left out.
   std::string engine_cpu_json;
   std::string engine_cpu_labels;
-  /// Called on this server's thread when SIGINT or SIGTERM arrives, before
-  /// the drain: the other ingresses (gRPC) start their own drain then.
-  std::function<void()> on_stop;
 };
 
 struct listening_ports {
@@ -85,33 +99,45 @@ struct listening_ports {
   uint16_t metrics = 0; ///< 0 when metrics are disabled
 };
 
-/// How the drain after a stop signal ended.
+/// How the drain after a stop ended.
 struct stop_report {
   /// Requests still waiting for the pipeline at --exit-timeout-secs, answered
   /// 503 then.
   size_t abandoned = 0;
-  /// Whether every connection had closed when run_http_server returned.
+  /// Whether every connection had closed when serve() returned.
   bool drained = true;
 };
 
-/// Serves (on cfg.event_loops loops, the first on the calling thread) until
-/// SIGINT or SIGTERM, then stops accepting, answers every request
-/// already accepted (for at most cfg.exit_timeout_secs, then 503), and returns.
-/// The signals must have been captured with kj::UnixEventPort::captureSignal
-/// before any thread was started. Throws std::runtime_error, naming the port
-/// and its flag, when a port cannot be bound.
-stop_report run_http_server(const http_server_config& cfg, server::model_directory& models,
-                            const std::function<void(listening_ports)>& on_listening);
+class http_server {
+public:
+  /// Binds the ports and starts the loops other than loop 0 (cfg.event_loops
+  /// in all), each on a thread of its own. Throws std::runtime_error, naming
+  /// the port and its flag, when a port cannot be bound.
+  static std::unique_ptr<http_server> start(const http_server_config& cfg,
+                                            server::model_directory& models);
+  /// Stops and joins the loops if serve() did not.
+  ~http_server();
+  http_server(const http_server&) = delete;
+  http_server& operator=(const http_server&) = delete;
 
-/// `message` with Triton's words for the same refusal first, where Triton's
-/// clients match on them: "Exceeds maximum queue size" for a full queue,
-/// "Request timeout expired" for a request past its queue timeout (both 503
-/// in Triton too). Other reasons: `message` as it is.
-std::string with_triton_phrase(failure_reason reason, std::string message);
+  listening_ports ports() const;
 
-/// The message a client may see for an error the pipeline reports: `message`
-/// itself, or, when it carries CAF or kj internals (rendered errors, source
-/// locations), a general one that points to the server log. The status stays.
-std::string client_error_message(std::string_view message, std::string_view model);
+  /// Runs loop 0 on the calling thread, accepting, until stop(); then stops
+  /// accepting, answers every request already accepted (for at most
+  /// cfg.exit_timeout_secs, then 503), and returns once every loop has ended.
+  /// Once. Throws std::runtime_error when another loop failed; loop 0's
+  /// failure is kj's exception.
+  stop_report serve();
+
+  /// From any thread, before or during serve(), and more than once: every
+  /// loop stops accepting and drains.
+  void stop();
+
+  struct state;
+
+private:
+  explicit http_server(std::unique_ptr<state> s);
+  std::unique_ptr<state> state_;
+};
 
 } // namespace caf_serving::ingress

@@ -1,10 +1,9 @@
 #pragma once
-/// What every ingress protocol (HTTP, gRPC) does the same way with an
-/// inference request once it is parsed and validated: turn it into the
-/// pipeline's Cap'n Proto InferRequest, and count a successful answer in the
-/// model's statistics. Moved out of http_server.cpp so that both protocols
-/// share one copy (the statistics must count alike whichever way a request
-/// came).
+/// The pipeline's messages of an inference request, the same for every
+/// ingress protocol: the Cap'n Proto InferRequest built from a parsed and
+/// validated request, the answer's outputs as views, and the count of a
+/// successful answer in the model's statistics. admission.hpp uses them; a
+/// protocol calls admission.
 
 #include "core/pipeline_messages.hpp"
 #include "core/stats.hpp"

@@ -2,17 +2,13 @@
 
 #include "core/clock.hpp"
 #include "core/pipeline_messages.hpp"
+#include "ingress/admission.hpp"
 #include "ingress/grpc/control_calls.hpp"
 #include "ingress/grpc/convert.hpp"
-#include "ingress/http_server.hpp"
-#include "ingress/infer_message.hpp"
-#include "ingress/shm_tensors.hpp"
-#include "ingress/validate.hpp"
 
 #include "grpc_service.grpc.pb.h"
 
 #include <absl/synchronization/mutex.h>
-#include <caf/send.hpp>
 #include <grpcpp/alarm.h>
 #include <grpcpp/grpcpp.h>
 
@@ -116,6 +112,8 @@ struct grpc_server::state {
   server::model_directory& models;
   /// The server's one registry of regions, shared with HTTP (as Triton's).
   std::shared_ptr<shared_memory_registry> shm;
+  /// Inference requests' admission (admission.hpp), as HTTP's.
+  admission_config admission;
   std::atomic<bool> draining{false};
   /// Calls cancelled while waiting for the pipeline during the drain.
   std::atomic<size_t> abandoned{0};
@@ -196,6 +194,7 @@ struct grpc_server::state {
         shm(c.shared_memory_regions
               ? c.shared_memory_regions
               : std::make_shared<shared_memory_registry>(c.shared_memory)),
+        admission{c.limits, shm, c.cache},
         control(m, shm, draining, c.strict_readiness) {}
 
   /// Inference call objects alive (call_object). A call object holds a
@@ -242,40 +241,21 @@ struct grpc_server::state {
                       "(--grpc-max-open-calls); retry when one has ended, or raise the limit");
   }
 
+  /// Finds the model, parses the request, admits it (admission.hpp) and
+  /// hands it to the pipeline; `done` gets its answer, at once or later on
+  /// the thread that delivers it.
   void start_infer(const pb::ModelInferRequest& request, int64_t received, infer_done done);
-  /// Answers from the response cache: the pipeline is skipped, and the hit
-  /// counts in success, queue (with no time) and cache_hit, as on HTTP.
-  void answer_cached(const server::model_pipeline& model, const infer_request& request,
-                     const cached_response& hit, int64_t received, int64_t lookup_ns,
-                     const infer_done& done);
 };
 
 namespace {
-
-void record_failure(const server::model_pipeline& model, int64_t received,
-                    const serving_error& e) {
-  model.stats->record_failure(reason_of(e), static_cast<uint64_t>(now_ns() - received));
-}
 
 /// One inference in the pipeline: what its answer needs, and the count of
 /// the model's pending requests, held until it is answered.
 struct pending_infer {
   std::shared_ptr<const server::model_pipeline> model;
   int64_t received_ns = 0;
-  std::string id;
-  uint64_t timeout_us = 0;
-  /// The request parameter timing=true: stage times in the answer's
-  /// parameters, as HTTP gives them.
-  bool timing = false;
-  std::vector<requested_output> outputs;
-  shared_memory_binding shared_memory;
+  answer_context answer;
   infer_done done;
-  /// Set when the response cache was asked and had no answer: the answer is
-  /// stored under cache_miss_key (absent when the request is too large to
-  /// be cached).
-  std::shared_ptr<response_cache> cache;
-  std::optional<cache_key> cache_miss_key;
-  int64_t cache_lookup_ns = 0;
 
   pending_infer(std::shared_ptr<const server::model_pipeline> m, int64_t received)
       : model(std::move(m)), received_ns(received) {
@@ -286,41 +266,24 @@ struct pending_infer {
   pending_infer& operator=(const pending_infer&) = delete;
 
   void fail(serving_error e) {
-    shared_memory = {};
+    answer.shared_memory = {};
     record_failure(*model, received_ns, e);
     done(std::move(e));
   }
 
   /// The pipeline's answer, turned into the call's (on the thread that
   /// delivers it: one copy of the output bytes into the protobuf).
-  void answer(const response_message& msg) {
-    auto r = msg.reader();
-    if (r.getError().getStatus() != 0) {
-      auto reason = static_cast<failure_reason>(r.getError().getReason());
-      auto text = r.getError().getMessage();
-      return fail({static_cast<status_code>(r.getError().getStatus()),
-                   with_triton_phrase(reason, client_error_message(
-                                                std::string_view(text.cStr(), text.size()),
-                                                model->config.name)),
-                   reason, r.getError().getRetryAfterS()});
-    }
-    response_view view = make_response_view(r, timing);
-    view.model_name = model->config.name;
+  void answer_with(const response_message& msg) {
+    auto view = read_answer(msg, answer, *model, received_ns);
+    if (!view) // counted by read_answer
+      return done(view.error());
+    view->model_name = model->config.name;
     auto version = std::to_string(model->version);
-    view.model_version = version;
-    view.id = id;
-    auto written = shared_memory.write_outputs(view);
-    if (!written)
-      return fail(written.error());
-    shared_memory = {};
-    auto reply = grpc_api::to_infer_response(view, outputs);
-    if (cache) {
-      int64_t start = now_ns();
-      if (cache_miss_key)
-        cache->insert(std::move(*cache_miss_key), cached_response::copy_of(view.outputs));
-      model->stats->cache_miss.add(static_cast<uint64_t>(cache_lookup_ns + (now_ns() - start)));
-    }
-    record_success(*model->stats, static_cast<uint64_t>(now_ns() - received_ns), timeout_us);
+    view->model_version = version;
+    view->id = answer.request.id;
+    answer.shared_memory = {};
+    auto reply = grpc_api::to_infer_response(*view, answer.request.outputs);
+    record_answer(answer, *model->stats, view->outputs, received_ns);
     done(std::move(reply));
   }
 };
@@ -341,7 +304,7 @@ public:
   }
   void deliver(response_message r) override {
     delivered_ = true;
-    pending_->answer(r);
+    pending_->answer_with(r);
   }
 
 private:
@@ -371,78 +334,31 @@ void grpc_server::state::start_infer(const pb::ModelInferRequest& request, int64
   if (!found)
     return done(found.error());
   auto model = *found;
-  auto fail = [&](const serving_error& e) {
-    record_failure(*model, received, e);
-    done(e);
-  };
   auto parsed = grpc_api::to_infer_request(request, cfg.limits);
-  if (!parsed)
-    return fail(parsed.error());
-  auto bound = bind_shared_memory(*parsed, *shm, model->config);
-  if (!bound)
-    return fail(bound.error());
-  auto checked = validate(*parsed, model->config, cfg.limits);
-  if (!checked)
-    return fail(checked.error());
-  // The response cache, as on HTTP: a hit skips the pipeline.
-  std::optional<cache_key> miss_key;
-  int64_t lookup_ns = 0;
-  bool use_cache = cfg.cache && model->config.response_cache_enabled && bound->empty();
-  if (use_cache) {
-    int64_t start = now_ns();
-    auto key = cache_key::of(*parsed, model);
-    if (auto hit = cfg.cache->find(key)) {
-      lookup_ns = now_ns() - start;
-      return answer_cached(*model, *parsed, *hit, received, lookup_ns, done);
-    }
-    if (cfg.cache->admits(key)) {
-      key.own();
-      miss_key = std::move(key);
-    }
-    lookup_ns = now_ns() - start;
+  if (!parsed) {
+    record_failure(*model, received, parsed.error());
+    return done(parsed.error());
   }
-  auto msg = make_request_message(*parsed, *model, checked->batch_size, received);
-  if (!msg)
-    return fail(msg.error());
+  auto admitted = admit(admission, model, std::move(*parsed), received);
+  if (auto* e = std::get_if<serving_error>(&admitted)) // counted by admit
+    return done(std::move(*e));
+  if (auto* hit = std::get_if<cache_hit>(&admitted)) {
+    // The response cache, as on HTTP: the pipeline is skipped.
+    auto view = cached_answer(*hit, *model->stats, received);
+    view.model_name = model->config.name;
+    auto version = std::to_string(model->version);
+    view.model_version = version;
+    view.id = hit->answer.request.id;
+    auto reply = grpc_api::to_infer_response(view, hit->answer.request.outputs);
+    record_answer(hit->answer, *model->stats, view.outputs, received);
+    return done(std::move(reply));
+  }
+  auto& to_pipeline = std::get<admitted_request>(admitted);
   auto pending = std::make_shared<pending_infer>(model, received);
-  if (use_cache) {
-    pending->cache = cfg.cache;
-    pending->cache_miss_key = std::move(miss_key);
-    pending->cache_lookup_ns = lookup_ns;
-  }
-  pending->id = std::move(parsed->id);
-  pending->timeout_us = parsed->timeout_us;
-  auto timing = parsed->parameters.find("timing");
-  pending->timing = timing != parsed->parameters.end() && timing->second == "true";
-  pending->outputs = std::move(parsed->outputs);
-  pending->shared_memory = std::move(*bound);
+  pending->answer = std::move(to_pipeline.answer);
   pending->done = std::move(done);
-  caf::anon_send(model->scheduler,
-                 infer_job{std::move(*msg), std::make_shared<grpc_sink>(std::move(pending))});
-}
-
-void grpc_server::state::answer_cached(const server::model_pipeline& model,
-                                       const infer_request& request,
-                                       const cached_response& hit, int64_t received,
-                                       int64_t lookup_ns, const infer_done& done) {
-  auto& stats = *model.stats;
-  stats.cache_hit.add(static_cast<uint64_t>(lookup_ns));
-  stats.queue.add(0);
-  response_view view;
-  view.outputs = hit.views();
-  view.model_name = model.config.name;
-  auto version = std::to_string(model.version);
-  view.model_version = version;
-  view.id = request.id;
-  auto timing = request.parameters.find("timing");
-  if (timing != request.parameters.end() && timing->second == "true")
-    view.parameters = {
-      {"cache_hit_us", static_cast<uint64_t>(lookup_ns) / 1000},
-      {"until_response_us", static_cast<uint64_t>(now_ns() - received) / 1000},
-    };
-  auto reply = grpc_api::to_infer_response(view, request.outputs);
-  record_success(stats, static_cast<uint64_t>(now_ns() - received), request.timeout_us);
-  done(std::move(reply));
+  submit(*model, std::move(to_pipeline.message),
+         std::make_shared<grpc_sink>(std::move(pending)));
 }
 
 namespace {

@@ -1,9 +1,10 @@
 #pragma once
 /// The KServe v2 gRPC ingress: Triton's inference.GRPCInferenceService
-/// (schemas/grpc_service.proto) on grpc++, in front of the same
-/// pipeline as HTTP: the model manager finds the model, validate.hpp checks
-/// the request, infer_message.hpp builds the InferRequest, and the answer
-/// comes back through a response_sink. docs/grpc.md lists what is served.
+/// (schemas/grpc_service.proto) on grpc++'s completion queues, in front of
+/// the same pipeline as HTTP: the model manager finds the model, admission.hpp
+/// admits the request (shared memory, validation, the response cache, the
+/// InferRequest) as it does HTTP's, and the answer comes back through a
+/// response_sink. docs/grpc.md lists what is served.
 ///
 /// Usage (apps/caf-serving/main.cpp):
 ///
