@@ -13,6 +13,28 @@ std::map<std::string, int64_t> first_versions(const op_table& table) {
   return first;
 }
 
+std::optional<std::string> refused_opset_or_input(const graph& g, const node& n, int64_t since,
+                                                  const char* no_input) {
+  if (g.opset != 0 && g.opset < since)
+    return n.op + " exists from opset " + std::to_string(since) + ", but the model imports opset "
+           + std::to_string(g.opset) + "; re-export it with a newer opset";
+  if (n.inputs.empty() || n.inputs[0] < 0)
+    return n.op + no_input;
+  return std::nullopt;
+}
+
+std::optional<std::string> refused_input_type(const graph& g, const node& n,
+                                              const std::vector<datatype>& types) {
+  const auto& x = g.values[n.inputs[0]];
+  if (std::find(types.begin(), types.end(), x.dtype) != types.end())
+    return std::nullopt;
+  std::string list;
+  for (auto t : types)
+    list += (list.empty() ? "" : ", ") + std::string(to_string(t));
+  return "input '" + x.name + "' is " + std::string(to_string(x.dtype)) + "; the engine runs "
+         + n.op + " on " + list;
+}
+
 std::optional<shape_t> broadcast_shapes(const shape_t& a, const shape_t& b) {
   size_t r = std::max(a.size(), b.size());
   shape_t out(r, 1);

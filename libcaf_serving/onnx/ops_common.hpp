@@ -97,6 +97,26 @@ using op_table = std::vector<op_entry>;
 /// what an operator file's inference checks a model's opset against.
 std::map<std::string, int64_t> first_versions(const op_table& table);
 
+/// What the operators of an operator file refuse alike before their own
+/// inference: an opset before the operator's first version `since`, and no
+/// first input (`n.op + no_input`). Nothing when neither applies.
+std::optional<std::string> refused_opset_or_input(const graph& g, const node& n, int64_t since,
+                                                  const char* no_input = " needs its first input");
+
+/// The refusal of a first input whose type is not one of `types` (the types the
+/// kernel takes; `", "` between their names); nothing when it is one.
+std::optional<std::string> refused_input_type(const graph& g, const node& n,
+                                              const std::vector<datatype>& types);
+
+/// An entry's inference that runs its file's common refusals (`Refuse`) first:
+/// an operator file's `checked<Infer>` is `refuse_then<its refused_input, Infer>`.
+template <std::optional<std::string> (*Refuse)(const graph&, const node&), infer_function Infer>
+infer_result refuse_then(const graph& g, const node& n) {
+  if (auto e = Refuse(g, n))
+    return *e;
+  return Infer(g, n);
+}
+
 // ------------------------------------------------------------------ shared by the kernels
 
 /// Numpy broadcast of two shapes; nothing when they do not broadcast.

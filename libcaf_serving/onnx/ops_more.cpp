@@ -55,28 +55,14 @@ std::string unsupported_attr(const node& n, const std::string& attr, const std::
 /// its kernel does not take.
 std::optional<std::string> refused_input(const graph& g, const node& n) {
   const auto& e = table().at(n.op);
-  if (g.opset != 0 && g.opset < e.versions.front())
-    return n.op + " exists from opset " + std::to_string(e.versions.front())
-           + ", but the model imports opset " + std::to_string(g.opset)
-           + "; re-export it with a newer opset";
-  if (n.inputs.empty() || n.inputs[0] < 0)
-    return n.op + " needs its first input";
-  const auto& x = g.values[n.inputs[0]];
-  if (std::find(e.types.begin(), e.types.end(), x.dtype) == e.types.end()) {
-    std::string list;
-    for (auto t : e.types)
-      list += (list.empty() ? "" : ", ") + type_name(t);
-    return "input '" + x.name + "' is " + type_name(x.dtype) + "; the engine runs " + n.op
-           + " on " + list;
-  }
-  return std::nullopt;
+  if (auto refused = refused_opset_or_input(g, n, e.versions.front()))
+    return refused;
+  return refused_input_type(g, n, e.types);
 }
 
 template <infer_function Infer>
 infer_result checked(const graph& g, const node& n) {
-  if (auto e = refused_input(g, n))
-    return *e;
-  return Infer(g, n);
+  return refuse_then<refused_input, Infer>(g, n);
 }
 
 // ------------------------------------------------------------------ element-wise

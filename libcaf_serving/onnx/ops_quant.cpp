@@ -554,21 +554,12 @@ namespace {
 /// inference: an opset before its first version, no first input.
 std::optional<std::string> refused_input(const graph& g, const node& n) {
   static const auto first = first_versions(quant_operator_table());
-  int64_t since = first.at(n.op);
-  if (g.opset != 0 && g.opset < since)
-    return n.op + " exists from opset " + std::to_string(since)
-           + ", but the model imports opset " + std::to_string(g.opset)
-           + "; re-export it with a newer opset";
-  if (n.inputs.empty() || n.inputs[0] < 0)
-    return n.op + " needs its first input";
-  return std::nullopt;
+  return refused_opset_or_input(g, n, first.at(n.op));
 }
 
 template <infer_function Infer>
 infer_result checked(const graph& g, const node& n) {
-  if (auto e = refused_input(g, n))
-    return *e;
-  return Infer(g, n);
+  return refuse_then<refused_input, Infer>(g, n);
 }
 
 /// MatMulInteger, or QLinearMatMul (`QLinear`).

@@ -29,13 +29,6 @@ struct simple_op {
 
 const std::map<std::string, simple_op>& table();
 
-std::string type_list(const std::vector<datatype>& types) {
-  std::string s;
-  for (auto t : types)
-    s += (s.empty() ? "" : ", ") + std::string(to_string(t));
-  return s;
-}
-
 std::vector<inferred> one(datatype t, shape_t s) {
   return {{t, std::move(s)}};
 }
@@ -44,17 +37,9 @@ std::vector<inferred> one(datatype t, shape_t s) {
 /// version, no first input, a first input of a type its kernel does not take.
 std::optional<std::string> refused_input(const graph& g, const node& n) {
   const auto& e = table().at(n.op);
-  if (g.opset != 0 && g.opset < e.versions.front())
-    return n.op + " exists from opset " + std::to_string(e.versions.front())
-           + ", but the model imports opset " + std::to_string(g.opset)
-           + "; re-export it with a newer opset";
-  if (n.inputs.empty() || n.inputs[0] < 0)
-    return n.op + " needs at least one input";
-  const auto& x = g.values[n.inputs[0]];
-  if (std::find(e.types.begin(), e.types.end(), x.dtype) == e.types.end())
-    return "input '" + x.name + "' is " + std::string(to_string(x.dtype)) + "; the engine runs "
-           + n.op + " on " + type_list(e.types);
-  return std::nullopt;
+  if (auto refused = refused_opset_or_input(g, n, e.versions.front(), " needs at least one input"))
+    return refused;
+  return refused_input_type(g, n, e.types);
 }
 
 // ------------------------------------------------------------------ element-wise
