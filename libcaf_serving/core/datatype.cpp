@@ -1,6 +1,7 @@
 #include "core/datatype.hpp"
 
 #include <array>
+#include <cstring>
 
 namespace caf_serving {
 
@@ -60,6 +61,14 @@ std::optional<datatype> datatype_from_config(std::string_view name) {
     if (n.config == name)
       return n.type;
   return std::nullopt;
+}
+
+void append_bytes_element(std::string& out, std::string_view element) {
+  auto len = static_cast<uint32_t>(element.size());
+  char buf[4];
+  std::memcpy(buf, &len, 4);
+  out.append(buf, 4);
+  out += element;
 }
 
 } // namespace caf_serving

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <string_view>
 
 namespace caf_serving {
@@ -28,5 +29,9 @@ std::string_view to_config_string(datatype t);
 
 /// Bytes per element; 0 for BYTES, whose elements have their own lengths.
 size_t element_size(datatype t);
+
+/// Appends one element of a BYTES tensor as KServe's binary form and the wire
+/// hold it: a 4-byte little-endian length, then the bytes.
+void append_bytes_element(std::string& out, std::string_view element);
 
 } // namespace caf_serving

@@ -132,14 +132,6 @@ void append_shape(std::string& out, const std::vector<int64_t>& shape) {
   out += ']';
 }
 
-void append_bytes_element(std::string& out, std::string_view element) {
-  auto len = static_cast<uint32_t>(element.size());
-  char buf[4];
-  std::memcpy(buf, &len, 4);
-  out.append(buf, 4);
-  out += element;
-}
-
 } // namespace
 
 std::string serialize_error(std::string_view message) {

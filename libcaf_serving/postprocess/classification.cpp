@@ -34,15 +34,6 @@ void append_number(std::string& out, T value) {
   out.append(buf, res.ptr);
 }
 
-/// A BYTES element: a 4-byte little-endian length, then the bytes.
-void append_bytes_element(std::string& out, std::string_view element) {
-  auto len = static_cast<uint32_t>(element.size());
-  char buf[4];
-  std::memcpy(buf, &len, 4);
-  out.append(buf, 4);
-  out += element;
-}
-
 std::string shape_text(const std::vector<int64_t>& shape) {
   std::string s = "[";
   for (size_t i = 0; i < shape.size(); ++i)
