@@ -7,6 +7,19 @@ namespace caf_serving::scheduler {
 
 namespace {
 
+/// A policy's next step as the interface says it: its dispatch `D` through
+/// `to_dispatch`, its waits and idleness as they are.
+template <class D, class Step, class ToDispatch>
+policy_step next_step_of(Step&& next, ToDispatch to_dispatch) {
+  if (auto* d = std::get_if<D>(&next))
+    return to_dispatch(std::move(*d));
+  if (auto* w = std::get_if<wait_until>(&next))
+    return *w;
+  if (std::holds_alternative<wait_for_executor>(next))
+    return wait_for_executor{};
+  return idle{};
+}
+
 class dynamic_batching final : public scheduling_policy {
 public:
   explicit dynamic_batching(policy_config cfg) : policy_(std::move(cfg)) {}
@@ -25,14 +38,9 @@ public:
     auto r = policy_.poll(in.now, in.executor_free && !in.resends_waiting);
     policy_poll out;
     out.timed_out = std::move(r.expired);
-    if (auto* d = std::get_if<dispatch>(&r.next))
-      out.next = batch_dispatch{std::move(d->ids), d->rows, std::nullopt};
-    else if (auto* w = std::get_if<wait_until>(&r.next))
-      out.next = *w;
-    else if (std::holds_alternative<wait_for_executor>(r.next))
-      out.next = wait_for_executor{};
-    else
-      out.next = idle{};
+    out.next = next_step_of<dispatch>(r.next, [](dispatch&& d) {
+      return batch_dispatch{std::move(d.ids), d.rows, std::nullopt};
+    });
     return out;
   }
 
@@ -62,14 +70,9 @@ public:
     }
     auto r = policy_.poll(in.now, in.executors);
     out.late = std::move(r.expired);
-    if (auto* d = std::get_if<slo_dispatch>(&r.next))
-      out.next = batch_dispatch{std::move(d->ids), d->rows, d->executor};
-    else if (auto* w = std::get_if<wait_until>(&r.next))
-      out.next = *w;
-    else if (std::holds_alternative<wait_for_executor>(r.next))
-      out.next = wait_for_executor{};
-    else
-      out.next = idle{};
+    out.next = next_step_of<slo_dispatch>(r.next, [](slo_dispatch&& d) {
+      return batch_dispatch{std::move(d.ids), d.rows, d.executor};
+    });
     return out;
   }
 
