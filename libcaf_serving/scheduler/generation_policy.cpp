@@ -153,13 +153,13 @@ const step_plan& generation_policy::plan_step() {
     by_order[i] = i;
   std::sort(by_order.begin(), by_order.end(),
             [&](size_t a, size_t b) { return plan_orders_[a] < plan_orders_[b]; });
-  step_plan sorted;
+  std::vector<step_work> work;
   std::vector<uint64_t> orders;
   for (auto i : by_order) {
-    sorted.work.push_back(plan_.work[i]);
+    work.push_back(plan_.work[i]);
     orders.push_back(plan_orders_[i]);
   }
-  plan_.work = std::move(sorted.work);
+  plan_.work = std::move(work);
   plan_orders_ = std::move(orders);
   plan_.tokens = limits_.max_step_tokens - budget;
   planned_ = true;

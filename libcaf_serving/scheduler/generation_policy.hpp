@@ -41,7 +41,6 @@
 #include <map>
 #include <optional>
 #include <string>
-#include <variant>
 #include <vector>
 
 namespace caf_serving::scheduler {
