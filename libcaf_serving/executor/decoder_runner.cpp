@@ -1,0 +1,311 @@
+#include "executor/decoder_runner.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <stdexcept>
+
+namespace caf_serving::executor {
+namespace {
+
+const tensor_config* find_tensor(const std::vector<tensor_config>& ts, const std::string& name) {
+  for (const auto& t : ts)
+    if (t.name == name)
+      return &t;
+  return nullptr;
+}
+
+serving_error not_a_decoder(const model_config& c, const std::string& what) {
+  return bad_request("model '" + c.name + "' is not a decoder with its KV cache as tensors: "
+                     + what + "; export it with past_key_values.N.key/value inputs and "
+                     "present.N.key/value outputs (torch.onnx.export with use_cache, or "
+                     "optimum's decoder_with_past)");
+}
+
+uint32_t round_up(uint32_t n, uint32_t to) { return (n + to - 1) / to * to; }
+
+uint32_t batch_bucket(uint32_t rows, uint32_t max_batch) {
+  uint32_t b = 1;
+  while (b < rows)
+    b *= 2;
+  return std::max(rows, std::min(b, max_batch));
+}
+
+/// Collects a run's outputs by name.
+struct capture final : output_writer {
+  struct tensor {
+    std::vector<int64_t> shape;
+    std::vector<uint8_t> bytes;
+  };
+  std::map<std::string, tensor, std::less<>> outputs;
+  uint8_t* allocate(std::string_view name, datatype, const std::vector<int64_t>& shape,
+                    size_t bytes) override {
+    auto& t = outputs[std::string(name)];
+    t.shape = shape;
+    t.bytes.resize(bytes);
+    return t.bytes.data();
+  }
+};
+
+} // namespace
+
+result<decoder_signature> find_decoder_signature(const model_config& c) {
+  decoder_signature s;
+  auto input = [&](const std::string& n) { return find_tensor(c.inputs, n); };
+  auto output = [&](const std::string& n) { return find_tensor(c.outputs, n); };
+  const tensor_config* ids = input("input_ids");
+  const tensor_config* mask = input("attention_mask");
+  const tensor_config* logits = output("logits");
+  if (!ids)
+    return not_a_decoder(c, "it has no input 'input_ids'");
+  if (!mask)
+    return not_a_decoder(c, "it has no input 'attention_mask'");
+  if (!logits)
+    return not_a_decoder(c, "it has no output 'logits'");
+  for (const auto* t : {ids, mask})
+    if (t->dtype != datatype::int64 && t->dtype != datatype::int32)
+      return not_a_decoder(c, "input '" + t->name + "' is " + std::string(to_string(t->dtype))
+                                + ", not INT64 or INT32");
+  s.input_ids = ids->name;
+  s.attention_mask = mask->name;
+  s.ids_dtype = ids->dtype;
+  s.mask_dtype = mask->dtype;
+  if (const auto* pos = input("position_ids")) {
+    if (pos->dtype != ids->dtype)
+      return not_a_decoder(c, "'position_ids' and 'input_ids' have different datatypes");
+    s.position_ids = pos->name;
+  }
+  s.logits = logits->name;
+  if (logits->dtype != datatype::fp32 || logits->model_dims().empty()
+      || logits->model_dims().back() <= 0)
+    return not_a_decoder(c, "output 'logits' is not FP32 [batch, sequence, vocab] with a "
+                            "fixed vocab");
+  s.vocab = static_cast<uint32_t>(logits->model_dims().back());
+  for (uint32_t layer = 0;; ++layer) {
+    std::string p = "past_key_values." + std::to_string(layer);
+    std::string q = "present." + std::to_string(layer);
+    const auto* pk = input(p + ".key");
+    if (!pk)
+      break;
+    const auto* pv = input(p + ".value");
+    const auto* qk = output(q + ".key");
+    const auto* qv = output(q + ".value");
+    if (!pv || !qk || !qv)
+      return not_a_decoder(c, "layer " + std::to_string(layer) + " lacks one of " + p
+                                + ".value, " + q + ".key, " + q + ".value");
+    for (const auto* t : {pk, pv, qk, qv}) {
+      const auto& d = t->model_dims();
+      if (t->dtype != datatype::fp32 || d.size() < 3 || d[d.size() - 3] <= 0 || d.back() <= 0)
+        return not_a_decoder(c, "'" + t->name + "' is not FP32 [batch, kv_heads, positions, "
+                                "head_dim] with fixed kv_heads and head_dim");
+      uint32_t heads = static_cast<uint32_t>(d[d.size() - 3]);
+      uint32_t dim = static_cast<uint32_t>(d.back());
+      if (s.kv_heads == 0) {
+        s.kv_heads = heads;
+        s.head_dim = dim;
+      } else if (s.kv_heads != heads || s.head_dim != dim) {
+        return not_a_decoder(c, "'" + t->name + "' has other kv_heads or head_dim than layer 0");
+      }
+    }
+    s.past_keys.push_back(pk->name);
+    s.past_values.push_back(pv->name);
+    s.present_keys.push_back(qk->name);
+    s.present_values.push_back(qv->name);
+  }
+  if (s.past_keys.empty())
+    return not_a_decoder(c, "it has no input 'past_key_values.0.key'");
+  for (const auto& t : c.inputs) {
+    bool known = t.name == s.input_ids || t.name == s.attention_mask
+                 || t.name == s.position_ids
+                 || std::find(s.past_keys.begin(), s.past_keys.end(), t.name) != s.past_keys.end()
+                 || std::find(s.past_values.begin(), s.past_values.end(), t.name)
+                      != s.past_values.end();
+    if (!known && !t.optional)
+      return not_a_decoder(c, "it takes input '" + t.name + "', which a decoding step cannot "
+                              "fill");
+    if (known)
+      s.input_order.push_back(t.name);
+  }
+  return s;
+}
+
+decoder_runner::decoder_runner(decoder_signature signature, std::shared_ptr<backend> model,
+                               kv_cache_layout cache, decoder_runner_config config)
+  : sig_(std::move(signature)), model_(std::move(model)), cache_(cache), config_(config) {
+  if (config_.past_bucket == 0 || config_.max_batch == 0)
+    throw std::invalid_argument("decoder_runner: past_bucket and max_batch must be positive");
+  past_.resize(2 * sig_.past_keys.size());
+}
+
+result<std::vector<float>> decoder_runner::run(const std::vector<decoder_step_item>& items) {
+  std::vector<size_t> slot(items.size(), SIZE_MAX);
+  size_t emitting = 0;
+  for (size_t i = 0; i < items.size(); ++i)
+    if (items[i].emits)
+      slot[i] = emitting++;
+  std::vector<float> logits(emitting * size_t{sig_.vocab});
+  std::vector<const decoder_step_item*> group;
+  std::vector<size_t> group_slots;
+  auto flush = [&]() -> std::variant<std::monostate, serving_error> {
+    for (size_t begin = 0; begin < group.size(); begin += config_.max_batch) {
+      size_t end = std::min(group.size(), begin + config_.max_batch);
+      std::vector<const decoder_step_item*> part(group.begin() + begin, group.begin() + end);
+      std::vector<size_t> part_slots(group_slots.begin() + begin, group_slots.begin() + end);
+      auto r = run_group(part, logits, part_slots);
+      if (!std::holds_alternative<std::monostate>(r))
+        return r;
+    }
+    group.clear();
+    group_slots.clear();
+    return std::monostate{};
+  };
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (items[i].count == 0)
+      continue;
+    if (items[i].count == 1) {
+      group.push_back(&items[i]);
+      group_slots.push_back(slot[i]);
+      continue;
+    }
+    auto r = run_group({&items[i]}, logits, {slot[i]});
+    if (auto* e = std::get_if<serving_error>(&r))
+      return *e;
+  }
+  auto r = flush();
+  if (auto* e = std::get_if<serving_error>(&r))
+    return *e;
+  return logits;
+}
+
+std::variant<std::monostate, serving_error>
+decoder_runner::run_group(const std::vector<const decoder_step_item*>& items,
+                          std::vector<float>& logits, const std::vector<size_t>& logits_slot) {
+  const uint32_t layers = static_cast<uint32_t>(sig_.past_keys.size());
+  const uint32_t heads = sig_.kv_heads, dim = sig_.head_dim;
+  uint32_t tokens = 0, longest_past = 0;
+  for (const auto* it : items) {
+    tokens = std::max<uint32_t>(tokens, static_cast<uint32_t>(it->count));
+    longest_past = std::max(longest_past, it->first_position);
+    if (!cache_.reserve(it->seq, it->first_position + static_cast<uint32_t>(it->count)))
+      throw std::logic_error("decoder_runner: the KV cache has no block left for sequence "
+                             + std::to_string(it->seq)
+                             + " (the scheduler's block count disagrees with the cache's)");
+  }
+  const uint32_t rows = items.size() == 1 ? 1 : batch_bucket(static_cast<uint32_t>(items.size()),
+                                                              config_.max_batch);
+  // Slot 0 is a masked placeholder, slots 1..first_position the cache.
+  const uint32_t past = round_up(longest_past + 1, config_.past_bucket);
+  const uint32_t total = past + tokens;
+
+  ids_.assign(size_t{rows} * tokens, 0);
+  positions_.assign(size_t{rows} * tokens, 0);
+  mask_.assign(size_t{rows} * total, 0);
+  for (uint32_t r = 0; r < rows; ++r) {
+    const decoder_step_item* it = r < items.size() ? items[r] : nullptr;
+    uint32_t n = it ? static_cast<uint32_t>(it->count) : tokens;
+    for (uint32_t j = 0; j < tokens; ++j) {
+      if (it && j < n)
+        ids_[size_t{r} * tokens + j] = it->tokens[j];
+      positions_[size_t{r} * tokens + j] = (it ? it->first_position : 0) + j;
+    }
+    int64_t* m = &mask_[size_t{r} * total];
+    if (it)
+      std::fill(m + 1, m + 1 + it->first_position, 1);
+    std::fill(m + past, m + past + n, 1);
+  }
+  const size_t past_floats = size_t{rows} * heads * past * dim;
+  for (uint32_t l = 0; l < layers; ++l) {
+    for (int kv = 0; kv < 2; ++kv) {
+      auto& buf = past_[2 * l + kv];
+      buf.assign(past_floats, 0.0f);
+      for (uint32_t r = 0; r < items.size(); ++r)
+        for (uint32_t h = 0; h < heads; ++h)
+          for (uint32_t p = 0; p < items[r]->first_position; ++p)
+            std::memcpy(&buf[((size_t{r} * heads + h) * past + 1 + p) * dim],
+                        cache_.row(items[r]->seq, l, kv == 1, h, p), dim * sizeof(float));
+    }
+  }
+
+  auto view_of = [](std::string_view name, datatype dt, std::vector<int64_t> shape,
+                    const void* data, size_t bytes) {
+    tensor_view v;
+    v.name = name;
+    v.dtype = dt;
+    v.shape = std::move(shape);
+    v.data = static_cast<const uint8_t*>(data);
+    v.size = bytes;
+    return v;
+  };
+  auto int_view = [&](const std::string& name, datatype dt, const std::vector<int64_t>& values,
+                      std::vector<int32_t>& narrow, std::vector<int64_t> shape) {
+    if (dt == datatype::int64)
+      return view_of(name, dt, std::move(shape), values.data(), values.size() * 8);
+    narrow.assign(values.begin(), values.end());
+    return view_of(name, dt, std::move(shape), narrow.data(), narrow.size() * 4);
+  };
+  std::vector<int32_t> positions32;
+  batch_view batch;
+  batch.rows = rows;
+  for (const auto& name : sig_.input_order) {
+    if (name == sig_.input_ids) {
+      batch.inputs.push_back(int_view(name, sig_.ids_dtype, ids_, ids32_, {rows, tokens}));
+    } else if (name == sig_.attention_mask) {
+      batch.inputs.push_back(int_view(name, sig_.mask_dtype, mask_, mask32_, {rows, total}));
+    } else if (name == sig_.position_ids) {
+      batch.inputs.push_back(int_view(name, sig_.ids_dtype, positions_, positions32,
+                                      {rows, tokens}));
+    } else {
+      for (uint32_t l = 0; l < layers; ++l)
+        for (int kv = 0; kv < 2; ++kv)
+          if (name == (kv ? sig_.past_values : sig_.past_keys)[l])
+            batch.inputs.push_back(view_of(name, datatype::fp32, {rows, heads, past, dim},
+                                           past_[2 * l + kv].data(), past_floats * 4));
+    }
+  }
+  capture out;
+  auto status = model_->execute(batch, out);
+  if (!std::holds_alternative<std::monostate>(status))
+    return status;
+
+  auto tensor = [&](const std::string& name, size_t want) -> const float* {
+    auto i = out.outputs.find(name);
+    if (i == out.outputs.end() || i->second.bytes.size() != want * sizeof(float))
+      return nullptr;
+    return reinterpret_cast<const float*>(i->second.bytes.data());
+  };
+  const float* out_logits = tensor(sig_.logits, size_t{rows} * tokens * sig_.vocab);
+  if (!out_logits)
+    return serving_error{status_code::internal,
+                         "the decoder's output '" + sig_.logits + "' is not [" +
+                           std::to_string(rows) + ", " + std::to_string(tokens) + ", " +
+                           std::to_string(sig_.vocab) + "]"};
+  const size_t present_floats = size_t{rows} * heads * total * dim;
+  for (uint32_t l = 0; l < layers; ++l) {
+    for (int kv = 0; kv < 2; ++kv) {
+      const std::string& name = (kv ? sig_.present_values : sig_.present_keys)[l];
+      const float* present = tensor(name, present_floats);
+      if (!present)
+        return serving_error{status_code::internal,
+                             "the decoder's output '" + name + "' is not [batch, kv_heads, "
+                             "past + sequence, head_dim] = [" + std::to_string(rows) + ", " +
+                               std::to_string(heads) + ", " + std::to_string(total) + ", " +
+                               std::to_string(dim) + "]"};
+      for (uint32_t r = 0; r < items.size(); ++r)
+        for (uint32_t h = 0; h < heads; ++h)
+          for (uint32_t j = 0; j < items[r]->count; ++j)
+            std::memcpy(cache_.row(items[r]->seq, l, kv == 1, h, items[r]->first_position + j),
+                        &present[((size_t{r} * heads + h) * total + past + j) * dim],
+                        dim * sizeof(float));
+    }
+  }
+  for (uint32_t r = 0; r < items.size(); ++r) {
+    if (logits_slot[r] == SIZE_MAX)
+      continue;
+    size_t last = items[r]->count - 1;
+    std::memcpy(&logits[logits_slot[r] * sig_.vocab],
+                &out_logits[(size_t{r} * tokens + last) * sig_.vocab], sig_.vocab * sizeof(float));
+  }
+  return std::monostate{};
+}
+
+} // namespace caf_serving::executor
