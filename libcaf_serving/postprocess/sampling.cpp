@@ -159,11 +159,23 @@ sequence_sampler::seen_token& sequence_sampler::slot_of(int32_t token) {
   return *slot;
 }
 
+void sequence_sampler::suppress(std::vector<int32_t> tokens, uint64_t until) {
+  suppressed_ = std::move(tokens);
+  suppressed_until_ = until;
+}
+
 const float* sequence_sampler::penalized(const_span<float> logits) {
-  if (!penalties_)
+  const bool suppressing = step_ < suppressed_until_ && !suppressed_.empty();
+  if (!penalties_ && !suppressing)
     return logits.data();
   work_.assign(logits.begin(), logits.end());
   const auto vocab = static_cast<int64_t>(logits.size());
+  if (suppressing)
+    for (auto token : suppressed_)
+      if (token >= 0 && token < vocab)
+        work_[static_cast<std::size_t>(token)] = -infinity;
+  if (!penalties_)
+    return work_.data();
   const float repetition = params_.repetition_penalty;
   for (const auto& s : seen_) {
     if (s.token < 0 || s.token >= vocab)

@@ -6,7 +6,8 @@
 ///
 /// ## What `next` does, in order (Hugging Face's and vLLM's order)
 ///
-/// 1. Penalties, on a copy of the logits (only when some penalty is set):
+/// 1. Penalties, on a copy of the logits (only when some penalty is set, or
+///    tokens are suppressed until min_tokens; those become -inf first):
 ///    Hugging Face's repetition penalty over every token of the prompt and of
 ///    the generated text (a positive logit divided by it, any other
 ///    multiplied), then OpenAI's frequency penalty (times the token's count in
@@ -128,6 +129,11 @@ public:
   /// number above -inf: the model misbehaved, and the sequence must end.
   result<sampled> next(const_span<float> logits);
 
+  /// `tokens` are never chosen while fewer than `until` tokens have been
+  /// generated (min_tokens: a sequence's ending ids, `ending_tokens` in
+  /// stop_strings.hpp). Ids outside the vocabulary are ignored.
+  void suppress(std::vector<int32_t> tokens, uint64_t until);
+
   /// Tokens generated so far (the step of the next draw).
   uint64_t generated() const { return step_; }
   /// The seed of the random stream: the request's, or the one drawn for it.
@@ -159,6 +165,8 @@ private:
   /// Open addressing, linear probing, a power of two in size, at most half full.
   std::vector<seen_token> seen_;
   std::size_t seen_count_ = 0;
+  std::vector<int32_t> suppressed_;
+  uint64_t suppressed_until_ = 0;
   std::vector<float> work_;
   std::vector<candidate> candidates_;
 };
