@@ -604,7 +604,7 @@ for i, src in enumerate([
     "{{ 'abc' is lower }} {{ 'aBc' is lower }} {{ 'ABC' is upper }} {{ '12' is upper }} {{ 'AB1' is upper }}",
     "{{ messages[0].content is string and messages[0].content is not none }} {{ not messages[0] is mapping }}",
     "{{ none is sameas none }} {{ false is sameas false }} {{ 1 is sameas true }}",
-    "{% macro m() %}{% endmacro %}{{ m is callable }} {{ 1 is callable }}",
+    "{% macro m() %}{% endmacro %}{{ m is callable }} {{ 1 is callable }} {{ range is callable }} {{ namespace() is callable }}",
 ]):
     small("test/%02d" % i, src)
 

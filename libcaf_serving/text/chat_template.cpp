@@ -66,8 +66,11 @@ struct macro_object : native {
   std::string name;
   const std::vector<macro_param>* params = nullptr;
   const stmt_list* body = nullptr;
-  scope_ptr closure;
+  /// Weak: the scope that defines a macro holds it, and a strong pointer back
+  /// would make a cycle that outlives the render.
+  std::weak_ptr<scope> closure;
   std::string repr() const override { return "<Macro '" + name + "'>"; }
+  bool callable() const override { return true; }
 };
 
 struct loop_object : native {
@@ -83,6 +86,7 @@ struct builtin_object : native {
   std::string name;
   builtin_object(builtin_fn f, std::string n) : fn(f), name(std::move(n)) {}
   std::string repr() const override { return "<built-in function " + name + ">"; }
+  bool callable() const override { return true; }
 };
 
 const value* builtin_global(std::string_view name) {
@@ -714,7 +718,10 @@ private:
     if (a.args.size() > params.size())
       fail("macro '" + m.name + "' takes not more than " + std::to_string(params.size())
            + " argument(s)");
-    auto sc = child_of(m.closure);
+    auto closure = m.closure.lock();
+    if (!closure)
+      fail("macro '" + m.name + "' is called after the block that defined it ended");
+    auto sc = child_of(closure);
     std::vector<bool> bound(params.size(), false);
     for (size_t i = 0; i < a.args.size(); ++i) {
       sc->set(params[i].name, a.args[i]);

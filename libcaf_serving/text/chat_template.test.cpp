@@ -8,6 +8,7 @@
 
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <fstream>
 #include <sstream>
 
@@ -213,4 +214,43 @@ TEST_CASE("JSON text becomes values as Python's json.loads reads it") {
   CHECK_FALSE(jinja::value::from_json("[1, 2").ok());
   CHECK_FALSE(jinja::value::from_json("{\"a\" 1}").ok());
   CHECK(jinja::value::from_json("[1] x").error().message.find("offset 4") != std::string::npos);
+}
+
+// Not a check: how long a render takes per message for typical templates, run
+// by hand with `text.chat_template.test --no-skip -tc='*render time*'`.
+TEST_CASE("render time per message" * doctest::skip()) {
+  jinja::array messages;
+  messages.emplace_back(jinja::object{{"role", "system"}, {"content", "You are a helpful assistant."}});
+  for (int i = 0; i < 100; ++i)
+    messages.emplace_back(jinja::object{
+      {"role", i % 2 == 0 ? "user" : "assistant"},
+      {"content", std::string(200, static_cast<char>('a' + i % 26)) + " message " + std::to_string(i)}});
+  auto tools = jinja::value::from_json(R"([{"type": "function", "function": {"name": "get_weather",
+    "description": "Get the weather", "parameters": {"type": "object", "properties": {"city":
+    {"type": "string"}}, "required": ["city"]}}}])");
+  REQUIRE(tools.ok());
+  for (const char* file : {"chatml_qwen2.jinja", "llama31_tools.jinja", "mistral_v3.jinja", "gemma.jinja"}) {
+    auto tmpl = chat_template::parse(read_file(fixtures + "/" + file));
+    REQUIRE(tmpl.ok());
+    chat_inputs in;
+    in.messages = jinja::value{messages};
+    in.add_generation_prompt = true;
+    in.bos_token = "<s>";
+    if (std::string{file} != "gemma.jinja")
+      in.tools = *tools;
+    else
+      in.messages = jinja::value{jinja::array(messages.begin() + 1, messages.end())};
+    auto context = in.to_context();
+    auto first = tmpl->render(context);
+    REQUIRE_MESSAGE(first.ok(), first.error().message);
+    const int rounds = 200;
+    auto start = std::chrono::steady_clock::now();
+    for (int r = 0; r < rounds; ++r)
+      CHECK(tmpl->render(context).ok());
+    double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count()
+                / rounds;
+    MESSAGE(std::string{file} << ": " << us << " us per render of " << in.messages.as_array().size()
+                 << " messages (" << us / static_cast<double>(in.messages.as_array().size())
+                 << " us per message), " << first->size() << " bytes");
+  }
 }

@@ -493,13 +493,6 @@ value tojson(const value& v, const call_args& a) {
   return value{std::move(*r)};
 }
 
-int64_t py_floordiv(int64_t a, int64_t b) {
-  int64_t q = a / b;
-  if ((a % b != 0) && ((a < 0) != (b < 0)))
-    --q;
-  return q;
-}
-
 } // namespace
 
 // -- Python semantics -------------------------------------------------------------
@@ -882,7 +875,7 @@ bool apply_test(std::string_view name, const value& v, const call_args& a) {
   if (name == "sequence")
     return v.is_string() || v.is_array() || v.is_object() || v.is_undefined();
   if (name == "callable")
-    return v.is_native() && v.as_native()->repr().rfind("<Macro", 0) == 0;
+    return v.is_native() && v.as_native()->callable();
   if (name == "odd" || name == "even") {
     int64_t i = need_int(v, "the odd and even tests");
     return (((i % 2) + 2) % 2 == 1) == (name == "odd");

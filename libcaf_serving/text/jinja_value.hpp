@@ -47,6 +47,8 @@ struct native {
   virtual ~native() = default;
   /// What Python prints for it, e.g. "<Namespace {'a': 1}>".
   virtual std::string repr() const = 0;
+  /// Whether the template can call it (macros and builtin functions).
+  virtual bool callable() const { return false; }
 };
 
 /// Python's None.
