@@ -1,5 +1,7 @@
 #include "postprocess/sampling.hpp"
 
+#include "postprocess/logit_scan.hpp"
+
 #include <algorithm>
 #include <atomic>
 #include <cassert>
@@ -41,32 +43,11 @@ uint64_t fresh_seed() {
   return mix64(source.fetch_add(golden_gamma, std::memory_order_relaxed));
 }
 
-/// Below this, e^x is 0 for the draw (it is under 2^-125 of the likeliest token's weight).
-constexpr float exp_floor = -87.0f;
-
-/// e^x for x <= 0, to about 1e-7 relative, e^-87 at most below exp_floor.
-/// Branch-free, so that the loops calling it vectorize; std::exp does not.
-inline float exp_nonpositive(float x) {
-  x = x < exp_floor ? exp_floor : x;
-  // x = n ln2 + r, |r| <= ln2 / 2; n rounded to nearest by the 1.5 * 2^23 trick.
-  const float t = x * 1.44269504088896341f;
-  const float n = (t + 12582912.0f) - 12582912.0f;
-  float r = x - n * 0.693145751953125f;
-  r = r - n * 1.428606765330187045e-06f;
-  // Taylor to r^7: the remainder is under 1e-8 relative on |r| <= 0.35.
-  float p = 1.0f / 5040.0f;
-  p = p * r + 1.0f / 720.0f;
-  p = p * r + 1.0f / 120.0f;
-  p = p * r + 1.0f / 24.0f;
-  p = p * r + 1.0f / 6.0f;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof scale);
-  return p * scale;
-}
+using logit_scan::block_size;
+using logit_scan::exp_floor;
+using logit_scan::first_at_least;
+using logit_scan::max_of;
+using logit_scan::weight_of;
 
 /// Whether `a` ranks before `b` in the order of the filters: heavier first,
 /// the lower id first among equals.
@@ -195,71 +176,99 @@ const float* sequence_sampler::penalized(const_span<float> logits) {
 
 int32_t sequence_sampler::draw(const float* logits, std::size_t vocab) {
   const double u = uniform_at(seed_, step_);
-  if (params_.temperature == 0.0f) {
-    // A strict > keeps the lowest id among equals and never takes a NaN.
-    float best = -infinity;
-    int32_t chosen = -1;
-    for (std::size_t i = 0; i < vocab; ++i)
-      if (logits[i] > best) {
-        best = logits[i];
-        chosen = static_cast<int32_t>(i);
-      }
-    return chosen;
-  }
-
-  float top = -infinity;
-  for (std::size_t i = 0; i < vocab; ++i)
-    top = logits[i] > top ? logits[i] : top;
+  reserve_for(vocab);
+  const float top = max_of(logits, vocab);
   if (!(top > -infinity))
-    return -1;
-
-  // The candidates: every token whose weight is not 0 against the likeliest's.
-  // With +inf logits, those share all the probability (softmax's limit).
-  candidates_.resize(vocab);
-  std::size_t n = 0;
+    return -1; // nothing but NaN and -inf
+  if (params_.temperature == 0.0f)
+    return static_cast<int32_t>(first_at_least(logits, vocab, top)); // the lowest id among equals
+  candidate* c = candidates_.data();
   if (top == infinity) {
+    // +inf logits share all the probability (softmax's limit), equally.
+    std::size_t n = 0;
     for (std::size_t i = 0; i < vocab; ++i)
       if (logits[i] == infinity)
-        candidates_[n++] = {0.0f, static_cast<int32_t>(i)};
-    top = 0.0f;
-  } else {
-    const float cut = top + exp_floor * params_.temperature;
-    for (std::size_t i = 0; i < vocab; ++i) {
-      // Branch-free: every token is written, the count moves only for keepers.
-      candidates_[n] = {logits[i], static_cast<int32_t>(i)};
-      n += logits[i] >= cut ? 1 : 0;
-    }
+        c[n++] = {1.0f, static_cast<int32_t>(i)};
+    return draw_from_candidates(n, static_cast<double>(n), u);
   }
-  candidate* c = candidates_.data();
-
-  // Top-k: every token at least as likely as the k-th (Hugging Face keeps equals).
-  const uint32_t k = params_.top_k;
-  if (k > 0 && k < n) {
-    std::nth_element(c, c + (k - 1), c + n,
-                     [](const candidate& a, const candidate& b) { return a.value > b.value; });
-    const float kth = c[k - 1].value;
-    n = static_cast<std::size_t>(
-      std::partition(c + k, c + n, [kth](const candidate& x) { return x.value >= kth; }) - c);
-  }
-
-  // Weights: softmax(logit / temperature) without its normalizer.
   const float inv_t = 1.0f / params_.temperature;
-  for (std::size_t i = 0; i < n; ++i)
-    c[i].value = exp_nonpositive((c[i].value - top) * inv_t);
-  double total = 0.0;
-  {
-    // Eight running sums, so the additions do not wait on each other.
-    double lanes[8] = {};
-    std::size_t i = 0;
-    for (; i + 8 <= n; i += 8)
-      for (std::size_t j = 0; j < 8; ++j)
-        lanes[j] += c[i + j].value;
-    for (; i < n; ++i)
-      lanes[0] += c[i].value;
-    for (double lane : lanes)
-      total += lane;
+
+  // Top-k: every token at least as likely as the k-th (Hugging Face keeps
+  // equals); what it keeps is few, and the rest works on those alone.
+  const uint32_t k = params_.top_k;
+  if (k > 0 && k < vocab) {
+    const float kth = kth_largest(logits, vocab, k);
+    const float at_least = kth > -infinity ? kth : std::numeric_limits<float>::lowest();
+    std::size_t n = 0;
+    logit_scan::for_each_at_least(logits, vocab, at_least, [&](std::size_t i) {
+      c[n++] = {logits[i], static_cast<int32_t>(i)};
+    });
+    double total = 0.0;
+    for (std::size_t i = 0; i < n; ++i)
+      total += c[i].value = weight_of((c[i].value - top) * inv_t);
+    return draw_from_candidates(n, total, u);
   }
 
+  // The whole vocabulary: weights (softmax without its normalizer; the
+  // likeliest weighs 1) in one vectorized pass, with sums per block.
+  float* w = weights_.data();
+  const std::size_t blocks = (vocab + block_size - 1) / block_size;
+  // Without top-p, min-p only zeroes the weights under its bound.
+  const float floor = params_.top_p < 1.0f ? 0.0f : params_.min_p;
+  const double total = logit_scan::weigh({logits, vocab, top, inv_t, floor, w, block_sums_.data()});
+  if (params_.top_p < 1.0f) {
+    // Only tokens of weight `bound` or more can be in the nucleus when those
+    // weigh top_p or more together: whatever lies under them has that much
+    // before it. Try a tight bound first; the second always holds, for the
+    // tokens under it weigh less than vocab * bound = (1 - top_p) / 2 of all.
+    const double target = static_cast<double>(params_.top_p) * total;
+    float bound = 1.0f / 1024.0f;
+    if (logit_scan::mass_at_least(w, vocab, bound) < target)
+      bound = static_cast<float>((1.0 - params_.top_p) * total / (2.0 * static_cast<double>(vocab)));
+    bound = std::max(bound, params_.min_p); // min-p keeps a prefix too
+    bound = std::max(bound, std::numeric_limits<float>::denorm_min()); // no weight 0
+    std::size_t n = 0;
+    logit_scan::for_each_at_least(w, vocab, bound, [&](std::size_t i) {
+      c[n++] = {w[i], static_cast<int32_t>(i)};
+    });
+    return draw_from_candidates(n, total, u);
+  }
+  // Every token by its weight: the block, then the token within it.
+  const double point = u * total;
+  double before = 0.0;
+  for (std::size_t b = 0; b < blocks; ++b) {
+    if (before + block_sums_[b] <= point && b + 1 < blocks) {
+      before += block_sums_[b];
+      continue;
+    }
+    const std::size_t from = b * block_size;
+    const std::size_t to = std::min(vocab, from + block_size);
+    double sum = before;
+    for (std::size_t i = from; i < to; ++i) {
+      sum += w[i];
+      if (sum > point)
+        return static_cast<int32_t>(i);
+    }
+    // Rounding left the point past this block's sum: the last token with a weight.
+    for (std::size_t i = to; i-- > 0;)
+      if (w[i] > 0.0f)
+        return static_cast<int32_t>(i);
+  }
+  return static_cast<int32_t>(first_at_least(logits, vocab, top));
+}
+
+void sequence_sampler::reserve_for(std::size_t vocab) {
+  // Sized for the largest vocabulary seen, never shrunk: one allocation each.
+  if (candidates_.size() >= vocab)
+    return;
+  candidates_.resize(vocab);
+  weights_.resize(vocab);
+  block_sums_.resize((vocab + block_size - 1) / block_size);
+  kth_buffer_.reserve(params_.top_k > 4096 ? vocab : params_.top_k);
+}
+
+int32_t sequence_sampler::draw_from_candidates(std::size_t n, double total, double u) {
+  candidate* c = candidates_.data();
   // Min-p: the likeliest token weighs 1, so its bound is min_p itself. Min-p
   // comes after top-p, but both keep a prefix of the same order, so filtering
   // first changes nothing as long as top-p's target uses the mass before it.
@@ -319,13 +328,43 @@ int32_t sequence_sampler::draw(const float* logits, std::size_t vocab) {
   return c[0].token;
 }
 
+float sequence_sampler::kth_largest(const float* logits, std::size_t vocab, uint32_t k) {
+  // A min-heap of the k largest seen: after the first k, most values only meet
+  // its top. Large k: a selection over a copy instead.
+  auto& heap = kth_buffer_;
+  heap.clear();
+  if (k > 4096) {
+    for (std::size_t i = 0; i < vocab; ++i)
+      if (!std::isnan(logits[i]))
+        heap.push_back(logits[i]);
+    if (heap.size() <= k)
+      return -infinity;
+    std::nth_element(heap.begin(), heap.begin() + (k - 1), heap.end(), std::greater<float>());
+    return heap[k - 1];
+  }
+  std::size_t i = 0;
+  for (; i < vocab && heap.size() < k; ++i)
+    if (!std::isnan(logits[i])) {
+      heap.push_back(logits[i]);
+      std::push_heap(heap.begin(), heap.end(), std::greater<float>());
+    }
+  if (heap.size() < k)
+    return -infinity;
+  // Most values are under the heap's smallest: a vectorized scan skips them.
+  for (i += logit_scan::first_above(logits + i, vocab - i, heap.front()); i < vocab;
+       i += logit_scan::first_above(logits + i, vocab - i, heap.front())) {
+    std::pop_heap(heap.begin(), heap.end(), std::greater<float>());
+    heap.back() = logits[i++];
+    std::push_heap(heap.begin(), heap.end(), std::greater<float>());
+  }
+  return heap.front();
+}
+
 sampled sequence_sampler::with_logprobs(const_span<float> logits, int32_t token) const {
   sampled out;
   out.token = token;
   const std::size_t vocab = logits.size();
-  float top = -infinity;
-  for (float x : logits)
-    top = x > top ? x : top;
+  const float top = max_of(logits.data(), vocab);
   // log-softmax: x - (top + log(sum e^(x - top))); with +inf logits, those share
   // the probability and every other token has none.
   double log_total = 0.0;
@@ -335,20 +374,7 @@ sampled sequence_sampler::with_logprobs(const_span<float> logits, int32_t token)
       infinite += x == infinity ? 1 : 0;
     log_total = std::log(static_cast<double>(infinite));
   } else {
-    double lanes[8] = {};
-    std::size_t i = 0;
-    for (; i + 8 <= vocab; i += 8)
-      for (std::size_t j = 0; j < 8; ++j) {
-        const float d = logits[i + j] - top;
-        lanes[j] += d >= exp_floor ? exp_nonpositive(d) : 0.0f; // NaN, -inf: 0
-      }
-    for (; i < vocab; ++i) {
-      const float d = logits[i] - top;
-      lanes[0] += d >= exp_floor ? exp_nonpositive(d) : 0.0f;
-    }
-    double total = 0.0;
-    for (double lane : lanes)
-      total += lane;
+    const double total = logit_scan::exp_sum(logits.data(), vocab, top);
     log_total = std::log(total);
   }
   auto logprob_of = [&](float x) -> float {

@@ -36,9 +36,10 @@
 ///
 /// ## Cost
 ///
-/// O(V) per token for a vocabulary of V, with expected-linear selections
-/// (nth_element, a weighted quickselect for top-p): nothing sorts the whole
-/// vocabulary. The buffers are the sampler's own and are reused: after the
+/// O(V) per token for a vocabulary of V: vectorized passes over the row
+/// (logit_scan.hpp), a heap of k for top-k, and for top-p a weighted
+/// quickselect over the few tokens that can be in the nucleus: nothing sorts
+/// the vocabulary. The buffers are the sampler's own and are reused: after the
 /// first token, `next` allocates nothing (the penalties' token table grows
 /// only when a new distinct token appears, doubling).
 ///
@@ -156,6 +157,11 @@ private:
   seen_token& slot_of(int32_t token);
   const float* penalized(const_span<float> logits);
   int32_t draw(const float* logits, std::size_t vocab);
+  /// Draws from candidates_[0, n), their values weights; `total` the mass
+  /// top-p measures against.
+  int32_t draw_from_candidates(std::size_t n, double total, double u);
+  void reserve_for(std::size_t vocab);
+  float kth_largest(const float* logits, std::size_t vocab, uint32_t k);
   sampled with_logprobs(const_span<float> logits, int32_t token) const;
 
   sampling_params params_;
@@ -169,6 +175,9 @@ private:
   uint64_t suppressed_until_ = 0;
   std::vector<float> work_;
   std::vector<candidate> candidates_;
+  std::vector<float> weights_;
+  std::vector<double> block_sums_;
+  std::vector<float> kth_buffer_;
 };
 
 } // namespace caf_serving::postprocess

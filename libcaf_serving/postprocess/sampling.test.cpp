@@ -648,7 +648,8 @@ TEST_CASE("after the first token, sampling allocates nothing") {
   });
   with("penalties", [](auto& p) { p.repetition_penalty = 1.1f; p.frequency_penalty = 0.2f; });
   for (const auto& c : cases) {
-    CAPTURE(c.name);
+    const std::string name = c.name;
+    CAPTURE(name);
     // A prompt of 10 distinct tokens sizes the table for 15: with what a
     // vocabulary of 8 adds, it never grows again.
     sequence_sampler s(c.params, std::vector<int32_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9});
