@@ -14,6 +14,7 @@
 #include <map>
 #include <random>
 #include <sstream>
+#include <thread>
 
 using namespace caf_serving;
 using namespace caf_serving::text;
@@ -247,6 +248,27 @@ TEST_CASE("added tokens and other edges: ids and decodes equal HF's") {
     ++cases;
   }
   CHECK(cases > 400);
+}
+
+TEST_CASE("threads share one tokenizer (and its word cache) and get HF's ids") {
+  auto tok = load_fixture("llama3");
+  auto records = corpus();
+  auto want = expected("llama3");
+  std::vector<size_t> mismatches(4);
+  std::vector<std::thread> threads;
+  for (size_t t = 0; t < mismatches.size(); ++t)
+    threads.emplace_back([&, t] {
+      // Each thread starts at its own place, so that they fill the cache together.
+      for (size_t k = 0; k < records.size(); ++k) {
+        size_t i = (k + t * records.size() / mismatches.size()) % records.size();
+        auto ids = tok.encode(records[i], encode_options{true});
+        mismatches[t] += ids.size() != want[i].count || hash_ids(ids) != want[i].ids_hash;
+      }
+    });
+  for (auto& t : threads)
+    t.join();
+  for (size_t m : mismatches)
+    CHECK(m == 0);
 }
 
 TEST_CASE("vocabulary and special tokens") {

@@ -186,12 +186,56 @@ std::optional<char32_t> compose(char32_t a, char32_t b) {
   return it->composite;
 }
 
+/// Whether NFC may change `c` or join it to what precedes it: it has a
+/// combining class, a decomposition (Hangul syllables aside: they come back
+/// as they were) or is the second of a composition. Text of none of these is
+/// its own NFC. A bitmap for the BMP, the tables above it.
+bool nfc_active(char32_t c) {
+  static const std::vector<bool> bmp = [] {
+    std::vector<bool> bits(0x10000);
+    for (const auto& r : detail::combining_classes)
+      for (char32_t x = r.first; x <= r.last && x < 0x10000; ++x)
+        bits[x] = true;
+    for (const auto& d : detail::decompositions)
+      if (d.cp < 0x10000)
+        bits[d.cp] = true;
+    for (const auto& k : detail::compositions)
+      if (k.second < 0x10000)
+        bits[k.second] = true;
+    for (char32_t t = hangul_v; t < hangul_v + hangul_v_count; ++t)
+      bits[t] = true;
+    for (char32_t t = hangul_t + 1; t < hangul_t + hangul_t_count; ++t)
+      bits[t] = true;
+    return bits;
+  }();
+  if (c < 0x10000)
+    return bmp[c];
+  if (c >= raw_byte)
+    return false;
+  if (combining_class(c) != 0)
+    return true;
+  std::vector<char32_t> d;
+  decompose(c, d);
+  if (d.size() != 1 || d[0] != c)
+    return true;
+  return std::any_of(detail::compositions.begin(), detail::compositions.end(),
+                     [c](const detail::composition& k) { return k.second == c; });
+}
+
 } // namespace
 
 std::string nfc(std::string_view s) {
-  // Below U+0300 every character is its own NFC and none composes with what
-  // precedes it: text without a lead byte of U+0300 or above stays as it is.
-  if (std::none_of(s.begin(), s.end(), [](char c) { return static_cast<uint8_t>(c) >= 0xCC; }))
+  bool active = false;
+  for (size_t pos = 0; pos < s.size() && !active;) {
+    if (static_cast<uint8_t>(s[pos]) < 0xCC) { // below U+0300: never active
+      ++pos;
+      continue;
+    }
+    auto u = next_utf8(s, pos);
+    active = nfc_active(u.size == 1 && u.c == 0xFFFD ? raw_byte : u.c);
+    pos += u.size;
+  }
+  if (!active)
     return std::string{s};
   std::vector<char32_t> cps;
   cps.reserve(s.size());
