@@ -7,25 +7,23 @@
 #include <simdjson.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstring>
 #include <fstream>
 #include <sstream>
 #include <variant>
 
 namespace caf_serving::text {
+
 namespace {
+
+// C++17's strings have neither.
 bool starts_with(std::string_view s, std::string_view p) {
   return s.substr(0, p.size()) == p;
 }
 bool ends_with(std::string_view s, std::string_view p) {
   return s.size() >= p.size() && s.substr(s.size() - p.size()) == p;
 }
-} // namespace
-} // namespace caf_serving::text
-
-namespace caf_serving::text {
-
-namespace {
 
 const std::string metaspace_default = "\xE2\x96\x81"; // ▁
 
@@ -140,12 +138,14 @@ bool is_word_char(char32_t c) {
   return k == char_class::letter || k == char_class::number || c == '_';
 }
 
-/// The character that ends `s` (s not empty).
-char32_t last_char(std::string_view s) {
-  size_t pos = s.size() - 1;
-  while (pos > 0 && (static_cast<uint8_t>(s[pos]) & 0xC0) == 0x80 && s.size() - pos < 4)
-    --pos;
-  return next_utf8(s, pos).c;
+/// The character that ends `s` (not empty), read as next_utf8 would read it.
+utf8_char last_char(std::string_view s) {
+  for (size_t back = 2; back <= 4 && back <= s.size(); ++back) {
+    auto u = next_utf8(s, s.size() - back);
+    if (u.size == back)
+      return u;
+  }
+  return next_utf8(s, s.size() - 1);
 }
 
 // -- small helpers -----------------------------------------------------------
@@ -215,22 +215,17 @@ std::vector<added_split> tokenizer::impl::split_added(std::string_view text,
     size_t begin = hit->begin;
     size_t end = hit->end;
     if (tok.single_word) {
-      bool word_before = begin > 0 && is_word_char(last_char(text.substr(0, begin)));
+      bool word_before = begin > 0 && is_word_char(last_char(text.substr(0, begin)).c);
       bool word_after = end < text.size() && is_word_char(next_utf8(text, end).c);
       if (word_before || word_after)
         continue;
     }
     if (tok.lstrip) {
       size_t b = begin;
-      while (b > 0) {
-        char32_t c = last_char(text.substr(0, b));
-        if (classify(c) != char_class::whitespace)
-          break;
-        std::string tmp;
-        append_utf8(tmp, c);
-        b -= tmp.size();
-      }
-      begin = std::max(b, done);
+      for (utf8_char u; b > 0 && classify((u = last_char(text.substr(0, b))).c)
+                                   == char_class::whitespace;)
+        b -= u.size;
+      begin = std::max(b, done); // not into what an earlier token took
     }
     if (tok.rstrip)
       while (end < text.size()) {
