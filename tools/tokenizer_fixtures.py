@@ -220,7 +220,9 @@ def make_llama3(records):
         pre_tokenizers.Split(Regex(LLAMA3_PATTERN), behavior="isolated", invert=False),
         pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False)])
     tok = train_byte_level(records, pre, ["<|endoftext|>", "<|im_start|>", "<|im_end|>"], 3500)
-    tok.add_tokens([AddedToken("gpu", single_word=True, special=False)])
+    # "gpu" is in the vocabulary already (the same id either way); "qzxj" is new.
+    tok.add_tokens([AddedToken("gpu", single_word=True, special=False),
+                    AddedToken("qzxj", single_word=True, special=False)])
     tok.post_processor = processors.TemplateProcessing(
         single="<|endoftext|> $A", pair="<|endoftext|> $A <|endoftext|> $B:1",
         special_tokens=[("<|endoftext|>", tok.token_to_id("<|endoftext|>"))])
@@ -328,7 +330,11 @@ EDGE_TEXTS = ["", " ", "a", " a", "  a", "\tq", "<|endoftext|>", "x<|endoftext|>
               "hello world", "say hello world", "hello worlds", "1234567", "١٢٣٤٥",
               "it'S IT'LL 'RE x'ſ", "\r\n\r\n x", "  \n\n  y", "\u3000a", "👨‍👩‍👧‍👦", "中文字",
               "e\u0301", "\u00a0\u00a0x", "\u212b\u2126 a\u0301\u0323 \u1100\u1161\u11a8",
-              "\u0958 \u1e9b\u0323 q\u0307\u0323"]
+              "\u0958 \u1e9b\u0323 q\u0307\u0323",
+              # single_word's word characters are Rust regex's \w: marks and ‿ are,
+              # ² and ½ are not; so are ZWJ and the circled letters
+              "qzxj\u0301 qzxj", "qzxj\u00b2", "\u00bdqzxj", "qzxj\u203f", "\u200dqzxj",
+              "\u24b6qzxj", "qzxj qzxjqzxj _qzxj"]
 
 
 def edge_cases(tokenizers):

@@ -133,11 +133,6 @@ struct added_split {
   std::optional<int32_t> id;
 };
 
-bool is_word_char(char32_t c) {
-  auto k = classify(c);
-  return k == char_class::letter || k == char_class::number || c == '_';
-}
-
 /// The character that ends `s` (not empty), read as next_utf8 would read it.
 utf8_char last_char(std::string_view s) {
   for (size_t back = 2; back <= 4 && back <= s.size(); ++back) {

@@ -1,6 +1,7 @@
 #include "text/unicode.hpp"
 
 #include <algorithm>
+#include <iterator>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -28,6 +29,15 @@ char_class classify(char32_t c) {
     return char_class::other;
   --it;
   return c <= it->last ? it->cls : char_class::other;
+}
+
+bool is_word_char(char32_t c) {
+  if (c < 0x80)
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
+  const auto& t = detail::word_ranges;
+  auto it = std::upper_bound(t.begin(), t.end(), c,
+                             [](char32_t v, const detail::word_range& r) { return v < r.first; });
+  return it != t.begin() && c <= std::prev(it)->last;
 }
 
 namespace {

@@ -21,6 +21,11 @@ enum class char_class : uint8_t {
 
 char_class classify(char32_t c);
 
+/// A word character as Rust regex's \w has it (Alphabetic, marks, decimal
+/// digits, connector punctuation, ZWNJ/ZWJ): what an added token marked
+/// single_word must not touch.
+bool is_word_char(char32_t c);
+
 /// One code point read from UTF-8. An invalid or truncated sequence reads as
 /// one byte (`c` is U+FFFD, `size` 1), so that every byte of the input lands in
 /// exactly one character and byte-level tokenizers still round-trip it.
@@ -47,6 +52,10 @@ struct char_range {
   char32_t last;
   char_class cls;
 };
+struct word_range {
+  char32_t first;
+  char32_t last;
+};
 struct combining_range {
   char32_t first;
   char32_t last;
@@ -65,6 +74,7 @@ struct composition {
 };
 extern const char* const unicode_version;
 extern const std::array<char_range, 782> letter_number_ranges;
+extern const std::array<word_range, 759> word_ranges;
 extern const std::array<combining_range, 382> combining_classes;
 extern const std::array<decomposition, 2061> decompositions;
 extern const std::array<char32_t, 3406> decomposition_chars;
