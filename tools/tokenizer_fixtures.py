@@ -220,9 +220,11 @@ def make_llama3(records):
         pre_tokenizers.Split(Regex(LLAMA3_PATTERN), behavior="isolated", invert=False),
         pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False)])
     tok = train_byte_level(records, pre, ["<|endoftext|>", "<|im_start|>", "<|im_end|>"], 3500)
-    # "gpu" is in the vocabulary already (the same id either way); "qzxj" is new.
+    # "gpu" is in the vocabulary already (the same id either way); "qzxj" is new;
+    # "xjvv" overlaps it (a rejected "qzxj" still hides it from the search).
     tok.add_tokens([AddedToken("gpu", single_word=True, special=False),
-                    AddedToken("qzxj", single_word=True, special=False)])
+                    AddedToken("qzxj", single_word=True, special=False),
+                    AddedToken("xjvv", special=False)])
     tok.post_processor = processors.TemplateProcessing(
         single="<|endoftext|> $A", pair="<|endoftext|> $A <|endoftext|> $B:1",
         special_tokens=[("<|endoftext|>", tok.token_to_id("<|endoftext|>"))])
@@ -334,7 +336,7 @@ EDGE_TEXTS = ["", " ", "a", " a", "  a", "\tq", "<|endoftext|>", "x<|endoftext|>
               # single_word's word characters are Rust regex's \w: marks and ‿ are,
               # ² and ½ are not; so are ZWJ and the circled letters
               "qzxj\u0301 qzxj", "qzxj\u00b2", "\u00bdqzxj", "qzxj\u203f", "\u200dqzxj",
-              "\u24b6qzxj", "qzxj qzxjqzxj _qzxj"]
+              "\u24b6qzxj", "qzxj qzxjqzxj _qzxj", "aqzxjvv", " qzxjvv xjvv"]
 
 
 def edge_cases(tokenizers):

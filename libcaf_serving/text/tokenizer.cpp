@@ -205,7 +205,9 @@ std::vector<added_split> tokenizer::impl::split_added(std::string_view text,
   std::vector<added_split> out;
   size_t done = 0; // text before this is in `out`
   for (size_t from = 0; auto hit = m.find(text, from);) {
-    from = hit->begin + 1; // on a rejected match the search goes on from the next byte
+    // As HF's Aho-Corasick iterator: the next match starts after this one, even
+    // when single_word rejects this one.
+    from = hit->end;
     const auto& tok = added[hit->token];
     size_t begin = hit->begin;
     size_t end = hit->end;
@@ -233,7 +235,6 @@ std::vector<added_split> tokenizer::impl::split_added(std::string_view text,
       out.push_back({done, begin, std::nullopt});
     out.push_back({begin, end, tok.id});
     done = end;
-    from = std::max(from, hit->end);
   }
   if (done < text.size() || text.empty())
     out.push_back({done, text.size(), std::nullopt});
