@@ -132,6 +132,10 @@ struct model_config {
   /// responses may be answered from the server's response cache (used only
   /// when the server has one: --cache-config local,size=N).
   bool response_cache_enabled = false;
+  /// Triton's `model_transaction_policy { decoupled: true }`: any number of
+  /// responses per request. Served for generative decoders (issue 34), which
+  /// stream their tokens; a load error for any other model.
+  bool decoupled = false;
 };
 
 } // namespace caf_serving

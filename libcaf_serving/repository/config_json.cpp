@@ -254,6 +254,8 @@ config::ModelConfig to_proto(const parsed_model_config& parsed) {
   out.set_default_model_filename(in.default_model_filename);
   if (in.response_cache_enabled)
     out.mutable_response_cache()->set_enable(true);
+  if (in.decoupled)
+    out.mutable_model_transaction_policy()->set_decoupled(true);
   return out;
 }
 

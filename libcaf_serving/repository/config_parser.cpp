@@ -598,10 +598,6 @@ void check_triton_only_fields(const config::ModelConfig& in, std::vector<std::st
     refuse("batch_input", "the engine does not compute ragged-batch inputs for a model");
   if (in.batch_output_size() > 0)
     refuse("batch_output", "the engine does not scatter ragged-batch outputs");
-  if (in.model_transaction_policy().decoupled())
-    refuse("model_transaction_policy", "decoupled: true asks for any number of responses per "
-                                       "request; the engine sends exactly one, so use "
-                                       "decoupled: false or leave the policy out");
 
   // Only Triton's backends read these; the answers do not depend on them.
   for (const auto& field : set_fields(in.optimization()))
@@ -723,6 +719,10 @@ result<parsed_model_config> convert_model_config(const config::ModelConfig& prot
 
   convert_model_filename(proto, cfg, out);
   cfg.response_cache_enabled = proto.response_cache().enable();
+  // A decoupled model answers any number of times per request: the engine
+  // serves generative decoders so (server/generative_model.hpp), and refuses
+  // it for any other model at load.
+  cfg.decoupled = proto.model_transaction_policy().decoupled();
   check_triton_only_fields(proto, parsed.ignored_fields, out);
 
   parsed.versions = convert_version_policy(proto.version_policy(), out);

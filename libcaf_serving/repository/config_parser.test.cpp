@@ -271,9 +271,6 @@ TEST_CASE("Triton fields that would change results are load errors naming the fi
      "field 'batch_input' of Triton's ModelConfig is not supported by caf-serving"},
     {"batch_output [ { target_name: \"OUTPUT0\" source_input: \"INPUT0\" } ]\n",
      "field 'batch_output' of Triton's ModelConfig is not supported by caf-serving"},
-    {"model_transaction_policy { decoupled: true }\n",
-     "field 'model_transaction_policy' of Triton's ModelConfig is not supported by caf-serving "
-     "(decoupled: true"},
   };
   for (const auto& c : cases) {
     CAPTURE(c.text);
@@ -298,6 +295,12 @@ input [ { name: "x" data_type: TYPE_FP32 dims: [ 3, 4, 4 ] is_non_linear_format_
 output [ { name: "y" data_type: TYPE_FP32 dims: [ 1 ] } ]
 )");
   CHECK(contains(non_linear, "Non-linear IO format is only supported for the TensorRT platform"));
+  // decoupled: true is kept for the model manager, which serves it for
+  // generative decoders only.
+  auto decoupled = parse_model_config(
+    base_config + "model_transaction_policy { decoupled: true }\n", ctx_for("foo"));
+  REQUIRE(decoupled);
+  CHECK(decoupled->decoupled);
   // decoupled: false is the engine's own behaviour.
   CHECK(parse_model_config(base_config + "model_transaction_policy { decoupled: false }\n",
                            ctx_for("foo")).ok());
@@ -653,9 +656,11 @@ TEST_CASE("Triton's JSON form of a config converts through the same schema and c
                  "dims": [ 1 ] } ], "model_transaction_policy": { "decoupled": true } })",
             &decoupled)
             .ok());
-  auto refused = convert_model_config(decoupled, ctx_for("foo"));
-  REQUIRE_FALSE(refused.ok());
-  CHECK(contains(refused.error().message, "decoupled: true"));
+  // decoupled: true converts; the model manager serves it for generative
+  // decoders only and refuses it for a builtin model at load.
+  auto kept = convert_model_config(decoupled, ctx_for("foo"));
+  REQUIRE(kept.ok());
+  CHECK(kept->config.decoupled);
   // A misspelled key is refused by the JSON parser itself, naming it.
   config::ModelConfig typo;
   auto status = google::protobuf::util::JsonStringToMessage(R"({"max_batch_sise": 4})", &typo);
