@@ -162,7 +162,9 @@ const step_plan& generation_policy::plan_step() {
   plan_.work = std::move(work);
   plan_orders_ = std::move(orders);
   plan_.tokens = limits_.max_step_tokens - budget;
-  planned_ = true;
+  // An empty plan does not stand: a request admitted after it runs at the
+  // next call (the actor asks again when one arrives).
+  planned_ = !plan_.work.empty() || !plan_.preempted.empty();
   return plan_;
 }
 

@@ -102,8 +102,9 @@ public:
   std::optional<generation_refused> admit(uint64_t id, uint32_t prompt_tokens,
                                           uint32_t max_tokens, time_point now);
 
-  /// The next step: empty when nothing waits or runs. Until step_done() the
-  /// plan stands: a second call returns the same.
+  /// The next step: empty when nothing waits or runs. Until step_done() a
+  /// plan with work or preemptions stands: a second call returns the same; an
+  /// empty one does not (a request admitted after it runs at the next call).
   const step_plan& plan_step();
 
   /// The planned step ran: the cache holds what it computed, and every item

@@ -85,6 +85,15 @@ TEST_CASE("a step's plan stands until it is done") {
   CHECK(work_of(p.plan_step(), 2) != nullptr);
 }
 
+TEST_CASE("an empty plan does not stand: a request admitted after it runs at the next") {
+  generation_policy p{small_limits()};
+  CHECK(p.plan_step().work.empty()); // idle: the actor waits for a request
+  REQUIRE_FALSE(p.admit(1, 3, 2, at(0)));
+  const auto& plan = p.plan_step();
+  REQUIRE(work_of(plan, 1) != nullptr);
+  CHECK(work_of(plan, 1)->tokens == 3);
+}
+
 TEST_CASE("decoding sequences go before a long prompt, which takes what is left") {
   generation_policy p{small_limits()};
   REQUIRE_FALSE(p.admit(1, 2, 5, at(0)));
