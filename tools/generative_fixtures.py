@@ -113,8 +113,15 @@ def references(model, tok):
         for scores in out.scores:
             top = torch.topk(scores[0], 2).values
             gaps.append(float(top[0] - top[1]))
-        cases.append({"prompt": tok.decode(ids), "prompt_ids": ids, "max_tokens": max_tokens,
-                      "generated_ids": generated, "top2_gaps": gaps})
+        # The text a stream of these tokens shows after the prompt's (as
+        # vLLM detokenizes): decode(prompt + generated) less decode(prompt).
+        prompt_text = tok.decode(ids)
+        whole = tok.decode(ids + generated)
+        text = whole[len(prompt_text):] if whole.startswith(prompt_text) else None
+        cases.append({"prompt": prompt_text, "prompt_ids": ids, "max_tokens": max_tokens,
+                      "generated_ids": generated, "generated_text": text,
+                      "prompt_roundtrips": tok.encode(prompt_text).ids == ids,
+                      "top2_gaps": gaps})
     return cases
 
 

@@ -103,6 +103,7 @@ int main(int argc, char** argv) {
   server::model_manager_config manager_cfg;
   manager_cfg.repository = opts.model_repository;
   manager_cfg.max_queue_size = opts.max_queue_size;
+  manager_cfg.kv_cache_bytes = opts.kv_cache_bytes;
   manager_cfg.max_batch_bytes = opts.max_batch_bytes;
   manager_cfg.executor_timeout = std::chrono::milliseconds(opts.executor_timeout_ms);
   manager_cfg.executor_depth = opts.executor_depth;

@@ -44,6 +44,10 @@ std::string usage() {
          "  --max-queue-size N         queue bound per model and priority level where\n"
          "                             config.pbtxt says 0 (default 1024); a full queue\n"
          "                             answers 503\n"
+         "  --kv-cache-bytes N         KV cache budget of each generative model where\n"
+         "                             config.pbtxt sets no kv_cache_bytes (default: room\n"
+         "                             for its max_sequences full contexts, at most a\n"
+         "                             quarter of memory; printed at load)\n"
          "  --max-body-bytes N         largest request body, also after decompression\n"
          "                             (default 268435456); larger answers 400, as in\n"
          "                             Triton (also --http-max-input-size, its name)\n"
@@ -314,6 +318,11 @@ std::variant<server_options, show_help, std::string> parse_options(int argc, cha
       if (!n || *n == 0)
         return bad("a queue size from 1 to 2^30");
       o.max_queue_size = static_cast<uint32_t>(*n);
+    } else if (flag == "--kv-cache-bytes") {
+      auto n = number(uint64_t{1} << 50);
+      if (!n || *n < 4096)
+        return bad("a byte count from 4096 to 2^50");
+      o.kv_cache_bytes = *n;
     } else if (flag == "--max-body-bytes" || flag == "--http-max-input-size") {
       // --http-max-input-size: Triton's name for the same limit.
       auto n = number(uint64_t{1} << 32);

@@ -60,6 +60,8 @@ struct server_options {
   ingress::grpc_server_config grpc;
   thread_config threads;
   uint32_t max_queue_size = 1024;
+  /// --kv-cache-bytes: each generative model's KV cache; 0: its own default.
+  uint64_t kv_cache_bytes = 0;
   /// --executor-timeout-ms: a local executor silent this long on a batch is
   /// replaced and the batch sent once more; 0: never.
   uint32_t executor_timeout_ms = 60000;

@@ -243,6 +243,10 @@ std::optional<std::map<std::string, std::string>> served_hashes(self_ptr self) {
     if (versions.empty())
       continue;
     const auto& newest = versions.back();
+    // Generative models run in this process only (issue 34): no worker
+    // serves them yet.
+    if (newest->generative)
+      continue;
     auto addr = newest->scheduler.address();
     if (st.unhashable.count(addr)) {
       unhashable.insert(addr);
@@ -282,7 +286,7 @@ void attach_model(self_ptr self, const std::string& key, const std::string& name
     if (m.name != name)
       continue;
     for (const auto& p : st.models->versions(m.name)) {
-      if (p->version != m.version)
+      if (p->version != m.version || p->generative)
         continue;
       for (const auto& e : m.executors) {
         if (!w.attached.emplace(p->scheduler.address(), e.address()).second)

@@ -21,6 +21,14 @@ admission admit(const admission_config& cfg,
     record_failure(*model, received_ns, e);
     out = e;
   };
+  // Triton's words for a decoupled model on the one-answer endpoints.
+  if (model->generative) {
+    refuse(bad_request("HTTP end point doesn't support models with decoupled transaction "
+                       "policy: model '" + config.name + "' is generative; send "
+                       "POST /v2/models/" + config.name + "/generate or /generate_stream, "
+                       "or /v1/completions"));
+    return out;
+  }
   auto bound = bind_shared_memory(request, *cfg.shared_memory, config);
   if (!bound) {
     refuse(bound.error());

@@ -98,6 +98,8 @@ kj::Promise<void> kserve_service::request(kj::HttpMethod method, kj::StringPtr u
           return find_header(headers, header);
         }))
       return writer_.send_error(response, 403, cfg.restricted.refusal(*group));
+  if (!parts.empty() && parts[0] == "v1")
+    return openai(req, response);
   if (parts.empty() || parts[0] != "v2")
     return writer_.send_error(response, 404,
                               "Not Found: unknown path '" + std::string(view(url))
@@ -199,6 +201,15 @@ kj::Promise<void> kserve_service::models(const routed_request& req, http_respons
       return writer_.send_json(response, 200,
                                action.empty() ? (*m)->metadata_json : (*m)->config_json);
     });
+  if (action == "generate" || action == "generate_stream") {
+    if (method != kj::HttpMethod::POST)
+      return writer_.send_error(response, 405, "Method Not Allowed: generation takes POST");
+    auto m = models.find(name, version);
+    if (!m)
+      return writer_.send_error(response, m.error());
+    return generate_.triton(*m, action == "generate_stream", req.body, response,
+                            req.received_ns);
+  }
   if (action == "infer") {
     if (method != kj::HttpMethod::POST)
       return writer_.send_error(response, 405, "Method Not Allowed: inference takes POST");
@@ -209,6 +220,29 @@ kj::Promise<void> kserve_service::models(const routed_request& req, http_respons
   }
   return writer_.send_error(response, 404,
                             "Not Found: unknown path '" + std::string(view(req.url)) + "'");
+}
+
+/// The OpenAI-compatible endpoints: /v1/completions, /v1/chat/completions,
+/// /v1/models[/{id}].
+kj::Promise<void> kserve_service::openai(const routed_request& req, http_response& response) {
+  const auto& parts = req.parts;
+  if (parts.size() >= 2 && parts[1] == "models" && parts.size() <= 3)
+    return expect(writer_, req.method, kj::HttpMethod::GET, response, [&] {
+      return generate_.openai_models(parts.size() == 3 ? parts[2] : std::string(), response);
+    });
+  std::optional<generate_api> api;
+  if (parts.size() == 2 && parts[1] == "completions")
+    api = generate_api::openai_completion;
+  else if (parts.size() == 3 && parts[1] == "chat" && parts[2] == "completions")
+    api = generate_api::openai_chat;
+  if (!api)
+    return writer_.send_error(response, 404,
+                              "Not Found: unknown path '" + std::string(view(req.url))
+                                + "'; the OpenAI endpoints are /v1/completions, "
+                                  "/v1/chat/completions and /v1/models");
+  return expect(writer_, req.method, kj::HttpMethod::POST, response, [&] {
+    return generate_.openai(*api, req.body, response, req.received_ns);
+  });
 }
 
 kj::Promise<void> kserve_service::model_stats_of(const std::string& name, int64_t version,
@@ -238,7 +272,7 @@ kj::Promise<void> kserve_service::metrics(kj::HttpMethod method, http_response& 
     const auto& cache = shared_.cfg.cache;
     return writer_.send(response, 200,
                         prometheus_text(shared_.models.all_stats())
-                          + shared_.models.cluster_prometheus()
+                          + generate_.prometheus() + shared_.models.cluster_prometheus()
                           + (cache ? cache->prometheus() : std::string()) + loop_prometheus()
                           + cpu_prometheus(),
                         {"text/plain; version=0.0.4"});

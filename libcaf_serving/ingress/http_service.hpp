@@ -7,6 +7,7 @@
 /// every answer.
 
 #include "ingress/http_control.hpp"
+#include "ingress/http_generate.hpp"
 #include "ingress/http_infer.hpp"
 #include "ingress/http_response.hpp"
 #include "ingress/http_shared.hpp"
@@ -48,7 +49,8 @@ public:
         ports_(ports),
         writer_(shared.table, shared.ids, closer),
         control_(shared, writer_, timer),
-        infer_(shared, writer_, timer) {}
+        infer_(shared, writer_, timer),
+        generate_(shared, writer_) {}
 
   /// Set when the server stops: readiness is false from then on.
   bool draining = false;
@@ -69,6 +71,7 @@ private:
   kj::Promise<void> health(kj::HttpMethod method, const std::string& which,
                            http_response& response);
   /// /v2/models/...
+  kj::Promise<void> openai(const routed_request& req, http_response& response);
   kj::Promise<void> models(const routed_request& req, http_response& response);
   /// GET /v2/models/{m}[/versions/{v}]/stats.
   kj::Promise<void> model_stats_of(const std::string& name, int64_t version,
@@ -86,6 +89,7 @@ private:
   response_writer writer_;
   http_control control_;
   http_infer infer_;
+  http_generate generate_;
 };
 
 } // namespace caf_serving::ingress

@@ -29,6 +29,10 @@ std::optional<api_group> api_group_from_name(std::string_view name) {
 }
 
 std::optional<api_group> api_group_of(const std::vector<std::string>& p) {
+  // The OpenAI-compatible endpoints (issue 34): listing models is metadata,
+  // the rest is inference.
+  if (!p.empty() && p[0] == "v1")
+    return p.size() >= 2 && p[1] == "models" ? api_group::metadata : api_group::inference;
   if (p.empty() || p[0] != "v2")
     return std::nullopt;
   if (p.size() == 1)

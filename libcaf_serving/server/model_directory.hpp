@@ -16,6 +16,7 @@
 #include "core/stats.hpp"
 #include "executor/executor_actor.hpp"
 #include "scheduler/scheduler_actor.hpp"
+#include "server/generative_model.hpp"
 #include "server/load_files.hpp"
 
 #include <filesystem>
@@ -48,6 +49,10 @@ struct model_pipeline {
   /// The executors spawned in this process at load (none without
   /// local_executors): a worker hands them to its servers (cluster/worker_host).
   std::vector<executor::executor_actor> executors;
+  /// A generative model's decoding loop, tokenizer and limits (decoupled:
+  /// true); null for a one-shot model. A generative model has no scheduler:
+  /// its requests go to generative->actor through the generate endpoints.
+  std::shared_ptr<const generative_model> generative;
 };
 
 /// Triton's --model-control-mode: who decides which models are served.

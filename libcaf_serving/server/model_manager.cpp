@@ -1,4 +1,5 @@
 #include "server/model_manager.hpp"
+#include "server/generative_loader.hpp"
 
 #include "executor/builtin_backend.hpp"
 #include "cuda/gpu_options.hpp"
@@ -487,6 +488,8 @@ struct model_manager::built_model {
   scheduler::policy_config policy;
   scheduler::padded_batching_config padding;
   std::optional<std::chrono::microseconds> latency_target;
+  /// A generative model's versions (decoupled: true), instead of backends.
+  std::map<int64_t, loaded_generative> generative;
 };
 
 auto model_manager::load_model(const std::string& name, const load_parameters* params)
@@ -635,6 +638,32 @@ auto model_manager::build_backends(const std::string& name, const resolved_model
   built_model out;
   out.config = model.config;
   const auto& entry = model.entry;
+  if (model.config.decoupled) {
+    // Decoupled models are generative decoders (issue 34): no scheduler,
+    // executors or post-processor of the one-shot kind.
+    if (!is_onnx(model.config))
+      return fail(bad_request("model '" + name + "': decoupled: true is served for generative "
+                              "ONNX decoders only (backend \"onnxruntime\"); use decoupled: "
+                              "false or leave model_transaction_policy out"));
+    for (size_t i = 0; i < entry.versions.size(); ++i) {
+      generative_load_config gc;
+      gc.config = model.config;
+      gc.model_dir = cfg_.repository / name;
+      gc.version_dir = entry.version_dirs[i];
+      gc.kv_cache_bytes = cfg_.kv_cache_bytes;
+      gc.max_waiting = cfg_.max_queue_size;
+      gc.compute_pool = cfg_.compute_pool;
+      gc.threads = cfg_.executor_threads;
+      auto loaded = load_generative(gc);
+      if (!loaded)
+        return fail(loaded.error());
+      std::cout << "model " << name << " (" << entry.versions[i] << "): " << loaded->summary
+                << std::endl;
+      out.config = loaded->config;
+      out.generative.emplace(entry.versions[i], std::move(*loaded));
+    }
+    return out;
+  }
   for (size_t i = 0; i < entry.versions.size(); ++i) {
     model_config version_cfg = model.config;
     auto factory = make_backend(version_cfg, entry.version_dirs[i], cfg_);
@@ -683,6 +712,33 @@ auto model_manager::wire_pipelines(const std::string& name, const resolved_model
   -> std::map<int64_t, std::shared_ptr<const model_pipeline>> {
   const auto& cfg = built.config;
   std::map<int64_t, std::shared_ptr<const model_pipeline>> served;
+  for (const auto& [version, g] : built.generative) {
+    auto p = std::make_shared<model_pipeline>();
+    p->config = g.config;
+    p->version = version;
+    p->stats = std::make_shared<model_stats>(cfg.name, version);
+    p->metadata_json = repository::model_metadata_json(g.config, model.entry.versions);
+    auto completed = *model.entry.config;
+    completed.config = g.config;
+    p->config_json = repository::model_config_json(completed);
+    p->files = model.files;
+    if (model.config_json)
+      p->config_override = *model.config_json;
+    auto generative = g.start(sys_);
+    // Readiness: the generation actor is the model's scheduler and executor.
+    p->stats->scheduler_running = true;
+    p->stats->live_executors = 1;
+    p->stats->healthy_executors = 1;
+    generative->actor->attach_functor([stats = p->stats](const caf::error&) {
+      stats->scheduler_running = false;
+      stats->live_executors = 0;
+      stats->healthy_executors = 0;
+    });
+    p->generative = std::move(generative);
+    served.emplace(version, std::move(p));
+  }
+  if (!built.generative.empty())
+    return served;
   for (auto version : model.entry.versions) {
     const auto& [version_cfg, loaded] = built.backends.at(version);
     const auto& make_instance = loaded.make_instance;
@@ -797,7 +853,11 @@ void model_manager::retire(record& r) {
                                  [&](const auto& entry) { return entry.second <= now; }),
                   retiring_.end());
   for (auto& [version, p] : r.served) {
-    caf::delayed_anon_send(p->scheduler, cfg_.reload_grace, drain_atom::value);
+    if (p->generative)
+      caf::delayed_anon_send(p->generative->actor, cfg_.reload_grace,
+                             scheduler::generation_stop_atom::value);
+    else
+      caf::delayed_anon_send(p->scheduler, cfg_.reload_grace, drain_atom::value);
     retiring_.emplace_back(p, now + cfg_.reload_grace);
   }
   r.served.clear();
@@ -805,7 +865,7 @@ void model_manager::retire(record& r) {
 
 void model_manager::stop(record& r) {
   for (auto& [version, p] : r.served)
-    caf::anon_send(p->scheduler, drain_atom::value);
+    drain(*p);
   r.served.clear();
 }
 
@@ -973,12 +1033,19 @@ std::string model_manager::cluster_prometheus() const {
   return f ? f() : std::string();
 }
 
+void model_manager::drain(const model_pipeline& p) {
+  if (p.generative)
+    caf::anon_send(p.generative->actor, scheduler::generation_stop_atom::value);
+  else
+    caf::anon_send(p.scheduler, drain_atom::value);
+}
+
 void model_manager::shutdown() {
   std::lock_guard<std::mutex> guard(mutex_);
   for (auto& [name, r] : models_)
     stop(r);
   for (auto& [p, when] : retiring_)
-    caf::anon_send(p->scheduler, drain_atom::value);
+    drain(*p);
   retiring_.clear();
   publish_view();
 }

@@ -88,6 +88,9 @@ struct model_manager_config {
   /// old pipeline just before the swap (its body still arriving, or parsed)
   /// is served by it instead of refused. 0: drain at once.
   std::chrono::milliseconds reload_grace{5000};
+  /// The KV cache budget of each generative model (--kv-cache-bytes); 0: its
+  /// own default (server/generative_loader.hpp).
+  uint64_t kv_cache_bytes = 0;
 };
 
 class model_manager final : public model_directory {
@@ -228,6 +231,8 @@ private:
   void retire(record& r);
   void enqueue(load_job job);
   void stop(record& r);
+  /// Stops a pipeline: its scheduler drains, or its generation actor ends.
+  void drain(const model_pipeline& p);
   void loader_loop();
   void poll_loop();
   /// A scheduler stopped abnormally: when it still serves `name` at `version`,

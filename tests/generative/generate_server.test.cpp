@@ -1,0 +1,323 @@
+// Generative serving over the network (issue 34): the caf-serving binary on a
+// repository with the tiny GPT-2 fixture, driven over HTTP as clients drive
+// it. 64 prompts at once with greedy decoding (sequences join and leave
+// mid-batch) answer transformers' tokens; Triton's generate and
+// generate_stream, OpenAI's completions and chat completions (streamed and
+// not); bad input answers 400 naming the field; a cache too small for the
+// load preempts without failing or changing an answer, and its gauge returns
+// to zero; a client that leaves mid-stream frees its sequence.
+#include "support/http_client.hpp"
+#include "support/json_document.hpp"
+#include "support/server_process.hpp"
+
+#include <doctest/doctest.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <chrono>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+using namespace caf_serving::support;
+
+namespace {
+
+const std::string fixtures = CAF_SERVING_GENERATIVE_FIXTURES;
+
+struct reference_case {
+  std::string prompt;
+  std::vector<int64_t> prompt_ids;
+  uint32_t max_tokens = 0;
+  std::string text;
+};
+
+std::vector<reference_case> load_reference() {
+  std::ifstream in(fixtures + "/tiny_gpt2_reference.json");
+  std::stringstream s;
+  s << in.rdbuf();
+  auto doc = json_document::parse(s.str());
+  std::vector<reference_case> out;
+  simdjson::dom::array cases = doc.at("/cases").get_array().value();
+  for (simdjson::dom::element c : cases) {
+    reference_case r;
+    r.prompt = std::string(c["prompt"].get_string().value());
+    r.prompt_ids = json_ints(c["prompt_ids"].value());
+    r.max_tokens = static_cast<uint32_t>(c["max_tokens"].get_int64().value());
+    r.text = std::string(c["generated_text"].get_string().value());
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+/// A repository holding the fixture model, with `parameters` added to its
+/// config.pbtxt.
+struct repository {
+  temp_repository repo;
+  explicit repository(const std::string& parameters = "") {
+    repo.add_model(fixtures + "/tiny_gpt2");
+    if (!parameters.empty()) {
+      std::ifstream in(repo.path() / "tiny_gpt2/config.pbtxt");
+      std::stringstream s;
+      s << in.rdbuf() << parameters;
+      repo.write_file("tiny_gpt2/config.pbtxt", s.str());
+    }
+  }
+};
+
+server_config config_for(const repository& r) {
+  server_config c;
+  c.binary = CAF_SERVING_BINARY;
+  c.model_repository = r.repo.path().string();
+  return c;
+}
+
+std::string ids_json(const std::vector<int64_t>& ids) {
+  std::string s = "[";
+  for (size_t i = 0; i < ids.size(); ++i)
+    s += (i ? "," : "") + std::to_string(ids[i]);
+  return s + "]";
+}
+
+std::string completion_body(const reference_case& c, bool stream = false) {
+  return "{\"model\":\"tiny_gpt2\",\"prompt\":" + ids_json(c.prompt_ids) + ",\"max_tokens\":"
+         + std::to_string(c.max_tokens) + ",\"temperature\":0,\"ignore_eos\":true"
+         + (stream ? ",\"stream\":true" : "") + "}";
+}
+
+/// `text` as a JSON string literal.
+std::string json_quote(const std::string& text) {
+  std::string s = "\"";
+  for (unsigned char ch : text) {
+    if (ch == '"' || ch == '\\') {
+      s += '\\';
+      s += static_cast<char>(ch);
+    } else if (ch < 0x20) {
+      char esc[8];
+      std::snprintf(esc, sizeof esc, "\\u%04x", ch);
+      s += esc;
+    } else {
+      s += static_cast<char>(ch);
+    }
+  }
+  return s + "\"";
+}
+
+/// The JSON objects of an SSE body's `data:` lines, [DONE] left out.
+std::vector<std::string> sse_events(const std::string& body) {
+  std::vector<std::string> out;
+  size_t at = 0;
+  while ((at = body.find("data: ", at)) != std::string::npos) {
+    size_t end = body.find("\n\n", at);
+    std::string data = body.substr(at + 6, end - at - 6);
+    if (data != "[DONE]")
+      out.push_back(data);
+    at = end;
+  }
+  return out;
+}
+
+/// A gauge or counter of /metrics for the fixture model.
+double metric(uint16_t port, const std::string& name) {
+  http_client client(port);
+  auto r = client.get("/metrics");
+  std::string key = name + "{model=\"tiny_gpt2\",version=\"1\"} ";
+  auto at = r.body.find(key);
+  if (at == std::string::npos)
+    return -1;
+  return std::stod(r.body.substr(at + key.size()));
+}
+
+/// Waits (at most 20 s) until `name` reads `value`.
+bool wait_metric(uint16_t port, const std::string& name, double value) {
+  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (std::chrono::steady_clock::now() < until) {
+    if (metric(port, name) == value)
+      return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return false;
+}
+
+/// Sends the 64 reference prompts at once; returns how many answers differ.
+int run_all(uint16_t port, const std::vector<reference_case>& cases, bool stream) {
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < cases.size(); ++i)
+    threads.emplace_back([&, i] {
+      http_client client(port);
+      client.timeout = std::chrono::seconds(120);
+      auto r = client.post("/v1/completions", completion_body(cases[i], stream),
+                           {{"Content-Type", "application/json"}});
+      std::string text;
+      if (r.status == 200 && stream) {
+        for (const auto& e : sse_events(r.body))
+          text += json_document::parse(e).string_at("/choices/0/text");
+      } else if (r.status == 200) {
+        text = json_document::parse(r.body).string_at("/choices/0/text");
+      }
+      if (r.status != 200 || text != cases[i].text) {
+        ++wrong;
+        MESSAGE("case " << i << ": status " << r.status << " body " << r.body.substr(0, 300));
+      }
+    });
+  for (auto& t : threads)
+    t.join();
+  return wrong;
+}
+
+} // namespace
+
+TEST_CASE("64 prompts at once answer transformers' greedy tokens, streamed and not") {
+  auto cases = load_reference();
+  REQUIRE(cases.size() == 64);
+  repository repo;
+  server_process server(config_for(repo));
+  CHECK(server.output().find("generative:") != std::string::npos);
+  CHECK(run_all(server.http_port(), cases, false) == 0);
+  CHECK(run_all(server.http_port(), cases, true) == 0);
+  CHECK(wait_metric(server.http_port(), "caf_serving_generation_running", 0));
+  CHECK(metric(server.http_port(), "caf_serving_generation_kv_cache_blocks_used") == 0);
+  CHECK(metric(server.http_port(), "caf_serving_generation_tokens_total") > 0);
+}
+
+TEST_CASE("Triton's generate endpoints and the OpenAI chat endpoint") {
+  auto cases = load_reference();
+  repository repo;
+  server_process server(config_for(repo));
+  http_client client(server.http_port());
+  const auto& c = cases[5];
+  // /generate: text in, text out; the fixture's prompts tokenize back to
+  // their ids, so the answer is the reference's.
+  std::string prompt_json = json_quote(c.prompt);
+  auto r = client.post("/v2/models/tiny_gpt2/generate",
+                       "{\"text_input\":" + prompt_json
+                         + ",\"exclude_input_in_output\":true,\"parameters\":{\"max_tokens\":"
+                         + std::to_string(c.max_tokens)
+                         + ",\"temperature\":0,\"ignore_eos\":true}}");
+  REQUIRE_MESSAGE(r.status == 200, r.body);
+  auto doc = json_document::parse(r.body);
+  CHECK(doc.string_at("/model_name") == "tiny_gpt2");
+  CHECK(doc.string_at("/text_output") == c.text);
+  // /generate_stream: the events' text_output add up to the same.
+  auto s = client.post("/v2/models/tiny_gpt2/generate_stream",
+                       "{\"text_input\":" + prompt_json
+                         + ",\"parameters\":{\"max_tokens\":" + std::to_string(c.max_tokens)
+                         + ",\"temperature\":0,\"ignore_eos\":true}}");
+  REQUIRE_MESSAGE(s.status == 200, s.body);
+  CHECK(s.header("content-type").find("text/event-stream") != std::string::npos);
+  std::string streamed;
+  auto events = sse_events(s.body);
+  for (const auto& e : events)
+    streamed += json_document::parse(e).string_at("/text_output");
+  CHECK(events.size() >= 2);
+  CHECK(streamed == c.text);
+  // The one-answer endpoint refuses a generative model, in Triton's words.
+  auto infer = client.post("/v2/models/tiny_gpt2/infer", "{\"inputs\":[]}");
+  CHECK(infer.status == 400);
+  CHECK(error_message(infer.body).find("decoupled") != std::string::npos);
+  // Chat: the model's template renders the messages.
+  auto chat = client.post("/v1/chat/completions",
+                          "{\"model\":\"tiny_gpt2\",\"messages\":[{\"role\":\"user\","
+                          "\"content\":\"the server\"}],\"max_tokens\":5,\"temperature\":0}");
+  REQUIRE_MESSAGE(chat.status == 200, chat.body);
+  auto cd = json_document::parse(chat.body);
+  CHECK(cd.string_at("/object") == "chat.completion");
+  CHECK(cd.string_at("/choices/0/message/role") == "assistant");
+  CHECK(cd.uint_at("/usage/completion_tokens") >= 1);
+  CHECK(cd.uint_at("/usage/completion_tokens") <= 5);
+  // /v1/models lists it.
+  auto models = client.get("/v1/models");
+  CHECK(models.status == 200);
+  CHECK(json_document::parse(models.body).string_at("/data/0/id") == "tiny_gpt2");
+  // The same seed gives the same text; sampling is not greedy.
+  std::string sampled = "{\"model\":\"tiny_gpt2\",\"prompt\":" + ids_json(c.prompt_ids)
+                        + ",\"max_tokens\":12,\"temperature\":1.0,\"top_p\":0.9,\"seed\":7}";
+  auto a = client.post("/v1/completions", sampled);
+  auto b = client.post("/v1/completions", sampled);
+  REQUIRE(a.status == 200);
+  CHECK(json_document::parse(a.body).string_at("/choices/0/text")
+        == json_document::parse(b.body).string_at("/choices/0/text"));
+}
+
+TEST_CASE("bad generative requests answer 400 naming what was wrong") {
+  repository repo;
+  server_process server(config_for(repo));
+  http_client client(server.http_port());
+  struct bad {
+    std::string path, body, phrase;
+  };
+  std::string long_prompt = "[";
+  for (int i = 0; i < 300; ++i)
+    long_prompt += (i ? "," : "") + std::to_string(i % 200 + 1);
+  long_prompt += "]";
+  std::vector<bad> cases = {
+    {"/v1/completions", R"({"model":"tiny_gpt2","prompt":"a","max_tokens":0})", "max_tokens"},
+    {"/v1/completions", R"({"model":"tiny_gpt2","prompt":"a","max_tokens":-3})", "max_tokens"},
+    {"/v1/completions", R"({"model":"tiny_gpt2","prompt":"a","temprature":1})", "temprature"},
+    {"/v1/completions", "{\"model\":\"tiny_gpt2\",\"prompt\":" + long_prompt + "}", "context"},
+    {"/v1/completions", "{\"model\":\"tiny_gpt2\",\"prompt\":\"\xff\xfe\"}", "UTF-8"},
+    {"/v1/chat/completions", R"({"model":"tiny_gpt2","messages":[{"content":"hi"}]})", "role"},
+    {"/v2/models/tiny_gpt2/generate", R"({"text_input":"a","parameters":{"max_tokens":0}})",
+     "max_tokens"},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.body);
+    auto r = client.post(c.path, c.body);
+    CHECK(r.status == 400);
+    CHECK_MESSAGE(r.body.find(c.phrase) != std::string::npos, r.body);
+  }
+  auto unknown = client.post("/v1/completions", R"({"model":"nope","prompt":"a"})");
+  CHECK(unknown.status == 404);
+  // The server still answers.
+  auto ok = client.post("/v1/completions", R"({"model":"tiny_gpt2","prompt":"a","max_tokens":2})");
+  CHECK(ok.status == 200);
+}
+
+TEST_CASE("a cache too small for 64 long generations preempts, and nothing fails or changes") {
+  auto cases = load_reference();
+  // 24 blocks of 16 positions for 64 sequences of up to 80 positions.
+  repository repo("parameters { key: \"kv_cache_bytes\" value: { string_value: \"393216\" } }\n");
+  server_process server(config_for(repo));
+  CHECK(server.output().find("KV cache 24 blocks") != std::string::npos);
+  CHECK(run_all(server.http_port(), cases, false) == 0);
+  CHECK(metric(server.http_port(), "caf_serving_generation_preemptions_total") > 0);
+  CHECK(wait_metric(server.http_port(), "caf_serving_generation_kv_cache_blocks_used", 0));
+}
+
+TEST_CASE("a client that leaves mid-stream frees its sequence") {
+  repository repo;
+  server_process server(config_for(repo));
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(server.http_port());
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  std::string body = R"({"model":"tiny_gpt2","prompt":"the","max_tokens":250,"stream":true,)"
+                     R"("ignore_eos":true})";
+  std::string req = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                    "application/json\r\nContent-Length: "
+                    + std::to_string(body.size()) + "\r\n\r\n" + body;
+  REQUIRE(::write(fd, req.data(), req.size()) == static_cast<ssize_t>(req.size()));
+  std::string got;
+  char buf[4096];
+  while (got.find("data: ") == std::string::npos) {
+    ssize_t n = ::read(fd, buf, sizeof buf);
+    REQUIRE(n > 0);
+    got.append(buf, static_cast<size_t>(n));
+  }
+  CHECK(got.find("200 OK") != std::string::npos);
+  ::close(fd);
+  CHECK(wait_metric(server.http_port(), "caf_serving_generation_cancelled_total", 1));
+  CHECK(wait_metric(server.http_port(), "caf_serving_generation_running", 0));
+  CHECK(wait_metric(server.http_port(), "caf_serving_generation_kv_cache_blocks_used", 0));
+}
