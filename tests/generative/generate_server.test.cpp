@@ -183,6 +183,23 @@ TEST_CASE("64 prompts at once answer transformers' greedy tokens, streamed and n
   CHECK(server.output().find("generative:") != std::string::npos);
   CHECK(run_all(server.http_port(), cases, false) == 0);
   CHECK(run_all(server.http_port(), cases, true) == 0);
+  // A seeded sampled request gives the same text alone and amid 64 others.
+  std::string seeded = "{\"model\":\"tiny_gpt2\",\"prompt\":" + ids_json(cases[3].prompt_ids)
+                       + ",\"max_tokens\":24,\"temperature\":0.9,\"top_k\":40,\"seed\":11,"
+                         "\"ignore_eos\":true}";
+  http_client alone_client(server.http_port());
+  auto alone = alone_client.post("/v1/completions", seeded);
+  REQUIRE(alone.status == 200);
+  std::string crowd_text;
+  std::thread crowd([&] { CHECK(run_all(server.http_port(), cases, false) == 0); });
+  {
+    http_client c2(server.http_port());
+    auto in_crowd = c2.post("/v1/completions", seeded);
+    REQUIRE(in_crowd.status == 200);
+    crowd_text = json_document::parse(in_crowd.body).string_at("/choices/0/text");
+  }
+  crowd.join();
+  CHECK(crowd_text == json_document::parse(alone.body).string_at("/choices/0/text"));
   CHECK(wait_metric(server.http_port(), "caf_serving_generation_running", 0));
   CHECK(metric(server.http_port(), "caf_serving_generation_kv_cache_blocks_used") == 0);
   CHECK(metric(server.http_port(), "caf_serving_generation_tokens_total") > 0);
