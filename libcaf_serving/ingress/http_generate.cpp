@@ -126,6 +126,24 @@ struct http_generate::call {
 
   bool is_triton() const { return request.api == generate_api::triton_generate; }
 
+  /// A Triton generate answer or event, with the optional outputs it asked for.
+  triton_generate_result triton_result(std::string_view text_output,
+                                       const std::optional<std::string>& finish_reason,
+                                       uint32_t input_tokens, uint32_t output_tokens) const {
+    triton_generate_result r;
+    r.id = request.request_id;
+    r.model_name = model->config.name;
+    r.model_version = version_text;
+    r.text_output = text_output;
+    if (request.triton.return_finish_reason)
+      r.finish_reason = finish_of(finish_reason);
+    if (request.triton.return_num_input_tokens)
+      r.num_input_tokens = input_tokens;
+    if (request.triton.return_num_output_tokens)
+      r.num_output_tokens = output_tokens;
+    return r;
+  }
+
   void take(generation_update& u) {
     text += u.text;
     prompt_tokens = u.prompt_tokens;
@@ -341,18 +359,8 @@ kj::Promise<void> http_generate::send_whole(call& c, http_response& response) {
       // exclude_input_in_output; OpenAI's completions when echo is set).
       std::string text = c.request.echo ? c.prompt_text + c.text : c.text;
       if (c.is_triton()) {
-        triton_generate_result r;
-        r.id = c.request.request_id;
-        r.model_name = c.model->config.name;
-        r.model_version = c.version_text;
-        r.text_output = text;
-        if (c.request.triton.return_finish_reason)
-          r.finish_reason = finish_of(c.finish);
-        if (c.request.triton.return_num_input_tokens)
-          r.num_input_tokens = c.prompt_tokens;
-        if (c.request.triton.return_num_output_tokens)
-          r.num_output_tokens = c.completion_tokens;
-        append_triton_generate_response(body, r);
+        append_triton_generate_response(
+          body, c.triton_result(text, c.finish, c.prompt_tokens, c.completion_tokens));
         return writer_.send_json(response, 200, std::move(body));
       }
       logprob_views lp(*c.g->tokenizer, c.tokens, c.logprobs);
@@ -398,18 +406,9 @@ kj::Promise<void> http_generate::send_stream(call& c, http_response& response) {
         if (u.text.empty() && !u.last() && !(c.request.echo && c.first_chunk))
           continue;
         if (c.is_triton()) {
-          triton_generate_result r;
-          r.id = c.request.request_id;
-          r.model_name = c.model->config.name;
-          r.model_version = c.version_text;
-          r.text_output = u.text;
-          if (c.request.triton.return_finish_reason)
-            r.finish_reason = finish_of(u.finish_reason);
-          if (c.request.triton.return_num_input_tokens)
-            r.num_input_tokens = u.prompt_tokens;
-          if (c.request.triton.return_num_output_tokens)
-            r.num_output_tokens = static_cast<uint32_t>(u.tokens.size());
-          append_triton_generate_event(bytes, r);
+          append_triton_generate_event(
+            bytes, c.triton_result(u.text, u.finish_reason, u.prompt_tokens,
+                                   static_cast<uint32_t>(u.tokens.size())));
         } else {
           std::string text = c.request.echo && c.first_chunk ? c.prompt_text + u.text : u.text;
           logprob_views lp(*c.g->tokenizer, u.tokens, u.logprobs);

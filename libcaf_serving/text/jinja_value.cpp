@@ -1,5 +1,7 @@
 #include "text/jinja_value.hpp"
 
+#include "core/json.hpp"
+
 #include <algorithm>
 #include <charconv>
 #include <cmath>
@@ -387,31 +389,10 @@ std::string python_float_repr(double d) {
 
 namespace {
 
-/// json.dumps' string form with ensure_ascii=False.
-void append_json_str(std::string& out, std::string_view s) {
-  out += '"';
-  for (char ch : s) {
-    auto c = static_cast<unsigned char>(ch);
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
-      default:
-        if (c < 0x20) {
-          char u[8];
-          std::snprintf(u, sizeof u, "\\u%04x", c);
-          out += u;
-        } else {
-          out += ch;
-        }
-    }
-  }
-  out += '"';
-}
+/// json.dumps' string form with ensure_ascii=False: the engine's JSON
+/// string writer escapes the same characters the same way (a Python string
+/// is always valid UTF-8, so its U+FFFD repair never applies).
+void append_json_str(std::string& out, std::string_view s) { append_json_string(out, s); }
 
 struct json_writer {
   const json_format& f;
