@@ -338,3 +338,36 @@ TEST_CASE("a client that leaves mid-stream frees its sequence") {
   CHECK(wait_metric(server.http_port(), "caf_serving_generation_running", 0));
   CHECK(wait_metric(server.http_port(), "caf_serving_generation_kv_cache_blocks_used", 0));
 }
+
+TEST_CASE("a full queue answers 503 at once, and every request gets an answer") {
+  // Two sequences run, two wait; the rest of 24 concurrent requests are
+  // refused with a 503 naming the queue, not left hanging.
+  repository repo("parameters { key: \"max_sequences\" value: { string_value: \"2\" } }\n"
+                  "parameters { key: \"max_waiting\" value: { string_value: \"2\" } }\n"
+                  "parameters { key: \"max_step_tokens\" value: { string_value: \"8\" } }\n");
+  server_process server(config_for(repo));
+  std::atomic<int> ok{0}, refused{0}, other{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 24; ++i)
+    threads.emplace_back([&] {
+      http_client client(server.http_port());
+      auto r = client.post("/v1/completions",
+                           R"({"model":"tiny_gpt2","prompt":"the server","max_tokens":64,)"
+                           R"("ignore_eos":true,"temperature":0})");
+      if (r.status == 200)
+        ++ok;
+      else if (r.status == 503 && r.body.find("queue") != std::string::npos)
+        ++refused;
+      else {
+        ++other;
+        MESSAGE(r.status << " " << r.body);
+      }
+    });
+  for (auto& t : threads)
+    t.join();
+  CHECK(ok >= 2);
+  CHECK(refused >= 1);
+  CHECK(other == 0);
+  CHECK(ok + refused == 24);
+  CHECK(wait_metric(server.http_port(), "caf_serving_generation_kv_cache_blocks_used", 0));
+}
