@@ -110,6 +110,8 @@ struct http_generate::call {
   uint32_t completion_tokens = 0;
   std::optional<std::string> finish;
   std::optional<serving_error> error;
+  int64_t first_token_ns = 0;
+  int64_t last_ns = 0;
   std::vector<int32_t> tokens;
   std::vector<generation_update::token_logprobs> logprobs;
   // The stream, once started, and the bytes of its pending write.
@@ -154,6 +156,9 @@ struct http_generate::call {
     }
     if (u.finish_reason)
       finish = u.finish_reason;
+    if (u.first_token_ns)
+      first_token_ns = u.first_token_ns;
+    last_ns = u.sent_ns;
     if (u.error)
       error = u.error;
     if (u.last())
@@ -231,6 +236,16 @@ kj::Promise<void> http_generate::triton(std::shared_ptr<const server::model_pipe
     .then([this, &cr, &response, limit](std::optional<std::string> text) -> kj::Promise<void> {
       if (!text)
         return send_error(cr, response, unreadable_body(limit));
+      // Triton refuses a generate body over its input size limit before
+      // parsing it, in these words.
+      const uint64_t max_json = std::min<uint64_t>(limit, generate_codec_limits{}.max_triton_input_bytes);
+      if (text->size() > max_json)
+        return send_error(cr, response,
+                          bad_request("request JSON size of " + std::to_string(text->size())
+                                      + " bytes exceeds the maximum allowed input size of "
+                                      + std::to_string(max_json)
+                                      + " bytes (generate bodies: at most 64 MiB and "
+                                        "--max-body-bytes); send a smaller request"));
       if (!cr.model->generative)
         return send_error(cr, response,
                           bad_request("model '" + cr.model->config.name + "' is not "
@@ -334,6 +349,7 @@ kj::Promise<void> http_generate::start(call& c, http_response& response) {
   c.prompt_text = std::move(admitted->prompt_text);
   auto job = std::move(admitted->job);
   c.id = job->id;
+  job->received_ns = c.received_ns;
   job->sink = std::make_shared<channel_sink>(c.channel, c.model->config.name);
   c.created = unix_seconds();
   c.object_id = (c.request.api == generate_api::openai_chat ? "chatcmpl-" : "cmpl-")
@@ -371,6 +387,12 @@ kj::Promise<void> http_generate::send_whole(call& c, http_response& response) {
       r.choice.logprobs = {lp.entries.data(), lp.entries.size()};
       r.choice.finish = finish_of(c.finish);
       r.usage = {c.prompt_tokens, c.completion_tokens};
+      // The request's own timings, as llama.cpp's server reports them: its
+      // arrival to its first token, and from there to its last.
+      if (c.first_token_ns)
+        r.timings = generation_timings{
+          c.prompt_tokens, static_cast<double>(c.first_token_ns - c.received_ns) / 1e6,
+          c.completion_tokens, static_cast<double>(c.last_ns - c.first_token_ns) / 1e6};
       if (c.request.api == generate_api::openai_chat)
         append_openai_chat_completion(body, r);
       else
@@ -390,7 +412,8 @@ kj::Promise<void> http_generate::send_stream(call& c, http_response& response) {
           if (c.error)
             return send_error(c, response, *c.error);
           kj::HttpHeaders headers(shared_.table);
-          headers.set(kj::HttpHeaderId::CONTENT_TYPE, "text/event-stream");
+          // Triton's header, charset included (its generate test checks it).
+          headers.set(kj::HttpHeaderId::CONTENT_TYPE, "text/event-stream; charset=utf-8");
           c.out = response.send(200, "OK", headers, nullptr);
         }
         if (u.error) {

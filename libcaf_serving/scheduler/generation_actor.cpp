@@ -72,6 +72,7 @@ struct generation_state {
     s.pending.completion_tokens = s.generated();
     s.pending.queued_ns = s.queued_ns;
     s.pending.first_token_ns = s.first_token_ns;
+    s.pending.sent_ns = now_ns();
     bool last = s.pending.last();
     s.job->sink->deliver(std::move(s.pending));
     s.pending = generation_update{};
@@ -194,7 +195,8 @@ struct generation_state {
       s.tokens.push_back(token);
       if (s.first_token_ns == 0) {
         s.first_token_ns = now;
-        cfg.stats->ttft_us.observe(static_cast<double>(now - s.queued_ns) / 1000.0);
+        int64_t from = s.job->received_ns ? s.job->received_ns : s.queued_ns;
+        cfg.stats->ttft_us.observe(static_cast<double>(now - from) / 1000.0);
       } else {
         cfg.stats->itl_us.observe(static_cast<double>(now - s.last_token_ns) / 1000.0);
       }
@@ -273,8 +275,8 @@ void render_generation_stats(std::string& out, const generation_stats& s,
        "Sequences cancelled (the client went away)", s.cancelled.load());
   line("caf_serving_generation_failed_total", "counter", "Sequences that failed",
        s.failed.load());
-  out += "# HELP caf_serving_generation_ttft_us Time to first token: arrival at the decoding "
-         "loop to the first token, microseconds\n# TYPE caf_serving_generation_ttft_us "
+  out += "# HELP caf_serving_generation_ttft_us Time to first token: the request's arrival "
+         "at the server to its first token, microseconds\n# TYPE caf_serving_generation_ttft_us "
          "histogram\n";
   s.ttft_us.render(out, "caf_serving_generation_ttft_us", labels);
   out += "# HELP caf_serving_generation_itl_us Inter-token latency of one sequence, "

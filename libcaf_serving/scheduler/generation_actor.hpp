@@ -61,10 +61,11 @@ struct generation_update {
   std::optional<serving_error> error;
   uint32_t prompt_tokens = 0;
   uint32_t completion_tokens = 0;
-  /// Nanoseconds (now_ns) the job arrived at the actor and the first token
-  /// was ready; 0 until known.
+  /// Nanoseconds (now_ns) the job arrived at the actor, its first token was
+  /// ready, and this update was sent; 0 until known.
   int64_t queued_ns = 0;
   int64_t first_token_ns = 0;
+  int64_t sent_ns = 0;
 
   bool last() const { return finish_reason.has_value() || error.has_value(); }
 };
@@ -86,6 +87,9 @@ struct generation_job {
   bool skip_special_tokens = true;
   bool include_stop_str_in_output = false;
   std::shared_ptr<generation_sink> sink;
+  /// When the ingress received the request (now_ns); 0: unknown, then the
+  /// time to first token counts from the actor's arrival.
+  int64_t received_ns = 0;
 };
 
 /// A process-wide unique id for a generation job.

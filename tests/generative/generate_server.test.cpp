@@ -250,6 +250,10 @@ TEST_CASE("Triton's generate endpoints and the OpenAI chat endpoint") {
   CHECK(cd.string_at("/choices/0/message/role") == "assistant");
   CHECK(cd.uint_at("/usage/completion_tokens") >= 1);
   CHECK(cd.uint_at("/usage/completion_tokens") <= 5);
+  // The answer carries its own timings (llama.cpp's fields).
+  CHECK(cd.uint_at("/timings/predicted_n") == cd.uint_at("/usage/completion_tokens"));
+  CHECK(cd.uint_at("/timings/prompt_n") == cd.uint_at("/usage/prompt_tokens"));
+  CHECK(cd.at("/timings/prompt_ms").get_double().value() > 0.0);
   // /v1/models lists it.
   auto models = client.get("/v1/models");
   CHECK(models.status == 200);
