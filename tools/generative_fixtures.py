@@ -1,16 +1,24 @@
 #!/usr/bin/env python3
-"""Makes the generative fixtures of tests/generative/ (issue 34): a tiny GPT-2
-with random weights exported to ONNX with its KV cache (past_key_values.N.key/
+"""Makes the generative fixtures of tests/generative/ (issue 34): tiny decoders
+with random weights exported to ONNX with their KV cache (past_key_values.N.key/
 value inputs, present.N.key/value outputs), a byte-level BPE tokenizer trained
-here on the repository's own text, and the reference tokens transformers'
-greedy `generate` produces for 64 prompts of mixed lengths.
+here on the repository's own text, and for each model the reference tokens
+transformers' greedy `generate` produces for 64 prompts of mixed lengths
+(`<model>_reference.json`). The models, one per architecture the engine must
+run token for token:
 
-Weights cannot be downloaded: the model is built from a config with a fixed
+    tiny_gpt2    GPT-2: learned positions, LayerNorm, GELU, fused QKV
+    tiny_llama   Llama: grouped-query attention (2 KV heads for 4 query heads),
+                 RoPE, RMSNorm, SiLU-gated MLP
+    tiny_qwen2   Qwen2: as Llama, with biases on the Q, K and V projections
+
+Weights cannot be downloaded: each model is built from a config with a fixed
 seed, so its greedy outputs are arbitrary but deterministic. Needs torch,
 transformers and tokenizers (tools/requirements-onnx.txt); the C++ tests only
 read what this writes.
 
-    tools/generative_fixtures.py [OUT_DIR]   (default tests/generative/fixtures)
+    tools/generative_fixtures.py [OUT_DIR [MODEL...]]
+        (default tests/generative/fixtures and every model)
 """
 import json
 import os
@@ -20,13 +28,67 @@ import sys
 import numpy as np
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-from transformers import DynamicCache, GPT2Config, GPT2LMHeadModel
+from transformers import (DynamicCache, GPT2Config, GPT2LMHeadModel, LlamaConfig,
+                          LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM)
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 VOCAB = 512
 CONTEXT = 256
 LAYERS, HEADS, EMBED = 2, 4, 64
+KV_HEADS = 2      # Llama and Qwen2: grouped-query attention, two query heads per KV head
+INTERMEDIATE = 128
+# Far above the 0.02 of real checkpoints, so that greedy outputs vary.
+LLAMA_INIT = 0.3
 EOS = "<|endoftext|>"
+
+
+class Arch:
+    """What differs between the models: how to build one, its KV heads, and
+    the config.json the server reads (max_context from its positions)."""
+
+    def __init__(self, name, build, kv_heads, config_json):
+        self.name = name
+        self.build = build
+        self.kv_heads = kv_heads
+        self.config_json = config_json
+
+
+def gpt2(eos_id):
+    # initializer_range well above GPT-2's 0.02 so that greedy outputs vary.
+    return GPT2LMHeadModel(GPT2Config(
+        vocab_size=VOCAB, n_positions=CONTEXT, n_embd=EMBED, n_layer=LAYERS, n_head=HEADS,
+        bos_token_id=eos_id, eos_token_id=eos_id, initializer_range=0.3))
+
+
+def llama_like(config_class, model_class, initializer_range):
+    def build(eos_id):
+        return model_class(config_class(
+            vocab_size=VOCAB, hidden_size=EMBED, intermediate_size=INTERMEDIATE,
+            num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+            num_key_value_heads=KV_HEADS, max_position_embeddings=CONTEXT,
+            bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=eos_id,
+            tie_word_embeddings=False, initializer_range=initializer_range))
+    return build
+
+
+def llama_config_json(model_type):
+    def config(eos_id):
+        return {"model_type": model_type, "vocab_size": VOCAB, "hidden_size": EMBED,
+                "intermediate_size": INTERMEDIATE, "num_hidden_layers": LAYERS,
+                "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS,
+                "max_position_embeddings": CONTEXT, "eos_token_id": eos_id}
+    return config
+
+
+ARCHS = {a.name: a for a in [
+    Arch("tiny_gpt2", gpt2, HEADS, lambda eos_id: {
+        "model_type": "gpt2", "vocab_size": VOCAB, "n_positions": CONTEXT, "n_embd": EMBED,
+        "n_layer": LAYERS, "n_head": HEADS, "eos_token_id": eos_id}),
+    Arch("tiny_llama", llama_like(LlamaConfig, LlamaForCausalLM, LLAMA_INIT),
+         KV_HEADS, llama_config_json("llama")),
+    Arch("tiny_qwen2", llama_like(Qwen2Config, Qwen2ForCausalLM, LLAMA_INIT),
+         KV_HEADS, llama_config_json("qwen2")),
+]}
 
 
 def corpus():
@@ -69,10 +131,10 @@ class WithCache(torch.nn.Module):
         return tuple(result)
 
 
-def export(model, path):
+def export(model, kv_heads, path):
     head_dim = EMBED // HEADS
     ids = torch.randint(0, VOCAB, (1, 3))
-    past = [torch.randn(1, HEADS, 2, head_dim) for _ in range(2 * LAYERS)]
+    past = [torch.randn(1, kv_heads, 2, head_dim) for _ in range(2 * LAYERS)]
     mask = torch.ones(1, 5, dtype=torch.int64)
     pos = torch.arange(2, 5).unsqueeze(0)
     past_names = [f"past_key_values.{i}.{kv}" for i in range(LAYERS) for kv in ("key", "value")]
@@ -125,25 +187,20 @@ def references(model, tok):
     return cases
 
 
-def main():
-    out = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else ROOT / "tests/generative/fixtures")
-    model_dir = out / "tiny_gpt2"
+def write_model(out, arch, tok):
+    model_dir = out / arch.name
     version = model_dir / "1"
     version.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(0)
-    tok = train_tokenizer()
     eos_id = tok.token_to_id(EOS)
-    cfg = GPT2Config(vocab_size=VOCAB, n_positions=CONTEXT, n_embd=EMBED, n_layer=LAYERS,
-                     n_head=HEADS, bos_token_id=eos_id, eos_token_id=eos_id,
-                     initializer_range=0.3)
-    model = GPT2LMHeadModel(cfg).eval()
+    torch.manual_seed(0)
+    model = arch.build(eos_id).eval()
     # The references first: tracing for the export leaves the module in a
     # state whose generate() differs from the exported graph (seen with
     # transformers 5.25: every first token shifted).
-    print("greedy references for 64 prompts", flush=True)
+    print(arch.name + ": greedy references for 64 prompts", flush=True)
     reference = references(model, tok)
-    print("exporting", version / "model.onnx", flush=True)
-    export(model, version / "model.onnx")
+    print(arch.name + ": exporting", version / "model.onnx", flush=True)
+    export(model, arch.kv_heads, version / "model.onnx")
     tok.save(str(version / "tokenizer.json"))
     (version / "tokenizer_config.json").write_text(json.dumps(
         {"bos_token": EOS, "eos_token": EOS, "unk_token": EOS, "model_max_length": CONTEXT,
@@ -153,15 +210,28 @@ def main():
         indent=1) + "\n")
     (version / "generation_config.json").write_text(json.dumps(
         {"bos_token_id": eos_id, "eos_token_id": eos_id, "max_length": CONTEXT}, indent=1) + "\n")
-    (version / "config.json").write_text(json.dumps(
-        {"model_type": "gpt2", "vocab_size": VOCAB, "n_positions": CONTEXT, "n_embd": EMBED,
-         "n_layer": LAYERS, "n_head": HEADS, "eos_token_id": eos_id}, indent=1) + "\n")
+    (version / "config.json").write_text(json.dumps(arch.config_json(eos_id), indent=1) + "\n")
     (model_dir / "config.pbtxt").write_text(
-        'name: "tiny_gpt2"\nbackend: "onnxruntime"\n'
+        f'name: "{arch.name}"\nbackend: "onnxruntime"\n'
         "model_transaction_policy { decoupled: true }\n")
-    (out / "tiny_gpt2_reference.json").write_text(
-        json.dumps({"model": "tiny_gpt2", "eos_id": eos_id, "cases": reference})
+    (out / f"{arch.name}_reference.json").write_text(
+        json.dumps({"model": arch.name, "eos_id": eos_id, "cases": reference})
         + "\n")
+
+
+def main():
+    out = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else ROOT / "tests/generative/fixtures")
+    names = sys.argv[2:] or list(ARCHS)
+    unknown = [n for n in names if n not in ARCHS]
+    if unknown:
+        sys.exit(f"unknown model {unknown}: choose from {list(ARCHS)}")
+    # Every model shares one tokenizer. Training it again would learn other
+    # merges whenever the repository's prose has changed, so the one already
+    # written is kept.
+    shared = out / "tiny_gpt2/1/tokenizer.json"
+    tok = Tokenizer.from_file(str(shared)) if shared.exists() else train_tokenizer()
+    for name in names:
+        write_model(out, ARCHS[name], tok)
     print("wrote", out)
 
 

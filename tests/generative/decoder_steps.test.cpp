@@ -3,7 +3,10 @@
 // 64 prompts of mixed lengths sent at once (sequences join and leave
 // mid-batch, long prompts prefilled in chunks, and with a small cache the
 // youngest preempted and recomputed) must produce exactly the tokens of
-// transformers' greedy generate, and what each prompt produces alone.
+// transformers' greedy generate, and what each prompt produces alone. The
+// same for each fixture model: GPT-2 (learned positions, LayerNorm, GELU),
+// Llama (grouped-query attention, RoPE, RMSNorm, SiLU MLP) and Qwen2 (as
+// Llama, with Q/K/V biases).
 #include "executor/decoder_runner.hpp"
 #include "onnx_cpu/onnx_backend.hpp"
 #include "scheduler/generation_policy.hpp"
@@ -12,6 +15,7 @@
 #include <simdjson.h>
 
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <string>
 #include <vector>
@@ -22,16 +26,34 @@ namespace {
 
 const std::string fixtures = CAF_SERVING_GENERATIVE_FIXTURES;
 
+/// A model of fixtures/ and what tools/generative_fixtures.py built it with.
+struct fixture_model {
+  std::string name;
+  uint32_t kv_heads = 0;
+};
+
+const fixture_model gpt2{"tiny_gpt2", 4};
+const fixture_model llama{"tiny_llama", 2}; // 4 query heads share 2 KV heads
+const fixture_model qwen2{"tiny_qwen2", 2};
+
 struct reference_case {
   std::vector<int32_t> prompt;
   std::vector<int32_t> generated;
   std::vector<double> gaps; ///< top-1 minus top-2 logit at each step
 };
 
-std::vector<reference_case> load_reference() {
-  simdjson::dom::parser parser;
-  simdjson::dom::element doc = parser.load(fixtures + "/tiny_gpt2_reference.json").value();
+struct reference {
+  int32_t eos_id = -1;
   std::vector<reference_case> cases;
+};
+
+reference load_reference(const fixture_model& fm) {
+  simdjson::dom::parser parser;
+  simdjson::dom::element doc =
+    parser.load(fixtures + "/" + fm.name + "_reference.json").value();
+  reference out;
+  out.eos_id = static_cast<int32_t>(doc["eos_id"].get_int64().value());
+  std::vector<reference_case>& cases = out.cases;
   // A named array for every loop: value() of a temporary result is a
   // reference into that temporary.
   auto numbers = [](simdjson::dom::element c, const char* key) {
@@ -52,7 +74,14 @@ std::vector<reference_case> load_reference() {
       r.gaps.push_back(g.get_double().value());
     cases.push_back(std::move(r));
   }
-  return cases;
+  return out;
+}
+
+/// The message of a failed result, empty for a value: doctest also reports
+/// a passing REQUIRE_MESSAGE's message (with -s), so it must not need an error.
+template <class Expected>
+std::string error_of(const Expected& e) {
+  return e ? std::string() : e.error().message;
 }
 
 struct loaded {
@@ -60,16 +89,16 @@ struct loaded {
   executor::decoder_signature sig;
 };
 
-loaded load_model() {
+loaded load_model(const fixture_model& fm) {
   onnx::onnx_model_config cfg;
-  cfg.model_file = fixtures + "/tiny_gpt2/1/model.onnx";
-  cfg.config.name = "tiny_gpt2";
+  cfg.model_file = fixtures + "/" + fm.name + "/1/model.onnx";
+  cfg.config.name = fm.name;
   cfg.config.max_batch_size = 64;
   cfg.plan_cache_size = 64;
   auto m = onnx::load_onnx_model(cfg);
-  REQUIRE_MESSAGE(m, m.error().message);
+  REQUIRE_MESSAGE(m, error_of(m));
   auto sig = executor::find_decoder_signature(m->config);
-  REQUIRE_MESSAGE(sig, sig.error().message);
+  REQUIRE_MESSAGE(sig, error_of(sig));
   return {std::move(*m), *sig};
 }
 
@@ -79,10 +108,12 @@ struct run_result {
   uint32_t steps = 0;
 };
 
-/// Runs `ids` of `cases` through policy and runner until all finish.
-run_result generate(loaded& l, const std::vector<reference_case>& cases,
-                    const std::vector<uint64_t>& ids, scheduler::generation_limits limits,
-                    executor::decoder_runner_config rc) {
+/// Runs `ids` of the reference's cases through policy and runner until all
+/// finish; greedy, with end of sequence never picked (the references were
+/// made with min_new_tokens = max_new_tokens).
+run_result generate(loaded& l, const reference& ref, const std::vector<uint64_t>& ids,
+                    scheduler::generation_limits limits, executor::decoder_runner_config rc) {
+  const auto& cases = ref.cases;
   executor::kv_cache_layout layout{static_cast<uint32_t>(l.sig.past_keys.size()),
                                    l.sig.kv_heads, l.sig.head_dim, limits.block_tokens,
                                    limits.cache_blocks};
@@ -94,7 +125,7 @@ run_result generate(loaded& l, const std::vector<reference_case>& cases,
   for (uint64_t id : ids) {
     auto refused = policy.admit(id, static_cast<uint32_t>(cases[id].prompt.size()),
                                 static_cast<uint32_t>(cases[id].generated.size()), now);
-    REQUIRE_MESSAGE(!refused, refused->message);
+    REQUIRE_MESSAGE(!refused, (refused ? refused->message : std::string()));
     tokens[id] = cases[id].prompt;
   }
   for (;;) {
@@ -111,14 +142,18 @@ run_result generate(loaded& l, const std::vector<reference_case>& cases,
                        w.emits_token});
     }
     auto logits = runner.run(items);
-    REQUIRE_MESSAGE(logits, logits.error().message);
+    REQUIRE_MESSAGE(logits, error_of(logits));
     size_t row = 0;
     for (const auto& w : plan.work) {
       if (!w.emits_token)
         continue;
-      const float* l0 = logits->data() + row++ * l.sig.vocab;
-      int32_t best = static_cast<int32_t>(std::max_element(l0, l0 + l.sig.vocab) - l0);
-      tokens[w.id].push_back(best);
+      std::vector<float> row_logits(logits->data() + row * l.sig.vocab,
+                                    logits->data() + (row + 1) * l.sig.vocab);
+      ++row;
+      if (ref.eos_id >= 0 && static_cast<uint32_t>(ref.eos_id) < l.sig.vocab)
+        row_logits[static_cast<size_t>(ref.eos_id)] = -std::numeric_limits<float>::infinity();
+      auto best = std::max_element(row_logits.begin(), row_logits.end()) - row_logits.begin();
+      tokens[w.id].push_back(static_cast<int32_t>(best));
     }
     ++out.steps;
     for (uint64_t done : policy.step_done())
@@ -157,12 +192,10 @@ int compare(const std::vector<reference_case>& cases, const run_result& r, int& 
   return wrong;
 }
 
-} // namespace
-
-TEST_CASE("a decoder exported with its cache is found by its tensors") {
-  auto l = load_model();
+void check_signature(const fixture_model& fm) {
+  auto l = load_model(fm);
   CHECK(l.sig.past_keys.size() == 2);
-  CHECK(l.sig.kv_heads == 4);
+  CHECK(l.sig.kv_heads == fm.kv_heads);
   CHECK(l.sig.head_dim == 16);
   CHECK(l.sig.vocab == 512);
   CHECK(l.sig.position_ids == "position_ids");
@@ -173,10 +206,11 @@ TEST_CASE("a decoder exported with its cache is found by its tensors") {
   CHECK(bad.error().message.find("past_key_values.0.key") != std::string::npos);
 }
 
-TEST_CASE("64 prompts at once give transformers' greedy tokens, with and without preemption") {
-  auto cases = load_reference();
+void check_greedy(const fixture_model& fm) {
+  auto ref = load_reference(fm);
+  const auto& cases = ref.cases;
   REQUIRE(cases.size() == 64);
-  auto l = load_model();
+  auto l = load_model(fm);
   std::vector<uint64_t> all;
   for (uint64_t i = 0; i < cases.size(); ++i)
     all.push_back(i);
@@ -184,7 +218,7 @@ TEST_CASE("64 prompts at once give transformers' greedy tokens, with and without
                                      .block_tokens = 16, .cache_blocks = 512,
                                      .max_context = 256, .max_waiting = 64};
   int near_ties = 0;
-  auto r = generate(l, cases, all, roomy, {.past_bucket = 32, .max_batch = 64});
+  auto r = generate(l, ref, all, roomy, {.past_bucket = 32, .max_batch = 64});
   CHECK(compare(cases, r, near_ties) == 0);
   CHECK(r.preemptions == 0);
   // A cache of 24 blocks (384 positions) for 64 sequences: most wait, the
@@ -192,14 +226,38 @@ TEST_CASE("64 prompts at once give transformers' greedy tokens, with and without
   auto tight = roomy;
   tight.cache_blocks = 24;
   tight.max_step_tokens = 64;
-  auto p = generate(l, cases, all, tight, {.past_bucket = 16, .max_batch = 8});
+  auto p = generate(l, ref, all, tight, {.past_bucket = 16, .max_batch = 8});
   CHECK(compare(cases, p, near_ties) == 0);
   CHECK(p.preemptions > 0);
-  MESSAGE("steps " << r.steps << " (roomy) and " << p.steps << " (tight, " << p.preemptions
-                   << " preemptions); near ties " << near_ties);
+  MESSAGE(fm.name << ": steps " << r.steps << " (roomy) and " << p.steps << " (tight, "
+                  << p.preemptions << " preemptions); near ties " << near_ties);
   // Alone, each of a few gives the same as in the crowd.
   for (uint64_t id : {0u, 17u, 42u, 63u}) {
-    auto alone = generate(l, cases, {id}, roomy, {.past_bucket = 32, .max_batch = 64});
+    auto alone = generate(l, ref, {id}, roomy, {.past_bucket = 32, .max_batch = 64});
     CHECK(alone.generated[id] == r.generated[id]);
   }
+}
+
+} // namespace
+
+TEST_CASE("a decoder exported with its cache is found by its tensors") {
+  for (const auto& fm : {gpt2, llama, qwen2}) {
+    CAPTURE(fm.name);
+    check_signature(fm);
+  }
+}
+
+TEST_CASE("GPT-2: 64 prompts at once give transformers' greedy tokens, with and without "
+          "preemption") {
+  check_greedy(gpt2);
+}
+
+TEST_CASE("Llama (grouped-query attention, RoPE, RMSNorm): 64 prompts at once give "
+          "transformers' greedy tokens, with and without preemption") {
+  check_greedy(llama);
+}
+
+TEST_CASE("Qwen2 (grouped-query attention, QKV biases): 64 prompts at once give "
+          "transformers' greedy tokens, with and without preemption") {
+  check_greedy(qwen2);
 }

@@ -5,7 +5,8 @@
 // generate_stream, OpenAI's completions and chat completions (streamed and
 // not); bad input answers 400 naming the field; a cache too small for the
 // load preempts without failing or changing an answer, and its gauge returns
-// to zero; a client that leaves mid-stream frees its sequence.
+// to zero; a client that leaves mid-stream frees its sequence; a Llama
+// (grouped-query attention, RoPE) served beside it answers its own references.
 #include "support/http_client.hpp"
 #include "support/json_document.hpp"
 #include "support/server_process.hpp"
@@ -39,8 +40,9 @@ struct reference_case {
   std::string text;
 };
 
-std::vector<reference_case> load_reference() {
-  std::ifstream in(fixtures + "/tiny_gpt2_reference.json");
+/// The greedy references of fixture model `model` (tools/generative_fixtures.py).
+std::vector<reference_case> load_reference(const std::string& model = "tiny_gpt2") {
+  std::ifstream in(fixtures + "/" + model + "_reference.json");
   std::stringstream s;
   s << in.rdbuf();
   auto doc = json_document::parse(s.str());
@@ -86,9 +88,14 @@ std::string ids_json(const std::vector<int64_t>& ids) {
   return s + "]";
 }
 
-std::string completion_body(const reference_case& c, bool stream = false) {
-  return "{\"model\":\"tiny_gpt2\",\"prompt\":" + ids_json(c.prompt_ids) + ",\"max_tokens\":"
-         + std::to_string(c.max_tokens) + ",\"temperature\":0,\"ignore_eos\":true"
+/// A greedy completion of `c`'s prompt ids. min_tokens = max_tokens keeps the
+/// end of sequence from being picked, as min_new_tokens did for the
+/// references (ignore_eos would only keep it from stopping: the tiny Llama
+/// picks it twice).
+std::string completion_body(const std::string& model, const reference_case& c, bool stream) {
+  std::string n = std::to_string(c.max_tokens);
+  return "{\"model\":\"" + model + "\",\"prompt\":" + ids_json(c.prompt_ids)
+         + ",\"max_tokens\":" + n + ",\"min_tokens\":" + n + ",\"temperature\":0"
          + (stream ? ",\"stream\":true" : "") + "}";
 }
 
@@ -146,15 +153,17 @@ bool wait_metric(uint16_t port, const std::string& name, double value) {
   return false;
 }
 
-/// Sends the 64 reference prompts at once; returns how many answers differ.
-int run_all(uint16_t port, const std::vector<reference_case>& cases, bool stream) {
+/// Sends the 64 reference prompts of `model` at once; returns how many
+/// answers differ.
+int run_all(uint16_t port, const std::vector<reference_case>& cases, bool stream,
+            const std::string& model = "tiny_gpt2") {
   std::atomic<int> wrong{0};
   std::vector<std::thread> threads;
   for (size_t i = 0; i < cases.size(); ++i)
     threads.emplace_back([&, i] {
       http_client client(port);
       client.timeout = std::chrono::seconds(120);
-      auto r = client.post("/v1/completions", completion_body(cases[i], stream),
+      auto r = client.post("/v1/completions", completion_body(model, cases[i], stream),
                            {{"Content-Type", "application/json"}});
       std::string text;
       if (r.status == 200 && stream) {
@@ -374,4 +383,27 @@ TEST_CASE("a full queue answers 503 at once, and every request gets an answer") 
   CHECK(other == 0);
   CHECK(ok + refused == 24);
   CHECK(wait_metric(server.http_port(), "caf_serving_generation_kv_cache_blocks_used", 0));
+}
+
+TEST_CASE("a Llama served beside GPT-2 answers its 64 prompts at once with transformers' tokens") {
+  auto llama = load_reference("tiny_llama");
+  REQUIRE(llama.size() == 64);
+  repository repo;
+  repo.repo.add_model(fixtures + "/tiny_llama");
+  server_process server(config_for(repo));
+  // 2 KV heads (grouped-query attention) for 4 query heads.
+  CHECK(server.output().find("tiny_llama (1): generative: 2 layers, 2 KV heads of 16")
+        != std::string::npos);
+  CHECK(run_all(server.http_port(), llama, false, "tiny_llama") == 0);
+  CHECK(run_all(server.http_port(), llama, true, "tiny_llama") == 0);
+  // The other model still answers its own.
+  auto gpt2 = load_reference();
+  http_client client(server.http_port());
+  auto r = client.post("/v1/completions", completion_body("tiny_gpt2", gpt2[3], false),
+                       {{"Content-Type", "application/json"}});
+  REQUIRE_MESSAGE(r.status == 200, r.body);
+  CHECK(json_document::parse(r.body).string_at("/choices/0/text") == gpt2[3].text);
+  auto models = client.get("/v1/models");
+  CHECK(models.body.find("\"tiny_llama\"") != std::string::npos);
+  CHECK(models.body.find("\"tiny_gpt2\"") != std::string::npos);
 }
