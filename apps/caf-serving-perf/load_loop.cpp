@@ -207,8 +207,11 @@ void load_loop::on_readable(std::size_t index, int64_t now) {
     }
     std::string_view data(read_buffer_.data(), static_cast<std::size_t>(n));
     if (config_.capture == response_capture::timed_bytes) {
+      // Each piece is timed when read; the answer ends at its last piece's
+      // time, so that no chunk is timed after the answer's end.
+      now = now_ns();
       c.captured.append(data);
-      c.reads.push_back({now_ns(), c.captured.size()});
+      c.reads.push_back({now, c.captured.size()});
     }
     bool buffered = !c.partial.empty();
     if (buffered) {
