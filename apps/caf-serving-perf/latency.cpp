@@ -69,6 +69,8 @@ window_summary merge_windows(const std::vector<window_summary>& windows,
       m.errors[status] += n;
     m.latencies_ns.insert(m.latencies_ns.end(), w.latencies_ns.begin(),
                           w.latencies_ns.end());
+    m.generations.insert(m.generations.end(), w.generations.begin(),
+                         w.generations.end());
   }
   std::sort(m.latencies_ns.begin(), m.latencies_ns.end());
   m.latency = summarize(m.latencies_ns, chosen);

@@ -34,6 +34,21 @@ double percentile_of(const std::vector<int64_t>& sorted, double p);
 latency_summary summarize(std::vector<int64_t> latencies_ns,
                           double chosen_percentile);
 
+/// One generative request reduced to its token latencies (generate.hpp
+/// defines them and reads them off the answer's stream).
+struct token_timing {
+  /// Request sent -> first non-empty content chunk.
+  int64_t ttft_ns = 0;
+  /// Request sent -> the answer's last byte.
+  int64_t e2e_ns = 0;
+  /// (e2e - TTFT) / (output tokens - 1); -1 when there was one token.
+  int64_t tpot_ns = -1;
+  /// Gaps between successive content chunks.
+  std::vector<int64_t> itl_ns;
+  int64_t prompt_tokens = 0;
+  int64_t output_tokens = 0;
+};
+
 /// One measurement window.
 struct window_summary {
   int64_t duration_ns = 0;
@@ -44,6 +59,8 @@ struct window_summary {
   latency_summary latency;
   /// The successful requests' latencies, sorted, in nanoseconds.
   std::vector<int64_t> latencies_ns;
+  /// The successful generative requests (empty for one-shot models).
+  std::vector<token_timing> generations;
 };
 
 /// Builds a window from its completions; a request with status 200 counts

@@ -34,12 +34,16 @@ struct load_loop::connection {
   bool busy = false;
   bool want_write = false;
   const std::string* request = nullptr;
+  std::size_t request_index = 0;
   std::size_t written = 0;
   int64_t start_ns = 0;
   /// Earliest time to try connecting again after a failure.
   int64_t retry_at_ns = 0;
   /// Bytes of a response that arrived in pieces.
   std::string partial;
+  /// response_capture::timed_bytes: the answer so far and its arrivals.
+  std::string captured;
+  std::vector<read_mark> reads;
 };
 
 load_loop::load_loop(load_loop_config config)
@@ -118,17 +122,20 @@ void load_loop::send_on(std::size_t index, int64_t start_ns) {
   auto& c = *connections_[index];
   if (c.fd < 0 && !open_connection(index).empty()) {
     // The request is counted as failed at once; the slot retries later.
-    completions_.push_back({start_ns, now_ns(), 0});
+    completions_.push_back({start_ns, now_ns(), 0, next_request_, {}, {}});
     if (mode_ == mode::open)
       idle_.push_back(index);
     return;
   }
   c.busy = true;
   c.request = &config_.requests[next_request_];
+  c.request_index = next_request_;
   if (++next_request_ == config_.requests.size())
     next_request_ = 0;
   c.written = 0;
   c.start_ns = start_ns;
+  c.captured.clear();
+  c.reads.clear();
   ++in_flight_;
   ++sent_;
   flush(index);
@@ -199,6 +206,13 @@ void load_loop::on_readable(std::size_t index, int64_t now) {
       return;
     }
     std::string_view data(read_buffer_.data(), static_cast<std::size_t>(n));
+    if (config_.capture == response_capture::timed_bytes) {
+      // Each piece is timed when read; the answer ends at its last piece's
+      // time, so that no chunk is timed after the answer's end.
+      now = now_ns();
+      c.captured.append(data);
+      c.reads.push_back({now, c.captured.size()});
+    }
     bool buffered = !c.partial.empty();
     if (buffered) {
       c.partial.append(data);
@@ -229,7 +243,10 @@ void load_loop::finish(std::size_t index, int status, int64_t now) {
   auto& c = *connections_[index];
   c.busy = false;
   --in_flight_;
-  completions_.push_back({c.start_ns, now, status});
+  completion done{c.start_ns, now, status, c.request_index, {}, {}};
+  done.response.swap(c.captured);
+  done.reads.swap(c.reads);
+  completions_.push_back(std::move(done));
   switch (mode_) {
     case mode::closed:
       // A lost connection is reopened by run_until, not here, so that a

@@ -30,6 +30,22 @@ namespace caf_serving::perf {
 /// CLOCK_MONOTONIC in nanoseconds.
 int64_t now_ns();
 
+/// When bytes of an answer arrived: those up to `end` of the captured
+/// response had arrived at `at_ns`.
+struct read_mark {
+  int64_t at_ns = 0;
+  std::size_t end = 0;
+};
+
+/// What the loop keeps of each answer.
+enum class response_capture {
+  /// The status and the times only.
+  status,
+  /// Also the raw response bytes and when each piece arrived, for streamed
+  /// answers whose chunks are timed (generative mode).
+  timed_bytes,
+};
+
 /// One answered (or failed) request.
 struct completion {
   /// When it was due (open loop) or written (closed loop).
@@ -38,6 +54,12 @@ struct completion {
   /// The HTTP status, or 0 when the connection failed or the answer was not
   /// HTTP.
   int status = 0;
+  /// Index of the request in load_loop_config::requests.
+  std::size_t request = 0;
+  /// With response_capture::timed_bytes: the response as read (header,
+  /// framing and body) and the arrival time of each piece.
+  std::string response;
+  std::vector<read_mark> reads;
 };
 
 struct load_loop_config {
@@ -45,6 +67,7 @@ struct load_loop_config {
   /// Complete HTTP requests, sent in turn.
   std::vector<std::string> requests;
   std::size_t max_connections = 512;
+  response_capture capture = response_capture::status;
 };
 
 /// What `stop` left behind.

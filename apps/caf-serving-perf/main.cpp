@@ -178,6 +178,58 @@ prepared prepare_kserve(const perf_options& o, const endpoint& ep) {
   return p;
 }
 
+/// Distinct generative requests prepared (each its own prompt and lengths);
+/// more when a length file has more lines.
+constexpr std::size_t generate_request_count = 256;
+
+/// The streamed requests of --generate, checked with one test request.
+prepared prepare_generate(const perf_options& o, const endpoint& ep,
+                          std::vector<int64_t>& prompt_lengths) {
+  prepared p;
+  auto host = ep.host + ":" + std::to_string(ep.port);
+  auto n = std::max({generate_request_count, o.prompt_tokens.values.size(),
+                     o.output_tokens.values.size()});
+  prompt_lengths = draw_lengths(o.prompt_tokens, n, o.seed);
+  auto output_lengths = draw_lengths(o.output_tokens, n, o.seed + 1);
+  for (std::size_t i = 0; i < n; ++i) {
+    generate_request_config c;
+    c.api = *o.generate;
+    c.model = o.model;
+    c.prompt_tokens = prompt_lengths[i];
+    c.output_tokens = output_lengths[i];
+    c.ignore_eos = o.ignore_eos;
+    c.first_token_id = o.first_token_id;
+    c.last_token_id = o.last_token_id;
+    c.seed = o.seed + 2 + i;
+    auto body = build_generate_body(c);
+    p.requests.push_back(build_request("POST", body.path, host,
+                                       "Content-Type: application/json\r\n",
+                                       body.body));
+  }
+  auto probe = http_exchange(ep, p.requests.front(), control_timeout_ms);
+  for (int attempts = 1; attempts < probe_attempts && probe.error.empty()
+                         && is_shed_status(probe.status);
+       ++attempts) {
+    std::this_thread::sleep_for(probe_retry_gap);
+    probe = http_exchange(ep, p.requests.front(), control_timeout_ms);
+  }
+  if (!probe.error.empty()) {
+    p.exit_code = exit_server_failed;
+    p.error = "test request failed: " + probe.error;
+    return p;
+  }
+  if (probe.status != 200) {
+    p.exit_code = exit_server_failed;
+    p.error = "the server rejected a test " + std::string(generate_api_name(*o.generate))
+              + " request for model '" + o.model + "' with HTTP "
+              + std::to_string(probe.status) + ": " + probe.body
+              + " (check -m, --generate and --prompt-tokens/--output-tokens "
+                "against the model's context)";
+    return p;
+  }
+  return p;
+}
+
 std::string distribution_name(arrival_kind k) {
   switch (k) {
     case arrival_kind::constant:
@@ -216,7 +268,12 @@ int main(int argc, char** argv) {
     return fail(exit_bad_options, ep.error);
 
   prepared prep;
-  if (!o.raw_path.empty()) {
+  std::vector<int64_t> prompt_lengths;
+  if (o.generate) {
+    prep = prepare_generate(o, ep.value, prompt_lengths);
+    if (!prep.error.empty())
+      return fail(prep.exit_code, prep.error);
+  } else if (!o.raw_path.empty()) {
     auto host = ep.value.host + ":" + std::to_string(ep.value.port);
     prep.requests.push_back(build_request("GET", o.raw_path, host, "", ""));
     auto probe = http_exchange(ep.value, prep.requests.front(),
@@ -240,6 +297,8 @@ int main(int argc, char** argv) {
   mc.percentile = o.percentile;
   mc.drain_ns = o.drain_ms * 1'000'000;
   mc.stats_model = prep.stats_model;
+  mc.generate = o.generate;
+  mc.prompt_tokens = prompt_lengths;
 
   arrival_config arrivals;
   arrivals.kind = o.distribution;
@@ -292,6 +351,8 @@ int main(int argc, char** argv) {
   report.distribution = distribution_name(arrivals.kind);
   if (o.latency_target_ms)
     report.target_ms = *o.latency_target_ms;
+  report.generate = o.generate;
+  report.targets = {o.ttft_target_ms, o.tpot_target_ms};
 
   auto run_one = [&](const load_level& level) -> std::string {
     auto step = run_step(mc, level, progress);

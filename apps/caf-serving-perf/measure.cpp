@@ -34,7 +34,9 @@ step_result run_step(const measure_config& config, const load_level& level,
                      const progress_fn& progress) {
   step_result result;
   result.level = level;
-  load_loop loop{{config.target, config.requests, config.max_connections}};
+  load_loop loop{{config.target, config.requests, config.max_connections,
+                  config.generate ? response_capture::timed_bytes
+                                  : response_capture::status}};
   auto err = level.concurrency > 0 ? loop.start_closed(level.concurrency)
                                    : loop.start_open(level.arrivals);
   if (!err.empty()) {
@@ -53,8 +55,13 @@ step_result run_step(const measure_config& config, const load_level& level,
     auto done = loop.take_completions();
     auto window_end = now_ns();
     result.completed += done.size();
+    std::vector<token_timing> generations;
+    if (config.generate)
+      generations = read_generations(*config.generate, done,
+                                     config.prompt_tokens);
     result.windows.push_back(
       summarize_window(done, window_end - window_start, config.percentile));
+    result.windows.back().generations = std::move(generations);
     snapshots.push_back(read_stats(config));
     // The stats request takes a moment; the next window starts after it so
     // that no completion falls between two windows.

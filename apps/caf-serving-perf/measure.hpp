@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "arrivals.hpp"
+#include "generate.hpp"
 #include "http.hpp"
 #include "kserve.hpp"
 #include "latency.hpp"
@@ -37,6 +38,11 @@ struct measure_config {
   /// the step's result, no stability rule (bursts and steps are not meant
   /// to be stable; the windows are their timeline). 0: the stability rule.
   int fixed_windows = 0;
+  /// Generative mode: the answers are streams whose chunks are timed, and
+  /// each window carries its requests' token timings.
+  std::optional<generate_api> generate;
+  /// Generative mode: the prompt length each request was made for.
+  std::vector<int64_t> prompt_tokens;
 };
 
 /// A level: a closed-loop concurrency or an open-loop arrival schedule.

@@ -231,10 +231,45 @@ options_result parse_options(const std::vector<std::string>& args) {
     {"--seed", positive_int("--seed", o.seed)},
     {"--raw-url", text(o.raw_path)},
     {"--drain-timeout-ms", positive_int("--drain-timeout-ms", o.drain_ms)},
+    {"--model", text(o.model)},
+    {"--generate",
+     [&o](const std::string& v) -> std::string {
+       auto api = parse_generate_api(v);
+       if (!api)
+         return "--generate is openai-completions, openai-chat or triton, "
+                "not '" + v + "'";
+       o.generate = *api;
+       return {};
+     }},
+    {"--prompt-tokens",
+     [&o](const std::string& v) -> std::string {
+       auto spec = parse_length_spec(v, "--prompt-tokens");
+       o.prompt_tokens = spec.value;
+       return spec.error;
+     }},
+    {"--output-tokens",
+     [&o](const std::string& v) -> std::string {
+       auto spec = parse_length_spec(v, "--output-tokens");
+       o.output_tokens = spec.value;
+       return spec.error;
+     }},
+    {"--prompt-token-ids",
+     [&o](const std::string& v) -> std::string {
+       auto spec = parse_length_spec(v, "--prompt-token-ids");
+       if (!spec.error.empty() || !spec.value.values.empty())
+         return "--prompt-token-ids needs a range A:B of token ids, got '" + v
+                + "'";
+       o.first_token_id = spec.value.low;
+       o.last_token_id = spec.value.high;
+       return {};
+     }},
+    {"--ttft-target-ms", positive("--ttft-target-ms", o.ttft_target_ms)},
+    {"--tpot-target-ms", positive("--tpot-target-ms", o.tpot_target_ms)},
   };
   std::map<std::string, std::function<void()>> switches = {
     {"--no-server-stats", [&o] { o.server_stats = false; }},
     {"--no-progress", [&o] { o.progress = false; }},
+    {"--no-ignore-eos", [&o] { o.ignore_eos = false; }},
   };
   for (std::size_t i = 0; i < args.size(); ++i) {
     std::string flag = args[i];
@@ -272,6 +307,16 @@ options_result parse_options(const std::vector<std::string>& args) {
   if (o.model.empty() && o.raw_path.empty()) {
     result.error = "no model given; use -m MODEL (or --raw-url PATH to load "
                    "a plain HTTP route)";
+    return result;
+  }
+  if (o.generate && (o.latency_target_ms || !o.raw_path.empty())) {
+    result.error = "--generate measures token latencies; judge them with "
+                   "--ttft-target-ms and --tpot-target-ms (not "
+                   "--latency-target-ms), and leave out --raw-url";
+    return result;
+  }
+  if (!o.generate && (o.ttft_target_ms > 0 || o.tpot_target_ms > 0)) {
+    result.error = "--ttft-target-ms and --tpot-target-ms need --generate";
     return result;
   }
   if (o.concurrency && o.request_rate) {
@@ -371,6 +416,26 @@ Measurement:
   --search-max-probes N        levels tried at most by the search (16)
   --no-server-stats            do not read /v2/models/{m}/stats
   --drain-timeout-ms MS        wait for answers at the end of a level (5000)
+
+Generative models (--generate; see the README for the definitions):
+  --generate openai-completions|openai-chat|triton
+                               stream from POST /v1/completions (prompts as
+                               token-id arrays of the exact length),
+                               /v1/chat/completions or Triton's
+                               /v2/models/{m}/generate_stream (prompts as
+                               synthetic text of about that many tokens), and
+                               report TTFT, ITL, TPOT, end-to-end latency,
+                               output tokens/s and requests/s
+  --model MODEL                the same as -m
+  --prompt-tokens N|A:B|FILE   prompt lengths: fixed, uniform in [A, B], or a
+                               file with one count per line (default 128)
+  --output-tokens N|A:B|FILE   asked output lengths (max_tokens), as above
+                               (default 128)
+  --no-ignore-eos              do not send ignore_eos (outputs may end early)
+  --prompt-token-ids A:B       ids of completions' prompt tokens (100:499)
+  --ttft-target-ms X, --tpot-target-ms Y
+                               goodput: requests per second whose TTFT and
+                               TPOT both meet their targets (DistServe's)
 
 Output:
   -f FILE.csv                  CSV with perf_analyzer's column names

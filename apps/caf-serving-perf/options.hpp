@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "arrivals.hpp"
+#include "generate.hpp"
 #include "kserve.hpp"
 
 namespace caf_serving::perf {
@@ -64,6 +65,19 @@ struct perf_options {
   bool server_stats = true;
   bool progress = true;
   int64_t drain_ms = 5000;
+  /// --generate: measure a generative endpoint (token latencies) instead of
+  /// a one-shot model.
+  std::optional<generate_api> generate;
+  length_spec prompt_tokens{128, 128, {}};
+  length_spec output_tokens{128, 128, {}};
+  /// --no-ignore-eos clears it: outputs may then end early at EOS.
+  bool ignore_eos = true;
+  /// --prompt-token-ids A:B: the ids completions' prompts are drawn from.
+  int64_t first_token_id = 100;
+  int64_t last_token_id = 499;
+  /// Goodput targets (0: none); either sets goodput in the report.
+  double ttft_target_ms = 0;
+  double tpot_target_ms = 0;
 };
 
 struct options_result {

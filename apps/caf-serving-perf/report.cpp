@@ -214,6 +214,118 @@ std::string svg_panel(const panel_config& p, const std::vector<series>& all) {
   return s;
 }
 
+
+std::string level_name(const run_report& r) {
+  return r.mode == run_mode::concurrency ? "Concurrency" : "Rate/s";
+}
+
+bool has_targets(const goodput_targets& t) {
+  return t.ttft_ms > 0 || t.tpot_ms > 0;
+}
+
+std::string targets_text(const goodput_targets& t) {
+  std::string s;
+  if (t.ttft_ms > 0)
+    s += "TTFT <= " + fmt("%g", t.ttft_ms) + " ms";
+  if (t.tpot_ms > 0)
+    s += std::string(s.empty() ? "" : " and ") + "TPOT <= "
+         + fmt("%g", t.tpot_ms) + " ms";
+  return s;
+}
+
+double avg_tokens(uint64_t tokens, uint64_t requests) {
+  return requests > 0 ? static_cast<double>(tokens) / static_cast<double>(requests)
+                      : 0;
+}
+
+/// The generative mode's table: per level a summary line and the four
+/// latencies' percentiles.
+std::string generation_table(const run_report& r) {
+  std::string out = "Model " + r.model + " at " + r.url + ", "
+                    + std::string(generate_api_name(*r.generate))
+                    + " streamed, latencies in ms";
+  if (r.mode != run_mode::concurrency)
+    out += ", " + r.distribution + " arrivals, open loop (from intended "
+           "send time)";
+  out += "\n";
+  char line[256];
+  for (const auto* s : ordered(r)) {
+    auto g = summarize_generations(s->measured, r.targets, r.percentile);
+    out += level_name(r) + " " + level_text(*s) + ": "
+           + fmt("%.2f", g.requests_per_s) + " requests/s, "
+           + fmt("%.1f", g.output_tokens_per_s) + " output tokens/s, "
+           + fmt("%.1f", avg_tokens(g.prompt_tokens, g.requests)) + " prompt and "
+           + fmt("%.1f", avg_tokens(g.output_tokens, g.requests))
+           + " output tokens per request, errors " + errors_text(s->measured);
+    if (has_targets(r.targets))
+      out += ", goodput " + fmt("%.2f", g.goodput) + "/s ("
+             + fmt("%.1f", g.requests > 0 ? 100.0 * static_cast<double>(g.good)
+                                                / static_cast<double>(g.requests)
+                                          : 0.0)
+             + "% of requests) at " + targets_text(r.targets);
+    out += "\n";
+    std::snprintf(line, sizeof(line), "  %-6s %9s %9s %9s %9s %9s %9s %9s %8s\n",
+                  "", "Avg", "Min", "P50", "P90", "P99", "P99.9", "Max", "Count");
+    out += line;
+    for (auto [name, l] : {std::pair{"TTFT", &g.ttft}, std::pair{"TPOT", &g.tpot},
+                           std::pair{"ITL", &g.itl}, std::pair{"E2E", &g.e2e}}) {
+      std::snprintf(line, sizeof(line),
+                    "  %-6s %9.3f %9.3f %9.3f %9.3f %9.3f %9.3f %9.3f %8llu\n", name,
+                    l->avg_us / 1e3, l->min_us / 1e3, l->p50_us / 1e3, l->p90_us / 1e3,
+                    l->p99_us / 1e3, l->p999_us / 1e3, l->max_us / 1e3,
+                    static_cast<unsigned long long>(l->count));
+      out += line;
+    }
+  }
+  return out;
+}
+
+std::string generation_csv(const run_report& r) {
+  std::string out = r.mode == run_mode::concurrency ? "Concurrency" : "Request Rate";
+  out += ",Requests/Second,Output Tokens/Second,Avg Prompt Tokens,"
+         "Avg Output Tokens";
+  for (const char* m : {"TTFT", "TPOT", "ITL", "E2E"})
+    for (const char* p : {"avg", "p50", "p90", "p99", "p99.9"})
+      out += std::string(",") + m + " " + p + " ms";
+  out += ",TTFT Target ms,TPOT Target ms,Goodput/Second,Good Share,Errors\n";
+  for (const auto* s : ordered(r)) {
+    auto g = summarize_generations(s->measured, r.targets, r.percentile);
+    out += level_text(*s) + "," + fmt("%.3f", g.requests_per_s) + ","
+           + fmt("%.2f", g.output_tokens_per_s) + ","
+           + fmt("%.2f", avg_tokens(g.prompt_tokens, g.requests)) + ","
+           + fmt("%.2f", avg_tokens(g.output_tokens, g.requests));
+    for (const auto* l : {&g.ttft, &g.tpot, &g.itl, &g.e2e})
+      for (double v : {l->avg_us, l->p50_us, l->p90_us, l->p99_us, l->p999_us})
+        out += "," + fmt("%.3f", v / 1e3);
+    out += "," + fmt("%g", r.targets.ttft_ms) + "," + fmt("%g", r.targets.tpot_ms)
+           + "," + fmt("%.3f", g.goodput) + ","
+           + fmt("%.4f", g.requests > 0 ? static_cast<double>(g.good)
+                                              / static_cast<double>(g.requests)
+                                        : 0.0)
+           + "," + std::to_string(error_count(s->measured)) + "\n";
+  }
+  return out;
+}
+
+void json_generation(std::string& j, const run_report& r, const window_summary& w) {
+  auto g = summarize_generations(w, r.targets, r.percentile);
+  j += "{\"requests\":" + std::to_string(g.requests)
+       + ",\"requests_per_s\":" + json_number(g.requests_per_s)
+       + ",\"output_tokens_per_s\":" + json_number(g.output_tokens_per_s)
+       + ",\"prompt_tokens\":" + std::to_string(g.prompt_tokens)
+       + ",\"output_tokens\":" + std::to_string(g.output_tokens)
+       + ",\"good\":" + std::to_string(g.good)
+       + ",\"goodput\":" + json_number(g.goodput) + ",\"ttft\":";
+  json_latency(j, g.ttft);
+  j += ",\"tpot\":";
+  json_latency(j, g.tpot);
+  j += ",\"itl\":";
+  json_latency(j, g.itl);
+  j += ",\"e2e\":";
+  json_latency(j, g.e2e);
+  j += "}";
+}
+
 } // namespace
 
 std::string search_sentence(const run_report& r) {
@@ -231,6 +343,8 @@ std::string search_sentence(const run_report& r) {
 }
 
 std::string format_table(const run_report& r) {
+  if (r.generate)
+    return generation_table(r);
   std::string level = r.mode == run_mode::concurrency ? "Concurrency"
                                                       : "Rate/s";
   std::string out;
@@ -293,6 +407,8 @@ std::string goodput_sentence(const run_report& r, const step_result& step) {
 }
 
 std::string format_csv(const run_report& r) {
+  if (r.generate)
+    return generation_csv(r);
   // perf_analyzer's columns first, in its order and units (microseconds);
   // ours after them, so tools that read perf_analyzer's CSV read this one.
   std::string out = r.mode == run_mode::concurrency ? "Concurrency"
@@ -351,7 +467,13 @@ std::string format_json(const run_report& r) {
   j += ",\"percentile\":" + json_number(r.percentile)
        + ",\"batch_size\":" + std::to_string(r.batch_size)
        + ",\"target_ms\":" + json_number(r.target_ms)
-       + ",\"latency_unit\":\"us\",\"steps\":[";
+       + ",\"latency_unit\":\"us\"";
+  if (r.generate) {
+    j += ",\"generate\":\"" + std::string(generate_api_name(*r.generate))
+         + "\",\"ttft_target_ms\":" + json_number(r.targets.ttft_ms)
+         + ",\"tpot_target_ms\":" + json_number(r.targets.tpot_ms);
+  }
+  j += ",\"steps\":[";
   bool first = true;
   for (const auto& s : r.steps) {
     if (!first)
@@ -372,6 +494,10 @@ std::string format_json(const run_report& r) {
     json_latency(j, s.measured.latency);
     j += ",\"slo\":";
     json_slo(j, summarize_slo(s.measured, r.target_ms * 1e3));
+    if (r.generate) {
+      j += ",\"generation\":";
+      json_generation(j, r, s.measured);
+    }
     j += std::string(",\"stable\":") + (s.stable ? "true" : "false");
     if (r.mode == run_mode::latency_target)
       j += std::string(",\"meets_target\":")

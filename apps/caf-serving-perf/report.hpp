@@ -3,6 +3,7 @@
 /// built from the same `run_report`; main writes them where asked.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,10 @@ struct run_report {
   /// goodput's in the others.
   double target_ms = 0;
   search_result search;
+  /// Set in generative mode: the table, CSV and JSON hold token latencies.
+  std::optional<generate_api> generate;
+  /// Generative mode's goodput targets.
+  goodput_targets targets;
 };
 
 /// "at P99 under 50 ms the largest sustained rate is N requests/s".
