@@ -49,8 +49,42 @@ struct capture final : output_writer {
 
 } // namespace
 
-result<decoder_signature> find_decoder_signature(const model_config& c) {
+model_config with_cache_dims(model_config c, const cache_dims& d) {
+  const std::vector<int64_t> cache{static_cast<int64_t>(d.kv_heads), -1,
+                                   static_cast<int64_t>(d.head_dim)};
+  auto add = [&](std::vector<tensor_config>& list, const std::string& name, datatype dt,
+                 std::vector<int64_t> dims) {
+    if (find_tensor(list, name))
+      return;
+    tensor_config t;
+    t.name = name;
+    t.dtype = dt;
+    t.dims = std::move(dims);
+    list.push_back(std::move(t));
+  };
+  add(c.inputs, "input_ids", datatype::int64, {-1});
+  add(c.inputs, "attention_mask", datatype::int64, {-1});
+  add(c.outputs, "logits", datatype::fp32, {-1, static_cast<int64_t>(d.vocab)});
+  for (uint32_t l = 0; l < d.layers; ++l)
+    for (const char* kv : {".key", ".value"}) {
+      add(c.inputs, "past_key_values." + std::to_string(l) + kv, datatype::fp32, cache);
+      add(c.outputs, "present." + std::to_string(l) + kv, datatype::fp32, cache);
+    }
+  return c;
+}
+
+std::optional<past_layout> past_layout_from_name(std::string_view name) {
+  if (name == "masked")
+    return past_layout::masked;
+  if (name == "left_aligned")
+    return past_layout::left_aligned;
+  return std::nullopt;
+}
+
+result<decoder_signature> find_decoder_signature(const model_config& c,
+                                                 const decoder_hints& hints) {
   decoder_signature s;
+  s.layout = hints.layout;
   auto input = [&](const std::string& n) { return find_tensor(c.inputs, n); };
   auto output = [&](const std::string& n) { return find_tensor(c.outputs, n); };
   const tensor_config* ids = input("input_ids");
@@ -95,11 +129,19 @@ result<decoder_signature> find_decoder_signature(const model_config& c) {
                                 + ".value, " + q + ".key, " + q + ".value");
     for (const auto* t : {pk, pv, qk, qv}) {
       const auto& d = t->model_dims();
-      if (t->dtype != datatype::fp32 || d.size() < 3 || d[d.size() - 3] <= 0 || d.back() <= 0)
+      // onnxruntime-genai leaves the head size symbolic ("kv_cache_dim"):
+      // genai_config.json's head_size gives it.
+      bool dim_known = !d.empty() && (d.back() > 0 || hints.head_dim > 0);
+      if (t->dtype != datatype::fp32 || d.size() < 3 || d[d.size() - 3] <= 0 || !dim_known)
         return not_a_decoder(c, "'" + t->name + "' is not FP32 [batch, kv_heads, positions, "
-                                "head_dim] with fixed kv_heads and head_dim");
+                                "head_dim] with fixed kv_heads and head_dim (or head_size "
+                                "in genai_config.json)");
       uint32_t heads = static_cast<uint32_t>(d[d.size() - 3]);
-      uint32_t dim = static_cast<uint32_t>(d.back());
+      uint32_t dim = d.back() > 0 ? static_cast<uint32_t>(d.back()) : hints.head_dim;
+      if (hints.head_dim > 0 && dim != hints.head_dim)
+        return not_a_decoder(c, "'" + t->name + "' has head_dim " + std::to_string(dim)
+                                + " but genai_config.json says head_size "
+                                + std::to_string(hints.head_dim));
       if (s.kv_heads == 0) {
         s.kv_heads = heads;
         s.head_dim = dim;
@@ -193,9 +235,17 @@ decoder_runner::run_group(const std::vector<const decoder_step_item*>& items,
   }
   const uint32_t rows = items.size() == 1 ? 1 : batch_bucket(static_cast<uint32_t>(items.size()),
                                                               config_.max_batch);
-  // Slot 0 is a masked placeholder, slots 1..first_position the cache.
-  const uint32_t past = round_up(longest_past + 1, config_.past_bucket);
+  // masked: slot 0 is a masked placeholder, slots 1..first_position the cache.
+  // left_aligned: slots 0..first_position - 1 the cache (at least one slot).
+  const bool left = sig_.layout == past_layout::left_aligned;
+  const uint32_t front = left ? 0 : 1;
+  const uint32_t past = round_up(std::max(longest_past + front, 1u), config_.past_bucket);
   const uint32_t total = past + tokens;
+  if (left)
+    for (const auto* it : items)
+      if (it->count != tokens)
+        throw std::logic_error("decoder_runner: a left-aligned step's rows must all compute "
+                               "the same number of tokens (seqlens_k counts them)");
 
   ids_.assign(size_t{rows} * tokens, 0);
   positions_.assign(size_t{rows} * tokens, 0);
@@ -209,9 +259,14 @@ decoder_runner::run_group(const std::vector<const decoder_step_item*>& items,
       positions_[size_t{r} * tokens + j] = (it ? it->first_position : 0) + j;
     }
     int64_t* m = &mask_[size_t{r} * total];
-    if (it)
-      std::fill(m + 1, m + 1 + it->first_position, 1);
-    std::fill(m + past, m + past + n, 1);
+    if (left) {
+      // seqlens_k = first_position + n - 1; a padding row has no past.
+      std::fill(m, m + (it ? it->first_position : 0) + n, 1);
+    } else {
+      if (it)
+        std::fill(m + 1, m + 1 + it->first_position, 1);
+      std::fill(m + past, m + past + n, 1);
+    }
   }
   const size_t past_floats = size_t{rows} * heads * past * dim;
   for (uint32_t l = 0; l < layers; ++l) {
@@ -221,7 +276,7 @@ decoder_runner::run_group(const std::vector<const decoder_step_item*>& items,
       for (uint32_t r = 0; r < items.size(); ++r)
         for (uint32_t h = 0; h < heads; ++h)
           for (uint32_t p = 0; p < items[r]->first_position; ++p)
-            std::memcpy(&buf[((size_t{r} * heads + h) * past + 1 + p) * dim],
+            std::memcpy(&buf[((size_t{r} * heads + h) * past + front + p) * dim],
                         cache_.row(items[r]->seq, l, kv == 1, h, p), dim * sizeof(float));
     }
   }
@@ -290,12 +345,14 @@ decoder_runner::run_group(const std::vector<const decoder_step_item*>& items,
                              "past + sequence, head_dim] = [" + std::to_string(rows) + ", " +
                                std::to_string(heads) + ", " + std::to_string(total) + ", " +
                                std::to_string(dim) + "]"};
-      for (uint32_t r = 0; r < items.size(); ++r)
+      for (uint32_t r = 0; r < items.size(); ++r) {
+        const uint32_t at = left ? items[r]->first_position : past;
         for (uint32_t h = 0; h < heads; ++h)
           for (uint32_t j = 0; j < items[r]->count; ++j)
             std::memcpy(cache_.row(items[r]->seq, l, kv == 1, h, items[r]->first_position + j),
-                        &present[((size_t{r} * heads + h) * total + past + j) * dim],
+                        &present[((size_t{r} * heads + h) * total + at + j) * dim],
                         dim * sizeof(float));
+      }
     }
   }
   for (uint32_t r = 0; r < items.size(); ++r) {

@@ -9,13 +9,26 @@
 ///
 /// The runner feeds each step's past from the cache and writes the new
 /// positions of `present` back into it, so a sequence's keys and values live
-/// in the cache's blocks between steps. Past tensors have one masked slot in
-/// front (no tensor is ever empty) and are padded to a bucket of
-/// `past_bucket` positions, the padding masked too, so that decoding
-/// sequences of different lengths run as one batch and the backend compiles
-/// one plan per bucket, not per length. Masked slots weigh exactly zero in the
-/// attention's softmax, so a sequence's logits do not depend on which others
-/// share its step (up to float reassociation across batch sizes).
+/// in the cache's blocks between steps. Past tensors are padded to a bucket of
+/// `past_bucket` positions, so that decoding sequences of different lengths
+/// run as one batch and the backend compiles one plan per bucket, not per
+/// length. Where a row's positions sit in them is the model's `past_layout`:
+///
+/// - `masked` (torch.onnx.export, optimum): one masked slot in front (no
+///   tensor is ever empty), the row's cached positions at [1, 1 + first),
+///   masked padding after; the new positions come back at present index
+///   past + j. The attention reads the mask, and masked slots weigh exactly
+///   zero in its softmax.
+/// - `left_aligned` (onnxruntime-genai's GroupQueryAttention models): the
+///   row's cached positions at [0, first), padding after; the mask holds
+///   first + count ones then zeros, so that the graph's seqlens_k
+///   (ReduceSum(mask) - 1) is first + count - 1 for every row and its
+///   total_sequence_length (the mask's width) is past + count; the new
+///   positions come back at present index first + j. GroupQueryAttention
+///   never reads the mask's positions, only those two numbers.
+///
+/// Either way a sequence's logits do not depend on which others share its
+/// step (up to float reassociation across batch sizes).
 ///
 /// Decoding sequences (one token each) share one run; a prefill chunk runs
 /// alone.
@@ -31,10 +44,19 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace caf_serving::executor {
+
+/// Where a step's past tensors hold each row's cached positions (above).
+enum class past_layout { masked, left_aligned };
+
+/// The layout named in config.pbtxt's parameter "past_layout" ("masked",
+/// "left_aligned"); nothing for any other name.
+std::optional<past_layout> past_layout_from_name(std::string_view name);
 
 /// The tensors of a decoder with its cache, found by their names.
 struct decoder_signature {
@@ -49,13 +71,39 @@ struct decoder_signature {
   uint32_t kv_heads = 0;
   uint32_t head_dim = 0;
   uint32_t vocab = 0;
+  past_layout layout = past_layout::masked;
   /// Inputs in the model's order (what batch_view::inputs follows).
   std::vector<std::string> input_order;
 };
 
+/// What the model's other files say about its decoder (onnxruntime-genai's
+/// genai_config.json, config.pbtxt's parameters).
+struct decoder_hints {
+  past_layout layout = past_layout::masked;
+  /// The head size where the cache tensors leave it symbolic (genai's
+  /// "kv_cache_dim"); 0: it must be fixed in the graph.
+  uint32_t head_dim = 0;
+};
+
+/// onnxruntime-genai's decoder tensors in their config, as genai_config.json
+/// gives them: `config` with input_ids and attention_mask (INT64 [-1]),
+/// past_key_values.N.key/value [kv_heads, -1, head_dim] for each of `layers`,
+/// logits [-1, vocab] and present.N.key/value, where it does not list them
+/// (past the batch). The builder leaves the head size symbolic
+/// ("kv_cache_dim"); fixed here, the model compiles one plan per past length
+/// instead of probing sizes for it.
+struct cache_dims {
+  uint32_t layers = 0;
+  uint32_t kv_heads = 0;
+  uint32_t head_dim = 0;
+  uint32_t vocab = 0;
+};
+model_config with_cache_dims(model_config config, const cache_dims& dims);
+
 /// The decoder tensors of `config` (inputs and outputs completed from the
 /// graph), or what is missing and how to export a model that has it.
-result<decoder_signature> find_decoder_signature(const model_config& config);
+result<decoder_signature> find_decoder_signature(const model_config& config,
+                                                 const decoder_hints& hints = {});
 
 struct decoder_runner_config {
   /// Past tensors are padded to a multiple of this many positions.

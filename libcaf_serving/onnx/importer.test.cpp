@@ -96,7 +96,7 @@ TEST_CASE("a model's unsupported operators are all named at once, with their cou
                       {"Relu", "ok", ""},
                       {"GridSample", "grid", ""},
                       {"LSTM", "", ""},
-                      {"GroupQueryAttention", "att", "com.microsoft"},
+                      {"SparseAttention", "att", "com.microsoft"},
                       {"LSTM", "g3", "ai.onnx"},
                       {"LSTM", "g4", ""},
                       {"LSTM", "g5", ""},
@@ -114,7 +114,7 @@ TEST_CASE("a model's unsupported operators are all named at once, with their cou
   CHECK(msg.find("m.onnx: 12 nodes use 3 operators that the engine does not support at opset 17: "
                  "'LSTM' in 10 nodes ('g1', 'LSTM_3', 'g3', 'g4', 'g5', 'g6', 'g7', "
                  "'g8' and 2 more), 'GridSample' in 1 node ('grid'), "
-                 "'com.microsoft.GroupQueryAttention' in 1 node ('att'); the engine runs the "
+                 "'com.microsoft.SparseAttention' in 1 node ('att'); the engine runs the "
                  "default ONNX domain and the com.microsoft operators among the supported ones")
         == 0);
   CHECK(msg.find("supported operators: Abs, Add,") != std::string::npos);

@@ -649,6 +649,344 @@ void run_embed(const node& n, const std::vector<tensor_ref>& in,
     std::copy(sum.begin(), sum.end(), e);
 }
 
+// ------------------------------------------------------------------ onnxruntime-genai's operators
+
+/// GroupQueryAttention's inputs (onnxruntime's docs/ContribOperators.md).
+enum gqa_input : size_t {
+  gqa_query, gqa_key, gqa_value, gqa_past_key, gqa_past_value, gqa_seqlens_k,
+  gqa_total_length, gqa_cos, gqa_sin, gqa_position_ids, gqa_attention_bias, gqa_head_sink
+};
+
+/// The head size of a GroupQueryAttention: query [B, S, N * head], or packed
+/// [B, S, (N + 2 * kv_heads) * head] when key and value are omitted.
+int64_t gqa_head_size(const node& n, int64_t query_width) {
+  int64_t heads = n.get_i("num_heads", 0), kv = n.get_i("kv_num_heads", 0);
+  return has_in(n, gqa_key) ? query_width / heads : query_width / (heads + 2 * kv);
+}
+
+std::optional<std::string> check_gqa(const graph&, const node& n, int64_t) {
+  const char* op = "GroupQueryAttention";
+  if (auto e = refuse_attr(n, op, "local_window_size", -1))
+    return *e + " (sliding-window attention); export the model without a local window";
+  for (const char* a : {"smooth_softmax", "qk_output"})
+    if (auto e = refuse_attr(n, op, a, 0))
+      return *e;
+  if (n.get_f("softcap", 0.f) != 0.f)
+    return "attribute 'softcap' is " + std::to_string(n.get_f("softcap", 0.f))
+           + ", which the engine does not implement for com.microsoft GroupQueryAttention";
+  for (size_t i : {gqa_position_ids, gqa_attention_bias, gqa_head_sink})
+    if (has_in(n, i))
+      return "input " + std::to_string(i) + " (position_ids, attention_bias or head_sink) of "
+             "GroupQueryAttention is not implemented; export the model without it (the "
+             "positions follow from seqlens_k)";
+  if (has_out(n, 3))
+    return std::string("GroupQueryAttention's output_qk is not implemented");
+  return std::nullopt;
+}
+
+infer_result infer_gqa(const graph& g, const node& n) {
+  if (auto e = need_float(g, n, {gqa_query, gqa_key, gqa_value, gqa_past_key, gqa_past_value,
+                                 gqa_cos, gqa_sin}))
+    return *e;
+  if (auto e = need_int(g, n, {gqa_seqlens_k, gqa_total_length}))
+    return *e;
+  int64_t heads = n.get_i("num_heads", 0), kv = n.get_i("kv_num_heads", 0);
+  if (heads <= 0 || kv <= 0 || heads % kv != 0)
+    return "num_heads " + std::to_string(heads) + " and kv_num_heads " + std::to_string(kv)
+           + " must be positive, num_heads a multiple of kv_num_heads";
+  if (!has_in(n, gqa_seqlens_k) || !has_in(n, gqa_total_length))
+    return std::string("GroupQueryAttention needs seqlens_k (input 5) and "
+                       "total_sequence_length (input 6)");
+  const auto& q = g.values[n.inputs[gqa_query]].shape;
+  if (q.size() != 3)
+    return "query " + shape_of(g, n, gqa_query) + " is not [batch, sequence, hidden]";
+  if (has_in(n, gqa_key) != has_in(n, gqa_value))
+    return std::string("key and value must be both given or both omitted (packed query)");
+  const int64_t B = q[0], S = q[1], head = gqa_head_size(n, q[2]);
+  const int64_t width = has_in(n, gqa_key) ? heads * head : (heads + 2 * kv) * head;
+  if (head <= 0 || q[2] != width)
+    return "query " + shape_of(g, n, gqa_query) + " does not split into "
+           + std::to_string(heads) + (has_in(n, gqa_key) ? "" : " + 2 * " + std::to_string(kv))
+           + " heads";
+  for (size_t i : {gqa_key, gqa_value})
+    if (has_in(n, i) && g.values[n.inputs[i]].shape != std::vector<int64_t>{B, S, kv * head})
+      return "input " + std::to_string(i) + " " + shape_of(g, n, i) + " is not [" +
+             std::to_string(B) + ", " + std::to_string(S) + ", " + std::to_string(kv * head)
+             + "]";
+  if (has_in(n, gqa_past_key) != has_in(n, gqa_past_value))
+    return std::string("past_key and past_value must be both given or both omitted");
+  int64_t past = 0;
+  if (has_in(n, gqa_past_key)) {
+    const auto& pk = g.values[n.inputs[gqa_past_key]].shape;
+    if (pk.size() != 4 || pk[0] != B || pk[1] != kv || pk[3] != head
+        || g.values[n.inputs[gqa_past_value]].shape != pk)
+      return "past_key " + shape_of(g, n, gqa_past_key) + " and past_value "
+             + shape_of(g, n, gqa_past_value) + " are not both [" + std::to_string(B) + ", "
+             + std::to_string(kv) + ", past, " + std::to_string(head) + "]";
+    past = pk[2];
+  }
+  if (n.get_i("do_rotary", 0) != 0) {
+    if (!has_in(n, gqa_cos) || !has_in(n, gqa_sin))
+      return std::string("do_rotary is 1 but cos_cache or sin_cache is missing");
+    const auto& c = g.values[n.inputs[gqa_cos]].shape;
+    if (c.size() != 2 || g.values[n.inputs[gqa_sin]].shape != c || 2 * c[1] > head)
+      return "cos_cache " + shape_of(g, n, gqa_cos) + " and sin_cache "
+             + shape_of(g, n, gqa_sin) + " are not both [positions, rotary_dim / 2] with "
+             "rotary_dim <= head size " + std::to_string(head);
+  }
+  // The present cache holds max(total_sequence_length, past) positions; where
+  // total_sequence_length is not known before the run (the builder computes it from
+  // the attention mask's shape, which specialize() folds), it is past + sequence.
+  auto total = const_ints(g, n.inputs[gqa_total_length]);
+  int64_t present = total.size() == 1 ? std::max(total[0], past) : past + S;
+  std::vector<inferred> out{{datatype::fp32, {B, S, heads * head}},
+                            {datatype::fp32, {B, kv, present, head}},
+                            {datatype::fp32, {B, kv, present, head}}};
+  out.resize(std::max<size_t>(1, std::min(out.size(), n.outputs.size())));
+  return out;
+}
+
+/// Rotates the first `rotary_dim` elements of `x` (one head) in place to `position`,
+/// as onnxruntime's RotaryEmbedding: halves (x[i], x[i + rotary_dim / 2]) or, with
+/// `interleaved`, neighbours (x[2i], x[2i + 1]) turn by cos/sin[position][i].
+void rotate(float* x, int64_t rotary_dim, const float* cos, const float* sin, bool interleaved) {
+  const int64_t half = rotary_dim / 2;
+  std::vector<float> in(x, x + rotary_dim);
+  for (int64_t i = 0; i < rotary_dim; ++i) {
+    int64_t c, j;
+    float sign;
+    if (interleaved) {
+      c = i / 2;
+      j = i % 2 == 0 ? i + 1 : i - 1;
+      sign = i % 2 == 0 ? -1.f : 1.f;
+    } else {
+      c = i % half;
+      j = (i + half) % rotary_dim;
+      sign = i < half ? -1.f : 1.f;
+    }
+    x[i] = in[i] * cos[c] + sign * in[j] * sin[c];
+  }
+}
+
+/// GroupQueryAttention as onnxruntime computes it on the CPU. Row b's valid past is
+/// positions [0, past_b) of past_key/past_value with past_b = seqlens_k[b] + 1 - S
+/// (0 for a first prompt, where S equals total_sequence_length); its new keys and
+/// values (rotated to positions past_b + j) follow at [past_b, past_b + S) of the
+/// present cache, whose other positions are zero; query j attends to present
+/// positions [0, past_b + j]. The attention mask itself is never read.
+void run_gqa(const node& n, const std::vector<tensor_ref>& in,
+             const std::vector<tensor_ref>& out) {
+  auto has = [&](size_t i) { return in.size() > i && in[i].data != nullptr; };
+  const int64_t B = in[gqa_query].shape[0], S = in[gqa_query].shape[1];
+  const int64_t N = n.get_i("num_heads", 1), kv = n.get_i("kv_num_heads", 1);
+  const int64_t head = gqa_head_size(n, in[gqa_query].shape[2]);
+  const bool packed = !has(gqa_key);
+  const int64_t past = has(gqa_past_key) ? in[gqa_past_key].shape[2] : 0;
+  const int64_t present = out.size() > 1 && out[1].data ? out[1].shape[2] : past + S;
+  const int64_t total = int_at(in[gqa_total_length], 0);
+  const bool first_prompt = S == total;
+  const float attr_scale = n.get_f("scale", 0.f);
+  const float scale = attr_scale != 0.f ? attr_scale : 1.f / std::sqrt(static_cast<float>(head));
+  const bool rotary = n.get_i("do_rotary", 0) != 0;
+  const bool interleaved = n.get_i("rotary_interleaved", 0) != 0;
+  const int64_t rotary_dim = rotary ? 2 * in[gqa_cos].shape[1] : 0;
+
+  // Q [B, S, N, head], K and V [B, S, kv, head], copied out of the packed or separate inputs.
+  const int64_t stride = packed ? (N + 2 * kv) * head : 0;
+  std::vector<float> q(static_cast<size_t>(B * S * N * head));
+  std::vector<float> k(static_cast<size_t>(B * S * kv * head)), v(k.size());
+  for (int64_t t = 0; t < B * S; ++t) {
+    const float* row = in[gqa_query].as<float>() + t * (packed ? stride : N * head);
+    std::copy(row, row + N * head, q.begin() + t * N * head);
+    const float* kr = packed ? row + N * head : in[gqa_key].as<float>() + t * kv * head;
+    const float* vr = packed ? row + (N + kv) * head : in[gqa_value].as<float>() + t * kv * head;
+    std::copy(kr, kr + kv * head, k.begin() + t * kv * head);
+    std::copy(vr, vr + kv * head, v.begin() + t * kv * head);
+  }
+  std::vector<int64_t> past_len(static_cast<size_t>(B));
+  for (int64_t b = 0; b < B; ++b) {
+    int64_t length = int_at(in[gqa_seqlens_k], b) + 1;
+    past_len[b] = first_prompt ? 0 : std::clamp<int64_t>(length - S, 0, past);
+    if (!rotary)
+      continue;
+    for (int64_t s = 0; s < S; ++s) {
+      // onnxruntime gives a first prompt's padding (past the row's length) position 1.
+      int64_t pos = first_prompt ? (s < length ? s : 1) : past_len[b] + s;
+      pos = std::clamp<int64_t>(pos, 0, in[gqa_cos].shape[0] - 1);
+      const float* c = in[gqa_cos].as<float>() + pos * (rotary_dim / 2);
+      const float* sn = in[gqa_sin].as<float>() + pos * (rotary_dim / 2);
+      for (int64_t h = 0; h < N; ++h)
+        rotate(&q[((b * S + s) * N + h) * head], rotary_dim, c, sn, interleaved);
+      for (int64_t h = 0; h < kv; ++h)
+        rotate(&k[((b * S + s) * kv + h) * head], rotary_dim, c, sn, interleaved);
+    }
+  }
+  // The present caches [B, kv, present, head].
+  std::vector<float> own_k, own_v;
+  float* pk = out.size() > 1 && out[1].data ? out[1].as<float>() : nullptr;
+  float* pv = out.size() > 2 && out[2].data ? out[2].as<float>() : nullptr;
+  const size_t cache = static_cast<size_t>(B * kv * present * head);
+  if (!pk) {
+    own_k.resize(cache);
+    pk = own_k.data();
+  }
+  if (!pv) {
+    own_v.resize(cache);
+    pv = own_v.data();
+  }
+  std::fill(pk, pk + cache, 0.f);
+  std::fill(pv, pv + cache, 0.f);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < kv; ++h) {
+      const int64_t base = (b * kv + h) * present * head;
+      if (past_len[b] > 0) {
+        const int64_t from = (b * kv + h) * past * head;
+        std::copy(in[gqa_past_key].as<float>() + from,
+                  in[gqa_past_key].as<float>() + from + past_len[b] * head, pk + base);
+        std::copy(in[gqa_past_value].as<float>() + from,
+                  in[gqa_past_value].as<float>() + from + past_len[b] * head, pv + base);
+      }
+      for (int64_t s = 0; s < S && past_len[b] + s < present; ++s) {
+        const int64_t src = ((b * S + s) * kv + h) * head;
+        std::copy(&k[src], &k[src] + head, pk + base + (past_len[b] + s) * head);
+        std::copy(&v[src], &v[src] + head, pv + base + (past_len[b] + s) * head);
+      }
+    }
+  // Causal attention of each query head over its key-value head's cache.
+  float* y = out[0].as<float>();
+  std::vector<float> scores(static_cast<size_t>(present));
+  const int64_t group = N / kv;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < N; ++h) {
+      const float* keys = pk + (b * kv + h / group) * present * head;
+      const float* values = pv + (b * kv + h / group) * present * head;
+      for (int64_t s = 0; s < S; ++s) {
+        const float* qs = &q[((b * S + s) * N + h) * head];
+        const int64_t length = std::min(past_len[b] + s + 1, present);
+        float mx = -INFINITY;
+        for (int64_t j = 0; j < length; ++j) {
+          float dot = 0.f;
+          for (int64_t d = 0; d < head; ++d) dot += qs[d] * keys[j * head + d];
+          scores[j] = dot * scale;
+          mx = std::max(mx, scores[j]);
+        }
+        double sum = 0;
+        for (int64_t j = 0; j < length; ++j) {
+          scores[j] = std::exp(scores[j] - mx);
+          sum += scores[j];
+        }
+        float* o = y + (b * S + s) * N * head + h * head;
+        std::fill(o, o + head, 0.f);
+        for (int64_t j = 0; j < length; ++j) {
+          const float p = static_cast<float>(scores[j] / sum);
+          for (int64_t d = 0; d < head; ++d) o[d] += p * values[j * head + d];
+        }
+      }
+    }
+}
+
+/// MatMulNBits' inputs.
+enum nbits_input : size_t { nbits_a, nbits_b, nbits_scales, nbits_zero_points, nbits_g_idx,
+                            nbits_bias };
+
+std::optional<std::string> check_matmul_nbits(const graph& g, const node& n, int64_t) {
+  if (n.get_i("bits", 4) != 4)
+    return "attribute 'bits' is " + std::to_string(n.get_i("bits", 4)) + "; the engine runs "
+           "4-bit MatMulNBits only (quantize the model with int4 weights)";
+  if (has_in(n, nbits_g_idx))
+    return std::string("MatMulNBits' g_idx (act-order, GPTQ's desc_act) is not implemented; "
+                       "quantize without act-order");
+  int64_t block = n.get_i("block_size", 0);
+  if (block < 16 || (block & (block - 1)) != 0)
+    return "attribute 'block_size' is " + std::to_string(block)
+           + "; it must be a power of two of at least 16";
+  if (has_in(n, nbits_zero_points)) {
+    auto t = g.values[n.inputs[nbits_zero_points]].dtype;
+    if (t != datatype::uint8 && t != datatype::fp32)
+      return "zero_points are " + std::string(to_string(t))
+             + "; the engine takes packed UINT8 or FP32 (as the scales) zero points";
+  }
+  return std::nullopt;
+}
+
+infer_result infer_matmul_nbits(const graph& g, const node& n) {
+  if (auto e = need_float(g, n, {nbits_a, nbits_scales, nbits_bias}))
+    return *e;
+  const int64_t K = n.get_i("K", 0), N = n.get_i("N", 0), block = n.get_i("block_size", 0);
+  if (K <= 0 || N <= 0 || block <= 0)
+    return std::string("MatMulNBits needs positive attributes K, N and block_size");
+  const auto& a = g.values[n.inputs[nbits_a]].shape;
+  if (a.empty() || a.back() != K)
+    return "input A " + shape_of(g, n, nbits_a) + " does not end in K = " + std::to_string(K);
+  const int64_t blocks = (K + block - 1) / block;
+  if (!has_in(n, nbits_b) || g.values[n.inputs[nbits_b]].dtype != datatype::uint8
+      || element_count(g.values[n.inputs[nbits_b]].shape) != N * blocks * (block / 2))
+    return "input B " + (has_in(n, nbits_b) ? shape_of(g, n, nbits_b) : std::string("(none)"))
+           + " is not UINT8 [N, blocks, block_size / 2] = [" + std::to_string(N) + ", "
+           + std::to_string(blocks) + ", " + std::to_string(block / 2) + "]";
+  if (!has_in(n, nbits_scales) || element_count(g.values[n.inputs[nbits_scales]].shape)
+                                     != N * blocks)
+    return "scales must hold N * blocks = " + std::to_string(N * blocks) + " values";
+  if (has_in(n, nbits_zero_points)) {
+    const auto& zp = g.values[n.inputs[nbits_zero_points]];
+    int64_t want = zp.dtype == datatype::uint8 ? N * ((blocks + 1) / 2) : N * blocks;
+    if (element_count(zp.shape) != want)
+      return "zero_points " + shape_of(g, n, nbits_zero_points) + " must hold "
+             + std::to_string(want) + " values";
+  }
+  if (has_in(n, nbits_bias) && element_count(g.values[n.inputs[nbits_bias]].shape) != N)
+    return "bias " + shape_of(g, n, nbits_bias) + " must hold N = " + std::to_string(N)
+           + " values";
+  std::vector<int64_t> y(a.begin(), a.end() - 1);
+  y.push_back(N);
+  return std::vector<inferred>{{datatype::fp32, y}};
+}
+
+/// MatMulNBits' weight dequantized, [N, K] row-major: element k of row n is
+/// (q - zero_point) * scale of its block, q the 4-bit value at nibble k % block_size
+/// of the block (low nibble first), the zero point 8 when none is given.
+std::vector<float> dequantize_nbits(const node& n, const tensor_ref& b, const tensor_ref& scales,
+                                    const tensor_ref* zero_points) {
+  const int64_t K = n.get_i("K", 0), N = n.get_i("N", 0), block = n.get_i("block_size", 0);
+  const int64_t blocks = (K + block - 1) / block, blob = block / 2;
+  const bool packed_zp = zero_points && zero_points->dtype == datatype::uint8;
+  const int64_t zp_row = (blocks + 1) / 2;
+  std::vector<float> w(static_cast<size_t>(N * K));
+  const uint8_t* q = b.as<uint8_t>();
+  for (int64_t r = 0; r < N; ++r)
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+      const float scale = scales.as<float>()[r * blocks + blk];
+      float zp = 8.f;
+      if (packed_zp) {
+        uint8_t z = zero_points->as<uint8_t>()[r * zp_row + blk / 2];
+        zp = static_cast<float>(blk % 2 ? z >> 4 : z & 0x0F);
+      } else if (zero_points) {
+        zp = zero_points->as<float>()[r * blocks + blk];
+      }
+      const uint8_t* bytes = q + (r * blocks + blk) * blob;
+      for (int64_t t = 0; t < block && blk * block + t < K; ++t) {
+        uint8_t nib = t % 2 ? bytes[t / 2] >> 4 : bytes[t / 2] & 0x0F;
+        w[r * K + blk * block + t] = (static_cast<float>(nib) - zp) * scale;
+      }
+    }
+  return w;
+}
+
+/// MatMulNBits: Y = A x dequantized(B)^T (+ bias), in FP32 whatever accuracy_level
+/// asks (level 4 quantizes A to int8 in onnxruntime; the engine does not).
+void run_matmul_nbits(const node& n, const std::vector<tensor_ref>& in,
+                      const std::vector<tensor_ref>& out) {
+  auto has = [&](size_t i) { return in.size() > i && in[i].data != nullptr; };
+  const int64_t K = n.get_i("K", 0), N = n.get_i("N", 0), M = in[nbits_a].elements() / K;
+  auto w = dequantize_nbits(n, in[nbits_b], in[nbits_scales],
+                            has(nbits_zero_points) ? &in[nbits_zero_points] : nullptr);
+  float* y = out[0].as<float>();
+  gemm(in[nbits_a].as<float>(), w.data(), y, M, K, N, false, true, 1.f);
+  if (has(nbits_bias))
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t c = 0; c < N; ++c) y[m * N + c] += in[nbits_bias].as<float>()[c];
+}
+
 // ------------------------------------------------------------------ lowering
 
 /// Columns [from, from + width) of a constant [rows, cols] matrix (or [cols] vector).
@@ -778,6 +1116,8 @@ const op_table& contrib_operator_table() {
       {"FastGelu", {1}, &infer_gelus, &run_gelus<fast_gelu>},
       {"FusedMatMul", {1}, &infer_fused_matmul, &run_fused_matmul, &check_fused_matmul},
       {"Gelu", {1}, &infer_gelus, &run_gelus<erf_gelu>},
+      {"GroupQueryAttention", {1}, &infer_gqa, &run_gqa, &check_gqa},
+      {"MatMulNBits", {1}, &infer_matmul_nbits, &run_matmul_nbits, &check_matmul_nbits},
       {"MultiHeadAttention", {1}, &infer_mha, &run_attention<true>, &check_mha},
       {"QuickGelu", {1}, &infer_gelus, &run_gelus<quick_gelu>},
       {"SkipLayerNormalization", {1}, &infer_layernorms<true, false>,

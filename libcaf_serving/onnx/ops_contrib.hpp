@@ -3,7 +3,10 @@
 /// (onnxruntime.transformers.optimizer.optimize_model) writes into BERT-like,
 /// GPT-2, T5-encoder and CLIP models: Attention, MultiHeadAttention, the
 /// layer normalizations with a residual (SkipLayerNormalization, ...),
-/// EmbedLayerNormalization, the GELU variants and FusedMatMul. Each is one
+/// EmbedLayerNormalization, the GELU variants and FusedMatMul; and those of
+/// onnxruntime-genai's model builder: GroupQueryAttention (rotary inside,
+/// grouped KV heads, past/present cache), SkipSimplifiedLayerNormalization and
+/// MatMulNBits (4-bit block-quantized weights). Each is one
 /// entry of ops_contrib.cpp's table, with shape inference, a reference kernel
 /// and the check of what the engine does not implement, as onnxruntime's
 /// docs/ContribOperators.md defines it and onnxruntime computes it on the CPU;

@@ -183,6 +183,54 @@ result<loaded_generative> load_generative(const generative_load_config& cfg) {
     if (context_hint == 0 && !(*doc)["max_length"].get(max_length) && max_length > 0)
       context_hint = max_length;
   }
+  // onnxruntime-genai's model directory: GroupQueryAttention reads the past
+  // left-aligned, the cache tensors' head size is symbolic.
+  executor::decoder_hints hints;
+  std::optional<executor::cache_dims> genai_cache;
+  if (auto p = find_file(cfg, "genai_config.json")) {
+    auto text = read_file(*p).value_or("");
+    auto doc = parse_json(parser, text, *p, c);
+    if (!doc)
+      return doc.error();
+    hints.layout = executor::past_layout::left_aligned;
+    simdjson::dom::element model;
+    if (!(*doc)["model"].get(model)) {
+      uint64_t v = 0;
+      if (context_hint == 0 && !model["context_length"].get(v) && v > 0)
+        context_hint = v;
+      executor::cache_dims dims;
+      if (!model["decoder"]["head_size"].get(v) && v > 0 && v < (uint64_t{1} << 16))
+        hints.head_dim = dims.head_dim = static_cast<uint32_t>(v);
+      if (!model["decoder"]["num_key_value_heads"].get(v) && v > 0 && v < (uint64_t{1} << 16))
+        dims.kv_heads = static_cast<uint32_t>(v);
+      if (!model["decoder"]["num_hidden_layers"].get(v) && v > 0 && v < (uint64_t{1} << 16))
+        dims.layers = static_cast<uint32_t>(v);
+      if (!model["vocab_size"].get(v) && v > 0 && v < (uint64_t{1} << 24))
+        dims.vocab = static_cast<uint32_t>(v);
+      if (dims.head_dim > 0 && dims.kv_heads > 0 && dims.vocab > 0 && c.inputs.empty()
+          && c.outputs.empty())
+        genai_cache = dims;
+      simdjson::dom::element eos;
+      if (eos_ids.empty() && !model["eos_token_id"].get(eos)) {
+        int64_t one = 0;
+        simdjson::dom::array many;
+        if (!eos.get(one))
+          eos_ids.push_back(static_cast<int32_t>(one));
+        else if (!eos.get(many))
+          for (simdjson::dom::element e : many)
+            if (!e.get(one))
+              eos_ids.push_back(static_cast<int32_t>(one));
+      }
+    }
+  }
+  if (auto i = c.parameters.find("past_layout"); i != c.parameters.end()) {
+    auto layout = executor::past_layout_from_name(i->second);
+    if (!layout)
+      return load_error(c, "parameters \"past_layout\" is '" + i->second + "'; it must be "
+                           "\"masked\" (torch.onnx.export, optimum) or \"left_aligned\" "
+                           "(onnxruntime-genai's GroupQueryAttention)");
+    hints.layout = *layout;
+  }
   if (auto p = find_file(cfg, "tokenizer_config.json")) {
     auto text = read_file(*p).value_or("");
     auto doc = parse_json(parser, text, *p, c);
@@ -237,7 +285,7 @@ result<loaded_generative> load_generative(const generative_load_config& cfg) {
   oc.model_file = cfg.version_dir / (c.default_model_filename.empty()
                                        ? std::string("model.onnx")
                                        : c.default_model_filename);
-  oc.config = c;
+  oc.config = genai_cache ? executor::with_cache_dims(c, *genai_cache) : c;
   oc.config.max_batch_size = static_cast<int>(*max_sequences);
   oc.pool = cfg.compute_pool;
   oc.threads = std::max(cfg.threads, 1u);
@@ -251,7 +299,7 @@ result<loaded_generative> load_generative(const generative_load_config& cfg) {
   auto model = onnx::load_onnx_model(oc);
   if (!model)
     return model.error();
-  auto sig = executor::find_decoder_signature(model->config);
+  auto sig = executor::find_decoder_signature(model->config, hints);
   if (!sig)
     return sig.error();
   if (tokenizer->vocab_size() > sig->vocab)

@@ -3,7 +3,8 @@
 /// says `model_transaction_policy { decoupled: true }` and whose version
 /// directory holds a decoder exported with its KV cache (model.onnx), the
 /// tokenizer (tokenizer.json, tokenizer_config.json) and, optionally,
-/// generation_config.json and config.json. The tokenizer files may also sit
+/// generation_config.json, config.json and onnxruntime-genai's
+/// genai_config.json (context_length, eos_token_id, decoder.head_size). The tokenizer files may also sit
 /// in the model directory beside config.pbtxt. docs/generative.md has the
 /// layout and every parameter.
 ///
@@ -20,6 +21,9 @@
 ///   kv_block_tokens    positions per cache block (16)
 ///   past_bucket        past tensors are padded to a multiple of this (32)
 ///   max_waiting        requests waiting for a place at most (--max-queue-size)
+///   past_layout        "masked" or "left_aligned" (decoder_runner.hpp); default
+///                      left_aligned where genai_config.json (onnxruntime-genai's
+///                      model builder) is present, else masked
 
 #include "core/error.hpp"
 #include "core/model_config.hpp"
