@@ -18,6 +18,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
+#include <csignal>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -358,4 +359,29 @@ TEST_CASE("a client that cancels its stream frees its sequences") {
   CHECK(wait_metric(http, "caf_serving_generation_running", 0));
   CHECK(wait_metric(http, "caf_serving_generation_kv_cache_blocks_used", 0));
   stream->Finish();
+}
+
+TEST_CASE("SIGTERM: a generation running on a stream is answered to its end, then the stream "
+          "closes and the server exits 0") {
+  fixture_server fx;
+  auto stub = connect(fx.server->grpc_port());
+  grpc::ClientContext ctx;
+  set_deadline(ctx);
+  auto stream = stub->ModelStreamInfer(&ctx);
+  reference_case long_one{"the", 200, ""};
+  REQUIRE(stream->Write(greedy_request(long_one, "draining", true)));
+  pb::ModelStreamInferResponse first;
+  REQUIRE(stream->Read(&first));
+  fx.server->send_signal(SIGTERM);
+  auto rest = read_until_final(*stream, 1);
+  CHECK(rest["draining"].error.empty());
+  CHECK(rest["draining"].finals == 1);
+  // The client keeps its side open: the drain closes the stream once nothing
+  // is owed.
+  pb::ModelStreamInferResponse none;
+  CHECK_FALSE(stream->Read(&none));
+  auto closed = stream->Finish();
+  CHECK(closed.error_code() == grpc::StatusCode::UNAVAILABLE);
+  CHECK(closed.error_message().find("shutting down") != std::string::npos);
+  CHECK(fx.server->wait_exit(std::chrono::seconds(20)) == 0);
 }
