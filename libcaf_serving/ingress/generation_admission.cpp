@@ -1,11 +1,14 @@
 #include "ingress/generation_admission.hpp"
 
+#include "core/clock.hpp"
 #include "postprocess/sampling.hpp"
 #include "postprocess/stop_strings.hpp"
 #include "text/chat_template.hpp"
 #include "text/tokenizer.hpp"
 
 #include <caf/send.hpp>
+
+#include <algorithm>
 
 namespace caf_serving::ingress {
 
@@ -81,6 +84,15 @@ result<admitted_generation> admit_generation(const server::model_pipeline& model
 void submit_generation(const server::model_pipeline& model,
                        std::shared_ptr<scheduler::generation_job> job) {
   caf::anon_send(model.generative->actor, scheduler::generate_atom::value, std::move(job));
+}
+
+void record_generation(const server::model_pipeline& model, int64_t received_ns) {
+  auto& s = *model.stats;
+  s.inference_count.fetch_add(1, std::memory_order_relaxed);
+  s.execution_count.fetch_add(1, std::memory_order_relaxed);
+  uint64_t took = static_cast<uint64_t>(std::max<int64_t>(0, now_ns() - received_ns));
+  s.success.add(took);
+  s.request_us.observe(static_cast<double>(took) / 1000.0);
 }
 
 void cancel_generation(const server::model_pipeline& model, uint64_t id) {

@@ -1,7 +1,7 @@
 #pragma once
 /// The admission step of generative requests (issue 34), the same for every
 /// protocol that carries them (Triton's generate endpoints, the OpenAI
-/// endpoints; gRPC's stream later): check the sampling and stop parameters,
+/// endpoints, gRPC's ModelStreamInfer): check the sampling and stop parameters,
 /// render the chat template, tokenize the prompt, check it against the
 /// model's context, and hand the job to the model's generation actor.
 /// Protocols parse (generate_codec.hpp), call this, and write what comes back.
@@ -39,6 +39,11 @@ result<admitted_generation> admit_generation(const server::model_pipeline& model
 /// Hands `job` (its sink set) to the model's generation actor.
 void submit_generation(const server::model_pipeline& model,
                        std::shared_ptr<scheduler::generation_job> job);
+
+/// A generative request answered whole: counted in the model's statistics
+/// (inference and execution counts, success time, request latency) from
+/// `received_ns` (now_ns) until now, as every protocol counts it.
+void record_generation(const server::model_pipeline& model, int64_t received_ns);
 
 /// The client went away: the sequence ends and its cache blocks are freed
 /// before the next step. Nothing when it has ended already.

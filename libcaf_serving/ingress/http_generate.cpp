@@ -473,13 +473,7 @@ kj::Promise<void> http_generate::send_stream(call& c, http_response& response) {
 }
 
 void http_generate::record_generation(const call& c) {
-  auto& s = *c.model->stats;
-  int64_t now = now_ns();
-  s.inference_count.fetch_add(1, std::memory_order_relaxed);
-  s.execution_count.fetch_add(1, std::memory_order_relaxed);
-  uint64_t took = static_cast<uint64_t>(std::max<int64_t>(0, now - c.received_ns));
-  s.success.add(took);
-  s.request_us.observe(static_cast<double>(took) / 1000.0);
+  ingress::record_generation(*c.model, c.received_ns);
 }
 
 } // namespace caf_serving::ingress

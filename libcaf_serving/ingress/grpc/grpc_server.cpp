@@ -5,6 +5,9 @@
 #include "ingress/admission.hpp"
 #include "ingress/grpc/control_calls.hpp"
 #include "ingress/grpc/convert.hpp"
+#include "ingress/grpc/generate_convert.hpp"
+#include "ingress/generation_admission.hpp"
+#include "scheduler/generation_actor.hpp"
 
 #include "grpc_service.grpc.pb.h"
 
@@ -241,10 +244,17 @@ struct grpc_server::state {
                       "(--grpc-max-open-calls); retry when one has ended, or raise the limit");
   }
 
-  /// Finds the model, parses the request, admits it (admission.hpp) and
-  /// hands it to the pipeline; `done` gets its answer, at once or later on
-  /// the thread that delivers it.
-  void start_infer(const pb::ModelInferRequest& request, int64_t received, infer_done done);
+  /// What every inference request must pass before its model is looked at
+  /// (the server takes requests, the message is within --max-body-bytes),
+  /// then its model.
+  result<std::shared_ptr<const server::model_pipeline>> accept(
+    const pb::ModelInferRequest& request) const;
+
+  /// Parses the request for the one-shot `model`, admits it (admission.hpp)
+  /// and hands it to the pipeline; `done` gets its answer, at once or later
+  /// on the thread that delivers it.
+  void start_infer(std::shared_ptr<const server::model_pipeline> model,
+                   const pb::ModelInferRequest& request, int64_t received, infer_done done);
 };
 
 namespace {
@@ -314,26 +324,31 @@ private:
 
 } // namespace
 
-void grpc_server::state::start_infer(const pb::ModelInferRequest& request, int64_t received,
-                                     infer_done done) {
+result<std::shared_ptr<const server::model_pipeline>>
+grpc_server::state::accept(const pb::ModelInferRequest& request) const {
   if (draining.load())
-    return done(unavailable("the server is shutting down (SIGINT or SIGTERM) and takes no "
-                            "new requests; send it to another server"));
+    return unavailable("the server is shutting down (SIGINT or SIGTERM) and takes no "
+                       "new requests; send it to another server");
   size_t size = request.ByteSizeLong();
   if (size > cfg.limits.max_body_bytes)
-    return done(serving_error{status_code::payload_too_large,
-                              "the request message has " + std::to_string(size)
-                                + " bytes, over the limit of "
-                                + std::to_string(cfg.limits.max_body_bytes)
-                                + " bytes; raise --max-body-bytes (it bounds HTTP bodies and "
-                                  "gRPC messages alike)"});
+    return serving_error{status_code::payload_too_large,
+                         "the request message has " + std::to_string(size)
+                           + " bytes, over the limit of "
+                           + std::to_string(cfg.limits.max_body_bytes)
+                           + " bytes; raise --max-body-bytes (it bounds HTTP bodies and "
+                             "gRPC messages alike)"};
   auto version = grpc_api::parse_version(request.model_version(), request.model_name());
   if (!version)
-    return done(version.error());
+    return version.error();
   auto found = models.find(request.model_name(), *version);
   if (!found)
-    return done(found.error());
-  auto model = *found;
+    return found.error();
+  return *found;
+}
+
+void grpc_server::state::start_infer(std::shared_ptr<const server::model_pipeline> model,
+                                     const pb::ModelInferRequest& request, int64_t received,
+                                     infer_done done) {
   auto parsed = grpc_api::to_infer_request(request, cfg.limits);
   if (!parsed) {
     record_failure(*model, received, parsed.error());
@@ -459,9 +474,24 @@ private:
     // Weakly: once grpc is done with the call (answered, or cancelled) it
     // goes, and a late answer finds nothing to complete.
     std::weak_ptr<cq_unary_infer> weak = self;
-    state_.start_infer(request_, received, [weak, &inbox = inbox_](infer_outcome outcome) {
+    infer_done done = [weak, &inbox = inbox_](infer_outcome outcome) {
       inbox.post(weak, std::move(outcome));
-    });
+    };
+    auto model = state_.accept(request_);
+    if (!model)
+      return done(model.error());
+    if ((*model)->generative) {
+      // Triton's words (TRITONSERVER_ERROR_UNSUPPORTED, UNIMPLEMENTED).
+      serving_error e{status_code::method_not_allowed,
+                      "ModelInfer RPC doesn't support models with decoupled transaction "
+                      "policy: model '" + (*model)->config.name + "' is generative; send its "
+                      "requests on ModelStreamInfer (tritonclient.grpc's start_stream and "
+                      "async_stream_infer)",
+                      failure_reason::bad_request};
+      record_failure(**model, received, e);
+      return done(std::move(e));
+    }
+    state_.start_infer(std::move(*model), request_, received, std::move(done));
   }
 
   friend class cq_answer_inbox;
@@ -665,10 +695,18 @@ void listen_control_calls(cq_base& service, ::grpc::ServerCompletionQueue& cq,
 }
 
 /// A ModelStreamInfer stream on a completion queue: requests are read one at
-/// a time and sent on into the pipeline; answers are written in the order of
-/// the requests, a failed one as error_message, and the stream goes on. At
-/// most stream_max_in_flight requests are in the pipeline: past that, reading
-/// waits for a write. Answers are written from the thread that delivers them.
+/// a time and sent on into the pipeline, or for a generative model to its
+/// generation actor. A one-shot request's answer is written in the order of
+/// the one-shot requests; a generative request's responses (one per step of
+/// text, stream_generation_sink) are written as they come, so those of
+/// several requests interleave, each request's in order. A failed request is
+/// answered with error_message and the stream goes on. At most
+/// stream_max_in_flight requests are unfinished at once (their last response
+/// not yet written): past that, reading waits for a write. Responses are
+/// written from the thread that delivers them (a CAF worker, the generation
+/// actor's thread); grpc's Write only queues, so no thread waits on the
+/// client. A client that cancels the call or goes away cancels its
+/// generations.
 class cq_stream_infer : call_object, public std::enable_shared_from_this<cq_stream_infer> {
 public:
   static void listen(cq_base& service, ::grpc::ServerCompletionQueue& cq,
@@ -684,21 +722,46 @@ public:
   }
 
   /// The server is shutting down: requests still read are answered
-  /// UNAVAILABLE (start_infer), and the stream finishes as soon as no answer
-  /// is owed, instead of waiting for the client to close it.
+  /// UNAVAILABLE (state::accept), and the stream finishes as soon as no
+  /// answer is owed, instead of waiting for the client to close it.
   void drain() {
     std::lock_guard lock(mutex_);
     draining_ = true;
     maybe_finish();
   }
 
+  /// The responses of generation `job` for one update, from the generation
+  /// actor's thread; `last`: its last update.
+  void post_generated(uint64_t job, std::vector<pb::ModelStreamInferResponse> responses,
+                      bool last) {
+    std::lock_guard lock(mutex_);
+    if (last)
+      forget_generation(job);
+    if (finished_)
+      return;
+    for (size_t i = 0; i < responses.size(); ++i)
+      out_.push_back({std::move(responses[i]), last && i + 1 == responses.size()});
+    if (last && responses.empty()) {
+      --in_flight_;
+      maybe_finish();
+    }
+    write_next();
+  }
+
 private:
   cq_stream_infer(cq_base& service, ::grpc::ServerCompletionQueue& cq, grpc_server::state& s)
       : call_object(s), service_(service), cq_(cq), state_(s) {}
 
+  /// A one-shot request's place in the order of answers.
   struct slot {
     bool ready = false;
     pb::ModelStreamInferResponse response;
+  };
+
+  /// A response to write; `ends_request`: the last of its request.
+  struct outgoing {
+    pb::ModelStreamInferResponse response;
+    bool ends_request = false;
   };
 
   void on_accepted(bool ok) {
@@ -730,7 +793,6 @@ private:
 
   void on_read(bool ok) {
     auto keep = shared_from_this(); // self_ may go below, with mutex_ held
-    size_t seq;
     {
       std::lock_guard lock(mutex_);
       --ops_;
@@ -739,24 +801,56 @@ private:
         maybe_finish();
         return release_if_idle();
       }
-      seq = next_seq_++;
-      slots_.emplace_back();
+      ++in_flight_;
     }
-    // The request's bytes are copied into the pipeline's message before
-    // start_infer returns, so request_ may be read into again after it.
-    // Weakly, as cq_unary_infer: a stream grpc is done with goes at once.
-    state_.start_infer(request_, now_ns(),
-                       [weak = weak_from_this(), seq](infer_outcome outcome) {
-                         if (auto self = weak.lock())
-                           self->answered(seq, std::move(outcome));
-                       });
+    // The request's bytes are copied (into the pipeline's message, or the
+    // generation job) before these return, so request_ may be read into
+    // again after them.
+    int64_t received = now_ns();
+    auto model = state_.accept(request_);
+    if (model && (*model)->generative)
+      start_generation(std::move(*model), received);
+    else
+      start_one_shot(std::move(model), received);
     std::lock_guard lock(mutex_);
     if (finished_)
       return release_if_idle();
-    if (slots_.size() < state_.cfg.stream_max_in_flight)
+    if (in_flight_ < state_.cfg.stream_max_in_flight)
       start_read();
     else
       read_paused_ = true;
+  }
+
+  void start_one_shot(result<std::shared_ptr<const server::model_pipeline>> model,
+                      int64_t received) {
+    size_t seq;
+    {
+      std::lock_guard lock(mutex_);
+      seq = next_seq_++;
+      slots_.emplace_back();
+    }
+    // Weakly, as cq_unary_infer: a stream grpc is done with goes at once.
+    infer_done done = [weak = weak_from_this(), seq](infer_outcome outcome) {
+      if (auto self = weak.lock())
+        self->answered(seq, std::move(outcome));
+    };
+    if (!model)
+      return done(model.error());
+    state_.start_infer(std::move(*model), request_, received, std::move(done));
+  }
+
+  /// Reads request_ as a generative request, admits it
+  /// (generation_admission.hpp) and hands it to the model's generation
+  /// actor; defined below stream_generation_sink.
+  void start_generation(std::shared_ptr<const server::model_pipeline> model, int64_t received);
+
+  /// A generative request refused before it reached the actor.
+  void refuse_generation(pb::ModelStreamInferResponse response) {
+    std::lock_guard lock(mutex_);
+    if (finished_)
+      return;
+    out_.push_back({std::move(response), true});
+    write_next();
   }
 
   void answered(size_t seq, infer_outcome outcome) {
@@ -769,6 +863,12 @@ private:
     else
       s.response.mutable_infer_response()->Swap(&std::get<pb::ModelInferResponse>(outcome));
     s.ready = true;
+    // The one-shot answers ready in order join the responses to write.
+    while (!slots_.empty() && slots_.front().ready) {
+      out_.push_back({std::move(slots_.front().response), true});
+      slots_.pop_front();
+      ++first_seq_;
+    }
     write_next();
   }
 
@@ -777,15 +877,17 @@ private:
     std::lock_guard lock(mutex_);
     --ops_;
     writing_ = false;
-    slots_.pop_front();
-    ++first_seq_;
+    if (out_.front().ends_request)
+      --in_flight_;
+    out_.pop_front();
     if (!ok) {
       // The client is gone: nothing more can be written.
       finish(Status(StatusCode::CANCELLED, "the stream was closed by the client"));
+      cancel_generations();
       return release_if_idle();
     }
     if (read_paused_ && !reading_done_ && !finished_
-        && slots_.size() < state_.cfg.stream_max_in_flight) {
+        && in_flight_ < state_.cfg.stream_max_in_flight) {
       read_paused_ = false;
       start_read();
     }
@@ -806,8 +908,9 @@ private:
     std::lock_guard lock(mutex_);
     --ops_;
     // Cancelled (by the client, or by the drain's deadline): nothing more
-    // may be written.
+    // may be written, and generations still running are dropped.
     finished_ = true;
+    cancel_generations();
     release_if_idle();
   }
 
@@ -819,16 +922,16 @@ private:
   }
 
   void write_next() {
-    if (writing_ || finished_ || slots_.empty() || !slots_.front().ready)
+    if (writing_ || finished_ || out_.empty())
       return;
-    if (state_.on_open_cq([&] { stream_.Write(slots_.front().response, &write_tag_); })) {
+    if (state_.on_open_cq([&] { stream_.Write(out_.front().response, &write_tag_); })) {
       writing_ = true;
       ++ops_;
     }
   }
 
   void maybe_finish() {
-    if (slots_.empty() && !writing_ && (reading_done_ || draining_))
+    if (in_flight_ == 0 && out_.empty() && !writing_ && (reading_done_ || draining_))
       finish(stream_end_status(reading_done_));
   }
 
@@ -838,6 +941,21 @@ private:
     finished_ = true;
     if (state_.on_open_cq([&] { stream_.Finish(s, &finish_tag_); }))
       ++ops_;
+  }
+
+  /// The client is gone: its generations end and free their cache blocks.
+  void cancel_generations() {
+    for (const auto& [job, model] : generations_)
+      cancel_generation(*model, job);
+    generations_.clear();
+  }
+
+  void forget_generation(uint64_t job) {
+    for (size_t i = 0; i < generations_.size(); ++i)
+      if (generations_[i].first == job) {
+        generations_.erase(generations_.begin() + static_cast<std::ptrdiff_t>(i));
+        return;
+      }
   }
 
   /// Once grpc holds none of its tags the call lets go of itself (the tag
@@ -862,9 +980,16 @@ private:
   std::shared_ptr<cq_stream_infer> self_;
   std::mutex mutex_;
   int ops_ = 0;
+  /// One-shot requests not answered in order yet.
   std::deque<slot> slots_;
   size_t first_seq_ = 0;
   size_t next_seq_ = 0;
+  /// Responses to write, the front one being written while writing_.
+  std::deque<outgoing> out_;
+  /// Requests read whose last response is not written yet.
+  uint32_t in_flight_ = 0;
+  /// Generations running for this stream (job id, model), to cancel.
+  std::vector<std::pair<uint64_t, std::shared_ptr<const server::model_pipeline>>> generations_;
   bool reading_done_ = false;
   bool read_paused_ = false;
   bool writing_ = false;
@@ -878,6 +1003,157 @@ private:
   call_tag<cq_stream_infer, &cq_stream_infer::on_finished> finish_tag_{this};
   call_tag<cq_stream_infer, &cq_stream_infer::on_done> done_tag_{this};
 };
+
+/// One generative request on a stream: what its responses need. Touched
+/// only by its sink, on the generation actor's thread, so it needs no lock.
+struct stream_generation {
+  std::shared_ptr<const server::model_pipeline> model;
+  uint64_t job = 0;
+  /// The request's id, and the model's version as text, for every response.
+  std::string id;
+  std::string version;
+  /// The prompt as the model read it, for echo (vLLM's backend leads the
+  /// whole text with it when not streaming, unless exclude_input_in_output).
+  std::string prompt_text;
+  bool stream = false;
+  bool echo = false;
+  bool empty_final_response = false;
+  bool return_finish_reason = false;
+  bool return_num_input_tokens = false;
+  bool return_num_output_tokens = false;
+  int64_t received_ns = 0;
+  /// The text so far, when not streaming.
+  std::string text;
+};
+
+generation_finish finish_of(const std::optional<std::string>& reason) {
+  if (!reason)
+    return generation_finish::none;
+  return *reason == "length" ? generation_finish::length : generation_finish::stop;
+}
+
+/// The generation actor's end of a generative request on a stream: turns
+/// each update into its responses and hands them to the stream (held
+/// weakly: a stream grpc is done with goes, and its generations are
+/// cancelled). Every job gets a last update: one dropped without it (the
+/// actor stopped) answers an error.
+class stream_generation_sink final : public scheduler::generation_sink {
+public:
+  stream_generation_sink(std::weak_ptr<cq_stream_infer> stream, stream_generation g)
+      : stream_(std::move(stream)), g_(std::move(g)) {}
+
+  ~stream_generation_sink() override {
+    if (ended_)
+      return;
+    scheduler::generation_update u;
+    u.error = serving_error{status_code::internal,
+                            "model '" + g_.model->config.name + "': the request was lost "
+                            "inside the server (its generation stopped); retry it"};
+    deliver(std::move(u));
+  }
+
+  void deliver(scheduler::generation_update u) override {
+    ended_ = u.last();
+    auto responses = responses_for(u);
+    if (auto s = stream_.lock())
+      s->post_generated(g_.job, std::move(responses), u.last());
+  }
+
+private:
+  std::vector<pb::ModelStreamInferResponse> responses_for(const scheduler::generation_update& u) {
+    std::vector<pb::ModelStreamInferResponse> out;
+    grpc_api::generate_response_meta meta{g_.id, g_.model->config.name, g_.version};
+    if (u.error) {
+      record_failure(*g_.model, g_.received_ns, *u.error);
+      out.push_back(grpc_api::to_generate_error(meta, u.error->message));
+      return out;
+    }
+    bool last = u.last();
+    grpc_api::generate_response r;
+    r.meta = meta;
+    r.final = last && !g_.empty_final_response;
+    if (g_.return_finish_reason)
+      r.finish_reason = finish_of(u.finish_reason);
+    if (g_.return_num_input_tokens)
+      r.num_input_tokens = u.prompt_tokens;
+    std::string whole;
+    if (g_.stream) {
+      // One response per step that has text (and the last, when it carries
+      // the final flag), as vLLM's backend sends them.
+      if (!u.text.empty() || r.final) {
+        r.text_output = u.text;
+        if (g_.return_num_output_tokens)
+          r.num_output_tokens = static_cast<uint32_t>(u.tokens.size());
+        out.push_back(grpc_api::to_generate_response(r));
+      }
+    } else {
+      g_.text += u.text;
+      if (!last)
+        return out;
+      whole = g_.echo ? g_.prompt_text + g_.text : g_.text;
+      r.text_output = whole;
+      if (g_.return_num_output_tokens)
+        r.num_output_tokens = u.completion_tokens;
+      out.push_back(grpc_api::to_generate_response(r));
+    }
+    if (last) {
+      record_generation(*g_.model, g_.received_ns);
+      if (g_.empty_final_response) {
+        grpc_api::generate_response empty;
+        empty.meta = meta;
+        empty.final = true;
+        out.push_back(grpc_api::to_generate_response(empty));
+      }
+    }
+    return out;
+  }
+
+  std::weak_ptr<cq_stream_infer> stream_;
+  stream_generation g_;
+  bool ended_ = false;
+};
+
+void cq_stream_infer::start_generation(std::shared_ptr<const server::model_pipeline> model,
+                                       int64_t received) {
+  const auto& m = *model;
+  std::string version = std::to_string(m.version);
+  grpc_api::generate_response_meta meta{request_.id(), m.config.name, version};
+  auto refuse = [&](const serving_error& e) {
+    record_failure(m, received, e);
+    refuse_generation(grpc_api::to_generate_error(meta, e.message));
+  };
+  auto read = grpc_api::to_generate_request(request_, generate_model_info_of(m.config),
+                                            state_.cfg.limits);
+  if (!read)
+    return refuse(read.error());
+  auto admitted = admit_generation(m, read->request);
+  if (!admitted)
+    return refuse(admitted.error());
+  auto job = std::move(admitted->job);
+  stream_generation g;
+  g.model = model;
+  g.job = job->id;
+  g.id = request_.id();
+  g.version = std::move(version);
+  g.prompt_text = std::move(admitted->prompt_text);
+  g.stream = read->request.stream;
+  g.echo = read->request.echo;
+  g.empty_final_response = read->empty_final_response;
+  g.return_finish_reason = read->request.triton.return_finish_reason;
+  g.return_num_input_tokens = read->request.triton.return_num_input_tokens;
+  g.return_num_output_tokens = read->request.triton.return_num_output_tokens;
+  g.received_ns = received;
+  uint64_t id = job->id;
+  {
+    std::lock_guard lock(mutex_);
+    if (finished_)
+      return; // the client is gone: nothing to generate for
+    // Known before the actor may answer, so that a last update forgets it.
+    generations_.emplace_back(id, model);
+  }
+  job->sink = std::make_shared<stream_generation_sink>(weak_from_this(), std::move(g));
+  submit_generation(m, std::move(job));
+}
 
 ::grpc_compression_level to_grpc(grpc_response_compression level) {
   switch (level) {
