@@ -7,6 +7,7 @@
 // load preempts without failing or changing an answer, and its gauge returns
 // to zero; a client that leaves mid-stream frees its sequence; a Llama
 // (grouped-query attention, RoPE) served beside it answers its own references.
+#include "generation_metrics.hpp"
 #include "support/http_client.hpp"
 #include "support/json_document.hpp"
 #include "support/server_process.hpp"
@@ -27,6 +28,7 @@
 #include <thread>
 #include <vector>
 
+using namespace caf_serving::generative_test;
 using namespace caf_serving::support;
 
 namespace {
@@ -129,28 +131,6 @@ std::vector<std::string> sse_events(const std::string& body) {
     at = end;
   }
   return out;
-}
-
-/// A gauge or counter of /metrics for the fixture model.
-double metric(uint16_t port, const std::string& name) {
-  http_client client(port);
-  auto r = client.get("/metrics");
-  std::string key = name + "{model=\"tiny_gpt2\",version=\"1\"} ";
-  auto at = r.body.find(key);
-  if (at == std::string::npos)
-    return -1;
-  return std::stod(r.body.substr(at + key.size()));
-}
-
-/// Waits (at most 20 s) until `name` reads `value`.
-bool wait_metric(uint16_t port, const std::string& name, double value) {
-  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  while (std::chrono::steady_clock::now() < until) {
-    if (metric(port, name) == value)
-      return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return false;
 }
 
 /// Sends the 64 reference prompts of `model` at once; returns how many

@@ -8,6 +8,7 @@
 // a bad request answers an error response and the stream goes on; unary
 // ModelInfer is refused as Triton refuses it; a cancelled call frees its
 // sequence's cache blocks.
+#include "generation_metrics.hpp"
 #include "support/http_client.hpp"
 #include "support/json_document.hpp"
 #include "support/server_process.hpp"
@@ -26,6 +27,7 @@
 #include <thread>
 #include <vector>
 
+using namespace caf_serving::generative_test;
 using namespace caf_serving::support;
 namespace pb = inference;
 
@@ -180,27 +182,6 @@ std::map<std::string, collected> read_until_final(grpc::ClientReaderWriter<pb::M
     c.last = r;
   }
   return out;
-}
-
-/// A gauge or counter of /metrics for the fixture model.
-double metric(uint16_t port, const std::string& name) {
-  http_client client(port);
-  auto r = client.get("/metrics");
-  std::string key = name + "{model=\"tiny_gpt2\",version=\"1\"} ";
-  auto at = r.body.find(key);
-  if (at == std::string::npos)
-    return -1;
-  return std::stod(r.body.substr(at + key.size()));
-}
-
-bool wait_metric(uint16_t port, const std::string& name, double value) {
-  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  while (std::chrono::steady_clock::now() < until) {
-    if (metric(port, name) == value)
-      return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return false;
 }
 
 void set_deadline(grpc::ClientContext& ctx) {
