@@ -294,6 +294,16 @@ def genai_greedy(model_dir, ids, max_tokens):
     return list(gen.get_sequence(0))[len(ids):]
 
 
+def add_texts(tok, refs):
+    """Each case's prompt text and the text its tokens show after the prompt's
+    (decode(prompt + generated) less decode(prompt)), for the server tests."""
+    for r in refs:
+        prompt = tok.decode(r["prompt_ids"])
+        whole = tok.decode(r["prompt_ids"] + r["generated_ids"])
+        r["prompt"] = prompt
+        r["generated_text"] = whole[len(prompt):] if whole.startswith(prompt) else None
+
+
 def models(out):
     import torch
     from tokenizers import Tokenizer
@@ -339,6 +349,8 @@ def models(out):
     fp32_ort = ort_references(out / "genai_llama_fp32" / "1" / "model.onnx", cases, 2, 2, 16)
     same = sum(a["generated_ids"] == b["generated_ids"] for a, b in zip(fp32_ort, fp32_refs))
     print(f"fp32 model over onnxruntime matches transformers on {same}/64 prompts")
+    for refs in (fp32_refs, int4_refs):
+        add_texts(tok, refs)
     for precision, refs, source in (("fp32", fp32_refs, "transformers generate (greedy)"),
                                     ("int4", int4_refs, "onnxruntime greedy over the int4 "
                                      "model, equal to onnxruntime-genai's Generator")):

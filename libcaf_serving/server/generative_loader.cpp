@@ -80,6 +80,24 @@ std::string token_text(simdjson::dom::element config, const char* key) {
   return {};
 }
 
+/// `eos_token_id` of a JSON object: an id or a list of ids (generation_config.json,
+/// genai_config.json's model); none when absent.
+std::vector<int32_t> eos_ids_of(simdjson::dom::element object) {
+  std::vector<int32_t> ids;
+  simdjson::dom::element eos;
+  if (object["eos_token_id"].get(eos))
+    return ids;
+  int64_t one = 0;
+  simdjson::dom::array many;
+  if (!eos.get(one))
+    ids.push_back(static_cast<int32_t>(one));
+  else if (!eos.get(many))
+    for (simdjson::dom::element e : many)
+      if (!e.get(one))
+        ids.push_back(static_cast<int32_t>(one));
+  return ids;
+}
+
 uint64_t machine_memory() {
   long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGE_SIZE);
   return pages > 0 && size > 0 ? uint64_t(pages) * uint64_t(size) : uint64_t{8} << 30;
@@ -168,17 +186,7 @@ result<loaded_generative> load_generative(const generative_load_config& cfg) {
     auto doc = parse_json(parser, text, *p, c);
     if (!doc)
       return doc.error();
-    simdjson::dom::element eos;
-    if (!(*doc)["eos_token_id"].get(eos)) {
-      int64_t one = 0;
-      simdjson::dom::array many;
-      if (!eos.get(one))
-        eos_ids.push_back(static_cast<int32_t>(one));
-      else if (!eos.get(many))
-        for (simdjson::dom::element e : many)
-          if (!e.get(one))
-            eos_ids.push_back(static_cast<int32_t>(one));
-    }
+    eos_ids = eos_ids_of(*doc);
     uint64_t max_length = 0;
     if (context_hint == 0 && !(*doc)["max_length"].get(max_length) && max_length > 0)
       context_hint = max_length;
@@ -210,17 +218,8 @@ result<loaded_generative> load_generative(const generative_load_config& cfg) {
       if (dims.head_dim > 0 && dims.kv_heads > 0 && dims.vocab > 0 && c.inputs.empty()
           && c.outputs.empty())
         genai_cache = dims;
-      simdjson::dom::element eos;
-      if (eos_ids.empty() && !model["eos_token_id"].get(eos)) {
-        int64_t one = 0;
-        simdjson::dom::array many;
-        if (!eos.get(one))
-          eos_ids.push_back(static_cast<int32_t>(one));
-        else if (!eos.get(many))
-          for (simdjson::dom::element e : many)
-            if (!e.get(one))
-              eos_ids.push_back(static_cast<int32_t>(one));
-      }
+      if (eos_ids.empty())
+        eos_ids = eos_ids_of(model);
     }
   }
   if (auto i = c.parameters.find("past_layout"); i != c.parameters.end()) {

@@ -90,15 +90,22 @@ std::string ids_json(const std::vector<int64_t>& ids) {
   return s + "]";
 }
 
-/// A greedy completion of `c`'s prompt ids. min_tokens = max_tokens keeps the
-/// end of sequence from being picked, as min_new_tokens did for the
-/// references (ignore_eos would only keep it from stopping: the tiny Llama
-/// picks it twice).
-std::string completion_body(const std::string& model, const reference_case& c, bool stream) {
+/// How a reference kept its end-of-sequence token from ending it:
+/// transformers' min_new_tokens = max_new_tokens (tools/generative_fixtures.py)
+/// never picks it, which min_tokens = max_tokens matches (ignore_eos would only
+/// keep it from stopping: the tiny Llama picks it twice); no end-of-sequence id
+/// at all (tools/genai_fixtures.py) picks it and goes on, which ignore_eos
+/// matches.
+enum class eos_rule { min_tokens, ignore_eos };
+
+/// A greedy completion of `c`'s prompt ids.
+std::string completion_body(const std::string& model, const reference_case& c, bool stream,
+                            eos_rule rule = eos_rule::min_tokens) {
   std::string n = std::to_string(c.max_tokens);
   return "{\"model\":\"" + model + "\",\"prompt\":" + ids_json(c.prompt_ids)
-         + ",\"max_tokens\":" + n + ",\"min_tokens\":" + n + ",\"temperature\":0"
-         + (stream ? ",\"stream\":true" : "") + "}";
+         + ",\"max_tokens\":" + n
+         + (rule == eos_rule::min_tokens ? ",\"min_tokens\":" + n : std::string(",\"ignore_eos\":true"))
+         + ",\"temperature\":0" + (stream ? ",\"stream\":true" : "") + "}";
 }
 
 /// `text` as a JSON string literal.
@@ -136,14 +143,14 @@ std::vector<std::string> sse_events(const std::string& body) {
 /// Sends the 64 reference prompts of `model` at once; returns how many
 /// answers differ.
 int run_all(uint16_t port, const std::vector<reference_case>& cases, bool stream,
-            const std::string& model = "tiny_gpt2") {
+            const std::string& model = "tiny_gpt2", eos_rule rule = eos_rule::min_tokens) {
   std::atomic<int> wrong{0};
   std::vector<std::thread> threads;
   for (size_t i = 0; i < cases.size(); ++i)
     threads.emplace_back([&, i] {
       http_client client(port);
       client.timeout = std::chrono::seconds(120);
-      auto r = client.post("/v1/completions", completion_body(model, cases[i], stream),
+      auto r = client.post("/v1/completions", completion_body(model, cases[i], stream, rule),
                            {{"Content-Type", "application/json"}});
       std::string text;
       if (r.status == 200 && stream) {
@@ -386,4 +393,21 @@ TEST_CASE("a Llama served beside GPT-2 answers its 64 prompts at once with trans
   auto models = client.get("/v1/models");
   CHECK(models.body.find("\"tiny_llama\"") != std::string::npos);
   CHECK(models.body.find("\"tiny_gpt2\"") != std::string::npos);
+}
+
+TEST_CASE("onnxruntime-genai's builds (GroupQueryAttention; int4 MatMulNBits) served beside "
+          "each other answer their 64 prompts at once") {
+  // The loader reads genai_config.json: the head size, the left-aligned past
+  // of GroupQueryAttention, eos; the references keep end-of-sequence tokens.
+  repository repo;
+  for (const char* model : {"genai_llama_fp32", "genai_llama_int4"})
+    repo.repo.add_model(fixtures + "/" + model);
+  server_process server(config_for(repo));
+  for (const char* model : {"genai_llama_fp32", "genai_llama_int4"}) {
+    CAPTURE(model);
+    auto cases = load_reference(model);
+    REQUIRE(cases.size() == 64);
+    CHECK(run_all(server.http_port(), cases, false, model, eos_rule::ignore_eos) == 0);
+    CHECK(run_all(server.http_port(), cases, true, model, eos_rule::ignore_eos) == 0);
+  }
 }
