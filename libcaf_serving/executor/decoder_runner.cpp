@@ -31,23 +31,18 @@ uint32_t batch_bucket(uint32_t rows, uint32_t max_batch) {
   return std::max(rows, std::min(b, max_batch));
 }
 
-/// Collects a run's outputs by name.
-struct capture final : output_writer {
-  struct tensor {
-    std::vector<int64_t> shape;
-    std::vector<uint8_t> bytes;
-  };
-  std::map<std::string, tensor, std::less<>> outputs;
-  uint8_t* allocate(std::string_view name, datatype, const std::vector<int64_t>& shape,
-                    size_t bytes) override {
-    auto& t = outputs[std::string(name)];
-    t.shape = shape;
-    t.bytes.resize(bytes);
-    return t.bytes.data();
-  }
-};
-
 } // namespace
+
+uint8_t* decoder_runner::output_buffers::allocate(std::string_view name, datatype,
+                                                  const std::vector<int64_t>& shape,
+                                                  size_t bytes) {
+  auto i = outputs.find(name);
+  if (i == outputs.end())
+    i = outputs.emplace(std::string(name), tensor{}).first;
+  i->second.shape = shape;
+  i->second.bytes.resize(bytes);
+  return i->second.bytes.data();
+}
 
 model_config with_cache_dims(model_config c, const cache_dims& d) {
   const std::vector<int64_t> cache{static_cast<int64_t>(d.kv_heads), -1,
@@ -298,7 +293,6 @@ decoder_runner::run_group(const std::vector<const decoder_step_item*>& items,
     narrow.assign(values.begin(), values.end());
     return view_of(name, dt, std::move(shape), narrow.data(), narrow.size() * 4);
   };
-  std::vector<int32_t> positions32;
   batch_view batch;
   batch.rows = rows;
   for (const auto& name : sig_.input_order) {
@@ -307,7 +301,7 @@ decoder_runner::run_group(const std::vector<const decoder_step_item*>& items,
     } else if (name == sig_.attention_mask) {
       batch.inputs.push_back(int_view(name, sig_.mask_dtype, mask_, mask32_, {rows, total}));
     } else if (name == sig_.position_ids) {
-      batch.inputs.push_back(int_view(name, sig_.ids_dtype, positions_, positions32,
+      batch.inputs.push_back(int_view(name, sig_.ids_dtype, positions_, positions32_,
                                       {rows, tokens}));
     } else {
       for (uint32_t l = 0; l < layers; ++l)
@@ -317,7 +311,7 @@ decoder_runner::run_group(const std::vector<const decoder_step_item*>& items,
                                            past_[2 * l + kv].data(), past_floats * 4));
     }
   }
-  capture out;
+  auto& out = outputs_;
   auto status = model_->execute(batch, out);
   if (!std::holds_alternative<std::monostate>(status))
     return status;

@@ -43,6 +43,7 @@
 #include "executor/kv_cache.hpp"
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -151,9 +152,22 @@ private:
   std::shared_ptr<backend> model_;
   kv_cache cache_;
   decoder_runner_config config_;
+  /// The outputs of a run by name; their buffers keep their capacity from
+  /// step to step.
+  struct output_buffers final : output_writer {
+    struct tensor {
+      std::vector<int64_t> shape;
+      std::vector<uint8_t> bytes;
+    };
+    std::map<std::string, tensor, std::less<>> outputs;
+    uint8_t* allocate(std::string_view name, datatype dtype, const std::vector<int64_t>& shape,
+                      size_t bytes) override;
+  };
+
   // Buffers reused from step to step.
   std::vector<int64_t> ids_, mask_, positions_;
-  std::vector<int32_t> ids32_, mask32_;
+  std::vector<int32_t> ids32_, mask32_, positions32_;
+  output_buffers outputs_;
   std::vector<std::vector<float>> past_;
 };
 

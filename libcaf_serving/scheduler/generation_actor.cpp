@@ -8,7 +8,6 @@
 #include <caf/event_based_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
 
-#include <iostream>
 #include <unordered_map>
 
 namespace caf_serving::scheduler {
