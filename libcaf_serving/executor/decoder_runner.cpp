@@ -1,5 +1,7 @@
 #include "executor/decoder_runner.hpp"
 
+#include "core/external_memory.hpp"
+
 #include <algorithm>
 #include <cstring>
 #include <map>
@@ -62,9 +64,14 @@ model_config with_cache_dims(model_config c, const cache_dims& d) {
   add(c.outputs, "logits", datatype::fp32, {-1, static_cast<int64_t>(d.vocab)});
   for (uint32_t l = 0; l < d.layers; ++l)
     for (const char* kv : {".key", ".value"}) {
-      add(c.inputs, "past_key_values." + std::to_string(l) + kv, datatype::fp32, cache);
+      if (!d.paged)
+        add(c.inputs, "past_key_values." + std::to_string(l) + kv, datatype::fp32, cache);
       add(c.outputs, "present." + std::to_string(l) + kv, datatype::fp32, cache);
     }
+  if (d.paged) {
+    add(c.inputs, "kv_block_table", datatype::int32, {-1});
+    add(c.inputs, "kv_context_lens", datatype::int32, {1});
+  }
   return c;
 }
 
@@ -110,19 +117,34 @@ result<decoder_signature> find_decoder_signature(const model_config& c,
     return not_a_decoder(c, "output 'logits' is not FP32 [batch, sequence, vocab] with a "
                             "fixed vocab");
   s.vocab = static_cast<uint32_t>(logits->model_dims().back());
+  const auto* table = input("kv_block_table");
+  const auto* context = input("kv_context_lens");
+  if (table || context) {
+    if (!table || !context || table->dtype != datatype::int32 || context->dtype != datatype::int32)
+      return not_a_decoder(c, "a paged decoder needs both INT32 inputs kv_block_table and "
+                              "kv_context_lens");
+    s.paged = true;
+    s.block_table = table->name;
+    s.context_lens = context->name;
+  }
   for (uint32_t layer = 0;; ++layer) {
     std::string p = "past_key_values." + std::to_string(layer);
     std::string q = "present." + std::to_string(layer);
     const auto* pk = input(p + ".key");
-    if (!pk)
-      break;
     const auto* pv = input(p + ".value");
     const auto* qk = output(q + ".key");
     const auto* qv = output(q + ".value");
-    if (!pv || !qk || !qv)
+    if (s.paged ? !qk : !pk)
+      break;
+    if (s.paged && (pk || pv))
+      return not_a_decoder(c, "a paged decoder takes no past tensors, but it has " + p);
+    if ((!s.paged && !pv) || !qk || !qv)
       return not_a_decoder(c, "layer " + std::to_string(layer) + " lacks one of " + p
                                 + ".value, " + q + ".key, " + q + ".value");
-    for (const auto* t : {pk, pv, qk, qv}) {
+    std::vector<const tensor_config*> cache{qk, qv};
+    if (!s.paged)
+      cache = {pk, pv, qk, qv};
+    for (const auto* t : cache) {
       const auto& d = t->model_dims();
       // onnxruntime-genai leaves the head size symbolic ("kv_cache_dim"):
       // genai_config.json's head_size gives it.
@@ -144,16 +166,20 @@ result<decoder_signature> find_decoder_signature(const model_config& c,
         return not_a_decoder(c, "'" + t->name + "' has other kv_heads or head_dim than layer 0");
       }
     }
-    s.past_keys.push_back(pk->name);
-    s.past_values.push_back(pv->name);
+    if (!s.paged) {
+      s.past_keys.push_back(pk->name);
+      s.past_values.push_back(pv->name);
+    }
     s.present_keys.push_back(qk->name);
     s.present_values.push_back(qv->name);
   }
-  if (s.past_keys.empty())
-    return not_a_decoder(c, "it has no input 'past_key_values.0.key'");
+  if (s.present_keys.empty())
+    return not_a_decoder(c, s.paged ? "it has no output 'present.0.key'"
+                                    : "it has no input 'past_key_values.0.key'");
   for (const auto& t : c.inputs) {
     bool known = t.name == s.input_ids || t.name == s.attention_mask
                  || t.name == s.position_ids
+                 || (s.paged && (t.name == s.block_table || t.name == s.context_lens))
                  || std::find(s.past_keys.begin(), s.past_keys.end(), t.name) != s.past_keys.end()
                  || std::find(s.past_values.begin(), s.past_values.end(), t.name)
                       != s.past_values.end();
@@ -172,6 +198,33 @@ decoder_runner::decoder_runner(decoder_signature signature, std::shared_ptr<back
   if (config_.past_bucket == 0 || config_.max_batch == 0)
     throw std::invalid_argument("decoder_runner: past_bucket and max_batch must be positive");
   past_.resize(2 * sig_.past_keys.size());
+  if (sig_.paged != (config_.kv_pool != 0))
+    throw std::invalid_argument("decoder_runner: a paged decoder needs its kv_pool handle, "
+                                "and only a paged decoder takes one");
+  if (sig_.paged)
+    bind_external_memory(config_.kv_pool, {cache_.data(), cache_.floats()});
+}
+
+decoder_runner::~decoder_runner() {
+  if (sig_.paged)
+    unbind_external_memory(config_.kv_pool);
+}
+
+void decoder_runner::paged_inputs(const std::vector<const decoder_step_item*>& items,
+                                  uint32_t rows) {
+  const uint32_t block_tokens = cache_.layout().block_tokens;
+  uint32_t width = 1;
+  for (const auto* it : items)
+    width = std::max(width, (it->first_position + block_tokens - 1) / block_tokens);
+  table_width_ = round_up(width, std::max(1u, config_.past_bucket / block_tokens));
+  table_.assign(size_t{rows} * table_width_, 0);
+  context_.assign(rows, 0);
+  for (uint32_t r = 0; r < items.size(); ++r) {
+    const auto& blocks = cache_.blocks(items[r]->seq);
+    uint32_t used = (items[r]->first_position + block_tokens - 1) / block_tokens;
+    std::copy(blocks.begin(), blocks.begin() + used, table_.begin() + size_t{r} * table_width_);
+    context_[r] = static_cast<int32_t>(items[r]->first_position);
+  }
 }
 
 result<std::vector<float>> decoder_runner::run(const std::vector<decoder_step_item>& items) {
@@ -217,7 +270,7 @@ result<std::vector<float>> decoder_runner::run(const std::vector<decoder_step_it
 std::variant<std::monostate, serving_error>
 decoder_runner::run_group(const std::vector<const decoder_step_item*>& items,
                           std::vector<float>& logits, const std::vector<size_t>& logits_slot) {
-  const uint32_t layers = static_cast<uint32_t>(sig_.past_keys.size());
+  const uint32_t layers = sig_.layers();
   const uint32_t heads = sig_.kv_heads, dim = sig_.head_dim;
   uint32_t tokens = 0, longest_past = 0;
   for (const auto* it : items) {
@@ -232,9 +285,12 @@ decoder_runner::run_group(const std::vector<const decoder_step_item*>& items,
                                                               config_.max_batch);
   // masked: slot 0 is a masked placeholder, slots 1..first_position the cache.
   // left_aligned: slots 0..first_position - 1 the cache (at least one slot).
-  const bool left = sig_.layout == past_layout::left_aligned;
+  // paged: no past tensors; the mask covers the new tokens only.
+  const bool paged = sig_.paged;
+  const bool left = !paged && sig_.layout == past_layout::left_aligned;
   const uint32_t front = left ? 0 : 1;
-  const uint32_t past = round_up(std::max(longest_past + front, 1u), config_.past_bucket);
+  const uint32_t past =
+    paged ? 0 : round_up(std::max(longest_past + front, 1u), config_.past_bucket);
   const uint32_t total = past + tokens;
   if (left)
     for (const auto* it : items)
@@ -254,7 +310,9 @@ decoder_runner::run_group(const std::vector<const decoder_step_item*>& items,
       positions_[size_t{r} * tokens + j] = (it ? it->first_position : 0) + j;
     }
     int64_t* m = &mask_[size_t{r} * total];
-    if (left) {
+    if (paged) {
+      std::fill(m, m + tokens, 1);
+    } else if (left) {
       // seqlens_k = first_position + n - 1; a padding row has no past.
       std::fill(m, m + (it ? it->first_position : 0) + n, 1);
     } else {
@@ -264,7 +322,9 @@ decoder_runner::run_group(const std::vector<const decoder_step_item*>& items,
     }
   }
   const size_t past_floats = size_t{rows} * heads * past * dim;
-  for (uint32_t l = 0; l < layers; ++l) {
+  if (paged)
+    paged_inputs(items, rows);
+  for (uint32_t l = 0; l < layers && !paged; ++l) {
     for (int kv = 0; kv < 2; ++kv) {
       auto& buf = past_[2 * l + kv];
       buf.assign(past_floats, 0.0f);
@@ -303,6 +363,12 @@ decoder_runner::run_group(const std::vector<const decoder_step_item*>& items,
     } else if (name == sig_.position_ids) {
       batch.inputs.push_back(int_view(name, sig_.ids_dtype, positions_, positions32_,
                                       {rows, tokens}));
+    } else if (paged && name == sig_.block_table) {
+      batch.inputs.push_back(view_of(name, datatype::int32, {rows, table_width_}, table_.data(),
+                                     table_.size() * 4));
+    } else if (paged && name == sig_.context_lens) {
+      batch.inputs.push_back(view_of(name, datatype::int32, {rows, 1}, context_.data(),
+                                     context_.size() * 4));
     } else {
       for (uint32_t l = 0; l < layers; ++l)
         for (int kv = 0; kv < 2; ++kv)
@@ -328,7 +394,9 @@ decoder_runner::run_group(const std::vector<const decoder_step_item*>& items,
                          "the decoder's output '" + sig_.logits + "' is not [" +
                            std::to_string(rows) + ", " + std::to_string(tokens) + ", " +
                            std::to_string(sig_.vocab) + "]"};
-  const size_t present_floats = size_t{rows} * heads * total * dim;
+  // A paged decoder's present holds the new positions alone.
+  const uint32_t present_positions = paged ? tokens : total;
+  const size_t present_floats = size_t{rows} * heads * present_positions * dim;
   for (uint32_t l = 0; l < layers; ++l) {
     for (int kv = 0; kv < 2; ++kv) {
       const std::string& name = (kv ? sig_.present_values : sig_.present_keys)[l];
@@ -337,14 +405,15 @@ decoder_runner::run_group(const std::vector<const decoder_step_item*>& items,
         return serving_error{status_code::internal,
                              "the decoder's output '" + name + "' is not [batch, kv_heads, "
                              "past + sequence, head_dim] = [" + std::to_string(rows) + ", " +
-                               std::to_string(heads) + ", " + std::to_string(total) + ", " +
+                               std::to_string(heads) + ", "
+                               + std::to_string(present_positions) + ", " +
                                std::to_string(dim) + "]"};
       for (uint32_t r = 0; r < items.size(); ++r) {
-        const uint32_t at = left ? items[r]->first_position : past;
+        const uint32_t at = paged ? 0 : left ? items[r]->first_position : past;
         for (uint32_t h = 0; h < heads; ++h)
           for (uint32_t j = 0; j < items[r]->count; ++j)
             std::memcpy(cache_.row(items[r]->seq, l, kv == 1, h, items[r]->first_position + j),
-                        &present[((size_t{r} * heads + h) * total + at + j) * dim],
+                        &present[((size_t{r} * heads + h) * present_positions + at + j) * dim],
                         dim * sizeof(float));
       }
     }

@@ -33,8 +33,15 @@
 /// Decoding sequences (one token each) share one run; a prefill chunk runs
 /// alone.
 ///
-/// Left for later: attention that reads the blocks in place, without copying
-/// the past into a tensor each step (the goal).
+/// A paged decoder (onnx/paged_attention.hpp: the engine rewrote its
+/// GroupQueryAttention) takes no past tensors at all: its attention reads the
+/// cache's blocks in place through `kv_block_table` [batch, blocks] and
+/// `kv_context_lens` [batch, 1], and its present.N outputs hold the new
+/// positions only, [batch, kv_heads, sequence, head_dim], which the runner
+/// writes into the cache. Nothing of the past is copied: a step costs the same
+/// copies whatever the sequences' lengths. The block table is padded to a
+/// multiple of past_bucket / block_tokens blocks, so plans are compiled per
+/// bucket as above.
 
 #include "core/datatype.hpp"
 #include "core/error.hpp"
@@ -67,12 +74,17 @@ struct decoder_signature {
   std::string logits;
   std::vector<std::string> past_keys, past_values;       ///< per layer
   std::vector<std::string> present_keys, present_values; ///< per layer
+  uint32_t layers() const { return static_cast<uint32_t>(present_keys.size()); }
   datatype ids_dtype = datatype::int64;
   datatype mask_dtype = datatype::int64;
   uint32_t kv_heads = 0;
   uint32_t head_dim = 0;
   uint32_t vocab = 0;
   past_layout layout = past_layout::masked;
+  /// A paged decoder: `block_table` and `context_lens` instead of past tensors
+  /// (past_keys and past_values are empty).
+  bool paged = false;
+  std::string block_table, context_lens;
   /// Inputs in the model's order (what batch_view::inputs follows).
   std::vector<std::string> input_order;
 };
@@ -98,6 +110,9 @@ struct cache_dims {
   uint32_t kv_heads = 0;
   uint32_t head_dim = 0;
   uint32_t vocab = 0;
+  /// The graph was rewritten to read the cache in place: kv_block_table and
+  /// kv_context_lens instead of the past inputs.
+  bool paged = false;
 };
 model_config with_cache_dims(model_config config, const cache_dims& dims);
 
@@ -111,6 +126,9 @@ struct decoder_runner_config {
   uint32_t past_bucket = 32;
   /// Decoding sequences run in batches of a power of two rows, at most this.
   uint32_t max_batch = 64;
+  /// A paged decoder's external_memory handle (core/external_memory.hpp): the
+  /// runner binds its cache to it while it lives. 0 for other decoders.
+  uint64_t kv_pool = 0;
 };
 
 /// What one sequence computes in a step.
@@ -129,6 +147,9 @@ class decoder_runner {
 public:
   decoder_runner(decoder_signature signature, std::shared_ptr<backend> model,
                  kv_cache_layout cache, decoder_runner_config config);
+  ~decoder_runner();
+  decoder_runner(const decoder_runner&) = delete;
+  decoder_runner& operator=(const decoder_runner&) = delete;
 
   /// Runs one step and returns the logits of the emitting items, in their
   /// order, vocab floats each. The cache must have room (the scheduler's
@@ -147,6 +168,9 @@ private:
   std::variant<std::monostate, serving_error>
   run_group(const std::vector<const decoder_step_item*>& items, std::vector<float>& logits,
             const std::vector<size_t>& logits_slot);
+  /// run_group's inputs of a paged decoder: the block table and context
+  /// lengths instead of past tensors.
+  void paged_inputs(const std::vector<const decoder_step_item*>& items, uint32_t rows);
 
   decoder_signature sig_;
   std::shared_ptr<backend> model_;
@@ -167,6 +191,8 @@ private:
   // Buffers reused from step to step.
   std::vector<int64_t> ids_, mask_, positions_;
   std::vector<int32_t> ids32_, mask32_, positions32_;
+  std::vector<int32_t> table_, context_;
+  uint32_t table_width_ = 0;
   output_buffers outputs_;
   std::vector<std::vector<float>> past_;
 };

@@ -49,6 +49,12 @@ uint32_t kv_cache::capacity(uint64_t seq) const {
                             : static_cast<uint32_t>(i->second.size()) * layout_.block_tokens;
 }
 
+const std::vector<uint32_t>& kv_cache::blocks(uint64_t seq) const {
+  static const std::vector<uint32_t> none;
+  auto i = tables_.find(seq);
+  return i == tables_.end() ? none : i->second;
+}
+
 const float* kv_cache::row(uint64_t seq, uint32_t layer, bool value, uint32_t head,
                            uint32_t position) const {
   auto i = tables_.find(seq);

@@ -48,6 +48,13 @@ public:
   uint32_t used_blocks() const { return layout_.blocks - free_blocks(); }
   /// Positions `seq` holds room for (a multiple of block_tokens).
   uint32_t capacity(uint64_t seq) const;
+  /// The blocks of `seq` in position order (empty when it holds none): its
+  /// block table, as a paged attention reads it.
+  const std::vector<uint32_t>& blocks(uint64_t seq) const;
+  /// Every block's floats, block after block (kv_block_bytes() each); the
+  /// memory never moves while the cache lives.
+  float* data() { return storage_.get(); }
+  size_t floats() const { return block_floats() * layout_.blocks; }
 
 private:
   size_t block_floats() const;

@@ -1,11 +1,15 @@
 #include "onnx/ops_contrib.hpp"
 
+#include "core/external_memory.hpp"
+#include "onnx/paged_attention.hpp"
+
 #include <cblas.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <stdexcept>
 
 namespace caf_serving::onnx {
 
@@ -885,6 +889,163 @@ void run_gqa(const node& n, const std::vector<tensor_ref>& in,
     }
 }
 
+/// PagedGroupQueryAttention's inputs (onnx/paged_attention.hpp).
+enum paged_input : size_t {
+  paged_query, paged_key, paged_value, paged_table, paged_context, paged_cos, paged_sin
+};
+
+infer_result infer_paged_gqa(const graph& g, const node& n) {
+  if (auto e = need_float(g, n, {paged_query, paged_key, paged_value, paged_cos, paged_sin}))
+    return *e;
+  if (auto e = need_int(g, n, {paged_table, paged_context}))
+    return *e;
+  const int64_t heads = n.get_i("num_heads", 0), kv = n.get_i("kv_num_heads", 0);
+  if (heads <= 0 || kv <= 0 || heads % kv != 0)
+    return std::string("num_heads and kv_num_heads must be positive, num_heads a multiple "
+                       "of kv_num_heads");
+  if (n.get_i("block_tokens", 0) <= 0 || n.get_i("kv_pool", 0) <= 0 || n.get_i("layers", 0) <= 0
+      || n.get_i("layer", -1) < 0 || n.get_i("layer", -1) >= n.get_i("layers", 0))
+    return std::string("block_tokens, kv_pool, layer and layers must name a layer of a cache");
+  const auto& q = g.values[n.inputs[paged_query]].shape;
+  if (q.size() != 3)
+    return "query " + shape_of(g, n, paged_query) + " is not [batch, sequence, hidden]";
+  const int64_t B = q[0], S = q[1], head = gqa_head_size(n, q[2]);
+  if (head <= 0)
+    return "query " + shape_of(g, n, paged_query) + " does not split into heads";
+  const auto& table = g.values[n.inputs[paged_table]].shape;
+  const auto& context = g.values[n.inputs[paged_context]].shape;
+  if (table.size() != 2 || table[0] != B || context != std::vector<int64_t>{B, 1})
+    return "kv_block_table " + shape_of(g, n, paged_table) + " and kv_context_lens "
+           + shape_of(g, n, paged_context) + " are not [" + std::to_string(B) + ", blocks] and ["
+           + std::to_string(B) + ", 1]";
+  return std::vector<inferred>{{datatype::fp32, {B, S, heads * head}},
+                               {datatype::fp32, {B, kv, S, head}},
+                               {datatype::fp32, {B, kv, S, head}}};
+}
+
+/// GroupQueryAttention over the cache's blocks (onnx/paged_attention.hpp): row b's
+/// cached positions [0, ctx_b) are read through its block table from the memory
+/// bound to `kv_pool`; its new keys and values (rotated to positions ctx_b + s)
+/// are written to outputs 1 and 2; query s attends to the cached positions, then
+/// to new positions [0, s], summed in run_gqa's order.
+void run_paged_gqa(const node& n, const std::vector<tensor_ref>& in,
+                   const std::vector<tensor_ref>& out) {
+  const int64_t B = in[paged_query].shape[0], S = in[paged_query].shape[1];
+  const int64_t N = n.get_i("num_heads", 1), kv = n.get_i("kv_num_heads", 1);
+  const int64_t head = gqa_head_size(n, in[paged_query].shape[2]);
+  const bool packed = in.size() <= paged_key || in[paged_key].data == nullptr;
+  const int64_t layer = n.get_i("layer", 0), layers = n.get_i("layers", 1);
+  const int64_t block_tokens = n.get_i("block_tokens", 16);
+  const int64_t width = in[paged_table].shape[1];
+  const float attr_scale = n.get_f("scale", 0.f);
+  const float scale = attr_scale != 0.f ? attr_scale : 1.f / std::sqrt(static_cast<float>(head));
+  const bool rotary = n.get_i("do_rotary", 0) != 0;
+  const bool interleaved = n.get_i("rotary_interleaved", 0) != 0;
+  const int64_t rotary_dim = rotary ? 2 * in[paged_cos].shape[1] : 0;
+  // One block: [layer][key|value][kv head][position][head] floats.
+  const int64_t block_floats = layers * 2 * kv * block_tokens * head;
+  const int64_t key_at = layer * 2 * kv * block_tokens * head;
+  const int64_t value_at = key_at + kv * block_tokens * head;
+
+  std::vector<int64_t> context(static_cast<size_t>(B));
+  int64_t longest = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    context[b] = int_at(in[paged_context], b);
+    if (context[b] < 0 || context[b] > width * block_tokens)
+      throw std::runtime_error("PagedGroupQueryAttention: row " + std::to_string(b) + " has "
+                               + std::to_string(context[b]) + " cached positions, more than "
+                               "its block table's " + std::to_string(width * block_tokens));
+    longest = std::max(longest, context[b]);
+  }
+  const float* pool = nullptr;
+  if (longest > 0) {
+    auto memory = find_external_memory(static_cast<uint64_t>(n.get_i("kv_pool", 0)));
+    if (!memory)
+      throw std::runtime_error("PagedGroupQueryAttention: no KV cache is bound to its handle");
+    pool = memory->base;
+    const int64_t blocks = static_cast<int64_t>(memory->floats) / block_floats;
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t i = 0; i * block_tokens < context[b]; ++i) {
+        int64_t block = int_at(in[paged_table], b * width + i);
+        if (block < 0 || block >= blocks)
+          throw std::runtime_error("PagedGroupQueryAttention: row " + std::to_string(b)
+                                   + "'s block " + std::to_string(block) + " is not one of the "
+                                   "cache's " + std::to_string(blocks));
+      }
+  }
+
+  // Q [B, S, N, head], the new K and V [B, S, kv, head].
+  const int64_t stride = packed ? (N + 2 * kv) * head : 0;
+  std::vector<float> q(static_cast<size_t>(B * S * N * head));
+  std::vector<float> k(static_cast<size_t>(B * S * kv * head)), v(k.size());
+  for (int64_t t = 0; t < B * S; ++t) {
+    const float* row = in[paged_query].as<float>() + t * (packed ? stride : N * head);
+    std::copy(row, row + N * head, q.begin() + t * N * head);
+    const float* kr = packed ? row + N * head : in[paged_key].as<float>() + t * kv * head;
+    const float* vr = packed ? row + (N + kv) * head : in[paged_value].as<float>() + t * kv * head;
+    std::copy(kr, kr + kv * head, k.begin() + t * kv * head);
+    std::copy(vr, vr + kv * head, v.begin() + t * kv * head);
+  }
+  if (rotary)
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t s = 0; s < S; ++s) {
+        int64_t pos = std::clamp<int64_t>(context[b] + s, 0, in[paged_cos].shape[0] - 1);
+        const float* c = in[paged_cos].as<float>() + pos * (rotary_dim / 2);
+        const float* sn = in[paged_sin].as<float>() + pos * (rotary_dim / 2);
+        for (int64_t h = 0; h < N; ++h)
+          rotate(&q[((b * S + s) * N + h) * head], rotary_dim, c, sn, interleaved);
+        for (int64_t h = 0; h < kv; ++h)
+          rotate(&k[((b * S + s) * kv + h) * head], rotary_dim, c, sn, interleaved);
+      }
+  // The new positions, [B, kv, S, head], for the runner to write into the cache.
+  for (size_t o : {size_t{1}, size_t{2}})
+    if (float* dst = out_data(out, o))
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t h = 0; h < kv; ++h)
+          for (int64_t s = 0; s < S; ++s) {
+            const float* src = (o == 1 ? k : v).data() + ((b * S + s) * kv + h) * head;
+            std::copy(src, src + head, dst + ((b * kv + h) * S + s) * head);
+          }
+  float* y = out[0].as<float>();
+  std::vector<float> scores(static_cast<size_t>(longest + S));
+  const int64_t group = N / kv;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < N; ++h) {
+      const int64_t hk = h / group;
+      auto cached = [&](int64_t j, int64_t at) {
+        int64_t block = int_at(in[paged_table], b * width + j / block_tokens);
+        return pool + block * block_floats + at + (hk * block_tokens + j % block_tokens) * head;
+      };
+      auto fresh = [&](const std::vector<float>& x, int64_t j) {
+        return &x[((b * S + j) * kv + hk) * head];
+      };
+      for (int64_t s = 0; s < S; ++s) {
+        const float* qs = &q[((b * S + s) * N + h) * head];
+        const int64_t length = context[b] + s + 1;
+        float mx = -INFINITY;
+        for (int64_t j = 0; j < length; ++j) {
+          const float* key = j < context[b] ? cached(j, key_at) : fresh(k, j - context[b]);
+          float dot = 0.f;
+          for (int64_t d = 0; d < head; ++d) dot += qs[d] * key[d];
+          scores[j] = dot * scale;
+          mx = std::max(mx, scores[j]);
+        }
+        double sum = 0;
+        for (int64_t j = 0; j < length; ++j) {
+          scores[j] = std::exp(scores[j] - mx);
+          sum += scores[j];
+        }
+        float* o = y + (b * S + s) * N * head + h * head;
+        std::fill(o, o + head, 0.f);
+        for (int64_t j = 0; j < length; ++j) {
+          const float p = static_cast<float>(scores[j] / sum);
+          const float* value = j < context[b] ? cached(j, value_at) : fresh(v, j - context[b]);
+          for (int64_t d = 0; d < head; ++d) o[d] += p * value[d];
+        }
+      }
+    }
+}
+
 /// MatMulNBits' inputs.
 enum nbits_input : size_t { nbits_a, nbits_b, nbits_scales, nbits_zero_points, nbits_g_idx,
                             nbits_bias };
@@ -1140,6 +1301,7 @@ const op_table& contrib_operator_table() {
 const op_table& contrib_engine_table() {
   static const op_table ops{
     {attention_mask_op, {}, &infer_attention_mask, &run_attention_mask},
+    {paged_gqa_op, {}, &infer_paged_gqa, &run_paged_gqa},
   };
   return ops;
 }

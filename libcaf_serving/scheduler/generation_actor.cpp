@@ -51,7 +51,7 @@ struct generation_state {
   explicit generation_state(generation_actor_config c)
       : cfg(std::move(c)), policy(cfg.limits),
         runner(cfg.signature, cfg.backend,
-               {static_cast<uint32_t>(cfg.signature.past_keys.size()), cfg.signature.kv_heads,
+               {cfg.signature.layers(), cfg.signature.kv_heads,
                 cfg.signature.head_dim, cfg.limits.block_tokens, cfg.limits.cache_blocks},
                cfg.runner) {
     cfg.stats->cache_blocks_total = cfg.limits.cache_blocks;

@@ -1,6 +1,9 @@
 #include "server/generative_loader.hpp"
 
 #include "executor/decoder_runner.hpp"
+#include "core/external_memory.hpp"
+#include "onnx/importer.hpp"
+#include "onnx/paged_attention.hpp"
 #include "onnx_cpu/onnx_backend.hpp"
 #include "text/chat_template.hpp"
 #include "text/tokenizer.hpp"
@@ -295,7 +298,32 @@ result<loaded_generative> load_generative(const generative_load_config& cfg) {
   uint64_t past_buckets = (*max_context + *past_bucket) / *past_bucket + 1;
   oc.plan_cache_size = static_cast<size_t>(
     std::min<uint64_t>(1024, std::max<uint64_t>(8, batch_buckets * 2 + past_buckets * 2)));
-  auto model = onnx::load_onnx_model(oc);
+  auto imported = onnx::import_model(oc.model_file);
+  if (!imported)
+    return load_error(c, imported.error().message);
+  // The engine's own cache, read in place: GroupQueryAttention becomes the
+  // paged operator (onnx/paged_attention.hpp) unless parameters
+  // "paged_attention" is "false".
+  const uint64_t kv_pool = new_external_memory_handle();
+  onnx::paged_attention_result paged;
+  bool paged_wanted = true;
+  if (auto i = c.parameters.find("paged_attention"); i != c.parameters.end()) {
+    if (i->second != "true" && i->second != "false")
+      return load_error(c, "parameters \"paged_attention\" is '" + i->second + "'; it must be "
+                           "\"true\" or \"false\"");
+    paged_wanted = i->second == "true";
+  }
+  if (paged_wanted)
+    paged = onnx::rewrite_paged_attention(
+      *imported, {kv_pool, static_cast<uint32_t>(*block_tokens)});
+  else
+    paged.refused = "parameters \"paged_attention\" is \"false\"";
+  if (paged.layers > 0 && genai_cache) {
+    genai_cache->paged = true;
+    oc.config = executor::with_cache_dims(c, *genai_cache);
+    oc.config.max_batch_size = static_cast<int>(*max_sequences);
+  }
+  auto model = onnx::load_onnx_graph(std::move(*imported), oc);
   if (!model)
     return model.error();
   auto sig = executor::find_decoder_signature(model->config, hints);
@@ -313,7 +341,7 @@ result<loaded_generative> load_generative(const generative_load_config& cfg) {
   limits.block_tokens = static_cast<uint32_t>(*block_tokens);
   limits.max_context = static_cast<uint32_t>(*max_context);
   limits.max_waiting = static_cast<uint32_t>(*max_waiting);
-  executor::kv_cache_layout layout{static_cast<uint32_t>(sig->past_keys.size()), sig->kv_heads,
+  executor::kv_cache_layout layout{sig->layers(), sig->kv_heads,
                                    sig->head_dim, limits.block_tokens, 0};
   const uint64_t block_bytes = executor::kv_block_bytes(layout);
   uint64_t blocks_per_context = (*max_context + *block_tokens - 1) / *block_tokens;
@@ -335,7 +363,7 @@ result<loaded_generative> load_generative(const generative_load_config& cfg) {
   loaded_generative out;
   out.config = public_config(c);
   std::ostringstream summary;
-  summary << "generative: " << sig->past_keys.size() << " layers, " << sig->kv_heads
+  summary << "generative: " << sig->present_keys.size() << " layers, " << sig->kv_heads
           << " KV heads of " << sig->head_dim << ", vocab " << sig->vocab << "; KV cache "
           << limits.cache_blocks << " blocks of " << limits.block_tokens << " tokens ("
           << (uint64_t{limits.cache_blocks} * block_bytes >> 20) << " MiB, "
@@ -346,10 +374,14 @@ result<loaded_generative> load_generative(const generative_load_config& cfg) {
           << " tokens), " << (chat ? "a chat template" : "no chat template") << ", eos";
   for (int32_t id : eos_ids)
     summary << " " << id;
+  summary << "; attention "
+          << (sig->paged ? "reads the cache in place (paged)"
+                         : "takes the past as tensors (" + paged.refused + ")");
   out.summary = summary.str();
 
   executor::decoder_runner_config rc;
   rc.past_bucket = static_cast<uint32_t>(*past_bucket);
+  rc.kv_pool = sig->paged ? kv_pool : 0;
   rc.max_batch = limits.max_running;
   auto make_instance = model->make_instance;
   auto name = c.name;

@@ -5,8 +5,14 @@
 // left-aligned past layout. 64 prompts of mixed lengths at once (with a roomy
 // and a tight cache) and alone must give the references of
 // tools/genai_fixtures.py: transformers' greedy tokens for the fp32 build,
-// onnxruntime's greedy tokens for the int4 build.
+// onnxruntime's greedy tokens for the int4 build. The same again with the
+// engine's paged attention (onnx/paged_attention.hpp), which reads the cache's
+// blocks in place instead of taking the past as tensors.
 #include "step_loop.hpp"
+
+#include "core/external_memory.hpp"
+#include "onnx/importer.hpp"
+#include "onnx/paged_attention.hpp"
 
 #include <doctest/doctest.h>
 #include <simdjson.h>
@@ -34,15 +40,25 @@ executor::cache_dims genai_dims(const std::string& model) {
 
 uint32_t genai_head_size(const std::string& model) { return genai_dims(model).head_dim; }
 
-loaded load_model(const std::string& name, executor::past_layout layout) {
+/// `name`'s decoder; with a `kv_pool` handle, its attention rewritten to read
+/// the cache of 16-position blocks bound to it.
+loaded load_model(const std::string& name, executor::past_layout layout, uint64_t kv_pool = 0) {
   onnx::onnx_model_config cfg;
   cfg.model_file = fixtures + "/" + name + "/1/model.onnx";
   cfg.config.name = name;
   cfg.config.max_batch_size = 64;
-  cfg.config = executor::with_cache_dims(cfg.config, genai_dims(name));
+  auto dims = genai_dims(name);
+  auto g = onnx::import_model(cfg.model_file);
+  REQUIRE_MESSAGE(g, error_of(g));
+  if (kv_pool != 0) {
+    auto paged = onnx::rewrite_paged_attention(*g, {kv_pool, 16});
+    REQUIRE_MESSAGE(paged.layers == dims.layers, paged.refused);
+    dims.paged = true;
+  }
+  cfg.config = executor::with_cache_dims(cfg.config, dims);
   cfg.plan_cache_size = 64;
-  auto m = onnx::load_onnx_model(cfg);
-  REQUIRE_MESSAGE(m, m.error().message);
+  auto m = onnx::load_onnx_graph(std::move(*g), cfg);
+  REQUIRE_MESSAGE(m, error_of(m));
   auto sig = executor::find_decoder_signature(m->config, {layout, genai_head_size(name)});
   REQUIRE_MESSAGE(sig, sig.error().message);
   return {std::move(*m), *sig};
@@ -52,30 +68,33 @@ const scheduler::generation_limits roomy{.max_running = 64, .max_step_tokens = 1
                                          .block_tokens = 16, .cache_blocks = 512,
                                          .max_context = 256, .max_waiting = 64};
 
-/// The whole check of one build against its references.
-void check_model(const std::string& name) {
+/// The whole check of one build against its references; with a `kv_pool`
+/// handle, through the paged attention.
+void check_model(const std::string& name, uint64_t kv_pool = 0) {
   auto ref = load_reference(fixtures, name);
   const auto& cases = ref.cases;
   REQUIRE(cases.size() == 64);
-  auto l = load_model(name, executor::past_layout::left_aligned);
+  auto l = load_model(name, executor::past_layout::left_aligned, kv_pool);
+  CHECK(l.sig.paged == (kv_pool != 0));
   std::vector<uint64_t> all;
   for (uint64_t i = 0; i < cases.size(); ++i)
     all.push_back(i);
   int near_ties = 0;
-  auto r = generate(l, ref, all, {roomy, {.past_bucket = 32, .max_batch = 64}});
+  auto r = generate(l, ref, all, {roomy, {.past_bucket = 32, .max_batch = 64, .kv_pool = kv_pool}});
   CHECK(compare(cases, r, near_ties) == 0);
   CHECK(r.preemptions == 0);
   // 24 blocks (384 positions) for 64 sequences: the youngest are preempted and recomputed.
   auto tight = roomy;
   tight.cache_blocks = 24;
   tight.max_step_tokens = 64;
-  auto p = generate(l, ref, all, {tight, {.past_bucket = 16, .max_batch = 8}});
+  auto p = generate(l, ref, all, {tight, {.past_bucket = 16, .max_batch = 8, .kv_pool = kv_pool}});
   CHECK(compare(cases, p, near_ties) == 0);
   CHECK(p.preemptions > 0);
   MESSAGE(name << ": steps " << r.steps << " (roomy) and " << p.steps << " (tight, "
                << p.preemptions << " preemptions); near ties " << near_ties);
   for (uint64_t id : {0u, 17u, 42u, 63u}) {
-    auto alone = generate(l, ref, {id}, {roomy, {.past_bucket = 32, .max_batch = 64}});
+    auto alone =
+      generate(l, ref, {id}, {roomy, {.past_bucket = 32, .max_batch = 64, .kv_pool = kv_pool}});
     CHECK(alone.generated[id] == r.generated[id]);
   }
 }
@@ -113,6 +132,43 @@ TEST_CASE("the fp32 build: 64 prompts at once and alone give transformers' greed
 
 TEST_CASE("the int4 build (MatMulNBits): 64 prompts give onnxruntime's greedy tokens") {
   check_model("genai_llama_int4");
+}
+
+TEST_CASE("paged attention, reading the cache's blocks in place: the fp32 build's tokens") {
+  check_model("genai_llama_fp32", new_external_memory_handle());
+}
+
+TEST_CASE("paged attention: the int4 build's tokens") {
+  check_model("genai_llama_int4", new_external_memory_handle());
+}
+
+TEST_CASE("a paged decoder takes no past tensors; a GroupQueryAttention it cannot read in "
+          "place leaves the graph as it was") {
+  auto l = load_model("genai_llama_fp32", executor::past_layout::left_aligned,
+                      new_external_memory_handle());
+  CHECK(l.sig.paged);
+  CHECK(l.sig.past_keys.empty());
+  CHECK(l.sig.present_keys.size() == 2);
+  CHECK(l.sig.kv_heads == 2);
+  CHECK(l.sig.head_dim == 16);
+  // A graph whose past is read by another node too: refused, unchanged.
+  auto g = onnx::import_model(fixtures + "/genai_llama_fp32/1/model.onnx");
+  REQUIRE_MESSAGE(g, error_of(g));
+  int past = -1;
+  for (int v : g->inputs)
+    if (g->values[v].name == "past_key_values.1.value")
+      past = v;
+  REQUIRE(past >= 0);
+  int copy = g->add_value("extra", datatype::fp32);
+  g->add_node("Identity", "extra_reader", {past}, {copy});
+  g->outputs.push_back(copy);
+  auto nodes = g->nodes.size();
+  auto inputs = g->inputs;
+  auto refused = onnx::rewrite_paged_attention(*g, {new_external_memory_handle(), 16});
+  CHECK(refused.layers == 0);
+  CHECK(refused.refused.find("read by other nodes") != std::string::npos);
+  CHECK(g->nodes.size() == nodes);
+  CHECK(g->inputs == inputs);
 }
 
 TEST_CASE("the masked layout, wrong for GroupQueryAttention, gives other tokens") {

@@ -44,7 +44,7 @@ run_result generate(loaded& l, const reference& ref, const std::vector<uint64_t>
                     const greedy_config& cfg) {
   const auto& cases = ref.cases;
   const auto& limits = cfg.limits;
-  executor::kv_cache_layout layout{static_cast<uint32_t>(l.sig.past_keys.size()),
+  executor::kv_cache_layout layout{l.sig.layers(),
                                    l.sig.kv_heads, l.sig.head_dim, limits.block_tokens,
                                    limits.cache_blocks};
   executor::decoder_runner runner(l.sig, l.model.make_instance(), layout, cfg.runner);
