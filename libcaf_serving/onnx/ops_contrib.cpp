@@ -923,14 +923,25 @@ infer_result infer_paged_gqa(const graph& g, const node& n) {
                                {datatype::fp32, {B, kv, S, head}}};
 }
 
-/// GroupQueryAttention over the cache's blocks (onnx/paged_attention.hpp): row b's
-/// cached positions [0, ctx_b) are read through its block table from the memory
-/// bound to `kv_pool`; its new keys and values (rotated to positions ctx_b + s)
-/// are written to outputs 1 and 2; query s attends to the cached positions, then
-/// to new positions [0, s], summed in run_gqa's order.
-void run_paged_gqa(const node& n, const std::vector<tensor_ref>& in,
-                   const std::vector<tensor_ref>& out) {
-  const int64_t B = in[paged_query].shape[0], S = in[paged_query].shape[1];
+/// The dot product of `a` and `b` (`n` floats) in four partial sums, which
+/// the compiler turns into one vector register's lanes (a plain running sum
+/// may not be reordered, so it stays scalar).
+float dot4(const float* a, const float* b, int64_t n) {
+  float p[4] = {0.f, 0.f, 0.f, 0.f};
+  int64_t d = 0;
+  for (; d + 4 <= n; d += 4)
+    for (int i = 0; i < 4; ++i)
+      p[i] += a[d + i] * b[d + i];
+  for (; d < n; ++d)
+    p[0] += a[d] * b[d];
+  return (p[0] + p[1]) + (p[2] + p[3]);
+}
+
+} // namespace
+
+void run_paged_gqa_rows(const node& n, const std::vector<tensor_ref>& in,
+                        const std::vector<tensor_ref>& out, int64_t first, int64_t last) {
+  const int64_t S = in[paged_query].shape[1];
   const int64_t N = n.get_i("num_heads", 1), kv = n.get_i("kv_num_heads", 1);
   const int64_t head = gqa_head_size(n, in[paged_query].shape[2]);
   const bool packed = in.size() <= paged_key || in[paged_key].data == nullptr;
@@ -947,103 +958,115 @@ void run_paged_gqa(const node& n, const std::vector<tensor_ref>& in,
   const int64_t key_at = layer * 2 * kv * block_tokens * head;
   const int64_t value_at = key_at + kv * block_tokens * head;
 
-  std::vector<int64_t> context(static_cast<size_t>(B));
   int64_t longest = 0;
-  for (int64_t b = 0; b < B; ++b) {
-    context[b] = int_at(in[paged_context], b);
-    if (context[b] < 0 || context[b] > width * block_tokens)
+  for (int64_t b = first; b < last; ++b) {
+    int64_t context = int_at(in[paged_context], b);
+    if (context < 0 || context > width * block_tokens)
       throw std::runtime_error("PagedGroupQueryAttention: row " + std::to_string(b) + " has "
-                               + std::to_string(context[b]) + " cached positions, more than "
+                               + std::to_string(context) + " cached positions, more than "
                                "its block table's " + std::to_string(width * block_tokens));
-    longest = std::max(longest, context[b]);
+    longest = std::max(longest, context);
   }
   const float* pool = nullptr;
+  int64_t blocks = 0;
   if (longest > 0) {
     auto memory = find_external_memory(static_cast<uint64_t>(n.get_i("kv_pool", 0)));
     if (!memory)
       throw std::runtime_error("PagedGroupQueryAttention: no KV cache is bound to its handle");
     pool = memory->base;
-    const int64_t blocks = static_cast<int64_t>(memory->floats) / block_floats;
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t i = 0; i * block_tokens < context[b]; ++i) {
-        int64_t block = int_at(in[paged_table], b * width + i);
-        if (block < 0 || block >= blocks)
-          throw std::runtime_error("PagedGroupQueryAttention: row " + std::to_string(b)
-                                   + "'s block " + std::to_string(block) + " is not one of the "
-                                   "cache's " + std::to_string(blocks));
-      }
+    blocks = static_cast<int64_t>(memory->floats) / block_floats;
   }
 
-  // Q [B, S, N, head], the new K and V [B, S, kv, head].
+  // Row b's Q [S, N, head] and new K and V [S, kv, head].
   const int64_t stride = packed ? (N + 2 * kv) * head : 0;
-  std::vector<float> q(static_cast<size_t>(B * S * N * head));
-  std::vector<float> k(static_cast<size_t>(B * S * kv * head)), v(k.size());
-  for (int64_t t = 0; t < B * S; ++t) {
-    const float* row = in[paged_query].as<float>() + t * (packed ? stride : N * head);
-    std::copy(row, row + N * head, q.begin() + t * N * head);
-    const float* kr = packed ? row + N * head : in[paged_key].as<float>() + t * kv * head;
-    const float* vr = packed ? row + (N + kv) * head : in[paged_value].as<float>() + t * kv * head;
-    std::copy(kr, kr + kv * head, k.begin() + t * kv * head);
-    std::copy(vr, vr + kv * head, v.begin() + t * kv * head);
-  }
-  if (rotary)
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t s = 0; s < S; ++s) {
-        int64_t pos = std::clamp<int64_t>(context[b] + s, 0, in[paged_cos].shape[0] - 1);
-        const float* c = in[paged_cos].as<float>() + pos * (rotary_dim / 2);
-        const float* sn = in[paged_sin].as<float>() + pos * (rotary_dim / 2);
-        for (int64_t h = 0; h < N; ++h)
-          rotate(&q[((b * S + s) * N + h) * head], rotary_dim, c, sn, interleaved);
-        for (int64_t h = 0; h < kv; ++h)
-          rotate(&k[((b * S + s) * kv + h) * head], rotary_dim, c, sn, interleaved);
-      }
-  // The new positions, [B, kv, S, head], for the runner to write into the cache.
-  for (size_t o : {size_t{1}, size_t{2}})
-    if (float* dst = out_data(out, o))
-      for (int64_t b = 0; b < B; ++b)
+  std::vector<float> q(static_cast<size_t>(S * N * head));
+  std::vector<float> k(static_cast<size_t>(S * kv * head)), v(k.size());
+  std::vector<float> scores(static_cast<size_t>(longest + S));
+  std::vector<const float*> keys(static_cast<size_t>(longest + S)), values(keys.size());
+  const int64_t group = N / kv;
+  for (int64_t b = first; b < last; ++b) {
+    const int64_t context = int_at(in[paged_context], b);
+    for (int64_t i = 0; i * block_tokens < context; ++i) {
+      int64_t block = int_at(in[paged_table], b * width + i);
+      if (block < 0 || block >= blocks)
+        throw std::runtime_error("PagedGroupQueryAttention: row " + std::to_string(b)
+                                 + "'s block " + std::to_string(block) + " is not one of the "
+                                 "cache's " + std::to_string(blocks));
+    }
+    for (int64_t s = 0; s < S; ++s) {
+      const int64_t t = b * S + s;
+      const float* row = in[paged_query].as<float>() + t * (packed ? stride : N * head);
+      std::copy(row, row + N * head, q.begin() + s * N * head);
+      const float* kr = packed ? row + N * head : in[paged_key].as<float>() + t * kv * head;
+      const float* vr =
+        packed ? row + (N + kv) * head : in[paged_value].as<float>() + t * kv * head;
+      std::copy(kr, kr + kv * head, k.begin() + s * kv * head);
+      std::copy(vr, vr + kv * head, v.begin() + s * kv * head);
+      if (!rotary)
+        continue;
+      int64_t pos = std::clamp<int64_t>(context + s, 0, in[paged_cos].shape[0] - 1);
+      const float* c = in[paged_cos].as<float>() + pos * (rotary_dim / 2);
+      const float* sn = in[paged_sin].as<float>() + pos * (rotary_dim / 2);
+      for (int64_t h = 0; h < N; ++h)
+        rotate(&q[(s * N + h) * head], rotary_dim, c, sn, interleaved);
+      for (int64_t h = 0; h < kv; ++h)
+        rotate(&k[(s * kv + h) * head], rotary_dim, c, sn, interleaved);
+    }
+    // The new positions, [B, kv, S, head], for the runner to write into the cache.
+    for (size_t o : {size_t{1}, size_t{2}})
+      if (float* dst = out_data(out, o))
         for (int64_t h = 0; h < kv; ++h)
           for (int64_t s = 0; s < S; ++s) {
-            const float* src = (o == 1 ? k : v).data() + ((b * S + s) * kv + h) * head;
+            const float* src = (o == 1 ? k : v).data() + (s * kv + h) * head;
             std::copy(src, src + head, dst + ((b * kv + h) * S + s) * head);
           }
-  float* y = out[0].as<float>();
-  std::vector<float> scores(static_cast<size_t>(longest + S));
-  const int64_t group = N / kv;
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < N; ++h) {
-      const int64_t hk = h / group;
-      auto cached = [&](int64_t j, int64_t at) {
-        int64_t block = int_at(in[paged_table], b * width + j / block_tokens);
-        return pool + block * block_floats + at + (hk * block_tokens + j % block_tokens) * head;
-      };
-      auto fresh = [&](const std::vector<float>& x, int64_t j) {
-        return &x[((b * S + j) * kv + hk) * head];
-      };
-      for (int64_t s = 0; s < S; ++s) {
-        const float* qs = &q[((b * S + s) * N + h) * head];
-        const int64_t length = context[b] + s + 1;
-        float mx = -INFINITY;
-        for (int64_t j = 0; j < length; ++j) {
-          const float* key = j < context[b] ? cached(j, key_at) : fresh(k, j - context[b]);
-          float dot = 0.f;
-          for (int64_t d = 0; d < head; ++d) dot += qs[d] * key[d];
-          scores[j] = dot * scale;
-          mx = std::max(mx, scores[j]);
-        }
-        double sum = 0;
-        for (int64_t j = 0; j < length; ++j) {
-          scores[j] = std::exp(scores[j] - mx);
-          sum += scores[j];
-        }
-        float* o = y + (b * S + s) * N * head + h * head;
-        std::fill(o, o + head, 0.f);
-        for (int64_t j = 0; j < length; ++j) {
-          const float p = static_cast<float>(scores[j] / sum);
-          const float* value = j < context[b] ? cached(j, value_at) : fresh(v, j - context[b]);
-          for (int64_t d = 0; d < head; ++d) o[d] += p * value[d];
+    float* y = out[0].as<float>();
+    for (int64_t hk = 0; hk < kv; ++hk) {
+      // Where each position's key and value of this KV head are: the cache, then the new ones.
+      for (int64_t j = 0; j < context + S; ++j) {
+        if (j < context) {
+          const int64_t block = int_at(in[paged_table], b * width + j / block_tokens);
+          const float* at =
+            pool + block * block_floats + (hk * block_tokens + j % block_tokens) * head;
+          keys[j] = at + key_at;
+          values[j] = at + value_at;
+        } else {
+          keys[j] = &k[((j - context) * kv + hk) * head];
+          values[j] = &v[((j - context) * kv + hk) * head];
         }
       }
+      for (int64_t h = hk * group; h < (hk + 1) * group; ++h)
+        for (int64_t s = 0; s < S; ++s) {
+          const float* qs = &q[(s * N + h) * head];
+          const int64_t length = context + s + 1;
+          float mx = -INFINITY;
+          for (int64_t j = 0; j < length; ++j) {
+            scores[j] = dot4(qs, keys[j], head) * scale;
+            mx = std::max(mx, scores[j]);
+          }
+          double sum = 0;
+          for (int64_t j = 0; j < length; ++j) {
+            scores[j] = std::exp(scores[j] - mx);
+            sum += scores[j];
+          }
+          float* o = y + (b * S + s) * N * head + h * head;
+          std::fill(o, o + head, 0.f);
+          for (int64_t j = 0; j < length; ++j) {
+            const float p = static_cast<float>(scores[j] / sum);
+            const float* value = values[j];
+            for (int64_t d = 0; d < head; ++d) o[d] += p * value[d];
+          }
+        }
     }
+  }
+}
+
+namespace {
+
+/// GroupQueryAttention over the cache's blocks (onnx/paged_attention.hpp), all rows.
+void run_paged_gqa(const node& n, const std::vector<tensor_ref>& in,
+                   const std::vector<tensor_ref>& out) {
+  run_paged_gqa_rows(n, in, out, 0, in[paged_query].shape[0]);
 }
 
 /// MatMulNBits' inputs.

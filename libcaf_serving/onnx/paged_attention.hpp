@@ -33,6 +33,7 @@
 /// left-aligned past, in the same order of arithmetic.
 
 #include "onnx/ir.hpp"
+#include "onnx/ops_common.hpp"
 
 #include <cstdint>
 #include <string>
@@ -64,5 +65,15 @@ struct paged_attention_result {
 /// present.N.key/value, an attribute or input GroupQueryAttention's check
 /// refuses), the graph is unchanged and `refused` says why.
 paged_attention_result rewrite_paged_attention(graph& g, const paged_attention_config& config);
+
+/// Computes rows [first, last) of a PagedGroupQueryAttention node: row b's
+/// query attends to its cached positions (read through its block table from
+/// the memory bound to the node's `kv_pool`), then to its new positions
+/// [0, s], summed in GroupQueryAttention's reference order. The reference
+/// kernel runs every row; the CPU backend splits the rows among its threads.
+/// Throws std::runtime_error where a row's context or block does not fit the
+/// cache (the runner's bookkeeping is wrong).
+void run_paged_gqa_rows(const node& n, const std::vector<tensor_ref>& in,
+                        const std::vector<tensor_ref>& out, int64_t first, int64_t last);
 
 } // namespace caf_serving::onnx

@@ -12,6 +12,7 @@
 #include "onnx_cpu/quant_steps.hpp"
 #include "onnx_cpu/row_chunks.hpp"
 #include "onnx/op_registry.hpp"
+#include "onnx/paged_attention.hpp"
 #include "onnx/ops_quant.hpp"
 #include "onnx/string_passthrough.hpp"
 #include "onnx_cpu/string_backend.hpp"
@@ -96,6 +97,34 @@ std::vector<int64_t> broadcast_strides4(const dims_t& in) {
   return st;
 }
 
+
+/// The engine's paged attention (onnx/paged_attention.hpp), its batch rows
+/// split among the threads: each row reads its own blocks and writes its own
+/// outputs.
+step paged_attention_step(const graph& g, const node& n, unsigned threads) {
+  const int64_t rows = g.values[n.inputs[0]].shape[0];
+  auto cuts = split_range(rows, pieces_for(rows, threads), 1, threads);
+  std::vector<tensor_ref> ins, outs;
+  for (int i : n.inputs)
+    ins.push_back(i >= 0 ? tensor_ref{g.values[i].dtype, g.values[i].shape, nullptr}
+                         : tensor_ref{});
+  for (int o : n.outputs)
+    outs.push_back(o >= 0 ? tensor_ref{g.values[o].dtype, g.values[o].shape, nullptr}
+                          : tensor_ref{});
+  step s;
+  s.kernel = "engine.paged_attention";
+  s.items = static_cast<int64_t>(cuts.size()) - 1;
+  s.run = [copy = n, ins, outs, cuts](void** p, int64_t item) {
+    auto in = ins;
+    auto out = outs;
+    for (size_t i = 0; i < in.size(); ++i)
+      in[i].data = copy.inputs[i] >= 0 ? p[copy.inputs[i]] : nullptr;
+    for (size_t i = 0; i < out.size(); ++i)
+      out[i].data = copy.outputs[i] >= 0 ? p[copy.outputs[i]] : nullptr;
+    run_paged_gqa_rows(copy, in, out, cuts[item], cuts[item + 1]);
+  };
+  return s;
+}
 
 /// FusedAttention on [B, S, H*D] tensors, per head: scores = scale * Q_h K_h^T
 /// and out_h = softmax(scores + mask) V_h, both products as oneDNN matmuls
@@ -410,6 +439,10 @@ const cpu_kernel_table& cpu_kernels() {
     {"FusedAttention", {}, "onednn.matmul+engine.softmax",
      [](context& c, const graph& g, const node& n) -> std::optional<step> {
        return attention_step(c.dnnl, g, n, c.threads);
+     }},
+    {paged_gqa_op, {}, "engine.paged_attention",
+     [](context& c, const graph& g, const node& n) -> std::optional<step> {
+       return paged_attention_step(g, n, c.threads);
      }},
   });
   return table;
