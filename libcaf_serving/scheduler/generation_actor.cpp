@@ -1,9 +1,8 @@
 #include "scheduler/generation_actor.hpp"
 
 #include "core/clock.hpp"
-#include "postprocess/sampling.hpp"
-#include "postprocess/stop_strings.hpp"
-#include "text/tokenizer.hpp"
+#include "executor/decoder_actor.hpp"
+#include "postprocess/generation_postprocessor_actor.hpp"
 
 #include <caf/event_based_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
@@ -15,54 +14,80 @@ namespace {
 
 std::atomic<uint64_t> generation_ids{1};
 
-/// One sequence the actor holds, from admission to its last update.
+/// One sequence the scheduler holds, from admission to its last update. Its
+/// sampler, detokenizer and stop checks are the post-processor's.
 struct sequence {
-  sequence(std::shared_ptr<generation_job> j, const text::tokenizer& tok)
-      : job(std::move(j)), tokens(job->prompt),
-        sampler(job->sampling, {job->prompt.data(), job->prompt.size()}),
-        detok(tok, job->prompt, text::decode_options{job->skip_special_tokens}),
-        stops(job->stop.stop) {}
+  explicit sequence(std::shared_ptr<generation_job> j) : job(std::move(j)), tokens(job->prompt) {}
 
   std::shared_ptr<generation_job> job;
   /// Prompt and generated tokens: what the model computes (again, after a
   /// preemption).
   std::vector<int32_t> tokens;
-  postprocess::sequence_sampler sampler;
-  text::detokenizer detok;
-  postprocess::stop_string_checker stops;
   generation_update pending; ///< what the next delivery carries
   int64_t queued_ns = 0;
   int64_t first_token_ns = 0;
   int64_t last_token_ns = 0;
   bool ended = false;
+  /// Whether the post-processor still holds it (it forgets a sequence whose
+  /// sample ended it).
+  bool post_open = true;
 
   uint32_t generated() const {
     return static_cast<uint32_t>(tokens.size() - job->prompt.size());
   }
 };
 
-struct generation_state {
+struct generation_state : std::enable_shared_from_this<generation_state> {
+  generation_actor::pointer self;
   generation_actor_config cfg;
   generation_policy policy;
-  executor::decoder_runner runner;
+  postprocess::generation_postprocessor_actor post;
+  executor::decoder_actor executor;
   std::unordered_map<uint64_t, std::unique_ptr<sequence>> sequences;
+  /// A step is asked for, in flight, or follows the one that just ended.
   bool stepping = false;
+  /// A plan is at the executor; its items' ids.
+  bool in_flight = false;
+  std::vector<uint64_t> step_ids;
+  /// Sequences whose cache the executor must free before its next step.
+  std::vector<uint64_t> releases;
 
-  explicit generation_state(generation_actor_config c)
-      : cfg(std::move(c)), policy(cfg.limits),
-        runner(cfg.signature, cfg.backend,
-               {cfg.signature.layers(), cfg.signature.kv_heads,
-                cfg.signature.head_dim, cfg.limits.block_tokens, cfg.limits.cache_blocks},
-               cfg.runner) {
+  generation_state(generation_actor::pointer s, generation_actor_config c)
+      : self(s), cfg(std::move(c)), policy(cfg.limits),
+        post(postprocess::spawn_generation_postprocessor(self->system(),
+                                                         {cfg.tokenizer, cfg.eos_ids})),
+        executor(executor::spawn_decoder_actor(
+          self->system(),
+          {cfg.signature, cfg.backend,
+           {cfg.signature.layers(), cfg.signature.kv_heads,
+            cfg.signature.head_dim, cfg.limits.block_tokens, cfg.limits.cache_blocks},
+           cfg.runner, generation_sampler_actor{post}})) {
     cfg.stats->cache_blocks_total = cfg.limits.cache_blocks;
+    // However this actor ends (stopped, or forgotten by everyone), the other
+    // two end with it.
+    self->attach_functor([executor = executor, post = post](const caf::error&) {
+      caf::anon_send_exit(executor, caf::exit_reason::user_shutdown);
+      caf::anon_send_exit(post, caf::exit_reason::user_shutdown);
+    });
   }
 
   void publish() {
     auto& s = *cfg.stats;
     s.running = static_cast<uint32_t>(policy.running());
     s.waiting = static_cast<uint32_t>(policy.waiting());
-    s.cache_blocks_used = runner.cache().used_blocks();
+    // The policy's count: the executor's cache holds as many once the step
+    // in flight is done, and it is what the next plan is made from.
+    s.cache_blocks_used = policy.used_blocks();
     s.preemptions = policy.preemptions();
+  }
+
+  /// Hands the executor the sequences to free now, unless a plan is at it
+  /// (the next plan carries them).
+  void flush_releases() {
+    if (in_flight || releases.empty())
+      return;
+    self->send(executor, generation_release_atom::value, std::move(releases));
+    releases.clear();
   }
 
   /// Sends `s`'s pending update and, when it is the last, forgets `s`.
@@ -78,7 +103,9 @@ struct generation_state {
     if (last) {
       uint64_t id = s.job->id;
       policy.finish(id);
-      runner.release(id);
+      releases.push_back(id);
+      if (s.post_open)
+        self->send(post, generation_close_atom::value, id);
       sequences.erase(id);
     }
   }
@@ -93,11 +120,6 @@ struct generation_state {
     if (s.ended)
       return;
     s.ended = true;
-    if (!s.stops.stopped()) {
-      auto tail = s.stops.feed(s.detok.flush());
-      s.pending.text += tail.text;
-      s.pending.text += s.stops.flush();
-    }
     s.pending.finish_reason = std::move(reason);
     cfg.stats->finished.fetch_add(1, std::memory_order_relaxed);
   }
@@ -124,12 +146,19 @@ struct generation_state {
       return;
     }
     cfg.stats->prompt_tokens.fetch_add(prompt, std::memory_order_relaxed);
-    auto s = std::make_unique<sequence>(std::move(job), *cfg.tokenizer);
-    // End-of-sequence and stop ids cannot be drawn before min_tokens.
-    if (s->job->stop.min_tokens > 0)
-      s->sampler.suppress(
-        postprocess::ending_tokens(s->job->stop, {cfg.eos_ids.data(), cfg.eos_ids.size()}),
-        s->job->stop.min_tokens);
+    // The post-processor hears of it before any step that holds it: this
+    // message is in its mailbox before the executor can forward that step.
+    auto open = std::make_shared<generation_sequence>();
+    open->id = id;
+    open->prompt = job->prompt;
+    open->sampling = job->sampling;
+    open->stop = job->stop;
+    open->stop.max_tokens = max_tokens; // "length" in the step the policy ends it
+    open->skip_special_tokens = job->skip_special_tokens;
+    open->include_stop_str_in_output = job->include_stop_str_in_output;
+    self->send(post, generation_open_atom::value,
+               std::shared_ptr<const generation_sequence>(std::move(open)));
+    auto s = std::make_unique<sequence>(std::move(job));
     s->queued_ns = now_ns();
     sequences.emplace(id, std::move(s));
   }
@@ -143,55 +172,82 @@ struct generation_state {
     i->second->pending.error = serving_error{status_code::bad_request, "cancelled",
                                              failure_reason::bad_request};
     deliver(*i->second);
+    flush_releases();
   }
 
-  /// One step; false when there was nothing to run.
-  bool step() {
+  /// Plans the next step and sends it to the executor; stops stepping when
+  /// there is nothing to run.
+  void run_step() {
     const auto& plan = policy.plan_step();
-    for (uint64_t p : plan.preempted)
-      runner.release(p);
+    releases.insert(releases.end(), plan.preempted.begin(), plan.preempted.end());
     if (plan.work.empty()) {
-      if (!plan.preempted.empty())
+      if (!plan.preempted.empty()) {
         policy.step_done();
+        publish();
+        self->send(self, generation_step_atom::value);
+        return;
+      }
+      stepping = false;
+      flush_releases();
       publish();
-      return !plan.preempted.empty();
+      return;
     }
-    std::vector<executor::decoder_step_item> items;
-    items.reserve(plan.work.size());
+    generation_step_plan p;
+    p.items.reserve(plan.work.size());
+    step_ids.clear();
     for (const auto& w : plan.work) {
-      auto& s = *sequences.at(w.id);
-      items.push_back({w.id, w.first_position, s.tokens.data() + w.first_position, w.tokens,
-                       w.emits_token});
+      const auto& s = *sequences.at(w.id);
+      p.items.push_back({w.id, w.first_position, static_cast<uint32_t>(p.tokens.size()),
+                         w.tokens, w.emits_token});
+      auto from = s.tokens.begin() + w.first_position;
+      p.tokens.insert(p.tokens.end(), from, from + w.tokens);
+      step_ids.push_back(w.id);
     }
-    auto logits = runner.run(items);
+    p.releases = std::move(releases);
+    releases.clear();
+    in_flight = true;
+    publish();
+    self->request(executor, caf::infinite, generation_run_atom::value, std::move(p))
+      .then([st = shared_from_this()](generation_samples& samples) { st->step_answered(samples); },
+            [st = shared_from_this()](caf::error& e) {
+              generation_samples failed;
+              failed.error = serving_error{status_code::internal,
+                                           "model '" + st->cfg.model_name
+                                             + "': the step's executor or post-processor "
+                                               "failed: "
+                                             + st->self->system().render(e)};
+              st->step_answered(failed);
+            });
+  }
+
+  /// The samples of the step in flight (or its error) arrived.
+  void step_answered(generation_samples& samples) {
+    in_flight = false;
     cfg.stats->steps.fetch_add(1, std::memory_order_relaxed);
-    if (!logits) {
-      std::vector<uint64_t> ids;
-      for (const auto& w : plan.work)
-        ids.push_back(w.id);
+    if (samples.error) {
+      auto ids = std::move(step_ids);
       policy.step_done();
       for (uint64_t id : ids)
         if (auto i = sequences.find(id); i != sequences.end())
-          fail(*i->second, logits.error());
+          fail(*i->second, *samples.error);
       publish();
-      return true;
+      run_step();
+      return;
     }
-    const uint32_t vocab = cfg.signature.vocab;
     std::vector<uint64_t> emitted;
-    size_t row = 0;
     int64_t now = now_ns();
-    for (const auto& w : plan.work) {
-      if (!w.emits_token)
-        continue;
-      auto& s = *sequences.at(w.id);
-      auto pick = s.sampler.next({logits->data() + row++ * vocab, vocab});
-      emitted.push_back(w.id);
-      if (!pick) {
-        s.pending.error = pick.error();
+    for (auto& row : samples.rows) {
+      auto i = sequences.find(row.seq);
+      if (i == sequences.end())
+        continue; // cancelled while the step ran
+      auto& s = *i->second;
+      emitted.push_back(row.seq);
+      if (row.error) {
+        s.post_open = false;
+        s.pending.error = std::move(row.error);
         continue;
       }
-      int32_t token = pick->token;
-      s.tokens.push_back(token);
+      s.tokens.push_back(row.token);
       if (s.first_token_ns == 0) {
         s.first_token_ns = now;
         int64_t from = s.job->received_ns ? s.job->received_ns : s.queued_ns;
@@ -201,41 +257,30 @@ struct generation_state {
       }
       s.last_token_ns = now;
       cfg.stats->generated_tokens.fetch_add(1, std::memory_order_relaxed);
-      s.pending.tokens.push_back(token);
+      s.pending.tokens.push_back(row.token);
       if (s.job->sampling.logprobs) {
         generation_update::token_logprobs lp;
-        lp.logprob = pick->logprob.value_or(0.0f);
-        for (const auto& t : pick->top_logprobs())
-          lp.top.emplace_back(t.token, t.logprob);
+        lp.logprob = row.logprob.value_or(0.0f);
+        lp.top = std::move(row.top_logprobs);
         s.pending.logprobs.push_back(std::move(lp));
       }
-      auto ended = postprocess::end_after_token(
-        s.job->stop, {cfg.eos_ids.data(), cfg.eos_ids.size()}, s.generated(), token);
-      if (ended && ended->token) {
-        // An end-of-sequence or stop token: counted, not shown.
-        end(s, postprocess::to_string(ended->reason));
-        continue;
-      }
-      std::string piece = s.detok.push(token);
-      auto scan = s.generated() < s.job->stop.min_tokens ? s.stops.feed_before_min_tokens(piece)
-                                                         : s.stops.feed(piece);
-      s.pending.text += scan.text;
-      if (scan.stop) {
-        if (s.job->include_stop_str_in_output)
-          s.pending.text += s.job->stop.stop[*scan.stop];
-        end(s, "stop");
-      } else if (ended) {
-        end(s, postprocess::to_string(ended->reason));
+      s.pending.text += row.text;
+      if (row.finish_reason) {
+        s.post_open = false;
+        end(s, std::move(*row.finish_reason));
       }
     }
+    // The post-processor knows each sequence's max_tokens and has ended these
+    // already; one it has not is ended here all the same.
     for (uint64_t id : policy.step_done())
       if (auto i = sequences.find(id); i != sequences.end())
         end(*i->second, "length");
     for (uint64_t id : emitted)
       if (auto i = sequences.find(id); i != sequences.end())
         deliver(*i->second);
-    publish();
-    return true;
+    // Messages that arrived during the step (new requests, cancellations) were
+    // taken while it ran: the next is planned at once.
+    run_step();
   }
 };
 
@@ -288,7 +333,7 @@ uint64_t next_generation_id() { return generation_ids.fetch_add(1, std::memory_o
 generation_actor spawn_generation_actor(caf::actor_system& sys, generation_actor_config config) {
   auto body = [cfg = std::move(config)](generation_actor::pointer self) mutable
     -> generation_actor::behavior_type {
-    auto st = std::make_shared<generation_state>(std::move(cfg));
+    auto st = std::make_shared<generation_state>(self, std::move(cfg));
     auto kick = [self, st] {
       if (!st->stepping) {
         st->stepping = true;
@@ -305,13 +350,11 @@ generation_actor spawn_generation_actor(caf::actor_system& sys, generation_actor
         st->cancel(id);
         st->publish();
       },
-      [self, st](generation_step_atom) {
-        // Messages that arrived during a step (new requests, cancellations)
-        // are taken before the next: the step re-sends itself.
-        if (st->step())
-          self->send(self, generation_step_atom::value);
-        else
-          st->stepping = false;
+      [st](generation_step_atom) {
+        // A step asked for by kick() (requests that arrived together share
+        // it); while one is in flight its answer plans the next.
+        if (!st->in_flight)
+          st->run_step();
       },
       [self, st](generation_stop_atom) {
         for (auto& [id, s] : st->sequences)
@@ -322,11 +365,13 @@ generation_actor spawn_generation_actor(caf::actor_system& sys, generation_actor
           ids.push_back(id);
         for (uint64_t id : ids)
           st->deliver(*st->sequences.at(id));
+        // The executor and the post-processor end with this actor (the
+        // functor attached in generation_state).
         self->quit();
       },
     };
   };
-  return sys.spawn<caf::detached>(body);
+  return sys.spawn(body);
 }
 
 } // namespace caf_serving::scheduler

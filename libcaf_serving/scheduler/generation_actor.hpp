@@ -1,20 +1,28 @@
 #pragma once
 /// The generation actor (one per generative model version, issue 34): the
-/// decoding loop of continuous batching. Before every step the scheduler's
-/// policy (generation_policy.hpp) decides which sequences take part and how
-/// much of each waiting prompt is prefilled; the executor's decoder_runner
-/// runs the step over its KV cache; each sequence's sampler picks its next
-/// token, its detokenizer turns tokens into whole UTF-8 characters and its
-/// stop checks end it. New requests and cancellations are taken between steps.
+/// scheduler of continuous batching, and the handle the ingress sends
+/// requests and cancellations to. The decoding loop is three actors, each
+/// doing its own layer's job (core/generation_messages.hpp):
 ///
-/// A detached actor: a step blocks its thread for milliseconds. Every job gets
-/// exactly one final update through its sink (tokens, an error, or a
-/// cancellation acknowledged by nobody); a cancelled sequence's cache blocks
-/// are freed before the next step.
+/// - this one, the scheduler: before every step its policy
+///   (generation_policy.hpp) decides which sequences take part and how much of
+///   each waiting prompt is prefilled; it admits requests, takes
+///   cancellations, sends every sequence's updates to its sink and keeps the
+///   stats. It never blocks: it runs on CAF's shared workers.
+/// - the executor (executor/decoder_actor.hpp, detached: a step blocks for
+///   milliseconds) owns the decoder_runner and its KV cache and runs each
+///   step's plan;
+/// - the post-processor (postprocess/generation_postprocessor_actor.hpp) owns
+///   each sequence's sampler, detokenizer and stop checks, and turns the
+///   step's logits into tokens, text and finish reasons.
 ///
-/// Left for later (the issue's shape): the policy in the model's scheduler
-/// actor, the runner in an executor actor and the sampling in the
-/// post-processor, as separate actors with one hop each per step.
+/// A step is three hops: the plan to the executor, the logits (moved, not
+/// copied) on to the post-processor, its samples back here. Requests and
+/// cancellations that arrive while a step runs are taken at once and join the
+/// next; a cancelled sequence's cache blocks are freed before the next step
+/// (the plan's releases). Every job gets exactly one final update through its
+/// sink (tokens, an error, or a cancellation acknowledged by nobody).
+/// generation_stop_atom answers every job and ends all three actors.
 
 #include "core/error.hpp"
 #include "core/generation_params.hpp"
