@@ -2,8 +2,8 @@
 """Fixtures of onnxruntime-genai's model files (issue 34).
 
     tools/genai_fixtures.py ops      -> tests/onnx/fixtures/genai_ops/<case>/
-    tools/genai_fixtures.py models   -> tests/generative/fixtures/genai_llama_{fp32,int4}/ and
-                                        tests/generative/fixtures/genai_llama_*_reference.json
+    tools/genai_fixtures.py models [qwen2] -> tests/generative/fixtures/genai_<arch>_{fp32,int4}/
+                                        and tests/generative/fixtures/genai_<arch>_*_reference.json
 
 `ops`: one small model per case of the com.microsoft operators that onnxruntime-genai's model
 builder writes (GroupQueryAttention, MatMulNBits, SkipSimplifiedLayerNormalization and the
@@ -13,7 +13,8 @@ tensor: `input|output NAME TYPE_xxx d0,d1,.. FILE`) and the raw little-endian te
 GroupQueryAttention's seqlens_k and total_sequence_length are computed in the graph from an
 attention mask, as the builder writes them (ReduceSum(mask) - 1 and Shape(mask)[1]).
 
-`models`: a tiny Llama with random weights (initializer_range 0.3, so that greedy tokens vary),
+`models`: a tiny Llama (`models qwen2`: a tiny Qwen2, biases on the query, key and value
+projections) with random weights (initializer_range 0.3, so that greedy tokens vary),
 transformers' greedy tokens for 64 prompts of mixed lengths (computed before anything else
 touches the module), then onnxruntime_genai.models.builder at fp32 and int4. The fp32 model's
 references are transformers' tokens; int4 changes the numbers, so its references are
@@ -304,19 +305,29 @@ def add_texts(tok, refs):
         r["generated_text"] = whole[len(prompt):] if whole.startswith(prompt) else None
 
 
-def models(out):
+def models(out, arch="llama"):
     import torch
     from tokenizers import Tokenizer
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import (LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast,
+                              Qwen2Config, Qwen2ForCausalLM)
 
     tok_file = ROOT / "tests/generative/fixtures/tiny_gpt2/1/tokenizer.json"
     tok = Tokenizer.from_file(str(tok_file))
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128,
-                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                      max_position_embeddings=CONTEXT, initializer_range=0.3,
-                      bos_token_id=EOS_ID, eos_token_id=EOS_ID)
-    model = LlamaForCausalLM(cfg).eval()
+    config_class, model_class = {"llama": (LlamaConfig, LlamaForCausalLM),
+                                 "qwen2": (Qwen2Config, Qwen2ForCausalLM)}[arch]
+    cfg = config_class(vocab_size=VOCAB, hidden_size=64, intermediate_size=128,
+                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                       max_position_embeddings=CONTEXT, initializer_range=0.3,
+                       bos_token_id=EOS_ID, eos_token_id=EOS_ID, tie_word_embeddings=False)
+    model = model_class(cfg).eval()
+    if arch == "qwen2":
+        # Qwen2's projection biases start at zero: random ones, so that they count.
+        with torch.no_grad():
+            for layer in model.model.layers:
+                for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj,
+                             layer.self_attn.v_proj):
+                    proj.bias.normal_(0.0, 0.3)
     cases = prompts(tok)
     print("transformers' greedy references for 64 prompts", flush=True)
     fp32_refs = hf_references(model, cases)
@@ -327,7 +338,7 @@ def models(out):
                                 bos_token="<|endoftext|>").save_pretrained(tmp / "hf")
         for precision, extra in (("fp32", []), ("int4", ["--extra_options", "accuracy_level=1",
                                                          "is_symmetric=false"])):
-            dst = out / f"genai_llama_{precision}"
+            dst = out / f"genai_{arch}_{precision}"
             if dst.exists():
                 shutil.rmtree(dst)
             subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder",
@@ -338,15 +349,15 @@ def models(out):
             for f in (tmp / precision).iterdir():
                 shutil.copy(f, version / f.name)
             (dst / "config.pbtxt").write_text(
-                f'name: "genai_llama_{precision}"\nbackend: "onnxruntime"\n'
+                f'name: "genai_{arch}_{precision}"\nbackend: "onnxruntime"\n'
                 "model_transaction_policy { decoupled: true }\n")
-    int4_dir = out / "genai_llama_int4" / "1"
+    int4_dir = out / f"genai_{arch}_int4" / "1"
     print("onnxruntime's greedy references of the int4 model", flush=True)
     int4_refs = ort_references(int4_dir / "model.onnx", cases, 2, 2, 16)
     for i in (0, 17, 42, 63):
         og_tokens = genai_greedy(int4_dir, cases[i][0], cases[i][1])
         assert og_tokens == int4_refs[i]["generated_ids"], (i, og_tokens, int4_refs[i])
-    fp32_ort = ort_references(out / "genai_llama_fp32" / "1" / "model.onnx", cases, 2, 2, 16)
+    fp32_ort = ort_references(out / f"genai_{arch}_fp32" / "1" / "model.onnx", cases, 2, 2, 16)
     same = sum(a["generated_ids"] == b["generated_ids"] for a, b in zip(fp32_ort, fp32_refs))
     print(f"fp32 model over onnxruntime matches transformers on {same}/64 prompts")
     for refs in (fp32_refs, int4_refs):
@@ -354,8 +365,8 @@ def models(out):
     for precision, refs, source in (("fp32", fp32_refs, "transformers generate (greedy)"),
                                     ("int4", int4_refs, "onnxruntime greedy over the int4 "
                                      "model, equal to onnxruntime-genai's Generator")):
-        (out / f"genai_llama_{precision}_reference.json").write_text(json.dumps(
-            {"model": f"genai_llama_{precision}", "eos_id": EOS_ID, "source": source,
+        (out / f"genai_{arch}_{precision}_reference.json").write_text(json.dumps(
+            {"model": f"genai_{arch}_{precision}", "eos_id": EOS_ID, "source": source,
              "cases": refs}) + "\n")
     print("wrote", out)
 
@@ -366,8 +377,9 @@ def main():
         ops(pathlib.Path(sys.argv[2]) if len(sys.argv) > 2
             else ROOT / "tests/onnx/fixtures/genai_ops")
     elif what == "models":
-        models(pathlib.Path(sys.argv[2]) if len(sys.argv) > 2
-               else ROOT / "tests/generative/fixtures")
+        arch = sys.argv[2] if len(sys.argv) > 2 and sys.argv[2] in ("llama", "qwen2") else "llama"
+        rest = [a for a in sys.argv[2:] if a not in ("llama", "qwen2")]
+        models(pathlib.Path(rest[0]) if rest else ROOT / "tests/generative/fixtures", arch)
     else:
         sys.exit(__doc__)
 

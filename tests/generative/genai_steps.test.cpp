@@ -1,4 +1,4 @@
-// onnxruntime-genai's model files (issue 34): a tiny Llama written by
+// onnxruntime-genai's model files (issue 34): a tiny Llama and a tiny Qwen2 written by
 // onnxruntime_genai.models.builder (GroupQueryAttention with rotary
 // embeddings, SkipSimplifiedLayerNormalization, and int4 MatMulNBits weights in
 // the int4 build) run through generation_policy + decoder_runner with the
@@ -132,6 +132,14 @@ TEST_CASE("the fp32 build: 64 prompts at once and alone give transformers' greed
 
 TEST_CASE("the int4 build (MatMulNBits): 64 prompts give onnxruntime's greedy tokens") {
   check_model("genai_llama_int4");
+}
+
+TEST_CASE("Qwen2 (biases on the query, key and value projections), fp32 and int4 builds, "
+          "past as tensors and paged") {
+  check_model("genai_qwen2_fp32");
+  check_model("genai_qwen2_int4");
+  check_model("genai_qwen2_fp32", new_external_memory_handle());
+  check_model("genai_qwen2_int4", new_external_memory_handle());
 }
 
 TEST_CASE("paged attention, reading the cache's blocks in place: the fp32 build's tokens") {
