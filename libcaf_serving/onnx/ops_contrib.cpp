@@ -943,8 +943,8 @@ void run_paged_gqa_rows(const node& n, const std::vector<tensor_ref>& in,
                         const std::vector<tensor_ref>& out, int64_t first, int64_t last) {
   const int64_t S = in[paged_query].shape[1];
   const int64_t N = n.get_i("num_heads", 1), kv = n.get_i("kv_num_heads", 1);
-  const int64_t head = gqa_head_size(n, in[paged_query].shape[2]);
   const bool packed = in.size() <= paged_key || in[paged_key].data == nullptr;
+  const int64_t head = in[paged_query].shape[2] / (packed ? N + 2 * kv : N);
   const int64_t layer = n.get_i("layer", 0), layers = n.get_i("layers", 1);
   const int64_t block_tokens = n.get_i("block_tokens", 16);
   const int64_t width = in[paged_table].shape[1];

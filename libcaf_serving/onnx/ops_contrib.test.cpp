@@ -7,18 +7,22 @@
 
 #include "onnx/ops_contrib.hpp"
 
+#include "core/external_memory.hpp"
 #include "onnx/importer.hpp"
 #include "onnx/op_registry.hpp"
+#include "onnx/paged_attention.hpp"
 #include "onnx/passes.hpp"
 #include "onnx/testing.hpp"
 
 #include <doctest/doctest.h>
 #include <onnx/onnx_pb.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <numeric>
 #include <sstream>
 #include <random>
 #include <string>
@@ -400,4 +404,152 @@ TEST_CASE("GroupQueryAttention and MatMulNBits refuse what the engine does not i
   nbits.ints["bits"] = 4;
   nbits.inputs = {"a", "b", "s", "", "mask_g"};
   CHECK(import_error(one_node_model(nbits)).find("g_idx") != std::string::npos);
+}
+
+TEST_CASE("PagedGroupQueryAttention over scattered cache blocks gives GroupQueryAttention's "
+          "outputs over the same past as tensors") {
+  // Rows with 0, 5 and 37 cached positions in blocks of 4 positions, scattered over a pool of
+  // two layers (the node reads layer 1); decoding one token and prefilling four.
+  const int64_t N = 4, kv = 2, head = 16, bt = 4, layers = 2, layer = 1, B = 3;
+  const std::vector<int64_t> context{0, 5, 37};
+  const int64_t P = 37, positions = 64, half = 4;
+  std::mt19937 rng(35);
+  auto cos = testing::random_floats(positions * half, rng);
+  auto sin = testing::random_floats(positions * half, rng);
+  auto past_k = testing::random_floats(B * kv * P * head, rng);
+  auto past_v = testing::random_floats(B * kv * P * head, rng);
+  const int64_t width = (P + bt - 1) / bt, blocks = B * width + 5;
+  const int64_t block_floats = layers * 2 * kv * bt * head;
+  std::vector<float> pool(blocks * block_floats, 1e6f); // what no row may read
+  std::vector<int32_t> ids(blocks);
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  std::vector<int32_t> table(B * width, 0);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i * bt < context[b]; ++i)
+      table[b * width + i] = ids[b * width + i];
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < kv; ++h)
+      for (int64_t j = 0; j < context[b]; ++j)
+        for (int kind = 0; kind < 2; ++kind) {
+          const auto& past = kind == 0 ? past_k : past_v;
+          float* at = pool.data() + table[b * width + j / bt] * block_floats
+                      + (((layer * 2 + kind) * kv + h) * bt + j % bt) * head;
+          std::copy_n(&past[((b * kv + h) * P + j) * head], head, at);
+        }
+  const uint64_t handle = new_external_memory_handle();
+  bind_external_memory(handle, {pool.data(), pool.size()});
+  std::vector<int32_t> context32(context.begin(), context.end());
+
+  for (int64_t S : {1, 4}) {
+    CAPTURE(S);
+    auto query = testing::random_floats(B * S * N * head, rng);
+    auto key = testing::random_floats(B * S * kv * head, rng);
+    auto value = testing::random_floats(B * S * kv * head, rng);
+    // GroupQueryAttention over the left-aligned past, as onnxruntime computes it.
+    graph g;
+    g.opset = 17;
+    int q = g.add_value("q", datatype::fp32, {B, S, N * head}, true);
+    int k = g.add_value("k", datatype::fp32, {B, S, kv * head}, true);
+    int v = g.add_value("v", datatype::fp32, {B, S, kv * head}, true);
+    int pk = g.add_value("pk", datatype::fp32, {B, kv, P, head}, true);
+    int pv = g.add_value("pv", datatype::fp32, {B, kv, P, head}, true);
+    int sl = g.add_value("seqlens", datatype::int32, {B}, true);
+    int tl = g.add_value("total", datatype::int32, {}, true);
+    int c = g.add_value("cos", datatype::fp32, {positions, half}, true);
+    int s = g.add_value("sin", datatype::fp32, {positions, half}, true);
+    int y = g.add_value("y"), ok = g.add_value("ok"), ov = g.add_value("ov");
+    auto& gqa = g.add_node("com.microsoft.GroupQueryAttention", "gqa",
+                           {q, k, v, pk, pv, sl, tl, c, s}, {y, ok, ov});
+    gqa.set_i("num_heads", N);
+    gqa.set_i("kv_num_heads", kv);
+    gqa.set_i("do_rotary", 1);
+    std::vector<int32_t> seqlens(B);
+    for (int64_t b = 0; b < B; ++b)
+      seqlens[b] = static_cast<int32_t>(context[b] + S - 1);
+    int32_t total = static_cast<int32_t>(P + S);
+    const int64_t present = P + S;
+    std::vector<float> y_ref(B * S * N * head), k_ref(B * kv * present * head),
+      v_ref(k_ref.size());
+    run_reference(gqa,
+                  {{datatype::fp32, {B, S, N * head}, query.data()},
+                   {datatype::fp32, {B, S, kv * head}, key.data()},
+                   {datatype::fp32, {B, S, kv * head}, value.data()},
+                   {datatype::fp32, {B, kv, P, head}, past_k.data()},
+                   {datatype::fp32, {B, kv, P, head}, past_v.data()},
+                   {datatype::int32, {B}, seqlens.data()}, {datatype::int32, {}, &total},
+                   {datatype::fp32, {positions, half}, cos.data()},
+                   {datatype::fp32, {positions, half}, sin.data()}},
+                  {{datatype::fp32, {B, S, N * head}, y_ref.data()},
+                   {datatype::fp32, {B, kv, present, head}, k_ref.data()},
+                   {datatype::fp32, {B, kv, present, head}, v_ref.data()}});
+
+    node paged{paged_gqa_op, "paged", {}, {}, {}};
+    paged.set_i("num_heads", N);
+    paged.set_i("kv_num_heads", kv);
+    paged.set_i("do_rotary", 1);
+    paged.set_i("layer", layer);
+    paged.set_i("layers", layers);
+    paged.set_i("block_tokens", bt);
+    paged.set_i("kv_pool", static_cast<int64_t>(handle));
+    std::vector<tensor_ref> in{{datatype::fp32, {B, S, N * head}, query.data()},
+                               {datatype::fp32, {B, S, kv * head}, key.data()},
+                               {datatype::fp32, {B, S, kv * head}, value.data()},
+                               {datatype::int32, {B, width}, table.data()},
+                               {datatype::int32, {B, 1}, context32.data()},
+                               {datatype::fp32, {positions, half}, cos.data()},
+                               {datatype::fp32, {positions, half}, sin.data()}};
+    std::vector<float> y_got(y_ref.size()), k_got(B * kv * S * head), v_got(k_got.size());
+    std::vector<tensor_ref> out{{datatype::fp32, {B, S, N * head}, y_got.data()},
+                                {datatype::fp32, {B, kv, S, head}, k_got.data()},
+                                {datatype::fp32, {B, kv, S, head}, v_got.data()}};
+    // As the CPU backend splits it: row 0, then rows 1 and 2.
+    run_paged_gqa_rows(paged, in, out, 0, 1);
+    run_paged_gqa_rows(paged, in, out, 1, B);
+    for (size_t i = 0; i < y_ref.size(); ++i)
+      REQUIRE_MESSAGE(y_got[i] == doctest::Approx(y_ref[i]).epsilon(1e-5), "element " << i);
+    // The new positions are GroupQueryAttention's present at [ctx, ctx + S), rotated alike.
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < kv; ++h)
+        for (int64_t j = 0; j < S; ++j)
+          for (int64_t d = 0; d < head; ++d) {
+            size_t got = ((b * kv + h) * S + j) * head + d;
+            size_t want = ((b * kv + h) * present + context[b] + j) * head + d;
+            REQUIRE(k_got[got] == k_ref[want]);
+            REQUIRE(v_got[got] == v_ref[want]);
+          }
+    // The whole node through the registry's reference kernel, too.
+    std::vector<float> y_whole(y_ref.size());
+    out[0].data = y_whole.data();
+    run_reference(paged, in, out);
+    CHECK(y_whole == y_got);
+    // A context beyond the block table is an error, not a read past it.
+    auto too_long = context32;
+    too_long[2] = static_cast<int32_t>(width * bt + 1);
+    in[4].data = too_long.data();
+    CHECK_THROWS_AS(run_paged_gqa_rows(paged, in, out, 0, B), std::runtime_error);
+    in[4].data = context32.data();
+  }
+  unbind_external_memory(handle);
+  // Without its cache bound, a row with a past cannot run.
+  std::vector<float> query(B * N * head), key(B * kv * head), value(key.size()),
+    y(query.size()), k(key.size()), v(key.size());
+  node paged{paged_gqa_op, "paged", {}, {}, {}};
+  paged.set_i("num_heads", N);
+  paged.set_i("kv_num_heads", kv);
+  paged.set_i("layer", layer);
+  paged.set_i("layers", layers);
+  paged.set_i("block_tokens", bt);
+  paged.set_i("kv_pool", static_cast<int64_t>(handle));
+  CHECK_THROWS_AS(run_paged_gqa_rows(paged,
+                                     {{datatype::fp32, {B, 1, N * head}, query.data()},
+                                      {datatype::fp32, {B, 1, kv * head}, key.data()},
+                                      {datatype::fp32, {B, 1, kv * head}, value.data()},
+                                      {datatype::int32, {B, width}, table.data()},
+                                      {datatype::int32, {B, 1}, context32.data()}},
+                                     {{datatype::fp32, {B, 1, N * head}, y.data()},
+                                      {datatype::fp32, {B, kv, 1, head}, k.data()},
+                                      {datatype::fp32, {B, kv, 1, head}, v.data()}},
+                                     0, B),
+                  std::runtime_error);
 }
