@@ -49,6 +49,10 @@ struct generation_state : std::enable_shared_from_this<generation_state> {
   /// A plan is at the executor; its items' ids.
   bool in_flight = false;
   std::vector<uint64_t> step_ids;
+  /// When the plan in flight was sent, and its tokens: the step cost model's
+  /// sample when its samples come back.
+  time_point step_sent;
+  uint32_t step_tokens = 0;
   /// Sequences whose cache the executor must free before its next step.
   std::vector<uint64_t> releases;
 
@@ -79,6 +83,7 @@ struct generation_state : std::enable_shared_from_this<generation_state> {
     // in flight is done, and it is what the next plan is made from.
     s.cache_blocks_used = policy.used_blocks();
     s.preemptions = policy.preemptions();
+    s.shed = policy.shed();
   }
 
   /// Hands the executor the sequences to free now, unless a plan is at it
@@ -206,6 +211,8 @@ struct generation_state : std::enable_shared_from_this<generation_state> {
     p.releases = std::move(releases);
     releases.clear();
     in_flight = true;
+    step_sent = clock_type::now();
+    step_tokens = plan.tokens;
     publish();
     self->request(executor, caf::infinite, generation_run_atom::value, std::move(p))
       .then([st = shared_from_this()](generation_samples& samples) { st->step_answered(samples); },
@@ -234,6 +241,7 @@ struct generation_state : std::enable_shared_from_this<generation_state> {
       run_step();
       return;
     }
+    policy.observe_step(step_tokens, clock_type::now() - step_sent);
     std::vector<uint64_t> emitted;
     int64_t now = now_ns();
     for (auto& row : samples.rows) {
@@ -305,6 +313,10 @@ void render_generation_stats(std::string& out, const generation_stats& s,
   line("caf_serving_generation_preemptions_total", "counter",
        "Sequences preempted (their cache freed, recomputed later) when the KV cache was full",
        s.preemptions.load());
+  line("caf_serving_generation_shed_total", "counter",
+       "Requests refused at once (503) because their first token could not come within the "
+       "model's time-to-first-token target",
+       s.shed.load());
   line("caf_serving_generation_running", "gauge", "Sequences in the running batch",
        s.running.load());
   line("caf_serving_generation_waiting", "gauge", "Sequences waiting for a place",

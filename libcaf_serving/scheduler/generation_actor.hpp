@@ -123,6 +123,7 @@ struct generation_stats {
   std::atomic<uint64_t> prompt_tokens{0};
   std::atomic<uint64_t> generated_tokens{0};
   std::atomic<uint64_t> preemptions{0};
+  std::atomic<uint64_t> shed{0};
   std::atomic<uint64_t> steps{0};
   std::atomic<uint32_t> running{0};
   std::atomic<uint32_t> waiting{0};

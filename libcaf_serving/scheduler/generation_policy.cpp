@@ -1,6 +1,8 @@
 #include "scheduler/generation_policy.hpp"
 
 #include <algorithm>
+#include <chrono>
+#include <string>
 #include <utility>
 
 namespace caf_serving::scheduler {
@@ -23,9 +25,43 @@ uint32_t generation_policy::blocks_for(uint32_t tokens) const {
   return (tokens + limits_.block_tokens - 1) / limits_.block_tokens;
 }
 
+uint32_t generation_policy::step_tokens() const {
+  if (limits_.tpot_target.count() > 0 && cost_.known())
+    return cost_.tokens_within(limits_.tpot_target, limits_.max_step_tokens);
+  return limits_.max_step_tokens;
+}
+
+clock_type::duration generation_policy::predicted_first_token(uint32_t prompt_tokens) const {
+  if (!cost_.known())
+    return clock_type::duration{0};
+  // Prefill ahead of it: waiting prompts (and what preempted ones regenerate)
+  // and running prompts not computed yet; decoding sequences take a token of
+  // every step.
+  uint64_t prefill = prompt_tokens;
+  for (auto id : waiting_) {
+    const auto& s = sequences_.at(id);
+    prefill += s.prompt + s.generated;
+  }
+  uint32_t decoding = 0;
+  for (auto id : running_) {
+    const auto& s = sequences_.at(id);
+    uint32_t need = s.prompt + s.generated - s.computed;
+    if (need <= 1)
+      ++decoding;
+    else
+      prefill += need;
+  }
+  const uint32_t budget = std::max<uint32_t>(step_tokens(), decoding + 1);
+  const uint64_t per_step = budget - decoding;
+  const uint64_t steps = (prefill + per_step - 1) / per_step;
+  const auto step = cost_.predict(static_cast<uint32_t>(
+    std::min<uint64_t>(budget, decoding + prefill)));
+  return step * static_cast<int64_t>(steps);
+}
+
 std::optional<generation_refused>
 generation_policy::admit(uint64_t id, uint32_t prompt_tokens, uint32_t max_tokens,
-                         time_point now) {
+                         time_point now, clock_type::duration ttft_target) {
   if (prompt_tokens == 0)
     return generation_refused{400, "the prompt is empty: a generation needs at least one token"};
   if (max_tokens == 0)
@@ -48,6 +84,23 @@ generation_policy::admit(uint64_t id, uint32_t prompt_tokens, uint32_t max_token
   if (waiting_.size() >= limits_.max_waiting)
     return generation_refused{503, "the model's queue holds " + std::to_string(waiting_.size())
                                      + " waiting generations (max_waiting); retry later"};
+  auto target = limits_.ttft_target;
+  if (ttft_target.count() > 0 && (target.count() == 0 || ttft_target < target))
+    target = ttft_target;
+  if (target.count() > 0) {
+    auto predicted = predicted_first_token(prompt_tokens);
+    if (predicted > target) {
+      ++shed_;
+      auto ms = [](clock_type::duration d) {
+        return std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(d).count());
+      };
+      return generation_refused{
+        503, "the first token would come in about " + ms(predicted) + " ms, past the "
+               + "time-to-first-token target of " + ms(target) + " ms (" +
+               std::to_string(running_.size()) + " sequences running, " +
+               std::to_string(waiting_.size()) + " waiting); retry later"};
+    }
+  }
   sequence s;
   s.id = id;
   s.prompt = prompt_tokens;
@@ -97,7 +150,10 @@ const step_plan& generation_policy::plan_step() {
     return plan_;
   plan_ = step_plan{};
   plan_orders_.clear();
-  uint32_t budget = limits_.max_step_tokens;
+  // Every running sequence may decode, whatever the target allows.
+  const uint32_t target_tokens = step_tokens();
+  uint32_t budget = std::max<uint32_t>(target_tokens, static_cast<uint32_t>(running_.size()));
+  const uint32_t step_budget = budget;
   // Decodes first (one token each, oldest first), then prefill chunks: a
   // running sequence never waits behind a long prompt. A sequence that cannot
   // grow preempts the youngest running one (possibly itself).
@@ -129,7 +185,8 @@ const step_plan& generation_policy::plan_step() {
     }
   }
   // Admission: the head of the queue joins while it fits without preempting.
-  while (!waiting_.empty() && running_.size() < limits_.max_running && budget > 0) {
+  const size_t max_running = std::min<size_t>(limits_.max_running, target_tokens);
+  while (!waiting_.empty() && running_.size() < max_running && budget > 0) {
     auto& s = sequences_.at(waiting_.front());
     uint32_t need = s.prompt + s.generated;
     uint32_t n = std::min(need, budget);
@@ -161,7 +218,7 @@ const step_plan& generation_policy::plan_step() {
   }
   plan_.work = std::move(work);
   plan_orders_ = std::move(orders);
-  plan_.tokens = limits_.max_step_tokens - budget;
+  plan_.tokens = step_budget - budget;
   // An empty plan does not stand: a request admitted after it runs at the
   // next call (the actor asks again when one arrives).
   planned_ = !plan_.work.empty() || !plan_.preempted.empty();

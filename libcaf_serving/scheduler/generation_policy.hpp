@@ -33,8 +33,23 @@
 /// policy.step_done();                     // finished ones leave (max_tokens)
 /// policy.finish(id);                      // a stop string or EOS was sampled
 /// policy.cancel(id);                      // the client went away
+/// policy.observe_step(tokens, took);      // each step's wall time (targets)
 /// ```
+///
+/// ## Latency targets (issue 35)
+///
+/// With a time-per-output-token target, a step computes at most the tokens
+/// that the step cost model (step_cost.hpp, fitted from the steps run) prices
+/// within it, and no sequence joins the running batch beyond that many: the
+/// step size follows the target instead of max_step_tokens. Every decoding
+/// sequence still decodes each step (a step never leaves one behind). With a
+/// time-to-first-token target, a request whose first token cannot come in time
+/// (its prefill behind the queued and running prompts, at the steps' predicted
+/// pace beside the decoding sequences) is refused at once with a 503, rather
+/// than queued to miss it. Until the cost model has seen enough steps, neither
+/// applies.
 #include "scheduler/batching_policy.hpp"
+#include "scheduler/step_cost.hpp"
 
 #include <cstdint>
 #include <deque>
@@ -60,6 +75,9 @@ struct generation_limits {
   uint32_t max_context = 2048;
   /// Requests waiting for admission at most; beyond, a request is refused.
   uint32_t max_waiting = 1024;
+  /// Latency targets (above); zero: none.
+  clock_type::duration ttft_target{0};
+  clock_type::duration tpot_target{0};
 };
 
 /// Whether `limits` can run: the reason when not.
@@ -98,9 +116,22 @@ public:
   explicit generation_policy(generation_limits limits);
 
   /// Queues a request of `prompt_tokens` that may generate `max_tokens`, or
-  /// refuses it.
+  /// refuses it. `ttft_target` (non-zero) is the request's own, where tighter
+  /// than the model's.
   std::optional<generation_refused> admit(uint64_t id, uint32_t prompt_tokens,
-                                          uint32_t max_tokens, time_point now);
+                                          uint32_t max_tokens, time_point now,
+                                          clock_type::duration ttft_target = {});
+
+  /// A step of `tokens` took `took` (plan sent to samples back): the cost
+  /// model behind the latency targets learns from it.
+  void observe_step(uint32_t tokens, clock_type::duration took) { cost_.observe(tokens, took); }
+  const step_cost& cost() const { return cost_; }
+  /// The predicted time until a new request of `prompt_tokens` has its first
+  /// token, given the running batch and the queue; zero while the cost model
+  /// knows nothing.
+  clock_type::duration predicted_first_token(uint32_t prompt_tokens) const;
+  /// Requests refused for a latency target so far.
+  uint64_t shed() const { return shed_; }
 
   /// The next step: empty when nothing waits or runs. Until step_done() a
   /// plan with work or preemptions stands: a second call returns the same; an
@@ -143,6 +174,9 @@ private:
   };
 
   uint32_t blocks_for(uint32_t tokens) const;
+  /// The tokens a step may compute: max_step_tokens, or what the cost model
+  /// prices within the TPOT target.
+  uint32_t step_tokens() const;
   void release(sequence& s);
   /// Preempts the youngest running sequence; returns the tokens of the work
   /// this step had planned for it, taken back.
@@ -157,6 +191,8 @@ private:
   uint32_t free_blocks_ = 0;
   uint64_t next_order_ = 0;
   uint64_t preemptions_ = 0;
+  uint64_t shed_ = 0;
+  step_cost cost_;
   step_plan plan_;
   /// The admission order of each item of plan_.work (an id may leave and come
   /// back while a step runs; its old work is not its new sequence's).

@@ -265,3 +265,103 @@ TEST_CASE("randomized: no sequence lost, starved or stepped twice; the cache nev
   }
   CHECK(preemptions > 0); // the cache was short enough to preempt
 }
+
+namespace {
+
+/// Teaches `p` a machine whose steps cost 10 ms + 1 ms per token.
+void learn(generation_policy& p) {
+  for (uint32_t i = 0; i < 40; ++i) {
+    uint32_t tokens = 1 + (i * 7) % 60;
+    p.observe_step(tokens, std::chrono::milliseconds(10 + tokens));
+  }
+}
+
+/// Runs steps until nothing runs or waits; returns the largest step's tokens.
+uint32_t drain(generation_policy& p) {
+  uint32_t largest = 0;
+  for (int guard = 0; guard < 10000; ++guard) {
+    const auto& plan = p.plan_step();
+    if (plan.work.empty() && plan.preempted.empty())
+      return largest;
+    largest = std::max(largest, plan.tokens);
+    p.step_done();
+  }
+  FAIL("the policy never drained");
+  return largest;
+}
+
+} // namespace
+
+TEST_CASE("a TPOT target bounds each step's tokens by the cost model, and every running "
+          "sequence still decodes") {
+  generation_limits l;
+  l.max_running = 32;
+  l.max_step_tokens = 512;
+  l.block_tokens = 16;
+  l.cache_blocks = 4096;
+  l.max_context = 1024;
+  l.max_waiting = 100;
+  l.tpot_target = std::chrono::milliseconds(40); // 10 ms + 30 tokens
+  generation_policy targeted(l);
+  l.tpot_target = {};
+  generation_policy untargeted(l);
+  learn(targeted);
+  learn(untargeted);
+  for (uint64_t id = 0; id < 20; ++id) {
+    REQUIRE_FALSE(targeted.admit(id, 100, 8, at(0)));
+    REQUIRE_FALSE(untargeted.admit(id, 100, 8, at(0)));
+  }
+  CHECK(drain(untargeted) > 100);
+  // Steps stay within the target's tokens, except where the running sequences' decodes alone
+  // exceed them: at most 30 run at once, so never beyond 30 tokens.
+  const auto& first = targeted.plan_step();
+  CHECK(first.tokens == 30);
+  std::set<uint64_t> seen;
+  for (int guard = 0; guard < 10000; ++guard) {
+    const auto& plan = targeted.plan_step();
+    if (plan.work.empty())
+      break;
+    CHECK(plan.tokens <= 30);
+    CHECK(targeted.running() <= 30);
+    // Every sequence gets its turn.
+    for (const auto& w : plan.work)
+      seen.insert(w.id);
+    targeted.step_done();
+  }
+  CHECK(seen.size() == 20);
+  CHECK(targeted.running() == 0);
+  CHECK(targeted.waiting() == 0);
+  CHECK(targeted.shed() == 0);
+}
+
+TEST_CASE("a TTFT target sheds at once the request whose first token cannot come in time") {
+  generation_limits l;
+  l.max_running = 64;
+  l.max_step_tokens = 64;
+  l.block_tokens = 16;
+  l.cache_blocks = 4096;
+  l.max_context = 1024;
+  l.max_waiting = 100;
+  l.ttft_target = std::chrono::milliseconds(500);
+  generation_policy p(l);
+  // Before the cost model knows anything, nothing is shed.
+  for (uint64_t id = 0; id < 3; ++id)
+    CHECK_FALSE(p.admit(id, 200, 4, at(0)));
+  learn(p);
+  // Queued: 600 prompt tokens, 64 per step of 74 ms: 10 steps, 740 ms for the next one.
+  CHECK(p.predicted_first_token(40) > std::chrono::milliseconds(500));
+  auto refused = p.admit(10, 40, 4, at(0));
+  REQUIRE(refused);
+  CHECK(refused->status == 503);
+  CHECK(refused->message.find("time-to-first-token target of 500 ms") != std::string::npos);
+  CHECK(p.shed() == 1);
+  // A looser request-level target does not loosen the model's; a tighter one binds.
+  CHECK(p.admit(11, 40, 4, at(0), std::chrono::milliseconds(5000)));
+  // Once the queue has drained, the same request is admitted.
+  drain(p);
+  CHECK(p.predicted_first_token(40) < std::chrono::milliseconds(100));
+  CHECK_FALSE(p.admit(12, 40, 4, at(0)));
+  auto tight = p.admit(13, 40, 4, at(0), std::chrono::milliseconds(20));
+  REQUIRE(tight);
+  CHECK(tight->status == 503);
+}

@@ -154,6 +154,13 @@ result<loaded_generative> load_generative(const generative_load_config& cfg) {
   auto max_waiting = parameter(c, "max_waiting", cfg.max_waiting, 1, 1 << 24);
   if (!max_waiting)
     return max_waiting.error();
+  // Latency targets (issue 35; generation_policy.hpp): 0, the default, is none.
+  auto ttft_target_ms = parameter(c, "ttft_target_ms", 0, 0, 1 << 24);
+  if (!ttft_target_ms)
+    return ttft_target_ms.error();
+  auto tpot_target_ms = parameter(c, "tpot_target_ms", 0, 0, 1 << 24);
+  if (!tpot_target_ms)
+    return tpot_target_ms.error();
 
   // The tokenizer and the model's own files.
   auto tokenizer_path = find_file(cfg, "tokenizer.json");
@@ -341,6 +348,8 @@ result<loaded_generative> load_generative(const generative_load_config& cfg) {
   limits.block_tokens = static_cast<uint32_t>(*block_tokens);
   limits.max_context = static_cast<uint32_t>(*max_context);
   limits.max_waiting = static_cast<uint32_t>(*max_waiting);
+  limits.ttft_target = std::chrono::milliseconds(*ttft_target_ms);
+  limits.tpot_target = std::chrono::milliseconds(*tpot_target_ms);
   executor::kv_cache_layout layout{sig->layers(), sig->kv_heads,
                                    sig->head_dim, limits.block_tokens, 0};
   const uint64_t block_bytes = executor::kv_block_bytes(layout);
@@ -369,7 +378,11 @@ result<loaded_generative> load_generative(const generative_load_config& cfg) {
           << (uint64_t{limits.cache_blocks} * block_bytes >> 20) << " MiB, "
           << uint64_t{limits.cache_blocks} * limits.block_tokens << " positions); up to "
           << limits.max_running << " sequences, " << limits.max_step_tokens
-          << " tokens per step, context " << limits.max_context << "; tokenizer "
+          << " tokens per step, context " << limits.max_context;
+  if (*ttft_target_ms > 0 || *tpot_target_ms > 0)
+    summary << "; targets: TTFT " << *ttft_target_ms << " ms, TPOT " << *tpot_target_ms
+            << " ms (0: none)";
+  summary << "; tokenizer "
           << tokenizer_path->filename().string() << " (" << tokenizer->vocab_size()
           << " tokens), " << (chat ? "a chat template" : "no chat template") << ", eos";
   for (int32_t id : eos_ids)
