@@ -287,6 +287,20 @@ result<loaded_generative> load_generative(const generative_load_config& cfg) {
   oc.config = genai_cache ? executor::with_cache_dims(c, *genai_cache) : c;
   oc.config.max_batch_size = static_cast<int>(*max_sequences);
   oc.pool = cfg.compute_pool;
+  // A torch export's attention as GroupQueryAttention (onnx/passes_decoder.hpp).
+  auto rewrite = c.parameters.find("rewrite_attention");
+  if (rewrite != c.parameters.end() && rewrite->second != "true" && rewrite->second != "false")
+    return load_error(c, "parameters \"rewrite_attention\" is '" + rewrite->second
+                           + "'; it must be \"true\" or \"false\"");
+  // GroupQueryAttention reads the left-aligned past: not with "past_layout" "masked".
+  const bool masked = c.parameters.count("past_layout") > 0
+                      && hints.layout == executor::past_layout::masked;
+  if (rewrite != c.parameters.end() && rewrite->second == "true" && masked)
+    return load_error(c, "parameters \"rewrite_attention\" \"true\" needs the left-aligned "
+                         "past; drop parameters \"past_layout\" \"masked\"");
+  oc.passes.rewrite_decoder_attention =
+    rewrite != c.parameters.end() ? rewrite->second == "true"
+                                  : !masked && !find_file(cfg, "genai_config.json");
   oc.threads = std::max(cfg.threads, 1u);
   // One plan per batch bucket (powers of two) and past bucket.
   size_t batch_buckets = 1;
@@ -298,6 +312,8 @@ result<loaded_generative> load_generative(const generative_load_config& cfg) {
   auto model = onnx::load_onnx_model(oc);
   if (!model)
     return model.error();
+  if (model->decoder_attention.layers > 0)
+    hints.layout = executor::past_layout::left_aligned;
   auto sig = executor::find_decoder_signature(model->config, hints);
   if (!sig)
     return sig.error();
@@ -346,6 +362,11 @@ result<loaded_generative> load_generative(const generative_load_config& cfg) {
           << " tokens), " << (chat ? "a chat template" : "no chat template") << ", eos";
   for (int32_t id : eos_ids)
     summary << " " << id;
+  if (model->decoder_attention.layers > 0)
+    summary << "; attention of " << model->decoder_attention.layers
+            << " layers as GroupQueryAttention";
+  else if (oc.passes.rewrite_decoder_attention)
+    summary << "; attention as exported: " << model->decoder_attention.refused;
   out.summary = summary.str();
 
   executor::decoder_runner_config rc;
