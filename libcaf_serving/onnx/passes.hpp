@@ -52,6 +52,11 @@ struct pass_config {
   /// QDQ groups onto QLinearConv and QLinearAdd (quant_passes.hpp).
   /// config.pbtxt: parameters "qdq_fusion" ("true" or "false").
   bool fuse_qdq = true;
+  /// Each layer's attention of a torch-exported decoder becomes
+  /// GroupQueryAttention (passes_decoder.hpp), once, on the imported graph;
+  /// the generative loader sets it (config.pbtxt: parameters
+  /// "rewrite_attention" "false" turns it off).
+  bool rewrite_decoder_attention = false;
 };
 
 /// specialize() followed by the passes `cfg` selects.

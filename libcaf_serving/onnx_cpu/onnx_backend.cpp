@@ -1198,6 +1198,9 @@ result<onnx_model> load_onnx_graph(graph imported, const onnx_model_config& give
   if (!with)
     return with.error();
   auto mcfg = *with;
+  decoder_attention_result decoder_attention;
+  if (mcfg.passes.rewrite_decoder_attention)
+    decoder_attention = rewrite_decoder_attention(imported);
   // The plans run on the model's shapes (reshape where given); clients see
   // the config's dims.
   auto completed = complete_model_config(imported, completion_of(mcfg));
@@ -1348,6 +1351,7 @@ result<onnx_model> load_onnx_graph(graph imported, const onnx_model_config& give
   if (!cfg->warmup.empty())
     os << "; warmup: " << cfg->warmup.size() << " sample(s), " << warmup_runs << " run(s)";
   m.summary = os.str();
+  m.decoder_attention = std::move(decoder_attention);
   return m;
 }
 
@@ -1367,6 +1371,8 @@ result<std::string> describe_plan(const onnx_model_config& given, int64_t batch)
     mcfg.config = without_strings(mcfg.config, *imported);
     imported->strings = {};
   }
+  if (mcfg.passes.rewrite_decoder_attention)
+    rewrite_decoder_attention(*imported);
   auto completed = complete_model_config(*imported, completion_of(mcfg));
   if (!completed)
     return completed.error();

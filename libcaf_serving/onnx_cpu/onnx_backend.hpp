@@ -23,6 +23,7 @@
 #include "executor/backend.hpp"
 #include "onnx/ir.hpp"
 #include "onnx/passes.hpp"
+#include "onnx/passes_decoder.hpp"
 #include "onnx/shape_plans.hpp"
 
 #include <filesystem>
@@ -117,6 +118,9 @@ struct onnx_model {
   /// cpu_level.hpp): the node, its step and the ISA. The loader logs them;
   /// the tests require none.
   std::vector<std::string> warnings;
+  /// With pass_config::rewrite_decoder_attention: the layers rewritten into
+  /// GroupQueryAttention, or why none was.
+  decoder_attention_result decoder_attention;
   /// A backend for one executor instance: its own arena and pointer tables;
   /// the plans compiled at load and the compute pool are shared.
   std::function<std::shared_ptr<executor::backend>()> make_instance;

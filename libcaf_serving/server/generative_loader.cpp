@@ -4,6 +4,7 @@
 #include "core/external_memory.hpp"
 #include "onnx/importer.hpp"
 #include "onnx/paged_attention.hpp"
+#include "onnx/passes_decoder.hpp"
 #include "onnx_cpu/onnx_backend.hpp"
 #include "text/chat_template.hpp"
 #include "text/tokenizer.hpp"
@@ -297,6 +298,20 @@ result<loaded_generative> load_generative(const generative_load_config& cfg) {
   oc.config = genai_cache ? executor::with_cache_dims(c, *genai_cache) : c;
   oc.config.max_batch_size = static_cast<int>(*max_sequences);
   oc.pool = cfg.compute_pool;
+  // A torch export's attention as GroupQueryAttention (onnx/passes_decoder.hpp).
+  auto rewrite = c.parameters.find("rewrite_attention");
+  if (rewrite != c.parameters.end() && rewrite->second != "true" && rewrite->second != "false")
+    return load_error(c, "parameters \"rewrite_attention\" is '" + rewrite->second
+                           + "'; it must be \"true\" or \"false\"");
+  // GroupQueryAttention reads the left-aligned past: not with "past_layout" "masked".
+  const bool masked = c.parameters.count("past_layout") > 0
+                      && hints.layout == executor::past_layout::masked;
+  if (rewrite != c.parameters.end() && rewrite->second == "true" && masked)
+    return load_error(c, "parameters \"rewrite_attention\" \"true\" needs the left-aligned "
+                         "past; drop parameters \"past_layout\" \"masked\"");
+  oc.passes.rewrite_decoder_attention =
+    rewrite != c.parameters.end() ? rewrite->second == "true"
+                                  : !masked && !find_file(cfg, "genai_config.json");
   oc.threads = std::max(cfg.threads, 1u);
   // One plan per batch bucket (powers of two) and past bucket.
   size_t batch_buckets = 1;
@@ -308,6 +323,13 @@ result<loaded_generative> load_generative(const generative_load_config& cfg) {
   auto imported = onnx::import_model(oc.model_file);
   if (!imported)
     return load_error(c, imported.error().message);
+  // A torch export's attention chains become GroupQueryAttention first
+  // (onnx/passes_decoder.hpp), so that the paged rewrite below takes them too.
+  const bool rewrite_wanted = oc.passes.rewrite_decoder_attention;
+  oc.passes.rewrite_decoder_attention = false;
+  onnx::decoder_attention_result decoder_attention;
+  if (rewrite_wanted)
+    decoder_attention = onnx::rewrite_decoder_attention(*imported);
   // The engine's own cache, read in place: GroupQueryAttention becomes the
   // paged operator (onnx/paged_attention.hpp) unless parameters
   // "paged_attention" is "false".
@@ -333,6 +355,8 @@ result<loaded_generative> load_generative(const generative_load_config& cfg) {
   auto model = onnx::load_onnx_graph(std::move(*imported), oc);
   if (!model)
     return model.error();
+  if (decoder_attention.layers > 0)
+    hints.layout = executor::past_layout::left_aligned;
   auto sig = executor::find_decoder_signature(model->config, hints);
   if (!sig)
     return sig.error();
@@ -387,6 +411,11 @@ result<loaded_generative> load_generative(const generative_load_config& cfg) {
           << " tokens), " << (chat ? "a chat template" : "no chat template") << ", eos";
   for (int32_t id : eos_ids)
     summary << " " << id;
+  if (decoder_attention.layers > 0)
+    summary << "; attention of " << decoder_attention.layers
+            << " layers as GroupQueryAttention";
+  else if (rewrite_wanted)
+    summary << "; attention as exported (" << decoder_attention.refused << ")";
   summary << "; attention "
           << (sig->paged ? "reads the cache in place (paged)"
                          : "takes the past as tensors (" + paged.refused + ")");

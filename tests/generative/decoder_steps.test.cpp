@@ -11,6 +11,7 @@
 
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -31,15 +32,30 @@ const fixture_model gpt2{"tiny_gpt2", 4};
 const fixture_model llama{"tiny_llama", 2}; // 4 query heads share 2 KV heads
 const fixture_model qwen2{"tiny_qwen2", 2};
 
-loaded load_model(const fixture_model& fm) {
+/// How the model's attention runs: the exported chain of operators over
+/// the masked past, or rewritten into GroupQueryAttention over the
+/// left-aligned past (onnx/passes_decoder.hpp), as the generative loader
+/// serves it.
+enum class attention { as_exported, rewritten };
+
+loaded load_model(const fixture_model& fm, attention a = attention::as_exported) {
   onnx::onnx_model_config cfg;
   cfg.model_file = fixtures + "/" + fm.name + "/1/model.onnx";
   cfg.config.name = fm.name;
   cfg.config.max_batch_size = 64;
   cfg.plan_cache_size = 64;
+  cfg.passes.rewrite_decoder_attention = a == attention::rewritten;
   auto m = onnx::load_onnx_model(cfg);
   REQUIRE_MESSAGE(m, error_of(m));
-  auto sig = executor::find_decoder_signature(m->config);
+  executor::decoder_hints hints;
+  if (a == attention::rewritten) {
+    // Both layers, or the test would compare the exported chain twice.
+    REQUIRE_MESSAGE(m->decoder_attention.layers == 2, m->decoder_attention.refused);
+    hints.layout = executor::past_layout::left_aligned;
+  } else {
+    CHECK(m->decoder_attention.layers == 0);
+  }
+  auto sig = executor::find_decoder_signature(m->config, hints);
   REQUIRE_MESSAGE(sig, error_of(sig));
   return {std::move(*m), *sig};
 }
@@ -58,11 +74,13 @@ void check_signature(const fixture_model& fm) {
   CHECK(bad.error().message.find("past_key_values.0.key") != std::string::npos);
 }
 
-void check_greedy(const fixture_model& fm) {
+void check_greedy(const fixture_model& fm, attention a) {
+  const std::string how = a == attention::rewritten ? " (GroupQueryAttention)" : "";
+  CAPTURE(how);
   auto ref = load_reference(fixtures, fm.name);
   const auto& cases = ref.cases;
   REQUIRE(cases.size() == 64);
-  auto l = load_model(fm);
+  auto l = load_model(fm, a);
   std::vector<uint64_t> all;
   for (uint64_t i = 0; i < cases.size(); ++i)
     all.push_back(i);
@@ -70,7 +88,10 @@ void check_greedy(const fixture_model& fm) {
                                      .block_tokens = 16, .cache_blocks = 512,
                                      .max_context = 256, .max_waiting = 64};
   int near_ties = 0;
+  auto started = std::chrono::steady_clock::now();
   auto r = generate(l, ref, all, {roomy, {.past_bucket = 32, .max_batch = 64}, true});
+  auto roomy_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now()
+                                                            - started).count();
   CHECK(compare(cases, r, near_ties) == 0);
   CHECK(r.preemptions == 0);
   // A cache of 24 blocks (384 positions) for 64 sequences: most wait, the
@@ -81,8 +102,9 @@ void check_greedy(const fixture_model& fm) {
   auto p = generate(l, ref, all, {tight, {.past_bucket = 16, .max_batch = 8}, true});
   CHECK(compare(cases, p, near_ties) == 0);
   CHECK(p.preemptions > 0);
-  MESSAGE(fm.name << ": steps " << r.steps << " (roomy) and " << p.steps << " (tight, "
-                  << p.preemptions << " preemptions); near ties " << near_ties);
+  MESSAGE(fm.name << how << ": steps " << r.steps << " (roomy, " << roomy_ms << " ms) and "
+                  << p.steps << " (tight, " << p.preemptions << " preemptions); near ties "
+                  << near_ties);
   // Alone, each of a few gives the same as in the crowd.
   for (uint64_t id : {0u, 17u, 42u, 63u}) {
     auto alone = generate(l, ref, {id}, {roomy, {.past_bucket = 32, .max_batch = 64}, true});
@@ -101,15 +123,18 @@ TEST_CASE("a decoder exported with its cache is found by its tensors") {
 
 TEST_CASE("GPT-2: 64 prompts at once give transformers' greedy tokens, with and without "
           "preemption") {
-  check_greedy(gpt2);
+  check_greedy(gpt2, attention::as_exported);
+  check_greedy(gpt2, attention::rewritten);
 }
 
 TEST_CASE("Llama (grouped-query attention, RoPE, RMSNorm): 64 prompts at once give "
           "transformers' greedy tokens, with and without preemption") {
-  check_greedy(llama);
+  check_greedy(llama, attention::as_exported);
+  check_greedy(llama, attention::rewritten);
 }
 
 TEST_CASE("Qwen2 (grouped-query attention, QKV biases): 64 prompts at once give "
           "transformers' greedy tokens, with and without preemption") {
-  check_greedy(qwen2);
+  check_greedy(qwen2, attention::as_exported);
+  check_greedy(qwen2, attention::rewritten);
 }
