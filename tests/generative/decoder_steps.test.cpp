@@ -6,8 +6,14 @@
 // tokens of transformers' greedy generate, and what each prompt produces
 // alone. The same for each fixture model: GPT-2 (learned positions,
 // LayerNorm, GELU), Llama (grouped-query attention, RoPE, RMSNorm, SiLU MLP)
-// and Qwen2 (as Llama, with Q/K/V biases).
+// and Qwen2 (as Llama, with Q/K/V biases); each as exported, with its
+// attention rewritten into GroupQueryAttention, and paged.
 #include "step_loop.hpp"
+
+#include "core/external_memory.hpp"
+#include "onnx/importer.hpp"
+#include "onnx/paged_attention.hpp"
+#include "onnx/passes_decoder.hpp"
 
 #include <doctest/doctest.h>
 
@@ -34,9 +40,13 @@ const fixture_model qwen2{"tiny_qwen2", 2};
 
 /// How the model's attention runs: the exported chain of operators over
 /// the masked past, or rewritten into GroupQueryAttention over the
-/// left-aligned past (onnx/passes_decoder.hpp), as the generative loader
-/// serves it.
-enum class attention { as_exported, rewritten };
+/// left-aligned past (onnx/passes_decoder.hpp), or rewritten and then made
+/// to read the KV cache's blocks in place (onnx/paged_attention.hpp), as the
+/// generative loader serves it.
+enum class attention { as_exported, rewritten, paged };
+
+/// The handle the paged models' cache is bound to.
+const uint64_t kv_pool = new_external_memory_handle();
 
 loaded load_model(const fixture_model& fm, attention a = attention::as_exported) {
   onnx::onnx_model_config cfg;
@@ -44,6 +54,21 @@ loaded load_model(const fixture_model& fm, attention a = attention::as_exported)
   cfg.config.name = fm.name;
   cfg.config.max_batch_size = 64;
   cfg.plan_cache_size = 64;
+  if (a == attention::paged) {
+    auto g = onnx::import_model(cfg.model_file);
+    REQUIRE_MESSAGE(g, error_of(g));
+    auto rewritten = onnx::rewrite_decoder_attention(*g);
+    REQUIRE_MESSAGE(rewritten.layers == 2, rewritten.refused);
+    auto paged = onnx::rewrite_paged_attention(*g, {kv_pool, 16});
+    REQUIRE_MESSAGE(paged.layers == 2, paged.refused);
+    auto m = onnx::load_onnx_graph(std::move(*g), cfg);
+    REQUIRE_MESSAGE(m, error_of(m));
+    auto sig = executor::find_decoder_signature(m->config);
+    REQUIRE_MESSAGE(sig, error_of(sig));
+    CHECK(sig->paged);
+    CHECK(sig->past_keys.empty());
+    return {std::move(*m), *sig};
+  }
   cfg.passes.rewrite_decoder_attention = a == attention::rewritten;
   auto m = onnx::load_onnx_model(cfg);
   REQUIRE_MESSAGE(m, error_of(m));
@@ -75,7 +100,10 @@ void check_signature(const fixture_model& fm) {
 }
 
 void check_greedy(const fixture_model& fm, attention a) {
-  const std::string how = a == attention::rewritten ? " (GroupQueryAttention)" : "";
+  const std::string how = a == attention::rewritten ? " (GroupQueryAttention)"
+                          : a == attention::paged   ? " (paged)"
+                                                    : "";
+  const uint64_t pool = a == attention::paged ? kv_pool : 0;
   CAPTURE(how);
   auto ref = load_reference(fixtures, fm.name);
   const auto& cases = ref.cases;
@@ -89,7 +117,8 @@ void check_greedy(const fixture_model& fm, attention a) {
                                      .max_context = 256, .max_waiting = 64};
   int near_ties = 0;
   auto started = std::chrono::steady_clock::now();
-  auto r = generate(l, ref, all, {roomy, {.past_bucket = 32, .max_batch = 64}, true});
+  auto r =
+    generate(l, ref, all, {roomy, {.past_bucket = 32, .max_batch = 64, .kv_pool = pool}, true});
   auto roomy_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now()
                                                             - started).count();
   CHECK(compare(cases, r, near_ties) == 0);
@@ -99,7 +128,8 @@ void check_greedy(const fixture_model& fm, attention a) {
   auto tight = roomy;
   tight.cache_blocks = 24;
   tight.max_step_tokens = 64;
-  auto p = generate(l, ref, all, {tight, {.past_bucket = 16, .max_batch = 8}, true});
+  auto p =
+    generate(l, ref, all, {tight, {.past_bucket = 16, .max_batch = 8, .kv_pool = pool}, true});
   CHECK(compare(cases, p, near_ties) == 0);
   CHECK(p.preemptions > 0);
   MESSAGE(fm.name << how << ": steps " << r.steps << " (roomy, " << roomy_ms << " ms) and "
@@ -107,7 +137,8 @@ void check_greedy(const fixture_model& fm, attention a) {
                   << near_ties);
   // Alone, each of a few gives the same as in the crowd.
   for (uint64_t id : {0u, 17u, 42u, 63u}) {
-    auto alone = generate(l, ref, {id}, {roomy, {.past_bucket = 32, .max_batch = 64}, true});
+    auto alone =
+      generate(l, ref, {id}, {roomy, {.past_bucket = 32, .max_batch = 64, .kv_pool = pool}, true});
     CHECK(alone.generated[id] == r.generated[id]);
   }
 }
@@ -125,16 +156,19 @@ TEST_CASE("GPT-2: 64 prompts at once give transformers' greedy tokens, with and 
           "preemption") {
   check_greedy(gpt2, attention::as_exported);
   check_greedy(gpt2, attention::rewritten);
+  check_greedy(gpt2, attention::paged);
 }
 
 TEST_CASE("Llama (grouped-query attention, RoPE, RMSNorm): 64 prompts at once give "
           "transformers' greedy tokens, with and without preemption") {
   check_greedy(llama, attention::as_exported);
   check_greedy(llama, attention::rewritten);
+  check_greedy(llama, attention::paged);
 }
 
 TEST_CASE("Qwen2 (grouped-query attention, QKV biases): 64 prompts at once give "
           "transformers' greedy tokens, with and without preemption") {
   check_greedy(qwen2, attention::as_exported);
   check_greedy(qwen2, attention::rewritten);
+  check_greedy(qwen2, attention::paged);
 }
