@@ -772,6 +772,17 @@ void rotate(float* x, int64_t rotary_dim, const float* cos, const float* sin, bo
   }
 }
 
+/// Replaces each of `n` scores by exp(score - max) and returns their sum (in
+/// double): a softmax's numerators and denominator.
+double exp_in_place(float* scores, int64_t n, float max) {
+  double sum = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    scores[j] = std::exp(scores[j] - max);
+    sum += scores[j];
+  }
+  return sum;
+}
+
 /// GroupQueryAttention as onnxruntime computes it on the CPU. Row b's valid past is
 /// positions [0, past_b) of past_key/past_value with past_b = seqlens_k[b] + 1 - S
 /// (0 for a first prompt, where S equals total_sequence_length); its new keys and
@@ -874,11 +885,7 @@ void run_gqa(const node& n, const std::vector<tensor_ref>& in,
           scores[j] = dot * scale;
           mx = std::max(mx, scores[j]);
         }
-        double sum = 0;
-        for (int64_t j = 0; j < length; ++j) {
-          scores[j] = std::exp(scores[j] - mx);
-          sum += scores[j];
-        }
+        const double sum = exp_in_place(scores.data(), length, mx);
         float* o = y + (b * S + s) * N * head + h * head;
         std::fill(o, o + head, 0.f);
         for (int64_t j = 0; j < length; ++j) {
@@ -1044,11 +1051,7 @@ void run_paged_gqa_rows(const node& n, const std::vector<tensor_ref>& in,
             scores[j] = dot4(qs, keys[j], head) * scale;
             mx = std::max(mx, scores[j]);
           }
-          double sum = 0;
-          for (int64_t j = 0; j < length; ++j) {
-            scores[j] = std::exp(scores[j] - mx);
-            sum += scores[j];
-          }
+          const double sum = exp_in_place(scores.data(), length, mx);
           float* o = y + (b * S + s) * N * head + h * head;
           std::fill(o, o + head, 0.f);
           for (int64_t j = 0; j < length; ++j) {

@@ -98,30 +98,47 @@ std::vector<int64_t> broadcast_strides4(const dims_t& in) {
 }
 
 
+/// A node's tensors as a step that calls a kernel on tensor_refs sees them:
+/// the shapes fixed when the plan compiles, the pointers of each run taken
+/// from the plan's table.
+struct node_tensors {
+  node n;
+  std::vector<tensor_ref> ins, outs;
+
+  node_tensors(const graph& g, const node& of) : n(of) {
+    for (int i : n.inputs)
+      ins.push_back(i >= 0 ? tensor_ref{g.values[i].dtype, g.values[i].shape, nullptr}
+                           : tensor_ref{});
+    for (int o : n.outputs) // an omitted output (-1) keeps its place, without memory
+      outs.push_back(o >= 0 ? tensor_ref{g.values[o].dtype, g.values[o].shape, nullptr}
+                            : tensor_ref{});
+  }
+
+  /// This run's inputs and outputs: copies, so that plans running on several
+  /// threads do not share them.
+  std::pair<std::vector<tensor_ref>, std::vector<tensor_ref>> bound(void** p) const {
+    auto in = ins;
+    auto out = outs;
+    for (size_t i = 0; i < in.size(); ++i)
+      in[i].data = n.inputs[i] >= 0 ? p[n.inputs[i]] : nullptr;
+    for (size_t i = 0; i < out.size(); ++i)
+      out[i].data = n.outputs[i] >= 0 ? p[n.outputs[i]] : nullptr;
+    return {std::move(in), std::move(out)};
+  }
+};
+
 /// The engine's paged attention (onnx/paged_attention.hpp), its batch rows
 /// split among the threads: each row reads its own blocks and writes its own
 /// outputs.
 step paged_attention_step(const graph& g, const node& n, unsigned threads) {
   const int64_t rows = g.values[n.inputs[0]].shape[0];
   auto cuts = split_range(rows, pieces_for(rows, threads), 1, threads);
-  std::vector<tensor_ref> ins, outs;
-  for (int i : n.inputs)
-    ins.push_back(i >= 0 ? tensor_ref{g.values[i].dtype, g.values[i].shape, nullptr}
-                         : tensor_ref{});
-  for (int o : n.outputs)
-    outs.push_back(o >= 0 ? tensor_ref{g.values[o].dtype, g.values[o].shape, nullptr}
-                          : tensor_ref{});
   step s;
   s.kernel = "engine.paged_attention";
   s.items = static_cast<int64_t>(cuts.size()) - 1;
-  s.run = [copy = n, ins, outs, cuts](void** p, int64_t item) {
-    auto in = ins;
-    auto out = outs;
-    for (size_t i = 0; i < in.size(); ++i)
-      in[i].data = copy.inputs[i] >= 0 ? p[copy.inputs[i]] : nullptr;
-    for (size_t i = 0; i < out.size(); ++i)
-      out[i].data = copy.outputs[i] >= 0 ? p[copy.outputs[i]] : nullptr;
-    run_paged_gqa_rows(copy, in, out, cuts[item], cuts[item + 1]);
+  s.run = [t = node_tensors(g, n), cuts](void** p, int64_t item) {
+    auto [in, out] = t.bound(p);
+    run_paged_gqa_rows(t.n, in, out, cuts[item], cuts[item + 1]);
   };
   return s;
 }
@@ -467,22 +484,9 @@ step compile_node(const dnnl_ctx& ctx, const graph& g, int idx, unsigned threads
   }
   // Reference kernel: shapes are fixed, pointers come from the table.
   s.kernel = "reference";
-  std::vector<tensor_ref> ins, outs;
-  for (int i : n.inputs)
-    ins.push_back(i >= 0 ? tensor_ref{g.values[i].dtype, g.values[i].shape, nullptr}
-                         : tensor_ref{});
-  for (int o : n.outputs) // an omitted output (-1) keeps its place, without memory
-    outs.push_back(o >= 0 ? tensor_ref{g.values[o].dtype, g.values[o].shape, nullptr}
-                          : tensor_ref{});
-  s.run = [copy = n, ins, outs](void** p, int64_t) {
-    // Copies, so that plans running on several threads do not share them.
-    auto in = ins;
-    auto out = outs;
-    for (size_t i = 0; i < in.size(); ++i)
-      in[i].data = copy.inputs[i] >= 0 ? p[copy.inputs[i]] : nullptr;
-    for (size_t i = 0; i < out.size(); ++i)
-      out[i].data = copy.outputs[i] >= 0 ? p[copy.outputs[i]] : nullptr;
-    run_reference(copy, in, out);
+  s.run = [t = node_tensors(g, n)](void** p, int64_t) {
+    auto [in, out] = t.bound(p);
+    run_reference(t.n, in, out);
   };
   return s;
 }
