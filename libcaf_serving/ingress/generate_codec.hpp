@@ -140,6 +140,10 @@ struct generate_request {
   bool echo = false;
   /// Choices per prompt; only 1 is supported (more is a 400).
   uint32_t n = 1;
+  /// The engine's extension "ttft_target_ms" (Triton: among the parameters;
+  /// OpenAI: a body field): the request's own time-to-first-token target,
+  /// which binds where tighter than the model's (generation_policy.hpp).
+  std::optional<uint32_t> ttft_target_ms;
   /// Whether special tokens are left out of the text (vLLM's default: yes).
   bool skip_special_tokens = true;
   /// Whether the text returned ends with the stop string that ended it.

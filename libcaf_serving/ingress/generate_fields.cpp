@@ -247,7 +247,8 @@ bool is_shared_field(std::string_view key) {
   for (std::string_view k :
        {"temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
         "frequency_penalty", "seed", "max_tokens", "min_tokens", "ignore_eos", "stop",
-        "stop_token_ids", "skip_special_tokens", "include_stop_str_in_output", "n"})
+        "stop_token_ids", "skip_special_tokens", "include_stop_str_in_output", "n",
+        "ttft_target_ms"})
     if (k == key)
       return true;
   return false;
@@ -309,6 +310,9 @@ bool apply_shared_field(std::string_view key, dom::element v, const field_reader
   } else if (key == "include_stop_str_in_output") {
     if (!null)
       req.include_stop_str_in_output = reader.boolean(key, v);
+  } else if (key == "ttft_target_ms") {
+    if (!null)
+      req.ttft_target_ms = static_cast<uint32_t>(reader.integer(key, v, 1, 1 << 24));
   } else if (key == "n") {
     if (!null) {
       int64_t n = reader.integer(key, v, 1, std::numeric_limits<int32_t>::max());

@@ -344,3 +344,17 @@ TEST_CASE("openai chat: streaming with usage") {
   CHECK(r->sampling.temperature == 1.0f);
   CHECK(r->stop.stop.empty());
 }
+
+TEST_CASE("the engine's ttft_target_ms: a request's own time-to-first-token target") {
+  auto r = parse_openai_completion(R"({"model": "m", "prompt": "x", "ttft_target_ms": 250})");
+  REQUIRE(r.ok());
+  REQUIRE(r->ttft_target_ms);
+  CHECK(*r->ttft_target_ms == 250u);
+  CHECK_FALSE(parse_openai_completion(R"({"model": "m", "prompt": "x"})")->ttft_target_ms);
+  CHECK_HAS(completion_error(R"({"model": "m", "prompt": "x", "ttft_target_ms": 0})"),
+            "'ttft_target_ms' must be an integer between 1 and 16777216, got 0");
+  auto chat = parse_openai_chat(
+    R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "ttft_target_ms": 40})");
+  REQUIRE(chat.ok());
+  CHECK(*chat->ttft_target_ms == 40u);
+}

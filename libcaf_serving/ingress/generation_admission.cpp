@@ -77,6 +77,8 @@ result<admitted_generation> admit_generation(const server::model_pipeline& model
   job->stop = request.stop;
   job->skip_special_tokens = request.skip_special_tokens;
   job->include_stop_str_in_output = request.include_stop_str_in_output;
+  if (request.ttft_target_ms)
+    job->ttft_target = std::chrono::milliseconds(*request.ttft_target_ms);
   out.job = std::move(job);
   return out;
 }

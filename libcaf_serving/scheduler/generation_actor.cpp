@@ -142,7 +142,8 @@ struct generation_state : std::enable_shared_from_this<generation_state> {
     uint32_t max_tokens = job->stop.max_tokens ? *job->stop.max_tokens : room;
     if (max_tokens == 0)
       max_tokens = 1; // the policy refuses it, naming the context
-    if (auto refused = policy.admit(id, prompt, max_tokens, clock_type::now())) {
+    if (auto refused =
+          policy.admit(id, prompt, max_tokens, clock_type::now(), job->ttft_target)) {
       generation_update u;
       u.error = serving_error{static_cast<status_code>(refused->status),
                               "model '" + cfg.model_name + "': " + refused->message};

@@ -98,6 +98,8 @@ struct generation_job {
   /// When the ingress received the request (now_ns); 0: unknown, then the
   /// time to first token counts from the actor's arrival.
   int64_t received_ns = 0;
+  /// The request's own time-to-first-token target (zero: the model's).
+  clock_type::duration ttft_target{0};
 };
 
 /// A process-wide unique id for a generation job.
