@@ -174,7 +174,8 @@ TEST_CASE("the engine's own operators have entries that no model reaches") {
   CHECK(names == std::vector<std::string>{"FusedAttention", "FusedConv", "FusedGelu",
                                           "FusedGemm", "FusedLayerNorm", "FusedMatMul",
                                           "QLinearAdd", "QMaxPool",
-                                          "com.microsoft.AttentionMask (engine)"});
+                                          "com.microsoft.AttentionMask (engine)",
+                                          "com.microsoft.PagedGroupQueryAttention (engine)"});
   // The importer refuses them as it refuses any operator it does not know.
   auto bytes = make_model(17, {{"FusedGelu", {"X"}, {"Y"}, {}, "g"}});
   auto r = import_model_bytes(bytes, "m.onnx");
