@@ -97,6 +97,10 @@ class Batcher(threading.Thread):
         while live and not gen.is_done():
             gen.generate_next_token()
             tokens = gen.get_next_tokens()
+            # The binding keeps the GIL through a step: without a yield here the event loop
+            # that writes the chunks runs only at Python's switch interval, and tokens leave
+            # in bursts (seen: TPOT 0.0 and TTFT 171 ms at concurrency 1).
+            time.sleep(0)
             for r in list(live):
                 j = batch[r]
                 t = int(tokens[r])

@@ -155,6 +155,13 @@ def wait_idle(server, limit_s=120):
     log(f"  {server.arm} still busy after {limit_s} s")
 
 
+def wait_all_idle(servers):
+    """Every server idle, not only the one measured next: one that is still cancelling or
+    finishing the last level's requests would take cores from the arm being measured."""
+    for s in set(servers.values()):
+        wait_idle(s)
+
+
 def warm(port, model, n=2):
     """Two short requests, so that first-call costs are not measured."""
     body = json.dumps({"model": model, "prompt": list(range(100, 164)), "max_tokens": 8,
@@ -235,17 +242,19 @@ def row(model, arm, level, g):
 
 # ---------------------------------------------------------------- aiperf against caf-serving-perf
 
-def aiperf_check(cfg, port, model, hf_dir, out_dir, exe, why):
+def aiperf_check(cfg, server, model, hf_dir, out_dir, exe, why):
     """Both tools on the same server and load, alternating: TTFT and output tokens/s."""
     lines = []
     if exe is None:
         return [f"aiperf: not run: {why}"]
     c, n = cfg.aiperf_concurrency, cfg.aiperf_requests
     res = {}
-    for round_ in range(2):
+    for round_ in range(cfg.aiperf_rounds):
         tag = f"aiperf_check_perf_{round_}"
         level = {"kind": "closed", "c": c, "window_ms": cfg.aiperf_window_ms,
                  "warmup_ms": 2000, "label": f"c{c}"}
+        port = server.port
+        wait_idle(server)
         g = perf(cfg, "caf-perf", port, model, level, out_dir, tag)
         if g:
             res.setdefault("caf-serving-perf", []).append(
@@ -266,6 +275,7 @@ def aiperf_check(cfg, port, model, hf_dir, out_dir, exe, why):
                "--artifact-dir", str(adir), "--ui-type", "none"]
         # (Not HF_HUB_OFFLINE: aiperf 0.13 then looks a local tokenizer folder up as a
         # cached hub snapshot and fails.)
+        wait_idle(server)
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
         (out_dir / f"aiperf_{round_}.txt").write_text(" ".join(cmd) + "\n\n" + r.stdout
                                                       + r.stderr)
@@ -281,12 +291,15 @@ def aiperf_check(cfg, port, model, hf_dir, out_dir, exe, why):
                                              None))
     lines.append(f"aiperf check: {model} on caf-serving, concurrency {c}, prompts "
                  f"{cfg.prompt_tokens}, outputs {cfg.output_tokens} (ignore_eos), "
-                 "two alternating rounds each")
-    lines.append("| tool | round | TTFT avg ms | TTFT P50 ms | output tokens/s |")
-    lines.append("|---|---:|---:|---:|---:|")
+                 f"{cfg.aiperf_rounds} alternating round(s) each")
+    lines.append("| tool | round | TTFT avg ms | TTFT P50 ms | output tokens/s | "
+                 "by Little's law |")
+    lines.append("|---|---:|---:|---:|---:|---:|")
     for tool, vals in res.items():
         for i, v in enumerate(vals):
-            lines.append(f"| {tool} | {i + 1} | {v[0]:.1f} | {v[1]:.1f} | {v[2]:.1f} |")
+            little = "-" if v[3] is None else f"{v[3]:.1f}"
+            lines.append(f"| {tool} | {i + 1} | {v[0]:.1f} | {v[1]:.1f} | {v[2]:.1f} | "
+                         f"{little} |")
     if len(res.get("aiperf", [])) == len(res.get("caf-serving-perf", [])) > 0:
         ours, theirs = res["caf-serving-perf"], res["aiperf"]
         mean = lambda xs: sum(xs) / len(xs)
@@ -313,6 +326,8 @@ def machine():
 
 
 def main():
+    # SIGTERM runs the `finally` that stops the servers.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("terminated"))
     ap = argparse.ArgumentParser(description=(__doc__ or "") + """
 Builds llama.cpp's llama-server and installs aiperf once into --peers (not the repository),
 makes the models once into --cache/bench-models (tools/generative_bench_models.py), starts
@@ -347,14 +362,17 @@ measurement, summary.md).""", formatter_class=argparse.RawDescriptionHelpFormatt
     arms = cfg.arms.split(",")
     models = cfg.models.split(",")
 
-    cfg.prompt_tokens, cfg.output_tokens = 128, 128
+    # --quick asks for 64 output tokens: at concurrency 64 a request of 128 lives 30-40 s
+    # on the quick models here, and every arm needs windows of several lifetimes.
+    cfg.prompt_tokens, cfg.output_tokens = 128, (64 if cfg.quick else 128)
     if cfg.quick:
         closed = [1, 8, 64]
         loads = [1.5]
-        win = {1: (5000, 1500), 8: (8000, 2000), 64: (15000, 3000)}
-        poisson_window, poisson_warmup = 20000, 2000
-        max_window_ms, max_poisson_ms = 60000, 20000
-        cfg.aiperf_concurrency, cfg.aiperf_requests, cfg.aiperf_window_ms = 8, 32, 10000
+        win = {1: (4000, 1000), 8: (6000, 1500), 64: (15000, 3000)}
+        poisson_window, poisson_warmup = 15000, 2000
+        max_window_ms, max_poisson_ms = 30000, 15000
+        cfg.aiperf_concurrency, cfg.aiperf_requests, cfg.aiperf_window_ms = 8, 24, 8000
+        cfg.aiperf_rounds = 1
     else:
         closed = [1, 8, 32, 64]
         loads = [0.5, 1.0, 1.5]
@@ -362,13 +380,14 @@ measurement, summary.md).""", formatter_class=argparse.RawDescriptionHelpFormatt
         poisson_window, poisson_warmup = 60000, 10000
         max_window_ms, max_poisson_ms = 300000, 300000
         cfg.aiperf_concurrency, cfg.aiperf_requests, cfg.aiperf_window_ms = 8, 160, 30000
+        cfg.aiperf_rounds = 2
     # At the end of a level the client waits this long for answers in flight, then
     # closes its connections (the engines cancel those requests; wait_idle waits for that).
-    cfg.drain_ms = 3000
+    cfg.drain_ms = 1000
     cfg.tail_prompts = out / "prompt_lengths.txt"
     cfg.tail_outputs = out / "output_lengths.txt"
     mean_p = long_tailed(cfg.tail_prompts, 4000, 96, 8, 512, 1)
-    mean_o = long_tailed(cfg.tail_outputs, 4000, 96, 8, 512, 2)
+    mean_o = long_tailed(cfg.tail_outputs, 4000, cfg.output_tokens * 3 // 4, 8, 512, 2)
     started = datetime.datetime.now(datetime.timezone.utc)
     log(f"machine: {machine()}")
     log(f"results in {out}")
@@ -443,25 +462,34 @@ measurement, summary.md).""", formatter_class=argparse.RawDescriptionHelpFormatt
                     window, warmup = win[c]
                     if arm in previous:
                         c0, e2e0 = previous[arm]
-                        predicted_ms = e2e0 / 1e3 * c / c0
-                        window = int(min(max_window_ms, max(window, 1.5 * predicted_ms)))
-                        warmup = int(min(max_window_ms / 4, max(warmup, 0.25 * predicted_ms)))
+                        predicted_ms = 1.5 * e2e0 / 1e3 * c / c0
+                        window = int(min(max_window_ms, max(window, 1.2 * predicted_ms)))
+                        warmup = int(min(max_window_ms / 4, max(warmup, 0.2 * predicted_ms)))
                     level = {"kind": "closed", "c": c, "window_ms": window,
                              "warmup_ms": warmup, "label": f"c{c}"}
                     tag = f"{m}_{level['label']}_{arm}"
-                    wait_idle(servers[(arm, m)])
+                    wait_all_idle(servers)
                     g = perf(cfg, arm, servers[(arm, m)].port, m, level, out, tag)
+                    if g is None or not g["requests"]:
+                        # No request ended inside the window: once more with twice the
+                        # window (the first try's requests are cancelled meanwhile).
+                        window = min(2 * window, 2 * max_window_ms)
+                        level = dict(level, window_ms=window)
+                        log(f"  {arm} {m} c{c}: nothing ended in the window; again with "
+                            f"{window / 1e3:.0f} s")
+                        wait_all_idle(servers)
+                        g = perf(cfg, arm, servers[(arm, m)].port, m, level, out, tag)
                     results[(m, level["label"], arm)] = g
                     if g and g["requests"]:
                         previous[arm] = (c, g["e2e"]["avg"])
                     log(row(m, arm, level, g) + f" (window {window / 1e3:.0f} s)")
             # Poisson at fractions of caf-serving's capacity: its best closed-loop request
-            # rate at 128/128 (Little's law: c / mean end-to-end), scaled to the long-tailed
-            # lengths' mean.
+            # rate at the fixed lengths (Little's law: c / mean end-to-end), scaled to the
+            # long-tailed outputs' mean.
             base = [results.get((m, f"c{c}", "caf-serving")) for c in closed]
             cap = max((c * b["requests"] / max(b["requests"], 1) / (b["e2e"]["avg"] / 1e6)
                        for c, b in zip(closed, base) if b and b["requests"]), default=0)
-            cap *= (cfg.prompt_tokens + cfg.output_tokens) / (mean_p + mean_o)
+            cap *= cfg.output_tokens / mean_o  # decoding steps dominate
             log(f"{m}: caf-serving's capacity {cap:.2f} requests/s at the long-tailed lengths "
                 f"(means {mean_p:.0f} prompt, {mean_o:.0f} output)")
             for f in loads:
@@ -478,7 +506,7 @@ measurement, summary.md).""", formatter_class=argparse.RawDescriptionHelpFormatt
                 turn += 1
                 for arm in order:
                     tag = f"{m}_poisson{int(f * 100)}_{arm}"
-                    wait_idle(servers[(arm, m)])
+                    wait_all_idle(servers)
                     g = perf(cfg, arm, servers[(arm, m)].port, m, level, out, tag)
                     results[(m, level["label"], arm)] = g
                     log(row(m, arm, level, g))
@@ -495,7 +523,8 @@ measurement, summary.md).""", formatter_class=argparse.RawDescriptionHelpFormatt
         if "caf-serving" in arms and not cfg.no_aiperf:
             m = models[0]
             log(f"aiperf check on caf-serving {m}")
-            aiperf_lines = aiperf_check(cfg, servers[("caf-serving", m)].port, m,
+            wait_all_idle(servers)
+            aiperf_lines = aiperf_check(cfg, servers[("caf-serving", m)], m,
                                         model_dir / "hf" / m, out, aiperf_exe, aiperf_why)
         elif cfg.no_aiperf:
             aiperf_lines = ["aiperf: not run (--no-aiperf)"]
@@ -518,13 +547,17 @@ measurement, summary.md).""", formatter_class=argparse.RawDescriptionHelpFormatt
             "", f"Command: bench/generate/run {' '.join(sys.argv[1:])}",
             f"Machine: {machine()}",
             f"Models: {model_dir} ({'quick: small' if cfg.quick else 'full size'}), fp32 in "
-            "every engine; closed loop prompts 128 / outputs 128 tokens (ignore_eos); "
-            f"Poisson with log-normal lengths (median 96, clipped to 8..512; means "
+            f"every engine; closed loop prompts {cfg.prompt_tokens} / outputs "
+            f"{cfg.output_tokens} tokens (ignore_eos); "
+            f"Poisson with log-normal lengths (medians 96 / {cfg.output_tokens * 3 // 4}, "
+            "clipped to 8..512; means "
             f"{mean_p:.0f} / {mean_o:.0f}); goodput at TTFT <= {cfg.ttft_target_ms:g} ms and "
             f"TPOT <= {cfg.tpot_target_ms:g} ms; {cfg.threads} compute threads per engine.",
             "Closed-loop output tokens/s by Little's law from caf-serving-perf's JSON "
             "(c x output tokens per request / mean end-to-end); Poisson rows: completed "
             "output tokens / window.", ""]
+    took = datetime.datetime.now(datetime.timezone.utc) - started
+    head.insert(2, f"Took {took.total_seconds() / 60:.1f} minutes (peers and models already made).")
     text = "\n".join(head + table + [""] + aiperf_lines + [""] + summary) + "\n"
     (out / "summary.md").write_text(text)
     print()
