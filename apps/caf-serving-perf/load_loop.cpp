@@ -39,6 +39,8 @@ struct load_loop::connection {
   int64_t start_ns = 0;
   /// Earliest time to try connecting again after a failure.
   int64_t retry_at_ns = 0;
+  /// Answers read on this connection since it was opened.
+  uint64_t answered = 0;
   /// Bytes of a response that arrived in pieces.
   std::string partial;
   /// response_capture::timed_bytes: the answer so far and its arrivals.
@@ -73,6 +75,7 @@ std::string load_loop::open_connection(std::size_t index) {
   fcntl(result.fd, F_SETFL, fcntl(result.fd, F_GETFL) | O_NONBLOCK);
   c.fd = result.fd;
   c.want_write = false;
+  c.answered = 0;
   c.partial.clear();
   epoll_event ev{};
   ev.events = EPOLLIN | EPOLLRDHUP;
@@ -162,7 +165,8 @@ void load_loop::flush(std::size_t index) {
       }
       return;
     }
-    fail_in_flight(index, now_ns());
+    if (!resend_if_closed_idle(index))
+      fail_in_flight(index, now_ns());
     return;
   }
   if (c.want_write) {
@@ -172,6 +176,23 @@ void load_loop::flush(std::size_t index) {
     ev.data.u64 = index;
     epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, c.fd, &ev);
   }
+}
+
+bool load_loop::resend_if_closed_idle(std::size_t index) {
+  auto& c = *connections_[index];
+  // A kept-alive connection the server closed before answering any of the
+  // request (llama.cpp's server closes after every streamed answer though
+  // it says Keep-Alive): the request goes again on a new connection, as HTTP
+  // clients do, with its start time unchanged. Once, so that a server that
+  // closes every connection at once still fails the request.
+  if (!c.busy || c.answered == 0 || !c.captured.empty() || !c.partial.empty())
+    return false;
+  close_connection(index);
+  if (!open_connection(index).empty())
+    return false;
+  c.written = 0;
+  flush(index);
+  return true;
 }
 
 void load_loop::fail_in_flight(std::size_t index, int64_t now) {
@@ -191,13 +212,16 @@ void load_loop::on_readable(std::size_t index, int64_t now) {
         continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK)
         return;
-      fail_in_flight(index, now);
+      if (!resend_if_closed_idle(index))
+        fail_in_flight(index, now);
       return;
     }
     if (n == 0) {
       // The server closed the connection; an idle one is reopened when
-      // needed, a busy one loses its request.
-      fail_in_flight(index, now);
+      // needed, a busy one loses its request (unless nothing of its answer
+      // came yet on a reused connection: then it goes again).
+      if (!resend_if_closed_idle(index))
+        fail_in_flight(index, now);
       return;
     }
     if (!c.busy) {
@@ -232,6 +256,7 @@ void load_loop::on_readable(std::size_t index, int64_t now) {
     }
     bool keep = r.keep_alive;
     c.partial.clear();
+    ++c.answered;
     if (!keep)
       close_connection(index);
     finish(index, r.status, now);

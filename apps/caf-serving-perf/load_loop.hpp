@@ -126,6 +126,9 @@ private:
   void dispatch_due(int64_t now);
   void arm_timer(int64_t at_ns);
   void fail_in_flight(std::size_t index, int64_t now);
+  /// Sends a busy connection's request again on a new connection when the
+  /// server closed a reused connection before answering; false otherwise.
+  bool resend_if_closed_idle(std::size_t index);
 
   load_loop_config config_;
   int epoll_fd_ = -1;
