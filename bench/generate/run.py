@@ -29,6 +29,11 @@ def log(*a):
     print("[bench]", *a, flush=True)
 
 
+def served_name(arm, model):
+    """The model's name on its arm's server: caf-targets serves a copy with targets."""
+    return f"{model}_targets" if arm == "caf-targets" else model
+
+
 # ---------------------------------------------------------------- the peers, built once
 
 def llama_source(peers):
@@ -341,7 +346,10 @@ measurement, summary.md).""", formatter_class=argparse.RawDescriptionHelpFormatt
     ap.add_argument("--cache", default=os.path.expanduser("~/.cache/caf-serving"))
     ap.add_argument("--out", default=None, help="results folder (default /tmp/caf-gen-bench-TIME)")
     ap.add_argument("--models", default="gpt2,llama")
-    ap.add_argument("--arms", default="caf-serving,llama.cpp,ort-genai")
+    ap.add_argument("--arms", default="caf-serving,caf-targets,llama.cpp,ort-genai",
+                    help="caf-targets: caf-serving with the model's ttft_target_ms and "
+                         "tpot_target_ms set to --ttft-target-ms and --tpot-target-ms (the "
+                         "latency-target scheduler) against caf-serving's fixed limits")
     ap.add_argument("--threads", type=int, default=2, help="compute threads of every engine")
     ap.add_argument("--ttft-target-ms", type=float, default=1000)
     ap.add_argument("--tpot-target-ms", type=float, default=100)
@@ -405,7 +413,8 @@ measurement, summary.md).""", formatter_class=argparse.RawDescriptionHelpFormatt
     # Servers: every arm and model stays up for the whole run (idle when not measured).
     servers = {}
     try:
-        if "caf-serving" in arms:
+        caf_arms = [a for a in ("caf-serving", "caf-targets") if a in arms]
+        if caf_arms:
             port = free_port()
             repo = out / "caf-repo"
             repo.mkdir(exist_ok=True)
@@ -413,6 +422,19 @@ measurement, summary.md).""", formatter_class=argparse.RawDescriptionHelpFormatt
                 link = repo / m
                 if not link.exists():
                     link.symlink_to(model_dir / "caf" / m)
+                if "caf-targets" in arms:
+                    # The same files, with the model's latency targets (docs/generative.md).
+                    targets = repo / served_name("caf-targets", m)
+                    targets.mkdir(exist_ok=True)
+                    if not (targets / "1").exists():
+                        (targets / "1").symlink_to(model_dir / "caf" / m / "1")
+                    config = (model_dir / "caf" / m / "config.pbtxt").read_text()
+                    config = config.replace(f'name: "{m}"', f'name: "{targets.name}"')
+                    for key, value in (("ttft_target_ms", cfg.ttft_target_ms),
+                                       ("tpot_target_ms", cfg.tpot_target_ms)):
+                        config += (f'parameters {{ key: "{key}" value: {{ string_value: '
+                                   f'"{int(value)}" }} }}\n')
+                    (targets / "config.pbtxt").write_text(config)
             s = Server("caf-serving", [str(caf), "--model-repository", str(repo),
                                        "--http-port", str(port), "--metrics-port", "0",
                                        "--allow-grpc", "false",
@@ -420,7 +442,8 @@ measurement, summary.md).""", formatter_class=argparse.RawDescriptionHelpFormatt
                                        "--kv-cache-bytes", str(2 << 30)],
                        port, out / "caf-serving.log", "/v2/health/ready")
             for m in models:
-                servers[("caf-serving", m)] = s
+                for a in caf_arms:
+                    servers[(a, m)] = s
         for m in models:
             if "llama.cpp" in arms:
                 port = free_port()
@@ -441,7 +464,7 @@ measurement, summary.md).""", formatter_class=argparse.RawDescriptionHelpFormatt
                     port, out / f"genai-{m}.log", "/health")
         for (arm, m), s in servers.items():
             s.wait_ready()
-            warm(s.port, m)
+            warm(s.port, served_name(arm, m))
             log(f"{arm} serving {m} on port {s.port}")
 
         results = {}
@@ -469,7 +492,8 @@ measurement, summary.md).""", formatter_class=argparse.RawDescriptionHelpFormatt
                              "warmup_ms": warmup, "label": f"c{c}"}
                     tag = f"{m}_{level['label']}_{arm}"
                     wait_all_idle(servers)
-                    g = perf(cfg, arm, servers[(arm, m)].port, m, level, out, tag)
+                    g = perf(cfg, arm, servers[(arm, m)].port, served_name(arm, m), level,
+                             out, tag)
                     if g is None or not g["requests"]:
                         # No request ended inside the window: once more with twice the
                         # window (the first try's requests are cancelled meanwhile).
@@ -478,7 +502,8 @@ measurement, summary.md).""", formatter_class=argparse.RawDescriptionHelpFormatt
                         log(f"  {arm} {m} c{c}: nothing ended in the window; again with "
                             f"{window / 1e3:.0f} s")
                         wait_all_idle(servers)
-                        g = perf(cfg, arm, servers[(arm, m)].port, m, level, out, tag)
+                        g = perf(cfg, arm, servers[(arm, m)].port, served_name(arm, m),
+                                 level, out, tag)
                     results[(m, level["label"], arm)] = g
                     if g and g["requests"]:
                         previous[arm] = (c, g["e2e"]["avg"])
@@ -507,7 +532,8 @@ measurement, summary.md).""", formatter_class=argparse.RawDescriptionHelpFormatt
                 for arm in order:
                     tag = f"{m}_poisson{int(f * 100)}_{arm}"
                     wait_all_idle(servers)
-                    g = perf(cfg, arm, servers[(arm, m)].port, m, level, out, tag)
+                    g = perf(cfg, arm, servers[(arm, m)].port, served_name(arm, m), level,
+                             out, tag)
                     results[(m, level["label"], arm)] = g
                     log(row(m, arm, level, g))
         # The table, in a fixed order.
@@ -535,7 +561,7 @@ measurement, summary.md).""", formatter_class=argparse.RawDescriptionHelpFormatt
     summary = []
     for m in models:
         ours = results.get((m, "c64", "caf-serving"))
-        peers_ = [(a, results.get((m, "c64", a))) for a in arms if a != "caf-serving"]
+        peers_ = [(a, results.get((m, "c64", a))) for a in arms if not a.startswith("caf-")]
         peers_ = [(a, g) for a, g in peers_ if g]
         if ours and peers_:
             tp = lambda g: g.get("tokens_per_s_little", g["output_tokens_per_s"])
@@ -543,6 +569,19 @@ measurement, summary.md).""", formatter_class=argparse.RawDescriptionHelpFormatt
             summary.append(f"{m}: output tokens/s vs best peer at c64: "
                            f"{tp(ours) / tp(best[1]):.1f}x ({tp(ours):,.0f} vs {best[0]} "
                            f"{tp(best[1]):,.0f})")
+    # The latency-target scheduler against the fixed limits, at the highest Poisson load.
+    for m in models:
+        for f in reversed(loads):
+            label = next((lb for (mm, lb, a) in results if mm == m and a == "caf-serving"
+                          and lb.startswith(f"Poisson {int(f * 100)}%")), None)
+            fixed = results.get((m, label, "caf-serving")) if label else None
+            targeted = results.get((m, label, "caf-targets")) if label else None
+            if fixed and targeted:
+                gf, gt = fixed["goodput"], targeted["goodput"]
+                ratio = f"{gt / gf:.1f}x" if gf > 0 else "n/a (fixed limits: 0)"
+                summary.append(f"{m}: goodput with latency targets vs fixed limits at "
+                               f"{int(f * 100)}% load: {ratio} ({gt:.2f} vs {gf:.2f} req/s)")
+                break
     head = [f"# Generative benchmark, {started:%Y-%m-%d %H:%M} UTC",
             "", f"Command: bench/generate/run {' '.join(sys.argv[1:])}",
             f"Machine: {machine()}",
