@@ -388,7 +388,12 @@ decoder_runner::run_group(const std::vector<const decoder_step_item*>& items,
       return nullptr;
     return reinterpret_cast<const float*>(i->second.bytes.data());
   };
+  // [rows, tokens, vocab], or the last position's alone (onnx/passes_decoder.hpp's
+  // last_position_logits): every row of a group computes `tokens` tokens.
   const float* out_logits = tensor(sig_.logits, size_t{rows} * tokens * sig_.vocab);
+  const bool last_only = !out_logits && tokens > 1;
+  if (last_only)
+    out_logits = tensor(sig_.logits, size_t{rows} * sig_.vocab);
   if (!out_logits)
     return serving_error{status_code::internal,
                          "the decoder's output '" + sig_.logits + "' is not [" +
@@ -421,9 +426,9 @@ decoder_runner::run_group(const std::vector<const decoder_step_item*>& items,
   for (uint32_t r = 0; r < items.size(); ++r) {
     if (logits_slot[r] == SIZE_MAX)
       continue;
-    size_t last = items[r]->count - 1;
-    std::memcpy(&logits[logits_slot[r] * sig_.vocab],
-                &out_logits[(size_t{r} * tokens + last) * sig_.vocab], sig_.vocab * sizeof(float));
+    size_t at = last_only ? r : size_t{r} * tokens + items[r]->count - 1;
+    std::memcpy(&logits[logits_slot[r] * sig_.vocab], &out_logits[at * sig_.vocab],
+                sig_.vocab * sizeof(float));
   }
   return std::monostate{};
 }

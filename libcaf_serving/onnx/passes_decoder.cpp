@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <optional>
 #include <utility>
 #include <variant>
@@ -581,6 +582,51 @@ decoder_attention_result rewrite_decoder_attention(graph& g) {
   g = std::move(rewritten);
   out.layers = static_cast<int>(layers.size());
   return out;
+}
+
+bool last_position_logits(graph& g) {
+  int logits = -1;
+  for (int v : g.outputs)
+    if (g.values[v].name == "logits")
+      logits = v;
+  if (logits < 0)
+    return false;
+  auto producers = g.producers();
+  int at = producers[logits];
+  if (at < 0)
+    return false;
+  const node& head = g.nodes[at];
+  const bool matmul = head.op == "MatMul" || head.op == "com.microsoft.MatMulNBits";
+  // Before specialization the hidden state's shape is unknown; the output's
+  // declared rank is its rank (a 2-D weight, or MatMulNBits' packed one).
+  if (!matmul || head.inputs.size() < 2 || head.inputs[0] < 0 || head.inputs[1] < 0
+      || !g.values[head.inputs[1]].constant || g.values[logits].shape.size() != 3
+      || (head.op == "MatMul" && g.values[head.inputs[1]].constant->shape.size() != 2))
+    return false;
+  auto ints = [&](const std::string& name, int64_t value) {
+    auto t = make_tensor(datatype::int64, {1});
+    t->as_mut<int64_t>()[0] = value;
+    return g.add_constant(head.name + "/last_position/" + name, t);
+  };
+  int starts = ints("starts", -1);
+  int ends = ints("ends", std::numeric_limits<int64_t>::max());
+  int axes = ints("axes", 1);
+  const int hidden = g.nodes[at].inputs[0];
+  auto shape = g.values[hidden].shape;
+  if (shape.size() == 3)
+    shape[1] = 1;
+  int last = g.add_value(g.values[hidden].name + "/last_position", g.values[hidden].dtype, shape,
+                         g.values[hidden].shape_known && shape.size() == 3);
+  // add_node may move the nodes: `at` names the head again after it.
+  g.add_node("Slice", g.nodes[at].name + "/last_position", {hidden, starts, ends, axes}, {last});
+  node slice = std::move(g.nodes.back());
+  g.nodes.pop_back();
+  g.nodes[at].inputs[0] = last;
+  g.nodes.insert(g.nodes.begin() + at, std::move(slice));
+  auto& out = g.values[logits].shape;
+  if (out.size() == 3)
+    out[1] = 1;
+  return true;
 }
 
 } // namespace caf_serving::onnx

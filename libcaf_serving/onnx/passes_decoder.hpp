@@ -67,4 +67,14 @@ struct decoder_attention_result {
 /// leaves `g` unchanged (above).
 decoder_attention_result rewrite_decoder_attention(graph& g);
 
+/// A decoder computes its logits for every position of the step, but a step
+/// samples from the last one only: with a vocabulary of 50k, the language-model
+/// head's matmul over a prefill chunk of 128 positions was half the chunk's
+/// time. When the graph output `logits` comes straight from a MatMul (or
+/// com.microsoft.MatMulNBits) of a [batch, sequence, hidden] input by constant
+/// weights, a Slice of the last position goes in front of it, so that
+/// `logits` becomes [batch, 1, vocab]. Returns whether it did; any other
+/// graph is left as it is. The runner (decoder_runner.hpp) reads either shape.
+bool last_position_logits(graph& g);
+
 } // namespace caf_serving::onnx

@@ -352,6 +352,8 @@ result<loaded_generative> load_generative(const generative_load_config& cfg) {
     oc.config = executor::with_cache_dims(c, *genai_cache);
     oc.config.max_batch_size = static_cast<int>(*max_sequences);
   }
+  // Logits of the position a step samples from only.
+  const bool last_logits = onnx::last_position_logits(*imported);
   auto model = onnx::load_onnx_graph(std::move(*imported), oc);
   if (!model)
     return model.error();
@@ -419,6 +421,8 @@ result<loaded_generative> load_generative(const generative_load_config& cfg) {
   summary << "; attention "
           << (sig->paged ? "reads the cache in place (paged)"
                          : "takes the past as tensors (" + paged.refused + ")");
+  if (last_logits)
+    summary << "; logits of the last position only";
   out.summary = summary.str();
 
   executor::decoder_runner_config rc;

@@ -61,6 +61,8 @@ loaded load_model(const fixture_model& fm, attention a = attention::as_exported)
     REQUIRE_MESSAGE(rewritten.layers == 2, rewritten.refused);
     auto paged = onnx::rewrite_paged_attention(*g, {kv_pool, 16});
     REQUIRE_MESSAGE(paged.layers == 2, paged.refused);
+    // As the loader serves it: the logits of the last position only.
+    REQUIRE(onnx::last_position_logits(*g));
     auto m = onnx::load_onnx_graph(std::move(*g), cfg);
     REQUIRE_MESSAGE(m, error_of(m));
     auto sig = executor::find_decoder_signature(m->config);

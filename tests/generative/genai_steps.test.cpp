@@ -13,6 +13,7 @@
 #include "core/external_memory.hpp"
 #include "onnx/importer.hpp"
 #include "onnx/paged_attention.hpp"
+#include "onnx/passes_decoder.hpp"
 
 #include <doctest/doctest.h>
 #include <simdjson.h>
@@ -54,6 +55,8 @@ loaded load_model(const std::string& name, executor::past_layout layout, uint64_
     auto paged = onnx::rewrite_paged_attention(*g, {kv_pool, 16});
     REQUIRE_MESSAGE(paged.layers == dims.layers, paged.refused);
     dims.paged = true;
+    // As the loader serves it: the logits of the last position only (MatMul, MatMulNBits).
+    REQUIRE(onnx::last_position_logits(*g));
   }
   cfg.config = executor::with_cache_dims(cfg.config, dims);
   cfg.plan_cache_size = 64;
