@@ -7,6 +7,7 @@
 #include <caf/event_based_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
 
+#include <cstdio>
 #include <unordered_map>
 
 namespace caf_serving::scheduler {
@@ -84,6 +85,7 @@ struct generation_state : std::enable_shared_from_this<generation_state> {
     s.cache_blocks_used = policy.used_blocks();
     s.preemptions = policy.preemptions();
     s.shed = policy.shed();
+    s.ttft_lateness_milli = static_cast<uint32_t>(policy.first_token_lateness() * 1000.0);
   }
 
   /// Hands the executor the sequences to free now, unless a plan is at it
@@ -261,6 +263,7 @@ struct generation_state : std::enable_shared_from_this<generation_state> {
         s.first_token_ns = now;
         int64_t from = s.job->received_ns ? s.job->received_ns : s.queued_ns;
         cfg.stats->ttft_us.observe(static_cast<double>(now - from) / 1000.0);
+        policy.observe_first_token(row.seq, std::chrono::nanoseconds(now - s.queued_ns));
       } else {
         cfg.stats->itl_us.observe(static_cast<double>(now - s.last_token_ns) / 1000.0);
       }
@@ -318,6 +321,16 @@ void render_generation_stats(std::string& out, const generation_stats& s,
        "Requests refused at once (503) because their first token could not come within the "
        "model's time-to-first-token target",
        s.shed.load());
+  {
+    const char* name = "caf_serving_generation_ttft_lateness_ratio";
+    char value[32];
+    std::snprintf(value, sizeof value, "%.3f", s.ttft_lateness_milli.load() / 1000.0);
+    out += std::string("# HELP ") + name
+           + " How late first tokens come against the scheduler's prediction (the running "
+             "90th percentile of actual over predicted waits), which the TTFT target's "
+             "admission scales its predictions by\n# TYPE "
+           + name + " gauge\n" + name + "{" + labels + "} " + value + "\n";
+  }
   line("caf_serving_generation_running", "gauge", "Sequences in the running batch",
        s.running.load());
   line("caf_serving_generation_waiting", "gauge", "Sequences waiting for a place",

@@ -126,6 +126,8 @@ struct generation_stats {
   std::atomic<uint64_t> generated_tokens{0};
   std::atomic<uint64_t> preemptions{0};
   std::atomic<uint64_t> shed{0};
+  /// generation_policy::first_token_lateness(), x1000.
+  std::atomic<uint32_t> ttft_lateness_milli{1000};
   std::atomic<uint64_t> steps{0};
   std::atomic<uint32_t> running{0};
   std::atomic<uint32_t> waiting{0};

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <string>
 #include <utility>
 
@@ -31,32 +32,109 @@ uint32_t generation_policy::step_tokens() const {
   return limits_.max_step_tokens;
 }
 
-clock_type::duration generation_policy::predicted_first_token(uint32_t prompt_tokens) const {
+clock_type::duration generation_policy::predicted_first_token(uint32_t prompt_tokens,
+                                                               clock_type::duration give_up) const {
   if (!cost_.known())
     return clock_type::duration{0};
-  // Prefill ahead of it: waiting prompts (and what preempted ones regenerate)
-  // and running prompts not computed yet; decoding sequences take a token of
-  // every step.
-  uint64_t prefill = prompt_tokens;
-  for (auto id : waiting_) {
-    const auto& s = sequences_.at(id);
-    prefill += s.prompt + s.generated;
-  }
-  uint32_t decoding = 0;
+  // The steps ahead, replayed as plan_step() would plan them with the queue as
+  // it is and nothing more arriving, each priced by the cost model: the step
+  // running now, then decodes first, prefill chunks, and admission while a
+  // running slot and the blocks for the prompt's first chunk are free. A
+  // request behind a full running batch thus waits for sequences to finish
+  // (at their max_tokens: a stop or EOS can only come sooner). Preemption is
+  // not replayed: a sequence that outgrows the free blocks keeps running and
+  // the queue waits until blocks are free again.
+  struct replayed {
+    uint64_t id = 0;
+    uint32_t computed = 0; ///< tokens the cache holds
+    uint32_t total = 0;    ///< prompt and generated tokens
+    uint32_t left = 0;     ///< tokens it may still generate
+    uint32_t blocks = 0;
+    bool asking = false;   ///< the request being priced
+  };
+  std::vector<replayed> running;
+  std::deque<replayed> waiting;
   for (auto id : running_) {
     const auto& s = sequences_.at(id);
-    uint32_t need = s.prompt + s.generated - s.computed;
-    if (need <= 1)
-      ++decoding;
-    else
-      prefill += need;
+    running.push_back({id, s.computed, s.prompt + s.generated, s.max_tokens - s.generated,
+                       s.blocks, false});
   }
-  const uint32_t budget = std::max<uint32_t>(step_tokens(), decoding + 1);
-  const uint64_t per_step = budget - decoding;
-  const uint64_t steps = (prefill + per_step - 1) / per_step;
-  const auto step = cost_.predict(static_cast<uint32_t>(
-    std::min<uint64_t>(budget, decoding + prefill)));
-  return step * static_cast<int64_t>(steps);
+  for (auto id : waiting_) {
+    const auto& s = sequences_.at(id);
+    waiting.push_back({id, 0, s.prompt + s.generated, s.max_tokens - s.generated, 0, false});
+  }
+  waiting.push_back({0, 0, prompt_tokens, 1, 0, true});
+  int64_t free_blocks = free_blocks_;
+  clock_type::duration elapsed{0};
+  // A step's sequences that computed all they hold yield a token; those at
+  // their max_tokens leave. True when the asking request got its first token.
+  auto emit = [&] {
+    for (size_t i = 0; i < running.size();) {
+      auto& r = running[i];
+      if (r.computed < r.total) {
+        ++i;
+        continue;
+      }
+      if (r.asking)
+        return true;
+      ++r.total;
+      if (--r.left > 0) {
+        ++i;
+        continue;
+      }
+      free_blocks += r.blocks;
+      running.erase(running.begin() + static_cast<std::ptrdiff_t>(i));
+    }
+    return false;
+  };
+  if (planned_) {
+    // The step running now lands first; nothing new joins it.
+    for (size_t i = 0; i < plan_.work.size(); ++i) {
+      const auto& w = plan_.work[i];
+      for (auto& r : running)
+        if (r.id == w.id && sequences_.at(w.id).order == plan_orders_[i])
+          r.computed = w.first_position + w.tokens;
+    }
+    elapsed += cost_.predict(plan_.tokens);
+    emit();
+  }
+  const uint32_t target_tokens = step_tokens();
+  const size_t max_running = std::min<size_t>(limits_.max_running, target_tokens);
+  for (int steps = 0; steps < (1 << 20); ++steps) {
+    uint32_t budget = std::max<uint32_t>(target_tokens, static_cast<uint32_t>(running.size()));
+    uint32_t used = 0;
+    auto compute = [&](replayed& r, uint32_t n) {
+      uint32_t blocks = blocks_for(r.computed + n);
+      if (blocks > r.blocks) {
+        free_blocks -= blocks - r.blocks;
+        r.blocks = blocks;
+      }
+      r.computed += n;
+      budget -= n;
+      used += n;
+    };
+    for (int pass = 0; pass < 2; ++pass)
+      for (auto& r : running) {
+        uint32_t need = r.total - r.computed;
+        if ((pass == 0) != (need == 1) || budget == 0)
+          continue;
+        compute(r, std::min(need, budget));
+      }
+    while (!waiting.empty() && running.size() < max_running && budget > 0) {
+      auto r = waiting.front();
+      if (blocks_for(std::min(r.total, budget)) > free_blocks)
+        break;
+      waiting.pop_front();
+      compute(r, std::min(r.total, budget));
+      running.push_back(r);
+    }
+    if (used == 0)
+      return std::chrono::hours(24); // nothing can run: never in time
+    elapsed += cost_.predict(used);
+    if (emit() || (give_up.count() > 0 && elapsed > give_up))
+      return elapsed;
+  }
+  return elapsed;
 }
 
 std::optional<generation_refused>
@@ -87,16 +165,18 @@ generation_policy::admit(uint64_t id, uint32_t prompt_tokens, uint32_t max_token
   auto target = limits_.ttft_target;
   if (ttft_target.count() > 0 && (target.count() == 0 || ttft_target < target))
     target = ttft_target;
-  if (target.count() > 0) {
-    auto predicted = predicted_first_token(prompt_tokens);
-    if (predicted > target) {
+  clock_type::duration predicted{0};
+  if (target.count() > 0 && cost_.known()) {
+    predicted = predicted_first_token(
+      prompt_tokens, std::chrono::duration_cast<clock_type::duration>(target / lateness_));
+    using ms = std::chrono::duration<double, std::milli>;
+    const double expected = ms(predicted).count() * lateness_;
+    if (expected > ms(target).count()) {
       ++shed_;
-      auto ms = [](clock_type::duration d) {
-        return std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(d).count());
-      };
       return generation_refused{
-        503, "the first token would come in about " + ms(predicted) + " ms, past the "
-               + "time-to-first-token target of " + ms(target) + " ms (" +
+        503, "the first token would come in " + std::to_string(std::llround(expected))
+               + " ms or more, past the time-to-first-token target of "
+               + std::to_string(std::llround(ms(target).count())) + " ms (" +
                std::to_string(running_.size()) + " sequences running, " +
                std::to_string(waiting_.size()) + " waiting); retry later"};
     }
@@ -107,6 +187,7 @@ generation_policy::admit(uint64_t id, uint32_t prompt_tokens, uint32_t max_token
   s.max_tokens = max_tokens;
   s.arrived = now;
   s.order = next_order_++;
+  s.predicted = predicted;
   sequences_.emplace(id, s);
   waiting_.push_back(id);
   return std::nullopt;
@@ -254,6 +335,20 @@ void generation_policy::finish(uint64_t id) {
   running_.erase(std::remove(running_.begin(), running_.end(), id), running_.end());
   waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), id), waiting_.end());
   sequences_.erase(it);
+}
+
+void generation_policy::observe_first_token(uint64_t id, clock_type::duration waited) {
+  auto it = sequences_.find(id);
+  if (it == sequences_.end() || it->second.predicted <= std::chrono::milliseconds(1))
+    return;
+  const double ratio = std::chrono::duration<double>(waited).count()
+                       / std::chrono::duration<double>(it->second.predicted).count();
+  it->second.predicted = clock_type::duration{0};
+  // A running quantile: up by 0.9 of a step when a wait was later than the
+  // factor, down by 0.1 when not, so that it settles where one in ten is.
+  constexpr double rate = 0.02;
+  lateness_ += ratio > lateness_ ? rate * 0.9 : -rate * 0.1;
+  lateness_ = std::clamp(lateness_, 0.5, 4.0);
 }
 
 uint32_t generation_policy::generated(uint64_t id) const {

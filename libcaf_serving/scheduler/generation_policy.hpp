@@ -44,9 +44,14 @@
 /// step size follows the target instead of max_step_tokens. Every decoding
 /// sequence still decodes each step (a step never leaves one behind). With a
 /// time-to-first-token target, a request whose first token cannot come in time
-/// (its prefill behind the queued and running prompts, at the steps' predicted
-/// pace beside the decoding sequences) is refused at once with a 503, rather
-/// than queued to miss it. Until the cost model has seen enough steps, neither
+/// is refused at once with a 503, rather than queued to miss it: the steps
+/// ahead are replayed as they would be planned (the queue's prompts, the
+/// running batch's decodes, a slot freed only when a sequence reaches its
+/// max_tokens) and priced by the cost model. The replay is calibrated by how
+/// late first tokens have come: the scheduler reports each admitted request's
+/// actual wait for its first token, and the prediction is scaled by a running
+/// estimate of the 90th percentile of actual over predicted (1 until known),
+/// so that about nine in ten admitted requests meet the target. Until the cost model has seen enough steps, neither
 /// applies.
 #include "scheduler/batching_policy.hpp"
 #include "scheduler/step_cost.hpp"
@@ -127,9 +132,18 @@ public:
   void observe_step(uint32_t tokens, clock_type::duration took) { cost_.observe(tokens, took); }
   const step_cost& cost() const { return cost_; }
   /// The predicted time until a new request of `prompt_tokens` has its first
-  /// token, given the running batch and the queue; zero while the cost model
-  /// knows nothing.
-  clock_type::duration predicted_first_token(uint32_t prompt_tokens) const;
+  /// token, given the running batch and the queue (the steps ahead replayed
+  /// and priced); zero while the cost model knows nothing. With `give_up`,
+  /// the replay stops once past it (and returns what it reached).
+  clock_type::duration predicted_first_token(uint32_t prompt_tokens,
+                                             clock_type::duration give_up = {}) const;
+  /// Sequence `id` got its first token `waited` after its admission: the
+  /// TTFT prediction learns how late it was (once per sequence; nothing when
+  /// no prediction was made for it).
+  void observe_first_token(uint64_t id, clock_type::duration waited);
+  /// The factor predictions are scaled by before they are held against a
+  /// TTFT target: the running 90th percentile of actual over predicted waits.
+  double first_token_lateness() const { return lateness_; }
   /// Requests refused for a latency target so far.
   uint64_t shed() const { return shed_; }
 
@@ -171,6 +185,8 @@ private:
     uint32_t blocks = 0;
     time_point arrived;
     uint64_t order = 0; ///< admission order: lower is older
+    /// The predicted wait for its first token at admission (zero: none made).
+    clock_type::duration predicted{0};
   };
 
   uint32_t blocks_for(uint32_t tokens) const;
@@ -192,6 +208,7 @@ private:
   uint64_t next_order_ = 0;
   uint64_t preemptions_ = 0;
   uint64_t shed_ = 0;
+  double lateness_ = 1.0;
   step_cost cost_;
   step_plan plan_;
   /// The admission order of each item of plan_.work (an id may leave and come

@@ -365,3 +365,102 @@ TEST_CASE("a TTFT target sheds at once the request whose first token cannot come
   REQUIRE(tight);
   CHECK(tight->status == 503);
 }
+
+TEST_CASE("a TTFT target counts the wait for a running slot: behind a full batch of long "
+          "outputs, a short prompt is shed") {
+  generation_limits l;
+  l.max_running = 4;
+  l.max_step_tokens = 64;
+  l.block_tokens = 16;
+  l.cache_blocks = 4096;
+  l.max_context = 1024;
+  l.max_waiting = 100;
+  l.ttft_target = std::chrono::milliseconds(500);
+  generation_policy p(l);
+  learn(p); // 10 ms + 1 ms per token
+  for (uint64_t id = 0; id < 4; ++id)
+    REQUIRE_FALSE(p.admit(id, 8, 100, at(0)));
+  // The four prefill in one step, then each decodes: 99 more steps of 14 ms before a slot frees.
+  p.plan_step();
+  p.step_done();
+  for (int i = 0; i < 10; ++i) {
+    p.plan_step();
+    p.step_done();
+  }
+  CHECK(p.running() == 4);
+  // 89 steps of 14 ms ahead of its prefill: over a second, whatever its prompt's size.
+  const auto predicted = p.predicted_first_token(8);
+  CHECK(predicted > std::chrono::milliseconds(89 * 14));
+  CHECK(predicted < std::chrono::milliseconds(91 * 14 + 30));
+  auto refused = p.admit(10, 8, 4, at(0));
+  REQUIRE(refused);
+  CHECK(refused->status == 503);
+  // Replaying stops once past the target.
+  CHECK(p.predicted_first_token(8, std::chrono::milliseconds(100))
+        < std::chrono::milliseconds(200));
+  // With a free slot the same prompt comes in one step beside the four decodes.
+  p.finish(0);
+  CHECK(p.predicted_first_token(8) < std::chrono::milliseconds(30));
+  CHECK_FALSE(p.admit(11, 8, 4, at(0)));
+}
+
+TEST_CASE("the TTFT prediction counts the step running now, and its admissions") {
+  generation_limits l;
+  l.max_running = 8;
+  l.max_step_tokens = 64;
+  l.block_tokens = 16;
+  l.cache_blocks = 4096;
+  l.max_context = 1024;
+  l.max_waiting = 100;
+  generation_policy p(l);
+  learn(p);
+  REQUIRE_FALSE(p.admit(0, 60, 4, at(0)));
+  const auto idle = p.predicted_first_token(2);
+  // Idle, the 2-token prompt joins request 0's prefill: 62 tokens in one step, 72 ms.
+  CHECK(idle >= std::chrono::milliseconds(71));
+  CHECK(idle <= std::chrono::milliseconds(73));
+  // Once planned, request 0's prefill runs now without it (70 ms); the next step has
+  // request 0's decode and the prompt (13 ms).
+  p.plan_step();
+  const auto running = p.predicted_first_token(2);
+  CHECK(running >= std::chrono::milliseconds(82));
+  CHECK(running <= std::chrono::milliseconds(84));
+}
+
+TEST_CASE("the TTFT prediction learns how late first tokens come, and sheds by it") {
+  generation_limits l;
+  l.max_running = 64;
+  l.max_step_tokens = 64;
+  l.block_tokens = 16;
+  l.cache_blocks = 4096;
+  l.max_context = 1024;
+  l.max_waiting = 1000;
+  l.ttft_target = std::chrono::milliseconds(150);
+  generation_policy p(l);
+  learn(p);
+  CHECK(p.first_token_lateness() == doctest::Approx(1.0));
+  // First tokens come twice as late as predicted, again and again.
+  uint64_t id = 0;
+  for (int round = 0; round < 200; ++round, ++id) {
+    const auto predicted = p.predicted_first_token(30);
+    REQUIRE_FALSE(p.admit(id, 30, 1, at(0)));
+    p.observe_first_token(id, 2 * predicted);
+    p.observe_first_token(id, 100 * predicted); // once per sequence
+    drain(p);
+  }
+  CHECK(p.first_token_lateness() > 1.8);
+  CHECK(p.first_token_lateness() < 2.2);
+  // Behind a queued 60-token prompt: its step with 4 of the 30 tokens (74 ms), then the
+  // other 26 (36 ms): 110 ms predicted, within the target, but about 220 ms as it comes.
+  REQUIRE_FALSE(p.admit(1000, 60, 1, at(0)));
+  const auto predicted = p.predicted_first_token(30);
+  CHECK(predicted < std::chrono::milliseconds(150));
+  CHECK(2 * predicted > std::chrono::milliseconds(150));
+  auto refused = p.admit(2000, 30, 1, at(0));
+  REQUIRE(refused);
+  CHECK(refused->status == 503);
+  // Unknown sequences and those without a prediction change nothing.
+  const double before = p.first_token_lateness();
+  p.observe_first_token(99999, std::chrono::seconds(10));
+  CHECK(p.first_token_lateness() == before);
+}
