@@ -5,7 +5,8 @@
 // generate_stream, OpenAI's completions and chat completions (streamed and
 // not); bad input answers 400 naming the field; a cache too small for the
 // load preempts without failing or changing an answer, and its gauge returns
-// to zero; a client that leaves mid-stream frees its sequence; a Llama
+// to zero; a client that leaves mid-stream frees its sequence; a request
+// whose TTFT target cannot be met is shed with a 503 at once; a Llama
 // (grouped-query attention, RoPE) served beside it answers its own references.
 #include "generation_metrics.hpp"
 #include "support/http_client.hpp"
@@ -370,6 +371,46 @@ TEST_CASE("a full queue answers 503 at once, and every request gets an answer") 
   CHECK(other == 0);
   CHECK(ok + refused == 24);
   CHECK(wait_metric(server.http_port(), "caf_serving_generation_kv_cache_blocks_used", 0));
+}
+
+TEST_CASE("a request whose first token cannot come within its TTFT target is shed with a "
+          "503 at once; a looser one waits its turn and answers") {
+  // One running slot: behind a 250-token generation, a request's first token
+  // waits for all of it, which the scheduler's replay of the steps ahead sees.
+  repository repo("parameters { key: \"max_sequences\" value: { string_value: \"1\" } }\n");
+  server_process server(config_for(repo));
+  http_client client(server.http_port());
+  client.timeout = std::chrono::seconds(120);
+  auto completion = [&](int max_tokens, const std::string& extra) {
+    return client.post("/v1/completions",
+                       R"({"model":"tiny_gpt2","prompt":"the server","temperature":0,)"
+                       R"("ignore_eos":true,"max_tokens":)"
+                         + std::to_string(max_tokens) + extra + "}",
+                       {{"Content-Type", "application/json"}});
+  };
+  // Steps of two sizes (a prefill, then decodes) teach the step cost model.
+  REQUIRE(completion(24, "").status == 200);
+  http_response long_one;
+  std::thread runner([&] {
+    http_client c(server.http_port());
+    c.timeout = std::chrono::seconds(120);
+    long_one = c.post("/v1/completions",
+                      R"({"model":"tiny_gpt2","prompt":"the","max_tokens":250,)"
+                      R"("ignore_eos":true,"temperature":0})",
+                      {{"Content-Type", "application/json"}});
+  });
+  REQUIRE(wait_metric(server.http_port(), "caf_serving_generation_running", 1));
+  auto shed = completion(4, R"(,"ttft_target_ms":1)");
+  CHECK(shed.status == 503);
+  CHECK(shed.body.find("time-to-first-token target of 1 ms") != std::string::npos);
+  CHECK(metric(server.http_port(), "caf_serving_generation_shed_total") == 1);
+  auto waited = completion(4, R"(,"ttft_target_ms":600000)");
+  CHECK(waited.status == 200);
+  CHECK(json_document::parse(waited.body).int_at("/usage/completion_tokens") == 4);
+  runner.join();
+  CHECK(long_one.status == 200);
+  CHECK(json_document::parse(long_one.body).int_at("/usage/completion_tokens") == 250);
+  CHECK(metric(server.http_port(), "caf_serving_generation_ttft_lateness_ratio") > 0);
 }
 
 TEST_CASE("a Llama served beside GPT-2 answers its 64 prompts at once with transformers' tokens") {
