@@ -72,6 +72,9 @@ struct generation_logits {
   std::vector<uint64_t> seqs;
   std::shared_ptr<const std::vector<float>> values;
   uint32_t vocab = 0;
+  /// How long the executor's model run took, nanoseconds (carried on to the
+  /// samples).
+  int64_t model_ns = 0;
 };
 
 // -- post-processor -> scheduler (the answer to the plan) --------------------
@@ -99,6 +102,11 @@ struct generation_sample {
 struct generation_samples {
   std::vector<generation_sample> rows;
   std::optional<serving_error> error;
+  /// Where the step's time went, nanoseconds: the executor's model run, and
+  /// the post-processor's sampling, detokenizing and stop checks (zero when
+  /// no token was sampled). The scheduler takes the rest as hand-offs.
+  int64_t model_ns = 0;
+  int64_t sample_ns = 0;
 };
 
 // -- scheduler -> post-processor ----------------------------------------------

@@ -1,5 +1,7 @@
 #include "executor/decoder_actor.hpp"
 
+#include "core/clock.hpp"
+
 #include <caf/typed_event_based_actor.hpp>
 
 namespace caf_serving::executor {
@@ -26,18 +28,25 @@ decoder_actor spawn_decoder_actor(caf::actor_system& sys, decoder_actor_config c
           if (i.emits)
             emitting.push_back(i.seq);
         }
+        const int64_t started = now_ns();
         auto logits = runner->run(items);
+        const int64_t model_ns = now_ns() - started;
         if (!logits) {
           generation_samples failed;
           failed.error = std::move(logits.error());
+          failed.model_ns = model_ns;
           return failed;
         }
-        if (emitting.empty())
-          return generation_samples{};
+        if (emitting.empty()) {
+          generation_samples none;
+          none.model_ns = model_ns;
+          return none;
+        }
         generation_logits rows;
         rows.seqs = std::move(emitting);
         rows.values = std::make_shared<const std::vector<float>>(std::move(*logits));
         rows.vocab = runner->signature().vocab;
+        rows.model_ns = model_ns;
         return self->delegate(sampler, generation_sample_atom::value, std::move(rows));
       },
       [runner](generation_release_atom, const std::vector<uint64_t>& seqs) {

@@ -53,6 +53,9 @@ struct generation_state : std::enable_shared_from_this<generation_state> {
   /// When the plan in flight was sent, and its tokens: the step cost model's
   /// sample when its samples come back.
   time_point step_sent;
+  /// When the last step's samples arrived (zero: no step since), for the
+  /// scheduler's own time between steps.
+  int64_t answered_ns = 0;
   uint32_t step_tokens = 0;
   /// Sequences whose cache the executor must free before its next step.
   std::vector<uint64_t> releases;
@@ -150,6 +153,7 @@ struct generation_state : std::enable_shared_from_this<generation_state> {
       u.error = serving_error{static_cast<status_code>(refused->status),
                               "model '" + cfg.model_name + "': " + refused->message};
       u.prompt_tokens = prompt;
+      publish(); // the shed count is read before the next step
       job->sink->deliver(std::move(u));
       return;
     }
@@ -215,6 +219,11 @@ struct generation_state : std::enable_shared_from_this<generation_state> {
     releases.clear();
     in_flight = true;
     step_sent = clock_type::now();
+    if (answered_ns != 0) {
+      cfg.stats->scheduler_us.fetch_add(static_cast<uint64_t>(now_ns() - answered_ns) / 1000,
+                                        std::memory_order_relaxed);
+      answered_ns = 0;
+    }
     step_tokens = plan.tokens;
     publish();
     self->request(executor, caf::infinite, generation_run_atom::value, std::move(p))
@@ -244,9 +253,23 @@ struct generation_state : std::enable_shared_from_this<generation_state> {
       run_step();
       return;
     }
-    policy.observe_step(step_tokens, clock_type::now() - step_sent);
-    std::vector<uint64_t> emitted;
+    const auto took = clock_type::now() - step_sent;
+    policy.observe_step(step_tokens, took);
     int64_t now = now_ns();
+    answered_ns = now;
+    {
+      auto& st = *cfg.stats;
+      const int64_t took_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(took).count();
+      st.model_us.fetch_add(static_cast<uint64_t>(samples.model_ns) / 1000,
+                            std::memory_order_relaxed);
+      st.sample_us.fetch_add(static_cast<uint64_t>(samples.sample_ns) / 1000,
+                             std::memory_order_relaxed);
+      st.handoff_us.fetch_add(
+        static_cast<uint64_t>(std::max<int64_t>(0, took_ns - samples.model_ns - samples.sample_ns))
+          / 1000,
+        std::memory_order_relaxed);
+    }
+    std::vector<uint64_t> emitted;
     for (auto& row : samples.rows) {
       auto i = sequences.find(row.seq);
       if (i == sequences.end())
@@ -314,6 +337,22 @@ void render_generation_stats(std::string& out, const generation_stats& s,
   line("caf_serving_generation_tokens_total", "counter", "Tokens generated",
        s.generated_tokens.load());
   line("caf_serving_generation_steps_total", "counter", "Decoding steps run", s.steps.load());
+  {
+    // Where the steps' time went, per stage (per step: divide by the steps).
+    const char* name = "caf_serving_generation_step_stage_us_total";
+    out += std::string("# HELP ") + name
+           + " Time of the decoding steps by stage, microseconds: model (the executor's run "
+             "of the model), sample (the post-processor's sampling, detokenizing and stop "
+             "checks), handoff (the messages between the three actors), scheduler (the "
+             "scheduler's delivering of tokens and planning between two steps)\n# TYPE "
+           + name + " counter\n";
+    for (auto [stage, value] : {std::pair<const char*, uint64_t>{"model", s.model_us.load()},
+                                {"sample", s.sample_us.load()},
+                                {"handoff", s.handoff_us.load()},
+                                {"scheduler", s.scheduler_us.load()}})
+      out += std::string(name) + "{" + labels + ",stage=\"" + stage + "\"} "
+             + std::to_string(value) + "\n";
+  }
   line("caf_serving_generation_preemptions_total", "counter",
        "Sequences preempted (their cache freed, recomputed later) when the KV cache was full",
        s.preemptions.load());

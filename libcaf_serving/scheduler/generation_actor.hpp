@@ -129,6 +129,11 @@ struct generation_stats {
   /// generation_policy::first_token_lateness(), x1000.
   std::atomic<uint32_t> ttft_lateness_milli{1000};
   std::atomic<uint64_t> steps{0};
+  /// The steps' time by stage, microseconds (render_generation_stats).
+  std::atomic<uint64_t> model_us{0};
+  std::atomic<uint64_t> sample_us{0};
+  std::atomic<uint64_t> handoff_us{0};
+  std::atomic<uint64_t> scheduler_us{0};
   std::atomic<uint32_t> running{0};
   std::atomic<uint32_t> waiting{0};
   std::atomic<uint32_t> cache_blocks_used{0};

@@ -411,6 +411,19 @@ TEST_CASE("a request whose first token cannot come within its TTFT target is she
   CHECK(long_one.status == 200);
   CHECK(json_document::parse(long_one.body).int_at("/usage/completion_tokens") == 250);
   CHECK(metric(server.http_port(), "caf_serving_generation_ttft_lateness_ratio") > 0);
+  // Where the steps' time went: the model's run is most of it, and every stage is there.
+  auto stage = [&](const std::string& name) {
+    auto body = client.get("/metrics").body;
+    std::string key = "caf_serving_generation_step_stage_us_total{model=\"tiny_gpt2\","
+                      "version=\"1\",stage=\"" + name + "\"} ";
+    auto at = body.find(key);
+    return at == std::string::npos ? -1.0 : std::stod(body.substr(at + key.size()));
+  };
+  const double model = stage("model"), sample = stage("sample");
+  CHECK(model > 0);
+  CHECK(sample > 0);
+  CHECK(stage("handoff") >= 0);
+  CHECK(stage("scheduler") >= 0);
 }
 
 TEST_CASE("a Llama served beside GPT-2 answers its 64 prompts at once with transformers' tokens") {
