@@ -1,6 +1,7 @@
 #include "engine_kernels.hpp"
 
 #include "cpu_isa.hpp"
+#include "vector_exp.hpp"
 
 #include <cblas.h>
 
@@ -13,60 +14,6 @@
 namespace caf_serving::kernels::cpu {
 
 namespace {
-
-/// Below this, the softmax's exp is 0. A masked score (torch writes
-/// finfo(float32).min, about -3.4e38) used to come out as exp(-87) = 1.6e-38,
-/// which the normalisation turns into a subnormal; the matmul with V then
-/// runs on subnormals, at a fraction of its speed (a BERT at 160 tokens with
-/// 40 of them masked took 2.5x as long). e^-69 = 1e-30 stays a normal number
-/// after dividing by any row sum up to 1e8, and what it drops is far below
-/// fp32's resolution of the sum.
-constexpr float exp_zero_below = -69.0f;
-
-/// exp(x) for the softmax's x - max <= 0: Cody-Waite reduction to
-/// r in [-ln2/2, ln2/2] and Cephes' degree-6 polynomial (relative error about
-/// 2e-7), scaled by 2^n through the exponent bits; 0 below exp_zero_below.
-/// Plain arithmetic, so the loops that call it vectorise (libm's expf does not
-/// without -ffast-math).
-inline float exp_nonpositive(float x) {
-  bool zero = x < exp_zero_below;
-  x = std::max(x, -87.0f);
-  float n = std::floor(x * 1.44269504088896341f + 0.5f);
-  float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  float y = p * r * r + r + 1.0f;
-  int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof scale);
-  return zero ? 0.0f : y * scale;
-}
-
-/// exp_nonpositive() on 16 lanes. GCC leaves the scalar loop below unvectorised
-/// (its AVX-512 clone runs scalar FMAs), so the softmax has this explicit path.
-__attribute__((target("avx512f"))) inline __m512 exp_nonpositive16(__m512 x) {
-  __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(exp_zero_below), _CMP_GE_OQ);
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-  __m512 n = _mm512_roundscale_ps(
-    _mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
-    _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  __m512 y = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
-  __m512i bits = _mm512_slli_epi32(
-    _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-  return _mm512_maskz_mul_ps(keep, y, _mm512_castsi512_ps(bits));
-}
 
 __attribute__((target("avx512f"))) void softmax_row_avx512(float* p, int64_t n) {
   const __m512 neg_inf = _mm512_set1_ps(-INFINITY);

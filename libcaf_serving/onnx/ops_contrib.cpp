@@ -944,10 +944,61 @@ float dot4(const float* a, const float* b, int64_t n) {
   return (p[0] + p[1]) + (p[2] + p[3]);
 }
 
+/// Per-thread scratch of run_paged_gqa_rows() and paged_row_reference(),
+/// grown to the largest row seen: a steady state allocates nothing.
+template <class T>
+T* grown(std::vector<T>& v, int64_t size) {
+  if (static_cast<int64_t>(v.size()) < size)
+    v.resize(static_cast<size_t>(size));
+  return v.data();
+}
+
 } // namespace
 
+void paged_row_reference(const paged_row& r) {
+  const int64_t S = r.new_positions, N = r.heads, kv = r.kv_heads, head = r.head_dim;
+  const int64_t bt = r.block_tokens, group = N / kv;
+  thread_local std::vector<float> score_space;
+  thread_local std::vector<const float*> key_space, value_space;
+  float* scores = grown(score_space, r.context + S);
+  const float** keys = grown(key_space, r.context + S);
+  const float** values = grown(value_space, r.context + S);
+  for (int64_t hk = 0; hk < kv; ++hk) {
+    // Where each position's key and value of this KV head are: the cache, then the new ones.
+    for (int64_t j = 0; j < r.context + S; ++j) {
+      if (j < r.context) {
+        const float* at = r.pool + r.blocks[j / bt] * r.block_floats + (hk * bt + j % bt) * head;
+        keys[j] = at + r.key_offset;
+        values[j] = at + r.value_offset;
+      } else {
+        keys[j] = r.new_keys + ((j - r.context) * kv + hk) * head;
+        values[j] = r.new_values + ((j - r.context) * kv + hk) * head;
+      }
+    }
+    for (int64_t h = hk * group; h < (hk + 1) * group; ++h)
+      for (int64_t s = 0; s < S; ++s) {
+        const float* qs = r.q + (s * N + h) * head;
+        const int64_t length = r.context + s + 1;
+        float mx = -INFINITY;
+        for (int64_t j = 0; j < length; ++j) {
+          scores[j] = dot4(qs, keys[j], head) * r.scale;
+          mx = std::max(mx, scores[j]);
+        }
+        const double sum = exp_in_place(scores, length, mx);
+        float* o = r.y + (s * N + h) * head;
+        std::fill(o, o + head, 0.f);
+        for (int64_t j = 0; j < length; ++j) {
+          const float p = static_cast<float>(scores[j] / sum);
+          const float* value = values[j];
+          for (int64_t d = 0; d < head; ++d) o[d] += p * value[d];
+        }
+      }
+  }
+}
+
 void run_paged_gqa_rows(const node& n, const std::vector<tensor_ref>& in,
-                        const std::vector<tensor_ref>& out, int64_t first, int64_t last) {
+                        const std::vector<tensor_ref>& out, const paged_gqa_rows& rows) {
+  const int64_t first = rows.first, last = rows.last;
   const int64_t S = in[paged_query].shape[1];
   const int64_t N = n.get_i("num_heads", 1), kv = n.get_i("kv_num_heads", 1);
   const bool packed = in.size() <= paged_key || in[paged_key].data == nullptr;
@@ -984,13 +1035,14 @@ void run_paged_gqa_rows(const node& n, const std::vector<tensor_ref>& in,
     blocks = static_cast<int64_t>(memory->floats) / block_floats;
   }
 
-  // Row b's Q [S, N, head] and new K and V [S, kv, head].
+  // Row b's Q [S, N, head], new K and V [S, kv, head] and block ids.
   const int64_t stride = packed ? (N + 2 * kv) * head : 0;
-  std::vector<float> q(static_cast<size_t>(S * N * head));
-  std::vector<float> k(static_cast<size_t>(S * kv * head)), v(k.size());
-  std::vector<float> scores(static_cast<size_t>(longest + S));
-  std::vector<const float*> keys(static_cast<size_t>(longest + S)), values(keys.size());
-  const int64_t group = N / kv;
+  thread_local std::vector<float> q_space, k_space, v_space;
+  thread_local std::vector<int32_t> block_space;
+  float* q = grown(q_space, S * N * head);
+  float* k = grown(k_space, S * kv * head);
+  float* v = grown(v_space, S * kv * head);
+  int32_t* row_blocks = grown(block_space, (longest + block_tokens - 1) / block_tokens);
   for (int64_t b = first; b < last; ++b) {
     const int64_t context = int_at(in[paged_context], b);
     for (int64_t i = 0; i * block_tokens < context; ++i) {
@@ -999,16 +1051,17 @@ void run_paged_gqa_rows(const node& n, const std::vector<tensor_ref>& in,
         throw std::runtime_error("PagedGroupQueryAttention: row " + std::to_string(b)
                                  + "'s block " + std::to_string(block) + " is not one of the "
                                  "cache's " + std::to_string(blocks));
+      row_blocks[i] = static_cast<int32_t>(block);
     }
     for (int64_t s = 0; s < S; ++s) {
       const int64_t t = b * S + s;
       const float* row = in[paged_query].as<float>() + t * (packed ? stride : N * head);
-      std::copy(row, row + N * head, q.begin() + s * N * head);
+      std::copy(row, row + N * head, q + s * N * head);
       const float* kr = packed ? row + N * head : in[paged_key].as<float>() + t * kv * head;
       const float* vr =
         packed ? row + (N + kv) * head : in[paged_value].as<float>() + t * kv * head;
-      std::copy(kr, kr + kv * head, k.begin() + s * kv * head);
-      std::copy(vr, vr + kv * head, v.begin() + s * kv * head);
+      std::copy(kr, kr + kv * head, k + s * kv * head);
+      std::copy(vr, vr + kv * head, v + s * kv * head);
       if (!rotary)
         continue;
       int64_t pos = std::clamp<int64_t>(context + s, 0, in[paged_cos].shape[0] - 1);
@@ -1024,43 +1077,27 @@ void run_paged_gqa_rows(const node& n, const std::vector<tensor_ref>& in,
       if (float* dst = out_data(out, o))
         for (int64_t h = 0; h < kv; ++h)
           for (int64_t s = 0; s < S; ++s) {
-            const float* src = (o == 1 ? k : v).data() + (s * kv + h) * head;
+            const float* src = (o == 1 ? k : v) + (s * kv + h) * head;
             std::copy(src, src + head, dst + ((b * kv + h) * S + s) * head);
           }
-    float* y = out[0].as<float>();
-    for (int64_t hk = 0; hk < kv; ++hk) {
-      // Where each position's key and value of this KV head are: the cache, then the new ones.
-      for (int64_t j = 0; j < context + S; ++j) {
-        if (j < context) {
-          const int64_t block = int_at(in[paged_table], b * width + j / block_tokens);
-          const float* at =
-            pool + block * block_floats + (hk * block_tokens + j % block_tokens) * head;
-          keys[j] = at + key_at;
-          values[j] = at + value_at;
-        } else {
-          keys[j] = &k[((j - context) * kv + hk) * head];
-          values[j] = &v[((j - context) * kv + hk) * head];
-        }
-      }
-      for (int64_t h = hk * group; h < (hk + 1) * group; ++h)
-        for (int64_t s = 0; s < S; ++s) {
-          const float* qs = &q[(s * N + h) * head];
-          const int64_t length = context + s + 1;
-          float mx = -INFINITY;
-          for (int64_t j = 0; j < length; ++j) {
-            scores[j] = dot4(qs, keys[j], head) * scale;
-            mx = std::max(mx, scores[j]);
-          }
-          const double sum = exp_in_place(scores.data(), length, mx);
-          float* o = y + (b * S + s) * N * head + h * head;
-          std::fill(o, o + head, 0.f);
-          for (int64_t j = 0; j < length; ++j) {
-            const float p = static_cast<float>(scores[j] / sum);
-            const float* value = values[j];
-            for (int64_t d = 0; d < head; ++d) o[d] += p * value[d];
-          }
-        }
-    }
+    paged_row r;
+    r.q = q;
+    r.new_keys = k;
+    r.new_values = v;
+    r.pool = context > 0 ? pool : nullptr;
+    r.blocks = row_blocks;
+    r.context = context;
+    r.new_positions = S;
+    r.heads = N;
+    r.kv_heads = kv;
+    r.head_dim = head;
+    r.block_tokens = block_tokens;
+    r.block_floats = block_floats;
+    r.key_offset = key_at;
+    r.value_offset = value_at;
+    r.scale = scale;
+    r.y = out[0].as<float>() + b * S * N * head;
+    rows.attend(r);
   }
 }
 

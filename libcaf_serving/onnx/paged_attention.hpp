@@ -66,14 +66,54 @@ struct paged_attention_result {
 /// refuses), the graph is unchanged and `refused` says why.
 paged_attention_result rewrite_paged_attention(graph& g, const paged_attention_config& config);
 
+/// One row of a PagedGroupQueryAttention node once its queries and new keys
+/// are rotated: what its attention reads and writes. The layout is that of
+/// the engine's kernel (kernels/cpu/paged_attention.hpp), which the CPU
+/// backend runs; the model library does not link it.
+struct paged_row {
+  const float* q = nullptr;          ///< [new_positions][heads][head_dim]
+  const float* new_keys = nullptr;   ///< [new_positions][kv_heads][head_dim], rotated
+  const float* new_values = nullptr; ///< [new_positions][kv_heads][head_dim]
+  const float* pool = nullptr;       ///< the cache's first block; null when context is 0
+  const int32_t* blocks = nullptr;   ///< the row's ceil(context / block_tokens) blocks
+  int64_t context = 0, new_positions = 1, heads = 1, kv_heads = 1, head_dim = 1;
+  int64_t block_tokens = 16, block_floats = 0;
+  int64_t key_offset = 0, value_offset = 0; ///< this layer's keys and values in a block, floats
+  float scale = 1.0f;
+  float* y = nullptr; ///< [new_positions][heads][head_dim]
+};
+
+/// Computes one row's attention (softmax(scale * q k^T, causal) v per head).
+using paged_row_attention = void (*)(const paged_row& row);
+
+/// The reference: each score a dot product in four partial sums, std::exp,
+/// the sum in double, in GroupQueryAttention's reference order.
+void paged_row_reference(const paged_row& row);
+
+/// Which rows run_paged_gqa_rows() computes, and with which attention.
+struct paged_gqa_rows {
+  int64_t first = 0, last = 0; ///< rows [first, last)
+  paged_row_attention attend = paged_row_reference;
+};
+
 /// Computes rows [first, last) of a PagedGroupQueryAttention node: row b's
 /// query attends to its cached positions (read through its block table from
 /// the memory bound to the node's `kv_pool`), then to its new positions
-/// [0, s], summed in GroupQueryAttention's reference order. The reference
-/// kernel runs every row; the CPU backend splits the rows among its threads.
+/// [0, s]: the rows' checks, rotary and new keys and values (the outputs
+/// present.N.key/value) here, the attention itself by `rows.attend`. The
+/// reference kernel runs every row with paged_row_reference(); the CPU
+/// backend splits the rows among its threads and runs the engine's kernel.
+/// Scratch is per thread and grows, so a steady state allocates nothing.
 /// Throws std::runtime_error where a row's context or block does not fit the
 /// cache (the runner's bookkeeping is wrong).
 void run_paged_gqa_rows(const node& n, const std::vector<tensor_ref>& in,
-                        const std::vector<tensor_ref>& out, int64_t first, int64_t last);
+                        const std::vector<tensor_ref>& out, const paged_gqa_rows& rows);
+
+/// run_paged_gqa_rows() with the reference attention.
+inline void run_paged_gqa_rows(const node& n, const std::vector<tensor_ref>& in,
+                               const std::vector<tensor_ref>& out, int64_t first,
+                               int64_t last) {
+  run_paged_gqa_rows(n, in, out, paged_gqa_rows{first, last, paged_row_reference});
+}
 
 } // namespace caf_serving::onnx

@@ -18,6 +18,7 @@
 ///     auto step = cpu_kernels().build(cpu_step_context{dnnl, threads, layouts, cfg}, g, n);
 
 #include "onnx/op_registry.hpp"
+#include "onnx/paged_attention.hpp"
 #include "onnx_cpu/onednn_steps.hpp"
 #include "onnx_cpu/onnx_backend.hpp"
 
@@ -37,5 +38,10 @@ using cpu_kernel_table = kernel_table<const cpu_step_context, step>;
 
 /// The CPU backend's kernels, each registered once.
 const cpu_kernel_table& cpu_kernels();
+
+/// One row's attention by the engine's paged attention kernel
+/// (kernels/cpu/paged_attention.hpp, at engine_isa_level()), in the form
+/// run_paged_gqa_rows() takes: what the engine.paged_attention step runs.
+void engine_paged_row(const paged_row& row);
 
 } // namespace caf_serving::onnx

@@ -5,6 +5,7 @@
 #include "onnx_cpu/cpu_level.hpp"
 
 #include "engine_kernels.hpp"
+#include "paged_attention.hpp"
 #include "onnx/importer.hpp"
 #include "onnx/memory_plan.hpp"
 #include "onnx/model_config.hpp"
@@ -127,9 +128,34 @@ struct node_tensors {
   }
 };
 
+} // namespace
+
+void engine_paged_row(const paged_row& r) {
+  kernels::cpu::paged_attention_args a;
+  a.q = r.q;
+  a.new_keys = r.new_keys;
+  a.new_values = r.new_values;
+  a.pool = r.pool;
+  a.blocks = r.blocks;
+  a.context = r.context;
+  a.new_positions = r.new_positions;
+  a.heads = r.heads;
+  a.kv_heads = r.kv_heads;
+  a.head_dim = r.head_dim;
+  a.block_tokens = r.block_tokens;
+  a.block_floats = r.block_floats;
+  a.key_offset = r.key_offset;
+  a.value_offset = r.value_offset;
+  a.scale = r.scale;
+  a.y = r.y;
+  kernels::cpu::engine_paged_attention(a);
+}
+
+namespace {
+
 /// The engine's paged attention (onnx/paged_attention.hpp), its batch rows
 /// split among the threads: each row reads its own blocks and writes its own
-/// outputs.
+/// outputs; the engine's kernel computes each row's attention.
 step paged_attention_step(const graph& g, const node& n, unsigned threads) {
   const int64_t rows = g.values[n.inputs[0]].shape[0];
   auto cuts = split_range(rows, pieces_for(rows, threads), 1, threads);
@@ -138,7 +164,8 @@ step paged_attention_step(const graph& g, const node& n, unsigned threads) {
   s.items = static_cast<int64_t>(cuts.size()) - 1;
   s.run = [t = node_tensors(g, n), cuts](void** p, int64_t item) {
     auto [in, out] = t.bound(p);
-    run_paged_gqa_rows(t.n, in, out, cuts[item], cuts[item + 1]);
+    run_paged_gqa_rows(t.n, in, out,
+                       paged_gqa_rows{cuts[item], cuts[item + 1], engine_paged_row});
   };
   return s;
 }
