@@ -27,6 +27,12 @@ struct kv_cache_layout {
 /// Bytes of one block of `layout`.
 size_t kv_block_bytes(const kv_cache_layout& layout);
 
+/// Unmaps a cache's storage (an anonymous mapping, so that it can take huge pages).
+struct kv_storage_unmap {
+  size_t bytes = 0;
+  void operator()(float* p) const;
+};
+
 class kv_cache {
 public:
   explicit kv_cache(kv_cache_layout layout);
@@ -60,7 +66,7 @@ private:
   size_t block_floats() const;
 
   kv_cache_layout layout_;
-  std::unique_ptr<float[]> storage_;
+  std::unique_ptr<float, kv_storage_unmap> storage_;
   std::vector<uint32_t> free_;
   std::unordered_map<uint64_t, std::vector<uint32_t>> tables_;
 };
