@@ -9,8 +9,8 @@
 ///      rescaled weights and a bias;
 ///   3. fuse_layernorm, fuse_gelu, fuse_packed_attention, fuse_attention: the
 ///      decomposed patterns of opsets below 17 (and LayerNormalization itself)
-///      become FusedLayerNorm, FusedGelu and FusedAttention (ops_nn.hpp,
-///      ops_elementwise.hpp);
+///      become FusedLayerNorm, FusedGelu, FusedGeluTanh and FusedAttention
+///      (ops_nn.hpp, ops_elementwise.hpp);
 ///   4. fuse_epilogues: bias, activation and residual add folded into FusedConv,
 ///      FusedMatMul and FusedGemm;
 ///   5. remove_dead_nodes.
