@@ -1103,6 +1103,69 @@ void fuse_epilogues(graph& g) {
   }
 }
 
+void cancel_transposes(graph& g) {
+  // A Reshape to its own shape (GPT-2's export writes one between the
+  // attention's MatMul and its Transpose) copies: its readers read its input.
+  {
+    value_readers cons(g);
+    for (auto& n : g.nodes) {
+      if (n.op != "Reshape" || n.outputs.size() != 1)
+        continue;
+      int in = n.inputs[0], out = n.outputs[0];
+      const auto &a = g.values[in], &b = g.values[out];
+      if (a.shape_known && b.shape_known && a.shape == b.shape && a.dtype == b.dtype
+          && !cons.is_output[out]) {
+        replace_uses(g, out, in);
+        kill(n);
+      }
+    }
+    drop_dead(g);
+  }
+  value_readers cons(g);
+  auto prod = g.producers();
+  for (auto& outer : g.nodes) {
+    if (outer.op != "Transpose" || outer.inputs.size() != 1)
+      continue;
+    int mid = outer.inputs[0];
+    int p = prod[mid];
+    if (p < 0 || g.nodes[p].op != "Transpose" || cons.single(mid) < 0)
+      continue;
+    node& inner = g.nodes[p];
+    int x = inner.inputs[0];
+    auto rank = static_cast<int64_t>(g.values[mid].shape.size());
+    // Transpose's default perm reverses the dims.
+    auto perm_of = [rank](const node& t) {
+      auto perm = t.get_ints("perm");
+      if (perm.empty())
+        for (int64_t i = rank - 1; i >= 0; --i)
+          perm.push_back(i);
+      return perm;
+    };
+    auto first = perm_of(inner), second = perm_of(outer);
+    auto in_range = [rank](int64_t d) { return d >= 0 && d < rank; };
+    if (static_cast<int64_t>(first.size()) != rank || static_cast<int64_t>(second.size()) != rank
+        || !std::all_of(second.begin(), second.end(), in_range))
+      continue;
+    // Output dim i of the pair is dim second[i] of mid, which is dim first[second[i]] of x.
+    std::vector<int64_t> both(rank);
+    bool identity = true;
+    for (int64_t i = 0; i < rank; ++i) {
+      both[i] = first[second[i]];
+      identity = identity && both[i] == i;
+    }
+    int y = outer.outputs[0];
+    if (identity && !cons.is_output[y]) {
+      replace_uses(g, y, x);
+      kill(outer);
+    } else {
+      outer.inputs[0] = x;
+      outer.set_ints("perm", both);
+    }
+    kill(inner);
+  }
+  drop_dead(g);
+}
+
 void remove_dead_nodes(graph& g) {
   bool changed = true;
   while (changed) {
@@ -1190,6 +1253,7 @@ result<graph> optimize(const graph& src, const std::vector<std::vector<int64_t>>
     fuse_gelu(*g);
     fuse_packed_attention(*g);
     fuse_attention(*g);
+    cancel_transposes(*g); // after fuse_attention, which reads the Transposes around SDPA
   }
   if (cfg.fuse_epilogues) {
     fold_pad_into_conv(*g);

@@ -585,6 +585,81 @@ TEST_CASE("GPT-2's MLP: Gemm, Reshape, tanh GELU become one FusedGemm with activ
   CHECK(relative_error(got[0], want) < 1e-5);
 }
 
+TEST_CASE("Transpose pairs: cancelled, composed, or kept where the middle is read elsewhere") {
+  // x [2, 3, 4, 5] -> Transpose(first) -> Transpose(second) -> Relu; the
+  // second reader of the middle value, where asked for, is a graph output.
+  struct pair_case {
+    std::vector<int64_t> first, second;
+    bool middle_read_elsewhere;
+    int transposes_left;
+  };
+  for (const auto& c : std::vector<pair_case>{{{0, 2, 1, 3}, {0, 2, 1, 3}, false, 0},
+                                              {{0, 2, 1, 3}, {0, 1, 3, 2}, false, 1},
+                                              {{3, 2, 1, 0}, {}, false, 0}, // default perm
+                                              {{0, 2, 1, 3}, {0, 2, 1, 3}, true, 2}}) {
+    CAPTURE(c.transposes_left);
+    graph g;
+    g.opset = 17;
+    int x = g.add_value("x", datatype::fp32, {2, 3, 4, 5}, true);
+    g.inputs.push_back(x);
+    int mid = g.add_value("mid", datatype::fp32);
+    g.add_node("Transpose", "t1", {x}, {mid}).set_ints("perm", c.first);
+    int y = g.add_value("y", datatype::fp32);
+    auto& t2 = g.add_node("Transpose", "t2", {mid}, {y});
+    if (!c.second.empty())
+      t2.set_ints("perm", c.second);
+    int out = g.add_value("out", datatype::fp32);
+    g.add_node("Relu", "relu", {y}, {out});
+    g.outputs.push_back(out);
+    if (c.middle_read_elsewhere)
+      g.outputs.push_back(mid);
+    auto plain = specialize(g, {{2, 3, 4, 5}});
+    REQUIRE_MESSAGE(plain, plain.error().message);
+    graph fused = *plain;
+    cancel_transposes(fused);
+    CHECK(count_ops(fused, "Transpose") == c.transposes_left);
+    CHECK(fused.values[fused.outputs[0]].shape == plain->values[plain->outputs[0]].shape);
+    std::vector<float> in(120);
+    for (size_t i = 0; i < in.size(); ++i)
+      in[i] = static_cast<float>(i) - 60.0f;
+    auto a = interpret(*plain, {bytes_of(in)});
+    auto b = interpret(fused, {bytes_of(in)});
+    REQUIRE(a.size() == b.size());
+    for (size_t i = 0; i < a.size(); ++i)
+      CHECK(a[i] == b[i]);
+  }
+}
+
+TEST_CASE("a Reshape to its own shape between two Transposes goes, and the pair cancels") {
+  // GPT-2's attention output after the decoder rewrite: Transpose, Reshape to
+  // the same [B, N, S, hd], Transpose back.
+  graph g;
+  g.opset = 17;
+  int x = g.add_value("x", datatype::fp32, {2, 3, 4, 5}, true);
+  g.inputs.push_back(x);
+  int t1 = g.add_value("t1", datatype::fp32), r = g.add_value("r", datatype::fp32),
+      t2 = g.add_value("t2", datatype::fp32), out = g.add_value("out", datatype::fp32);
+  g.add_node("Transpose", "t1", {x}, {t1}).set_ints("perm", {0, 2, 1, 3});
+  auto st = make_tensor(datatype::int64, {4});
+  std::vector<int64_t> same{2, 4, 3, 5};
+  std::memcpy(st->bytes.data(), same.data(), same.size() * sizeof(int64_t));
+  g.add_node("Reshape", "same_shape", {t1, g.add_constant("shape", st)}, {r});
+  g.add_node("Transpose", "t2", {r}, {t2}).set_ints("perm", {0, 2, 1, 3});
+  g.add_node("Relu", "relu", {t2}, {out});
+  g.outputs.push_back(out);
+  auto plain = specialize(g, {{2, 3, 4, 5}});
+  REQUIRE_MESSAGE(plain, plain.error().message);
+  graph fused = *plain;
+  cancel_transposes(fused);
+  REQUIRE(fused.nodes.size() == 1);
+  CHECK(fused.nodes[0].op == "Relu");
+  CHECK(fused.nodes[0].inputs[0] == x);
+  std::vector<float> in(120);
+  for (size_t i = 0; i < in.size(); ++i)
+    in[i] = static_cast<float>(i % 7) - 3.0f;
+  CHECK(interpret(fused, {bytes_of(in)}) == interpret(*plain, {bytes_of(in)}));
+}
+
 TEST_CASE("ResNet: BatchNorm folds into Conv, bias/ReLU/residual into FusedConv") {
   for (std::string m : {"resnet_narrow_opset13", "resnet_narrow_opset17",
                         "resnet_bottleneck_opset17"}) {
