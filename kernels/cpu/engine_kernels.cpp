@@ -136,29 +136,33 @@ void softmax_row(float* p, int64_t n) {
 constexpr float gelu_minus_2k = -2.0f * 0.79788456080286536f;             // -2 sqrt(2/pi)
 constexpr float gelu_minus_2kc = -2.0f * 0.79788456080286536f * 0.044715f; // times 0.044715
 
-/// exp(x) with x clamped to [-87, 88], where 2^n stays a normal float: the
-/// reduction and polynomial of exp_nonpositive() (relative error about 2e-7),
-/// without its cut to 0. exp(88) = 1.7e38 keeps v / (1 + e) finite and about 0.
-inline float exp_clamped(float x) {
-  x = std::min(std::max(x, -87.0f), 88.0f);
-  float n = std::floor(x * 1.44269504088896341f + 0.5f);
-  float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  float y = p * r * r + r + 1.0f;
-  int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof scale);
-  return y * scale;
-}
-
-inline float gelu_tanh_of(float v) {
-  float z = v * (gelu_minus_2k + gelu_minus_2kc * v * v);
-  return v / (1.0f + exp_clamped(z));
+/// x86-64's baseline (SSE2) form, 4 lanes: exp(z) with z clamped to [-87, 88],
+/// where 2^n stays a normal float, by the reduction and polynomial of
+/// exp_nonpositive() (relative error about 2e-7) without its cut to 0;
+/// exp(88) = 1.7e38 keeps v / (1 + e) finite and about 0. Intrinsics, since
+/// GCC does not vectorise the clamp of a plain loop (a float comparison may
+/// trap), and SSE2 has no floor: truncation, less 1 where it rounded up.
+inline __m128 gelu_tanh4(__m128 v) {
+  __m128 z = _mm_mul_ps(v, _mm_add_ps(_mm_mul_ps(_mm_mul_ps(v, v), _mm_set1_ps(gelu_minus_2kc)),
+                                      _mm_set1_ps(gelu_minus_2k)));
+  z = _mm_min_ps(_mm_max_ps(z, _mm_set1_ps(-87.0f)), _mm_set1_ps(88.0f));
+  __m128 t = _mm_add_ps(_mm_mul_ps(z, _mm_set1_ps(1.44269504088896341f)), _mm_set1_ps(0.5f));
+  __m128i ti = _mm_cvttps_epi32(t);
+  // -1 (all bits) in the lanes where truncation rounded up.
+  ti = _mm_add_epi32(ti, _mm_castps_si128(_mm_cmpgt_ps(_mm_cvtepi32_ps(ti), t)));
+  __m128 n = _mm_cvtepi32_ps(ti);
+  __m128 r = _mm_sub_ps(z, _mm_mul_ps(n, _mm_set1_ps(0.693359375f)));
+  r = _mm_add_ps(r, _mm_mul_ps(n, _mm_set1_ps(2.12194440e-4f)));
+  __m128 p = _mm_set1_ps(1.9875691500e-4f);
+  p = _mm_add_ps(_mm_mul_ps(p, r), _mm_set1_ps(1.3981999507e-3f));
+  p = _mm_add_ps(_mm_mul_ps(p, r), _mm_set1_ps(8.3334519073e-3f));
+  p = _mm_add_ps(_mm_mul_ps(p, r), _mm_set1_ps(4.1665795894e-2f));
+  p = _mm_add_ps(_mm_mul_ps(p, r), _mm_set1_ps(1.6666665459e-1f));
+  p = _mm_add_ps(_mm_mul_ps(p, r), _mm_set1_ps(5.0000001201e-1f));
+  __m128 y = _mm_add_ps(_mm_add_ps(_mm_mul_ps(_mm_mul_ps(p, r), r), r), _mm_set1_ps(1.0f));
+  __m128i bits = _mm_slli_epi32(_mm_add_epi32(ti, _mm_set1_epi32(127)), 23);
+  __m128 e = _mm_mul_ps(y, _mm_castsi128_ps(bits));
+  return _mm_div_ps(v, _mm_add_ps(_mm_set1_ps(1.0f), e));
 }
 
 __attribute__((target("avx512f"))) inline __m512 gelu_tanh16(__m512 v) {
@@ -231,9 +235,15 @@ __attribute__((target("avx2,fma"))) void gelu_tanh_row_avx2(const float* x, cons
 }
 
 void gelu_tanh_row_baseline(const float* x, const float* bias, int64_t width, float* y) {
-#pragma omp simd
-  for (int64_t i = 0; i < width; ++i)
-    y[i] = gelu_tanh_of(x[i] + (bias ? bias[i] : 0.f));
+  int64_t i = 0;
+  for (; i + 4 <= width; i += 4) {
+    __m128 v = _mm_loadu_ps(x + i);
+    if (bias)
+      v = _mm_add_ps(v, _mm_loadu_ps(bias + i));
+    _mm_storeu_ps(y + i, gelu_tanh4(v));
+  }
+  for (; i < width; ++i) // the tail: the same arithmetic, one lane at a time
+    y[i] = _mm_cvtss_f32(gelu_tanh4(_mm_set1_ps(x[i] + (bias ? bias[i] : 0.f))));
 }
 
 /// The row of engine_isa_level(), as softmax_row.
