@@ -493,10 +493,12 @@ TEST_CASE("tanh chains that are not GELU's, or whose parts are read elsewhere, s
     CHECK(count_ops(g, "Tanh") == 1);
     CHECK(g.nodes.size() == ch.g.nodes.size());
   };
-  SUBCASE("another cubic coefficient (0.05)") {
-    chain ch;
-    ch.g.outputs.push_back(gpt2_gelu(ch, ch.x, 0.05f));
-    unfused(ch);
+  SUBCASE("another cubic coefficient (0.05, 0.045)") {
+    for (float cubic : {0.05f, 0.045f}) {
+      chain ch;
+      ch.g.outputs.push_back(gpt2_gelu(ch, ch.x, cubic));
+      unfused(ch);
+    }
   }
   SUBCASE("another outer factor (0.6)") {
     chain ch;
