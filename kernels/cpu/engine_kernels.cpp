@@ -75,6 +75,135 @@ void softmax_row(float* p, int64_t n) {
     softmax_row_baseline(p, n);
 }
 
+// ---- GELU's tanh approximation ----------------------------------------------------
+// 0.5 v (1 + tanh(u)) = v sigmoid(2u) = v / (1 + exp(-2u)), u = sqrt(2/pi) (v + 0.044715 v^3):
+// one exp and one division, and no cancellation of 1 + tanh(u) near -1 (for v < -3
+// the float form 0.5 v (1 + tanhf(u)) keeps only a few correct bits).
+
+constexpr float gelu_minus_2k = -2.0f * 0.79788456080286536f;             // -2 sqrt(2/pi)
+constexpr float gelu_minus_2kc = -2.0f * 0.79788456080286536f * 0.044715f; // times 0.044715
+
+/// x86-64's baseline (SSE2) form, 4 lanes: exp(z) with z clamped to [-87, 88],
+/// where 2^n stays a normal float, by the reduction and polynomial of
+/// exp_nonpositive() (relative error about 2e-7) without its cut to 0;
+/// exp(88) = 1.7e38 keeps v / (1 + e) finite and about 0. Intrinsics, since
+/// GCC does not vectorise the clamp of a plain loop (a float comparison may
+/// trap), and SSE2 has no floor: truncation, less 1 where it rounded up.
+inline __m128 gelu_tanh4(__m128 v) {
+  __m128 z = _mm_mul_ps(v, _mm_add_ps(_mm_mul_ps(_mm_mul_ps(v, v), _mm_set1_ps(gelu_minus_2kc)),
+                                      _mm_set1_ps(gelu_minus_2k)));
+  z = _mm_min_ps(_mm_max_ps(z, _mm_set1_ps(-87.0f)), _mm_set1_ps(88.0f));
+  __m128 t = _mm_add_ps(_mm_mul_ps(z, _mm_set1_ps(1.44269504088896341f)), _mm_set1_ps(0.5f));
+  __m128i ti = _mm_cvttps_epi32(t);
+  // -1 (all bits) in the lanes where truncation rounded up.
+  ti = _mm_add_epi32(ti, _mm_castps_si128(_mm_cmpgt_ps(_mm_cvtepi32_ps(ti), t)));
+  __m128 n = _mm_cvtepi32_ps(ti);
+  __m128 r = _mm_sub_ps(z, _mm_mul_ps(n, _mm_set1_ps(0.693359375f)));
+  r = _mm_add_ps(r, _mm_mul_ps(n, _mm_set1_ps(2.12194440e-4f)));
+  __m128 p = _mm_set1_ps(1.9875691500e-4f);
+  p = _mm_add_ps(_mm_mul_ps(p, r), _mm_set1_ps(1.3981999507e-3f));
+  p = _mm_add_ps(_mm_mul_ps(p, r), _mm_set1_ps(8.3334519073e-3f));
+  p = _mm_add_ps(_mm_mul_ps(p, r), _mm_set1_ps(4.1665795894e-2f));
+  p = _mm_add_ps(_mm_mul_ps(p, r), _mm_set1_ps(1.6666665459e-1f));
+  p = _mm_add_ps(_mm_mul_ps(p, r), _mm_set1_ps(5.0000001201e-1f));
+  __m128 y = _mm_add_ps(_mm_add_ps(_mm_mul_ps(_mm_mul_ps(p, r), r), r), _mm_set1_ps(1.0f));
+  __m128i bits = _mm_slli_epi32(_mm_add_epi32(ti, _mm_set1_epi32(127)), 23);
+  __m128 e = _mm_mul_ps(y, _mm_castsi128_ps(bits));
+  return _mm_div_ps(v, _mm_add_ps(_mm_set1_ps(1.0f), e));
+}
+
+__attribute__((target("avx512f"))) inline __m512 gelu_tanh16(__m512 v) {
+  __m512 z = _mm512_mul_ps(v, _mm512_fmadd_ps(_mm512_mul_ps(v, v), _mm512_set1_ps(gelu_minus_2kc),
+                                              _mm512_set1_ps(gelu_minus_2k)));
+  z = _mm512_min_ps(_mm512_max_ps(z, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
+  __m512 n = _mm512_roundscale_ps(
+    _mm512_fmadd_ps(z, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
+    _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), z);
+  r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  __m512 y = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
+  __m512i bits = _mm512_slli_epi32(
+    _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  __m512 e = _mm512_mul_ps(y, _mm512_castsi512_ps(bits));
+  return _mm512_div_ps(v, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+}
+
+__attribute__((target("avx2,fma"))) inline __m256 gelu_tanh8(__m256 v) {
+  __m256 z = _mm256_mul_ps(v, _mm256_fmadd_ps(_mm256_mul_ps(v, v), _mm256_set1_ps(gelu_minus_2kc),
+                                              _mm256_set1_ps(gelu_minus_2k)));
+  z = _mm256_min_ps(_mm256_max_ps(z, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
+  __m256 n = _mm256_round_ps(
+    _mm256_fmadd_ps(z, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)),
+    _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), z);
+  r = _mm256_fmadd_ps(n, _mm256_set1_ps(2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  __m256 y = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r), _mm256_set1_ps(1.0f));
+  __m256i bits = _mm256_slli_epi32(
+    _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  __m256 e = _mm256_mul_ps(y, _mm256_castsi256_ps(bits));
+  return _mm256_div_ps(v, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+}
+
+/// One row of `width`: y = gelu_tanh(x + bias) (bias may be null).
+__attribute__((target("avx512f"))) void gelu_tanh_row_avx512(const float* x, const float* bias,
+                                                             int64_t width, float* y) {
+  for (int64_t i = 0; i < width; i += 16) {
+    __mmask16 m = width - i >= 16 ? 0xffff : static_cast<__mmask16>((1u << (width - i)) - 1);
+    __m512 v = _mm512_maskz_loadu_ps(m, x + i);
+    if (bias)
+      v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, bias + i));
+    _mm512_mask_storeu_ps(y + i, m, gelu_tanh16(v));
+  }
+}
+
+__attribute__((target("avx2,fma"))) void gelu_tanh_row_avx2(const float* x, const float* bias,
+                                                            int64_t width, float* y) {
+  int64_t i = 0;
+  for (; i + 8 <= width; i += 8) {
+    __m256 v = _mm256_loadu_ps(x + i);
+    if (bias)
+      v = _mm256_add_ps(v, _mm256_loadu_ps(bias + i));
+    _mm256_storeu_ps(y + i, gelu_tanh8(v));
+  }
+  for (; i < width; ++i) // the tail: the same arithmetic, one lane at a time
+    y[i] = _mm256_cvtss_f32(gelu_tanh8(_mm256_set1_ps(x[i] + (bias ? bias[i] : 0.f))));
+}
+
+void gelu_tanh_row_baseline(const float* x, const float* bias, int64_t width, float* y) {
+  int64_t i = 0;
+  for (; i + 4 <= width; i += 4) {
+    __m128 v = _mm_loadu_ps(x + i);
+    if (bias)
+      v = _mm_add_ps(v, _mm_loadu_ps(bias + i));
+    _mm_storeu_ps(y + i, gelu_tanh4(v));
+  }
+  for (; i < width; ++i) // the tail: the same arithmetic, one lane at a time
+    y[i] = _mm_cvtss_f32(gelu_tanh4(_mm_set1_ps(x[i] + (bias ? bias[i] : 0.f))));
+}
+
+/// The row of engine_isa_level(), as softmax_row.
+void gelu_tanh_row(const float* x, const float* bias, int64_t width, float* y) {
+  static const isa_level level = engine_isa_level();
+  if (level >= isa_level::avx512)
+    gelu_tanh_row_avx512(x, bias, width, y);
+  else if (level >= isa_level::avx2)
+    gelu_tanh_row_avx2(x, bias, width, y);
+  else
+    gelu_tanh_row_baseline(x, bias, width, y);
+}
+
 } // namespace
 
 void engine_layer_norm(const layer_norm_args& a) {
@@ -113,6 +242,14 @@ void engine_gelu(const float* x, const float* bias, int64_t width, int64_t n, fl
       float v = x[r * width + i] + (bias ? bias[i] : 0.f);
       y[r * width + i] = 0.5f * v * (1.0f + std::erf(v * 0.70710678118654752f));
     }
+}
+
+void engine_gelu_tanh(const float* x, const float* bias, int64_t width, int64_t n, float* y,
+                      int threads) {
+  int64_t rows = n / width;
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t r = 0; r < rows; ++r)
+    gelu_tanh_row(x + r * width, bias, width, y + r * width);
 }
 
 void engine_softmax(float* x, int64_t rows, int64_t width, int threads) {

@@ -1,6 +1,6 @@
 #pragma once
 /// The ONNX CPU backend's own vectorised kernels for the fused operations that
-/// oneDNN and OpenBLAS do not cover: LayerNorm, erf-GELU with bias, row softmax
+/// oneDNN and OpenBLAS do not cover: LayerNorm, GELU (erf and tanh) with bias, row softmax
 /// and multi-head attention. Each parallelises with OpenMP over `threads`.
 ///
 /// Plain C++ with OpenMP SIMD loops; no dependency on the engine, ONNX or CAF.
@@ -25,6 +25,14 @@ void engine_layer_norm(const layer_norm_args& a);
 /// y = gelu_erf(x + bias[i % width]) (bias may be null). y may equal x.
 void engine_gelu(const float* x, const float* bias, int64_t width, int64_t n, float* y,
                  int threads);
+
+/// y = gelu_tanh(x + bias[i % width]) (bias may be null), GELU's tanh
+/// approximation 0.5 v (1 + tanh(sqrt(2/pi) (v + 0.044715 v^3))), computed as
+/// v / (1 + exp(-2 sqrt(2/pi) (v + 0.044715 v^3))), the same function without
+/// 1 + tanh's cancellation for negative v; relative error about 1e-6. AVX-512,
+/// AVX2 (with FMA) or baseline code by engine_isa_level(). y may equal x.
+void engine_gelu_tanh(const float* x, const float* bias, int64_t width, int64_t n, float* y,
+                      int threads);
 
 /// In place softmax over `rows` rows of `width`.
 void engine_softmax(float* x, int64_t rows, int64_t width, int threads);

@@ -46,7 +46,7 @@
 ///
 /// Steps: FusedConv (cuDNN convolution + bias + residual + ReLU in one call),
 /// pooling (cuDNN), FusedMatMul (cuBLASLt, then the engine's epilogue kernel for
-/// bias, GELU/ReLU and residual), FusedLayerNorm, FusedGelu, Softmax, Relu and
+/// bias, GELU/ReLU and residual), FusedLayerNorm, FusedGelu, FusedGeluTanh, Softmax, Relu and
 /// same-shape Add (engine kernels), Reshape-like ops (device copies); every other
 /// operator (Gather, attention in this first version, ...) runs its CPU
 /// reference on pinned host copies through cudaLaunchHostFunc, which graphs can

@@ -225,6 +225,7 @@ std::optional<epilogue_activation> activation_of(const onnx::node& n) {
     {"", k::activation::none},
     {"Relu", k::activation::relu},
     {"Gelu", k::activation::gelu_erf},
+    {"GeluTanh", k::activation::gelu_tanh},
     {"Tanh", k::activation::tanh},
     {"Sigmoid", k::activation::sigmoid},
     {"Clip", k::activation::clip},
@@ -284,13 +285,13 @@ std::optional<gpu_step> add_step(step_builder& b, const onnx::node& n) {
   return epilogue_of(b, n, [&](k::epilogue_args& a) { a.residual = b.ptrs[in(1)]; });
 }
 
-/// FusedGelu with a bias per last-axis column, or none.
+/// FusedGelu (erf) or FusedGeluTanh with a bias per last-axis column, or none.
 std::optional<gpu_step> gelu_step(step_builder& b, const onnx::node& n) {
   const int bias = step_builder::in(n, 1);
   if (!(bias < 0 || b.shape(bias).size() == 1))
     return std::nullopt;
   return epilogue_of(b, n, [&](k::epilogue_args& a) {
-    a.act = k::activation::gelu_erf;
+    a.act = n.op == "FusedGeluTanh" ? k::activation::gelu_tanh : k::activation::gelu_erf;
     if (bias >= 0) {
       a.bias = b.ptrs[bias];
       a.layout = {static_cast<size_t>(b.shape(bias)[0]), 1};
@@ -653,6 +654,7 @@ std::vector<device_kernel> core_steps() {
     {"Relu", {}, "epilogue", float_storage(relu_step)},
     {"Add", {}, "epilogue", float_storage(add_step)},
     {"FusedGelu", {}, "epilogue", float_storage(gelu_step)},
+    {"FusedGeluTanh", {}, "epilogue", float_storage(gelu_step)},
     {"Softmax", {}, "softmax", float_storage(softmax_step)},
     {"FusedLayerNorm", {}, "layer_norm", float_storage(layer_norm_step)},
     {"FusedMatMul", {}, "cublaslt", gemm_storage(matmul_step)},

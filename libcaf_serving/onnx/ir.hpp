@@ -110,7 +110,7 @@ struct attribute {
 
 struct node {
   /// ONNX op type, or an engine-internal fused op ("FusedConv", "FusedMatMul",
-  /// "FusedLayerNorm", "FusedGelu", "FusedAttention").
+  /// "FusedLayerNorm", "FusedGelu", "FusedGeluTanh", "FusedAttention").
   std::string op;
   std::string name;
   /// Value indices; -1 for an omitted optional input.

@@ -172,7 +172,7 @@ TEST_CASE("the engine's own operators have entries that no model reaches") {
     CHECK_FALSE(operator_version(e.op, max_opset));
   }
   CHECK(names == std::vector<std::string>{"FusedAttention", "FusedConv", "FusedGelu",
-                                          "FusedGemm", "FusedLayerNorm", "FusedMatMul",
+                                          "FusedGeluTanh", "FusedGemm", "FusedLayerNorm", "FusedMatMul",
                                           "QLinearAdd", "QMaxPool",
                                           "com.microsoft.AttentionMask (engine)",
                                           "com.microsoft.PagedGroupQueryAttention (engine)"});

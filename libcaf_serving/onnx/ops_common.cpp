@@ -1,6 +1,7 @@
 #include "onnx/ops_common.hpp"
 
 #include <algorithm>
+#include <stdexcept>
 
 namespace caf_serving::onnx {
 
@@ -52,13 +53,16 @@ float apply_activation(const std::string& act, float x, float alpha, float beta)
   if (act.empty()) return x;
   if (act == "Relu") return x > 0 ? x : 0;
   if (act == "Gelu") return gelu_erf(x);
+  if (act == "GeluTanh") return gelu_tanh(x);
   if (act == "Tanh") return std::tanh(x);
   if (act == "Sigmoid") return 1.0f / (1.0f + std::exp(-x));
   if (act == "Clip") return std::min(std::max(x, alpha), beta);
   if (act == "HardSwish") return x * std::min(std::max(alpha * x + beta, 0.0f), 1.0f);
   if (act == "Swish") return x / (1.0f + std::exp(-alpha * x));
-  assert(!"unknown activation");
-  return x;
+  // The passes write only the names above: another is a bug, and computing
+  // anything (the input, say) would give wrong results without a word.
+  throw std::logic_error("apply_activation: unknown activation '" + act
+                         + "'; add it here and to every backend's epilogue");
 }
 
 std::string selected_version(const graph& g, const node& n, int64_t version) {

@@ -124,7 +124,7 @@ std::optional<std::vector<int64_t>> broadcast_shapes(const std::vector<int64_t>&
                                                      const std::vector<int64_t>& b);
 
 /// Applies an activation named as in FusedConv's `activation` attribute: ""
-/// (none), "Relu", "Gelu" (erf), "Tanh", "Sigmoid", "Clip" (alpha = min, beta =
+/// (none), "Relu", "Gelu" (erf), "GeluTanh" (GELU's tanh approximation), "Tanh", "Sigmoid", "Clip" (alpha = min, beta =
 /// max), "HardSwish" (x * clip(alpha * x + beta, 0, 1); alpha 1/6, beta 1/2),
 /// "Swish" (x * sigmoid(alpha * x); alpha 1 is SiLU).
 float apply_activation(const std::string& act, float x, float alpha, float beta);
@@ -247,6 +247,14 @@ void dispatch(datatype t, F f) {
 /// GELU with erf, as ONNX's Gelu (approximate "none") and the engine's FusedGelu.
 inline float gelu_erf(float x) {
   return 0.5f * x * (1.0f + std::erf(x * 0.70710678118654752f));
+}
+
+/// GELU's tanh approximation, as ONNX's Gelu (approximate "tanh"), GPT-2's
+/// activation and the engine's FusedGeluTanh:
+/// 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))).
+inline float gelu_tanh(float x) {
+  constexpr float k = 0.79788456080286536f; // sqrt(2 / pi)
+  return 0.5f * x * (1.0f + std::tanh(k * (x + 0.044715f * x * x * x)));
 }
 
 } // namespace ops_internal

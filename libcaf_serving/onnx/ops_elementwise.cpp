@@ -294,7 +294,7 @@ std::optional<std::string> need_fp32(const graph& g, const node& n, const std::s
          + n.op + " on FP32" + more;
 }
 
-/// Sqrt, Erf, Tanh, Sigmoid, FusedGelu: X's shape, FLOAT.
+/// Sqrt, Erf, Tanh, Sigmoid, FusedGelu, FusedGeluTanh: X's shape, FLOAT.
 infer_result infer_float_unary(const graph& g, const node& n) {
   if (auto e = need_fp32(g, n))
     return *e;
@@ -412,6 +412,15 @@ void run_fused_gelu(const node&, const std::vector<tensor_ref>& in,
   int64_t nb = in.size() > 1 && in[1].data ? in[1].elements() : 0;
   for (int64_t i = 0, cnt = out[0].elements(); i < cnt; ++i)
     o[i] = gelu_erf(x[i] + (nb ? in[1].as<float>()[i % nb] : 0.f));
+}
+
+void run_fused_gelu_tanh(const node&, const std::vector<tensor_ref>& in,
+                         const std::vector<tensor_ref>& out) {
+  const float* x = in[0].as<float>();
+  float* o = out[0].as<float>();
+  int64_t nb = in.size() > 1 && in[1].data ? in[1].elements() : 0;
+  for (int64_t i = 0, cnt = out[0].elements(); i < cnt; ++i)
+    o[i] = gelu_tanh(x[i] + (nb ? in[1].as<float>()[i % nb] : 0.f));
 }
 
 void run_identity(const node&, const std::vector<tensor_ref>& in,
@@ -587,6 +596,7 @@ const op_table& elementwise_operator_table() {
 const op_table& elementwise_engine_table() {
   static const op_table ops{
     {"FusedGelu", {}, &infer_float_unary, &run_fused_gelu},
+    {"FusedGeluTanh", {}, &infer_float_unary, &run_fused_gelu_tanh},
   };
   return ops;
 }

@@ -83,11 +83,6 @@ float softplus(float x) {
   return x > 0 ? x + std::log1p(std::exp(-x)) : std::log1p(std::exp(x));
 }
 
-float gelu_tanh(float x) {
-  constexpr float k = 0.79788456080286536f; // sqrt(2 / pi)
-  return 0.5f * x * (1.0f + std::tanh(k * (x + 0.044715f * x * x * x)));
-}
-
 /// y[i] = f(x[i]) on FLOAT, the only type inference gives these kernels.
 template <class F>
 void each_float(const std::vector<tensor_ref>& in, const std::vector<tensor_ref>& out, F f) {

@@ -159,7 +159,7 @@ TEST_CASE("Attention refuses what the engine does not run, naming it") {
             "does not broadcast"));
 }
 
-TEST_CASE("Gelu is FusedGelu's erf form; tanh is its approximation") {
+TEST_CASE("Gelu is FusedGelu's erf form; tanh is its approximation, FusedGeluTanh") {
   std::mt19937 rng(10);
   auto x = random_f32({64}, rng, 3.0f);
   auto erf = ok1({"Gelu", {x}, {}, 20}).values<float>();
@@ -167,6 +167,15 @@ TEST_CASE("Gelu is FusedGelu's erf form; tanh is its approximation") {
   auto approx = ok1({"Gelu", {x}, attrs({{"approximate", string_attr("tanh")}}), 20});
   CHECK(relative_error(approx.values<float>(), erf) < 1e-3);
   CHECK(approx.values<float>() != erf);
+  // FusedGeluTanh is the tanh form, against its formula in double.
+  auto fused = ok1({"FusedGeluTanh", {x}}).values<float>();
+  CHECK(relative_error(approx.values<float>(), fused) < 1e-7);
+  std::vector<float> want;
+  const double pi = 3.14159265358979323846;
+  for (float v : x.values<float>())
+    want.push_back(static_cast<float>(
+      0.5 * v * (1.0 + std::tanh(std::sqrt(2.0 / pi) * (v + 0.044715 * v * v * v)))));
+  CHECK(relative_error(fused, want) < 1e-6);
   CHECK(has(refused({"Gelu", {x}, attrs({{"approximate", string_attr("sigmoid")}}), 20}),
             "approximate='sigmoid'"));
   CHECK(has(refused({"Gelu", {x}, {}, 17}), "exists from opset 20"));

@@ -7,6 +7,7 @@
 #include "onnx/quant_passes.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <map>
 #include <optional>
@@ -273,13 +274,224 @@ void fuse_layernorm(graph& g) {
   drop_dead(g);
 }
 
+namespace {
+
+/// A polynomial in the input x of a GELU pattern and the output t of its
+/// Tanh: terms[i][j] is the coefficient of x^i t^j. GELU's tanh form needs x^3
+/// and x t; a product past these degrees ends the match.
+struct gelu_polynomial {
+  static constexpr int max_x = 3;
+  static constexpr int max_t = 1;
+  std::array<std::array<double, max_t + 1>, max_x + 1> terms{};
+
+  static gelu_polynomial monomial(double c, int i, int j) {
+    gelu_polynomial p;
+    p.terms[i][j] = c;
+    return p;
+  }
+};
+
+gelu_polynomial sum(const gelu_polynomial& a, const gelu_polynomial& b, double sign) {
+  gelu_polynomial p = a;
+  for (int i = 0; i <= gelu_polynomial::max_x; ++i)
+    for (int j = 0; j <= gelu_polynomial::max_t; ++j)
+      p.terms[i][j] += sign * b.terms[i][j];
+  return p;
+}
+
+std::optional<gelu_polynomial> product(const gelu_polynomial& a, const gelu_polynomial& b) {
+  gelu_polynomial p;
+  for (int i = 0; i <= gelu_polynomial::max_x; ++i)
+    for (int j = 0; j <= gelu_polynomial::max_t; ++j)
+      for (int k = 0; k <= gelu_polynomial::max_x; ++k)
+        for (int l = 0; l <= gelu_polynomial::max_t; ++l) {
+          double c = a.terms[i][j] * b.terms[k][l];
+          if (c == 0)
+            continue;
+          if (i + k > gelu_polynomial::max_x || j + l > gelu_polynomial::max_t)
+            return std::nullopt;
+          p.terms[i + k][j + l] += c;
+        }
+  return p;
+}
+
+/// Reads the arithmetic below a value (Add, Sub, Mul, Div by a constant, Pow
+/// by 1, 2 or 3) as a polynomial in x and, where `t` is given, the Tanh output
+/// t. Every value it reads through, except the root, is read by that one node
+/// and is no graph output, so the nodes it records (`nodes`) can all go once
+/// the root is computed another way. Any other value is a leaf: a one-element
+/// fp32 constant is a coefficient, `t` is t, and anything else is x: every
+/// such leaf must be the same value (the first one seen, or the `x` given).
+/// So every ordering of one formula reads as the same polynomial: x*x*x or
+/// Pow(x, 3), the 0.5 on either side, constants on either side.
+class polynomial_reader {
+public:
+  polynomial_reader(const graph& g, const value_readers& cons, const std::vector<int>& prod,
+                    int x, int t)
+    : g_(g), cons_(cons), prod_(prod), x_(x), t_(t) {}
+
+  std::optional<gelu_polynomial> read(int root) { return value(root, true); }
+  int x() const { return x_; }
+  const std::vector<int>& nodes() const { return nodes_; }
+
+private:
+  /// A pattern has about ten nodes; a read through more is no GELU.
+  static constexpr size_t max_nodes = 16;
+
+  std::optional<gelu_polynomial> value(int v, bool root) {
+    if (v < 0)
+      return std::nullopt;
+    if (v == t_)
+      return gelu_polynomial::monomial(1, 0, 1);
+    if (auto c = scalar(g_, v))
+      return gelu_polynomial::monomial(*c, 0, 0);
+    int p = prod_[v];
+    auto kind = p >= 0 ? arithmetic_of(g_.nodes[p]) : std::nullopt;
+    bool through = kind && g_.values[v].dtype == datatype::fp32 && (root || cons_.single(v) >= 0);
+    if (!through) {
+      if (cst(g_, v) || (x_ >= 0 && x_ != v))
+        return std::nullopt;
+      x_ = v;
+      return gelu_polynomial::monomial(1, 1, 0);
+    }
+    if (nodes_.size() == max_nodes)
+      return std::nullopt;
+    nodes_.push_back(p);
+    const node& n = g_.nodes[p];
+    auto a = value(n.inputs[0], false);
+    if (!a)
+      return std::nullopt;
+    switch (*kind) {
+      case arithmetic::pow: {
+        auto e = scalar(g_, n.inputs[1]);
+        if (!e || !(*e == 1.0f || *e == 2.0f || *e == 3.0f))
+          return std::nullopt;
+        auto r = a;
+        for (int k = 1; r && k < static_cast<int>(*e); ++k)
+          r = product(*r, *a);
+        return r;
+      }
+      case arithmetic::div: {
+        auto d = scalar(g_, n.inputs[1]);
+        if (!d || *d == 0.0f)
+          return std::nullopt;
+        return product(*a, gelu_polynomial::monomial(1.0 / *d, 0, 0));
+      }
+      default:
+        break;
+    }
+    auto b = value(n.inputs[1], false);
+    if (!b)
+      return std::nullopt;
+    if (*kind == arithmetic::mul)
+      return product(*a, *b);
+    return sum(*a, *b, *kind == arithmetic::add ? 1.0 : -1.0);
+  }
+
+  enum class arithmetic { add, sub, mul, div, pow };
+
+  /// The arithmetic a node does, for the binary nodes read through.
+  static std::optional<arithmetic> arithmetic_of(const node& n) {
+    static const std::map<std::string, arithmetic> kinds{{"Add", arithmetic::add},
+                                                         {"Sub", arithmetic::sub},
+                                                         {"Mul", arithmetic::mul},
+                                                         {"Div", arithmetic::div},
+                                                         {"Pow", arithmetic::pow}};
+    auto k = kinds.find(n.op);
+    if (k == kinds.end() || n.inputs.size() != 2 || n.outputs.size() != 1)
+      return std::nullopt;
+    return k->second;
+  }
+
+  const graph& g_;
+  const value_readers& cons_;
+  const std::vector<int>& prod_;
+  int x_;
+  int t_;
+  std::vector<int> nodes_;
+};
+
+/// Whether `p`'s terms are `want`'s, each within 1e-3 of it relatively
+/// (exporters write sqrt(2/pi) and 0.044715 to a few digits; 0.0447 passes,
+/// 0.045 does not), and no other.
+bool same_terms(const gelu_polynomial& p, const gelu_polynomial& want) {
+  for (int i = 0; i <= gelu_polynomial::max_x; ++i)
+    for (int j = 0; j <= gelu_polynomial::max_t; ++j) {
+      double w = want.terms[i][j], got = p.terms[i][j];
+      bool ok = w == 0 ? std::fabs(got) <= 1e-6
+                       : std::fabs(got - w) <= 1e-3 * std::fabs(w);
+      if (!ok)
+        return false;
+    }
+  return true;
+}
+
+/// GELU's tanh form written out, as torch exports transformers' GPT-2 (its
+/// NewGELUActivation) and the other orderings of the same formula:
+/// 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) becomes FusedGeluTanh(x).
+/// Anchored at each Tanh: its argument must read as the polynomial
+/// sqrt(2/pi) x + sqrt(2/pi) 0.044715 x^3, and some node at most four
+/// single-reader steps after it as 0.5 x + 0.5 x t of the same x.
+void fuse_gelu_tanh_pattern(graph& g) {
+  constexpr double k = 0.79788456080286536; // sqrt(2 / pi)
+  gelu_polynomial argument = sum(gelu_polynomial::monomial(k, 1, 0),
+                                 gelu_polynomial::monomial(k * 0.044715, 3, 0), 1.0);
+  gelu_polynomial gelu = sum(gelu_polynomial::monomial(0.5, 1, 0),
+                             gelu_polynomial::monomial(0.5, 1, 1), 1.0);
+  value_readers cons(g);
+  auto prod = g.producers();
+  for (size_t ti = 0; ti < g.nodes.size(); ++ti) {
+    if (g.nodes[ti].op != "Tanh" || g.nodes[ti].inputs.size() != 1)
+      continue;
+    int arg = g.nodes[ti].inputs[0], t = g.nodes[ti].outputs[0];
+    if (cons.single(arg) != static_cast<int>(ti) || cons.single(t) < 0)
+      continue;
+    polynomial_reader inner(g, cons, prod, -1, -1);
+    auto a = inner.read(arg);
+    if (!a || !same_terms(*a, argument))
+      continue;
+    int x = inner.x();
+    if (g.values[x].dtype != datatype::fp32)
+      continue;
+    int v = t;
+    for (int step = 0; step < 4; ++step) {
+      int r = cons.single(v);
+      if (r < 0 || g.nodes[r].outputs.size() != 1)
+        break;
+      v = g.nodes[r].outputs[0];
+      polynomial_reader outer(g, cons, prod, x, t);
+      auto o = outer.read(v);
+      if (!o || !same_terms(*o, gelu) || g.values[v].shape != g.values[x].shape)
+        continue;
+      std::string name = g.nodes[ti].name + "/fused_gelu";
+      for (int dead : inner.nodes())
+        kill(g.nodes[dead]);
+      for (int dead : outer.nodes())
+        kill(g.nodes[dead]);
+      kill(g.nodes[ti]);
+      // The fused node takes the place of the pattern's last node.
+      g.nodes[r] = node{"FusedGeluTanh", name, {x}, {v}, {}};
+      break;
+    }
+  }
+}
+
+} // namespace
+
 void fuse_gelu(graph& g) {
-  // ONNX's own Gelu (opset 20) with the exact erf form is FusedGelu: the
-  // engine's vectorised kernel, and an epilogue of the MatMul before it.
-  for (auto& n : g.nodes)
-    if (n.op == "Gelu" && n.get_s("approximate", "none") == "none"
-        && g.values[n.inputs[0]].dtype == datatype::fp32)
+  // ONNX's own Gelu (opset 20) is FusedGelu (the exact erf form) or
+  // FusedGeluTanh (approximate "tanh"): the engine's vectorised kernels, and
+  // an epilogue of the MatMul before it.
+  for (auto& n : g.nodes) {
+    if (n.op != "Gelu" || g.values[n.inputs[0]].dtype != datatype::fp32)
+      continue;
+    auto approximate = n.get_s("approximate", "none");
+    if (approximate == "none")
       n = node{"FusedGelu", n.name, {n.inputs[0]}, {n.outputs[0]}, {}};
+    else if (approximate == "tanh")
+      n = node{"FusedGeluTanh", n.name, {n.inputs[0]}, {n.outputs[0]}, {}};
+  }
+  fuse_gelu_tanh_pattern(g);
   value_readers cons(g);
   auto prod = g.producers();
   for (auto& erf : g.nodes) {
@@ -748,10 +960,12 @@ bool fuse_named_activation(const graph&, const node& act, node& fused) {
   return true;
 }
 
+/// FusedGelu is activation "Gelu" (erf), FusedGeluTanh "GeluTanh"; one with a
+/// bias input is left as it is.
 bool fuse_gelu_activation(const graph&, const node& act, node& fused) {
   if (act.inputs.size() > 1)
     return false;
-  fused.set_s("activation", "Gelu");
+  fused.set_s("activation", act.op == "FusedGeluTanh" ? "GeluTanh" : "Gelu");
   return true;
 }
 
@@ -780,12 +994,19 @@ const std::map<std::string, activation_fusion>& activation_fusions() {
   static const std::map<std::string, activation_fusion> fusions{
     {"Clip", &fuse_clip_activation},
     {"FusedGelu", &fuse_gelu_activation},
+    {"FusedGeluTanh", &fuse_gelu_activation},
     {"HardSwish", &fuse_hard_swish_activation},
     {"Relu", &fuse_named_activation},
     {"Sigmoid", &fuse_named_activation},
     {"Tanh", &fuse_named_activation},
   };
   return fusions;
+}
+
+/// Operators that give their input's elements in the same order, only another
+/// shape: an element-wise activation after one may as well come before it.
+bool keeps_element_order(const std::string& op) {
+  return op == "Reshape" || op == "Flatten" || op == "Squeeze" || op == "Unsqueeze";
 }
 
 } // namespace
@@ -851,6 +1072,23 @@ void fuse_epilogues(graph& g) {
                  !has_act && !(mm && has_res) && act != activation_fusions().end()) {
         if (!act->second(g, next, n))
           continue;
+      } else if (keeps_element_order(next.op) && !has_act && !(mm && has_res)) {
+        // An activation after a Reshape of the output (GPT-2's Conv1D is a
+        // Gemm, then a Reshape to [B, S, N], then its GELU) works element by
+        // element, so it moves before the Reshape: the fused node keeps its
+        // place and output, and the Reshape writes the activation's output.
+        int after = cons.single(next.outputs[0]);
+        if (after < 0 || g.nodes[after].inputs.empty()
+            || g.nodes[after].inputs[0] != next.outputs[0])
+          continue;
+        auto act_after = activation_fusions().find(g.nodes[after].op);
+        if (act_after == activation_fusions().end()
+            || !act_after->second(g, g.nodes[after], n))
+          continue;
+        next.outputs[0] = g.nodes[after].outputs[0];
+        kill(g.nodes[after]);
+        changed = true;
+        break; // consumers changed
       } else {
         continue;
       }
@@ -864,6 +1102,69 @@ void fuse_epilogues(graph& g) {
     }
     drop_dead(g);
   }
+}
+
+void cancel_transposes(graph& g) {
+  // A Reshape to its own shape (GPT-2's export writes one between the
+  // attention's MatMul and its Transpose) copies: its readers read its input.
+  {
+    value_readers cons(g);
+    for (auto& n : g.nodes) {
+      if (n.op != "Reshape" || n.outputs.size() != 1)
+        continue;
+      int in = n.inputs[0], out = n.outputs[0];
+      const auto &a = g.values[in], &b = g.values[out];
+      if (a.shape_known && b.shape_known && a.shape == b.shape && a.dtype == b.dtype
+          && !cons.is_output[out]) {
+        replace_uses(g, out, in);
+        kill(n);
+      }
+    }
+    drop_dead(g);
+  }
+  value_readers cons(g);
+  auto prod = g.producers();
+  for (auto& outer : g.nodes) {
+    if (outer.op != "Transpose" || outer.inputs.size() != 1)
+      continue;
+    int mid = outer.inputs[0];
+    int p = prod[mid];
+    if (p < 0 || g.nodes[p].op != "Transpose" || cons.single(mid) < 0)
+      continue;
+    node& inner = g.nodes[p];
+    int x = inner.inputs[0];
+    auto rank = static_cast<int64_t>(g.values[mid].shape.size());
+    // Transpose's default perm reverses the dims.
+    auto perm_of = [rank](const node& t) {
+      auto perm = t.get_ints("perm");
+      if (perm.empty())
+        for (int64_t i = rank - 1; i >= 0; --i)
+          perm.push_back(i);
+      return perm;
+    };
+    auto first = perm_of(inner), second = perm_of(outer);
+    auto in_range = [rank](int64_t d) { return d >= 0 && d < rank; };
+    if (static_cast<int64_t>(first.size()) != rank || static_cast<int64_t>(second.size()) != rank
+        || !std::all_of(second.begin(), second.end(), in_range))
+      continue;
+    // Output dim i of the pair is dim second[i] of mid, which is dim first[second[i]] of x.
+    std::vector<int64_t> both(rank);
+    bool identity = true;
+    for (int64_t i = 0; i < rank; ++i) {
+      both[i] = first[second[i]];
+      identity = identity && both[i] == i;
+    }
+    int y = outer.outputs[0];
+    if (identity && !cons.is_output[y]) {
+      replace_uses(g, y, x);
+      kill(outer);
+    } else {
+      outer.inputs[0] = x;
+      outer.set_ints("perm", both);
+    }
+    kill(inner);
+  }
+  drop_dead(g);
 }
 
 void remove_dead_nodes(graph& g) {
@@ -953,6 +1254,7 @@ result<graph> optimize(const graph& src, const std::vector<std::vector<int64_t>>
     fuse_gelu(*g);
     fuse_packed_attention(*g);
     fuse_attention(*g);
+    cancel_transposes(*g); // after fuse_attention, which reads the Transposes around SDPA
   }
   if (cfg.fuse_epilogues) {
     fold_pad_into_conv(*g);

@@ -9,8 +9,8 @@
 ///      rescaled weights and a bias;
 ///   3. fuse_layernorm, fuse_gelu, fuse_packed_attention, fuse_attention: the
 ///      decomposed patterns of opsets below 17 (and LayerNormalization itself)
-///      become FusedLayerNorm, FusedGelu and FusedAttention (ops_nn.hpp,
-///      ops_elementwise.hpp);
+///      become FusedLayerNorm, FusedGelu, FusedGeluTanh and FusedAttention
+///      (ops_nn.hpp, ops_elementwise.hpp); then cancel_transposes;
 ///   4. fuse_epilogues: bias, activation and residual add folded into FusedConv,
 ///      FusedMatMul and FusedGemm;
 ///   5. remove_dead_nodes.
@@ -42,6 +42,14 @@ void fuse_attention(graph& g);
 void fuse_packed_attention(graph& g);
 void fuse_epilogues(graph& g);
 void remove_dead_nodes(graph& g);
+/// Transpose(Transpose(x, p), q) whose inner result nothing else reads becomes
+/// one Transpose of x by the composed permutation, or x itself where that is
+/// the identity: rewrite_decoder_attention (passes_decoder.hpp) transposes
+/// each of q, k, v back to [B, S, N, hd] right after the export's Transpose
+/// to [B, N, S, hd], and its output forth before the export's Transpose back.
+/// A Reshape to its own shape, which may sit between the two (GPT-2's), goes
+/// first: its readers read its input.
+void cancel_transposes(graph& g);
 
 /// Which passes optimize() runs; all by default (tests turn some off to
 /// compare fused against unfused).

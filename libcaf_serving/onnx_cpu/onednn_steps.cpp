@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <map>
 #include <sstream>
+#include <stdexcept>
 
 namespace caf_serving::onnx {
 
@@ -19,15 +20,21 @@ dnnl::memory::dims to_dnnl(const dims_t& d) {
   return dnnl::memory::dims(d.begin(), d.end());
 }
 
+/// oneDNN's eltwise algorithm for an activation named as in ops_common.hpp's
+/// apply_activation. Throws std::invalid_argument for another name (the
+/// plan's compile turns it into a load error): no silent stand-in.
 dnnl::algorithm eltwise_of(const std::string& act) {
   if (act == "Relu") return dnnl::algorithm::eltwise_relu;
   if (act == "Gelu") return dnnl::algorithm::eltwise_gelu_erf;
+  if (act == "GeluTanh") return dnnl::algorithm::eltwise_gelu_tanh;
   if (act == "Tanh") return dnnl::algorithm::eltwise_tanh;
   if (act == "Sigmoid") return dnnl::algorithm::eltwise_logistic;
   // oneDNN 2.x fixes alpha 1/6 and beta 1/2, as ONNX's HardSwish does; 3.x reads them.
   if (act == "HardSwish") return dnnl::algorithm::eltwise_hardswish;
   if (act == "Swish") return dnnl::algorithm::eltwise_swish; // x * sigmoid(alpha * x)
-  return dnnl::algorithm::eltwise_clip;
+  if (act == "Clip") return dnnl::algorithm::eltwise_clip;
+  throw std::invalid_argument("activation '" + act
+                              + "' has no oneDNN epilogue; add it to eltwise_of");
 }
 
 /// Per-thread oneDNN state: a stream and the scratchpad buffer.

@@ -32,6 +32,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <stdexcept>
 #include <mutex>
 #include <optional>
 #include <random>
@@ -371,11 +372,13 @@ std::optional<step> engine_layer_norm_step(const cpu_step_context& c, const grap
   return s;
 }
 
-/// FusedGelu on the engine's kernel, in bands of rows.
+/// FusedGelu (erf) or FusedGeluTanh on the engine's kernel, in bands of rows.
 std::optional<step> engine_gelu_step(const cpu_step_context& c, const graph& g, const node& n) {
   auto shape_of = [&](int v) { return v >= 0 ? g.values[v].shape : dims_t{}; };
+  bool tanh_form = n.op == "FusedGeluTanh";
+  auto kernel = tanh_form ? &kc::engine_gelu_tanh : &kc::engine_gelu;
   step s;
-  s.kernel = "engine.gelu";
+  s.kernel = tanh_form ? "engine.gelu_tanh" : "engine.gelu";
   int x = n.inputs[0], b = n.inputs.size() > 1 ? n.inputs[1] : -1, y = n.outputs[0];
   int64_t total = element_count(shape_of(x));
   int64_t width = b >= 0 ? element_count(shape_of(b)) : total;
@@ -383,9 +386,9 @@ std::optional<step> engine_gelu_step(const cpu_step_context& c, const graph& g, 
   s.items = static_cast<int64_t>(cuts.size()) - 1;
   s.run = [=](void** p, int64_t item) {
     int64_t r0 = cuts[item], rows = cuts[item + 1] - r0;
-    kc::engine_gelu(static_cast<const float*>(p[x]) + r0 * width,
-                    b >= 0 ? static_cast<const float*>(p[b]) : nullptr, width, rows * width,
-                    static_cast<float*>(p[y]) + r0 * width, 1);
+    kernel(static_cast<const float*>(p[x]) + r0 * width,
+           b >= 0 ? static_cast<const float*>(p[b]) : nullptr, width, rows * width,
+           static_cast<float*>(p[y]) + r0 * width, 1);
   };
   return s;
 }
@@ -479,6 +482,7 @@ const cpu_kernel_table& cpu_kernels() {
      }},
     {"FusedLayerNorm", {}, "engine.layer_norm", &engine_layer_norm_step},
     {"FusedGelu", {}, "engine.gelu", &engine_gelu_step},
+    {"FusedGeluTanh", {}, "engine.gelu_tanh", &engine_gelu_step},
     {"Softmax", {}, "engine.softmax", &engine_softmax_step},
     {"FusedAttention", {}, "onednn.matmul+engine.softmax",
      [](context& c, const graph& g, const node& n) -> std::optional<step> {
@@ -602,6 +606,8 @@ result<std::shared_ptr<compiled_plan>> compile(const graph& src, const model_con
         compile_node(ctx, g, static_cast<int>(i), threads, lay, mcfg));
   } catch (const dnnl::error& e) {
     return bad_request(std::string("oneDNN cannot build a kernel: ") + e.what());
+  } catch (const std::invalid_argument& e) {
+    return bad_request(std::string("the CPU backend cannot build a step: ") + e.what());
   }
   return plan;
 }
