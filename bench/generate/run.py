@@ -213,8 +213,14 @@ def perf(cfg, arm, port, model, level, out_dir, tag, pin=None):
     else:
         cmd += ["--prompt-tokens", str(cfg.tail_prompts), "--output-tokens",
                 str(cfg.tail_outputs), "--load", f"poisson:{level['rate']:.3f}",
-                "-p", str(level["window_ms"]), "--warmup-interval", str(level["warmup_ms"]),
-                "--seed", "35"]
+                "-p", str(level["window_ms"]), "--warmup-interval", str(level["warmup_ms"])]
+    if "seed" in level:
+        # caf-serving-perf's prompts (token ids) follow from its seed: a seed of the level's
+        # own, the same for every arm, so that no engine meets a prompt it has served at an
+        # earlier level (llama.cpp keeps each slot's KV cache and reuses a matching prefix:
+        # with one seed for every level its prompts hit that cache, 1 prompt token to
+        # evaluate instead of 128).
+        cmd += ["--seed", str(level["seed"])]
     t0 = time.time()
     r = subprocess.run(cmd, capture_output=True, text=True)
     (out_dir / f"{tag}.txt").write_text(" ".join(cmd) + "\n\n" + r.stdout + r.stderr)
@@ -235,6 +241,12 @@ def perf(cfg, arm, port, model, level, out_dir, tag, pin=None):
         g["tokens_per_s_little"] = (level["c"] * g["output_tokens"] / g["requests"]
                                     / (g["e2e"]["avg"] / 1e6))
     return g
+
+
+def level_seed(turn):
+    """caf-serving-perf's --seed at the level of this turn: prompts seeded seed+2+i for
+    request i (up to one per line of the length files, 4000), so levels lie 10007 apart."""
+    return 35 + 10007 * turn
 
 
 def rotated(arms, turn):
@@ -315,7 +327,14 @@ def aiperf_check(cfg, caf, model_dir, model, out_dir, exe, why):
     output tokens/s by one definition for both, Little's law c x output tokens per request /
     mean end-to-end time (for equal requests in a closed loop this is aiperf's own
     definition, total output tokens / (last response - first request), without the ramp-down
-    of the last round); each tool's native figure is shown beside it."""
+    of the last round); each tool's native figure is shown beside it.
+
+    Pinning our processes does not keep others off the server's CPU: on a shared machine the
+    kernel moves runnable processes to the CPU the load generator leaves free, and more so
+    under aiperf, whose processes fill theirs. So each measurement also records how long the
+    server's threads waited for their CPU per second they ran (schedstat), and the ratios
+    are given over every round and over the comparable ones (the server's wait under the
+    two tools within 5 points of each other)."""
     if exe is None:
         return [f"aiperf: not run: {why}"]
     pin = pinning()
@@ -340,34 +359,68 @@ def aiperf_check(cfg, caf, model_dir, model, out_dir, exe, why):
                 level = {"kind": "closed", "c": c, "window_ms": cfg.aiperf_window_ms,
                          "warmup_ms": cfg.aiperf_warmup_ms, "label": f"c{c}"}
                 wait_idle([server])
+                before = schedstat(server.proc.pid)
                 g = perf(cfg, "caf-perf", port, model, level, out_dir, tag, pin=load_cpus)
                 if not g or not g["requests"]:
                     failure = f"caf-serving-perf measured nothing at c{c}: see {tag}.txt"
                     break
-                e2e_s = g["e2e"]["avg"] / 1e6
+                e2e_ms = g["e2e"]["avg"] / 1e3
                 osl = g["output_tokens"] / g["requests"]
-                rows.setdefault(c, []).append((
-                    "caf-serving-perf", round_, g["ttft"]["avg"] / 1e3, g["ttft"]["p50"] / 1e3,
-                    g["prompt_tokens"] / g["requests"], osl, e2e_s * 1e3,
-                    g["output_tokens_per_s"], c * osl / e2e_s))
+                rows.setdefault(c, []).append({
+                    "tool": "caf-serving-perf", "round": round_,
+                    "ttft_avg": g["ttft"]["avg"] / 1e3, "ttft_p50": g["ttft"]["p50"] / 1e3,
+                    "isl": g["prompt_tokens"] / g["requests"], "osl": osl, "e2e": e2e_ms,
+                    "own_tps": g["output_tokens_per_s"], "tps": c * osl / (e2e_ms / 1e3),
+                    "wait": waited_share(before, schedstat(server.proc.pid))})
                 n = max(4 * c, int(math.ceil(g["requests"] / c)) * c)
                 wait_idle([server])
+                before = schedstat(server.proc.pid)
                 a = aiperf_run(cfg, exe, port, model, model_dir / "hf" / model, c, n,
                                out_dir / f"aiperf_c{c}_{round_}", load_cpus)
                 get = lambda k: a.get(k) or {}
                 ttft, lat = get("time_to_first_token"), get("request_latency")
+                if not (ttft.get("avg") and lat.get("avg")):
+                    raise RuntimeError(f"aiperf's JSON at c{c} has no TTFT or request latency")
                 osl = get("output_sequence_length").get("avg") or cfg.output_tokens
-                rows[c].append((
-                    "aiperf", round_, ttft.get("avg"), ttft.get("p50"),
-                    get("input_sequence_length").get("avg"), osl, lat.get("avg"),
-                    get("output_token_throughput").get("avg"),
-                    c * osl / (lat["avg"] / 1e3) if lat.get("avg") else None))
+                rows[c].append({
+                    "tool": "aiperf", "round": round_,
+                    "ttft_avg": ttft["avg"], "ttft_p50": ttft.get("p50"),
+                    "isl": get("input_sequence_length").get("avg"), "osl": osl,
+                    "e2e": lat["avg"], "own_tps": get("output_token_throughput").get("avg"),
+                    "tps": c * osl / (lat["avg"] / 1e3),
+                    "wait": waited_share(before, schedstat(server.proc.pid))})
             if failure:
                 break
     except (RuntimeError, subprocess.TimeoutExpired) as e:
         failure = str(e)
     finally:
         server.stop()
+    return aiperf_report(cfg, model, pin, rows, failure)
+
+
+def schedstat(pid):
+    """(CPU time, time runnable but waiting for a CPU) of every thread of pid, in seconds:
+    /proc/PID/task/*/schedstat."""
+    run = delay = 0
+    for t in pathlib.Path(f"/proc/{pid}/task").iterdir():
+        try:
+            fields = (t / "schedstat").read_text().split()
+        except OSError:
+            continue
+        run, delay = run + int(fields[0]), delay + int(fields[1])
+    return run / 1e9, delay / 1e9
+
+
+def waited_share(before, after):
+    """Time the server waited for its CPU per second it ran, between two schedstat()s."""
+    ran = after[0] - before[0]
+    return (after[1] - before[1]) / ran if ran > 0 else 0.0
+
+
+def aiperf_report(cfg, model, pin, rows, failure):
+    """The check's table and ratios; ratios over every round, and over the comparable rounds
+    (the server's CPU wait under the two tools within 5 points of each other)."""
+    server_cpus, load_cpus = pin if pin else ([], [])
     f = lambda v, d=1: "-" if v is None else f"{v:,.{d}f}"
     where = (f"caf-serving pinned to CPU {server_cpus[0]} with 1 compute thread, each load "
              f"generator pinned to CPU {','.join(map(str, load_cpus))} (taskset)" if pin else
@@ -375,33 +428,46 @@ def aiperf_check(cfg, caf, model_dir, model, out_dir, exe, why):
     lines = [f"aiperf check: {model} on a caf-serving of its own; {where}; closed loop at "
              f"concurrency {', '.join(map(str, cfg.aiperf_levels))}, prompts "
              f"{cfg.prompt_tokens}, outputs {cfg.output_tokens} (ignore_eos); "
-             f"{cfg.aiperf_rounds} round(s), the tools alternating.",
+             f"{cfg.aiperf_rounds} round(s), the tools alternating; load average "
+             f"{os.getloadavg()[0]:.1f} at the end.",
              "Output tokens/s by Little's law for both (c x output tokens per request / mean "
              "end-to-end); each tool's own figure beside it (caf-serving-perf: tokens "
              "completed in the window / window; aiperf: tokens / (last response - first "
-             "request)).", "",
+             "request)). Server CPU wait: the time the server's threads were runnable but "
+             "waited for their CPU, per second they ran (/proc schedstat): other processes "
+             "on the server's CPU, which pinning our own does not keep off.", "",
              "| c | tool | round | prompt / output tokens (server's count) | TTFT avg ms | "
-             "TTFT P50 ms | E2E avg ms | output tokens/s (Little) | own output tokens/s |",
-             "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "TTFT P50 ms | E2E avg ms | output tokens/s (Little) | own output tokens/s | "
+             "server CPU wait |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     ratios = []
     for c, vals in rows.items():
         for v in vals:
-            lines.append(f"| {c} | {v[0]} | {v[1] + 1} | {f(v[4], 0)} / {f(v[5], 0)} | "
-                         f"{f(v[2])} | {f(v[3])} | {f(v[6])} | {f(v[8])} | {f(v[7])} |")
-        ours = [v for v in vals if v[0] == "caf-serving-perf"]
-        theirs = [v for v in vals if v[0] == "aiperf"]
-        if ours and theirs and all(t[2] and t[8] for t in theirs):
-            mean = lambda xs: sum(xs) / len(xs)
-            r = [mean([o[i] for o in ours]) / mean([t[i] for t in theirs])
-                 for i in (2, 3, 8, 7, 6)]
-            ratios.append((c, r))
+            lines.append(f"| {c} | {v['tool']} | {v['round'] + 1} | {f(v['isl'], 0)} / "
+                         f"{f(v['osl'], 0)} | {f(v['ttft_avg'])} | {f(v['ttft_p50'])} | "
+                         f"{f(v['e2e'])} | {f(v['tps'])} | {f(v['own_tps'])} | "
+                         f"{100 * v['wait']:.0f}% |")
+        waits = {}
+        for v in vals:
+            waits.setdefault(v["round"], []).append(v["wait"])
+        comparable = {r for r, w in waits.items() if len(w) == 2 and abs(w[0] - w[1]) < 0.05}
+        for name, keep in (("every round", None), ("comparable rounds", comparable)):
+            ours = [v for v in vals if v["tool"] == "caf-serving-perf"
+                    and (keep is None or v["round"] in keep)]
+            theirs = [v for v in vals if v["tool"] == "aiperf"
+                      and (keep is None or v["round"] in keep)]
+            if ours and theirs and len(ours) == len(theirs):
+                mean = lambda k, xs: sum(x[k] for x in xs) / len(xs)
+                r = {k: mean(k, ours) / mean(k, theirs)
+                     for k in ("ttft_avg", "ttft_p50", "tps", "own_tps", "e2e")}
+                ratios.append((c, name, len(ours), r))
     lines.append("")
-    for c, r in ratios:
-        worst = max(abs(x - 1) for x in r[:3])
-        lines.append(f"aiperf check c{c}: caf-serving-perf / aiperf: TTFT avg {r[0]:.3f}, TTFT "
-                     f"P50 {r[1]:.3f}, output tokens/s {r[2]:.3f} (own definitions "
-                     f"{r[3]:.3f}), E2E avg {r[4]:.3f}: "
-                     f"{'within' if worst <= 0.05 else 'NOT within'} 5%")
+    for c, name, n, r in ratios:
+        worst = max(abs(r[k] - 1) for k in ("ttft_avg", "ttft_p50", "tps"))
+        lines.append(f"aiperf check c{c}, {name} ({n}): caf-serving-perf / aiperf: TTFT avg "
+                     f"{r['ttft_avg']:.3f}, TTFT P50 {r['ttft_p50']:.3f}, output tokens/s "
+                     f"{r['tps']:.3f} (own definitions {r['own_tps']:.3f}), E2E avg "
+                     f"{r['e2e']:.3f}: {'within' if worst <= 0.05 else 'NOT within'} 5%")
     if failure:
         lines.append(f"aiperf check: stopped early: {failure}")
     return lines
@@ -486,6 +552,8 @@ measurement, summary.md).""", formatter_class=argparse.RawDescriptionHelpFormatt
     ap.add_argument("--ttft-target-ms", type=float, default=1000)
     ap.add_argument("--tpot-target-ms", type=float, default=100)
     ap.add_argument("--no-aiperf", action="store_true")
+    ap.add_argument("--aiperf-rounds", type=int, default=None, dest="aiperf_rounds_asked",
+                    help="rounds of the aiperf check (default: 1 with --quick, else 3)")
     ap.add_argument("--aiperf-only", action="store_true",
                     help="no arms: only the aiperf check (its own pinned caf-serving)")
     ap.add_argument("--python", default=sys.executable)
@@ -521,7 +589,7 @@ measurement, summary.md).""", formatter_class=argparse.RawDescriptionHelpFormatt
         win = {1: (4000, 500), 8: (4000, 1000), 64: (8000, 2000)}
         poisson_window, poisson_warmup = 10000, 1500
         max_window_ms, max_poisson_ms = 16000, 10000
-        cfg.aiperf_window_ms, cfg.aiperf_warmup_ms, cfg.aiperf_rounds = 6000, 1500, 2
+        cfg.aiperf_window_ms, cfg.aiperf_warmup_ms, cfg.aiperf_rounds = 6000, 1500, 1
     else:
         closed = [1, 8, 32, 64]
         loads = [0.5, 1.0, 1.5]
@@ -530,6 +598,8 @@ measurement, summary.md).""", formatter_class=argparse.RawDescriptionHelpFormatt
         max_window_ms, max_poisson_ms = 300000, 300000
         cfg.aiperf_window_ms, cfg.aiperf_warmup_ms, cfg.aiperf_rounds = 20000, 5000, 3
     cfg.aiperf_levels = [1, 4]
+    if cfg.aiperf_rounds_asked:
+        cfg.aiperf_rounds = cfg.aiperf_rounds_asked
     # At the end of a level the client waits this long for answers in flight, then
     # closes its connections (the engines cancel those requests; wait_idle waits for that).
     cfg.drain_ms = 1000
@@ -642,7 +712,8 @@ measurement, summary.md).""", formatter_class=argparse.RawDescriptionHelpFormatt
                         window = int(min(max_window_ms, max(window, 1.2 * predicted_ms)))
                         warmup = int(min(max_window_ms / 4, max(warmup, 0.2 * predicted_ms)))
                     level = {"kind": "closed", "c": c, "window_ms": window,
-                             "warmup_ms": warmup, "label": f"c{c}"}
+                             "warmup_ms": warmup, "label": f"c{c}",
+                             "seed": level_seed(turn)}
                     tag = f"{m}_{level['label']}_{arm}"
                     wait_all_idle(servers)
                     g = perf(cfg, arm, servers[(arm, m)].port, served_name(arm, m), level,
@@ -651,7 +722,7 @@ measurement, summary.md).""", formatter_class=argparse.RawDescriptionHelpFormatt
                         # No request ended inside the window: once more with twice the
                         # window (the first try's requests are cancelled meanwhile).
                         window = min(2 * window, 2 * max_window_ms)
-                        level = dict(level, window_ms=window)
+                        level = dict(level, window_ms=window, seed=level["seed"] + 5003)
                         log(f"  {arm} {m} c{c}: nothing ended in the window; again with "
                             f"{window / 1e3:.0f} s")
                         wait_all_idle(servers)
@@ -678,7 +749,7 @@ measurement, summary.md).""", formatter_class=argparse.RawDescriptionHelpFormatt
                                   default=0)
                 window = int(min(max_poisson_ms, max(poisson_window, 2 * lifetime_ms)))
                 level = {"kind": "poisson", "rate": f * cap, "window_ms": window,
-                         "warmup_ms": poisson_warmup,
+                         "warmup_ms": poisson_warmup, "seed": level_seed(turn),
                          "label": f"Poisson {int(f * 100)}% ({f * cap:.2f}/s)"}
                 order = rotated(arms, turn)
                 turn += 1
