@@ -58,7 +58,7 @@ class Batcher(threading.Thread):
                     batch.append(self.jobs.get_nowait())
                 except queue.Empty:
                     break
-            batch = [j for j in batch if not j.cancelled]
+            batch = [j for j in batch if not j.gone()]
             if batch:
                 try:
                     self.run_batch(batch)
@@ -98,7 +98,7 @@ class Batcher(threading.Thread):
                 produced[r] += 1
                 finished = produced[r] >= j.max_tokens or (not j.ignore_eos and t in self.eos)
                 j.put(("token", streams[r].decode(t)))
-                if finished or j.cancelled:
+                if finished or j.gone():
                     j.put(("done", produced[r], "length" if produced[r] >= j.max_tokens
                            else "stop"))
                     live.discard(r)

@@ -16,16 +16,25 @@ from aiohttp import web
 
 
 class Job:
-    def __init__(self, ids, max_tokens, ignore_eos, loop):
+    def __init__(self, ids, max_tokens, ignore_eos, loop, transport):
         self.ids = ids
         self.max_tokens = max_tokens
         self.ignore_eos = ignore_eos
         self.loop = loop
+        self.transport = transport
         self.out = asyncio.Queue()
         self.cancelled = False
 
     def put(self, item):
         self.loop.call_soon_threadsafe(self.out.put_nowait, item)
+
+    def gone(self):
+        """Cancelled, or its client's connection closing: the batcher thread asks before a
+        batch and at every step. It reads the transport's state itself because the event
+        loop's own look (next_item) waits for the GIL, which a long prefill call can hold
+        for seconds (onnxruntime-genai's append_tokens at a batch of 32 long prompts)."""
+        t = self.transport
+        return self.cancelled or t is None or t.is_closing()
 
 
 async def next_item(job, request):
@@ -68,7 +77,7 @@ def make_app(batcher, name):
             return web.json_response({"error": {"message": "prompt plus max_tokens over the "
                                                 f"context of {batcher.context}"}}, status=400)
         job = Job(ids, max_tokens, bool(body.get("ignore_eos", False)),
-                  asyncio.get_running_loop())
+                  asyncio.get_running_loop(), request.transport)
         batcher.jobs.put(job)
         counter[0] += 1
         cid, created = f"cmpl-{counter[0]}", int(time.time())

@@ -55,7 +55,7 @@ class BatchStreamer(transformers.generation.streamers.BaseStreamer):
             self.produced[r] += 1
             finished = self.produced[r] >= j.max_tokens or (not j.ignore_eos and t in self.eos)
             j.put(("token", self.tokenizer.decode([t])))
-            if finished or j.cancelled:
+            if finished or j.gone():
                 j.put(("done", self.produced[r],
                        "length" if self.produced[r] >= j.max_tokens else "stop"))
                 self.live.discard(r)
@@ -108,7 +108,7 @@ class Batcher(threading.Thread):
                     batch.append(self.jobs.get_nowait())
                 except queue.Empty:
                     break
-            batch = [j for j in batch if not j.cancelled]
+            batch = [j for j in batch if not j.gone()]
             if batch:
                 try:
                     self.run_batch(batch)
