@@ -19,7 +19,6 @@ at its own max_tokens. Requests that arrive meanwhile wait for the next batch.
     genai_server.py MODEL_DIR --port P [--max-batch 32] [--name NAME]
 """
 import argparse
-import asyncio
 import json
 import logging
 import queue
@@ -30,18 +29,7 @@ import numpy as np
 import onnxruntime_genai as og
 from aiohttp import web
 
-
-class Job:
-    def __init__(self, ids, max_tokens, ignore_eos, loop):
-        self.ids = ids
-        self.max_tokens = max_tokens
-        self.ignore_eos = ignore_eos
-        self.loop = loop
-        self.out = asyncio.Queue()
-        self.cancelled = False
-
-    def put(self, item):
-        self.loop.call_soon_threadsafe(self.out.put_nowait, item)
+from openai_server import make_app
 
 
 class Batcher(threading.Thread):
@@ -59,6 +47,9 @@ class Batcher(threading.Thread):
         self.max_batch = max_batch
         self.jobs = queue.Queue()
 
+    def encode(self, text):
+        return self.tokenizer.encode(text)
+
     def run(self):
         while True:
             batch = [self.jobs.get()]
@@ -67,7 +58,7 @@ class Batcher(threading.Thread):
                     batch.append(self.jobs.get_nowait())
                 except queue.Empty:
                     break
-            batch = [j for j in batch if not j.cancelled]
+            batch = [j for j in batch if not j.gone()]
             if batch:
                 try:
                     self.run_batch(batch)
@@ -107,95 +98,12 @@ class Batcher(threading.Thread):
                 produced[r] += 1
                 finished = produced[r] >= j.max_tokens or (not j.ignore_eos and t in self.eos)
                 j.put(("token", streams[r].decode(t)))
-                if finished or j.cancelled:
+                if finished or j.gone():
                     j.put(("done", produced[r], "length" if produced[r] >= j.max_tokens
                            else "stop"))
                     live.discard(r)
         for r in live:
             batch[r].put(("done", produced[r], "length"))
-
-
-def chunk(cid, created, model, text, finish=None):
-    return {"id": cid, "object": "text_completion", "created": created, "model": model,
-            "choices": [{"index": 0, "text": text, "logprobs": None,
-                         "finish_reason": finish}]}
-
-
-def make_app(batcher, name):
-    counter = [0]
-
-    async def completions(request):
-        body = await request.json()
-        prompt = body.get("prompt", "")
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], list):
-            prompt = prompt[0]
-        if isinstance(prompt, str):
-            ids = [int(t) for t in batcher.tokenizer.encode(prompt)]
-        else:
-            ids = [int(t) for t in prompt]
-        if not ids:
-            return web.json_response({"error": {"message": "empty prompt"}}, status=400)
-        max_tokens = int(body.get("max_tokens", 16))
-        if len(ids) + max_tokens > batcher.context:
-            return web.json_response({"error": {"message": "prompt plus max_tokens over the "
-                                                f"context of {batcher.context}"}}, status=400)
-        job = Job(ids, max_tokens, bool(body.get("ignore_eos", False)),
-                  asyncio.get_running_loop())
-        batcher.jobs.put(job)
-        counter[0] += 1
-        cid, created = f"cmpl-{counter[0]}", int(time.time())
-        usage = lambda n: {"prompt_tokens": len(ids), "completion_tokens": n,
-                           "total_tokens": len(ids) + n}
-        if not body.get("stream", False):
-            text = []
-            while True:
-                item = await job.out.get()
-                if item[0] == "token":
-                    text.append(item[1])
-                elif item[0] == "error":
-                    return web.json_response({"error": {"message": item[1]}}, status=500)
-                else:
-                    out = chunk(cid, created, name, "".join(text), item[2])
-                    out["usage"] = usage(item[1])
-                    return web.json_response(out)
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                           "Cache-Control": "no-cache"})
-        await resp.prepare(request)
-        try:
-            while True:
-                item = await job.out.get()
-                if item[0] == "token":
-                    await resp.write(b"data: " + json.dumps(chunk(cid, created, name, item[1]))
-                                     .encode() + b"\n\n")
-                elif item[0] == "error":
-                    await resp.write(b"data: " + json.dumps({"error": {"message": item[1]}})
-                                     .encode() + b"\n\n")
-                    break
-                else:
-                    await resp.write(b"data: " + json.dumps(chunk(cid, created, name, "",
-                                                                  item[2])).encode() + b"\n\n")
-                    last = {"id": cid, "object": "text_completion", "created": created,
-                            "model": name, "choices": [], "usage": usage(item[1])}
-                    await resp.write(b"data: " + json.dumps(last).encode() + b"\n\n")
-                    break
-            await resp.write(b"data: [DONE]\n\n")
-            await resp.write_eof()
-        except (ConnectionResetError, asyncio.CancelledError):
-            job.cancelled = True
-            raise
-        return resp
-
-    async def models(request):
-        return web.json_response({"object": "list", "data": [{"id": name, "object": "model"}]})
-
-    async def health(request):
-        return web.json_response({"status": "ok"})
-
-    app = web.Application(client_max_size=64 << 20)
-    app.router.add_post("/v1/completions", completions)
-    app.router.add_get("/v1/models", models)
-    app.router.add_get("/health", health)
-    return app
 
 
 def main():

@@ -20,6 +20,8 @@ import tarfile
 import time
 import urllib.request
 
+import chart
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 HERE = pathlib.Path(__file__).resolve().parent
 LLAMA_SDIST = "llama-cpp-python"
@@ -145,26 +147,30 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def wait_idle(server, limit_s=120):
-    """Until the server has used under 5% of a core for a second: requests the client gave up
-    at the end of a level (each engine cancels them at its own pace) must not run into the
-    next arm's measurement."""
-    end = time.time() + limit_s
-    last = cpu_seconds(server.proc.pid)
-    while time.time() < end:
-        time.sleep(1.0)
-        now = cpu_seconds(server.proc.pid)
-        if now - last < 0.05:
+def wait_idle(servers, limit_s=120):
+    """Until every server has used under 5% of a core for half a second: requests the client
+    gave up at the end of a level (each engine cancels them at its own pace) must not run
+    into the next arm's measurement, and one server still busy would take cores from the
+    arm measured next. All are watched at once (a second per server in turn made the idle
+    waits a third of a --quick run)."""
+    servers = list({id(s): s for s in servers}.values())
+    start = time.time()
+    last = [cpu_seconds(s.proc.pid) for s in servers]
+    while time.time() < start + limit_s:
+        time.sleep(0.5)
+        now = [cpu_seconds(s.proc.pid) for s in servers]
+        busy = [s for s, a, b in zip(servers, last, now) if b - a >= 0.025]
+        if not busy:
+            waited = time.time() - start
+            if waited > 3:
+                log(f"  waited {waited:.0f} s for the servers to be idle")
             return
         last = now
-    log(f"  {server.arm} still busy after {limit_s} s")
+    log(f"  {', '.join(s.arm for s in busy)} still busy after {limit_s} s")
 
 
 def wait_all_idle(servers):
-    """Every server idle, not only the one measured next: one that is still cancelling or
-    finishing the last level's requests would take cores from the arm being measured."""
-    for s in set(servers.values()):
-        wait_idle(s)
+    wait_idle(servers.values())
 
 
 def warm(port, model, n=2):
@@ -188,10 +194,11 @@ def long_tailed(path, n, median, low, high, seed):
     return sum(vals) / len(vals)
 
 
-def perf(cfg, arm, port, model, level, out_dir, tag):
-    """One caf-serving-perf measurement; returns the JSON's generation summary."""
+def perf(cfg, arm, port, model, level, out_dir, tag, pin=None):
+    """One caf-serving-perf measurement (pinned to the CPUs `pin` where given); returns the
+    JSON's generation summary."""
     json_file = out_dir / f"{tag}.json"
-    cmd = [str(cfg.perf), "--generate", "openai-completions", "-m", model,
+    cmd = taskset(pin) + [str(cfg.perf), "--generate", "openai-completions", "-m", model,
            "-u", f"127.0.0.1:{port}", "--no-progress",
            "--ttft-target-ms", str(cfg.ttft_target_ms),
            "--tpot-target-ms", str(cfg.tpot_target_ms),
@@ -206,8 +213,14 @@ def perf(cfg, arm, port, model, level, out_dir, tag):
     else:
         cmd += ["--prompt-tokens", str(cfg.tail_prompts), "--output-tokens",
                 str(cfg.tail_outputs), "--load", f"poisson:{level['rate']:.3f}",
-                "-p", str(level["window_ms"]), "--warmup-interval", str(level["warmup_ms"]),
-                "--seed", "35"]
+                "-p", str(level["window_ms"]), "--warmup-interval", str(level["warmup_ms"])]
+    if "seed" in level:
+        # caf-serving-perf's prompts (token ids) follow from its seed: a seed of the level's
+        # own, the same for every arm, so that no engine meets a prompt it has served at an
+        # earlier level (llama.cpp keeps each slot's KV cache and reuses a matching prefix:
+        # with one seed for every level its prompts hit that cache, 1 prompt token to
+        # evaluate instead of 128).
+        cmd += ["--seed", str(level["seed"])]
     t0 = time.time()
     r = subprocess.run(cmd, capture_output=True, text=True)
     (out_dir / f"{tag}.txt").write_text(" ".join(cmd) + "\n\n" + r.stdout + r.stderr)
@@ -230,6 +243,18 @@ def perf(cfg, arm, port, model, level, out_dir, tag):
     return g
 
 
+def level_seed(turn):
+    """caf-serving-perf's --seed at the level of this turn: prompts seeded seed+2+i for
+    request i (up to one per line of the length files, 4000), so levels lie 10007 apart."""
+    return 35 + 10007 * turn
+
+
+def rotated(arms, turn):
+    """The arms in the order of this level: the first one rotates from level to level."""
+    k = turn % len(arms) if arms else 0
+    return arms[k:] + arms[:k]
+
+
 def fmt_ms(us):
     return "-" if us is None else (f"{us / 1e3:,.0f}" if us >= 1e5 else f"{us / 1e3:,.1f}")
 
@@ -247,72 +272,242 @@ def row(model, arm, level, g):
 
 # ---------------------------------------------------------------- aiperf against caf-serving-perf
 
-def aiperf_check(cfg, server, model, hf_dir, out_dir, exe, why):
-    """Both tools on the same server and load, alternating: TTFT and output tokens/s."""
-    lines = []
+def pinning():
+    """(server cpus, load-generator cpus): the first CPU for the server, the rest for the
+    load generator; None where fewer than two CPUs are ours."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2 or not shutil.which("taskset"):
+        return None
+    return [cpus[0]], cpus[1:]
+
+
+def taskset(cpus):
+    return ["taskset", "-c", ",".join(map(str, cpus))] if cpus else []
+
+
+def aiperf_run(cfg, exe, port, model, hf_dir, c, n, adir, pin):
+    """One aiperf profile at closed-loop concurrency c, n measured requests after c warm-up
+    requests; returns aiperf's JSON export or raises with the tail of its output."""
+    shutil.rmtree(adir, ignore_errors=True)
+    cmd = taskset(pin) + [
+        str(exe), "profile", "--model", model, "--url", f"http://127.0.0.1:{port}",
+        "--endpoint-type", "completions", "--streaming",
+        "--concurrency", str(c), "--request-count", str(n), "--warmup-request-count", str(c),
+        "--synthetic-input-tokens-mean", str(cfg.prompt_tokens),
+        "--synthetic-input-tokens-stddev", "0",
+        "--output-tokens-mean", str(cfg.output_tokens), "--output-tokens-stddev", "0",
+        "--extra-inputs", "ignore_eos:true", "--extra-inputs",
+        f"min_tokens:{cfg.output_tokens}", "--extra-inputs", "temperature:0",
+        "--tokenizer", str(hf_dir), "--use-server-token-count",
+        "--artifact-dir", str(adir), "--ui-type", "none"]
+    # (Not HF_HUB_OFFLINE: aiperf 0.13 then looks a local tokenizer folder up as a cached
+    # hub snapshot and fails.)
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    pathlib.Path(f"{adir}.txt").write_text(" ".join(cmd) + "\n\n" + r.stdout + r.stderr)
+    found = adir / "profile_export_aiperf.json"
+    if r.returncode != 0 or not found.exists():
+        tail = (r.stderr or r.stdout).strip().splitlines()[-6:]
+        raise RuntimeError(f"aiperf failed ({r.returncode}): " + " / ".join(tail)[-600:])
+    return json.loads(found.read_text())
+
+
+def aiperf_check(cfg, caf, model_dir, model, out_dir, exe, why):
+    """caf-serving-perf and aiperf on the same server and load, alternating, each round
+    measuring both at every concurrency of cfg.aiperf_levels.
+
+    Fair by construction: a caf-serving of its own, started for the check alone, serving
+    `model` with one compute thread pinned to the first CPU (taskset), and each load
+    generator in turn pinned to the other CPU(s), so that aiperf's Python processes take
+    nothing from the server (unpinned, they did: at c8 the server's end-to-end time was 1.5x
+    longer under aiperf than under caf-serving-perf). aiperf measures as many requests as
+    caf-serving-perf completed in its window (at least 4 per client), after one warm-up
+    request per client. Both count prompt and output tokens as the server's `usage` says.
+
+    Compared: TTFT avg and P50 (both tools: first streamed token minus request start), and
+    output tokens/s by one definition for both, Little's law c x output tokens per request /
+    mean end-to-end time (for equal requests in a closed loop this is aiperf's own
+    definition, total output tokens / (last response - first request), without the ramp-down
+    of the last round); each tool's native figure is shown beside it.
+
+    Pinning our processes does not keep others off the server's CPU: on a shared machine the
+    kernel moves runnable processes to the CPU the load generator leaves free, and more so
+    under aiperf, whose processes fill theirs. So each measurement also records how long the
+    server's threads waited for their CPU per second they ran (schedstat), and the ratios
+    are given over every round and over the comparable ones (the server's wait under the
+    two tools within 5 points of each other)."""
     if exe is None:
         return [f"aiperf: not run: {why}"]
-    c, n = cfg.aiperf_concurrency, cfg.aiperf_requests
-    res = {}
-    for round_ in range(cfg.aiperf_rounds):
-        tag = f"aiperf_check_perf_{round_}"
-        level = {"kind": "closed", "c": c, "window_ms": cfg.aiperf_window_ms,
-                 "warmup_ms": 2000, "label": f"c{c}"}
-        port = server.port
-        wait_idle(server)
-        g = perf(cfg, "caf-perf", port, model, level, out_dir, tag)
-        if g:
-            res.setdefault("caf-serving-perf", []).append(
-                (g["ttft"]["avg"] / 1e3, g["ttft"]["p50"] / 1e3, g["output_tokens_per_s"],
-                 g.get("tokens_per_s_little")))
-        adir = out_dir / f"aiperf_{round_}"
-        shutil.rmtree(adir, ignore_errors=True)
-        cmd = [str(exe), "profile", "--model", model, "--url", f"http://127.0.0.1:{port}",
-               "--endpoint-type", "completions", "--streaming",
-               "--concurrency", str(c), "--request-count", str(n),
-               "--warmup-request-count", str(c),
-               "--synthetic-input-tokens-mean", str(cfg.prompt_tokens),
-               "--synthetic-input-tokens-stddev", "0",
-               "--output-tokens-mean", str(cfg.output_tokens), "--output-tokens-stddev", "0",
-               "--extra-inputs", "ignore_eos:true", "--extra-inputs", "min_tokens:"
-               + str(cfg.output_tokens), "--extra-inputs", "temperature:0",
-               "--tokenizer", str(hf_dir), "--use-server-token-count",
-               "--artifact-dir", str(adir), "--ui-type", "none"]
-        # (Not HF_HUB_OFFLINE: aiperf 0.13 then looks a local tokenizer folder up as a
-        # cached hub snapshot and fails.)
-        wait_idle(server)
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-        (out_dir / f"aiperf_{round_}.txt").write_text(" ".join(cmd) + "\n\n" + r.stdout
-                                                      + r.stderr)
-        found = [adir / "profile_export_aiperf.json"]
-        found = [f for f in found if f.exists()]
-        if r.returncode != 0 or not found:
-            tail = (r.stderr or r.stdout).strip().splitlines()[-6:]
-            return [f"aiperf: ran but failed ({r.returncode}): " + " / ".join(tail)[-600:]]
-        a = json.loads(found[0].read_text())
-        ttft = a.get("time_to_first_token") or a.get("ttft") or {}
-        otps = a.get("output_token_throughput") or {}
-        res.setdefault("aiperf", []).append((ttft.get("avg"), ttft.get("p50"), otps.get("avg"),
-                                             None))
-    lines.append(f"aiperf check: {model} on caf-serving, concurrency {c}, prompts "
-                 f"{cfg.prompt_tokens}, outputs {cfg.output_tokens} (ignore_eos), "
-                 f"{cfg.aiperf_rounds} alternating round(s) each")
-    lines.append("| tool | round | TTFT avg ms | TTFT P50 ms | output tokens/s | "
-                 "by Little's law |")
-    lines.append("|---|---:|---:|---:|---:|---:|")
-    for tool, vals in res.items():
-        for i, v in enumerate(vals):
-            little = "-" if v[3] is None else f"{v[3]:.1f}"
-            lines.append(f"| {tool} | {i + 1} | {v[0]:.1f} | {v[1]:.1f} | {v[2]:.1f} | "
-                         f"{little} |")
-    if len(res.get("aiperf", [])) == len(res.get("caf-serving-perf", [])) > 0:
-        ours, theirs = res["caf-serving-perf"], res["aiperf"]
-        mean = lambda xs: sum(xs) / len(xs)
-        lines.append(
-            f"ratio caf-serving-perf / aiperf: TTFT avg {mean([o[0] for o in ours]) / mean([t[0] for t in theirs]):.3f}, "
-            f"TTFT P50 {mean([o[1] for o in ours]) / mean([t[1] for t in theirs]):.3f}, "
-            f"output tokens/s {mean([o[2] for o in ours]) / mean([t[2] for t in theirs]):.3f}")
+    pin = pinning()
+    server_cpus, load_cpus = pin if pin else ([], [])
+    repo = out_dir / "aiperf-repo"
+    repo.mkdir(exist_ok=True)
+    if not (repo / model).exists():
+        (repo / model).symlink_to(model_dir / "caf" / model)
+    port = free_port()
+    server = Server("caf-serving (aiperf check)", taskset(server_cpus) + [
+        str(caf), "--model-repository", str(repo), "--http-port", str(port),
+        "--metrics-port", "0", "--allow-grpc", "false", "--executor-threads", "1",
+        "--kv-cache-bytes", str(1 << 30)], port, out_dir / "caf-serving-aiperf.log",
+        "/v2/health/ready")
+    rows, failure = {}, None
+    try:
+        server.wait_ready()
+        warm(port, model)
+        for round_ in range(cfg.aiperf_rounds):
+            for c in cfg.aiperf_levels:
+                tag = f"aiperf_check_c{c}_perf_{round_}"
+                level = {"kind": "closed", "c": c, "window_ms": cfg.aiperf_window_ms,
+                         "warmup_ms": cfg.aiperf_warmup_ms, "label": f"c{c}"}
+                wait_idle([server])
+                before = schedstat(server.proc.pid)
+                g = perf(cfg, "caf-perf", port, model, level, out_dir, tag, pin=load_cpus)
+                if not g or not g["requests"]:
+                    failure = f"caf-serving-perf measured nothing at c{c}: see {tag}.txt"
+                    break
+                e2e_ms = g["e2e"]["avg"] / 1e3
+                osl = g["output_tokens"] / g["requests"]
+                rows.setdefault(c, []).append({
+                    "tool": "caf-serving-perf", "round": round_,
+                    "ttft_avg": g["ttft"]["avg"] / 1e3, "ttft_p50": g["ttft"]["p50"] / 1e3,
+                    "isl": g["prompt_tokens"] / g["requests"], "osl": osl, "e2e": e2e_ms,
+                    "own_tps": g["output_tokens_per_s"], "tps": c * osl / (e2e_ms / 1e3),
+                    "wait": waited_share(before, schedstat(server.proc.pid))})
+                n = max(4 * c, int(math.ceil(g["requests"] / c)) * c)
+                wait_idle([server])
+                before = schedstat(server.proc.pid)
+                a = aiperf_run(cfg, exe, port, model, model_dir / "hf" / model, c, n,
+                               out_dir / f"aiperf_c{c}_{round_}", load_cpus)
+                get = lambda k: a.get(k) or {}
+                ttft, lat = get("time_to_first_token"), get("request_latency")
+                if not (ttft.get("avg") and lat.get("avg")):
+                    raise RuntimeError(f"aiperf's JSON at c{c} has no TTFT or request latency")
+                osl = get("output_sequence_length").get("avg") or cfg.output_tokens
+                rows[c].append({
+                    "tool": "aiperf", "round": round_,
+                    "ttft_avg": ttft["avg"], "ttft_p50": ttft.get("p50"),
+                    "isl": get("input_sequence_length").get("avg"), "osl": osl,
+                    "e2e": lat["avg"], "own_tps": get("output_token_throughput").get("avg"),
+                    "tps": c * osl / (lat["avg"] / 1e3),
+                    "wait": waited_share(before, schedstat(server.proc.pid))})
+            if failure:
+                break
+    except (RuntimeError, subprocess.TimeoutExpired) as e:
+        failure = str(e)
+    finally:
+        server.stop()
+    return aiperf_report(cfg, model, pin, rows, failure)
+
+
+def schedstat(pid):
+    """(CPU time, time runnable but waiting for a CPU) of every thread of pid, in seconds:
+    /proc/PID/task/*/schedstat."""
+    run = delay = 0
+    for t in pathlib.Path(f"/proc/{pid}/task").iterdir():
+        try:
+            fields = (t / "schedstat").read_text().split()
+        except OSError:
+            continue
+        run, delay = run + int(fields[0]), delay + int(fields[1])
+    return run / 1e9, delay / 1e9
+
+
+def waited_share(before, after):
+    """Time the server waited for its CPU per second it ran, between two schedstat()s."""
+    ran = after[0] - before[0]
+    return (after[1] - before[1]) / ran if ran > 0 else 0.0
+
+
+def aiperf_report(cfg, model, pin, rows, failure):
+    """The check's table and ratios; ratios over every round, and over the comparable rounds
+    (the server's CPU wait under the two tools within 5 points of each other)."""
+    server_cpus, load_cpus = pin if pin else ([], [])
+    f = lambda v, d=1: "-" if v is None else f"{v:,.{d}f}"
+    where = (f"caf-serving pinned to CPU {server_cpus[0]} with 1 compute thread, each load "
+             f"generator pinned to CPU {','.join(map(str, load_cpus))} (taskset)" if pin else
+             "not pinned (fewer than 2 CPUs or no taskset)")
+    lines = [f"aiperf check: {model} on a caf-serving of its own; {where}; closed loop at "
+             f"concurrency {', '.join(map(str, cfg.aiperf_levels))}, prompts "
+             f"{cfg.prompt_tokens}, outputs {cfg.output_tokens} (ignore_eos); "
+             f"{cfg.aiperf_rounds} round(s), the tools alternating; load average "
+             f"{os.getloadavg()[0]:.1f} at the end.",
+             "Output tokens/s by Little's law for both (c x output tokens per request / mean "
+             "end-to-end); each tool's own figure beside it (caf-serving-perf: tokens "
+             "completed in the window / window; aiperf: tokens / (last response - first "
+             "request)). Server CPU wait: the time the server's threads were runnable but "
+             "waited for their CPU, per second they ran (/proc schedstat): other processes "
+             "on the server's CPU, which pinning our own does not keep off.", "",
+             "| c | tool | round | prompt / output tokens (server's count) | TTFT avg ms | "
+             "TTFT P50 ms | E2E avg ms | output tokens/s (Little) | own output tokens/s | "
+             "server CPU wait |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    ratios = []
+    for c, vals in rows.items():
+        for v in vals:
+            lines.append(f"| {c} | {v['tool']} | {v['round'] + 1} | {f(v['isl'], 0)} / "
+                         f"{f(v['osl'], 0)} | {f(v['ttft_avg'])} | {f(v['ttft_p50'])} | "
+                         f"{f(v['e2e'])} | {f(v['tps'])} | {f(v['own_tps'])} | "
+                         f"{100 * v['wait']:.0f}% |")
+        waits = {}
+        for v in vals:
+            waits.setdefault(v["round"], []).append(v["wait"])
+        comparable = {r for r, w in waits.items() if len(w) == 2 and abs(w[0] - w[1]) < 0.05}
+        for name, keep in (("every round", None), ("comparable rounds", comparable)):
+            ours = [v for v in vals if v["tool"] == "caf-serving-perf"
+                    and (keep is None or v["round"] in keep)]
+            theirs = [v for v in vals if v["tool"] == "aiperf"
+                      and (keep is None or v["round"] in keep)]
+            if ours and theirs and len(ours) == len(theirs):
+                mean = lambda k, xs: sum(x[k] for x in xs) / len(xs)
+                r = {k: mean(k, ours) / mean(k, theirs)
+                     for k in ("ttft_avg", "ttft_p50", "tps", "own_tps", "e2e")}
+                ratios.append((c, name, len(ours), r))
+    lines.append("")
+    for c, name, n, r in ratios:
+        worst = max(abs(r[k] - 1) for k in ("ttft_avg", "ttft_p50", "tps"))
+        lines.append(f"aiperf check c{c}, {name} ({n}): caf-serving-perf / aiperf: TTFT avg "
+                     f"{r['ttft_avg']:.3f}, TTFT P50 {r['ttft_p50']:.3f}, output tokens/s "
+                     f"{r['tps']:.3f} (own definitions {r['own_tps']:.3f}), E2E avg "
+                     f"{r['e2e']:.3f}: {'within' if worst <= 0.05 else 'NOT within'} 5%")
+    if failure:
+        lines.append(f"aiperf check: stopped early: {failure}")
     return lines
+
+
+# ---------------------------------------------------------------- the SVG
+
+def results_svg(cfg, results, models, arms, closed, loads, started):
+    """Per model: output tokens/s by closed-loop concurrency (Little's law, as in the table)
+    and goodput by Poisson load, one series per arm."""
+    panels = []
+    for m in models:
+        tps = {a: [] for a in arms}
+        for c in closed:
+            for a in arms:
+                g = results.get((m, f"c{c}", a))
+                tps[a].append(g.get("tokens_per_s_little", g["output_tokens_per_s"])
+                              if g and g["requests"] else None)
+        panels.append({"title": f"{m}: closed loop, prompts {cfg.prompt_tokens} / outputs "
+                                f"{cfg.output_tokens}",
+                       "x_label": "concurrency", "y_label": "output tokens/s",
+                       "x": [str(c) for c in closed],
+                       "series": {a: v for a, v in tps.items() if any(x is not None for x in v)}})
+        good = {a: [] for a in arms}
+        for f in loads:
+            for a in arms:
+                label = next((lb for (mm, lb, aa) in results if mm == m and aa == a
+                              and lb.startswith(f"Poisson {int(f * 100)}%")), None)
+                g = results.get((m, label, a)) if label else None
+                good[a].append(g["goodput"] if g else None)
+        panels.append({"title": f"{m}: Poisson goodput (TTFT <= {cfg.ttft_target_ms:g} ms, "
+                                f"TPOT <= {cfg.tpot_target_ms:g} ms)",
+                       "x_label": "load (% of caf-serving's capacity)",
+                       "y_label": "goodput req/s",
+                       "x": [f"{int(f * 100)}%" for f in loads],
+                       "series": {a: v for a, v in good.items()
+                                  if any(x is not None for x in v)}})
+    title = (f"bench/generate/run{' --quick' if cfg.quick else ''}, {started:%Y-%m-%d}, "
+             f"{os.cpu_count()} vCPUs, {cfg.threads} compute threads per engine, fp32")
+    return chart.svg(panels, title)
 
 
 # ---------------------------------------------------------------- main
@@ -346,15 +541,25 @@ measurement, summary.md).""", formatter_class=argparse.RawDescriptionHelpFormatt
     ap.add_argument("--cache", default=os.path.expanduser("~/.cache/caf-serving"))
     ap.add_argument("--out", default=None, help="results folder (default /tmp/caf-gen-bench-TIME)")
     ap.add_argument("--models", default="gpt2,llama")
-    ap.add_argument("--arms", default="caf-serving,caf-targets,llama.cpp,ort-genai",
+    ap.add_argument("--arms",
+                    default="caf-serving,caf-targets,llama.cpp,ort-genai,transformers",
                     help="caf-targets: caf-serving with the model's ttft_target_ms and "
                          "tpot_target_ms set to --ttft-target-ms and --tpot-target-ms (the "
-                         "latency-target scheduler) against caf-serving's fixed limits")
+                         "latency-target scheduler) against caf-serving's fixed limits; "
+                         "transformers: transformers' generate with static batches "
+                         "(transformers_server.py), the floor")
     ap.add_argument("--threads", type=int, default=2, help="compute threads of every engine")
     ap.add_argument("--ttft-target-ms", type=float, default=1000)
     ap.add_argument("--tpot-target-ms", type=float, default=100)
     ap.add_argument("--no-aiperf", action="store_true")
+    ap.add_argument("--aiperf-rounds", type=int, default=None, dest="aiperf_rounds_asked",
+                    help="rounds of the aiperf check (default: 1 with --quick, else 3)")
+    ap.add_argument("--aiperf-only", action="store_true",
+                    help="no arms: only the aiperf check (its own pinned caf-serving)")
     ap.add_argument("--python", default=sys.executable)
+    ap.add_argument("--svg", default=None,
+                    help="also copy the SVG (always written to --out/summary.svg) here, "
+                         "e.g. bench/generate-quick.svg")
     cfg = ap.parse_args()
 
     cfg.perf = pathlib.Path(cfg.build_dir) / "apps/caf-serving-perf/caf-serving-perf"
@@ -367,28 +572,34 @@ measurement, summary.md).""", formatter_class=argparse.RawDescriptionHelpFormatt
     peers = cache / "peers"
     out = pathlib.Path(cfg.out or f"/tmp/caf-gen-bench-{time.strftime('%Y%m%d-%H%M%S')}")
     out.mkdir(parents=True, exist_ok=True)
-    arms = cfg.arms.split(",")
+    arms = [] if cfg.aiperf_only else [a for a in cfg.arms.split(",") if a]
     models = cfg.models.split(",")
 
     # --quick asks for 64 output tokens: at concurrency 64 a request of 128 lives 30-40 s
     # on the quick models here, and every arm needs windows of several lifetimes.
     cfg.prompt_tokens, cfg.output_tokens = 128, (64 if cfg.quick else 128)
     if cfg.quick:
+        # Fewer levels (no c32, Poisson at 150% only; the summary's header says so) and
+        # windows of 2-3 request lifetimes: closed-loop figures are Little's law over the
+        # mean end-to-end time, which settles within a few lifetimes (the window-counted
+        # rate does not; it is not reported for closed loops). The servers are warmed once
+        # at start, so each level's warm-up only brings the loop to its steady state.
         closed = [1, 8, 64]
         loads = [1.5]
-        win = {1: (4000, 1000), 8: (6000, 1500), 64: (15000, 3000)}
-        poisson_window, poisson_warmup = 15000, 2000
-        max_window_ms, max_poisson_ms = 30000, 15000
-        cfg.aiperf_concurrency, cfg.aiperf_requests, cfg.aiperf_window_ms = 8, 24, 8000
-        cfg.aiperf_rounds = 1
+        win = {1: (4000, 500), 8: (4000, 1000), 64: (8000, 2000)}
+        poisson_window, poisson_warmup = 10000, 1500
+        max_window_ms, max_poisson_ms = 16000, 10000
+        cfg.aiperf_window_ms, cfg.aiperf_warmup_ms, cfg.aiperf_rounds = 6000, 1500, 1
     else:
         closed = [1, 8, 32, 64]
         loads = [0.5, 1.0, 1.5]
         win = {1: (20000, 5000), 8: (30000, 10000), 32: (60000, 30000), 64: (90000, 60000)}
         poisson_window, poisson_warmup = 60000, 10000
         max_window_ms, max_poisson_ms = 300000, 300000
-        cfg.aiperf_concurrency, cfg.aiperf_requests, cfg.aiperf_window_ms = 8, 160, 30000
-        cfg.aiperf_rounds = 2
+        cfg.aiperf_window_ms, cfg.aiperf_warmup_ms, cfg.aiperf_rounds = 20000, 5000, 3
+    cfg.aiperf_levels = [1, 4]
+    if cfg.aiperf_rounds_asked:
+        cfg.aiperf_rounds = cfg.aiperf_rounds_asked
     # At the end of a level the client waits this long for answers in flight, then
     # closes its connections (the engines cancel those requests; wait_idle waits for that).
     cfg.drain_ms = 1000
@@ -455,6 +666,14 @@ measurement, summary.md).""", formatter_class=argparse.RawDescriptionHelpFormatt
                                   "--parallel", "64", "--cont-batching", "-c", str(ctx),
                                   "-b", "512", "-ub", "512", "--alias", m, "--no-webui"],
                     port, out / f"llama-server-{m}.log", "/health")
+            if "transformers" in arms:
+                port = free_port()
+                servers[("transformers", m)] = Server(
+                    "transformers", [cfg.python, str(HERE / "transformers_server.py"),
+                                     str(model_dir / "hf" / m), "--port", str(port),
+                                     "--name", m, "--max-batch", "64",
+                                     "--threads", str(cfg.threads)],
+                    port, out / f"transformers-{m}.log", "/health")
             if "ort-genai" in arms:
                 port = free_port()
                 servers[("ort-genai", m)] = Server(
@@ -475,9 +694,13 @@ measurement, summary.md).""", formatter_class=argparse.RawDescriptionHelpFormatt
         for m in models:
             previous = {}  # arm -> (concurrency, mean end-to-end us) of its last level
             for c in closed:
-                order = arms[turn % len(arms):] + arms[:turn % len(arms)]
+                order = rotated(arms, turn)
                 turn += 1
                 for arm in order:
+                    if cfg.quick and arm == "caf-targets" and c != closed[-1]:
+                        # Below the highest concurrency nothing is late or shed: the
+                        # latency-target scheduler runs as the fixed limits do.
+                        continue
                     # The window must hold several request lifetimes, or a closed loop's
                     # requests (which start and end together) may not end inside it: the
                     # lifetime is predicted from the arm's previous level, as if it grew
@@ -489,7 +712,8 @@ measurement, summary.md).""", formatter_class=argparse.RawDescriptionHelpFormatt
                         window = int(min(max_window_ms, max(window, 1.2 * predicted_ms)))
                         warmup = int(min(max_window_ms / 4, max(warmup, 0.2 * predicted_ms)))
                     level = {"kind": "closed", "c": c, "window_ms": window,
-                             "warmup_ms": warmup, "label": f"c{c}"}
+                             "warmup_ms": warmup, "label": f"c{c}",
+                             "seed": level_seed(turn)}
                     tag = f"{m}_{level['label']}_{arm}"
                     wait_all_idle(servers)
                     g = perf(cfg, arm, servers[(arm, m)].port, served_name(arm, m), level,
@@ -498,7 +722,7 @@ measurement, summary.md).""", formatter_class=argparse.RawDescriptionHelpFormatt
                         # No request ended inside the window: once more with twice the
                         # window (the first try's requests are cancelled meanwhile).
                         window = min(2 * window, 2 * max_window_ms)
-                        level = dict(level, window_ms=window)
+                        level = dict(level, window_ms=window, seed=level["seed"] + 5003)
                         log(f"  {arm} {m} c{c}: nothing ended in the window; again with "
                             f"{window / 1e3:.0f} s")
                         wait_all_idle(servers)
@@ -525,9 +749,9 @@ measurement, summary.md).""", formatter_class=argparse.RawDescriptionHelpFormatt
                                   default=0)
                 window = int(min(max_poisson_ms, max(poisson_window, 2 * lifetime_ms)))
                 level = {"kind": "poisson", "rate": f * cap, "window_ms": window,
-                         "warmup_ms": poisson_warmup,
+                         "warmup_ms": poisson_warmup, "seed": level_seed(turn),
                          "label": f"Poisson {int(f * 100)}% ({f * cap:.2f}/s)"}
-                order = arms[turn % len(arms):] + arms[:turn % len(arms)]
+                order = rotated(arms, turn)
                 turn += 1
                 for arm in order:
                     tag = f"{m}_poisson{int(f * 100)}_{arm}"
@@ -543,20 +767,29 @@ measurement, summary.md).""", formatter_class=argparse.RawDescriptionHelpFormatt
                 labels.append((m, label))
         for m, label in labels:
             for arm in arms:
-                table.append(row(m, arm, {"label": label}, results.get((m, label, arm))))
+                if (m, label, arm) in results:
+                    table.append(row(m, arm, {"label": label}, results[(m, label, arm)]))
 
-        aiperf_lines = []
-        if "caf-serving" in arms and not cfg.no_aiperf:
-            m = models[0]
-            log(f"aiperf check on caf-serving {m}")
-            wait_all_idle(servers)
-            aiperf_lines = aiperf_check(cfg, servers[("caf-serving", m)], m,
-                                        model_dir / "hf" / m, out, aiperf_exe, aiperf_why)
-        elif cfg.no_aiperf:
-            aiperf_lines = ["aiperf: not run (--no-aiperf)"]
     finally:
         for s in set(servers.values()):
             s.stop()
+
+    # After every arm's server is gone: the check starts a pinned caf-serving of its own.
+    aiperf_lines = []
+    if cfg.no_aiperf:
+        aiperf_lines = ["aiperf: not run (--no-aiperf)"]
+    else:
+        m = models[0]
+        log(f"aiperf check on caf-serving {m}")
+        aiperf_lines = aiperf_check(cfg, caf, model_dir, m, out, aiperf_exe, aiperf_why)
+        for line in aiperf_lines:
+            log(line)
+
+    svg_text = results_svg(cfg, results, models, arms, closed, loads, started)
+    (out / "summary.svg").write_text(svg_text)
+    if cfg.svg:
+        pathlib.Path(cfg.svg).write_text(svg_text)
+        log(f"SVG copied to {cfg.svg}")
 
     summary = []
     for m in models:
@@ -592,6 +825,10 @@ measurement, summary.md).""", formatter_class=argparse.RawDescriptionHelpFormatt
             "clipped to 8..512; means "
             f"{mean_p:.0f} / {mean_o:.0f}); goodput at TTFT <= {cfg.ttft_target_ms:g} ms and "
             f"TPOT <= {cfg.tpot_target_ms:g} ms; {cfg.threads} compute threads per engine.",
+            *(["--quick leaves out concurrency 32 and Poisson at 50% and 100% (the full run "
+               "has them), and measures caf-targets at c64 and under Poisson only (below c64 "
+               "nothing is late or shed, so it runs as the fixed limits do)."]
+              if cfg.quick else []),
             "Closed-loop output tokens/s by Little's law from caf-serving-perf's JSON "
             "(c x output tokens per request / mean end-to-end); Poisson rows: completed "
             "output tokens / window.", ""]
