@@ -47,15 +47,17 @@ int scalar_f32(onnx::graph& g, const std::string& name, float v) {
 
 TEST_CASE("the element-wise fixtures run on the device at every bucket") {
   for (const char* name : {"op_abs", "op_ceil", "op_clip", "op_cos", "op_elu", "op_exp",
-                           "op_floor", "op_gelu_tanh", "op_hardsigmoid",
+                           "op_floor", "op_hardsigmoid",
                            "op_hardswish", "op_leakyrelu", "op_log", "op_neg", "op_reciprocal",
                            "op_round", "op_sigmoid", "op_sin", "op_softplus", "op_tanh"}) {
     std::string fixture = name;
     CAPTURE(fixture);
     CHECK(steps_of(fixture, "unary") == 1);
   }
-  // Gelu (erf) becomes FusedGelu, the core epilogue's; fp16 Gelu is a unary step.
+  // Gelu (erf) becomes FusedGelu and Gelu's tanh form FusedGeluTanh, the core epilogue's;
+  // fp16 Gelu is a unary step.
   CHECK(steps_of("op_gelu", "epilogue") == 1);
+  CHECK(steps_of("op_gelu_tanh", "epilogue") == 1);
   CHECK(node_of("Gelu", {datatype::fp16}, {{2, 3}}, datatype::fp16, {2, 3}) == "unary");
   CHECK(steps_of("op_min", "binary") == 1); // [B,3,4] with [B,1,4]
   CHECK(steps_of("op_max", "host:Max") == 1); // three inputs: the kernel takes two
