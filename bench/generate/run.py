@@ -802,6 +802,11 @@ measurement, summary.md).""", formatter_class=argparse.RawDescriptionHelpFormatt
             summary.append(f"{m}: output tokens/s vs best peer at c64: "
                            f"{tp(ours) / tp(best[1]):.1f}x ({tp(ours):,.0f} vs {best[0]} "
                            f"{tp(best[1]):,.0f})")
+    for m in models:
+        ours, theirs = results.get((m, "c1", "caf-serving")), results.get((m, "c1", "llama.cpp"))
+        if ours and theirs:
+            summary.append(f"{m}: ITL P50 at c1: {ours['itl']['p50'] / 1e3:.1f} ms vs llama.cpp "
+                           f"{theirs['itl']['p50'] / 1e3:.1f} ms")
     # The latency-target scheduler against the fixed limits, at the highest Poisson load.
     for m in models:
         for f in reversed(loads):
@@ -809,11 +814,25 @@ measurement, summary.md).""", formatter_class=argparse.RawDescriptionHelpFormatt
                           and lb.startswith(f"Poisson {int(f * 100)}%")), None)
             fixed = results.get((m, label, "caf-serving")) if label else None
             targeted = results.get((m, label, "caf-targets")) if label else None
+            peers_ = [(a, results.get((m, label, a))) for a in arms
+                      if not a.startswith("caf-")] if label else []
+            peers_ = [(a, g) for a, g in peers_ if g]
+            ours = [g for g in (fixed, targeted) if g]
+            if ours and peers_:
+                # The issue's target: the engine's goodput (the better of its two arms, as a
+                # user would configure it) against the best peer's, at the highest load.
+                best = max(peers_, key=lambda ag: ag[1]["goodput"])
+                mine = max(g["goodput"] for g in ours)
+                ratio = (f"{mine / best[1]['goodput']:.1f}x" if best[1]["goodput"] > 0
+                         else "n/a (best peer: 0)")
+                summary.append(f"{m}: goodput vs best peer at {int(f * 100)}% load: {ratio} "
+                               f"({mine:.2f} vs {best[0]} {best[1]['goodput']:.2f} req/s)")
             if fixed and targeted:
                 gf, gt = fixed["goodput"], targeted["goodput"]
                 ratio = f"{gt / gf:.1f}x" if gf > 0 else "n/a (fixed limits: 0)"
                 summary.append(f"{m}: goodput with latency targets vs fixed limits at "
                                f"{int(f * 100)}% load: {ratio} ({gt:.2f} vs {gf:.2f} req/s)")
+            if label:
                 break
     head = [f"# Generative benchmark, {started:%Y-%m-%d %H:%M} UTC",
             "", f"Command: bench/generate/run {' '.join(sys.argv[1:])}",
