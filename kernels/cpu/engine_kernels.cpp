@@ -115,45 +115,13 @@ inline __m128 gelu_tanh4(__m128 v) {
 __attribute__((target("avx512f"))) inline __m512 gelu_tanh16(__m512 v) {
   __m512 z = _mm512_mul_ps(v, _mm512_fmadd_ps(_mm512_mul_ps(v, v), _mm512_set1_ps(gelu_minus_2kc),
                                               _mm512_set1_ps(gelu_minus_2k)));
-  z = _mm512_min_ps(_mm512_max_ps(z, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
-  __m512 n = _mm512_roundscale_ps(
-    _mm512_fmadd_ps(z, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
-    _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), z);
-  r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  __m512 y = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
-  __m512i bits = _mm512_slli_epi32(
-    _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-  __m512 e = _mm512_mul_ps(y, _mm512_castsi512_ps(bits));
-  return _mm512_div_ps(v, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+  return _mm512_div_ps(v, _mm512_add_ps(_mm512_set1_ps(1.0f), exp_clamped16(z)));
 }
 
 __attribute__((target("avx2,fma"))) inline __m256 gelu_tanh8(__m256 v) {
   __m256 z = _mm256_mul_ps(v, _mm256_fmadd_ps(_mm256_mul_ps(v, v), _mm256_set1_ps(gelu_minus_2kc),
                                               _mm256_set1_ps(gelu_minus_2k)));
-  z = _mm256_min_ps(_mm256_max_ps(z, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
-  __m256 n = _mm256_round_ps(
-    _mm256_fmadd_ps(z, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)),
-    _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), z);
-  r = _mm256_fmadd_ps(n, _mm256_set1_ps(2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-  __m256 y = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r), _mm256_set1_ps(1.0f));
-  __m256i bits = _mm256_slli_epi32(
-    _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  __m256 e = _mm256_mul_ps(y, _mm256_castsi256_ps(bits));
-  return _mm256_div_ps(v, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+  return _mm256_div_ps(v, _mm256_add_ps(_mm256_set1_ps(1.0f), exp_clamped8(z)));
 }
 
 /// One row of `width`: y = gelu_tanh(x + bias) (bias may be null).

@@ -1,10 +1,12 @@
 #pragma once
 /// The engine's exp for softmax arguments x - max <= 0, scalar and on 8 and 16
 /// lanes, shared by the kernels of kernels/cpu that normalise scores (the row
-/// softmax, paged attention). All three compute the same arithmetic:
+/// softmax, paged attention), and its clamped form on 8 and 16 lanes for
+/// arguments of either sign (the tanh GELU). All compute the same arithmetic:
 /// Cody-Waite reduction to r in [-ln2/2, ln2/2] and Cephes' degree-6
 /// polynomial (relative error about 2e-7), scaled by 2^n through the exponent
-/// bits; 0 below exp_zero_below.
+/// bits; 0 below exp_zero_below (the clamped form: arguments clamped to
+/// [-87, 88] instead).
 ///
 ///     __m512 e = exp_nonpositive16(_mm512_sub_ps(scores, max)); // in a target("avx512f") function
 ///
@@ -48,11 +50,13 @@ inline float exp_nonpositive(float x) {
   return zero ? 0.0f : y * scale;
 }
 
-/// exp_nonpositive() on 16 lanes. GCC leaves a scalar loop of it unvectorised
-/// (its AVX-512 clone runs scalar FMAs), so the kernels have this explicit path.
-__attribute__((target("avx512f"))) inline __m512 exp_nonpositive16(__m512 x) {
-  __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(exp_zero_below), _CMP_GE_OQ);
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+/// exp(x) on 16 lanes for x clamped to [-87, 88], where 2^n stays a normal
+/// float: exp_nonpositive()'s reduction and polynomial without its cut to 0.
+/// exp(88) = 1.7e38 keeps a quotient like v / (1 + e) finite (the tanh GELU).
+/// GCC leaves a scalar loop of it unvectorised (its AVX-512 clone runs scalar
+/// FMAs), so the kernels have these explicit paths.
+__attribute__((target("avx512f"))) inline __m512 exp_clamped16(__m512 x) {
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
   __m512 n = _mm512_roundscale_ps(
     _mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
     _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
@@ -67,13 +71,12 @@ __attribute__((target("avx512f"))) inline __m512 exp_nonpositive16(__m512 x) {
   __m512 y = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
   __m512i bits = _mm512_slli_epi32(
     _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-  return _mm512_maskz_mul_ps(keep, y, _mm512_castsi512_ps(bits));
+  return _mm512_mul_ps(y, _mm512_castsi512_ps(bits));
 }
 
-/// exp_nonpositive() on 8 lanes, with AVX2 and FMA.
-__attribute__((target("avx2,fma"))) inline __m256 exp_nonpositive8(__m256 x) {
-  __m256 keep = _mm256_cmp_ps(x, _mm256_set1_ps(exp_zero_below), _CMP_GE_OQ);
-  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+/// exp_clamped16() on 8 lanes, with AVX2 and FMA.
+__attribute__((target("avx2,fma"))) inline __m256 exp_clamped8(__m256 x) {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
   __m256 n = _mm256_floor_ps(
     _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
   __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
@@ -87,7 +90,19 @@ __attribute__((target("avx2,fma"))) inline __m256 exp_nonpositive8(__m256 x) {
   __m256 y = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r), _mm256_set1_ps(1.0f));
   __m256i bits = _mm256_slli_epi32(
     _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_and_ps(keep, _mm256_mul_ps(y, _mm256_castsi256_ps(bits)));
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(bits));
+}
+
+/// exp_nonpositive() on 16 lanes.
+__attribute__((target("avx512f"))) inline __m512 exp_nonpositive16(__m512 x) {
+  __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(exp_zero_below), _CMP_GE_OQ);
+  return _mm512_maskz_mov_ps(keep, exp_clamped16(x));
+}
+
+/// exp_nonpositive() on 8 lanes, with AVX2 and FMA.
+__attribute__((target("avx2,fma"))) inline __m256 exp_nonpositive8(__m256 x) {
+  __m256 keep = _mm256_cmp_ps(x, _mm256_set1_ps(exp_zero_below), _CMP_GE_OQ);
+  return _mm256_and_ps(keep, exp_clamped8(x));
 }
 
 } // namespace caf_serving::kernels::cpu
