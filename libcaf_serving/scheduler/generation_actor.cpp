@@ -200,6 +200,7 @@ struct generation_state : std::enable_shared_from_this<generation_state> {
         return;
       }
       stepping = false;
+      answered_ns = 0; // idle until a request comes: not the scheduler's time
       flush_releases();
       publish();
       return;
